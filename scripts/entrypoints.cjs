@@ -1,0 +1,11 @@
+// tsc compiles src/, test/ and bench/ under dist/ (rootDir "."), so src/main.ts lands in
+// dist/src/main.js. The documented entry points are dist/main.js, dist/prepare.js and
+// dist/hub-server.js: this writes those three one-line launchers after every build.
+const fs = require("node:fs");
+const path = require("node:path");
+const dist = path.join(__dirname, "..", "dist");
+for (const name of ["main", "prepare", "hub-server"]) {
+  const target = path.join(dist, "src", `${name}.js`);
+  if (!fs.existsSync(target)) continue;
+  fs.writeFileSync(path.join(dist, `${name}.js`), `#!/usr/bin/env node\n"use strict";\nrequire("./src/${name}.js");\n`);
+}
