@@ -1,0 +1,253 @@
+/**
+ * Coordinator actor (A2): owns the step. It spawns the rank workers and the uploader, and is the
+ * only one that decides: the loss scale, skip or apply, the clip coefficient, the LR, when to
+ * checkpoint and when to stop. The arithmetic runs in the ranks, each on its slice of the shared
+ * buffers; the coordinator only moves scalars.
+ *
+ * One step, as messages (every phase is a barrier: all ranks answer before the next phase):
+ *   compute(step, scale) -> each rank sums its accum micro-batch gradients into its slot
+ *   reduce(1/(world*accum*scale)) -> slot 0 = averaged, unscaled gradient; per-slice sum of squares
+ *   skip (non-finite) | update(lr, clip coef, t) -> AdamW on each rank's slice of the master weights
+ */
+import { Worker } from "node:worker_threads";
+import * as path from "node:path";
+import * as Comlink from "comlink";
+import nodeEndpoint from "comlink/dist/umd/node-adapter";
+import type { LlamaConfig } from "../model/config";
+import type { BackendName } from "../model/backend";
+import { paramLayout } from "../model/layout";
+import { CTL_ABORT, CTL_WEIGHTS_VERSION, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
+import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
+import { type CheckpointDocs, type CheckpointJob, type CheckpointOutcome, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderInit, type WireError } from "./protocol";
+
+export interface RankSetup {
+  world: number;
+  model: LlamaConfig;
+  gradCkpt: boolean;
+  backend: BackendName;
+  data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
+  fault: RankFault | null;
+}
+
+/** A rank that threw, exited or reported a failure; the message names the rank and the error. */
+export class RankFailure extends Error {
+  constructor(readonly rank: number, readonly phase: string, detail: string) {
+    super(`rank ${rank} failed during ${phase}: ${detail}`);
+    this.name = "RankFailure";
+  }
+}
+
+type Reply<T extends FromRank["type"]> = Extract<FromRank, { type: T }>;
+
+class RankHandle {
+  private pending: { expect: string; phase: string; resolve: (m: FromRank) => void; reject: (e: Error) => void } | null = null;
+  private dead: Error | null = null;
+  readonly worker: Worker;
+
+  constructor(readonly rank: number) {
+    this.worker = new Worker(path.join(__dirname, "rank.js"));
+    this.worker.on("message", (m: FromRank) => this.onMessage(m));
+    this.worker.on("error", (e: Error) => this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `${e.name}: ${e.message}`)));
+    this.worker.on("exit", (code: number) => {
+      if (code !== 0 || this.pending) this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `worker thread exited with code ${code}`));
+      else this.dead = this.dead ?? new Error(`rank ${rank} has exited`);
+    });
+  }
+
+  private onMessage(m: FromRank): void {
+    const p = this.pending;
+    if (!p) return;
+    this.pending = null;
+    if (m.type === "failed") {
+      const e: WireError = m.error;
+      p.reject(new RankFailure(this.rank, p.phase, e.name === "Error" ? e.message : `${e.name}: ${e.message}`));
+      return;
+    }
+    if (m.type !== p.expect) {
+      p.reject(new RankFailure(this.rank, p.phase, `protocol error: expected ${p.expect}, got ${m.type}`));
+      return;
+    }
+    p.resolve(m);
+  }
+
+  private fail(e: Error): void {
+    if (!this.dead) this.dead = e;
+    const p = this.pending;
+    this.pending = null;
+    p?.reject(e);
+  }
+
+  request<T extends FromRank["type"]>(msg: ToRank, expect: T, phase: string): Promise<Reply<T>> {
+    if (this.dead) return Promise.reject(this.dead);
+    if (this.pending) return Promise.reject(new Error(`rank ${this.rank}: request ${msg.type} while ${this.pending.expect} is pending`));
+    return new Promise<Reply<T>>((resolve, reject) => {
+      this.pending = { expect, phase, resolve: resolve as (m: FromRank) => void, reject };
+      this.worker.postMessage(msg);
+    });
+  }
+
+  async close(): Promise<void> {
+    if (!this.dead) {
+      try { this.worker.postMessage({ type: "close" } satisfies ToRank); } catch { /* already gone */ }
+    }
+    await this.worker.terminate();
+  }
+}
+
+export interface StepResult {
+  step: number;
+  loss: number;
+  applied: boolean;
+  gradNorm: number | null;
+  lr: number;
+  scaleUsed: number;
+  computeMs: number;
+  reduceMs: number;
+  updateMs: number;
+}
+
+export interface OptimizerPosition { optSteps: number; scaler: ScalerState; skipped: number }
+
+/** The actor runtime: ranks + shared memory + uploader. */
+export class Coordinator {
+  readonly shared: SharedBuffers;
+  readonly views: SharedViews;
+  readonly P: number;
+  readonly decayRanges: DecayRange[];
+  private ranks: RankHandle[] = [];
+  private uploaderWorker: Worker | null = null;
+  private uploader: Comlink.Remote<UploaderApi> | null = null;
+  private staging: SharedArrayBuffer | null = null;
+  backendInfo = { backend: "?", detail: "" };
+
+  private constructor(readonly setup: RankSetup) {
+    const layout = paramLayout(setup.model);
+    this.P = layout.total;
+    this.decayRanges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
+    this.shared = allocShared(this.P, setup.world);
+    this.views = viewShared(this.shared);
+  }
+
+  /** Allocate the shared buffers; the caller fills params/m/v before `spawn`. */
+  static create(setup: RankSetup): Coordinator {
+    return new Coordinator(setup);
+  }
+
+  /** Start every rank and wait until each has built its backend, model and data stream. */
+  async spawn(): Promise<void> {
+    const parts = slices(this.P, this.setup.world);
+    for (let r = 0; r < this.setup.world; r++) this.ranks.push(new RankHandle(r));
+    const ready = await this.all((h) => ({
+      type: "init",
+      init: {
+        rank: h.rank, world: this.setup.world, model: this.setup.model, gradCkpt: this.setup.gradCkpt,
+        backend: this.setup.backend, data: this.setup.data, shared: this.shared, decayRanges: this.decayRanges,
+        slice: parts[h.rank]!, fault: this.setup.fault,
+      },
+    }), "ready", "init");
+    const names = new Set(ready.map((m) => m.backend));
+    if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
+    this.backendInfo = { backend: ready[0]!.backend, detail: ready[0]!.detail };
+  }
+
+  private async all<T extends FromRank["type"]>(make: (h: RankHandle) => ToRank, expect: T, phase: string): Promise<Reply<T>[]> {
+    try {
+      return await Promise.all(this.ranks.map((h) => h.request(make(h), expect, phase)));
+    } catch (e) {
+      // One rank failed: tell the others to stop at their next micro-batch, and surface the first error.
+      Atomics.store(this.views.ctl, CTL_ABORT, 1);
+      throw e;
+    }
+  }
+
+  /** One optimizer step (A2). Does not touch the data position: the step number is the position. */
+  async step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): Promise<StepResult> {
+    const world = this.setup.world;
+    const accum = this.setup.data.accum;
+    const scale = pos.scaler.scale;
+    const computed = await this.all(() => ({ type: "compute", step, gradScale: scale }), "computed", `step ${step} compute`);
+    const lossSum = computed.reduce((a, m) => a + m.lossSum, 0);
+    const loss = lossSum / (world * accum);
+    // Average over world*accum micro-batches and unscale in one multiply (P2 unscale, A2 average).
+    const invScale = 1 / (world * accum * scale);
+    const reduced = await this.all(() => ({ type: "reduce", step, invScale }), "reduced", `step ${step} reduce`);
+    // Sum the slices' squares in rank order: the same figure whatever the timing.
+    let sumSq = 0;
+    let finite = true;
+    for (const m of reduced) { sumSq += m.sumSq; finite = finite && m.finite; }
+    const lr = baseLr * lrFactor(pos.optSteps, shape);
+    const res: StepResult = {
+      step, loss, applied: false, gradNorm: null, lr, scaleUsed: scale,
+      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs: Math.max(...reduced.map((m) => m.ms)), updateMs: 0,
+    };
+    if (finite) {
+      const norm = Math.sqrt(sumSq);
+      const coef = clipCoef(norm);
+      const updated = await this.all(() => ({ type: "update", step, lr, coef, t: pos.optSteps + 1 }), "updated", `step ${step} update`);
+      Atomics.add(this.views.ctl, CTL_WEIGHTS_VERSION, 1);
+      res.applied = true;
+      res.gradNorm = norm;
+      res.updateMs = Math.max(...updated.map((m) => m.ms));
+      pos.optSteps += 1;
+    } else {
+      pos.skipped += 1;
+    }
+    pos.scaler = scalerUpdate(pos.scaler, !finite);
+    return res;
+  }
+
+  /** Mean validation loss over windows [0, nVal), split across ranks by contiguous ranges (D7). */
+  async evaluate(nVal: number): Promise<number> {
+    const parts = slices(nVal, this.setup.world);
+    const got = await this.all((h) => ({ type: "eval", from: parts[h.rank]![0], to: parts[h.rank]![1] }), "evaluated", "validation");
+    const count = got.reduce((a, m) => a + m.count, 0);
+    if (count !== nVal) throw new Error(`validation covered ${count} of ${nVal} windows`);
+    return got.reduce((a, m) => a + m.lossSum, 0) / count;
+  }
+
+  async memory(): Promise<RankMemory[]> {
+    const got = await this.all(() => ({ type: "memory" }), "memory", "memory report");
+    return got.map((m) => m.memory);
+  }
+
+  // ------------------------------------------------------------ uploader (A3)
+
+  async startUploader(o: UploaderInit): Promise<void> {
+    this.uploaderWorker = new Worker(path.join(__dirname, "uploader.js"));
+    this.uploader = Comlink.wrap<UploaderApi>(nodeEndpoint(this.uploaderWorker));
+    await this.uploader.init(o);
+  }
+
+  /**
+   * Snapshot params|m|v into the staging buffer and hand the checkpoint to the uploader. Returns at
+   * once with the job's promise: the ranks train on while the uploader writes and publishes (B3).
+   * The caller must not stage again before that promise settles (the staging copy is single).
+   */
+  stageCheckpoint(job: Omit<CheckpointJob, "staging" | "P" | "model">): Promise<CheckpointOutcome> {
+    if (!this.uploader) throw new Error("uploader not started");
+    if (!this.staging) this.staging = new SharedArrayBuffer(STAGE_PARTS * this.P * 4);
+    stagingView(this.staging, this.P, STAGE_PARAMS).set(this.views.params);
+    stagingView(this.staging, this.P, STAGE_M).set(this.views.m);
+    stagingView(this.staging, this.P, STAGE_V).set(this.views.v);
+    return this.uploader.checkpoint({ ...job, staging: this.staging, P: this.P, model: this.setup.model });
+  }
+
+  async close(): Promise<void> {
+    Atomics.store(this.views.ctl, CTL_ABORT, 1);
+    await Promise.all(this.ranks.map((h) => h.close()));
+    if (this.uploader) this.uploader[Comlink.releaseProxy]();
+    if (this.uploaderWorker) await this.uploaderWorker.terminate();
+  }
+}
+
+/** The JSON documents of a checkpoint (K2), built in one place for the coordinator and tests. */
+export function checkpointDocs(o: {
+  trainerState: unknown; cursor: unknown; hfConfig: unknown; runConfig: unknown;
+}): CheckpointDocs {
+  return {
+    "trainer_state.json": o.trainerState,
+    "cursor.json": o.cursor,
+    "config.json": o.hfConfig,
+    "run_config.json": o.runConfig,
+  };
+}

@@ -1,0 +1,134 @@
+/**
+ * The framework-free loop (G8, A5): the whole step in the calling thread, with no workers, no
+ * shared memory and no messages: the same model, data path, optimizer and precision as the actor
+ * runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
+ * of one step of the actor run (same windows, same update), and the bench can compare the two.
+ */
+import * as tf from "@tensorflow/tfjs-core";
+import { Llama } from "../model/llama";
+import { initBackend, type BackendName } from "../model/backend";
+import { initWeights } from "../model/init";
+import { paramLayout } from "../model/layout";
+import type { LlamaConfig } from "../model/config";
+import { readManifest } from "../data/manifest";
+import { PackedTokenStore } from "../data/store";
+import { WindowPermutation } from "../data/permutation";
+import { TrainStream } from "../data/sampler";
+import { adamwSlice, clipCoef, lrFactor, newScaler, reduceSlice, scalerUpdate, ADAMW_DEFAULTS, type DecayRange, type LrShape } from "./optim";
+import type { OptimizerPosition, StepResult } from "./coordinator";
+import type { SessionPlan } from "../run";
+import type { Reporter } from "../report";
+
+export interface LocalSetup {
+  model: LlamaConfig;
+  gradCkpt: boolean;
+  backend: BackendName;
+  root: string;
+  seqLen: number;
+  dataSeed: number;
+  world: number;
+  accum: number;
+  microBatch: number;
+  seed: number;
+}
+
+export class LocalTrainer {
+  readonly params: Float32Array;
+  readonly m: Float32Array;
+  readonly v: Float32Array;
+  readonly grad: Float32Array;
+  private readonly ranges: DecayRange[];
+  private readonly stream: TrainStream;
+  private readonly ids: Int32Array;
+  private weightsDirty = true;
+  backend = "?";
+
+  private constructor(readonly setup: LocalSetup, readonly llama: Llama) {
+    const layout = paramLayout(setup.model);
+    this.params = new Float32Array(layout.total);
+    this.m = new Float32Array(layout.total);
+    this.v = new Float32Array(layout.total);
+    this.grad = new Float32Array(layout.total);
+    this.ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
+    const manifest = readManifest(setup.root);
+    const store = PackedTokenStore.open(setup.root, manifest, "train");
+    const perm = new WindowPermutation(store.numWindows(setup.seqLen), setup.dataSeed);
+    this.stream = new TrainStream(store, perm, { world: setup.world, accum: setup.accum, microBatch: setup.microBatch, seqLen: setup.seqLen });
+    this.ids = new Int32Array(setup.microBatch * setup.seqLen);
+    initWeights(setup.model, setup.seed, this.params);
+  }
+
+  static async create(setup: LocalSetup): Promise<LocalTrainer> {
+    const be = await initBackend(setup.backend);
+    const t = new LocalTrainer(setup, new Llama(setup.model, { gradCkpt: setup.gradCkpt }));
+    t.backend = be.backend;
+    return t;
+  }
+
+  step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): StepResult {
+    const { world, accum, microBatch, seqLen } = this.setup;
+    const t0 = performance.now();
+    if (this.weightsDirty) { this.llama.setWeights(this.params); this.weightsDirty = false; }
+    const scale = pos.scaler.scale;
+    this.grad.fill(0);
+    let lossSum = 0;
+    for (let micro = 0; micro < accum; micro++) {
+      for (let rank = 0; rank < world; rank++) {
+        this.stream.readMicroBatch(step, rank, micro, this.ids);
+        lossSum += this.llama.lossAndGrads(this.ids, microBatch, seqLen, scale, this.grad);
+      }
+    }
+    const t1 = performance.now();
+    const red = reduceSlice([this.grad], this.grad, 1 / (world * accum * scale), 0, this.grad.length);
+    const t2 = performance.now();
+    const lr = baseLr * lrFactor(pos.optSteps, shape);
+    const res: StepResult = { step, loss: lossSum / (world * accum), applied: false, gradNorm: null, lr, scaleUsed: scale, computeMs: t1 - t0, reduceMs: t2 - t1, updateMs: 0 };
+    if (red.finite) {
+      const norm = Math.sqrt(red.sumSq);
+      adamwSlice(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr, ...ADAMW_DEFAULTS }, clipCoef(norm), pos.optSteps + 1);
+      this.weightsDirty = true;
+      pos.optSteps += 1;
+      res.applied = true;
+      res.gradNorm = norm;
+      res.updateMs = performance.now() - t2;
+    } else {
+      pos.skipped += 1;
+    }
+    pos.scaler = scalerUpdate(pos.scaler, !red.finite);
+    return res;
+  }
+
+  dispose(): void {
+    this.llama.dispose();
+  }
+}
+
+/** G8: N steps without the actor machinery; the first step is excluded from timing; no checkpoint. */
+export async function runBenchmark(s: SessionPlan, n: number, rep: Reporter): Promise<Record<string, unknown>> {
+  const { cfg } = s;
+  const t = await LocalTrainer.create({
+    model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed,
+    world: cfg.world, accum: cfg.accum, microBatch: cfg.microBatch, seed: cfg.seed,
+  });
+  rep.say(`benchmark mode: ${n} steps in one thread, no actors, micro=${cfg.microBatch} accum=${cfg.accum} world-share=${cfg.world} seq=${cfg.seqLen} backend=${t.backend}`);
+  const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
+  const times: number[] = [];
+  let last: StepResult | null = null;
+  for (let i = 0; i < n + 1; i++) {
+    const a = performance.now();
+    last = t.step(s.startStep + i, pos, cfg.lr, s.lrShape);
+    if (i > 0) times.push(performance.now() - a);
+  }
+  t.dispose();
+  const sorted = [...times].sort((a, b) => a - b);
+  const med = sorted.length ? sorted[Math.floor(sorted.length / 2)]! : Number.NaN;
+  const tokensPerStep = s.plan.tokensPerStep;
+  const j = {
+    case: "framework-free", benchmark_steps: n, backend: t.backend, world: cfg.world, params: s.params.sum_numel, seq_len: cfg.seqLen,
+    micro_batch: cfg.microBatch, accum: cfg.accum, step_ms_median: Math.round(med * 10) / 10,
+    tok_per_s: Math.round((tokensPerStep / med) * 1000 * 10) / 10, loss: last?.loss ?? null, grad_ckpt: cfg.gradCkpt,
+    tf_tensors: tf.memory().numTensors,
+  };
+  rep.say("BENCH_JSON " + JSON.stringify(j));
+  return j;
+}

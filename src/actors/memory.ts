@@ -1,0 +1,33 @@
+/**
+ * Peak memory of one rank (G6): this thread's V8 heap, the tensors tfjs holds, and the size of the
+ * wasm heap (which only grows, and is capped at 4 GB per worker). Sampled after each micro-batch,
+ * where a step's memory is at its highest.
+ */
+import * as v8 from "node:v8";
+import * as tf from "@tensorflow/tfjs-core";
+import type { RankMemory } from "./protocol";
+
+function wasmHeapBytes(): number {
+  try {
+    const be = tf.backend() as unknown as { wasm?: { HEAPU8?: Uint8Array } };
+    return be.wasm?.HEAPU8?.buffer.byteLength ?? 0;
+  } catch {
+    return 0;
+  }
+}
+
+export function memorySampler() {
+  let heapPeak = 0;
+  let tfPeak = 0;
+  const sample = () => {
+    heapPeak = Math.max(heapPeak, v8.getHeapStatistics().used_heap_size);
+    tfPeak = Math.max(tfPeak, tf.memory().numBytes);
+  };
+  return {
+    sample,
+    report(rank: number): RankMemory {
+      sample();
+      return { rank, heapPeakBytes: heapPeak, tfPeakBytes: tfPeak, wasmHeapBytes: wasmHeapBytes() };
+    },
+  };
+}

@@ -1,0 +1,115 @@
+/**
+ * Every message between actors, as discriminated unions (comlink's protocol.ts style). Bulk data
+ * never travels in messages: gradients, weights and moments live in the SharedArrayBuffers of
+ * shm.ts; messages carry commands, scalars and errors. Errors cross threads as plain objects
+ * (`WireError`), so callers branch on `name`, never on `instanceof`.
+ */
+import type { SharedBuffers } from "./shm";
+import type { LlamaConfig } from "../model/config";
+import type { BackendName } from "../model/backend";
+import type { DecayRange } from "./optim";
+
+export interface WireError { name: string; message: string; stack?: string; rule?: string }
+
+export function toWireError(e: unknown): WireError {
+  if (e instanceof Error) {
+    const rule = (e as { rule?: unknown }).rule;
+    return { name: e.name, message: e.message, stack: e.stack, ...(typeof rule === "string" ? { rule } : {}) };
+  }
+  return { name: "Error", message: String(e) };
+}
+
+/** A fault a test injects into one rank (TSTRAIN_FAULT, test-only): see rank.ts. */
+export interface RankFault { rank: number; step: number; kind: "throw" | "exit" | "nan" }
+
+/** Everything a rank needs to build its replica and its data stream. */
+export interface RankInit {
+  rank: number;
+  world: number;
+  model: LlamaConfig;
+  gradCkpt: boolean;
+  backend: BackendName;
+  data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
+  shared: SharedBuffers;
+  decayRanges: DecayRange[];
+  /** This rank's [lo, hi) share of the parameter vector for reduce and update. */
+  slice: [number, number];
+  fault: RankFault | null;
+}
+
+// ---------------------------------------------------------------- coordinator -> rank
+
+export type ToRank =
+  | { type: "init"; init: RankInit }
+  /** Forward+backward over this rank's `accum` micro-batches of `step`; sum the grads into its slot. */
+  | { type: "compute"; step: number; gradScale: number }
+  /** Average + unscale every slot over this rank's slice into slot 0; report sum of squares and finiteness. */
+  | { type: "reduce"; step: number; invScale: number }
+  /** AdamW over this rank's slice. `t` is the 1-based optimizer step. */
+  | { type: "update"; step: number; lr: number; coef: number; t: number }
+  /** Validation loss over val windows [from, to) (D7). */
+  | { type: "eval"; from: number; to: number }
+  | { type: "memory" }
+  | { type: "close" };
+
+// ---------------------------------------------------------------- rank -> coordinator
+
+export interface RankMemory { rank: number; heapPeakBytes: number; tfPeakBytes: number; wasmHeapBytes: number }
+
+export type FromRank =
+  | { type: "ready"; rank: number; backend: string; detail: string }
+  | { type: "computed"; rank: number; step: number; lossSum: number; micro: number; ms: number }
+  | { type: "reduced"; rank: number; step: number; sumSq: number; finite: boolean; ms: number }
+  | { type: "updated"; rank: number; step: number; ms: number }
+  | { type: "evaluated"; rank: number; lossSum: number; count: number }
+  | { type: "memory"; memory: RankMemory }
+  | { type: "failed"; rank: number; error: WireError };
+
+// ---------------------------------------------------------------- coordinator -> uploader
+
+/** JSON documents written beside the tensors in a checkpoint folder (K2). */
+export interface CheckpointDocs {
+  "trainer_state.json": unknown;
+  "cursor.json": unknown;
+  "config.json": unknown;
+  "run_config.json": unknown;
+}
+
+export interface CheckpointJob {
+  step: number;
+  /** Local folder to write (…/ckpt/checkpoint-{step}); written via a temp folder and renamed. */
+  dir: string;
+  staging: SharedArrayBuffer;
+  P: number;
+  model: LlamaConfig;
+  docs: CheckpointDocs;
+  /** Hub publication (K3) when a repo is set; the pointer is written only after verification. */
+  publish: null | { pathInRepo: string; pointer: import("../hub/store").Pointer; loss: number | null };
+}
+
+export interface UploaderInit {
+  hub: null | { hubUrl: string; repo: string; repoType: "dataset" | "model" };
+  prune: boolean;
+  minFreeGb: number;
+  /** Local checkpoint folders kept besides the one in flight (K1). */
+  keepLocal: number;
+  runDir: string;
+}
+
+export interface CheckpointOutcome {
+  step: number;
+  dir: string;
+  writeSeconds: number;
+  published: null | import("../hub/cycle").PublishResult;
+}
+
+/** The uploader's comlink surface (see uploader.ts). */
+export interface UploaderApi {
+  init(o: UploaderInit): Promise<void>;
+  checkpoint(job: CheckpointJob): Promise<CheckpointOutcome>;
+}
+
+/** Exhaustiveness guard for every `switch (msg.type)`. */
+export function unreachable(x: never): never {
+  throw new Error(`unhandled message ${JSON.stringify(x)}`);
+}

@@ -1,0 +1,148 @@
+/**
+ * Rank actor (A1): one worker thread per device. Builds its own tfjs backend and model replica,
+ * reads its own windows, and holds no optimizer state: the master weights, the moments and the
+ * gradient slots are shared memory (shm.ts). It also runs its slice of the reduce and of the AdamW
+ * update, so the coordinator's per-step work is a handful of scalars.
+ *
+ * Message loop: one message at a time, in order; every failure is reported as `failed` with the
+ * rank id, and the coordinator stops the run.
+ */
+import { parentPort } from "node:worker_threads";
+import { Llama } from "../model/llama";
+import { initBackend } from "../model/backend";
+import { readManifest } from "../data/manifest";
+import { PackedTokenStore } from "../data/store";
+import { WindowPermutation } from "../data/permutation";
+import { TrainStream, ValStream } from "../data/sampler";
+import { CTL_ABORT, CTL_WEIGHTS_VERSION, viewShared, type SharedViews } from "./shm";
+import { adamwSlice, reduceSlice, ADAMW_DEFAULTS } from "./optim";
+import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
+import { memorySampler } from "./memory";
+
+interface RankState {
+  init: RankInit;
+  model: Llama;
+  views: SharedViews;
+  stream: TrainStream;
+  val: ValStream | null;
+  weightsVersion: number;
+  ids: Int32Array;
+  mem: ReturnType<typeof memorySampler>;
+}
+
+let state: RankState | null = null;
+let myRank = -1;
+
+function send(m: FromRank): void {
+  parentPort!.postMessage(m);
+}
+
+async function handleInit(init: RankInit): Promise<FromRank> {
+  const be = await initBackend(init.backend);
+  const views = viewShared(init.shared);
+  const d = init.data;
+  const manifest = readManifest(d.root);
+  const store = PackedTokenStore.open(d.root, manifest, "train");
+  const perm = new WindowPermutation(store.numWindows(d.seqLen), d.dataSeed);
+  const stream = new TrainStream(store, perm, { world: init.world, accum: d.accum, microBatch: d.microBatch, seqLen: d.seqLen });
+  const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
+  const model = new Llama(init.model, { gradCkpt: init.gradCkpt });
+  state = { init, model, views, stream, val, weightsVersion: -1, ids: new Int32Array(d.microBatch * d.seqLen), mem: memorySampler() };
+  return { type: "ready", rank: init.rank, backend: be.backend, detail: be.detail };
+}
+
+function syncWeights(s: RankState): void {
+  const v = Atomics.load(s.views.ctl, CTL_WEIGHTS_VERSION);
+  if (v !== s.weightsVersion) {
+    s.model.setWeights(s.views.params);
+    s.weightsVersion = v;
+  }
+}
+
+function checkFault(s: RankState, step: number, at: "compute"): void {
+  const f = s.init.fault;
+  if (!f || f.rank !== s.init.rank || f.step !== step || at !== "compute") return;
+  if (f.kind === "throw") throw new Error(`injected fault: rank ${f.rank} throws at step ${step} (TSTRAIN_FAULT)`);
+  if (f.kind === "exit") process.exit(3);
+}
+
+function compute(s: RankState, step: number, gradScale: number): FromRank {
+  const t0 = performance.now();
+  syncWeights(s);
+  const slot = s.views.slots[s.init.rank]!;
+  slot.fill(0);
+  const d = s.init.data;
+  let lossSum = 0;
+  let micro = 0;
+  for (; micro < d.accum; micro++) {
+    if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;
+    checkFault(s, step, "compute");
+    s.stream.readMicroBatch(step, s.init.rank, micro, s.ids);
+    lossSum += s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, slot);
+    s.mem.sample();
+  }
+  const f = s.init.fault;
+  if (f && f.kind === "nan" && f.rank === s.init.rank && f.step === step) slot[0] = Number.NaN;
+  return { type: "computed", rank: s.init.rank, step, lossSum, micro, ms: performance.now() - t0 };
+}
+
+function reduce(s: RankState, step: number, invScale: number): FromRank {
+  const t0 = performance.now();
+  const [lo, hi] = s.init.slice;
+  const r = reduceSlice(s.views.slots, s.views.slots[0]!, invScale, lo, hi);
+  return { type: "reduced", rank: s.init.rank, step, sumSq: r.sumSq, finite: r.finite, ms: performance.now() - t0 };
+}
+
+function update(s: RankState, step: number, lr: number, coef: number, t: number): FromRank {
+  const t0 = performance.now();
+  const [lo, hi] = s.init.slice;
+  const v = s.views;
+  adamwSlice(v.params, v.m, v.v, v.slots[0]!, s.init.decayRanges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
+  return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
+}
+
+function evaluate(s: RankState, from: number, to: number): FromRank {
+  if (!s.val) throw new Error("no validation stream on this rank (nVal = 0)");
+  syncWeights(s);
+  const seq = s.init.data.seqLen;
+  const ids = new Int32Array(seq);
+  let lossSum = 0;
+  let count = 0;
+  for (let i = from; i < to; i++) {
+    s.val.read(i, ids);
+    lossSum += s.model.loss(ids, 1, seq);
+    count++;
+  }
+  return { type: "evaluated", rank: s.init.rank, lossSum, count };
+}
+
+async function handle(msg: ToRank): Promise<FromRank | null> {
+  if (msg.type === "init") { myRank = msg.init.rank; return handleInit(msg.init); }
+  const s = state;
+  if (!s) throw new Error(`rank received ${msg.type} before init`);
+  switch (msg.type) {
+    case "compute": return compute(s, msg.step, msg.gradScale);
+    case "reduce": return reduce(s, msg.step, msg.invScale);
+    case "update": return update(s, msg.step, msg.lr, msg.coef, msg.t);
+    case "eval": return evaluate(s, msg.from, msg.to);
+    case "memory": return { type: "memory", memory: s.mem.report(s.init.rank) };
+    case "close":
+      s.model.dispose();
+      parentPort!.close();
+      return null;
+    default: return unreachable(msg);
+  }
+}
+
+// Messages are handled strictly in order: a promise chain, so an async init cannot interleave.
+let chain: Promise<void> = Promise.resolve();
+parentPort!.on("message", (msg: ToRank) => {
+  chain = chain.then(async () => {
+    try {
+      const reply = await handle(msg);
+      if (reply) send(reply);
+    } catch (e) {
+      send({ type: "failed", rank: myRank, error: toWireError(e) });
+    }
+  });
+});

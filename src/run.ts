@@ -1,0 +1,381 @@
+/**
+ * A training session, top to bottom: config -> data -> model -> plan -> resume point -> actors ->
+ * step loop with checkpoints -> validation -> export -> RUN_JSON. Every refusal happens before
+ * step 1 (C3, D6, G1, M3, R2-R4); nothing already saved is overwritten.
+ */
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { UserError } from "./errors";
+import { planSteps, type RunConfig, type StepPlan } from "./config";
+import { buildConfig, countParams, hfConfigJson, type LlamaConfig } from "./model/config";
+import { initWeights } from "./model/init";
+import { writeSafetensors, flatToTensors } from "./model/safetensors";
+import { readManifest, type Manifest } from "./data/manifest";
+import { PackedTokenStore } from "./data/store";
+import { mixFingerprint } from "./data/fingerprint";
+import { permSha } from "./data/permutation";
+import { loadCursor, makeCursor, saveCursor, validateResume, type Cursor } from "./data/cursor";
+import { checkNoWrap, valWindowCount } from "./data/plan";
+import { ensureDemoMix } from "./data/demo";
+import { Coordinator, checkpointDocs, type OptimizerPosition } from "./actors/coordinator";
+import { newScaler, type LrShape } from "./actors/optim";
+import type { CheckpointOutcome, RankFault, RankMemory } from "./actors/protocol";
+import { checkpointName, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
+import { createReporter, fmtDuration, type Reporter } from "./report";
+import { createHubStore, type HubStore, type Pointer } from "./hub/store";
+import { resolveAutoResume } from "./hub/resume";
+import { publishFinal } from "./hub/cycle";
+import { runBenchmark } from "./actors/local";
+
+export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
+
+/** Everything fixed before step 1: the data identity, the model, the plan and the start point. */
+export interface SessionPlan {
+  cfg: RunConfig;
+  root: string;
+  manifest: Manifest;
+  fingerprint: string;
+  permSha: string;
+  nWindows: number;
+  nVal: number;
+  model: LlamaConfig;
+  params: { sum_numel: number; unique: number; trainable: number };
+  plan: StepPlan;
+  lrShape: LrShape;
+  startStep: number;
+  endStep: number;
+  resumeDir: string | null;
+  priorLoss: number | null;
+  hub: HubStore | null;
+}
+
+/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan"); never set in a real run. */
+export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
+  if (!v) return null;
+  const m = /^(\d+):(\d+):(throw|exit|nan)$/.exec(v);
+  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan`);
+  return { rank: Number(m[1]), step: Number(m[2]), kind: m[3] as RankFault["kind"] };
+}
+
+export async function planSession(cfg: RunConfig, rep: Reporter): Promise<SessionPlan> {
+  // ---- data (D1-D7)
+  const root = cfg.demo ? await ensureDemoMix(cfg.root) : cfg.root;
+  const manifest = readManifest(root);
+  if (manifest.total_tokens < cfg.tokens) {
+    rep.say(`WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`);
+  }
+  const store = PackedTokenStore.open(root, manifest, "train");
+  const nWindows = store.numWindows(cfg.seqLen);
+  store.close();
+  const fingerprint = mixFingerprint(root, manifest);
+  const pSha = permSha(nWindows, cfg.dataSeed);
+
+  // ---- model (M1-M3)
+  const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.demo;
+  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : 0);
+  const model = buildConfig({ seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined, vocabSize: vocab || undefined });
+  if (manifest.vocab_size > model.vocabSize) {
+    throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
+  }
+  const params = countParams(model);
+  if (!variant && (params.sum_numel < 90_000_000 || params.sum_numel > 110_000_000)) {
+    throw new UserError("M3", `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`);
+  }
+  const plan = planSteps(cfg);
+  const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
+  rep.say(`mix: ${manifest.total_tokens.toLocaleString("en-US")} tokens in ${manifest.shards.length} shards fp=${fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
+  rep.say(`params: ${JSON.stringify(params)}`);
+
+  // ---- resume point (R1-R4, C3)
+  const hub = cfg.hubRepo ? createHubStore({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType }) : null;
+  let resumeDir: string | null = null;
+  let priorLoss: number | null = null;
+  if (cfg.resume === "auto") {
+    if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
+    const got = await resolveAutoResume(hub, { destDir: path.join(cfg.out, "resume"), log: rep.say });
+    if (got.kind === "fresh") {
+      rep.say(`resume auto: ${got.reason} -> starting from step 0`);
+    } else if (got.kind === "complete") {
+      throw new UserError("R3", `resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. Use a new --hub-repo for a new run.`);
+    } else {
+      resumeDir = got.dir;
+      priorLoss = got.priorLoss;
+      rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; downloaded to ${got.dir}`);
+    }
+  } else if (cfg.resume) {
+    resumeDir = cfg.resume;
+  }
+  let startStep = 0;
+  if (resumeDir) {
+    const cur = loadCursor(resumeDir);
+    ({ startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: pSha, fingerprint, seqsPerStep: plan.seqsPerStep }, resumeDir));
+    const statePath = path.join(resumeDir, "trainer_state.json");
+    if (fs.existsSync(statePath)) {
+      const st = JSON.parse(fs.readFileSync(statePath, "utf8")) as TrainerState;
+      if (st.step !== startStep) throw new UserError("C3", `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`);
+      if (st.lr_shape && st.lr_shape.total !== plan.stepsPlanned) {
+        throw new UserError("P5", `resume refused: the checkpoint's horizon is ${st.lr_shape.total} steps but this plan has ${plan.stepsPlanned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`);
+      }
+      const hist = (st.log_history ?? []).filter((h) => Number.isFinite(h.loss));
+      if (priorLoss === null && hist.length) priorLoss = hist[hist.length - 1]!.loss;
+    }
+    rep.say(`resume from ${resumeDir}: step ${startStep}, prior loss ${priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
+  }
+  if (startStep >= plan.stepsPlanned) {
+    throw new UserError("P5", `resume point step ${startStep} is at or past the horizon ${plan.stepsPlanned}: the run is complete`);
+  }
+  const room = checkNoWrap({ nWindows, startStep, stepsPlanned: plan.stepsPlanned, seqsPerStep: plan.seqsPerStep, seqLen: cfg.seqLen });
+  const nVal = valWindowCount(cfg.valTokens, manifest.val_total_tokens, cfg.seqLen);
+  rep.say(`data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`);
+
+  // ---- segment end (G1)
+  let endStep = plan.stepsPlanned;
+  if (cfg.stopAfterSteps) {
+    const S = cfg.stopAfterSteps;
+    if (S % plan.ckptEvery) throw new UserError("G1", `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${plan.ckptEvery}: the session would end between two checkpoints`);
+    if (S <= startStep) throw new UserError("G1", `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing`);
+    if (S > plan.stepsPlanned) throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`);
+    endStep = S;
+  }
+  return { cfg, root, manifest, fingerprint, permSha: pSha, nWindows, nVal, model, params, plan, lrShape, startStep, endStep, resumeDir, priorLoss, hub };
+}
+
+function cursorAt(s: SessionPlan, step: number): Cursor {
+  return makeCursor({ step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, seed: s.cfg.dataSeed, fingerprint: s.fingerprint, permSha: s.permSha });
+}
+
+function pointerAt(s: SessionPlan, step: number, pathInRepo: string): Pointer {
+  const samples = step * s.plan.seqsPerStep;
+  return { path_in_repo: pathInRepo, step, samples_consumed: samples, tokens_consumed: samples * s.cfg.seqLen, fingerprint: s.fingerprint, seed: s.cfg.dataSeed };
+}
+
+function mb(n: number): number {
+  return Math.round(n / 1e6);
+}
+
+export interface RunResult { runJson: Record<string, unknown>; exported: string | null }
+
+/** The whole session. Returns the RUN_JSON figures; throws UserError on refusals. */
+export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
+  const t0 = performance.now();
+  const s = await planSession(cfg, rep);
+  const { plan, model } = s;
+
+  if (cfg.dryRun) {
+    const j = {
+      dry_run: true, train_samples: s.nWindows, val_samples: s.nVal, steps_planned: plan.stepsPlanned, start_step: s.startStep,
+      ckpt_every: plan.ckptEvery, params: s.params, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,
+      scaler: "dynamic (GradScaler semantics)", world: cfg.world, seqs_per_step: plan.seqsPerStep, tokens_per_step: plan.tokensPerStep,
+    };
+    rep.say(JSON.stringify(j));
+    return { runJson: j, exported: null };
+  }
+  if (cfg.benchmark) {
+    const j = await runBenchmark(s, cfg.benchmark, rep);
+    return { runJson: j, exported: null };
+  }
+
+  // ---- actors
+  const coord = Coordinator.create({
+    world: cfg.world, model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, fault: faultFromEnv(),
+    data: { root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: s.nVal },
+  });
+  const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
+  let history: LogEntry[] = [];
+  if (s.resumeDir) {
+    const ck = readCheckpointFolder(s.resumeDir, model, coord.views.params, coord.views.m, coord.views.v);
+    pos.optSteps = ck.state.opt_steps;
+    pos.scaler = ck.state.scaler;
+    pos.skipped = ck.state.skipped_steps;
+    history = ck.state.log_history;
+  } else {
+    initWeights(model, cfg.seed, coord.views.params);
+  }
+  if (!(coord.views.params instanceof Float32Array)) throw new Error("master weights are not fp32 (P1)");
+
+  let failure: unknown = null;
+  let result: RunResult | null = null;
+  try {
+    await coord.spawn();
+    rep.say(`precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x2/2000 clean, x0.5 on inf/NaN) grad_ckpt=${cfg.gradCkpt}`);
+    rep.say(`backend: ${coord.backendInfo.detail}`);
+    await coord.startUploader({
+      hub: cfg.hubRepo ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType } : null,
+      prune: cfg.prune, minFreeGb: cfg.minFreeGb, keepLocal: 1, runDir: cfg.out,
+    });
+    if (s.hub) {
+      const r = await s.hub.ensureRepo();
+      rep.say(`checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${r.created ? "created" : "exists"}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`);
+    }
+    result = await trainLoop(s, coord, pos, history, rep, t0);
+  } catch (e) {
+    failure = e;
+  } finally {
+    await coord.close();
+  }
+  if (failure) throw failure;
+  return result!;
+}
+
+async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number): Promise<RunResult> {
+  const { cfg, plan } = s;
+  const tokensPerStep = plan.tokensPerStep;
+  let inFlight: Promise<CheckpointOutcome> | null = null;
+  let inFlightStep = -1;
+  let uploadError: unknown = null;
+  const outcomes: CheckpointOutcome[] = [];
+  const published = new Set<number>();
+  let winLoss = 0, winSteps = 0, winT0 = performance.now(), winTokens = 0;
+  const trainT0 = performance.now();
+  let lastLoss = Number.NaN;
+
+  const settle = async (why: string) => {
+    if (!inFlight) return;
+    rep.say(`waiting for checkpoint ${inFlightStep} to finish (${why})`);
+    await inFlight.catch(() => undefined);
+    inFlight = null;
+  };
+
+  for (let step = s.startStep; step < s.endStep; step++) {
+    if (uploadError) break;
+    const r = await coord.step(step, pos, cfg.lr, s.lrShape);
+    const done = step + 1;
+    lastLoss = r.loss;
+    if (!r.applied) rep.say(`step ${done}: non-finite gradient -> step skipped (P2), ${pos.skipped} skipped so far, loss scale now ${pos.scaler.scale}`);
+    winLoss += r.loss; winSteps++; winTokens += tokensPerStep;
+    const elapsedTrain = (performance.now() - trainT0) / 1000;
+    const tokS = ((done - s.startStep) * tokensPerStep) / Math.max(1e-9, elapsedTrain);
+    rep.progress(`step ${done}/${plan.stepsPlanned} loss ${r.loss.toFixed(4)} lr ${r.lr.toExponential(2)} scale ${pos.scaler.scale} | ${tokS.toFixed(0)} tok/s | ETA ${fmtDuration((s.endStep - done) * tokensPerStep / Math.max(1e-9, tokS))}`);
+    if (done % cfg.logEvery === 0 || done === s.endStep) {
+      const winSec = (performance.now() - winT0) / 1000;
+      const e: LogEntry = {
+        step: done, loss: winLoss / winSteps, lr: r.lr, grad_norm: r.gradNorm, loss_scale: pos.scaler.scale,
+        skipped_steps: pos.skipped, tok_per_s: Math.round(winTokens / Math.max(1e-9, winSec)), elapsed_s: Math.round(elapsedTrain * 10) / 10,
+      };
+      history.push(e);
+      rep.metric(e);
+      rep.curve(history);
+      rep.say(`step ${done}/${plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}`);
+      winLoss = 0; winSteps = 0; winTokens = 0; winT0 = performance.now();
+    }
+    if (done % plan.ckptEvery === 0) {
+      if (inFlight) await settle("a second checkpoint is due while the first is still in flight");
+      if (uploadError) break;
+      const trainerState: TrainerState = {
+        format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
+        lr_shape: s.lrShape, seqs_per_step: plan.seqsPerStep, log_history: history,
+      };
+      const pathInRepo = `ckpt/${checkpointName(done)}`;
+      inFlightStep = done;
+      inFlight = coord.stageCheckpoint({
+        step: done,
+        dir: path.join(cfg.out, "ckpt", checkpointName(done)),
+        docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: cfg }),
+        publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss: lastLoss } : null,
+      });
+      inFlight.then((o) => { outcomes.push(o); if (o.published?.ok) published.add(o.step); }, (e) => { uploadError = e; });
+    }
+  }
+  await settle("end of the session");
+  if (uploadError) {
+    const msg = uploadError instanceof Error ? uploadError.message : String(uploadError);
+    throw new UserError("K4", `checkpoint ${inFlightStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved.`);
+  }
+  const step = s.endStep;
+  const sessionSec = (performance.now() - t0) / 1000;
+  const trainSec = (performance.now() - trainT0) / 1000;
+  const tokThisRun = (step - s.startStep) * tokensPerStep;
+  const finalLoss = history.length ? history[history.length - 1]!.loss : lastLoss;
+  const segment = step < plan.stepsPlanned;
+  if (segment && s.hub && !published.has(step)) {
+    throw new UserError("G1", `segment ended at step ${step} but no checkpoint was pushed and verified for it (pushed: ${[...published].sort((a, b) => a - b).join(", ") || "none"}); the next session would re-read this interval`);
+  }
+  rep.say(`TRAIN DONE step=${step}/${plan.stepsPlanned} elapsed=${fmtDuration(trainSec)} tokens_this_run=${tokThisRun.toLocaleString("en-US")} last_loss=${finalLoss}`);
+  if (!Number.isFinite(finalLoss)) throw new UserError("G3", `final loss is not finite (${finalLoss}): not exporting anything`);
+
+  let valLoss: number | null = null, ppl: number | null = null, valError: string | null = null;
+  if (segment) {
+    rep.say(`validation skipped: segment ended at step ${step} of ${plan.stepsPlanned} (G1)`);
+  } else {
+    try {
+      valLoss = await coord.evaluate(s.nVal);
+      if (!Number.isFinite(valLoss)) throw new Error(`validation loss is ${valLoss}`);
+      ppl = Math.exp(Math.min(20, valLoss));
+      rep.say(`validation loss=${valLoss.toFixed(4)} ppl=${ppl.toFixed(2)} over ${s.nVal} held-out windows`);
+    } catch (e) {
+      valError = `${(e as Error).name}: ${String((e as Error).message).slice(0, 300)}`;
+      valLoss = null; ppl = null;
+      rep.say(`validation failed: ${valError}`);
+    }
+  }
+  const mem: RankMemory[] = await coord.memory();
+  const rss = process.memoryUsage().rss;
+  const memJson = {
+    per_rank: mem.map((m) => ({ rank: m.rank, heap_mb: mb(m.heapPeakBytes), tf_tensors_mb: mb(m.tfPeakBytes), wasm_heap_mb: mb(m.wasmHeapBytes) })),
+    max_rank_mb: Math.max(...mem.map((m) => mb(m.heapPeakBytes + Math.max(m.tfPeakBytes, m.wasmHeapBytes)))),
+    process_rss_mb: mb(rss),
+  };
+  rep.say(`memory: ${JSON.stringify(memJson)}`);
+
+  let exported: string | null = null;
+  if (!segment) {
+    exported = exportFinal(s, coord, {
+      step, start_step: s.startStep, tokens_consumed: step * tokensPerStep, tokens_this_run: tokThisRun, session_seconds: Math.round(sessionSec * 10) / 10,
+      tok_per_s: Math.round(tokThisRun / Math.max(1e-9, trainSec)), final_loss: finalLoss, prior_loss: s.priorLoss, val_loss: valLoss, val_ppl: ppl,
+      val_error: valError, val_windows: s.nVal, memory: memJson,
+    }, rep);
+    if (s.hub) {
+      const r = await publishFinal(s.hub, { localDir: exported, pathInRepo: "final", pointer: pointerAt(s, step, "final"), log: rep.say });
+      if (!r.ok) throw new UserError("K4", `final/ did not verify on the Hub: ${JSON.stringify(r.verify)}; the local export is kept at ${exported}`);
+      rep.say(`latest.json rolled to the completed run: final at step ${step}`);
+    }
+  } else {
+    rep.say(`segment boundary reached at step ${step} of ${plan.stepsPlanned}: the verified checkpoint is the resume point, so no separate final push`);
+  }
+  const runJson = {
+    final_step: step, steps_planned: plan.stepsPlanned, start_step: s.startStep, segment_stop: segment, final_loss: finalLoss, prior_loss: s.priorLoss,
+    val_loss: valLoss, val_ppl: ppl, val_error: valError, val_skipped: segment, val_windows: s.nVal,
+    tokens_consumed: step * tokensPerStep, tok_per_s: Math.round(tokThisRun / Math.max(1e-9, trainSec)), session_seconds: Math.round(sessionSec * 10) / 10,
+    world: cfg.world, micro_batch: cfg.microBatch, accum: cfg.accum, seq_len: cfg.seqLen, params: s.params.sum_numel,
+    backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt, skipped_steps: pos.skipped, loss_scale: pos.scaler.scale,
+    checkpoints: outcomes.map((o) => o.step), memory: memJson, exported,
+  };
+  rep.say("RUN_JSON " + JSON.stringify(runJson));
+  return { runJson, exported };
+}
+
+/** G4: final/ = HF model folder + tokenizer files + cursor + run_summary.json. Never overwrites. */
+function exportFinal(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): string {
+  const { cfg } = s;
+  const exp = path.join(cfg.out, "final");
+  if (fs.existsSync(exp)) {
+    const old = `${exp}.previous-${Date.now()}`;
+    fs.renameSync(exp, old);
+    rep.say(`an earlier final/ was moved to ${old} (nothing is overwritten)`);
+  }
+  const tmp = `${exp}.partial-${process.pid}`;
+  fs.rmSync(tmp, { recursive: true, force: true });
+  fs.mkdirSync(tmp, { recursive: true });
+  writeSafetensors(path.join(tmp, "model.safetensors"), flatToTensors(s.model, coord.views.params), { format: "pt" });
+  fs.writeFileSync(path.join(tmp, "config.json"), JSON.stringify(hfConfigJson(s.model), null, 1) + "\n");
+  const shipped: string[] = [];
+  for (const fn of TOKENIZER_FILES) {
+    const src = path.join(s.root, fn);
+    if (fs.existsSync(src)) { fs.copyFileSync(src, path.join(tmp, fn)); shipped.push(fn); }
+  }
+  rep.say(`tokenizer files shipped with the export: ${shipped.length ? shipped.join(", ") : "NONE: the mix root has no tokenizer files"}`);
+  saveCursor(tmp, cursorAt(s, s.endStep));
+  const summary = {
+    ...figures, params: s.params, params_total: s.params.sum_numel, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,
+    samples_consumed: s.endStep * s.plan.seqsPerStep, steps_planned: s.plan.stepsPlanned, seq_len: cfg.seqLen, micro_batch: cfg.microBatch,
+    accum: cfg.accum, world: cfg.world, tokens_per_step: s.plan.tokensPerStep, backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt,
+    optim: cfg.optim, lr: cfg.lr, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, warmup_frac: cfg.warmupFrac,
+    decay_frac: cfg.decayFrac, warmup_steps: s.lrShape.warmup, decay_start: s.lrShape.decayStart, seed: cfg.seed, data_seed: cfg.dataSeed,
+    tokenizer_files: shipped,
+  };
+  fs.writeFileSync(path.join(tmp, "run_summary.json"), JSON.stringify(summary, null, 1) + "\n");
+  fs.renameSync(tmp, exp);
+  rep.say(`exported ${exp}`);
+  return exp;
+}
+

@@ -1,0 +1,82 @@
+// The coordinator's step math: LR (P5), loss scaler (P2), clipping (P4), reduce.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { lrFactor, newScaler, scalerUpdate, clipCoef, reduceSlice, slices, adamwSlice, validScaler } from "../src/actors/optim";
+
+test("the trapezoid LR equals the seed's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
+  // steps 1000: warmup = max(100, int(1000*0.02)) = 100, decay_start = int(1000*0.8) = 800
+  const s = { warmup: 100, decayStart: 800, total: 1000 };
+  assert.equal(lrFactor(0, s), 1 / 100);
+  assert.equal(lrFactor(99, s), 1.0);
+  assert.equal(lrFactor(100, s), 1.0);
+  assert.equal(lrFactor(800, s), 1.0);
+  assert.equal(lrFactor(801, s), 1 - 1 / 200);
+  assert.equal(lrFactor(999, s), 1 - 199 / 200);
+  assert.equal(lrFactor(1000, s), 0);
+  assert.equal(lrFactor(5000, s), 0, "never negative past the horizon");
+});
+
+test("a warmup longer than the decay start still follows LambdaLR's branch order (P5)", () => {
+  const s = { warmup: 100, decayStart: 40, total: 50 };
+  assert.equal(lrFactor(45, s), 46 / 100);
+  assert.equal(lrFactor(100, s), 0);
+});
+
+test("an overflow skips the step and halves the scale; growth restarts (P2)", () => {
+  let s = newScaler();
+  assert.equal(s.scale, 65536);
+  s = scalerUpdate(s, false);
+  s = scalerUpdate(s, false);
+  assert.equal(s.growthTracker, 2);
+  s = scalerUpdate(s, true);
+  assert.deepEqual(s, { scale: 32768, growthTracker: 0 });
+});
+
+test("2000 clean steps double the scale, 1999 do not (P2)", () => {
+  let s = newScaler();
+  for (let i = 0; i < 1999; i++) s = scalerUpdate(s, false);
+  assert.equal(s.scale, 65536);
+  assert.equal(s.growthTracker, 1999);
+  s = scalerUpdate(s, false);
+  assert.deepEqual(s, { scale: 131072, growthTracker: 0 });
+  assert.ok(validScaler(s));
+  assert.ok(!validScaler({ scale: -1, growthTracker: 0 }));
+});
+
+test("the clip coefficient is min(1, max/(norm+1e-6)) (P4)", () => {
+  assert.equal(clipCoef(0.5), 1);
+  assert.equal(clipCoef(2.2806797437103916), 1 / (2.2806797437103916 + 1e-6));
+});
+
+test("reduce averages the slots, unscales, and reports the sum of squares and non-finite values", () => {
+  const a = new Float32Array([2, 4, 6, 8]);
+  const b = new Float32Array([2, 0, -2, 0]);
+  const r = reduceSlice([a, b], a, 1 / 4, 0, 4);
+  assert.deepEqual([...a], [1, 1, 1, 2]);
+  assert.equal(r.sumSq, 7);
+  assert.equal(r.finite, true);
+  const c = new Float32Array([1, Number.POSITIVE_INFINITY]);
+  assert.equal(reduceSlice([c], c, 1, 0, 2).finite, false);
+  const d = new Float32Array([1, Number.NaN]);
+  assert.equal(reduceSlice([d], d, 1, 0, 2).finite, false);
+});
+
+test("slices cover [0, total) without gaps or overlaps", () => {
+  for (const [total, parts] of [[10, 3], [7, 7], [5, 1], [106194240, 2]] as const) {
+    const s = slices(total, parts);
+    assert.equal(s[0]![0], 0);
+    assert.equal(s[s.length - 1]![1], total);
+    for (let i = 1; i < s.length; i++) assert.equal(s[i]![0], s[i - 1]![1]);
+  }
+});
+
+test("AdamW decays 2-D weights only and takes a sign-sized first step (P3)", () => {
+  const p = new Float32Array([1, 1, 1, 1]);
+  const m = new Float32Array(4), v = new Float32Array(4);
+  const g = new Float32Array([0.5, -0.5, 0.5, -0.5]);
+  adamwSlice(p, m, v, g, [{ lo: 0, hi: 2, decay: true }, { lo: 2, hi: 4, decay: false }], 0, 4, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 }, 1, 1);
+  assert.ok(Math.abs(p[0]! - (1 * (1 - 1e-4) - 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[1]! - (1 * (1 - 1e-4) + 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[2]! - (1 - 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[3]! - (1 + 1e-3)) < 1e-7);
+});
