@@ -65,7 +65,7 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "out", key: "out", kind: "string", def: "./run", help: "run folder: checkpoints, metrics.jsonl, loss curve, final/" },
   { flag: "hub-repo", key: "hubRepo", kind: "string", def: "", help: "Hub repo for checkpoints, owner/name; '' = no upload (K5)" },
   { flag: "hub-repo-type", key: "hubRepoType", kind: "string", def: "dataset", choices: ["dataset", "model"], help: "Hub repo type (K5)" },
-  { flag: "hub-url", key: "hubUrl", kind: "string", def: "https://huggingface.co", help: "Hub endpoint; --demo without it starts the embedded local Hub (B6)" },
+  { flag: "hub-url", key: "hubUrl", kind: "string", def: "https://huggingface.co", help: "Hub endpoint; 'embedded' starts the local Hub in-process, storing under <out>/../hub (--demo's default, B6)" },
   { flag: "seq-len", key: "seqLen", kind: "int", def: 1024, help: "tokens per training window (D4)" },
   { flag: "attn", key: "attn", kind: "string", def: "eager", choices: ["eager", "sdpa", "flash_attention_2"], help: "attention kernel; this stack has one (eager math), the others are refused" },
   { flag: "grad-ckpt", key: "gradCkpt", kind: "bool", def: true, negatable: true, help: "recompute each block's activations in backward (M6); --no-grad-ckpt keeps them" },
@@ -97,6 +97,9 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "demo", key: "demo", kind: "bool", def: false, help: "small model on the bundled corpus, world 2, local Hub, in minutes" },
 ];
 
+/** --hub-url value that starts the embedded local Hub (B6) in this process; --demo's default. */
+export const EMBEDDED_HUB = "embedded";
+
 /** What --demo sets, unless the same flag is given explicitly. */
 export const DEMO_DEFAULTS: Partial<RunConfig> = {
   world: 2,
@@ -112,8 +115,10 @@ export const DEMO_DEFAULTS: Partial<RunConfig> = {
   warmupFrac: 0.02,
   valTokens: 8192,
   logEvery: 25,
-  root: "./.demo/mix",
+  root: "./.demo/data",
   out: "./.demo/run",
+  hubRepo: "local/tstrain-demo",
+  hubUrl: EMBEDDED_HUB,
 };
 
 export function usage(): string {
@@ -242,9 +247,6 @@ export function validate(c: RunConfig): RunConfig {
   }
   if (c.hubRepo && !/^[A-Za-z0-9][\w.-]*\/[\w.-]+$/.test(c.hubRepo)) {
     throw new UserError("K5", `--hub-repo ${JSON.stringify(c.hubRepo)} is not of the form owner/name`);
-  }
-  if (c.stopAfterSteps && !c.hubRepo && !c.demo) {
-    throw new UserError("G1", "--stop-after-steps ends the session on a checkpoint verified on the Hub, so it needs --hub-repo");
   }
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
   c.hubUrl = c.hubUrl.replace(/\/+$/, "");

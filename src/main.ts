@@ -4,7 +4,7 @@
  */
 import { parseArgs, usage } from "./config";
 import { isUserError } from "./errors";
-import { runSession } from "./run";
+import { runSession, RunComplete } from "./run";
 
 async function main(): Promise<number> {
   const { config, help } = parseArgs(process.argv.slice(2));
@@ -12,7 +12,12 @@ async function main(): Promise<number> {
     process.stdout.write(usage() + "\n");
     return 0;
   }
-  await runSession(config);
+  try {
+    await runSession(config);
+  } catch (e) {
+    if (!(e instanceof RunComplete)) throw e;
+    process.stdout.write(e.message + "\n");
+  }
   return 0;
 }
 

@@ -6,7 +6,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "./errors";
-import { planSteps, type RunConfig, type StepPlan } from "./config";
+import { EMBEDDED_HUB, planSteps, type RunConfig, type StepPlan } from "./config";
 import { buildConfig, countParams, hfConfigJson, type LlamaConfig } from "./model/config";
 import { initWeights } from "./model/init";
 import { writeSafetensors, flatToTensors } from "./model/safetensors";
@@ -20,11 +20,12 @@ import { ensureDemoMix } from "./data/demo";
 import { Coordinator, checkpointDocs, type OptimizerPosition } from "./actors/coordinator";
 import { newScaler, type LrShape } from "./actors/optim";
 import type { CheckpointOutcome, RankFault, RankMemory } from "./actors/protocol";
-import { checkpointName, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
+import { checkpointName, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
 import { createReporter, fmtDuration, type Reporter } from "./report";
 import { createHubStore, type HubStore, type Pointer } from "./hub/store";
 import { resolveAutoResume } from "./hub/resume";
 import { publishFinal } from "./hub/cycle";
+import { LocalHub } from "./hub/server";
 import { runBenchmark } from "./actors/local";
 
 export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
@@ -49,11 +50,11 @@ export interface SessionPlan {
   hub: HubStore | null;
 }
 
-/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan"); never set in a real run. */
+/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge"); never set in a real run. */
 export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
   if (!v) return null;
-  const m = /^(\d+):(\d+):(throw|exit|nan)$/.exec(v);
-  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan`);
+  const m = /^(\d+):(\d+):(throw|exit|nan|diverge)$/.exec(v);
+  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge`);
   return { rank: Number(m[1]), step: Number(m[2]), kind: m[3] as RankFault["kind"] };
 }
 
@@ -96,7 +97,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     if (got.kind === "fresh") {
       rep.say(`resume auto: ${got.reason} -> starting from step 0`);
     } else if (got.kind === "complete") {
-      throw new UserError("R3", `resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. Use a new --hub-repo for a new run.`);
+      throw new RunComplete(`resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step} of the horizon); nothing to train. A new run needs a new --hub-repo.`);
     } else {
       resumeDir = got.dir;
       priorLoss = got.priorLoss;
@@ -106,6 +107,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     resumeDir = cfg.resume;
   }
   let startStep = 0;
+  if (!resumeDir) await refuseFreshOverExistingRun(cfg, hub);
   if (resumeDir) {
     const cur = loadCursor(resumeDir);
     ({ startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: pSha, fingerprint, seqsPerStep: plan.seqsPerStep }, resumeDir));
@@ -121,6 +123,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     }
     rep.say(`resume from ${resumeDir}: step ${startStep}, prior loss ${priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
   }
+  if (resumeDir) moveAsideLaterLocalCheckpoints(cfg.out, startStep, rep);
   if (startStep >= plan.stepsPlanned) {
     throw new UserError("P5", `resume point step ${startStep} is at or past the horizon ${plan.stepsPlanned}: the run is complete`);
   }
@@ -140,6 +143,49 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
   return { cfg, root, manifest, fingerprint, permSha: pSha, nWindows, nVal, model, params, plan, lrShape, startStep, endStep, resumeDir, priorLoss, hub };
 }
 
+/** Thrown when --resume auto finds the run already complete: not an error, nothing to do. */
+export class RunComplete extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "RunComplete";
+  }
+}
+
+/**
+ * A fresh start (no --resume) must not write over an earlier run: local checkpoint folders in
+ * --out, or a Hub repo whose latest.json already points somewhere, are refused with what to do.
+ */
+async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null): Promise<void> {
+  const local = listCheckpointFolders(path.join(cfg.out, "ckpt"));
+  if (local.length) {
+    throw new UserError("R1", `${path.join(cfg.out, "ckpt")} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1]!.dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
+  }
+  if (!hub) return;
+  let ptr: Pointer | null;
+  try {
+    ptr = await hub.readPointer();
+  } catch (e) {
+    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". Retry, or pass --resume auto.`);
+  }
+  if (ptr) {
+    throw new UserError("R1", `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`);
+  }
+}
+
+/**
+ * On resume, local checkpoint folders beyond the resume point are leftovers of a session that went
+ * further than what is being resumed (killed before its pointer moved, say). They are renamed, never
+ * deleted or overwritten, so the resumed run can write its own checkpoints under those names.
+ */
+function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Reporter): void {
+  for (const c of listCheckpointFolders(path.join(out, "ckpt"))) {
+    if (c.step <= startStep) continue;
+    const aside = `${c.dir}.superseded-${Date.now()}`;
+    fs.renameSync(c.dir, aside);
+    rep.say(`local ${path.basename(c.dir)} is beyond the resume point (step ${startStep}): moved aside to ${aside}`);
+  }
+}
+
 function cursorAt(s: SessionPlan, step: number): Cursor {
   return makeCursor({ step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, seed: s.cfg.dataSeed, fingerprint: s.fingerprint, permSha: s.permSha });
 }
@@ -155,8 +201,25 @@ function mb(n: number): number {
 
 export interface RunResult { runJson: Record<string, unknown>; exported: string | null }
 
-/** The whole session. Returns the RUN_JSON figures; throws UserError on refusals. */
+/**
+ * The whole session. Returns the RUN_JSON figures; throws UserError on refusals and RunComplete when
+ * --resume auto finds nothing left to do. With --hub-url embedded (the demo's default) the local Hub
+ * runs in this process on loopback for the session, its files in <out>/../hub (B6).
+ */
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
+  if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep);
+  const dir = path.join(path.dirname(path.resolve(cfg.out)), "hub");
+  const hub = new LocalHub({ dir });
+  const url = await hub.start();
+  rep.say(`embedded local Hub at ${url} storing ${dir} (B6)`);
+  try {
+    return await runSessionOn({ ...cfg, hubUrl: url }, rep);
+  } finally {
+    await hub.stop();
+  }
+}
+
+async function runSessionOn(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   const t0 = performance.now();
   const s = await planSession(cfg, rep);
   const { plan, model } = s;
@@ -287,8 +350,12 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
   const tokThisRun = (step - s.startStep) * tokensPerStep;
   const finalLoss = history.length ? history[history.length - 1]!.loss : lastLoss;
   const segment = step < plan.stepsPlanned;
+  // G1: did this segment really end on a checkpoint (verified on the Hub when there is one)?
   if (segment && s.hub && !published.has(step)) {
     throw new UserError("G1", `segment ended at step ${step} but no checkpoint was pushed and verified for it (pushed: ${[...published].sort((a, b) => a - b).join(", ") || "none"}); the next session would re-read this interval`);
+  }
+  if (segment && !s.hub && !outcomes.some((o) => o.step === step)) {
+    throw new UserError("G1", `segment ended at step ${step} but no local checkpoint was written for it; the next session could not resume there`);
   }
   rep.say(`TRAIN DONE step=${step}/${plan.stepsPlanned} elapsed=${fmtDuration(trainSec)} tokens_this_run=${tokThisRun.toLocaleString("en-US")} last_loss=${finalLoss}`);
   if (!Number.isFinite(finalLoss)) throw new UserError("G3", `final loss is not finite (${finalLoss}): not exporting anything`);

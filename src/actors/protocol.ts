@@ -19,8 +19,13 @@ export function toWireError(e: unknown): WireError {
   return { name: "Error", message: String(e) };
 }
 
-/** A fault a test injects into one rank (TSTRAIN_FAULT, test-only): see rank.ts. */
-export interface RankFault { rank: number; step: number; kind: "throw" | "exit" | "nan" }
+/**
+ * A fault a test injects into one rank (TSTRAIN_FAULT, test-only; see rank.ts): `throw` and `exit`
+ * at `step`; `nan` puts a NaN in that step's gradient; `diverge` makes loss and gradient NaN from
+ * `step` on, as a diverged model would.
+ */
+export type FaultKind = "throw" | "exit" | "nan" | "diverge";
+export interface RankFault { rank: number; step: number; kind: FaultKind }
 
 /** Everything a rank needs to build its replica and its data stream. */
 export interface RankInit {

@@ -82,7 +82,10 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
     s.mem.sample();
   }
   const f = s.init.fault;
-  if (f && f.kind === "nan" && f.rank === s.init.rank && f.step === step) slot[0] = Number.NaN;
+  if (f && f.rank === s.init.rank && ((f.kind === "nan" && f.step === step) || (f.kind === "diverge" && step >= f.step))) {
+    slot[0] = Number.NaN;
+    if (f.kind === "diverge") lossSum = Number.NaN;
+  }
   return { type: "computed", rank: s.init.rank, step, lossSum, micro, ms: performance.now() - t0 };
 }
 

@@ -1,0 +1,51 @@
+// Run a small training session in-process, through the real actors, with a capturing reporter.
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { parseArgs, validate, type RunConfig } from "../../src/config";
+import { runSession, type RunResult } from "../../src/run";
+import type { Reporter } from "../../src/report";
+import type { LogEntry } from "../../src/checkpoint";
+
+export interface Captured extends Reporter { lines: string[]; metrics: LogEntry[] }
+
+export function captureReporter(echo = false): Captured {
+  const lines: string[] = [];
+  const metrics: LogEntry[] = [];
+  return {
+    lines, metrics,
+    say(l: string) { lines.push(l); if (echo) console.log(l); },
+    progress() { /* no terminal in tests */ },
+    metric(e: LogEntry) { metrics.push(e); },
+    curve() { /* pictures are tested in report tests */ },
+  };
+}
+
+export function tmpDir(prefix: string): string {
+  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+/** A tiny Llama (2 layers, width 36, vocab from the mix) on a synthetic mix. */
+export function tinyConfig(root: string, out: string, argv: string[] = [], vocab = 64): RunConfig {
+  const base = parseArgs([
+    "--root", root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--micro-batch", "2",
+    "--accum", "1", "--world", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2",
+    "--val-tokens", "256", "--lr", "3e-3", "--backend", "wasm", ...argv,
+  ]).config;
+  return validate({ ...base, vocabSize: vocab });
+}
+
+export async function runTiny(cfg: RunConfig, env: Record<string, string> = {}): Promise<RunResult & { rep: Captured }> {
+  const saved: Record<string, string | undefined> = {};
+  for (const [k, v] of Object.entries(env)) { saved[k] = process.env[k]; process.env[k] = v; }
+  const rep = captureReporter(Boolean(process.env.TSTRAIN_TEST_ECHO));
+  try {
+    const r = await runSession(cfg, rep);
+    return { ...r, rep };
+  } catch (e) {
+    (e as { lines?: string[] }).lines = rep.lines;
+    throw e;
+  } finally {
+    for (const [k, v] of Object.entries(saved)) { if (v === undefined) delete process.env[k]; else process.env[k] = v; }
+  }
+}

@@ -1,0 +1,134 @@
+// The actor runtime end to end on a tiny model (A1-A4, B1, G3, G4, K2, P2, C3).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { readSafetensors } from "../src/model/safetensors";
+import { writeSyntheticMix } from "./helpers/mix";
+import { runTiny, tinyConfig, tmpDir } from "./helpers/run";
+
+const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
+
+function weights(dir: string): Map<string, Float32Array> {
+  const out = new Map<string, Float32Array>();
+  for (const [k, t] of readSafetensors(path.join(dir, "model.safetensors")).tensors) out.set(k, t.data as Float32Array);
+  return out;
+}
+
+function relDiff(a: Map<string, Float32Array>, b: Map<string, Float32Array>): number {
+  let num = 0, den = 0;
+  for (const [k, x] of a) {
+    const y = b.get(k)!;
+    for (let i = 0; i < x.length; i++) { num += (x[i]! - y[i]!) ** 2; den += y[i]! ** 2; }
+  }
+  return Math.sqrt(num / den);
+}
+
+function bitIdentical(a: Map<string, Float32Array>, b: Map<string, Float32Array>): boolean {
+  if (a.size !== b.size) return false;
+  for (const [k, x] of a) {
+    const y = b.get(k);
+    if (!y || Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(y.buffer, y.byteOffset, y.byteLength)) !== 0) return false;
+  }
+  return true;
+}
+
+test("a tiny run trains, lowers the loss, checkpoints every interval and exports final/ (G4, K1, K2)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-run-");
+  const r = await runTiny(tinyConfig(mix.root, out, ["--max-steps", "12", "--push-every-steps", "4"]));
+  const j = r.runJson;
+  assert.equal(j.final_step, 12);
+  assert.deepEqual(j.checkpoints, [4, 8, 12]);
+  assert.ok(Number.isFinite(j.val_loss as number), "validation ran at the horizon (G2)");
+  assert.ok(r.rep.metrics[0]!.loss > r.rep.metrics[r.rep.metrics.length - 1]!.loss, "loss falls");
+  // K1: at most one local copy besides the newest.
+  const kept = fs.readdirSync(path.join(out, "ckpt")).sort();
+  assert.deepEqual(kept, ["checkpoint-12", "checkpoint-8"]);
+  for (const f of ["model.safetensors", "optimizer.safetensors", "trainer_state.json", "cursor.json", "config.json", "run_config.json"]) {
+    assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-12", f)), f);
+  }
+  for (const f of ["model.safetensors", "config.json", "cursor.json", "run_summary.json"]) assert.ok(fs.existsSync(path.join(out, "final", f)), f);
+  const summary = JSON.parse(fs.readFileSync(path.join(out, "final", "run_summary.json"), "utf8"));
+  for (const k of ["step", "start_step", "tokens_consumed", "seq_len", "micro_batch", "accum", "world", "tokens_per_step", "tok_per_s", "backend", "grad_ckpt", "lr", "seed", "data_seed", "fingerprint", "shuffle_perm_sha", "val_ppl", "memory", "session_seconds", "params"]) {
+    assert.ok(k in summary, `run_summary.json has ${k}`);
+  }
+  const cur = JSON.parse(fs.readFileSync(path.join(out, "final", "cursor.json"), "utf8"));
+  assert.equal(cur.step, 12);
+  assert.equal(cur.samples_consumed, 24);
+  assert.ok(r.rep.lines.some((l) => l.startsWith("precision: master=fp32")), "P1 precision line");
+  assert.ok(r.rep.lines.some((l) => l.startsWith("RUN_JSON ")), "G5");
+  assert.ok(fs.existsSync(path.join(out, "metrics.jsonl")) || r.rep.metrics.length > 0);
+});
+
+test("two identical runs give bit-identical weights (B1)", { timeout: 120_000 }, async () => {
+  const a = tmpDir("tstrain-a-"), b = tmpDir("tstrain-b-");
+  await runTiny(tinyConfig(mix.root, a));
+  await runTiny(tinyConfig(mix.root, b));
+  assert.ok(bitIdentical(weights(path.join(a, "final")), weights(path.join(b, "final"))));
+});
+
+test("world 1 x accum 2 and world 2 x accum 1 on the same data give the same weights within 1e-5 (A2, D6)", { timeout: 120_000 }, async () => {
+  const a = tmpDir("tstrain-w1-"), b = tmpDir("tstrain-w2-");
+  await runTiny(tinyConfig(mix.root, a, ["--world", "1", "--accum", "2"]));
+  await runTiny(tinyConfig(mix.root, b, ["--world", "2", "--accum", "1"]));
+  const d = relDiff(weights(path.join(b, "final")), weights(path.join(a, "final")));
+  assert.ok(d < 1e-5, `relative difference ${d}`);
+});
+
+test("a run stopped at step S and resumed with --resume PATH ends bit-identical to the same run done straight (B1, C3)", { timeout: 180_000 }, async () => {
+  const straight = tmpDir("tstrain-straight-"), seg = tmpDir("tstrain-seg-");
+  await runTiny(tinyConfig(mix.root, straight, ["--world", "2"]));
+  const first = await runTiny(tinyConfig(mix.root, seg, ["--world", "2", "--stop-after-steps", "4"]));
+  assert.equal(first.runJson.segment_stop, true);
+  assert.equal(first.exported, null, "a segment does not export final/ (G1)");
+  const ck = path.join(seg, "ckpt", "checkpoint-4");
+  const second = await runTiny(tinyConfig(mix.root, seg, ["--world", "2", "--resume", ck]));
+  assert.equal(second.runJson.start_step, 4);
+  assert.ok(second.rep.lines.some((l) => l.includes("prior loss")), "R4: prior loss printed");
+  assert.ok(bitIdentical(weights(path.join(straight, "final")), weights(path.join(seg, "final"))));
+});
+
+test("resume refuses a checkpoint whose cursor disagrees with the run (C3)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-c3-");
+  await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
+  const ck = path.join(out, "ckpt", "checkpoint-4");
+  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("x-"), ["--resume", ck, "--data-seed", "5"])), /resume refused/);
+  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("x-"), ["--resume", ck, "--micro-batch", "3"])), /resume refused/);
+  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("x-"), ["--resume", ck, "--max-steps", "16"])), /horizon/);
+  fs.rmSync(path.join(ck, "cursor.json"));
+  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("x-"), ["--resume", ck])), /cursor/);
+});
+
+test("an injected non-finite gradient is skipped, counted, logged, and the scale halves; the scaler state round-trips (P2)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-nan-");
+  const r = await runTiny(tinyConfig(mix.root, out, ["--world", "2", "--stop-after-steps", "4"]), { TSTRAIN_FAULT: "1:1:nan" });
+  assert.equal(r.runJson.skipped_steps, 1);
+  assert.equal(r.runJson.loss_scale, 32768);
+  assert.ok(r.rep.lines.some((l) => /step 2: non-finite gradient -> step skipped \(P2\), 1 skipped so far, loss scale now 32768/.test(l)));
+  const st = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-4", "trainer_state.json"), "utf8"));
+  assert.deepEqual(st.scaler, { scale: 32768, growthTracker: 2 });
+  assert.equal(st.opt_steps, 3);
+  assert.equal(st.skipped_steps, 1);
+  const resumed = await runTiny(tinyConfig(mix.root, out, ["--world", "2", "--resume", path.join(out, "ckpt", "checkpoint-4")]));
+  assert.equal(resumed.runJson.loss_scale, 32768, "restored, then 4 more clean steps: still below 2000");
+  assert.equal(resumed.runJson.skipped_steps, 1);
+});
+
+test("a non-finite final loss refuses the export (G3)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-div-");
+  await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--max-steps", "6", "--push-every-steps", "3"]), { TSTRAIN_FAULT: "0:3:diverge" }), /final loss is not finite.*not exporting/);
+  assert.ok(!fs.existsSync(path.join(out, "final")));
+});
+
+test("a rank that throws mid-step stops the run, naming the rank and the error; no checkpoint from the partial step", { timeout: 60_000 }, async () => {
+  const out = tmpDir("tstrain-throw-");
+  await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--world", "2"]), { TSTRAIN_FAULT: "1:5:throw" }), /rank 1 failed during step 5 compute: injected fault: rank 1 throws at step 5/);
+  assert.deepEqual(fs.readdirSync(path.join(out, "ckpt")), ["checkpoint-4"]);
+  assert.ok(!fs.existsSync(path.join(out, "final")));
+});
+
+test("a rank whose thread dies mid-step stops the run, naming the rank", { timeout: 60_000 }, async () => {
+  const out = tmpDir("tstrain-exit-");
+  await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--world", "2"]), { TSTRAIN_FAULT: "0:2:exit" }), /rank 0 failed during step 2 compute: worker thread exited with code 3/);
+  assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-4")));
+});
