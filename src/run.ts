@@ -163,6 +163,7 @@ async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null):
   if (!hub) return;
   let ptr: Pointer | null;
   try {
+    if (!(await hub.repoExists())) return;
     ptr = await hub.readPointer();
   } catch (e) {
     throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". Retry, or pass --resume auto.`);
@@ -336,7 +337,11 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
         docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: cfg }),
         publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss: lastLoss } : null,
       });
-      inFlight.then((o) => { outcomes.push(o); if (o.published?.ok) published.add(o.step); }, (e) => { uploadError = e; });
+      const job: Promise<CheckpointOutcome> = inFlight;
+      job.then(
+        (o) => { outcomes.push(o); if (o.published?.ok) published.add(o.step); },
+        (e) => { uploadError = e; },
+      ).finally(() => { if (inFlight === job) inFlight = null; });
     }
   }
   await settle("end of the session");

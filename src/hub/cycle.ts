@@ -1,0 +1,240 @@
+/**
+ * The K3 checkpoint cycle, as one library call the uploader actor makes from its worker thread:
+ *
+ *   upload (one commit) → verify against the Hub → write latest.json + read it back → prune
+ *
+ * Each stage runs only if the one before it succeeded. Whatever fails, the local copy is kept and the
+ * pointer is not moved past unverified bytes (K4, B2): a pointer rolled onto bytes nobody checked,
+ * with the local copy then deleted, is a run that cannot be resumed and does not know it.
+ */
+import * as fs from "node:fs";
+import * as fsp from "node:fs/promises";
+import * as path from "node:path";
+import { createHash } from "node:crypto";
+import type { HubStore, Pointer, RemoteFile } from "./store";
+import { describeHubError, walkFiles } from "./store";
+import { CheckpointPublishError, CheckpointVerifyError, type VerifyReport } from "./errors";
+
+export interface PublishResult {
+  step: number;
+  pathInRepo: string;
+  ok: boolean;
+  verify: VerifyReport;
+  pushVerifySeconds: number;
+  pruned: boolean;
+  pruneReason: string | null;
+  freeGb: number;
+}
+
+export interface PublishOptions {
+  localDir: string;
+  pathInRepo: string;
+  pointer: Pointer;
+  /** Delete the local copy once the Hub copy is verified and the pointer moved (--prune). */
+  prune: boolean;
+  /** Prune only if free disk (after the deletion) stays at or above this many GB. */
+  minFreeGb: number;
+  log: (line: string) => void;
+  /** Last training loss, for the CKPT line. */
+  loss?: number | null;
+  /** Commit message; default "checkpoint step N". */
+  message?: string;
+}
+
+const GB = 1e9;
+
+interface LocalFile {
+  rel: string;
+  size: number;
+  sha256: string;
+}
+
+async function sha256File(p: string): Promise<string> {
+  const h = createHash("sha256");
+  for await (const c of fs.createReadStream(p)) h.update(c as Buffer);
+  return h.digest("hex");
+}
+
+async function localInventory(dir: string): Promise<LocalFile[]> {
+  const rels = await walkFiles(dir);
+  const out: LocalFile[] = [];
+  for (const rel of rels) {
+    const p = path.join(dir, ...rel.split("/"));
+    out.push({ rel, size: (await fsp.stat(p)).size, sha256: await sha256File(p) });
+  }
+  return out;
+}
+
+async function dirBytes(dir: string): Promise<number> {
+  let n = 0;
+  for (const rel of await walkFiles(dir)) n += (await fsp.stat(path.join(dir, ...rel.split("/")))).size;
+  return n;
+}
+
+/** Free bytes on the filesystem holding p (or its nearest existing parent). */
+export async function freeBytes(p: string): Promise<number> {
+  let q = path.resolve(p);
+  for (;;) {
+    try {
+      const s = await fsp.statfs(q);
+      return s.bavail * s.bsize;
+    } catch (e) {
+      const parent = path.dirname(q);
+      if (parent === q) throw e;
+      q = parent;
+    }
+  }
+}
+
+const round1 = (x: number) => Math.round(x * 10) / 10;
+
+/**
+ * Compares the local folder with what the Hub lists under pathInRepo, and reads one file back.
+ * The read-back file is cursor.json when present (the run's identity), else the smallest file.
+ */
+export async function verifyRemote(store: HubStore, local: LocalFile[], pathInRepo: string): Promise<VerifyReport & { detail: string[] }> {
+  const remote: RemoteFile[] = await store.list(pathInRepo);
+  const byPath = new Map(remote.map((f) => [f.path, f]));
+  const missing: string[] = [];
+  const mismatch: string[] = [];
+  const detail: string[] = [];
+  for (const f of local) {
+    const rp = `${pathInRepo}/${f.rel}`;
+    const r = byPath.get(rp);
+    if (!r) {
+      missing.push(rp);
+      continue;
+    }
+    byPath.delete(rp);
+    if (r.size !== f.size) {
+      mismatch.push(rp);
+      detail.push(`${rp}: ${r.size} bytes on the Hub, ${f.size} locally`);
+    } else if (r.sha256 !== f.sha256) {
+      mismatch.push(rp);
+      detail.push(`${rp}: sha256 ${r.sha256 ?? "unknown"} on the Hub, ${f.sha256} locally`);
+    }
+  }
+  const extra = [...byPath.keys()].sort();
+  let readbackOk = false;
+  const pick = local.find((f) => f.rel === "cursor.json") ?? [...local].sort((a, b) => a.size - b.size)[0];
+  if (pick) {
+    const rp = `${pathInRepo}/${pick.rel}`;
+    try {
+      const b = await store.download(rp);
+      if (b === null) detail.push(`read-back of ${rp}: not found`);
+      else {
+        const got = createHash("sha256").update(b).digest("hex");
+        readbackOk = got === pick.sha256 && b.length === pick.size;
+        if (!readbackOk) detail.push(`read-back of ${rp}: ${b.length} bytes, sha256 ${got}; local has ${pick.size} bytes, sha256 ${pick.sha256}`);
+      }
+    } catch (e) {
+      detail.push(`read-back of ${rp} failed: ${describeHubError(e)}`);
+    }
+  }
+  return { missing, mismatch, extra, readbackOk, detail };
+}
+
+function ckptLine(kind: string, r: PublishResult, pointer: Pointer, loss: number | null | undefined): string {
+  return (
+    `${kind} ${r.step} samples=${pointer.samples_consumed.toLocaleString("en-US")} push+verify=${r.pushVerifySeconds.toFixed(1)}s ` +
+    `ok=${r.ok} pruned=${r.pruned} free=${r.freeGb.toFixed(1)}GB loss=${loss ?? "n/a"}${r.pruneReason ? ` (${r.pruneReason})` : ""}`
+  );
+}
+
+async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL"): Promise<PublishResult> {
+  if (o.pointer.path_in_repo !== o.pathInRepo) {
+    throw new TypeError(`publish: pointer.path_in_repo ${JSON.stringify(o.pointer.path_in_repo)} differs from pathInRepo ${JSON.stringify(o.pathInRepo)}`);
+  }
+  if (!(o.minFreeGb >= 0)) throw new TypeError(`publish: minFreeGb must be >= 0, got ${o.minFreeGb}`);
+  const step = o.pointer.step;
+  const where = `${store.repo}/${o.pathInRepo}`;
+  const kept = `The local copy at ${o.localDir} is kept and latest.json was not moved.`;
+  const t0 = performance.now();
+  const result: PublishResult = {
+    step, pathInRepo: o.pathInRepo, ok: false, verify: { missing: [], mismatch: [], extra: [], readbackOk: false },
+    pushVerifySeconds: 0, pruned: false, pruneReason: null, freeGb: 0,
+  };
+  const fail = async (e: Error): Promise<never> => {
+    result.pushVerifySeconds = (performance.now() - t0) / 1000;
+    result.pruneReason = "not pruned: the checkpoint was not published";
+    result.freeGb = round1((await freeBytes(o.localDir).catch(() => 0)) / GB);
+    o.log(ckptLine(kind, result, o.pointer, o.loss));
+    throw e;
+  };
+
+  // 1. upload: one commit for the whole folder.
+  let local: LocalFile[];
+  try {
+    local = await localInventory(o.localDir);
+    if (local.length === 0) throw new Error(`${o.localDir} holds no files`);
+    await store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`));
+  } catch (e) {
+    return fail(new CheckpointPublishError(`checkpoint ${step}: upload to ${where} failed: ${describeHubError(e)}. ${kept}`, "upload", o.pathInRepo, o.localDir));
+  }
+
+  // 2. verify against the Hub: every file present, sizes and sha256 equal, nothing extra, one read back.
+  let v: Awaited<ReturnType<typeof verifyRemote>>;
+  try {
+    v = await verifyRemote(store, local, o.pathInRepo);
+  } catch (e) {
+    return fail(new CheckpointVerifyError(`checkpoint ${step}: could not verify ${where}: listing it failed (${describeHubError(e)}). ${kept}`, o.pathInRepo, o.localDir, result.verify));
+  }
+  result.verify = { missing: v.missing, mismatch: v.mismatch, extra: v.extra, readbackOk: v.readbackOk };
+  if (v.missing.length || v.mismatch.length || v.extra.length || !v.readbackOk) {
+    const parts = [
+      `missing ${v.missing.length}${v.missing.length ? ` [${v.missing.join(", ")}]` : ""}`,
+      `mismatched ${v.mismatch.length}${v.mismatch.length ? ` [${v.mismatch.join(", ")}]` : ""}`,
+      `extra ${v.extra.length}${v.extra.length ? ` [${v.extra.join(", ")}]` : ""}`,
+      `read-back ${v.readbackOk ? "ok" : "FAILED"}`,
+    ];
+    const det = v.detail.length ? ` (${v.detail.join("; ")})` : "";
+    return fail(new CheckpointVerifyError(`checkpoint ${step} did not verify on the Hub at ${where}: ${parts.join(", ")}${det}. ${kept}`, o.pathInRepo, o.localDir, result.verify));
+  }
+
+  // 3. the pointer, read back by writePointer itself.
+  try {
+    await store.writePointer(o.pointer);
+  } catch (e) {
+    return fail(new CheckpointPublishError(
+      `checkpoint ${step} is verified on the Hub at ${where}, but latest.json could not be moved to it: ${describeHubError(e)}. ` +
+      `The local copy at ${o.localDir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). Re-run the pointer write before pruning anything.`,
+      "pointer", o.pathInRepo, o.localDir));
+  }
+  result.ok = true;
+  result.pushVerifySeconds = (performance.now() - t0) / 1000;
+
+  // 4. prune, only if asked and the disk guard allows.
+  const free = await freeBytes(o.localDir);
+  if (!o.prune) {
+    result.pruneReason = "--prune not set";
+    result.freeGb = round1(free / GB);
+  } else {
+    const size = await dirBytes(o.localDir);
+    const after = free + size;
+    if (after / GB < o.minFreeGb) {
+      result.pruneReason = `kept: free disk after pruning would be ${(after / GB).toFixed(1)} GB, below the ${o.minFreeGb} GB guard (K3)`;
+      result.freeGb = round1(free / GB);
+    } else {
+      await fsp.rm(o.localDir, { recursive: true, force: true });
+      result.pruned = true;
+      result.freeGb = round1((await freeBytes(path.dirname(path.resolve(o.localDir)))) / GB);
+    }
+  }
+  o.log(ckptLine(kind, result, o.pointer, o.loss));
+  return result;
+}
+
+/** K3 for ckpt/checkpoint-N: upload → verify → pointer → prune. Throws CheckpointVerifyError (K4) or
+ *  CheckpointPublishError (K3); in both cases the local copy exists and the pointer was not moved. */
+export function publishCheckpoint(store: HubStore, o: PublishOptions): Promise<PublishResult> {
+  return publish(store, o, "CKPT");
+}
+
+/** G4: push final/ with the same verification, then roll latest.json to it. */
+export function publishFinal(
+  store: HubStore,
+  o: Omit<PublishOptions, "prune" | "minFreeGb" | "pathInRepo"> & { pathInRepo?: string; prune?: boolean; minFreeGb?: number },
+): Promise<PublishResult> {
+  const pathInRepo = o.pathInRepo ?? "final";
+  return publish(store, { ...o, pathInRepo, prune: o.prune ?? false, minFreeGb: o.minFreeGb ?? 6 }, "FINAL");
+}

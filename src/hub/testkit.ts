@@ -1,0 +1,84 @@
+/**
+ * Small builders shared by the Hub tests and the demo: a checkpoint folder in the DESIGN.md layout
+ * with real (tiny) safetensors, and the pointer that names it.
+ */
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { encodeSafetensorsF32 } from "./safetensors-check";
+import * as os from "node:os";
+import { LocalHub, type LocalHubOptions } from "./server";
+import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "./store";
+
+export interface FakeCheckpointOptions {
+  step: number;
+  seqLen?: number;
+  seqsPerStep?: number;
+  loss?: number;
+  /** Values in model.safetensors (default 64) — raise it to make the file bigger. */
+  modelValues?: number;
+  fingerprint?: string;
+  seed?: number;
+}
+
+/** Writes ckpt-style files into dir: model/optimizer safetensors, trainer_state, cursor, config. */
+export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Pointer & { dir: string } {
+  const seqLen = o.seqLen ?? 16;
+  const sps = o.seqsPerStep ?? 8;
+  const fingerprint = o.fingerprint ?? "fp-test";
+  const seed = o.seed ?? 20260919;
+  const n = o.modelValues ?? 64;
+  fs.mkdirSync(dir, { recursive: true });
+  const w = new Float32Array(n).map((_, i) => Math.sin(i + o.step));
+  fs.writeFileSync(path.join(dir, "model.safetensors"), encodeSafetensorsF32({ "model.embed_tokens.weight": { shape: [n / 8, 8], data: w } }));
+  fs.writeFileSync(
+    path.join(dir, "optimizer.safetensors"),
+    encodeSafetensorsF32({ "exp_avg.model.embed_tokens.weight": { shape: [n], data: w.map((x) => x / 10) }, "exp_avg_sq.model.embed_tokens.weight": { shape: [n], data: w.map((x) => x * x) } }),
+  );
+  fs.writeFileSync(path.join(dir, "trainer_state.json"), JSON.stringify({ step: o.step, log_history: [{ step: o.step - 1, loss: (o.loss ?? 3) + 0.1 }, { step: o.step, loss: o.loss ?? 3 }] }));
+  fs.writeFileSync(
+    path.join(dir, "cursor.json"),
+    JSON.stringify({ seq_len: seqLen, samples_consumed: o.step * sps, shuffle_seed: seed, dataset_files_sha: fingerprint, shuffle_perm_sha: "perm", step: o.step }),
+  );
+  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({ model_type: "llama", hidden_size: 8 }));
+  return {
+    dir,
+    path_in_repo: `ckpt/checkpoint-${o.step}`,
+    step: o.step,
+    samples_consumed: o.step * sps,
+    tokens_consumed: o.step * sps * seqLen,
+    fingerprint,
+    seed,
+  };
+}
+
+export function pointerOf(p: Pointer & { dir?: string }): Pointer {
+  return { path_in_repo: p.path_in_repo, step: p.step, samples_consumed: p.samples_consumed, tokens_consumed: p.tokens_consumed, fingerprint: p.fingerprint, seed: p.seed };
+}
+
+// ---- a LocalHub on loopback plus stores pointed at it ------------------------------------------
+
+
+export interface TestHub {
+  hub: LocalHub;
+  url: string;
+  /** A scratch directory for local checkpoints; removed by close(). */
+  tmp: string;
+  store(o?: Partial<HubStoreOptions>): HubStore;
+  close(): Promise<void>;
+}
+
+export async function startTestHub(o: Partial<LocalHubOptions> & { repo?: string; repoType?: "dataset" | "model" } = {}): Promise<TestHub> {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-hub-"));
+  const hub = new LocalHub({ dir: path.join(tmp, "hub"), ...o });
+  const url = await hub.start();
+  return {
+    hub,
+    url,
+    tmp,
+    store: (s = {}) => createHubStore({ hubUrl: url, repo: o.repo ?? "tester/run", repoType: o.repoType ?? "dataset", timeoutMs: 10_000, ...s }),
+    close: async () => {
+      await hub.stop();
+      fs.rmSync(tmp, { recursive: true, force: true });
+    },
+  };
+}

@@ -1,0 +1,150 @@
+// The checkpoint cycle inside real runs, against the local Hub through the real client:
+// every checkpoint pushed and verified (K3), a failed verification stops the run (K4), a SIGKILL
+// during an upload resumes with --resume auto bit-identically (R2-R4, B1), HF_TOKEN never leaks (K5).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { spawn } from "node:child_process";
+import { LocalHub } from "../src/hub/server";
+import { createHubStore } from "../src/hub/store";
+import { readSafetensors } from "../src/model/safetensors";
+import { writeSyntheticMix } from "./helpers/mix";
+import { runTiny, tinyConfig, tmpDir } from "./helpers/run";
+
+const MAIN = path.join(__dirname, "..", "main.js");
+const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
+
+async function withHub<T>(fn: (hub: LocalHub, url: string) => Promise<T>, token?: string): Promise<T> {
+  const hub = new LocalHub({ dir: tmpDir("tstrain-hubdir-"), token });
+  const url = await hub.start();
+  try { return await fn(hub, url); } finally { await hub.stop(); }
+}
+
+function cliArgs(out: string, url: string, repo: string, extra: string[] = []): string[] {
+  return [MAIN, "--root", mix.root, "--out", out, "--hub-url", url, "--hub-repo", repo, "--seq-len", "16", "--layers", "2", "--hidden", "36",
+    "--micro-batch", "2", "--accum", "1", "--world", "2", "--max-steps", "12", "--push-every-steps", "4", "--log-every", "2",
+    "--val-tokens", "256", "--backend", "wasm", ...extra];
+}
+
+interface Child { code: number | null; signal: string | null; stdout: string; stderr: string }
+
+function runCli(args: string[], env: Record<string, string> = {}, onLine?: (l: string, kill: () => void) => void): Promise<Child> {
+  return new Promise((resolve) => {
+    const cp = spawn(process.execPath, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "", stderr = "", buf = "";
+    cp.stdout.on("data", (d: Buffer) => {
+      stdout += d; buf += d;
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) { const l = buf.slice(0, i); buf = buf.slice(i + 1); onLine?.(l, () => cp.kill("SIGKILL")); }
+    });
+    cp.stderr.on("data", (d: Buffer) => { stderr += d; });
+    cp.on("close", (code, signal) => resolve({ code, signal, stdout, stderr }));
+  });
+}
+
+function modelBytes(dir: string): Buffer {
+  const t = readSafetensors(path.join(dir, "model.safetensors")).tensors;
+  return Buffer.concat([...t.keys()].sort().map((k) => { const d = t.get(k)!.data; return Buffer.from(d.buffer, d.byteOffset, d.byteLength); }));
+}
+
+test("a run with a Hub pushes every checkpoint verified, reads the pointer back, and rolls it to final (K3, G4)", { timeout: 120_000 }, async () => {
+  await withHub(async (_hub, url) => {
+    const out = tmpDir("tstrain-hubrun-");
+    const r = await runTiny({ ...tinyConfig(mix.root, out, ["--world", "2"]), hubUrl: url, hubRepo: "me/run" });
+    assert.deepEqual(r.runJson.checkpoints, [4, 8]);
+    const store = createHubStore({ hubUrl: url, repo: "me/run", repoType: "dataset" });
+    const files = (await store.list()).map((f) => f.path);
+    for (const s of [4, 8]) for (const f of ["model.safetensors", "optimizer.safetensors", "trainer_state.json", "cursor.json", "config.json"]) {
+      assert.ok(files.includes(`ckpt/checkpoint-${s}/${f}`), `ckpt/checkpoint-${s}/${f} on the Hub`);
+    }
+    for (const f of ["final/model.safetensors", "final/config.json", "final/cursor.json", "final/run_summary.json"]) assert.ok(files.includes(f), f);
+    const ptr = await store.readPointer();
+    assert.equal(ptr?.path_in_repo, "final");
+    assert.equal(ptr?.step, 8);
+    assert.equal(ptr?.samples_consumed, 8 * 4);
+  });
+});
+
+test("a checkpoint that fails verification stops the run, keeps the local copy and never moves the pointer (K4)", { timeout: 120_000 }, async () => {
+  await withHub(async (hub, url) => {
+    const out = tmpDir("tstrain-k4-");
+    hub.setFaults({ dropOnCommit: ["checkpoint-8/optimizer.safetensors"] });
+    await assert.rejects(
+      runTiny({ ...tinyConfig(mix.root, out, ["--max-steps", "16"]), hubUrl: url, hubRepo: "me/k4" }),
+      /checkpoint 8 failed: .*missing.*optimizer\.safetensors.*\[K4\]/s,
+    );
+    assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-8", "optimizer.safetensors")), "local copy kept");
+    const ptr = await createHubStore({ hubUrl: url, repo: "me/k4", repoType: "dataset" }).readPointer();
+    assert.equal(ptr?.path_in_repo, "ckpt/checkpoint-4", "pointer unmoved");
+    assert.ok(!fs.existsSync(path.join(out, "final")));
+  });
+});
+
+test("a fresh start refuses a Hub repo that already holds a run (R1)", { timeout: 120_000 }, async () => {
+  await withHub(async (_hub, url) => {
+    const cfg = (out: string) => ({ ...tinyConfig(mix.root, out, ["--max-steps", "4", "--push-every-steps", "4"]), hubUrl: url, hubRepo: "me/again" });
+    await runTiny(cfg(tmpDir("tstrain-r1a-")));
+    await assert.rejects(runTiny(cfg(tmpDir("tstrain-r1b-"))), /already holds a run \(latest.json points at final, step 4\).*--resume auto/);
+  });
+});
+
+test("a run killed with SIGKILL during an upload continues with --resume auto from the last verified checkpoint and ends bit-identical (R2-R4, B1)", { timeout: 240_000 }, async () => {
+  await withHub(async (hub, url) => {
+    const straight = await runCli(cliArgs(tmpDir("tstrain-straight-"), url, "me/straight"));
+    assert.equal(straight.code, 0, straight.stderr);
+    const straightFinal = path.join(straight.stdout.match(/exported (\S+)/)![1]!);
+
+    let uploadsAtKill = -1;
+    const killed = await runCli(cliArgs(tmpDir("tstrain-killed-"), url, "me/killed"), {}, (line, kill) => {
+      if (!(line.startsWith("CKPT 4 ") && line.includes("ok=true"))) return;
+      // Checkpoint 4 is verified and pointed at: make the next checkpoint's LFS upload hang, and kill
+      // the run while that upload is in flight.
+      const before = hub.requests.length;
+      hub.setFaults({ delayMs: { upload: 60_000 } });
+      const poll = setInterval(() => {
+        const live = hub.requests.slice(before).filter((r) => r.method === "PUT" && r.status === 0);
+        if (live.length > 0) {
+          uploadsAtKill = live.length;
+          clearInterval(poll);
+          kill();
+        }
+      }, 20);
+    });
+    assert.equal(killed.signal, "SIGKILL");
+    assert.ok(uploadsAtKill > 0, "killed while an upload was in flight");
+    hub.clearFaults();
+    const store = createHubStore({ hubUrl: url, repo: "me/killed", repoType: "dataset" });
+    assert.equal((await store.readPointer())?.step, 4, "the pointer still names the last verified checkpoint");
+
+    // A new machine: empty disk, --resume auto.
+    const resumedOut = tmpDir("tstrain-resumed-");
+    const resumed = await runCli(cliArgs(resumedOut, url, "me/killed", ["--resume", "auto"]));
+    assert.equal(resumed.code, 0, resumed.stderr);
+    assert.match(resumed.stdout, /auto-resume: hub says step 4 at ckpt\/checkpoint-4/);
+    assert.match(resumed.stdout, /prior loss \d/);
+    assert.ok(modelBytes(path.join(resumedOut, "final")).equals(modelBytes(straightFinal)), "bit-identical to the uninterrupted run");
+
+    // Once complete, --resume auto says so and trains nothing.
+    const again = await runCli(cliArgs(tmpDir("tstrain-again-"), url, "me/killed", ["--resume", "auto"]));
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /the run is complete/);
+  });
+});
+
+test("HF_TOKEN appears in no output, log or file of a run, also when the Hub rejects it (K5)", { timeout: 120_000 }, async () => {
+  const token = "hf_SECRETsecret0123456789abcdef";
+  await withHub(async (_hub, url) => {
+    const out = tmpDir("tstrain-token-");
+    const ok = await runCli(cliArgs(out, url, "me/tok", ["--max-steps", "4"]), { HF_TOKEN: token });
+    assert.equal(ok.code, 0, ok.stderr);
+    const bad = await runCli(cliArgs(tmpDir("tstrain-token-bad-"), url, "me/tok2", ["--max-steps", "4"]), { HF_TOKEN: "hf_WRONGwrong0123456789abcdef" });
+    assert.notEqual(bad.code, 0);
+    assert.match(bad.stderr, /401|unauthori[sz]ed|rejected/i);
+    for (const text of [ok.stdout, ok.stderr, bad.stdout, bad.stderr]) {
+      assert.ok(!text.includes(token) && !text.includes("hf_WRONGwrong"), "token in output");
+    }
+    const walk = (d: string): string[] => fs.readdirSync(d, { withFileTypes: true }).flatMap((e) => e.isDirectory() ? walk(path.join(d, e.name)) : [path.join(d, e.name)]);
+    for (const f of walk(out)) assert.ok(!fs.readFileSync(f).includes(token), `token in ${f}`);
+  }, token);
+});
