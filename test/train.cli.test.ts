@@ -1,0 +1,65 @@
+// The command line: --help, refusals without a stack (exit 2), --dry-run (G7), --benchmark (G8).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { spawnSync } from "node:child_process";
+import { writeSyntheticMix } from "./helpers/mix";
+import { runTiny, tinyConfig, tmpDir } from "./helpers/run";
+
+const MAIN = path.join(__dirname, "..", "main.js");
+const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
+
+function cli(args: string[]) {
+  return spawnSync(process.execPath, [MAIN, ...args], { encoding: "utf8", timeout: 120_000 });
+}
+
+test("--help prints the flags and exits 0", () => {
+  const r = cli(["--help"]);
+  assert.equal(r.status, 0);
+  assert.match(r.stdout, /--stop-after-steps/);
+});
+
+test("a refusal prints one line naming the rule, no stack trace, and exits 2", () => {
+  const r = cli(["--root", path.join(tmpDir("tstrain-nomix-"), "nothing")]);
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /^refused: no manifest at .*build the mix first.*\[D1\]\n$/s);
+  assert.ok(!/\n\s+at /.test(r.stderr), "no stack trace");
+});
+
+test("a plan that needs more windows than the mix holds is refused before step 1 (D6)", () => {
+  const r = cli(["--root", mix.root, "--out", tmpDir("tstrain-wrap-"), "--seq-len", "16", "--dry-run"]);
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /refused: .*(epoch never wraps|windows).*\[D6\]/s);
+});
+
+test("--dry-run builds everything, trains nothing and prints one JSON (G7)", { timeout: 60_000 }, async () => {
+  const out = tmpDir("tstrain-dry-");
+  const r = await runTiny(tinyConfig(mix.root, out, ["--dry-run"]));
+  const j = r.runJson;
+  assert.equal(j.dry_run, true);
+  assert.equal(j.steps_planned, 8);
+  assert.equal(j.ckpt_every, 4);
+  assert.equal(j.train_samples, 2048);
+  assert.equal(j.val_samples, 16);
+  assert.equal((j.params as { sum_numel: number }).sum_numel > 0, true);
+  assert.equal(typeof j.fingerprint, "string");
+  assert.ok(r.rep.lines.some((l) => l.startsWith("{\"dry_run\":true")));
+  assert.ok(!fs.existsSync(path.join(out, "ckpt")));
+});
+
+test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and never writes a checkpoint (G8)", { timeout: 60_000 }, async () => {
+  const out = tmpDir("tstrain-bench-");
+  const r = await runTiny(tinyConfig(mix.root, out, ["--benchmark", "3"]));
+  const j = r.runJson;
+  assert.equal(j.case, "framework-free");
+  assert.equal(j.benchmark_steps, 3);
+  assert.ok((j.tok_per_s as number) > 0);
+  assert.ok(r.rep.lines.some((l) => l.startsWith("BENCH_JSON ")));
+  assert.ok(!fs.existsSync(path.join(out, "ckpt")));
+});
+
+test("an unknown backend name and a torch-only flag are refused (G10)", () => {
+  assert.match(cli(["--backend", "webgpu"]).stderr, /--backend "webgpu" is not one of auto, tensorflow, wasm, cpu/);
+  assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
+});
