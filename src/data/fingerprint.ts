@@ -1,0 +1,63 @@
+/**
+ * Mix fingerprint (SPEC D3): identifies the corpus bytes, recorded in every cursor.
+ *
+ * Definition `tstrain-mix-fingerprint-v1`: SHA-256 (hex) of the UTF-8 text
+ *   "tstrain-mix-fingerprint-v1\ndtype=<dtype>\n" then, for every train shard in manifest order and
+ *   then every val shard, one line "<split>\t<file>\t<bytes>\t<sha256 of the file's bytes>\n".
+ * By default every shard is read and its sha256 computed and compared with the manifest, so the
+ * fingerprint is of the bytes on disk, not of what the manifest claims (a mismatch refuses, D3).
+ */
+import { createHash } from "node:crypto";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { UserError } from "../errors";
+import { bytesPerToken, Manifest, ShardInfo } from "./manifest";
+
+const CHUNK = 4 << 20;
+
+/** sha256 (hex) of a file, streamed in 4 MiB positioned reads. */
+export function sha256File(file: string): string {
+  const h = createHash("sha256");
+  const fd = fs.openSync(file, "r");
+  try {
+    const buf = Buffer.allocUnsafe(CHUNK);
+    let pos = 0;
+    for (;;) {
+      const n = fs.readSync(fd, buf, 0, CHUNK, pos);
+      if (n === 0) break;
+      h.update(buf.subarray(0, n));
+      pos += n;
+    }
+  } finally {
+    fs.closeSync(fd);
+  }
+  return h.digest("hex");
+}
+
+function allShards(m: Manifest): Array<{ split: "train" | "val"; s: ShardInfo }> {
+  return [...m.shards.map((s) => ({ split: "train" as const, s })), ...m.val_shards.map((s) => ({ split: "val" as const, s }))];
+}
+
+/** Read every shard and compare its sha256 with the manifest; a mismatch is a UserError naming the file (D3). */
+export function verifyShards(root: string, m: Manifest): void {
+  for (const { s } of allShards(m)) {
+    const fp = path.join(root, s.file);
+    const got = sha256File(fp);
+    if (got !== s.sha256) {
+      throw new UserError("D3", `shard ${fp} has sha256 ${got} but the manifest records ${s.sha256}: the corpus bytes changed after prepare; restore the shard or rebuild the mix`);
+    }
+  }
+}
+
+/**
+ * D3 fingerprint. `opts.verify` (default true) hashes every shard's bytes first; pass false only
+ * when the shards were verified moments ago in this process.
+ */
+export function mixFingerprint(root: string, m: Manifest, opts: { verify?: boolean } = {}): string {
+  if (opts.verify ?? true) verifyShards(root, m);
+  const bpt = bytesPerToken(m.dtype);
+  const h = createHash("sha256");
+  h.update(`tstrain-mix-fingerprint-v1\ndtype=${m.dtype}\n`, "utf8");
+  for (const { split, s } of allShards(m)) h.update(`${split}\t${s.file}\t${s.tokens * bpt}\t${s.sha256}\n`, "utf8");
+  return h.digest("hex");
+}

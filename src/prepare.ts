@@ -1,0 +1,77 @@
+/**
+ * `node dist/prepare.js --input FILE|DIR... --tokenizer tokenizer.json --out ROOT
+ *   [--val-fraction F] [--shard-tokens N] [--workers N] [--eos-token NAME] [--force]`
+ * Builds a mix root (SPEC D2). See src/data/prepare-mix.ts for the format and the rules.
+ * A refusal prints one line without a stack and exits 2; a bug keeps its stack and exits 1.
+ */
+import { isUserError, UserError } from "./errors";
+import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, PrepareOptions } from "./data/prepare-mix";
+
+const USAGE = `usage: node dist/prepare.js --input FILE|DIR... --tokenizer tokenizer.json --out ROOT
+  [--val-fraction F]   held-out documents, 0..0.5 (default ${DEFAULT_VAL_FRACTION})
+  [--shard-tokens N]   tokens per shard file (default ${DEFAULT_SHARD_TOKENS})
+  [--workers N]        tokenizer threads (default: CPU count, at most 8)
+  [--eos-token NAME]   end-of-document token (default: tokenizer_config.json's eos_token, else <|endoftext|>, </s>, ...)
+  [--force]            replace an existing ROOT (the old one is moved aside, never deleted)`;
+
+function num(flag: string, v: string | undefined): number {
+  if (v === undefined || v.startsWith("--")) throw new UserError("D2", `${flag} needs a value\n${USAGE}`);
+  const n = Number(v.replace(/_/g, ""));
+  if (!Number.isFinite(n)) throw new UserError("D2", `${flag} ${v} is not a number\n${USAGE}`);
+  return n;
+}
+
+export function parsePrepareArgs(argv: string[]): PrepareOptions | null {
+  const o: PrepareOptions = { inputs: [], tokenizer: "", out: "" };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const val = (): string => {
+      const v = argv[++i];
+      if (v === undefined || v.startsWith("--")) throw new UserError("D2", `${a} needs a value\n${USAGE}`);
+      return v;
+    };
+    switch (a) {
+      case "--help":
+      case "-h":
+        return null;
+      case "--input":
+        o.inputs.push(val());
+        while (i + 1 < argv.length && !argv[i + 1].startsWith("--")) o.inputs.push(argv[++i]);
+        break;
+      case "--tokenizer": o.tokenizer = val(); break;
+      case "--out": o.out = val(); break;
+      case "--val-fraction": o.valFraction = num(a, argv[++i]); break;
+      case "--shard-tokens": o.shardTokens = num(a, argv[++i]); break;
+      case "--workers": o.workers = num(a, argv[++i]); break;
+      case "--eos-token": o.eosToken = val(); break;
+      case "--force": o.force = true; break;
+      default:
+        throw new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
+    }
+  }
+  if (o.inputs.length === 0 || !o.tokenizer || !o.out) throw new UserError("D2", `prepare needs --input, --tokenizer and --out\n${USAGE}`);
+  return o;
+}
+
+async function main(): Promise<void> {
+  try {
+    const o = parsePrepareArgs(process.argv.slice(2));
+    if (o === null) {
+      process.stdout.write(USAGE + "\n");
+      return;
+    }
+    await prepareMix({ ...o, progress: "auto" });
+  } catch (e) {
+    if (isUserError(e)) {
+      process.stderr.write(`prepare: ${e.message}\n`);
+      process.exitCode = 2;
+    } else {
+      process.stderr.write(`prepare: internal error (a bug, please report): ${(e as Error)?.stack ?? String(e)}\n`);
+      process.exitCode = 1;
+    }
+  }
+}
+
+if (require.main === module || require.main?.filename?.endsWith(`${require("node:path").sep}prepare.js`)) {
+  void main();
+}
