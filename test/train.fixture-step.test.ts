@@ -41,13 +41,23 @@ for (const backend of ["wasm", "cpu"] as const) {
     adamwSlice(params, m, v, slotA, ranges, 0, layout.total, { lr: ref.adamw.lr, beta1: ref.adamw.betas[0], beta2: ref.adamw.betas[1], eps: ref.adamw.eps, weightDecay: ref.adamw.weight_decay }, coef, 1);
     const after = new Float32Array(layout.total);
     tensorsToFlat(cfg, readSafetensors(path.join(FIX, "after_adamw.f64.safetensors")).tensors, after);
-    let worst = 0, at = "";
+    // Adam's first step is lr * g / (|g| + eps): where the clipped gradient is within a few eps of 0
+    // its slope is up to lr/(4 eps) = 25,000, so a 1e-10 difference in a float32 gradient moves the
+    // update by 2.5e-6. Those few ill-conditioned elements are reported apart; every other weight must
+    // be within 2e-6 (a sign, eps or decay-group bug is off by ~lr = 1e-3 on every element).
+    const gref = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;
+    let worst = 0, at = "", illWorst = 0, ill = 0;
     for (const e of layout.entries) {
-      for (let i = e.offset; i < e.offset + e.size; i++) {
-        const d = Math.abs(params[i]! - after[i]!);
+      const g = gref.get(e.name)!.data as Float64Array;
+      for (let i = 0; i < e.size; i++) {
+        const d = Math.abs(params[e.offset + i]! - after[e.offset + i]!);
+        if (Math.abs(g[i]! * coef) < 10 * ref.adamw.eps) { ill++; illWorst = Math.max(illWorst, d); continue; }
         if (d > worst) { worst = d; at = e.name; }
       }
     }
     assert.ok(worst < 2e-6, `max abs error ${worst} at ${at}`);
+    console.log(`# ${backend}: worst ${worst.toExponential(2)} (well-conditioned), ${ill} ill-conditioned elements worst ${illWorst.toExponential(2)}`);
+    assert.ok(illWorst < 1e-5, `${ill} ill-conditioned elements (|g| < 10 eps): max abs error ${illWorst}`);
+    if (backend === "cpu") assert.ok(illWorst < 2e-6, `cpu: ill-conditioned elements too within 2e-6 (${illWorst})`);
   });
 }
