@@ -95,9 +95,9 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
     const got = await resolveAutoResume(hub, { destDir: path.join(cfg.out, "resume"), log: rep.say });
     if (got.kind === "fresh") {
-      rep.say(`resume auto: ${got.reason} -> starting from step 0`);
+      // resolveAutoResume has said why (R2); nothing to add.
     } else if (got.kind === "complete") {
-      throw new RunComplete(`resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step} of the horizon); nothing to train. A new run needs a new --hub-repo.`);
+      throw new RunComplete(`resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. A new run needs a new --hub-repo.`);
     } else {
       resumeDir = got.dir;
       priorLoss = got.priorLoss;
