@@ -1,0 +1,387 @@
+/**
+ * `npm run bench`: the bench harness (A5, G8, B3). In one run, on one model, data path and optimizer:
+ *
+ *   single         the whole step in this thread (LocalTrainer): no workers, no shared memory
+ *   actor          the actor runtime (Coordinator + rank workers) at world 1, 2, … (cores allowing)
+ *   framework-free `node dist/main.js --benchmark N` as a subprocess (G8, the user-facing path)
+ *   optim          gradient average + AdamW alone against parameter count, 1 thread vs split by slice
+ *   upload         actor step time while checkpoints upload to an embedded LocalHub vs not (B3)
+ *   torch          bench/anchors/torch_llama.py at the same shape, when /usr/bin/python3 has torch
+ *
+ * Every figure is the median of >= 5 timed steps after warm-up; `single` and `actor` take turns step by
+ * step (interleaved) so drift on a shared machine hits them alike. Output: one `BENCH_JSON` line per
+ * figure and per ratio on stdout (progress on stderr), and bench/results/latest.{json,md}.
+ *
+ *   node dist/bench/bench.js [--model small|demo|frozen] [--seq N] [--micro-batch N] [--accum N]
+ *     [--steps N] [--warmup N] [--backend auto|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch]
+ *     [--worlds 1,2] [--upload-worlds 2,1] [--optim-sizes 1M,10M,50M,106M] [--sequential] [--no-grad-ckpt] [--out DIR]
+ */
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import type { BackendName } from "../src/model/backend";
+import { buildShape, MODELS, scratchDir, tokensPerStep, type ModelName, type Shape } from "./shape";
+import { actorRunner, localRunner, runSteps, runUploadCase, stepRow, type BenchRow, type Runner } from "./steps";
+import { parseCount, runOptimCase } from "./optim";
+import { REPO_ROOT, runFrameworkFree, runTorch, torchVersion } from "./subproc";
+import { markdown, type Machine, type Ratio } from "./report";
+import { median, r } from "./stats";
+import { coresAvailable } from "./probe";
+import { createHash } from "node:crypto";
+
+/** A fingerprint of the compiled runtime (dist/src): rank workers and subprocesses load it when they
+ *  start, so a rebuild in the middle of a run (a shared tree) would make cases run different code. */
+function codeFingerprint(): string {
+  const h = createHash("sha256");
+  const walk = (d: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true }).sort((a, b) => a.name.localeCompare(b.name))) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith(".js")) h.update(e.name).update(fs.readFileSync(p));
+    }
+  };
+  try { walk(path.join(REPO_ROOT, "dist", "src")); } catch { return "?"; }
+  return h.digest("hex").slice(0, 12);
+}
+
+const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch"] as const;
+type CaseName = (typeof ALL_CASES)[number];
+
+interface Options {
+  model: ModelName; seq: number; microBatch: number; accum: number; steps: number; warmup: number; backend: BackendName;
+  cases: Set<CaseName>; worlds: number[]; uploadWorlds: number[]; optimSizes: number[]; optimThreads: number;
+  interleave: boolean; gradCkpt: boolean; out: string; ffRuns: number; uploadNice: boolean; waitQuiet: number; rewarm: number;
+}
+
+const cores = os.availableParallelism();
+
+function usage(): string {
+  return [
+    "usage: node dist/bench/bench.js [flags]   (npm run bench = build + this)",
+    "  --model small|demo|frozen   small: 4 layers, width 216, vocab 4096 (~2.9M); demo: the --demo model (~1.4M); frozen: 106M (default small)",
+    "  --seq N                     sequence length (default 128)",
+    "  --micro-batch N             sequences per rank per micro-batch (default 4)",
+    "  --accum N                   micro-batches per step (default 1)",
+    "  --steps N                   timed steps per case, >= 5 (default 8)",
+    "  --warmup N                  untimed warm-up steps per case (default 1)",
+    "  --backend auto|wasm|cpu     tfjs backend for every case (default auto, as the trainer)",
+    `  --cases a,b,c               of ${ALL_CASES.join(",")} (default all)`,
+    `  --worlds 1,2                actor world sizes (default 1..max(2, availableParallelism=${cores}))`,
+    "  --upload-worlds 2,1         actor worlds for the upload-stall case (default 2,1: 2 = spec, 1 = a core left free)",
+    "  --optim-sizes 1M,10M,...    parameter counts for the optim case (default 1M,10M,50M,106M)",
+    "  --optim-threads N           threads for the split optim case (default 2)",
+    "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
+    "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
+    "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
+    "  --rewarm N                  interleaved: untimed steps at the start of each turn (default 1; 0 = time the first step after a switch)",
+    "  --sequential                run the step cases back to back instead of interleaved (less memory for --model frozen)",
+    "  --no-grad-ckpt              gradient checkpointing off (the trainer's default is on)",
+    "  --out DIR                   where latest.json / latest.md go (default bench/results)",
+  ].join("\n");
+}
+
+function parseOptions(argv: string[]): Options {
+  const o: Options = {
+    model: "small", seq: 128, microBatch: 4, accum: 1, steps: 8, warmup: 1, backend: "auto", cases: new Set(ALL_CASES),
+    worlds: Array.from({ length: Math.max(2, cores) }, (_, i) => i + 1), uploadWorlds: [2, 1], optimSizes: ["1M", "10M", "50M", "106M"].map(parseCount),
+    optimThreads: 2, interleave: true, gradCkpt: true, ffRuns: 2, uploadNice: false, waitQuiet: 0, rewarm: 1, out: path.join(REPO_ROOT, "bench", "results"),
+  };
+  const int = (flag: string, v: string | undefined, min: number): number => {
+    const n = Number(v);
+    if (v === undefined || !Number.isSafeInteger(n) || n < min) throw new Error(`${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
+    return n;
+  };
+  const list = (flag: string, v: string | undefined): string[] => {
+    if (!v) throw new Error(`${flag} needs a comma-separated list`);
+    return v.split(",").map((x) => x.trim()).filter(Boolean);
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    const v = () => argv[++i];
+    switch (a) {
+      case "--help": case "-h": process.stdout.write(usage() + "\n"); process.exit(0); break;
+      case "--model": {
+        const m = v();
+        if (m !== "small" && m !== "demo" && m !== "frozen") throw new Error(`--model ${JSON.stringify(m)}: use small, demo or frozen`);
+        o.model = m;
+        break;
+      }
+      case "--seq": case "--seq-len": o.seq = int(a, v(), 2); break;
+      case "--micro-batch": o.microBatch = int(a, v(), 1); break;
+      case "--accum": o.accum = int(a, v(), 1); break;
+      case "--steps": o.steps = int(a, v(), 1); break;
+      case "--warmup": o.warmup = int(a, v(), 0); break;
+      case "--backend": {
+        const b = v();
+        if (b !== "auto" && b !== "wasm" && b !== "cpu" && b !== "tensorflow") throw new Error(`--backend ${JSON.stringify(b)}: use auto, wasm or cpu`);
+        o.backend = b;
+        break;
+      }
+      case "--cases": {
+        const cs = list(a, v());
+        for (const c of cs) if (!(ALL_CASES as readonly string[]).includes(c)) throw new Error(`--cases: unknown case ${JSON.stringify(c)} (known: ${ALL_CASES.join(", ")})`);
+        o.cases = new Set(cs as CaseName[]);
+        break;
+      }
+      case "--worlds": o.worlds = list(a, v()).map((x) => int(a, x, 1)); break;
+      case "--upload-worlds": o.uploadWorlds = list(a, v()).map((x) => int(a, x, 1)); break;
+      case "--optim-sizes": o.optimSizes = list(a, v()).map(parseCount); break;
+      case "--optim-threads": o.optimThreads = int(a, v(), 1); break;
+      case "--sequential": o.interleave = false; break;
+      case "--ff-runs": o.ffRuns = int(a, v(), 1); break;
+      case "--upload-nice": o.uploadNice = true; break;
+      case "--wait-quiet": o.waitQuiet = int(a, v(), 0); break;
+      case "--rewarm": o.rewarm = int(a, v(), 0); break;
+      case "--no-grad-ckpt": o.gradCkpt = false; break;
+      case "--grad-ckpt": o.gradCkpt = true; break;
+      case "--out": o.out = path.resolve(v() ?? ""); break;
+      default: throw new Error(`unknown flag ${a}\n${usage()}`);
+    }
+  }
+  if (o.steps < 5) process.stderr.write(`warning: --steps ${o.steps} < 5: medians of fewer than 5 steps are noisy\n`);
+  return o;
+}
+
+function log(s: string): void {
+  process.stderr.write(s + "\n");
+}
+
+function emit(x: object): void {
+  process.stdout.write("BENCH_JSON " + JSON.stringify(x) + "\n");
+}
+
+function machine(): Machine {
+  const cpus = os.cpus();
+  return {
+    cpu: cpus[0]?.model.trim() ?? "unknown", cores: cpus.length, available_parallelism: cores, total_mem_gb: r(os.totalmem() / 1e9, 1)!,
+    node: process.version, platform: `${os.platform()} ${os.arch()}`, date: new Date().toISOString(), load_avg_1m_start: r(os.loadavg()[0]!, 2)!,
+  };
+}
+
+function ratio(rows: BenchRow[], name: string, num: string, den: string, field: "tok_per_s" | "step_ms_median" | "tok_per_cpu_s", target: { op: ">=" | "<="; v: number } | null, note?: string): Ratio | null {
+  const a = rows.find((x) => x.case === num), b = rows.find((x) => x.case === den);
+  const av = a?.[field], bv = b?.[field];
+  if (typeof av !== "number" || typeof bv !== "number" || bv === 0) return null;
+  const value = r(av / bv, 3);
+  const met = target === null || value === null ? null : target.op === ">=" ? value >= target.v : value <= target.v;
+  // the same ratio from each case's fastest step: what the code can do when the machine leaves it alone
+  const bestField = field === "tok_per_s" ? "tok_per_s_best" : field === "step_ms_median" ? "step_ms_min" : null;
+  const ab = bestField ? a?.[bestField] : null, bb = bestField ? b?.[bestField] : null;
+  const best = typeof ab === "number" && typeof bb === "number" && bb !== 0 ? r(ab / bb, 3) : null;
+  return { ratio: name, value, target: target ? `${target.op} ${target.v}` : null, met, num: `${num} ${field}`, den: `${den} ${field}`, value_best_steps: best, ...(note ? { note } : {}) };
+}
+
+async function main(): Promise<number> {
+  const t0 = performance.now();
+  const o = parseOptions(process.argv.slice(2));
+  const mach = machine();
+  const scratch = scratchDir();
+  const rows: BenchRow[] = [];
+  const notes: string[] = [];
+  let failed = 0;
+  const record = (row: BenchRow) => { rows.push(row); emit(row); };
+  const guard = async (what: string, f: () => Promise<void>) => {
+    try {
+      await f();
+    } catch (e) {
+      failed++;
+      const msg = `${what} failed: ${(e as Error).message ?? String(e)}`;
+      notes.push(msg);
+      log(`!! ${msg}`);
+      process.stdout.write("BENCH_ERROR " + JSON.stringify({ case: what, error: (e as Error).message ?? String(e) }) + "\n");
+    }
+  };
+  mach.cores_available_start = await coresAvailable(cores);
+  const waitUntil = performance.now() + o.waitQuiet * 1000;
+  while (mach.cores_available_start < 0.9 * cores && performance.now() < waitUntil) {
+    log(`waiting for a quiet machine: the spin probe got ${mach.cores_available_start} of ${cores} cores (--wait-quiet ${o.waitQuiet})`);
+    await new Promise((res) => setTimeout(res, 10_000));
+    mach.cores_available_start = await coresAvailable(cores);
+  }
+  const codeStart = codeFingerprint();
+  log(`bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`);
+
+  const stepCases = o.cases.has("single") || o.cases.has("actor") || o.cases.has("framework-free") || o.cases.has("upload") || o.cases.has("torch");
+  const maxWorld = Math.max(1, ...(o.cases.has("actor") ? o.worlds : []), ...(o.cases.has("upload") ? o.uploadWorlds : []));
+  // enough windows for the longest step counter: the upload case runs the most steps
+  const windowsNeeded = (o.warmup + Math.max(8, 1 + o.rewarm) * o.steps + 8) * o.microBatch * maxWorld * o.accum;
+  let shape: Shape | null = null;
+  try {
+    if (stepCases) {
+      shape = await buildShape({ model: o.model, seqLen: o.seq, microBatch: o.microBatch, accum: o.accum, backend: o.backend, gradCkpt: o.gradCkpt, scratch, windowsNeeded, log });
+      log(`shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`);
+    }
+    const s = shape;
+
+    // ---- 3 (first half): the framework-free loop of --benchmark, as the user runs it. It cannot take
+    // turns step by step with the in-process cases (one process per run), so its runs sandwich them:
+    // half before, half after, and the row reports the mean of the runs' medians.
+    const ffRuns: BenchRow[] = [];
+    const frameworkFree = async (k: number) => {
+      await guard("framework-free", async () => {
+        log(`framework-free run ${k + 1}/${o.ffRuns}: dist/main.js --benchmark ${o.steps} (its first step is its warm-up)`);
+        const row = await runFrameworkFree(s!, { steps: o.steps, scratch, timeoutMs: 8 * 60_000, log });
+        log(`  framework-free: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s`);
+        ffRuns.push(row);
+      });
+    };
+    const ffBefore = o.cases.has("framework-free") ? Math.floor(o.ffRuns / 2) : 0;
+    if (s) for (let k = 0; k < ffBefore; k++) await frameworkFree(k);
+
+    // ---- 1 + 2: single-thread and the actor runtime, interleaved step by step
+    if (s && (o.cases.has("single") || o.cases.has("actor"))) {
+      await guard("single/actor", async () => {
+        const runners: Runner[] = [];
+        try {
+          if (o.cases.has("single")) runners.push(await localRunner(s, 1));
+          if (o.cases.has("actor")) for (const w of o.worlds) { log(`spawning actor runtime world ${w}`); runners.push(await actorRunner(s, w)); }
+          log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
+          const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
+          for (const x of runners) {
+            const mem = x.memory ? await x.memory() : {};
+            record(stepRow(s, x.name, x.world, x.backend, got.get(x)!, { backend_detail: x.backendDetail, interleaved: o.interleave, rewarm_steps_per_turn: o.interleave ? o.rewarm : 0, ...mem }));
+          }
+        } finally {
+          for (const x of runners) await x.close();
+        }
+      });
+    }
+
+    // ---- 3 (second half)
+    if (s && o.cases.has("framework-free")) {
+      for (let k = ffBefore; k < o.ffRuns; k++) await frameworkFree(k);
+      if (ffRuns.length) {
+        const meds = ffRuns.map((x) => Number(x.step_ms_median));
+        const med = meds.reduce((a, b) => a + b, 0) / meds.length;
+        const tps = Number(ffRuns[0]!.tokens_per_step);
+        record({
+          ...ffRuns[0]!, step_ms_median: r(med), tok_per_s: r((tps / med) * 1000), steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
+          step_ms_min: null, runs: ffRuns.map((x) => ({ step_ms_median: x.step_ms_median, tok_per_s: x.tok_per_s, wall_s: x.subprocess_wall_s })),
+          combine: ffRuns.length > 1 ? "mean of the runs' medians (runs before and after the interleaved cases)" : "one run",
+        });
+      }
+    }
+
+    // ---- 5: upload stall (B3)
+    if (s && o.cases.has("upload")) {
+      const variants: Array<{ w: number; nice: boolean }> = [];
+      for (const w of o.uploadWorlds) { variants.push({ w, nice: false }); if (o.uploadNice) variants.push({ w, nice: true }); }
+      for (const { w, nice } of variants) {
+        const tag = `upload-w${w}${nice ? "-nice" : ""}`;
+        await guard(tag, async () => {
+          log(`upload stall: actor world ${w}, embedded LocalHub on loopback${nice ? ", uploader thread reniced to 19" : ""}`);
+          const u = await runUploadCase(s, w, { warmup: o.warmup, steps: o.steps, scratch, niceUploader: nice, log });
+          const up = { uploads: u.uploads.length, upload_s_median: r(median(u.uploads.map((x) => x.seconds)), 2), push_verify_s_median: r(median(u.uploads.map((x) => x.pushVerifySeconds ?? Number.NaN)), 2), stage_ms_median: r(median(u.stageMs)), uploader_niced: nice, backend_detail: u.detail };
+          record(stepRow(s, `${tag}-quiet`, w, u.backend, u.quiet, up));
+          record(stepRow(s, `${tag}-overlap`, w, u.backend, u.overlap, up));
+        });
+      }
+    }
+
+    // ---- 4: gradient averaging + AdamW alone
+    if (o.cases.has("optim")) {
+      await guard("optim", async () => {
+        log(`optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`);
+        for (const row of await runOptimCase({ sizes: o.optimSizes, world: 2, threads: o.optimThreads, warmup: Math.max(1, o.warmup), steps: o.steps, log })) record(row);
+      });
+    }
+
+    // ---- 6: PyTorch anchor (optional)
+    if (s && o.cases.has("torch")) {
+      const tv = torchVersion();
+      if (!tv) {
+        notes.push("torch: not installed (/usr/bin/python3 -c 'import torch' fails); no PyTorch column");
+        log("torch: not installed");
+      } else {
+        const threadsList = [...new Set([1, cores])];
+        for (const th of threadsList) {
+          await guard(`torch-${th}`, async () => {
+            log(`torch ${tv}: bench/anchors/torch_llama.py, ${th} thread(s)`);
+            record(await runTorch(s, { steps: Math.max(o.steps, 5), threads: th, timeoutMs: 8 * 60_000, log }));
+          });
+        }
+      }
+    }
+  } finally {
+    fs.rmSync(scratch, { recursive: true, force: true });
+  }
+
+  // ---- ratios, all from this run
+  const ratios: Ratio[] = [];
+  const add = (x: Ratio | null) => { if (x) { ratios.push(x); emit(x); } };
+  const worlds = o.worlds.filter((w) => w > 1);
+  for (const w of worlds) add(ratio(rows, `world${w}/world1 tok/s`, `actor-w${w}`, "actor-w1", "tok_per_s", w === 2 ? { op: ">=", v: 1.8 } : null));
+  for (const w of worlds) add(ratio(rows, `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`, `actor-w${w}`, "actor-w1", "tok_per_cpu_s", null, "1.0 = world 2 spends no more CPU per token than world 1"));
+  add(ratio(rows, "actor/single-thread tok/s (world 1, same work)", "actor-w1", "single-thread", "tok_per_s", null));
+  const wMax = Math.max(...o.worlds);
+  if (wMax > 1) add(ratio(rows, `actor world ${wMax}/single-thread tok/s (speed-up)`, `actor-w${wMax}`, "single-thread", "tok_per_s", null));
+  add(ratio(rows, "actor/framework-free tok/s (world 1, same work)", "actor-w1", "framework-free", "tok_per_s", { op: ">=", v: 0.95 }));
+  if (wMax > 1) add(ratio(rows, `actor world ${wMax}/framework-free tok/s (speed-up)`, `actor-w${wMax}`, "framework-free", "tok_per_s", null));
+  add(ratio(rows, "single-thread (in-process)/framework-free (subprocess) tok/s", "single-thread", "framework-free", "tok_per_s", null, "same loop, two processes: a consistency check"));
+  for (const w of o.uploadWorlds) {
+    add(ratio(rows, `upload stall world ${w} (step ms overlapping an upload / not)`, `upload-w${w}-overlap`, `upload-w${w}-quiet`, "step_ms_median", w === 2 ? { op: "<=", v: 1.05 } : null, w === 2 ? "B3" : "control: a core is free for the uploader"));
+    if (o.uploadNice) add(ratio(rows, `upload stall world ${w}, uploader niced (experiment)`, `upload-w${w}-nice-overlap`, `upload-w${w}-nice-quiet`, "step_ms_median", null, "uploader thread at nice 19"));
+  }
+  for (const p of o.optimSizes) {
+    const one = rows.find((x) => x.case === "optim-1thread" && x.params === p), two = rows.find((x) => x.case === `optim-${o.optimThreads}threads` && x.params === p);
+    if (one && two && typeof one.step_ms_median === "number" && typeof two.step_ms_median === "number") {
+      const x: Ratio = { ratio: `optim ${(p / 1e6).toFixed(0)}M: 1 thread / ${o.optimThreads} threads step ms (speed-up)`, value: r(one.step_ms_median / two.step_ms_median, 3), target: null, met: null, num: "optim-1thread step_ms_median", den: `optim-${o.optimThreads}threads step_ms_median` };
+      ratios.push(x); emit(x);
+    }
+  }
+  add(ratio(rows, "single-thread/torch 1 thread tok/s", "single-thread", "torch-1thread", "tok_per_s", null));
+  if (cores > 1) add(ratio(rows, `actor world ${wMax}/torch ${cores} threads tok/s`, `actor-w${wMax}`, `torch-${cores}threads`, "tok_per_s", null));
+
+  mach.cores_available_end = await coresAvailable(cores);
+  const codeEnd = codeFingerprint();
+  if (codeEnd !== codeStart) notes.unshift(`CODE CHANGED DURING THE RUN: dist/src was rebuilt (fingerprint ${codeStart} -> ${codeEnd}); workers and subprocesses started after the rebuild ran other code than this process. Rerun.`);
+  const avail = Math.min(mach.cores_available_start ?? cores, mach.cores_available_end);
+  if (avail < 0.85 * cores) {
+    notes.unshift(`SHARED MACHINE: a ${cores}-thread spin probe got only ${mach.cores_available_start} cores at the start and ${mach.cores_available_end} at the end of this run: world-scaling, upload-stall and 2-thread ratios measure the neighbours' load as much as the runtime. Rerun on a quiet machine before judging targets.`);
+  }
+  // ---- notes that make the numbers readable
+  for (const x of rows) {
+    if (typeof x.cpu_util_median === "number" && typeof x.world === "number" && !String(x.case).startsWith("upload") && x.cpu_util_median < 0.75 * x.world) {
+      notes.push(`${x.case}: the process kept only ${x.cpu_util_median} cores busy per step at world ${x.world} (median): other load on the machine held it back, so its tok/s measures the machine as much as the runtime`);
+    }
+  }
+  const backends = new Set(rows.filter((x) => x.backend !== "js" && !String(x.case).startsWith("torch")).map((x) => x.backend));
+  if (backends.size > 1) notes.push(`cases ran on different tf backends: ${[...backends].join(", ")}; ratios across them compare backends, not runtimes`);
+  if (shape) {
+    notes.push(`tokens per step = micro_batch × world × accum × seq = ${o.microBatch} × world × ${o.accum} × ${o.seq}: world 1 ${tokensPerStep(shape, 1)}, world 2 ${tokensPerStep(shape, 2)}; compare tok/s across worlds, not step ms`);
+    notes.push(`data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (test/helpers/mix.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`);
+  }
+  if (o.cases.has("torch") && rows.some((x) => String(x.case).startsWith("torch"))) notes.push("torch rows: one micro-batch (micro_batch sequences) per step, no accumulation, no loss scaling; same model shape and AdamW/clip settings");
+  const lossSingle = rows.find((x) => x.case === "single-thread")?.loss_last, lossActor = rows.find((x) => x.case === "actor-w1")?.loss_last;
+  const lossFf = rows.find((x) => x.case === "framework-free")?.loss_last;
+  if (lossSingle !== undefined && lossActor !== undefined) {
+    const idx = o.warmup + o.steps * (o.interleave ? 1 + o.rewarm : 1) - 1;
+    notes.push(`last timed loss (step index ${idx}): single-thread ${String(lossSingle)}, actor world 1 ${String(lossActor)}${lossFf !== undefined ? `; framework-free at step index ${o.steps}: ${String(lossFf)}${idx === o.steps ? "" : " (a different step: compare only single vs actor)"}` : ""} (same windows, init and LR: equal when the runtimes agree)`);
+  }
+  notes.push(`load average (1 min) at the end: ${r(os.loadavg()[0]!, 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`);
+
+  const wallS = (performance.now() - t0) / 1000;
+  const shapeInfo: Record<string, unknown> = shape
+    ? {
+      model: `${o.model}: ${MODELS[o.model].note}`, params: shape.params, layers: shape.model.numLayers, hidden: shape.model.hiddenSize,
+      heads: `${shape.model.numHeads}/${shape.model.numKvHeads}`, ffn: shape.model.intermediateSize, vocab: shape.model.vocabSize,
+      seq_len: o.seq, micro_batch: o.microBatch, accum: o.accum, grad_ckpt: o.gradCkpt, backend_requested: o.backend,
+      backend_used: [...backends].join(", ") || "–", warmup_steps: o.warmup, timed_steps: o.steps, interleaved: o.interleave,
+      rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
+    }
+    : { backend_requested: o.backend, timed_steps: o.steps };
+  const command = `node dist/bench/bench.js ${process.argv.slice(2).join(" ")}`.trim();
+  fs.mkdirSync(o.out, { recursive: true });
+  const result = { bench: "tstrain-bench/1", command, machine: mach, code_fingerprint: { start: codeStart, end: codeEnd }, shape: shapeInfo, rows, ratios, notes, wall_s: r(wallS), failed_cases: failed };
+  fs.writeFileSync(path.join(o.out, "latest.json"), JSON.stringify(result, null, 1) + "\n");
+  const md = markdown({ machine: mach, shape: shapeInfo, rows, ratios, notes, wallS, command });
+  fs.writeFileSync(path.join(o.out, "latest.md"), md);
+  process.stdout.write("\n" + md + "\n");
+  log(`wrote ${path.join(o.out, "latest.json")} and latest.md in ${wallS.toFixed(0)} s${failed ? `; ${failed} case(s) FAILED` : ""}`);
+  return failed ? 1 : 0;
+}
+
+main().then(
+  (code) => { process.exitCode = code; },
+  (e: unknown) => { process.stderr.write(`bench failed: ${(e as Error)?.stack ?? String(e)}\n`); process.exitCode = 1; },
+);
