@@ -51,13 +51,9 @@ export function benchmarkArgv(s: Shape, steps: number, outDir: string): string[]
     // (warmup = max(100, ...) = 100 on both sides), so the losses at equal step indices agree
     "--lr", String(s.lr), "--decay-frac", "1",
   ];
-  if (s.dataKind === "demo") {
-    // main.js takes the model's vocabulary from the mix only with --demo (there is no --vocab-size flag),
-    // so the demo-mix shapes go through --demo with every demo default that matters overridden.
-    a.push("--demo", "--root", s.demoDir!, "--layers", String(spec.layers), "--hidden", String(spec.hidden), "--val-tokens", String(s.seqLen));
-  } else {
-    a.push("--root", s.root, "--val-tokens", String(s.seqLen));
-  }
+  // The bench's model: its vocabulary (--vocab-size) and, for the variant shapes, layers and width.
+  a.push("--root", s.root, "--val-tokens", String(s.seqLen));
+  if (s.modelName !== "frozen") a.push("--vocab-size", String(s.model.vocabSize), "--layers", String(spec.layers), "--hidden", String(spec.hidden));
   return a;
 }
 

@@ -43,7 +43,7 @@ export interface RunConfig {
   world: number;
   backend: BackendFlag;
   demo: boolean;
-  /** Small demo-model vocabulary override; 0 = the frozen 49,152 (M1). Set by --demo only. */
+  /** Variant vocabulary; 0 = the frozen 49,152 (M1), or under --demo the demo tokenizer's size. */
   vocabSize: number;
 }
 
@@ -71,6 +71,7 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "grad-ckpt", key: "gradCkpt", kind: "bool", def: true, negatable: true, help: "recompute each block's activations in backward (M6); --no-grad-ckpt keeps them" },
   { flag: "layers", key: "layers", kind: "int", def: 0, help: "0 = frozen 22; a variant layer count at width 576 (M2)" },
   { flag: "hidden", key: "hidden", kind: "int", def: 0, help: "0 = frozen 576; a variant width, must divide by 9 heads (M2)" },
+  { flag: "vocab-size", key: "vocabSize", kind: "int", def: 0, help: "0 = frozen 49,152 (--demo: the demo tokenizer's); a variant vocabulary, at least the mix's (M2)" },
   { flag: "micro-batch", key: "microBatch", kind: "int", def: 4, help: "sequences per rank per micro-batch (P6)" },
   { flag: "accum", key: "accum", kind: "int", def: 32, help: "micro-batches per optimizer step (P6)" },
   { flag: "lr", key: "lr", kind: "float", def: 6e-4, help: "peak learning rate (P3)" },
@@ -206,7 +207,6 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
     if (f.flag === "gc-nonreentrant" || f.flag === "torch-compile") continue;
     cfg[f.key] = f.def;
   }
-  cfg.vocabSize = 0;
   const demo = values.get("demo") === true;
   if (demo) for (const [k, v] of Object.entries(DEMO_DEFAULTS)) cfg[k] = v;
   for (const [flag, v] of values) cfg[byFlag.get(flag)!.key] = v;
@@ -229,6 +229,7 @@ export function validate(c: RunConfig): RunConfig {
   must(c.world <= 64, "world", `${c.world} ranks is more than this trainer supports (64)`);
   must(nonneg(c.layers), "layers", `${c.layers} must be 0 (frozen) or a positive layer count`);
   must(nonneg(c.hidden), "hidden", `${c.hidden} must be 0 (frozen) or a positive width`);
+  must(nonneg(c.vocabSize) && (c.vocabSize === 0 || c.vocabSize >= 2), "vocab-size", `${c.vocabSize} must be 0 (frozen 49,152) or at least 2`);
   must(c.lr > 0 && c.lr < 1, "lr", `${c.lr} must be in (0, 1)`);
   must(pos(c.tokens), "tokens", `${c.tokens} must be a positive whole number`);
   must(nonneg(c.maxSteps), "max-steps", `${c.maxSteps} must be >= 0`);

@@ -72,7 +72,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
   const pSha = permSha(nWindows, cfg.dataSeed);
 
   // ---- model (M1-M3)
-  const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.demo;
+  const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.vocabSize > 0 || cfg.demo;
   const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : 0);
   const model = buildConfig({ seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined, vocabSize: vocab || undefined });
   if (manifest.vocab_size > model.vocabSize) {

@@ -36,6 +36,8 @@ test("unknown flags and malformed numbers are refused with the flag's name", () 
   assert.throws(() => parseArgs(["--accum", "1.5"]), /--accum 1.5 must be a whole number/);
   assert.throws(() => parseArgs(["--world", "0"]), /--world: 0 must be a positive whole number/);
   assert.throws(() => parseArgs(["--hub-repo-type", "space"]), /not one of dataset, model/);
+  assert.throws(() => parseArgs(["--vocab-size", "1"]), /--vocab-size: 1 must be 0 \(frozen 49,152\) or at least 2/);
+  assert.equal(parseArgs(["--vocab-size", "4096"]).config.vocabSize, 4096);
 });
 
 test("seed flags with no meaning in this stack are refused with the reason, never ignored", () => {

@@ -55,6 +55,10 @@ test("reduce averages the slots, unscales, and reports the sum of squares and no
   assert.deepEqual([...a], [1, 1, 1, 2]);
   assert.equal(r.sumSq, 7);
   assert.equal(r.finite, true);
+  const x = new Float32Array([3, 3]), y = new Float32Array([3, 0]), z = new Float32Array([0, 3]);
+  const r3 = reduceSlice([x, y, z], x, 1 / 3, 0, 2);
+  assert.deepEqual([...x], [2, 2], "three slots: the generic path");
+  assert.equal(r3.sumSq, 8);
   const c = new Float32Array([1, Number.POSITIVE_INFINITY]);
   assert.equal(reduceSlice([c], c, 1, 0, 2).finite, false);
   const d = new Float32Array([1, Number.NaN]);

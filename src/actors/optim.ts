@@ -61,6 +61,14 @@ export function reduceSlice(slots: readonly Float32Array[], out: Float32Array, i
       out[i] = g;
       sumSq += g * g;
     }
+  } else if (n === 2) {
+    // The common world-2 case, unrolled: ~2x the generic loop's bandwidth (bench/optim.ts).
+    const s1 = slots[1]!;
+    for (let i = lo; i < hi; i++) {
+      const g = Math.fround(Math.fround(s0[i]! + s1[i]!) * invScale);
+      out[i] = g;
+      sumSq += g * g;
+    }
   } else {
     for (let i = lo; i < hi; i++) {
       let acc = s0[i]!;

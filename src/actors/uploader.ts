@@ -6,6 +6,7 @@
  */
 import { parentPort } from "node:worker_threads";
 import * as fs from "node:fs";
+import * as os from "node:os";
 import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
@@ -33,6 +34,12 @@ function pruneOldLocal(runDir: string, current: string, keepLocal: number): void
 const api: UploaderApi = {
   async init(o: UploaderInit): Promise<void> {
     opts = o;
+    // B3: the uploader's hashing, encoding and I/O must not take CPU from the ranks. On Linux a
+    // thread is a task, and setpriority(PRIO_PROCESS, 0) applies to the calling thread only, so this
+    // lowers this thread alone to nice 19; elsewhere it may apply to the process, so skip it there.
+    if (process.platform === "linux") {
+      try { os.setPriority(0, 19); } catch { /* not permitted: run at normal priority */ }
+    }
     store = o.hub ? createHubStore({ hubUrl: o.hub.hubUrl, repo: o.hub.repo, repoType: o.hub.repoType }) : null;
   },
 
