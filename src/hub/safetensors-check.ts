@@ -64,31 +64,3 @@ export async function checkSafetensorsFile(file: string): Promise<SafetensorsSum
     await fh.close();
   }
 }
-
-/** Encodes tensors as safetensors (F32 only) — for fixtures and small exports. */
-export function encodeSafetensorsF32(tensors: Record<string, { shape: number[]; data: Float32Array }>, metadata?: Record<string, string>): Buffer {
-  const header: Record<string, unknown> = {};
-  if (metadata) header.__metadata__ = metadata;
-  let off = 0;
-  const names = Object.keys(tensors).sort();
-  for (const name of names) {
-    const t = tensors[name]!;
-    const n = t.shape.reduce((a, b) => a * b, 1);
-    if (n !== t.data.length) throw new Error(`encodeSafetensorsF32: ${name} has ${t.data.length} values for shape ${JSON.stringify(t.shape)}`);
-    header[name] = { dtype: "F32", shape: t.shape, data_offsets: [off, off + n * 4] };
-    off += n * 4;
-  }
-  let h = Buffer.from(JSON.stringify(header), "utf8");
-  const pad = (8 - (h.length % 8)) % 8;
-  if (pad) h = Buffer.concat([h, Buffer.alloc(pad, 0x20)]);
-  const len = Buffer.alloc(8);
-  len.writeBigUInt64LE(BigInt(h.length));
-  const data = Buffer.alloc(off);
-  let at = 0;
-  for (const name of names) {
-    const t = tensors[name]!;
-    Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength).copy(data, at);
-    at += t.data.byteLength;
-  }
-  return Buffer.concat([len, h, data]);
-}

@@ -4,7 +4,7 @@
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { encodeSafetensorsF32 } from "./safetensors-check";
+import { encodeSafetensors } from "../model/safetensors";
 import * as os from "node:os";
 import { LocalHub, type LocalHubOptions } from "./server";
 import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "./store";
@@ -29,10 +29,13 @@ export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Poin
   const n = o.modelValues ?? 64;
   fs.mkdirSync(dir, { recursive: true });
   const w = new Float32Array(n).map((_, i) => Math.sin(i + o.step));
-  fs.writeFileSync(path.join(dir, "model.safetensors"), encodeSafetensorsF32({ "model.embed_tokens.weight": { shape: [n / 8, 8], data: w } }));
+  fs.writeFileSync(path.join(dir, "model.safetensors"), encodeSafetensors([{ name: "model.embed_tokens.weight", dtype: "F32", shape: [n / 8, 8], data: w }]));
   fs.writeFileSync(
     path.join(dir, "optimizer.safetensors"),
-    encodeSafetensorsF32({ "exp_avg.model.embed_tokens.weight": { shape: [n], data: w.map((x) => x / 10) }, "exp_avg_sq.model.embed_tokens.weight": { shape: [n], data: w.map((x) => x * x) } }),
+    encodeSafetensors([
+      { name: "exp_avg.model.embed_tokens.weight", dtype: "F32", shape: [n], data: w.map((x) => x / 10) },
+      { name: "exp_avg_sq.model.embed_tokens.weight", dtype: "F32", shape: [n], data: w.map((x) => x * x) },
+    ]),
   );
   fs.writeFileSync(path.join(dir, "trainer_state.json"), JSON.stringify({ step: o.step, log_history: [{ step: o.step - 1, loss: (o.loss ?? 3) + 0.1 }, { step: o.step, loss: o.loss ?? 3 }] }));
   fs.writeFileSync(
