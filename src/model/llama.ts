@@ -9,20 +9,31 @@
  *  - matMul is fast ONLY for plain 2-D operands (~23-27 GFLOP/s): transposeA is ~18x slower,
  *    transposeB ~8x slower, and a BatchMatMul with batch > 1 up to ~70x slower. So every weight is held
  *    twice, W [out,in] and W^T [in,out]; the forward uses x @ W^T, the backward dx = dy @ W and
- *    dW = transpose(dy) @ x (an explicit tf.transpose); attention loops over the G groups with 2-D matMuls.
+ *    dW = transpose(dy) @ x (an explicit transpose); attention loops over the G groups with 2-D matMuls.
  *  - tfjs-wasm caches XNNPACK's packed copy of a matMul's right operand per tensor id (freed with the
  *    tensor): weights therefore cost ~4x their size in the wasm heap (W, W^T and both packed), ~1.7 GB
  *    for the frozen model, and must never be overwritten in place (the stale packed copy would be used).
  *  - tf.slice / split / unstack on wasm first copy their WHOLE input to JS (~25 ns/float): q, k, v and
- *    gate, up are separate matMuls, RoPE's rotate_half is a matMul with a signed permutation (exact).
+ *    gate, up are separate matMuls, RoPE's rotate_half is a matMul with a signed permutation (exact), and
+ *    the per-group split (splitFirst) copies each part once from a heap view (unstack: ~1 s per step).
+ *  - Pure data movement on wasm (2-D transposes, the split, the LM head's scaling/transposes) runs in JS on
+ *    heap views into uninitialised outputs (emptyF32): tfjs-wasm's Transpose is ~3x slower and every
+ *    fresh tf op output of the [len, V] head tensors costs a 50 MB pass.
+ *  - XNNPACK streams the whole packed right operand once per few rows of the left one: with E [V, D]
+ *    (113 MB) as the right operand of dh = dl @ E that is ~1.7x slower, so dh sums over 2048-row blocks of E
+ *    (held as separate tensors on wasm, embRows).
  *  - dataSync copies at ~10 ns/float on wasm; gradients are read through a view on the wasm heap.
  *  - The LM head and the cross-entropy run in token chunks (at most ~2^24 logits at a time), so
  *    [N, V] logits never exist at once; the softmax is tfjs's, the "- one-hot" is done in JS at the
  *    label positions only (in place on wasm).
  *  - Big intermediates live in nested tidy scopes (per attention group, the MLP backward), so the
  *    peak stays one block's activations.
- *  - Gradient checkpointing (M6) keeps each block's input only and recomputes the block right before
- *    its backward, with the very same ops: gradients are bit-identical to the non-checkpointed run.
+ *  - Gradient checkpointing (M6) keeps each block's input and recomputes the block right before its
+ *    backward, with the very same ops: gradients are bit-identical to the non-checkpointed run. Selective
+ *    recomputation: while all blocks' matMul outputs (Kept: q,k,v after RoPE, the attention output, x1, gate,
+ *    up; 5.2k floats per token per layer) fit in ckptKeepBytes (default 512 MB: seq 1024 x micro 1 does), the
+ *    forward keeps them too and the recomputation redoes only the norms, the attention softmax and the SwiGLU
+ *    elementwise; otherwise whole blocks (minus the unused down projection). Step at seq 256: ~30% less work.
  */
 import * as tf from "@tensorflow/tfjs-core";
 import { UserError } from "../errors";
@@ -53,9 +64,17 @@ interface Saved {
   qr: T4; kr: T4; v: T4;      // after RoPE: [B,T,H,E], [B,T,K,E]; v [B,T,K,E]
   p: T2[];                    // per group: softmax probabilities [R*T, T]
   o: T2;                      // attention output before o_proj [N, HE]
+  x1: T2;                     // block input + attention [N, D]
   xhat2: T2; r2: T2; h2: T2;  // post-attention norm
   g: T2; u: T2; sg: T2; a: T2; m: T2; // gate, up, sigmoid(gate), silu(gate), silu(gate)*up: [N,F]
 }
+
+/**
+ * What M6's checkpointed forward keeps per block besides its input when the budget allows (selective
+ * recomputation): the matMul outputs. The recomputation then redoes the norms, the attention scores/softmax
+ * and the SwiGLU elementwise only, with the very same ops on the very same values: bit-identical gradients.
+ */
+interface Kept { qr: T4; kr: T4; v: T4; o: T2; x1: T2; g: T2; u: T2 }
 
 interface BlockGrads { dx: T2; dwq: T2; dwk: T2; dwv: T2; dwo: T2; dn1: T1; dn2: T1; dwg: T2; dwu: T2; dwd: T2 }
 
@@ -74,6 +93,8 @@ export class Llama {
   private readonly normOffset: number;
   private readonly offs: LayerOffsets[] = [];
   private emb: T2 | null = null;   // [V, D]
+  /** wasm only: emb in row blocks of HEAD_K_CHUNK rows, the right operands of the LM head's dh product (see there). */
+  private embRows: T2[] = [];
   private embT: T2 | null = null;  // [D, V]
   private layers: LayerWeights[] = [];
   private norm: T1 | null = null;
@@ -83,6 +104,7 @@ export class Llama {
   private rotT: T2 | null = null;
 
   private readonly headChunkTokens: number;
+  private readonly ckptKeepBytes: number;
   /** setWeights' transpose buffer (the largest matrix, V*D floats), kept: fresh big allocations page-fault. */
   private scratch = new Float32Array(0);
 
@@ -90,7 +112,7 @@ export class Llama {
    * gradCkpt: M6 recomputation. headChunkTokens: tokens per LM-head/cross-entropy chunk (default: as many
    * as keep ~2^24 logits, 64 MB, alive at once); results do not depend on it beyond float rounding.
    */
-  constructor(c: LlamaConfig, o: { gradCkpt: boolean; headChunkTokens?: number }) {
+  constructor(c: LlamaConfig, o: { gradCkpt: boolean; headChunkTokens?: number; ckptKeepBytes?: number }) {
     if (c.numHeads % c.numKvHeads !== 0) throw new UserError("M2", `num_key_value_heads ${c.numKvHeads} must divide num_attention_heads ${c.numHeads}`);
     if (c.headDim % 2 !== 0) throw new UserError("M2", `head_dim ${c.headDim} must be even (RoPE)`);
     this.cfg = c;
@@ -113,6 +135,11 @@ export class Llama {
     const hc = o.headChunkTokens ?? Math.floor((1 << 24) / c.vocabSize);
     if (!Number.isInteger(hc) || hc < 1) throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
     this.headChunkTokens = hc;
+    // M6 selective recomputation: keep every block's matMul outputs (Kept, ~5.2k floats per token per layer for the
+    // frozen shape) when they fit in this many bytes in all, else recompute whole blocks. 0: always whole blocks.
+    const kb = o.ckptKeepBytes ?? 512 * 1024 * 1024;
+    if (!Number.isFinite(kb) || kb < 0) throw new RangeError(`Llama: ckptKeepBytes ${o.ckptKeepBytes} must be a finite number >= 0`);
+    this.ckptKeepBytes = kb;
   }
 
   // ---------------------------------------------------------------- weights
@@ -136,6 +163,12 @@ export class Llama {
       return [tf.tensor2d(copies ? src.slice() : src, [rows, cols]), tf.tensor2d(copies ? t.slice() : t, [cols, rows])];
     };
     [this.emb, this.embT] = pair(this.embedOffset, V, D);
+    if (!copies) {
+      for (let r0 = 0; r0 < V; r0 += HEAD_K_CHUNK) {
+        const r1 = Math.min(V, r0 + HEAD_K_CHUNK);
+        this.embRows.push(tf.tensor2d(flat.subarray(this.embedOffset + r0 * D, this.embedOffset + r1 * D), [r1 - r0, D]));
+      }
+    }
     for (const o of this.offs) {
       const [wq, wqT] = pair(o.q, qd, D);
       const [wk, wkT] = pair(o.k, kvd, D);
@@ -159,6 +192,8 @@ export class Llama {
     if (this.norm) ts.push(this.norm);
     for (const l of this.layers) ts.push(l.wq, l.wqT, l.wk, l.wkT, l.wv, l.wvT, l.wo, l.woT, l.wg, l.wgT, l.wu, l.wuT, l.wd, l.wdT, l.n1, l.n2);
     tf.dispose(ts);
+    tf.dispose(this.embRows);
+    this.embRows = [];
     this.emb = this.embT = this.norm = null;
     this.layers = [];
   }
@@ -192,16 +227,24 @@ export class Llama {
       const xs: T2[] = [this.embed(ids)];
       live.push(xs[0]);
       const saved: (Saved | null)[] = [];
+      const kept: (Kept | null)[] = [];
+      const N = batch * seqLen, F = c.intermediateSize, qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim;
+      const keep = this.gradCkpt && L * N * (2 * qd + 2 * kvd + D + 2 * F) * 4 <= this.ckptKeepBytes;
       for (let l = 0; l < L; l++) {
         const r = tidy(() => {
           const f = this.blockForward(l, xs[l], batch, seqLen, tab);
-          return this.gradCkpt ? { out: f.out } : f;
+          if (!this.gradCkpt) return f;
+          const s = f.saved;
+          return keep ? { out: f.out, kept: { qr: s.qr, kr: s.kr, v: s.v, o: s.o, x1: s.x1, g: s.g, u: s.u } } : { out: f.out };
         });
         xs.push(r.out);
         live.push(r.out);
         const s = "saved" in r ? (r.saved as Saved) : null;
         if (s) live.push(...savedTensors(s));
         saved.push(s);
+        const k = "kept" in r ? (r.kept as Kept) : null;
+        if (k) live.push(...keptTensors(k));
+        kept.push(k);
       }
       const fn = tidy(() => rmsForward(xs[L], this.norm as T1, c.rmsNormEps));
       live.push(fn.xhat, fn.r, fn.h);
@@ -221,7 +264,8 @@ export class Llama {
       for (let l = L - 1; l >= 0; l--) {
         let sv = saved[l];
         if (sv === null) { // M6: recompute this block's activations from its input, with the forward's own ops
-          sv = tidy(() => this.blockForward(l, xs[l], batch, seqLen, tab).saved);
+          const k = kept[l] ?? undefined;
+          sv = tidy(() => this.blockForward(l, xs[l], batch, seqLen, tab, false, k).saved);
           live.push(...savedTensors(sv));
         }
         const s = sv;
@@ -374,39 +418,45 @@ export class Llama {
   }
 
   /** One decoder block. Call inside tf.tidy. */
-  private blockForward(l: number, x: T2, B: number, T: number, tab: SeqTables): { out: T2; saved: Saved } {
+  private blockForward(l: number, x: T2, B: number, T: number, tab: SeqTables, needOut = true, kept?: Kept): { out: T2; saved: Saved } {
     const c = this.cfg, w = this.layers[l];
     const H = c.numHeads, K = c.numKvHeads, E = c.headDim;
     const G = B * K, R = H / K;
     // -- attention
     const n1 = rmsForward(x, w.n1, c.rmsNormEps);
-    // three matMuls rather than one fused one + slices: tf.slice on wasm copies its whole input first (~25 ns/float)
-    const q = tf.reshape(tf.matMul(n1.h, w.wqT), [B, T, H, E]) as T4;
-    const k = tf.reshape(tf.matMul(n1.h, w.wkT), [B, T, K, E]) as T4;
-    const v = tf.reshape(tf.matMul(n1.h, w.wvT), [B, T, K, E]) as T4;
-    const qr = this.rope(q, tab, false), kr = this.rope(k, tab, false);
-    const qg = tf.unstack(groupQ(qr, B, T, K, R, E)) as T2[];               // G x [R*T, E]
-    const kgT = tf.unstack(groupKvT(kr, B, T, K, E)) as T2[];               // G x [E, T]
-    const vg = tf.unstack(groupKv(v, B, T, K, E)) as T2[];                  // G x [T, E]
+    let qr: T4, kr: T4, v: T4;
+    if (kept) {
+      ({ qr, kr, v } = kept);
+    } else {
+      // three matMuls rather than one fused one + slices: tf.slice on wasm copies its whole input first (~25 ns/float)
+      const q = tf.reshape(tf.matMul(n1.h, w.wqT), [B, T, H, E]) as T4;
+      const k = tf.reshape(tf.matMul(n1.h, w.wkT), [B, T, K, E]) as T4;
+      v = tf.reshape(tf.matMul(n1.h, w.wvT), [B, T, K, E]) as T4;
+      qr = this.rope(q, tab, false); kr = this.rope(k, tab, false);
+    }
+    const qg = splitFirst(groupQ(qr, B, T, K, R, E));               // G x [R*T, E]
+    const kgT = splitFirst(groupKvT(kr, B, T, K, E));               // G x [E, T]
+    const vg = kept ? [] : splitFirst(groupKv(v, B, T, K, E));      // G x [T, E]
     const p: T2[] = [], og: T2[] = [];
     for (let g = 0; g < G; g++) {
       // a nested scope per group: only P survives, the [R*T, T] scores are freed at once (peak memory)
       const pg = tidy(() => tf.softmax(tf.add(tf.mul(tf.matMul(qg[g], kgT[g]), this.scale), tab.mask)) as T2); // [R*T, T]
       p.push(pg);
-      og.push(tf.matMul(pg, vg[g]));                                        // [R*T, E]
+      if (!kept) og.push(tf.matMul(pg, vg[g]));                            // [R*T, E]
     }
-    const o = ungroupQ(tf.stack(og) as tf.Tensor3D, B, T, K, R, E);          // [N, HE]
-    const x1 = tf.add(x, tf.matMul(o, w.woT)) as T2;
+    const o = kept ? kept.o : ungroupQ(tf.stack(og) as tf.Tensor3D, B, T, K, R, E); // [N, HE]
+    const x1 = kept ? kept.x1 : tf.add(x, tf.matMul(o, w.woT)) as T2;
     // -- SwiGLU MLP
     const n2 = rmsForward(x1, w.n2, c.rmsNormEps);
-    const g = tf.matMul(n2.h, w.wgT) as T2, u = tf.matMul(n2.h, w.wuT) as T2; // [N, F]
+    const g = kept ? kept.g : tf.matMul(n2.h, w.wgT) as T2, u = kept ? kept.u : tf.matMul(n2.h, w.wuT) as T2; // [N, F]
     const sg = tf.sigmoid(g) as T2;
     const a = tf.mul(g, sg) as T2;                                          // silu(g)
     const m = tf.mul(a, u) as T2;
-    const out = tf.add(x1, tf.matMul(m, w.wdT)) as T2;
+    // the M6 recomputation needs the saved activations only: the down projection (~5% of the step's FLOPs) is skipped
+    const out = (needOut ? tf.add(x1, tf.matMul(m, w.wdT)) : x1) as T2;
     return {
       out,
-      saved: { xhat1: n1.xhat, r1: n1.r, h1: n1.h, qr, kr, v, p, o, xhat2: n2.xhat, r2: n2.r, h2: n2.h, g, u, sg, a, m },
+      saved: { xhat1: n1.xhat, r1: n1.r, h1: n1.h, qr, kr, v, p, o, x1, xhat2: n2.xhat, r2: n2.r, h2: n2.h, g, u, sg, a, m },
     };
   }
 
@@ -436,12 +486,12 @@ export class Llama {
     const dwo = mmT(dx1, s.o);                                              // [D, HE]
     const dO = tf.reshape(tf.matMul(dx1, w.wo), [B, T, H, E]) as T4;        // [B,T,H,E]
     const dOg3 = groupQ(dO, B, T, K, R, E);                                 // [G, R*T, E]
-    const delta = tf.unstack(tf.sum(tf.mul(dOg3, groupQ(tf.reshape(s.o, [B, T, H, E]) as T4, B, T, K, R, E)), -1, true)) as T2[]; // G x [R*T, 1]
-    const dOg = tf.unstack(dOg3) as T2[];                                   // G x [R*T, E]
-    const dOgT = tf.unstack(groupQT(dO, B, T, K, R, E)) as T2[];            // G x [E, R*T]
-    const qgT = tf.unstack(groupQT(s.qr, B, T, K, R, E)) as T2[];           // G x [E, R*T]
-    const kg = tf.unstack(groupKv(s.kr, B, T, K, E)) as T2[];               // G x [T, E]
-    const vgT = tf.unstack(groupKvT(s.v, B, T, K, E)) as T2[];              // G x [E, T]
+    const delta = splitFirst(tf.sum(tf.mul(dOg3, groupQ(tf.reshape(s.o, [B, T, H, E]) as T4, B, T, K, R, E)), -1, true)); // G x [R*T, 1]
+    const dOg = splitFirst(dOg3);                                   // G x [R*T, E]
+    const dOgT = splitFirst(groupQT(dO, B, T, K, R, E));            // G x [E, R*T]
+    const qgT = splitFirst(groupQT(s.qr, B, T, K, R, E));           // G x [E, R*T]
+    const kg = splitFirst(groupKv(s.kr, B, T, K, E));               // G x [T, E]
+    const vgT = splitFirst(groupKvT(s.v, B, T, K, E));              // G x [E, T]
     const dq: T2[] = [], dkT: T2[] = [], dvT: T2[] = [];
     for (let g = 0; g < G; g++) {
       const r = tidy(() => {
@@ -516,12 +566,39 @@ export class Llama {
             if (want) pv[row + label] = pl - 1;
           }
           if (!want) return {};
-          const pt = inPlace ? p : tf.tensor2d(pv, [len, V]);
-          const dl = tf.mul(pt, tf.scalar(coef));                          // [len, V]
-          const dh = tf.matMul(dl, this.emb as T2) as T2;                  // [len, D]
-          // dE = dl^T @ hc [V, D]: an explicit transpose of dl (~80 ms at 256 tokens) then a plain matMul,
-          // so the result is already in the flat layout (adding a [D, V] product transposed in JS cost ~200 ms)
-          const part = tf.matMul(tf.transpose(dl), hc) as T2;               // [V, D]
+          let dh: T2, dlT: T2;
+          if (inPlace) {
+            // on wasm the scaling (in place on p) and the transposes run in JS on heap views: tf.mul and tf.transpose
+            // of the [len, V] tensor cost ~4x more (a fresh 50 MB output each). Same float32 products as tf.mul.
+            // dh = dl @ E runs as a sum over vocabulary blocks, dl[:, blk] @ E[blk, :]: with K = V in one product,
+            // XNNPACK streams the whole 113 MB packed E once per few rows of dl (~1.7x slower, measured).
+            const blocks = this.embRows.map((e) => [e, emptyF32([len, e.shape[0]]) as T2] as const);
+            dlT = emptyF32([V, len]) as T2;                              // allocate first: views die on allocation
+            const pw = readHost(p), c32 = Math.fround(coef);
+            for (let i = 0; i < pw.length; i++) pw[i] *= c32;
+            transposeJs(pw, len, V, readHost(dlT));
+            let c0 = 0;
+            for (const [, blk] of blocks) {
+              const bw = readHost(blk), Vb = blk.shape[1];
+              for (let n = 0; n < len; n++) bw.set(pw.subarray(n * V + c0, n * V + c0 + Vb), n * Vb);
+              c0 += Vb;
+            }
+            let acc: T2 | null = null;
+            for (const [e, blk] of blocks) {
+              const part = tf.matMul(blk, e) as T2;
+              blk.dispose();
+              if (acc) { const nx = tf.add(acc, part) as T2; tf.dispose([acc, part]); acc = nx; } else acc = part;
+            }
+            dh = acc as T2;
+            p.dispose();
+          } else {
+            const dl = tf.mul(tf.tensor2d(pv, [len, V]), tf.scalar(coef));      // [len, V]
+            dlT = tf.transpose(dl) as T2;
+            dh = tf.matMul(dl, this.emb as T2) as T2;                      // [len, D]
+          }
+          // dE = dl^T @ hc [V, D]: an explicit transpose of dl then a plain matMul, so the result is already in
+          // the flat layout (adding a [D, V] product transposed in JS cost ~200 ms)
+          const part = tf.matMul(dlT, hc) as T2;                           // [V, D]
           return { dh, dE: (dE ? tf.add(dE, part) : part) as T2 };
         });
         if (r.dh && r.dE) {
@@ -545,6 +622,9 @@ export class Llama {
 
 // -------------------------------------------------------------------- ops
 
+/** Rows of E per block of the LM head's dh = dl @ E on wasm (a packed block, 2048 x 576 floats, ~4.7 MB). */
+const HEAD_K_CHUNK = 2048;
+
 /** tf.tidy for functions returning our own records of tensors (tfjs' TensorContainer typing lacks index-signature-free interfaces). */
 function tidy<R>(fn: () => R): R {
   return tf.tidy(fn as unknown as () => tf.TensorContainer) as unknown as R;
@@ -552,10 +632,46 @@ function tidy<R>(fn: () => R): R {
 
 /** a^T @ b through an explicit transpose (matMul's transposeA is ~18x slower on wasm), freed at once. */
 function mmT(a: T2, b: T2): T2 {
-  const at = tf.transpose(a);
+  const at = transpose2(a);
   const r = tf.matMul(at, b) as T2;
   at.dispose();
   return r;
+}
+
+/**
+ * A float32 tensor whose values the caller writes at once (all of them) through readHost: on wasm an uninitialised
+ * heap block, made the way kernels make their outputs (backend.makeOutput + engine.makeTensorFromTensorInfo);
+ * tf.fill would write it once more for nothing. Elsewhere zeros.
+ */
+function emptyF32(shape: number[]): tf.Tensor {
+  const be = tf.backend() as unknown as { makeOutput?: (s: number[], d: "float32") => tf.TensorInfo };
+  if (tf.getBackend() === "wasm" && typeof be.makeOutput === "function") {
+    return tf.engine().makeTensorFromTensorInfo(be.makeOutput(shape, "float32"), tf.backend());
+  }
+  return tf.fill(shape, 0);
+}
+
+/** 2-D transpose; on wasm in JS on heap views (~3x faster than tfjs-wasm's Transpose kernel, same values). */
+function transpose2(a: T2): T2 {
+  if (tf.getBackend() !== "wasm") return tf.transpose(a);
+  const [rows, cols] = a.shape;
+  const out = emptyF32([cols, rows]) as T2; // allocate first: heap views die on allocation
+  transposeJs(readHost(a), rows, cols, readHost(out));
+  return out;
+}
+
+/**
+ * tf.unstack along axis 0. On wasm each part is copied once from a heap view: tfjs-wasm's Unpack slices, and
+ * its Slice first copies the WHOLE input to JS, so unstacking G parts copied the input G+1 times.
+ */
+function splitFirst(x: tf.Tensor): T2[] {
+  if (tf.getBackend() !== "wasm") return tf.unstack(x) as T2[];
+  const G = x.shape[0], shape = x.shape.slice(1), size = x.size / G;
+  const outs: T2[] = [];
+  for (let g = 0; g < G; g++) outs.push(emptyF32(shape) as T2); // allocate all first: heap views die on allocation
+  const src = readHost(x);
+  for (let g = 0; g < G; g++) readHost(outs[g]).set(src.subarray(g * size, (g + 1) * size));
+  return outs;
 }
 
 /** RMSNorm in fp32: h = w * (x * rsqrt(mean(x^2) + eps)). */
@@ -602,7 +718,11 @@ function ungroupKvT(x: tf.Tensor3D, B: number, T: number, K: number, E: number):
 }
 
 function savedTensors(s: Saved): tf.Tensor[] {
-  return [s.xhat1, s.r1, s.h1, s.qr, s.kr, s.v, ...s.p, s.o, s.xhat2, s.r2, s.h2, s.g, s.u, s.sg, s.a, s.m];
+  return [s.xhat1, s.r1, s.h1, s.qr, s.kr, s.v, ...s.p, s.o, s.x1, s.xhat2, s.r2, s.h2, s.g, s.u, s.sg, s.a, s.m];
+}
+
+function keptTensors(k: Kept): tf.Tensor[] {
+  return [k.qr, k.kr, k.v, k.o, k.x1, k.g, k.u];
 }
 
 // -------------------------------------------------------------------- host side
@@ -626,7 +746,7 @@ function addInto(dst: Float32Array, off: number, src: Float32Array): void {
 }
 
 /** [rows, cols] -> [cols, rows] into `out`, in 64x64 blocks written row by row (the faster order measured). */
-export function transposeJs(src: Float32Array, rows: number, cols: number, out = new Float32Array(rows * cols)): Float32Array {
+export function transposeJs<O extends Float32Array<ArrayBufferLike>>(src: Float32Array<ArrayBufferLike>, rows: number, cols: number, out: O = new Float32Array(rows * cols) as O): O {
   if (out.length !== rows * cols || src.length !== rows * cols) throw new RangeError(`transposeJs: sizes ${src.length}/${out.length} for [${rows}, ${cols}]`);
   const BS = 64;
   for (let c0 = 0; c0 < cols; c0 += BS) {
