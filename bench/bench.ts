@@ -27,6 +27,7 @@ import { REPO_ROOT, runFrameworkFree, runTorch, torchVersion } from "./subproc";
 import { markdown, type Machine, type Ratio } from "./report";
 import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
+import { frozenStepBench } from "./model-frozen-step";
 import { createHash } from "node:crypto";
 
 /** A fingerprint of the compiled runtime (dist/src): rank workers and subprocesses load it when they
@@ -44,8 +45,10 @@ function codeFingerprint(): string {
   return h.digest("hex").slice(0, 12);
 }
 
-const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch"] as const;
+const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch", "frozen-step"] as const;
 type CaseName = (typeof ALL_CASES)[number];
+/** frozen-step (issue 7's MFU figure on the 106M model) takes minutes, so it runs only when asked. */
+const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step");
 
 interface Options {
   model: ModelName; seq: number; microBatch: number; accum: number; steps: number; warmup: number; backend: BackendName;
@@ -65,7 +68,7 @@ function usage(): string {
     "  --steps N                   timed steps per case, >= 5 (default 8)",
     "  --warmup N                  untimed warm-up steps per case (default 1)",
     "  --backend auto|wasm|cpu     tfjs backend for every case (default auto, as the trainer)",
-    `  --cases a,b,c               of ${ALL_CASES.join(",")} (default all)`,
+    `  --cases a,b,c               of ${ALL_CASES.join(",")} (default all but frozen-step: the frozen 106M model's fwd+bwd, its MFU against the matMul rate, at --seq/--micro-batch)`,
     `  --worlds 1,2                actor world sizes (default 1..max(2, availableParallelism=${cores}))`,
     "  --upload-worlds 2,1         actor worlds for the upload-stall case (default 2,1: 2 = spec, 1 = a core left free)",
     "  --optim-sizes 1M,10M,...    parameter counts for the optim case (default 1M,10M,50M,106M)",
@@ -82,7 +85,7 @@ function usage(): string {
 
 function parseOptions(argv: string[]): Options {
   const o: Options = {
-    model: "small", seq: 128, microBatch: 4, accum: 1, steps: 8, warmup: 1, backend: "auto", cases: new Set(ALL_CASES),
+    model: "small", seq: 128, microBatch: 4, accum: 1, steps: 8, warmup: 1, backend: "auto", cases: new Set(DEFAULT_CASES),
     worlds: Array.from({ length: Math.max(2, cores) }, (_, i) => i + 1), uploadWorlds: [2, 1], optimSizes: ["1M", "10M", "50M", "106M"].map(parseCount),
     optimThreads: 2, interleave: true, gradCkpt: true, ffRuns: 2, uploadNice: false, waitQuiet: 0, rewarm: 1, out: path.join(REPO_ROOT, "bench", "results"),
   };
@@ -286,6 +289,15 @@ async function main(): Promise<number> {
       });
     }
 
+    // ---- 7: the frozen 106M model's forward+backward and its MFU (issue 7), whatever --model says
+    if (o.cases.has("frozen-step")) {
+      await guard("frozen-step", async () => {
+        log(`frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${Math.max(3, o.steps)} warm calls`);
+        const j = await frozenStepBench({ seq: o.seq, microBatch: o.microBatch, gradCkpt: o.gradCkpt, calls: Math.max(3, o.steps), backend: o.backend === "auto" ? "wasm" : o.backend, log });
+        record(j as unknown as BenchRow);
+      });
+    }
+
     // ---- 6: PyTorch anchor (optional)
     if (s && o.cases.has("torch")) {
       const tv = torchVersion();
@@ -330,6 +342,7 @@ async function main(): Promise<number> {
     }
   }
   add(ratio(rows, "single-thread/torch 1 thread tok/s", "single-thread", "torch-1thread", "tok_per_s", null));
+  add(ratio(rows, "frozen-step (fwd+bwd)/torch 1 thread (fwd+bwd+clip+AdamW) tok/s", "frozen-step", "torch-1thread", "tok_per_s", null, "same shape only with --model frozen"));
   if (cores > 1) add(ratio(rows, `actor world ${wMax}/torch ${cores} threads tok/s`, `actor-w${wMax}`, `torch-${cores}threads`, "tok_per_s", null));
 
   mach.cores_available_end = await coresAvailable(cores);
