@@ -13,10 +13,10 @@ import { r } from "./stats";
 /** Repo root at run time: this file runs as dist/bench/subproc.js. */
 export const REPO_ROOT = path.resolve(__dirname, "..", "..");
 
-function run(cmd: string, args: string[], o: { cwd: string; timeoutMs: number; log: (s: string) => void; echo: RegExp | null }): Promise<{ code: number | null; out: string; err: string; ms: number }> {
+function run(cmd: string, args: string[], o: { cwd: string; timeoutMs: number; log: (s: string) => void; echo: RegExp | null; env?: NodeJS.ProcessEnv }): Promise<{ code: number | null; out: string; err: string; ms: number }> {
   return new Promise((resolve, reject) => {
     const t0 = performance.now();
-    const ch = spawn(cmd, args, { cwd: o.cwd, stdio: ["ignore", "pipe", "pipe"] });
+    const ch = spawn(cmd, args, { cwd: o.cwd, stdio: ["ignore", "pipe", "pipe"], env: o.env ?? process.env });
     let out = "", err = "";
     ch.stdout.on("data", (b: Buffer) => {
       const s = b.toString();
@@ -97,7 +97,12 @@ export async function runTorch(s: Shape, o: { steps: number; threads: number; ti
     "--ffn", String(c.intermediateSize), "--vocab", String(c.vocabSize), "--seq", String(s.seqLen), "--micro", String(s.microBatch),
     "--steps", String(o.steps), "--threads", String(o.threads),
   ];
-  const res = await run("/usr/bin/python3", argv, { cwd: REPO_ROOT, timeoutMs: o.timeoutMs, log: o.log, echo: null });
+  // Some machines set OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) for old OpenBLAS builds; they pin a
+  // slower kernel. The anchor is a speed reference, so it runs with both unset, in its own process only.
+  const env = { ...process.env };
+  delete env.OPENBLAS_CORETYPE;
+  delete env.OPENBLAS_L2_SIZE;
+  const res = await run("/usr/bin/python3", argv, { cwd: REPO_ROOT, timeoutMs: o.timeoutMs, log: o.log, echo: null, env });
   const j = lastJsonLine(res.out, null);
   if (res.code !== 0 || !j) throw new Error(`torch_llama.py exited ${res.code}: ${(res.err || res.out).trim().split("\n").slice(-3).join(" | ")}`);
   const med = Number(j.step_s_median) * 1000;
