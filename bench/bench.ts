@@ -318,9 +318,25 @@ async function main(): Promise<number> {
     fs.rmSync(scratch, { recursive: true, force: true });
   }
 
+  // ---- MFU of the training steps too, where this run measured the matMul rate (frozen-step case):
+  // per rank, (model FLOPs per token x tok/s / world) / matMul rate, for rows of the same model and seq.
+  const fz = rows.find((x) => x.case === "frozen-step");
+  if (fz && typeof fz.matmul_gflops === "number" && typeof fz.model_flops_per_token === "number") {
+    for (const x of rows) {
+      if (x === fz || x.params !== fz.params || x.seq_len !== fz.seq_len || typeof x.tok_per_s !== "number") continue;
+      const per = String(x.case).startsWith("torch") ? 1 : Math.max(1, x.world ?? 1);
+      x.mfu = r((fz.model_flops_per_token * x.tok_per_s) / per / (fz.matmul_gflops * 1e9), 3);
+      x.mfu_note = "per rank, against the wasm matMul rate of the frozen-step case in this run";
+    }
+  }
+
   // ---- ratios, all from this run
   const ratios: Ratio[] = [];
   const add = (x: Ratio | null) => { if (x) { ratios.push(x); emit(x); } };
+  for (const x of rows) {
+    if (typeof x.mfu !== "number") continue;
+    add({ ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`, value: x.mfu, target: x.case === "frozen-step" ? ">= 0.6" : null, met: x.case === "frozen-step" ? x.mfu >= 0.6 : null, num: `${x.case} tok_per_s`, den: "frozen-step matmul_gflops" });
+  }
   const worlds = o.worlds.filter((w) => w > 1);
   for (const w of worlds) add(ratio(rows, `world${w}/world1 tok/s`, `actor-w${w}`, "actor-w1", "tok_per_s", w === 2 ? { op: ">=", v: 1.8 } : null));
   for (const w of worlds) add(ratio(rows, `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`, `actor-w${w}`, "actor-w1", "tok_per_cpu_s", null, "1.0 = world 2 spends no more CPU per token than world 1"));
