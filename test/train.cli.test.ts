@@ -63,3 +63,11 @@ test("an unknown backend name and a torch-only flag are refused (G10)", () => {
   assert.match(cli(["--backend", "webgpu"]).stderr, /--backend "webgpu" is not one of auto, tensorflow, wasm, cpu/);
   assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
 });
+
+test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon (G1)", { timeout: 60_000 }, async () => {
+  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "3", "--dry-run"])), /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4/);
+  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "12", "--dry-run"])), /--stop-after-steps 12 exceeds the horizon 8/);
+  const out = tmpDir("g1-");
+  await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
+  await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])), /--stop-after-steps 4 is not beyond the resume point step 4/);
+});

@@ -132,3 +132,14 @@ test("a rank whose thread dies mid-step stops the run, naming the rank", { timeo
   await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--world", "2"]), { TSTRAIN_FAULT: "0:2:exit" }), /rank 0 failed during step 2 compute: worker thread exited with code 3/);
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-4")));
 });
+
+test("a validation failure is recorded as val_error with no ppl, never as a passing number (G2)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-valerr-");
+  const r = await runTiny(tinyConfig(mix.root, out, ["--world", "2"]), { TSTRAIN_FAULT: "1:0:val" });
+  assert.equal(r.runJson.val_ppl, null);
+  assert.equal(r.runJson.val_loss, null);
+  assert.match(String(r.runJson.val_error), /rank 1 failed during validation: injected fault: rank 1 fails validation/);
+  const summary = JSON.parse(fs.readFileSync(path.join(out, "final", "run_summary.json"), "utf8"));
+  assert.equal(summary.val_ppl, null);
+  assert.match(String(summary.val_error), /fails validation/);
+});

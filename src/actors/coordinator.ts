@@ -151,11 +151,14 @@ export class Coordinator {
   }
 
   private async all<T extends FromRank["type"]>(make: (h: RankHandle) => ToRank, expect: T, phase: string): Promise<Reply<T>[]> {
+    const pending = this.ranks.map((h) => h.request(make(h), expect, phase));
     try {
-      return await Promise.all(this.ranks.map((h) => h.request(make(h), expect, phase)));
+      return await Promise.all(pending);
     } catch (e) {
-      // One rank failed: tell the others to stop at their next micro-batch, and surface the first error.
+      // One rank failed: tell the others to stop at their next micro-batch, let their replies arrive
+      // (so no request is left pending on any rank), and surface the first error.
       Atomics.store(this.views.ctl, CTL_ABORT, 1);
+      await Promise.allSettled(pending);
       throw e;
     }
   }

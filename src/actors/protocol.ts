@@ -22,9 +22,9 @@ export function toWireError(e: unknown): WireError {
 /**
  * A fault a test injects into one rank (TSTRAIN_FAULT, test-only; see rank.ts): `throw` and `exit`
  * at `step`; `nan` puts a NaN in that step's gradient; `diverge` makes loss and gradient NaN from
- * `step` on, as a diverged model would.
+ * `step` on, as a diverged model would; `val` makes that rank's validation pass throw (G2).
  */
-export type FaultKind = "throw" | "exit" | "nan" | "diverge";
+export type FaultKind = "throw" | "exit" | "nan" | "diverge" | "val";
 export interface RankFault { rank: number; step: number; kind: FaultKind }
 
 /** Everything a rank needs to build its replica and its data stream. */

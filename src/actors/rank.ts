@@ -106,6 +106,8 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
 
 function evaluate(s: RankState, from: number, to: number): FromRank {
   if (!s.val) throw new Error("no validation stream on this rank (nVal = 0)");
+  const f = s.init.fault;
+  if (f && f.kind === "val" && f.rank === s.init.rank) throw new Error(`injected fault: rank ${f.rank} fails validation (TSTRAIN_FAULT)`);
   syncWeights(s);
   const seq = s.init.data.seqLen;
   const ids = new Int32Array(seq);
