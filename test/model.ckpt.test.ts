@@ -5,23 +5,12 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as fs from "node:fs";
-import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
 import { initBackend } from "../src/model/backend";
-import { configFromHf, type LlamaConfig } from "../src/model/config";
-import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
-import { readSafetensors, tensorsToFlat } from "../src/model/safetensors";
+import { loadTinyFixture } from "./helpers/fixture";
 
-const FIX = path.join(__dirname, "..", "..", "test", "fixtures", "llama-tiny");
-const cfg: LlamaConfig = configFromHf(JSON.parse(fs.readFileSync(path.join(FIX, "config.json"), "utf8")));
-const ref = JSON.parse(fs.readFileSync(path.join(FIX, "reference.json"), "utf8")) as { input_ids: number[][]; loss: number };
-const B = ref.input_ids.length, T = ref.input_ids[0].length;
-const ids = Int32Array.from(ref.input_ids.flat());
-const layout = paramLayout(cfg);
-const weights = new Float32Array(layout.total);
-tensorsToFlat(cfg, readSafetensors(path.join(FIX, "model.safetensors")).tensors, weights);
+const { cfg, B, T, ids, layout, weights } = loadTinyFixture();
 
 for (const backend of ["wasm", "cpu"] as const) {
   test(`on ${backend}, selective and whole-block recomputation give bit-identical gradients to no checkpointing (M6)`, async () => {

@@ -5,16 +5,13 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as fs from "node:fs";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
 import { initBackend } from "../src/model/backend";
-import { configFromHf, type LlamaConfig } from "../src/model/config";
-import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
-import { readSafetensors, tensorsToFlat } from "../src/model/safetensors";
+import { FIX, loadTinyFixture } from "./helpers/fixture";
+import { readSafetensors } from "../src/model/safetensors";
 
-const FIX = path.join(__dirname, "..", "..", "test", "fixtures", "llama-tiny");
 
 function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
   assert.equal(a.length, b.length);
@@ -23,13 +20,7 @@ function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return Math.sqrt(num) / Math.sqrt(den);
 }
 
-const cfg: LlamaConfig = configFromHf(JSON.parse(fs.readFileSync(path.join(FIX, "config.json"), "utf8")));
-const ref = JSON.parse(fs.readFileSync(path.join(FIX, "reference.json"), "utf8")) as { input_ids: number[][]; loss: number };
-const B = ref.input_ids.length, T = ref.input_ids[0].length;
-const ids = Int32Array.from(ref.input_ids.flat());
-const layout = paramLayout(cfg);
-const weights = new Float32Array(layout.total);
-tensorsToFlat(cfg, readSafetensors(path.join(FIX, "model.safetensors")).tensors, weights);
+const { cfg, ref, B, T, ids, layout, weights } = loadTinyFixture();
 const refGrads = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;
 const refLogits = readSafetensors(path.join(FIX, "logits.f64.safetensors")).tensors.get("logits")!.data as Float64Array;
 

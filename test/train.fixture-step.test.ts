@@ -2,26 +2,18 @@
 // reference (after_adamw.f64.safetensors) within 2e-6 absolute (P3, P4, P2 unscale).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as fs from "node:fs";
 import * as path from "node:path";
 import { initBackend } from "../src/model/backend";
-import { configFromHf } from "../src/model/config";
-import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
 import { readSafetensors, tensorsToFlat } from "../src/model/safetensors";
 import { adamwSlice, clipCoef, reduceSlice } from "../src/actors/optim";
-
-const FIX = path.join(__dirname, "..", "..", "test", "fixtures", "llama-tiny");
+import { FIX, loadTinyFixture } from "./helpers/fixture";
 
 for (const backend of ["wasm", "cpu"] as const) {
   test(`one clipped AdamW step from the fixture's loss equals after_adamw within 2e-6 on ${backend}, with the loss scaled by 65536`, async () => {
     await initBackend(backend);
-    const ref = JSON.parse(fs.readFileSync(path.join(FIX, "reference.json"), "utf8"));
-    const cfg = configFromHf(JSON.parse(fs.readFileSync(path.join(FIX, "config.json"), "utf8")));
-    const layout = paramLayout(cfg);
-    const params = new Float32Array(layout.total);
-    tensorsToFlat(cfg, readSafetensors(path.join(FIX, "model.safetensors")).tensors, params);
-    const ids = Int32Array.from((ref.input_ids as number[][]).flat());
+    const { cfg, ref, layout, weights, ids } = loadTinyFixture();
+    const params = weights;
     const model = new Llama(cfg, { gradCkpt: true });
     model.setWeights(params);
     // Two "ranks" of one sequence each, as the coordinator would average them.
