@@ -41,3 +41,47 @@ export function paramLayout(c: LlamaConfig): { entries: ParamEntry[]; total: num
   add("model.norm.weight", [D]);
   return { entries, total: offset };
 }
+
+/**
+ * The "transposed twin" of the flat layout: same offsets and sizes, but every 2-D entry [rows, cols]
+ * is stored as its transpose [cols, rows] (1-D entries are copied as they are). The model's forward
+ * products take W^T as their right operand, so a replica can be refreshed from the twin with plain
+ * copies. transposeRange writes the twin's values for the flat indices [lo, hi) of `src`: each
+ * source index is written to exactly one twin index, so threads that own disjoint [lo, hi) slices
+ * can build one shared twin together without locks.
+ */
+export function transposeRange(entries: readonly ParamEntry[], src: Float32Array, dst: Float32Array, lo: number, hi: number): void {
+  if (src.length !== dst.length) throw new RangeError(`transposeRange: src has ${src.length} floats, dst ${dst.length}`);
+  if (!(Number.isInteger(lo) && Number.isInteger(hi) && 0 <= lo && lo <= hi && hi <= src.length)) {
+    throw new RangeError(`transposeRange: [${lo}, ${hi}) is not a range inside [0, ${src.length})`);
+  }
+  for (const e of entries) {
+    const a = Math.max(lo, e.offset), b = Math.min(hi, e.offset + e.size);
+    if (a >= b) continue;
+    if (e.shape.length !== 2) { dst.set(src.subarray(a, b), a); continue; }
+    const [rows, cols] = e.shape as [number, number];
+    const o = e.offset;
+    let j = a - o;
+    const end = b - o;
+    // a partial first row, element by element
+    for (; j < end && j % cols !== 0; j++) dst[o + (j % cols) * rows + Math.floor(j / cols)] = src[o + j];
+    // whole rows [r0, r1), in 64 x 64 blocks
+    const r0 = j / cols, r1 = Math.floor(end / cols);
+    if (r1 > r0) {
+      const BS = 64;
+      for (let c0 = 0; c0 < cols; c0 += BS) {
+        const c1 = Math.min(cols, c0 + BS);
+        for (let rb = r0; rb < r1; rb += BS) {
+          const rb1 = Math.min(r1, rb + BS);
+          for (let c = c0; c < c1; c++) {
+            const t = o + c * rows;
+            for (let r = rb; r < rb1; r++) dst[t + r] = src[o + r * cols + c];
+          }
+        }
+      }
+      j = r1 * cols;
+    }
+    // a partial last row
+    for (; j < end; j++) dst[o + (j % cols) * rows + Math.floor(j / cols)] = src[o + j];
+  }
+}

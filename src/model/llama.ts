@@ -12,7 +12,7 @@
  *    dW = transpose(dy) @ x (an explicit transpose); attention loops over the G groups with 2-D matMuls.
  *  - tfjs-wasm caches XNNPACK's packed copy of a matMul's right operand per tensor id (freed with the
  *    tensor): weights therefore cost ~4x their size in the wasm heap (W, W^T and both packed), ~1.7 GB
- *    for the frozen model, and must never be overwritten in place (the stale packed copy would be used).
+ *    for the frozen model. Weights are refreshed in place only through wasmOverwrite, which drops the packed copy.
  *  - tf.slice / split / unstack on wasm first copy their WHOLE input to JS (~25 ns/float): q, k, v and
  *    gate, up are separate matMuls, RoPE's rotate_half is a matMul with a signed permutation (exact), and
  *    the per-group split (splitFirst) copies each part once from a heap view (unstack: ~1 s per step).
@@ -144,26 +144,42 @@ export class Llama {
 
   // ---------------------------------------------------------------- weights
 
-  /** Copies the flat layout (it may be a view on a SharedArrayBuffer) into tf tensors. */
-  setWeights(flat: Float32Array): void {
+  /**
+   * Copies the flat layout (it may be a view on a SharedArrayBuffer) into the replica's tensors. `flatT`, when
+   * given, is its transposed twin (layout.ts transposeRange): the W^T tensors are then plain copies of it.
+   * Otherwise the transposes run here, in JS (~1.5-3 ns/float; tf.transpose on wasm is ~10).
+   *
+   * On wasm a refresh writes the new values into the existing tensors' heap memory: no tensor churn, no
+   * second copy. tfjs-wasm caches XNNPACK's packed copy of a matMul's right operand by tensor id, so each
+   * overwritten tensor's id is unregistered and registered again on the C++ side first (wasmOverwrite):
+   * that drops the cached operators, and the next product packs the new values. A test pins it: a refreshed
+   * replica gives bit-identical gradients to a freshly built one.
+   */
+  setWeights(flat: Float32Array, flatT?: Float32Array): void {
     if (flat.length !== this.total) throw new RangeError(`setWeights: flat has ${flat.length} floats, the layout needs ${this.total}`);
+    if (flatT && flatT.length !== this.total) throw new RangeError(`setWeights: flatT has ${flatT.length} floats, the layout needs ${this.total}`);
+    const wasm = tf.getBackend() === "wasm";
+    if (wasm && this.emb) { this.refreshWasm(flat, flatT); return; }
     this.disposeWeights();
     const c = this.cfg, D = c.hiddenSize, F = c.intermediateSize, V = c.vocabSize;
     const qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim;
     // Both orientations of every matrix (see the layout rules above). The transposes run in JS into one reused
-    // scratch buffer (~1.5-3 ns/float; tf.transpose on wasm is ~10, and fresh JS allocations cost ~11 ns/float in
-    // page faults). New tensors every time: tfjs-wasm caches XNNPACK's packed copy of a matMul's right operand by
-    // tensor id, so writing new values into an existing weight tensor would leave the stale packed copy in use.
+    // scratch buffer (fresh JS allocations cost ~11 ns/float in page faults).
     // wasm copies on upload; other backends may keep a reference to the array they get, so they get copies.
-    const copies = tf.getBackend() !== "wasm";
+    const copies = !wasm;
     const pair = (offset: number, rows: number, cols: number): [T2, T2] => {
       const src = flat.subarray(offset, offset + rows * cols);
-      if (this.scratch.length < src.length) this.scratch = new Float32Array(src.length);
-      const t = transposeJs(src, rows, cols, this.scratch.subarray(0, src.length));
+      let t: Float32Array;
+      if (flatT) {
+        t = flatT.subarray(offset, offset + rows * cols);
+      } else {
+        if (this.scratch.length < src.length) this.scratch = new Float32Array(src.length);
+        t = transposeJs(src, rows, cols, this.scratch.subarray(0, src.length));
+      }
       return [tf.tensor2d(copies ? src.slice() : src, [rows, cols]), tf.tensor2d(copies ? t.slice() : t, [cols, rows])];
     };
     [this.emb, this.embT] = pair(this.embedOffset, V, D);
-    if (!copies) {
+    if (wasm) {
       for (let r0 = 0; r0 < V; r0 += HEAD_K_CHUNK) {
         const r1 = Math.min(V, r0 + HEAD_K_CHUNK);
         this.embRows.push(tf.tensor2d(flat.subarray(this.embedOffset + r0 * D, this.embedOffset + r1 * D), [r1 - r0, D]));
@@ -183,6 +199,32 @@ export class Llama {
       });
     }
     this.norm = tf.tensor1d(flat.slice(this.normOffset, this.normOffset + D));
+  }
+
+  /** The wasm refresh: every weight tensor overwritten in place (see setWeights). */
+  private refreshWasm(flat: Float32Array, flatT: Float32Array | undefined): void {
+    const put = (t: tf.Tensor, off: number): void => wasmOverwrite(t, (h) => h.set(flat.subarray(off, off + t.size)));
+    const putT = (t: tf.Tensor, off: number): void => {
+      const [cols, rows] = t.shape as [number, number]; // t is the [cols, rows] transpose of the entry at `off`
+      if (flatT) wasmOverwrite(t, (h) => h.set(flatT.subarray(off, off + t.size)));
+      else wasmOverwrite(t, (h) => transposeJs(flat.subarray(off, off + t.size), rows, cols, h));
+    };
+    put(this.emb as T2, this.embedOffset);
+    putT(this.embT as T2, this.embedOffset);
+    let off = this.embedOffset;
+    for (const e of this.embRows) { put(e, off); off += e.size; }
+    this.offs.forEach((o, i) => {
+      const w = this.layers[i];
+      put(w.n1, o.n1); put(w.n2, o.n2);
+      put(w.wq, o.q); putT(w.wqT, o.q);
+      put(w.wk, o.k); putT(w.wkT, o.k);
+      put(w.wv, o.v); putT(w.wvT, o.v);
+      put(w.wo, o.o); putT(w.woT, o.o);
+      put(w.wg, o.g); putT(w.wgT, o.g);
+      put(w.wu, o.u); putT(w.wuT, o.u);
+      put(w.wd, o.d); putT(w.wdT, o.d);
+    });
+    put(this.norm as T1, this.normOffset);
   }
 
   private disposeWeights(): void {
@@ -737,6 +779,27 @@ export function readHost(t: tf.Tensor): Float32Array {
     if (typeof be.typedArrayFromHeap === "function") return be.typedArrayFromHeap(t);
   }
   return t.dataSync() as Float32Array;
+}
+
+/**
+ * wasm only: overwrite a float32 tensor's values in place. The tensor's id is unregistered and registered again
+ * on the C++ side (same memory) first: tfjs-wasm frees what it caches per tensor id on that unregistering (the
+ * XNNPACK operators holding a packed copy of a matMul's right operand), so no stale packed copy survives.
+ * `write` gets a fresh view of the tensor's heap memory and must fill all of it.
+ */
+function wasmOverwrite(t: tf.Tensor, write: (heap: Float32Array) => void): void {
+  interface WasmBe {
+    dataIdMap: { get(d: object): { id: number; memoryOffset: number; refCount?: number } | undefined };
+    wasm: { HEAPU8: Uint8Array; tfjs: { disposeData(id: number): void; registerTensor(id: number, size: number, offset: number): void } };
+  }
+  const be = tf.backend() as unknown as WasmBe;
+  const d = be.dataIdMap.get(t.dataId);
+  if (!d || t.dtype !== "float32") throw new Error(`wasmOverwrite: tensor ${t.id} is not a live float32 wasm tensor`);
+  if ((d.refCount ?? 1) !== 1) throw new Error(`wasmOverwrite: tensor ${t.id} shares its data (refCount ${d.refCount})`);
+  be.wasm.tfjs.disposeData(d.id);
+  be.wasm.tfjs.registerTensor(d.id, t.size, d.memoryOffset);
+  // the view after registering: the C++ side may allocate, and a memory growth detaches older views
+  write(new Float32Array(be.wasm.HEAPU8.buffer, d.memoryOffset, t.size));
 }
 
 /** dst[off + i] += src[i] (float32 adds, as the accumulation of micro-batch gradients). */
