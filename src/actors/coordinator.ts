@@ -2,12 +2,15 @@
  * Coordinator actor (A2): owns the step. It spawns the rank workers and the uploader, and is the
  * only one that decides: the loss scale, skip or apply, the clip coefficient, the LR, when to
  * checkpoint and when to stop. The arithmetic runs in the ranks, each on its slice of the shared
- * buffers; the coordinator only moves scalars.
+ * buffers; the coordinator moves scalars, and when the machine has a core the ranks leave idle
+ * (world < available cores) it takes one slice of the reduce and of the update itself, so at world 1
+ * the optimizer runs on two threads instead of one.
  *
  * One step, as messages (every phase is a barrier: all ranks answer before the next phase):
  *   compute(step, scale) -> each rank sums its accum micro-batch gradients into its slot
  *   reduce(1/(world*accum*scale)) -> slot 0 = averaged, unscaled gradient; per-slice sum of squares
- *   skip (non-finite) | update(lr, clip coef, t) -> AdamW on each rank's slice of the master weights
+ *   skip (non-finite) | update(lr, clip coef, t) -> AdamW on each rank's slice of the master weights,
+ *                                                 then that slice of their transposed twin (shm.ts)
  */
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
@@ -15,9 +18,11 @@ import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import type { LlamaConfig } from "../model/config";
 import type { BackendName } from "../model/backend";
-import { paramLayout } from "../model/layout";
+import * as os from "node:os";
+import { paramLayout, transposeRange, type ParamEntry } from "../model/layout";
 import { CTL_ABORT, CTL_WEIGHTS_VERSION, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
-import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
+import { ADAMW_DEFAULTS, clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
+import { adamwSliceSimd, reduceSliceSimd } from "./optim-simd";
 import { type CheckpointDocs, type CheckpointJob, type CheckpointOutcome, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderInit, type WireError } from "./protocol";
 
 export interface RankSetup {
@@ -27,6 +32,12 @@ export interface RankSetup {
   backend: BackendName;
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   fault: RankFault | null;
+  /**
+   * Whether the coordinator thread takes a slice of the reduce and the update (see the header). Default:
+   * when world < os.availableParallelism(). The results do not depend on it beyond the order in which the
+   * slices' sums of squares are added (the clip coefficient's last bits).
+   */
+  coordinatorShare?: boolean;
 }
 
 /** A rank that threw, exited or reported a failure; the message names the rank and the error. */
@@ -114,6 +125,10 @@ export class Coordinator {
   readonly views: SharedViews;
   readonly P: number;
   readonly decayRanges: DecayRange[];
+  readonly entries: ParamEntry[];
+  /** The coordinator's own [lo, hi) of the reduce and update, or null (see RankSetup.coordinatorShare). */
+  readonly ownSlice: [number, number] | null;
+  private readonly rankSlices: Array<[number, number]>;
   private ranks: RankHandle[] = [];
   private uploaderWorker: Worker | null = null;
   private uploader: Comlink.Remote<UploaderApi> | null = null;
@@ -123,7 +138,12 @@ export class Coordinator {
   private constructor(readonly setup: RankSetup) {
     const layout = paramLayout(setup.model);
     this.P = layout.total;
+    this.entries = layout.entries;
     this.decayRanges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
+    const share = setup.coordinatorShare ?? setup.world < os.availableParallelism();
+    const parts = slices(this.P, setup.world + (share ? 1 : 0));
+    this.rankSlices = parts.slice(0, setup.world);
+    this.ownSlice = share ? parts[setup.world]! : null;
     this.shared = allocShared(this.P, setup.world);
     this.views = viewShared(this.shared);
   }
@@ -135,7 +155,9 @@ export class Coordinator {
 
   /** Start every rank and wait until each has built its backend, model and data stream. */
   async spawn(): Promise<void> {
-    const parts = slices(this.P, this.setup.world);
+    // params were filled by the caller (init or checkpoint): their twin once, whole; after that `update` keeps it
+    transposeRange(this.entries, this.views.params, this.views.paramsT, 0, this.P);
+    const parts = this.rankSlices;
     for (let r = 0; r < this.setup.world; r++) this.ranks.push(new RankHandle(r));
     const ready = await this.all((h) => ({
       type: "init",
@@ -173,30 +195,62 @@ export class Coordinator {
     const loss = lossSum / (world * accum);
     // Average over world*accum micro-batches and unscale in one multiply (P2 unscale, A2 average).
     const invScale = 1 / (world * accum * scale);
-    const reduced = await this.all(() => ({ type: "reduce", step, invScale }), "reduced", `step ${step} reduce`);
-    // Sum the slices' squares in rank order: the same figure whatever the timing.
+    const { ranks: reduced, ...own } = await this.withOwn(
+      this.all(() => ({ type: "reduce", step, invScale }), "reduced", `step ${step} reduce`),
+      () => reduceSliceSimd(this.views.slots, this.views.slots[0]!, invScale, ...this.ownSlice!));
+    // Sum the slices' squares in slice order: the same figure whatever the timing.
     let sumSq = 0;
     let finite = true;
     for (const m of reduced) { sumSq += m.sumSq; finite = finite && m.finite; }
+    if (own.r) { sumSq += own.r.sumSq; finite = finite && own.r.finite; }
     const lr = baseLr * lrFactor(pos.optSteps, shape);
     const res: StepResult = {
       step, loss, applied: false, gradNorm: null, lr, scaleUsed: scale,
-      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs: Math.max(...reduced.map((m) => m.ms)), updateMs: 0,
+      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs: Math.max(own.ms, ...reduced.map((m) => m.ms)), updateMs: 0,
     };
     if (finite) {
       const norm = Math.sqrt(sumSq);
       const coef = clipCoef(norm);
-      const updated = await this.all(() => ({ type: "update", step, lr, coef, t: pos.optSteps + 1 }), "updated", `step ${step} update`);
+      const t = pos.optSteps + 1;
+      const { ranks: updated, ...mine } = await this.withOwn(
+        this.all(() => ({ type: "update", step, lr, coef, t }), "updated", `step ${step} update`),
+        () => {
+          const [lo, hi] = this.ownSlice!, v = this.views;
+          adamwSliceSimd(v.params, v.m, v.v, v.slots[0]!, this.decayRanges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
+          transposeRange(this.entries, v.params, v.paramsT, lo, hi);
+        });
       Atomics.add(this.views.ctl, CTL_WEIGHTS_VERSION, 1);
       res.applied = true;
       res.gradNorm = norm;
-      res.updateMs = Math.max(...updated.map((m) => m.ms));
+      res.updateMs = Math.max(mine.ms, ...updated.map((m) => m.ms));
       pos.optSteps += 1;
     } else {
       pos.skipped += 1;
     }
     pos.scaler = scalerUpdate(pos.scaler, !finite);
     return res;
+  }
+
+  /**
+   * The coordinator's own slice of a phase, run on this thread while the ranks run theirs (`pending`: their
+   * requests, already posted), then the ranks' replies. Nothing of its own when it has no slice. If its own
+   * part throws, the ranks are told to stop and their replies drained before the error surfaces.
+   */
+  private async withOwn<T, R>(pending: Promise<T>, fn: () => R): Promise<{ ranks: T; r: R | null; ms: number }> {
+    let r: R | null = null;
+    let ms = 0;
+    if (this.ownSlice) {
+      const t0 = performance.now();
+      try {
+        r = fn();
+      } catch (e) {
+        Atomics.store(this.views.ctl, CTL_ABORT, 1);
+        await Promise.allSettled([pending]);
+        throw e;
+      }
+      ms = performance.now() - t0;
+    }
+    return { ranks: await pending, r, ms };
   }
 
   /** Mean validation loss over windows [0, nVal), split across ranks by contiguous ranges (D7). */

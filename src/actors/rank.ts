@@ -15,7 +15,9 @@ import { PackedTokenStore } from "../data/store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
 import { CTL_ABORT, CTL_WEIGHTS_VERSION, viewShared, type SharedViews } from "./shm";
-import { adamwSlice, reduceSlice, ADAMW_DEFAULTS } from "./optim";
+import { ADAMW_DEFAULTS } from "./optim";
+import { adamwSliceSimd, reduceSliceSimd } from "./optim-simd";
+import { paramLayout, transposeRange, type ParamEntry } from "../model/layout";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 
@@ -27,6 +29,7 @@ interface RankState {
   val: ValStream | null;
   weightsVersion: number;
   ids: Int32Array;
+  entries: ParamEntry[];
   mem: ReturnType<typeof memorySampler>;
 }
 
@@ -47,14 +50,15 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   const stream = new TrainStream(store, perm, { world: init.world, accum: d.accum, microBatch: d.microBatch, seqLen: d.seqLen });
   const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
   const model = new Llama(init.model, { gradCkpt: init.gradCkpt });
-  state = { init, model, views, stream, val, weightsVersion: -1, ids: new Int32Array(d.microBatch * d.seqLen), mem: memorySampler() };
+  state = { init, model, views, stream, val, weightsVersion: -1, ids: new Int32Array(d.microBatch * d.seqLen), entries: paramLayout(init.model).entries, mem: memorySampler() };
   return { type: "ready", rank: init.rank, backend: be.backend, detail: be.detail };
 }
 
 function syncWeights(s: RankState): void {
   const v = Atomics.load(s.views.ctl, CTL_WEIGHTS_VERSION);
   if (v !== s.weightsVersion) {
-    s.model.setWeights(s.views.params);
+    // the transposed twin was written with the weights by the slices' owners: the refresh is copies only
+    s.model.setWeights(s.views.params, s.views.paramsT);
     s.weightsVersion = v;
   }
 }
@@ -92,7 +96,7 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
 function reduce(s: RankState, step: number, invScale: number): FromRank {
   const t0 = performance.now();
   const [lo, hi] = s.init.slice;
-  const r = reduceSlice(s.views.slots, s.views.slots[0]!, invScale, lo, hi);
+  const r = reduceSliceSimd(s.views.slots, s.views.slots[0]!, invScale, lo, hi);
   return { type: "reduced", rank: s.init.rank, step, sumSq: r.sumSq, finite: r.finite, ms: performance.now() - t0 };
 }
 
@@ -100,7 +104,8 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
   const t0 = performance.now();
   const [lo, hi] = s.init.slice;
   const v = s.views;
-  adamwSlice(v.params, v.m, v.v, v.slots[0]!, s.init.decayRanges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
+  adamwSliceSimd(v.params, v.m, v.v, v.slots[0]!, s.init.decayRanges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
+  transposeRange(s.entries, v.params, v.paramsT, lo, hi);
   return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
