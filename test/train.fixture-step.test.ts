@@ -1,12 +1,14 @@
 // One optimizer step of the real step math on the llama-tiny fixture equals the float64 PyTorch
-// reference (after_adamw.f64.safetensors) within 2e-6 absolute (P3, P4, P2 unscale).
+// reference (after_adamw.f64.safetensors) within 2e-6 absolute (P3, P4, P2 unscale). The reduce and
+// AdamW are the trainer's own (the wasm SIMD kernel of optim-simd.ts), not the JS reference loops.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { initBackend } from "../src/model/backend";
 import { Llama } from "../src/model/llama";
 import { readSafetensors, tensorsToFlat } from "../src/model/safetensors";
-import { adamwSlice, clipCoef, reduceSlice } from "../src/actors/optim";
+import { clipCoef } from "../src/actors/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 
 for (const backend of ["wasm", "cpu"] as const) {
@@ -24,13 +26,13 @@ for (const backend of ["wasm", "cpu"] as const) {
     const lb = model.lossAndGrads(ids.subarray(T), 1, T, scale, slotB);
     model.dispose();
     assert.ok(Math.abs((la + lb) / 2 - ref.loss) / ref.loss < 1e-5, `loss ${(la + lb) / 2} vs ${ref.loss}`);
-    const red = reduceSlice([slotA, slotB], slotA, 1 / (2 * scale), 0, layout.total);
+    const red = reduceSliceSimd([slotA, slotB], slotA, 1 / (2 * scale), 0, layout.total);
     const norm = Math.sqrt(red.sumSq);
     assert.ok(Math.abs(norm - ref.grad_global_norm) / ref.grad_global_norm < 1e-4, `norm ${norm} vs ${ref.grad_global_norm}`);
     const coef = clipCoef(norm, ref.adamw.max_grad_norm);
     const m = new Float32Array(layout.total), v = new Float32Array(layout.total);
     const ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
-    adamwSlice(params, m, v, slotA, ranges, 0, layout.total, { lr: ref.adamw.lr, beta1: ref.adamw.betas[0], beta2: ref.adamw.betas[1], eps: ref.adamw.eps, weightDecay: ref.adamw.weight_decay }, coef, 1);
+    adamwSliceSimd(params, m, v, slotA, ranges, 0, layout.total, { lr: ref.adamw.lr, beta1: ref.adamw.betas[0], beta2: ref.adamw.betas[1], eps: ref.adamw.eps, weightDecay: ref.adamw.weight_decay }, coef, 1);
     const after = new Float32Array(layout.total);
     tensorsToFlat(cfg, readSafetensors(path.join(FIX, "after_adamw.f64.safetensors")).tensors, after);
     // Adam's first step is lr * g / (|g| + eps): where the clipped gradient is within a few eps of 0

@@ -1,7 +1,8 @@
 // The coordinator's step math: LR (P5), loss scaler (P2), clipping (P4), reduce.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { lrFactor, newScaler, scalerUpdate, clipCoef, reduceSlice, slices, adamwSlice, validScaler } from "../src/actors/optim";
+import { lrFactor, newScaler, scalerUpdate, clipCoef, reduceSlice as reduceRef, slices, adamwSlice as adamwRef, validScaler, ADAMW_DEFAULTS } from "../src/actors/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 
 test("the trapezoid LR equals the seed's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
   // steps 1000: warmup = max(100, int(1000*0.02)) = 100, decay_start = int(1000*0.8) = 800
@@ -48,7 +49,7 @@ test("the clip coefficient is min(1, max/(norm+1e-6)) (P4)", () => {
   assert.equal(clipCoef(2.2806797437103916), 1 / (2.2806797437103916 + 1e-6));
 });
 
-test("reduce averages the slots, unscales, and reports the sum of squares and non-finite values", () => {
+for (const [impl, reduceSlice] of [["reference", reduceRef], ["simd", reduceSliceSimd]] as const) test(`reduce (${impl}) averages the slots, unscales, and reports the sum of squares and non-finite values`, () => {
   const a = new Float32Array([2, 4, 6, 8]);
   const b = new Float32Array([2, 0, -2, 0]);
   const r = reduceSlice([a, b], a, 1 / 4, 0, 4);
@@ -74,7 +75,7 @@ test("slices cover [0, total) without gaps or overlaps", () => {
   }
 });
 
-test("AdamW decays 2-D weights only and takes a sign-sized first step (P3)", () => {
+for (const [impl, adamwSlice] of [["reference", adamwRef], ["simd", adamwSliceSimd]] as const) test(`AdamW (${impl}) decays 2-D weights only and takes a sign-sized first step (P3)`, () => {
   const p = new Float32Array([1, 1, 1, 1]);
   const m = new Float32Array(4), v = new Float32Array(4);
   const g = new Float32Array([0.5, -0.5, 0.5, -0.5]);
@@ -83,4 +84,42 @@ test("AdamW decays 2-D weights only and takes a sign-sized first step (P3)", () 
   assert.ok(Math.abs(p[1]! - (1 * (1 - 1e-4) + 1e-3)) < 1e-7);
   assert.ok(Math.abs(p[2]! - (1 - 1e-3)) < 1e-7);
   assert.ok(Math.abs(p[3]! - (1 + 1e-3)) < 1e-7);
+});
+
+test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW within float32 rounding, on odd slices", () => {
+  let seed = 99;
+  const rnd = () => { seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0; return seed / 2 ** 32 - 0.5; };
+  const P = 3 * 4096 + 4103; // several kernel chunks and a tail that is not a multiple of 4
+  const fill = (scale: number) => Float32Array.from({ length: P }, () => rnd() * scale);
+  for (const k of [1, 2, 3, 17]) { // 17 slots: more than the kernel holds, the reference path
+    const slots = Array.from({ length: k }, () => fill(1000));
+    const a = slots.map((x) => Float32Array.from(x)), b = slots.map((x) => Float32Array.from(x));
+    const lo = 5, hi = P - 3, inv = 1 / (k * 65536); // inv a float32 value when k is a power of two
+    const ra = reduceRef(a, a[0]!, Math.fround(inv), lo, hi), rb = reduceSliceSimd(b, b[0]!, Math.fround(inv), lo, hi);
+    assert.deepEqual(b[0], a[0], `${k} slots: identical averaged gradients (and [0, lo), [hi, P) untouched)`);
+    assert.ok(Math.abs(rb.sumSq - ra.sumSq) <= 1e-12 * ra.sumSq, `${k} slots: sum of squares ${rb.sumSq} vs ${ra.sumSq}`);
+    assert.equal(rb.finite, true);
+    b[k - 1]![P - 4] = Number.NaN;
+    assert.equal(reduceSliceSimd(b, b[0]!, 1, lo, hi).finite, false, `${k} slots: a NaN in the last slot is found`);
+    b[k - 1]![P - 4] = 0;
+    b[0]![lo] = Number.POSITIVE_INFINITY;
+    assert.equal(reduceSliceSimd(b, b[0]!, 1, lo, hi).finite, false, `${k} slots: an inf is found`);
+  }
+  const g = fill(2e-3);
+  const ranges = [{ lo: 0, hi: 5000, decay: true }, { lo: 5000, hi: 5577, decay: false }, { lo: 5577, hi: P, decay: true }];
+  const state = () => ({ p: fill(0.04), m: fill(2e-4), v: Float32Array.from({ length: P }, () => (rnd() + 0.5) * 1e-7) });
+  const A = state(), B = { p: Float32Array.from(A.p), m: Float32Array.from(A.m), v: Float32Array.from(A.v) };
+  for (let t = 1; t <= 3; t++) {
+    adamwRef(A.p, A.m, A.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
+    adamwSliceSimd(B.p, B.m, B.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
+  }
+  for (const key of ["p", "m", "v"] as const) {
+    const x = A[key], y = B[key];
+    let worst = 0, mag = 0;
+    for (let i = 0; i < P; i++) { worst = Math.max(worst, Math.abs(x[i]! - y[i]!)); mag = Math.max(mag, Math.abs(x[i]!)); }
+    assert.ok(worst <= 1e-6 * mag, `${key}: max difference ${worst} against magnitude ${mag}`);
+    assert.equal(y[0], x[0], `${key}: below the slice untouched`);
+    assert.equal(y[P - 1], x[P - 1], `${key}: above the slice untouched`);
+  }
+  assert.notDeepEqual(B.p.subarray(7, 20), Float32Array.from(A.p.subarray(7, 20)).fill(0), "the weights moved");
 });

@@ -14,7 +14,8 @@ import { readManifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream } from "../data/sampler";
-import { adamwSlice, clipCoef, lrFactor, newScaler, reduceSlice, scalerUpdate, ADAMW_DEFAULTS, type DecayRange, type LrShape } from "./optim";
+import { clipCoef, lrFactor, newScaler, scalerUpdate, ADAMW_DEFAULTS, type DecayRange, type LrShape } from "./optim";
+import { adamwSliceSimd, reduceSliceSimd } from "./optim-simd";
 import type { OptimizerPosition, StepResult } from "./coordinator";
 import type { SessionPlan } from "../run";
 import type { Reporter } from "../report";
@@ -79,13 +80,13 @@ export class LocalTrainer {
       }
     }
     const t1 = performance.now();
-    const red = reduceSlice([this.grad], this.grad, 1 / (world * accum * scale), 0, this.grad.length);
+    const red = reduceSliceSimd([this.grad], this.grad, 1 / (world * accum * scale), 0, this.grad.length);
     const t2 = performance.now();
     const lr = baseLr * lrFactor(pos.optSteps, shape);
     const res: StepResult = { step, loss: lossSum / (world * accum), applied: false, gradNorm: null, lr, scaleUsed: scale, computeMs: t1 - t0, reduceMs: t2 - t1, updateMs: 0 };
     if (red.finite) {
       const norm = Math.sqrt(red.sumSq);
-      adamwSlice(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr, ...ADAMW_DEFAULTS }, clipCoef(norm), pos.optSteps + 1);
+      adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr, ...ADAMW_DEFAULTS }, clipCoef(norm), pos.optSteps + 1);
       this.weightsDirty = true;
       pos.optSteps += 1;
       res.applied = true;
