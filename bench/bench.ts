@@ -327,6 +327,12 @@ async function main(): Promise<number> {
       const per = String(x.case).startsWith("torch") ? 1 : Math.max(1, x.world ?? 1);
       x.mfu = r((fz.model_flops_per_token * x.tok_per_s) / per / (fz.matmul_gflops * 1e9), 3);
       x.mfu_note = "per rank, against the wasm matMul rate of the frozen-step case in this run";
+      // the case's own line was printed before the rate was known: one more line with the training step's MFU
+      emit({
+        case: x.case, mfu: x.mfu, world: x.world, backend: x.backend, params: x.params, seq_len: x.seq_len, micro_batch: x.micro_batch,
+        tok_per_s: x.tok_per_s, matmul_gflops: fz.matmul_gflops, model_flops_per_token: fz.model_flops_per_token,
+        what: String(x.case).startsWith("torch") ? "PyTorch's training step (forward, backward, clip, AdamW)" : "the whole training step (forward, backward, reduce, AdamW, weight refresh) per rank",
+      });
     }
   }
 
@@ -335,7 +341,7 @@ async function main(): Promise<number> {
   const add = (x: Ratio | null) => { if (x) { ratios.push(x); emit(x); } };
   for (const x of rows) {
     if (typeof x.mfu !== "number") continue;
-    add({ ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`, value: x.mfu, target: x.case === "frozen-step" ? ">= 0.6" : null, met: x.case === "frozen-step" ? x.mfu >= 0.6 : null, num: `${x.case} tok_per_s`, den: "frozen-step matmul_gflops" });
+    add({ ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`, value: x.mfu, target: x.case === "actor-w1" ? ">= 0.6" : null, met: x.case === "actor-w1" ? x.mfu >= 0.6 : null, num: `${x.case} tok_per_s`, den: "frozen-step matmul_gflops" });
   }
   const worlds = o.worlds.filter((w) => w > 1);
   for (const w of worlds) add(ratio(rows, `world${w}/world1 tok/s`, `actor-w${w}`, "actor-w1", "tok_per_s", w === 2 ? { op: ">=", v: 1.8 } : null));

@@ -7,12 +7,15 @@
  *
  * Layout rules, measured on tfjs-wasm (XNNPACK, SIMD, one thread) in Node 20 on the 2-core dev box:
  *  - matMul is fast ONLY for plain 2-D operands (~23-27 GFLOP/s): transposeA is ~18x slower,
- *    transposeB ~8x slower, and a BatchMatMul with batch > 1 up to ~70x slower. So every weight is held
- *    twice, W [out,in] and W^T [in,out]; the forward uses x @ W^T, the backward dx = dy @ W and
- *    dW = transpose(dy) @ x (an explicit transpose); attention loops over the G groups with 2-D matMuls.
- *  - tfjs-wasm caches XNNPACK's packed copy of a matMul's right operand per tensor id (freed with the
- *    tensor): weights therefore cost ~4x their size in the wasm heap (W, W^T and both packed), ~1.7 GB
- *    for the frozen model. Weights are refreshed in place only through wasmOverwrite, which drops the packed copy.
+ *    transposeB ~8x slower, and a BatchMatMul with batch > 1 up to ~70x slower. So a block's weights are
+ *    held as W^T [in,out] only: the forward is x @ W^T, and the backward transposes dy once (explicitly)
+ *    for both of its products, dW = dy^T @ x and dx^T = W^T @ dy^T (then dx = transpose of that);
+ *    attention loops over the G groups with 2-D matMuls.
+ *  - XNNPACK packs a matMul's RIGHT operand (~2.7 ns/float) and tfjs-wasm caches the packed copy per tensor
+ *    id: a weight as right operand costs a repack after every optimizer step. In dx^T = W^T @ dy^T the weight is
+ *    the left operand (read as is) and the packed dy^T [out, N] is smaller than W [out, in] at N = 256, and no
+ *    second orientation W [out,in] is uploaded, packed or held (~0.6 GB less wasm heap for the frozen model).
+ *    Weights are refreshed in place only through wasmOverwrite, which drops the packed copy.
  *  - tf.slice / split / unstack on wasm first copy their WHOLE input to JS (~25 ns/float): q, k, v and
  *    gate, up are separate matMuls, RoPE's rotate_half is a matMul with a signed permutation (exact), and
  *    the per-group split (splitFirst) copies each part once from a heap view (unstack: ~1 s per step).
@@ -44,14 +47,15 @@ type T1 = tf.Tensor1D;
 type T2 = tf.Tensor2D;
 type T4 = tf.Tensor4D;
 
+/** A block's weights, each matrix as the transpose W^T [in, out] of its HF weight W [out, in]. */
 interface LayerWeights {
-  wq: T2; wqT: T2;     // [HE, D] and its transpose
-  wk: T2; wkT: T2;     // [KE, D]
-  wv: T2; wvT: T2;     // [KE, D]
-  wo: T2; woT: T2;     // [D, HE]
-  wg: T2; wgT: T2;     // [F, D]
-  wu: T2; wuT: T2;     // [F, D]
-  wd: T2; wdT: T2;     // [D, F]
+  wqT: T2;             // [D, HE]
+  wkT: T2;             // [D, KE]
+  wvT: T2;             // [D, KE]
+  woT: T2;             // [HE, D]
+  wgT: T2;             // [D, F]
+  wuT: T2;             // [D, F]
+  wdT: T2;             // [F, D]
   n1: T1; n2: T1;      // [D]
 }
 
@@ -163,22 +167,25 @@ export class Llama {
     this.disposeWeights();
     const c = this.cfg, D = c.hiddenSize, F = c.intermediateSize, V = c.vocabSize;
     const qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim;
-    // Both orientations of every matrix (see the layout rules above). The transposes run in JS into one reused
-    // scratch buffer (fresh JS allocations cost ~11 ns/float in page faults).
+    // The embedding in both orientations (and E's row blocks on wasm, for the LM head), every block matrix as W^T
+    // (see the layout rules above). The transposes run in JS into one reused scratch buffer (fresh JS allocations
+    // cost ~11 ns/float in page faults).
     // wasm copies on upload; other backends may keep a reference to the array they get, so they get copies.
     const copies = !wasm;
-    const pair = (offset: number, rows: number, cols: number): [T2, T2] => {
-      const src = flat.subarray(offset, offset + rows * cols);
+    const tr = (offset: number, rows: number, cols: number): T2 => {
       let t: Float32Array;
       if (flatT) {
         t = flatT.subarray(offset, offset + rows * cols);
       } else {
+        const src = flat.subarray(offset, offset + rows * cols);
         if (this.scratch.length < src.length) this.scratch = new Float32Array(src.length);
         t = transposeJs(src, rows, cols, this.scratch.subarray(0, src.length));
       }
-      return [tf.tensor2d(copies ? src.slice() : src, [rows, cols]), tf.tensor2d(copies ? t.slice() : t, [cols, rows])];
+      return tf.tensor2d(copies ? t.slice() : t, [cols, rows]);
     };
-    [this.emb, this.embT] = pair(this.embedOffset, V, D);
+    const e = flat.subarray(this.embedOffset, this.embedOffset + V * D);
+    this.emb = tf.tensor2d(copies ? e.slice() : e, [V, D]);
+    this.embT = tr(this.embedOffset, V, D);
     if (wasm) {
       for (let r0 = 0; r0 < V; r0 += HEAD_K_CHUNK) {
         const r1 = Math.min(V, r0 + HEAD_K_CHUNK);
@@ -186,15 +193,9 @@ export class Llama {
       }
     }
     for (const o of this.offs) {
-      const [wq, wqT] = pair(o.q, qd, D);
-      const [wk, wkT] = pair(o.k, kvd, D);
-      const [wv, wvT] = pair(o.v, kvd, D);
-      const [wo, woT] = pair(o.o, D, qd);
-      const [wg, wgT] = pair(o.g, F, D);
-      const [wu, wuT] = pair(o.u, F, D);
-      const [wd, wdT] = pair(o.d, D, F);
       this.layers.push({
-        wq, wqT, wk, wkT, wv, wvT, wo, woT, wg, wgT, wu, wuT, wd, wdT,
+        wqT: tr(o.q, qd, D), wkT: tr(o.k, kvd, D), wvT: tr(o.v, kvd, D), woT: tr(o.o, D, qd),
+        wgT: tr(o.g, F, D), wuT: tr(o.u, F, D), wdT: tr(o.d, D, F),
         n1: tf.tensor1d(flat.slice(o.n1, o.n1 + D)), n2: tf.tensor1d(flat.slice(o.n2, o.n2 + D)),
       });
     }
@@ -216,13 +217,8 @@ export class Llama {
     this.offs.forEach((o, i) => {
       const w = this.layers[i];
       put(w.n1, o.n1); put(w.n2, o.n2);
-      put(w.wq, o.q); putT(w.wqT, o.q);
-      put(w.wk, o.k); putT(w.wkT, o.k);
-      put(w.wv, o.v); putT(w.wvT, o.v);
-      put(w.wo, o.o); putT(w.woT, o.o);
-      put(w.wg, o.g); putT(w.wgT, o.g);
-      put(w.wu, o.u); putT(w.wuT, o.u);
-      put(w.wd, o.d); putT(w.wdT, o.d);
+      putT(w.wqT, o.q); putT(w.wkT, o.k); putT(w.wvT, o.v); putT(w.woT, o.o);
+      putT(w.wgT, o.g); putT(w.wuT, o.u); putT(w.wdT, o.d);
     });
     put(this.norm as T1, this.normOffset);
   }
@@ -232,7 +228,7 @@ export class Llama {
     if (this.emb) ts.push(this.emb);
     if (this.embT) ts.push(this.embT);
     if (this.norm) ts.push(this.norm);
-    for (const l of this.layers) ts.push(l.wq, l.wqT, l.wk, l.wkT, l.wv, l.wvT, l.wo, l.woT, l.wg, l.wgT, l.wu, l.wuT, l.wd, l.wdT, l.n1, l.n2);
+    for (const l of this.layers) ts.push(l.wqT, l.wkT, l.wvT, l.woT, l.wgT, l.wuT, l.wdT, l.n1, l.n2);
     tf.dispose(ts);
     tf.dispose(this.embRows);
     this.embRows = [];
@@ -510,23 +506,30 @@ export class Llama {
     // -- MLP: out = x1 + m @ Wd^T
     // Big intermediates are freed as soon as they are used (nested scopes, explicit disposes): at micro-batch
     // 4 x seq 1024 one [N, F] tensor is 25 MB and one group's [R*T, T] 38 MB, against wasm's 4 GB.
-    const dwd = mmT(dOut, s.m);                                             // [D, F]
+    // dy^T once per weight: the left operand of dW = dy^T @ x and the right one of dx^T = W^T @ dy^T
+    const dOutT = transpose2(dOut);                                         // [D, N]
+    const dwd = tf.matMul(dOutT, s.m) as T2;                                // [D, F]
     const { dg, du } = tidy(() => {
-      const dm = tf.matMul(dOut, w.wd);                                     // [N, F]
+      const dm = transpose2(tf.matMul(w.wdT, dOutT) as T2);                 // dm = dOut @ Wd [N, F]
       // d silu(g)/dg = sg * (1 + g * (1 - sg))
       return {
         du: tf.mul(dm, s.a) as T2,
         dg: tf.mul(tf.mul(dm, s.u), tf.mul(s.sg, tf.add(1, tf.mul(s.g, tf.sub(1, s.sg))))) as T2,
       };
     });
-    const dwg = mmT(dg, s.h2), dwu = mmT(du, s.h2);                         // [F, D]
-    const dh2 = tidy(() => tf.add(tf.matMul(dg, w.wg), tf.matMul(du, w.wu)) as T2); // [N, D]
+    dOutT.dispose();
+    const dgT = transpose2(dg), duT = transpose2(du);                       // [F, N]
     tf.dispose([dg, du]);
+    const dwg = tf.matMul(dgT, s.h2) as T2, dwu = tf.matMul(duT, s.h2) as T2; // [F, D]
+    const dh2 = tidy(() => transpose2(tf.add(tf.matMul(w.wgT, dgT), tf.matMul(w.wuT, duT)) as T2)); // dg @ Wg + du @ Wu [N, D]
+    tf.dispose([dgT, duT]);
     const nb2 = rmsBackward(dh2 as T2, s.xhat2, s.r2, w.n2);
     const dx1 = tf.add(dOut, nb2.dx) as T2;
     // -- attention: x1 = x + o @ Wo^T
-    const dwo = mmT(dx1, s.o);                                              // [D, HE]
-    const dO = tf.reshape(tf.matMul(dx1, w.wo), [B, T, H, E]) as T4;        // [B,T,H,E]
+    const dx1T = transpose2(dx1);                                           // [D, N]
+    const dwo = tf.matMul(dx1T, s.o) as T2;                                 // [D, HE]
+    const dO = tf.reshape(tidy(() => transpose2(tf.matMul(w.woT, dx1T) as T2)), [B, T, H, E]) as T4; // dx1 @ Wo [B,T,H,E]
+    dx1T.dispose();
     const dOg3 = groupQ(dO, B, T, K, R, E);                                 // [G, R*T, E]
     const delta = splitFirst(tf.sum(tf.mul(dOg3, groupQ(tf.reshape(s.o, [B, T, H, E]) as T4, B, T, K, R, E)), -1, true)); // G x [R*T, 1]
     const dOg = splitFirst(dOg3);                                   // G x [R*T, E]
@@ -552,8 +555,10 @@ export class Llama {
     const dv = ungroupKvT(tf.stack(dvT) as tf.Tensor3D, B, T, K, E);        // [N, KE]
     const dq2 = tf.reshape(this.rope(dqr, tab, true), [N, H * E]) as T2;
     const dk2 = tf.reshape(this.rope(dkr, tab, true), [N, K * E]) as T2;
-    const dwq = mmT(dq2, s.h1), dwk = mmT(dk2, s.h1), dwv = mmT(dv, s.h1);    // [out, D]
-    const dh1 = tidy(() => tf.add(tf.add(tf.matMul(dq2, w.wq), tf.matMul(dk2, w.wk)), tf.matMul(dv, w.wv)) as T2); // [N, D]
+    const dq2T = transpose2(dq2), dk2T = transpose2(dk2), dv2T = transpose2(dv); // [out, N]
+    const dwq = tf.matMul(dq2T, s.h1) as T2, dwk = tf.matMul(dk2T, s.h1) as T2, dwv = tf.matMul(dv2T, s.h1) as T2; // [out, D]
+    const dh1 = tidy(() => transpose2(tf.add(tf.add(tf.matMul(w.wqT, dq2T), tf.matMul(w.wkT, dk2T)), tf.matMul(w.wvT, dv2T)) as T2)); // [N, D]
+    tf.dispose([dq2T, dk2T, dv2T]);
     const nb1 = rmsBackward(dh1 as T2, s.xhat1, s.r1, w.n1);
     const dx = tf.add(dx1, nb1.dx) as T2;
     return { dx, dwq, dwk, dwv, dwo, dn1: nb1.dw, dn2: nb2.dw, dwg, dwu, dwd };
@@ -670,14 +675,6 @@ const HEAD_K_CHUNK = 2048;
 /** tf.tidy for functions returning our own records of tensors (tfjs' TensorContainer typing lacks index-signature-free interfaces). */
 function tidy<R>(fn: () => R): R {
   return tf.tidy(fn as unknown as () => tf.TensorContainer) as unknown as R;
-}
-
-/** a^T @ b through an explicit transpose (matMul's transposeA is ~18x slower on wasm), freed at once. */
-function mmT(a: T2, b: T2): T2 {
-  const at = transpose2(a);
-  const r = tf.matMul(at, b) as T2;
-  at.dispose();
-  return r;
 }
 
 /**
