@@ -17,7 +17,7 @@ import { permSha } from "./data/permutation";
 import { loadCursor, makeCursor, saveCursor, validateResume, type Cursor } from "./data/cursor";
 import { checkNoWrap, valWindowCount } from "./data/plan";
 import { ensureDemoMix } from "./data/demo";
-import { Coordinator, checkpointDocs, type OptimizerPosition } from "./actors/coordinator";
+import { Coordinator, checkpointDocs, type OptimizerPosition, type StepResult } from "./actors/coordinator";
 import { newScaler, type LrShape } from "./actors/optim";
 import type { CheckpointOutcome, RankFault, RankMemory } from "./actors/protocol";
 import { checkpointName, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
@@ -302,7 +302,14 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
 
   for (let step = s.startStep; step < s.endStep; step++) {
     if (uploadError) break;
-    const r = await coord.step(step, pos, cfg.lr, s.lrShape);
+    let r: StepResult;
+    try {
+      r = await coord.step(step, pos, cfg.lr, s.lrShape);
+    } catch (e) {
+      // a rank failed: the checkpoint in flight holds the last good step, so let it land before stopping
+      await settle(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
+      throw e;
+    }
     const done = step + 1;
     lastLoss = r.loss;
     if (!r.applied) rep.say(`step ${done}: non-finite gradient -> step skipped (P2), ${pos.skipped} skipped so far, loss scale now ${pos.scaler.scale}`);
