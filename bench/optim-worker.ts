@@ -1,11 +1,12 @@
 /**
  * Bench worker for case 4: one thread's share of the gradient average and the AdamW update, on a
- * slice of SharedArrayBuffers, exactly as a rank runs them (reduceSlice over every slot into slot 0,
- * then adamwSlice over its [lo, hi)). Commands arrive one at a time; each answer carries the time
+ * slice of SharedArrayBuffers, exactly as a rank runs them (the SIMD kernel's reduceSliceSimd over every
+ * slot into slot 0, then adamwSliceSimd over its [lo, hi)). Commands arrive one at a time; each answer carries the time
  * the thread spent inside the call.
  */
 import { parentPort } from "node:worker_threads";
-import { adamwSlice, reduceSlice, ADAMW_DEFAULTS, type DecayRange } from "../src/actors/optim";
+import { ADAMW_DEFAULTS, type DecayRange } from "../src/actors/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 
 export interface OptimWorkerInit { params: SharedArrayBuffer; m: SharedArrayBuffer; v: SharedArrayBuffer; slots: SharedArrayBuffer[] }
 export type OptimCmd =
@@ -24,10 +25,10 @@ parentPort!.on("message", (c: OptimCmd) => {
   } else if (c.op === "reduce") {
     const w = views!;
     const slots = w.slots.map((s) => s.subarray(0, c.P));
-    sumSq = reduceSlice(slots, slots[0]!, c.invScale, c.lo, c.hi).sumSq;
+    sumSq = reduceSliceSimd(slots, slots[0]!, c.invScale, c.lo, c.hi).sumSq;
   } else {
     const w = views!;
-    adamwSlice(w.params.subarray(0, c.P), w.m.subarray(0, c.P), w.v.subarray(0, c.P), w.slots[0]!.subarray(0, c.P), c.ranges, c.lo, c.hi, { lr: c.lr, ...ADAMW_DEFAULTS }, c.coef, c.t);
+    adamwSliceSimd(w.params.subarray(0, c.P), w.m.subarray(0, c.P), w.v.subarray(0, c.P), w.slots[0]!.subarray(0, c.P), c.ranges, c.lo, c.hi, { lr: c.lr, ...ADAMW_DEFAULTS }, c.coef, c.t);
   }
   parentPort!.postMessage({ op: c.op, ms: performance.now() - t0, sumSq } satisfies OptimReply);
 });
