@@ -21,8 +21,8 @@ import type { BackendName } from "../model/backend";
 import * as os from "node:os";
 import { paramLayout, transposeRange, type ParamEntry } from "../model/layout";
 import { CTL_ABORT, CTL_WEIGHTS_VERSION, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
-import { ADAMW_DEFAULTS, clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
-import { adamwSliceSimd, reduceSliceSimd } from "./optim-simd";
+import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
+import { reduceSliceSimd, updateSlice } from "./optim-simd";
 import { type CheckpointDocs, type CheckpointJob, type CheckpointOutcome, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderInit, type WireError } from "./protocol";
 
 export interface RankSetup {
@@ -214,11 +214,7 @@ export class Coordinator {
       const t = pos.optSteps + 1;
       const { ranks: updated, ...mine } = await this.withOwn(
         this.all(() => ({ type: "update", step, lr, coef, t }), "updated", `step ${step} update`),
-        () => {
-          const [lo, hi] = this.ownSlice!, v = this.views;
-          adamwSliceSimd(v.params, v.m, v.v, v.slots[0]!, this.decayRanges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
-          transposeRange(this.entries, v.params, v.paramsT, lo, hi);
-        });
+        () => updateSlice(this.views, this.decayRanges, this.entries, ...this.ownSlice!, lr, coef, t));
       Atomics.add(this.views.ctl, CTL_WEIGHTS_VERSION, 1);
       res.applied = true;
       res.gradNorm = norm;

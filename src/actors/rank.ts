@@ -15,9 +15,8 @@ import { PackedTokenStore } from "../data/store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
 import { CTL_ABORT, CTL_WEIGHTS_VERSION, viewShared, type SharedViews } from "./shm";
-import { ADAMW_DEFAULTS } from "./optim";
-import { adamwSliceSimd, reduceSliceSimd } from "./optim-simd";
-import { paramLayout, transposeRange, type ParamEntry } from "../model/layout";
+import { reduceSliceSimd, updateSlice } from "./optim-simd";
+import { paramLayout, type ParamEntry } from "../model/layout";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 
@@ -104,8 +103,7 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
   const t0 = performance.now();
   const [lo, hi] = s.init.slice;
   const v = s.views;
-  adamwSliceSimd(v.params, v.m, v.v, v.slots[0]!, s.init.decayRanges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
-  transposeRange(s.entries, v.params, v.paramsT, lo, hi);
+  updateSlice(v, s.init.decayRanges, s.entries, lo, hi, lr, coef, t);
   return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
