@@ -1,0 +1,90 @@
+/**
+ * The compute layer's ONE kernel interface. The model (llama.ts) is written against it, llm.c style: one
+ * forward and one backward per op, on flat row-major Float32Arrays, every output buffer allocated by the
+ * caller. An engine implements it: `native` (src/model/engine/native.ts: OpenBLAS cblas_sgemm + C kernels in a
+ * Node-API addon) or `tfjs` (src/model/engine/tfjs.ts: matmul on a tfjs backend, the rest in plain JS).
+ *
+ * Shape legend:  B batch, T sequence, N = B*T tokens, D hidden, H query heads, K kv heads (GQA: kv head j
+ *                serves query heads j*H/K ... (j+1)*H/K-1), E head_dim, F ffn width, V vocab.
+ *
+ * Conventions, for every engine:
+ *  - Arrays may be views (subarrays) on ordinary memory, on a SharedArrayBuffer, or on a wasm heap; an engine
+ *    reads and writes them in place, without keeping a reference after the call returns.
+ *  - "+=" outputs ACCUMULATE into what the caller passes (gradients; the residual stream's gradient);
+ *    "=" outputs are overwritten. Inputs are never written unless the op says it works in place.
+ *  - Every kernel is deterministic: the same inputs give bit-identical outputs, run to run (exact resume, B1,
+ *    and gradient checkpointing's bit-identical gradients, M6, depend on it).
+ *  - float32 storage; an engine may accumulate in wider precision inside a kernel.
+ */
+
+export interface Kernels {
+  /** e.g. "native (OpenBLAS 0.3.21 pthread, 1 thread; AVX2 kernels)" or "tfjs wasm (XNNPACK, SIMD)". */
+  readonly name: string;
+
+  // ------------------------------------------------------------------ matrix product
+  /**
+   * C[M,N] = alpha * op(A) @ op(B) + beta * C, cblas_sgemm's row-major contract without leading dimensions:
+   * op(A) is [M,K] (A stored [M,K], or [K,M] when transA), op(B) is [K,N] (B stored [K,N], or [N,K] when
+   * transB). beta = 0 means C is overwritten (its old contents, even NaN, are ignored); beta = 1 accumulates.
+   */
+  matmul(transA: boolean, transB: boolean, M: number, N: number, K: number,
+    alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void;
+
+  // ------------------------------------------------------------------ embedding
+  /** out[N,D] = E[ids[n], :]. ids are checked by the model (0 <= id < V). */
+  embeddingForward(out: Float32Array, ids: Int32Array, E: Float32Array, N: number, D: number): void;
+  /** dE[ids[n], :] += dout[n, :] (scatter-add, in n order). */
+  embeddingBackward(dE: Float32Array, ids: Int32Array, dout: Float32Array, N: number, D: number): void;
+
+  // ------------------------------------------------------------------ RMSNorm (M4: fp32, HF LlamaRMSNorm)
+  /** rstd[n] = 1/sqrt(mean(x[n,:]^2) + eps); out[n,:] = x[n,:] * rstd[n] * w. */
+  rmsnormForward(out: Float32Array, rstd: Float32Array, x: Float32Array, w: Float32Array, N: number, D: number, eps: number): void;
+  /** dx += d/dx, dw += d/dw, from dout, the forward's input x, w and its saved rstd. */
+  rmsnormBackward(dx: Float32Array, dw: Float32Array, dout: Float32Array, x: Float32Array, w: Float32Array,
+    rstd: Float32Array, N: number, D: number): void;
+
+  // ------------------------------------------------------------------ RoPE (HF rotate_half over cat(freqs, freqs))
+  /**
+   * In place on x [B,T,nh,E]: with h = E/2 and c = cos[t,i], s = sin[t,i] (tables [T, h]):
+   *   x[i] <- x[i]*c - x[i+h]*s,   x[i+h] <- x[i+h]*c + x[i]*s     for i < h.
+   */
+  ropeForward(x: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number): void;
+  /** In place on dx [B,T,nh,E], the adjoint:  d[i] <- d[i]*c + d[i+h]*s,   d[i+h] <- d[i+h]*c - d[i]*s. */
+  ropeBackward(dx: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number): void;
+
+  // ------------------------------------------------------------------ causal attention (GQA)
+  /**
+   * q [B,T,H,E], k and v [B,T,K,E] (after RoPE). For query head h (kv head j = floor(h*K/H)):
+   *   att[b,h,t,u] = softmax_u<=t( q[b,t,h,:] . k[b,u,j,:] / sqrt(E) ),  0 for u > t   (saved: [B,H,T,T])
+   *   out[b,t,h,:] = sum_u att[b,h,t,u] * v[b,u,j,:]                                     (= out [B,T,H,E])
+   */
+  attentionForward(out: Float32Array, att: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+    B: number, T: number, H: number, K: number, E: number): void;
+  /** dq = , dk = , dv = (overwritten), from dout [B,T,H,E] and the forward's q, k, v and att. */
+  attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
+    q: Float32Array, k: Float32Array, v: Float32Array, att: Float32Array,
+    B: number, T: number, H: number, K: number, E: number): void;
+
+  // ------------------------------------------------------------------ SwiGLU
+  /** out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n = N*F elements. */
+  swigluForward(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+  /** dgate = , dup = (overwritten), from dout and the forward's gate and up. */
+  swigluBackward(dgate: Float32Array, dup: Float32Array, dout: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+
+  // ------------------------------------------------------------------ cross-entropy over the LM head's logits
+  /**
+   * logits [rows, V], one row per predicted position; targets[r] in [0, V), or -1 = no target (the row adds
+   * nothing and its gradient is 0). Returns sum over targeted rows of (logsumexp(row) - row[target]), in
+   * float64. When gradScale > 0, logits is overwritten IN PLACE by its gradient:
+   * (softmax(row) - onehot(target)) * gradScale; gradScale = 0 leaves logits untouched (evaluation).
+   * The model runs the LM head in row chunks: logits = h_chunk @ E^T, this kernel, then dh = dlogits @ E and
+   * dE += dlogits^T @ h_chunk (matmul), so [N, V] never exists at once.
+   */
+  crossEntropy(logits: Float32Array, targets: Int32Array, rows: number, V: number, gradScale: number): number;
+
+  /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
+  dispose(): void;
+}
+
+/** What `--backend` can ask for. `auto` = native when its addon loads and a BLAS is found, else tfjs. */
+export type EngineName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
