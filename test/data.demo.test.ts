@@ -7,10 +7,11 @@ import { DEMO_VOCAB, demoMixIsReusable, ensureDemoMix } from "../src/data/demo";
 import { mixFingerprint } from "../src/data/fingerprint";
 import { readManifest } from "../src/data/manifest";
 import { PackedTokenStore } from "../src/data/store";
-import { readTree, tempDir } from "./fixtures/data-synth";
+import { readTree } from "./fixtures/data-synth";
+import { tmpDir } from "./helpers/tmp";
 
-const dirA = tempDir("demoA");
-const dirB = tempDir("demoB");
+const dirA = tmpDir("demoA");
+const dirB = tmpDir("demoB");
 let rootA = "";
 
 test("the demo mix builds offline from the Brown corpus with train and val shards, in well under a minute (D1, D2)", async () => {

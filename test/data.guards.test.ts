@@ -7,7 +7,8 @@ import { mixFingerprint, verifyShards } from "../src/data/fingerprint";
 import { readManifest } from "../src/data/manifest";
 import { mixTokenWarning, valWindowCount } from "../src/data/plan";
 import { PackedTokenStore } from "../src/data/store";
-import { editManifest, tempDir, writeSyntheticMix } from "./fixtures/data-synth";
+import { editManifest, writePositionalMix } from "./helpers/mix";
+import { tmpDir } from "./helpers/tmp";
 
 /** assert.throws for a UserError whose message contains every fragment and cites the rule. */
 function refuses(fn: () => unknown, rule: string, ...fragments: string[]): void {
@@ -20,15 +21,15 @@ function refuses(fn: () => unknown, rule: string, ...fragments: string[]): void 
 }
 
 function freshMix(tag: string, val: number[] = [20]): string {
-  const root = tempDir(tag);
-  writeSyntheticMix(root, [40, 24], val);
+  const root = tmpDir(tag);
+  writePositionalMix(root, [40, 24], val);
   return root;
 }
 
 // ---- D1: the manifest
 
 test("a root without a manifest is refused with 'build the mix first' and the command to run (D1)", () => {
-  const root = tempDir("nomix");
+  const root = tmpDir("nomix");
   refuses(() => readManifest(root), "D1", `no manifest at ${path.join(root, "manifest.json")}: build the mix first (node dist/prepare.js`);
 });
 
@@ -125,7 +126,7 @@ test("samples_consumed is a pure function of the absolute step (C2)", () => {
 });
 
 test("the cursor round-trips through cursor.json, written atomically with no temp file left (C1)", () => {
-  const dir = tempDir("cur");
+  const dir = tmpDir("cur");
   assert.equal(loadCursor(dir), null);
   saveCursor(dir, cursor());
   saveCursor(dir, cursor({ step: 11, samples_consumed: 352 }));
@@ -134,7 +135,7 @@ test("the cursor round-trips through cursor.json, written atomically with no tem
 });
 
 test("a malformed cursor.json is refused, never guessed (C1)", () => {
-  const dir = tempDir("badcur");
+  const dir = tmpDir("badcur");
   fs.writeFileSync(path.join(dir, CURSOR_FILE), "{");
   refuses(() => loadCursor(dir), "C1", "is not valid JSON");
   fs.writeFileSync(path.join(dir, CURSOR_FILE), JSON.stringify({ ...cursor(), step: "10" }));

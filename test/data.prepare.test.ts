@@ -7,13 +7,14 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { readManifest } from "../src/data/manifest";
 import { isValDoc, prepareMix, valPpm } from "../src/data/prepare-mix";
 import { PackedTokenStore } from "../src/data/store";
-import { readTree, tempDir, writeTinyTokenizer } from "./fixtures/data-synth";
+import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";
+import { tmpDir } from "./helpers/tmp";
 
 const PREPARE = path.join(__dirname, "..", "prepare.js");
 const quiet = { progress: "none" as const, log: () => undefined };
 
 // A small corpus: two text files, a nested directory, a .jsonl of 30 documents, one file to skip.
-const work = tempDir("prep");
+const work = tmpDir("prep");
 const corpus = path.join(work, "corpus");
 const docs: string[] = [];
 function doc(i: number): string {

@@ -9,13 +9,14 @@ import { permSha, WindowPermutation } from "../src/data/permutation";
 import { checkNoWrap, valWindowCount } from "../src/data/plan";
 import { Geometry, permIndex, seqsPerStep, TrainStream, ValStream } from "../src/data/sampler";
 import { PackedTokenStore } from "../src/data/store";
-import { editManifest, tempDir, writeSyntheticMix } from "./fixtures/data-synth";
+import { editManifest, writePositionalMix } from "./helpers/mix";
+import { tmpDir } from "./helpers/tmp";
 
 // 448 train tokens over four uneven shards -> 64 windows of 7 tokens; S = 8 -> exactly 8 steps.
 const SEQ = 7;
 const SEED = 20260919;
-const root = tempDir("sampler");
-const manifest = writeSyntheticMix(root, [100, 37, 250, 61], [30, 19]);
+const root = tmpDir("sampler");
+const manifest = writePositionalMix(root, [100, 37, 250, 61], [30, 19]);
 const GEOMS: Geometry[] = [
   { world: 1, accum: 4, microBatch: 2, seqLen: SEQ },
   { world: 2, accum: 2, microBatch: 2, seqLen: SEQ },
@@ -96,7 +97,7 @@ test("a resume at any step through a saved cursor yields exactly the remaining w
     const full = new Map<number, number>();
     readSteps(openStream(g), 0, 8, full);
     for (let stop = 0; stop <= 8; stop++) {
-      const ck = tempDir("ckpt");
+      const ck = tmpDir("ckpt");
       saveCursor(ck, makeCursor({ step: stop, seqsPerStep: S, seqLen: SEQ, seed: SEED, fingerprint: fp, permSha: ps }));
       const { startStep, startSample } = validateResume(loadCursor(ck), { seqLen: SEQ, seed: SEED, permSha: ps, fingerprint: fp, seqsPerStep: S }, ck);
       assert.equal(startStep, stop);
@@ -143,9 +144,9 @@ test("validation reads the val split's first n_val windows in order, never shuff
 });
 
 test("reading a window from a multi-gigabyte shard does not load the shard (D8)", () => {
-  const big = tempDir("sparse");
+  const big = tmpDir("sparse");
   const tokens = 600_000_000; // 2.4 GB of uint32, sparse on disk
-  writeSyntheticMix(big, [16], [16]);
+  writePositionalMix(big, [16], [16]);
   fs.truncateSync(path.join(big, "train-00000.bin"), tokens * 4);
   editManifest(big, (o) => {
     (o.shards as Array<{ tokens: number }>)[0].tokens = tokens;

@@ -10,7 +10,8 @@ import { LocalHub } from "../src/hub/server";
 import { createHubStore } from "../src/hub/store";
 import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
-import { runTiny, tinyConfig, tmpDir } from "./helpers/run";
+import { runTiny, tinyConfig } from "./helpers/run";
+import { tmpDir } from "./helpers/tmp";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });

@@ -9,13 +9,9 @@ import { initBackend } from "../src/model/backend";
 import { buildConfig } from "../src/model/config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
+import { relErr } from "./helpers/numeric";
 import { Llama } from "../src/model/llama";
 
-function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let num = 0, den = 0;
-  for (let i = 0; i < a.length; i++) { const d = a[i] - b[i]; num += d * d; den += b[i] * b[i]; }
-  return Math.sqrt(num) / Math.sqrt(den);
-}
 
 test("the wasm LM-head backward over several vocabulary blocks matches the cpu backend's plain ops (M4)", async () => {
   const cfg = buildConfig({ seqLen: 12, layers: 1, hidden: 36, vocabSize: 5000 }); // 3 blocks: 2048, 2048, 904

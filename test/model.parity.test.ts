@@ -10,15 +10,10 @@ import * as tf from "@tensorflow/tfjs-core";
 import { initBackend } from "../src/model/backend";
 import { Llama } from "../src/model/llama";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
+import { relErr } from "./helpers/numeric";
 import { readSafetensors } from "../src/model/safetensors";
 
 
-function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  assert.equal(a.length, b.length);
-  let num = 0, den = 0;
-  for (let i = 0; i < a.length; i++) { const d = a[i] - b[i]; num += d * d; den += b[i] * b[i]; }
-  return Math.sqrt(num) / Math.sqrt(den);
-}
 
 const { cfg, ref, B, T, ids, layout, weights } = loadTinyFixture();
 const refGrads = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;

@@ -5,7 +5,8 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { writeSyntheticMix } from "./helpers/mix";
-import { runTiny, tinyConfig, tmpDir } from "./helpers/run";
+import { runTiny, tinyConfig } from "./helpers/run";
+import { tmpDir } from "./helpers/tmp";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });

@@ -5,7 +5,8 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
-import { runTiny, tinyConfig, tmpDir } from "./helpers/run";
+import { runTiny, tinyConfig } from "./helpers/run";
+import { tmpDir } from "./helpers/tmp";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
 

@@ -1,7 +1,4 @@
 // Run a small training session in-process, through the real actors, with a capturing reporter.
-import * as fs from "node:fs";
-import * as os from "node:os";
-import * as path from "node:path";
 import { parseArgs, validate, type RunConfig } from "../../src/config";
 import { runSession, type RunResult } from "../../src/run";
 import type { Reporter } from "../../src/report";
@@ -19,10 +16,6 @@ export function captureReporter(echo = false): Captured {
     metric(e: LogEntry) { metrics.push(e); },
     curve() { /* pictures are tested in report tests */ },
   };
-}
-
-export function tmpDir(prefix: string): string {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
 }
 
 /** A tiny Llama (2 layers, width 36, vocab from the mix) on a synthetic mix. */
