@@ -1,0 +1,14 @@
+{
+  "targets": [
+    {
+      "target_name": "tstrain_native",
+      "sources": ["native/tstrain.c"],
+      "cflags!": ["-O2", "-O3"],
+      "cflags": ["-O3", "-march=native", "-fno-fast-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
+      "libraries": ["-ldl", "-lm", "-lpthread"],
+      "xcode_settings": {
+        "OTHER_CFLAGS": ["-O3", "-fno-fast-math", "-std=c11"]
+      }
+    }
+  ]
+}

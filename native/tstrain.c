@@ -1,0 +1,632 @@
+/*
+ * tstrain's native CPU engine (issue 11): the Kernels interface of src/model/kernels.ts in C, as a Node-API
+ * addon. Matrix products go to the system's BLAS (cblas_sgemm), which is found at RUN time with dlopen/dlsym
+ * (loadBlas): the addon has no link-time dependency on any BLAS, so it builds where OpenBLAS is not installed.
+ * The other kernels are plain C that the compiler vectorises (-O3 -march=native, never -ffast-math: every
+ * kernel is deterministic, bit-identical run to run; sums that need it run in double, in a fixed order).
+ *
+ * Every Float32Array / Int32Array is read in place through napi_get_typedarray_info (ArrayBuffer,
+ * SharedArrayBuffer, subarray views alike): no copies. Each entry point checks the arrays' types and that
+ * they are long enough for the shapes it was given, and throws a RangeError/TypeError before touching memory.
+ */
+#define NAPI_VERSION 8
+#include <node_api.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ BLAS, found at run time */
+enum { CblasRowMajor = 101 };
+enum { CblasNoTrans = 111, CblasTrans = 112 };
+typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc);
+typedef void (*set_threads_fn)(int);
+typedef char *(*get_config_fn)(void);
+typedef int (*get_threads_fn)(void);
+
+static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
+static sgemm_fn blas_sgemm = NULL; /* process-wide: every worker thread's instance of the addon shares it */
+static char blas_path[1024];
+static char blas_config[512];
+static int blas_threads = -1;
+
+static inline void sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc) {
+  blas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+             b, ldb, beta, c, ldc);
+}
+
+/* ------------------------------------------------------------------ napi helpers */
+#define CHECK_NAPI(call)                                                                                   \
+  do {                                                                                                     \
+    if ((call) != napi_ok) {                                                                               \
+      napi_throw_error(env, NULL, "tstrain native: a Node-API call failed (" #call ")");                   \
+      return NULL;                                                                                         \
+    }                                                                                                      \
+  } while (0)
+
+static int throw_range(napi_env env, const char *fn, const char *what) {
+  char msg[300];
+  snprintf(msg, sizeof msg, "tstrain native %s: %s", fn, what);
+  napi_throw_range_error(env, NULL, msg);
+  return 0;
+}
+
+/* A typed array of the given type with at least `need` elements; returns 0 (and throws) otherwise. */
+static int get_array(napi_env env, napi_value v, napi_typedarray_type want, size_t need, void **data, const char *fn,
+                     const char *name) {
+  bool is = false;
+  if (napi_is_typedarray(env, v, &is) != napi_ok || !is) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a %s", fn, name,
+             want == napi_float32_array ? "Float32Array" : "Int32Array");
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  napi_typedarray_type t;
+  size_t len = 0;
+  if (napi_get_typedarray_info(env, v, &t, &len, data, NULL, NULL) != napi_ok || t != want) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a %s", fn, name,
+             want == napi_float32_array ? "Float32Array" : "Int32Array");
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  if (len < need) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s has %zu elements, the shapes need %zu", fn, name, len, need);
+    napi_throw_range_error(env, NULL, msg);
+    return 0;
+  }
+  if (need > 0 && *data == NULL) return throw_range(env, fn, "a detached array");
+  return 1;
+}
+
+/* A whole number in [0, 2^31): a dimension. */
+static int get_dim(napi_env env, napi_value v, int64_t *out, const char *fn, const char *name) {
+  double d;
+  if (napi_get_value_double(env, v, &d) != napi_ok || !(d >= 0 && d < 2147483648.0) || d != floor(d)) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a whole number in [0, 2^31)", fn, name);
+    napi_throw_range_error(env, NULL, msg);
+    return 0;
+  }
+  *out = (int64_t)d;
+  return 1;
+}
+
+static int get_num(napi_env env, napi_value v, double *out, const char *fn, const char *name) {
+  if (napi_get_value_double(env, v, out) != napi_ok) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a number", fn, name);
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  return 1;
+}
+
+static int get_bool(napi_env env, napi_value v, bool *out, const char *fn, const char *name) {
+  if (napi_get_value_bool(env, v, out) != napi_ok) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a boolean", fn, name);
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  return 1;
+}
+
+#define ARGS(n)                                                                                            \
+  size_t argc = (n);                                                                                       \
+  napi_value argv[(n) > 0 ? (n) : 1];                                                                      \
+  CHECK_NAPI(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));                                        \
+  if (argc < (n)) {                                                                                        \
+    napi_throw_type_error(env, NULL, "tstrain native: too few arguments");                                 \
+    return NULL;                                                                                           \
+  }
+
+#define NEED_BLAS(fn)                                                                                      \
+  if (!blas_sgemm) {                                                                                       \
+    napi_throw_error(env, NULL, "tstrain native " fn ": no BLAS loaded (call loadBlas first)");            \
+    return NULL;                                                                                           \
+  }
+
+#define F32(i, ptr, need, name) if (!get_array(env, argv[i], napi_float32_array, (size_t)(need), (void **)&(ptr), FN, name)) return NULL
+#define I32(i, ptr, need, name) if (!get_array(env, argv[i], napi_int32_array, (size_t)(need), (void **)&(ptr), FN, name)) return NULL
+#define DIM(i, var) int64_t var; if (!get_dim(env, argv[i], &var, FN, #var)) return NULL
+#define NUM(i, var) double var; if (!get_num(env, argv[i], &var, FN, #var)) return NULL
+#define BOOL(i, var) bool var; if (!get_bool(env, argv[i], &var, FN, #var)) return NULL
+
+/* ------------------------------------------------------------------ loadBlas(paths: string[]) */
+/* Tries each path with dlopen; the first that has cblas_sgemm wins. Returns { ok, path, config, threads, tried }:
+ * tried = one "path: reason" per failed candidate. Once loaded, later calls return the loaded library. */
+static napi_value set_str(napi_env env, napi_value obj, const char *key, const char *s) {
+  napi_value v;
+  napi_create_string_utf8(env, s, NAPI_AUTO_LENGTH, &v);
+  napi_set_named_property(env, obj, key, v);
+  return obj;
+}
+
+static napi_value LoadBlas(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  uint32_t n = 0;
+  bool is_arr = false;
+  CHECK_NAPI(napi_is_array(env, argv[0], &is_arr));
+  if (!is_arr) {
+    napi_throw_type_error(env, NULL, "tstrain native loadBlas: expects an array of library paths");
+    return NULL;
+  }
+  CHECK_NAPI(napi_get_array_length(env, argv[0], &n));
+  char tried[8192];
+  tried[0] = 0;
+  pthread_mutex_lock(&blas_lock);
+  for (uint32_t i = 0; i < n && !blas_sgemm; i++) {
+    napi_value e;
+    char path[1024];
+    size_t len = 0;
+    if (napi_get_element(env, argv[0], i, &e) != napi_ok ||
+        napi_get_value_string_utf8(env, e, path, sizeof path, &len) != napi_ok || len == 0)
+      continue;
+    /* OpenBLAS sizes its thread pool when it loads: ask for one thread so no idle pool is started (each rank is
+     * one thread; openblas_set_num_threads(1) below pins it in any case). The variable is put back afterwards
+     * so child processes (the bench's PyTorch) inherit the environment they had. */
+    const char *prev = getenv("OPENBLAS_NUM_THREADS");
+    char *saved = prev ? strdup(prev) : NULL;
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (saved) { setenv("OPENBLAS_NUM_THREADS", saved, 1); free(saved); } else unsetenv("OPENBLAS_NUM_THREADS");
+    char reason[1700];
+    if (!h) {
+      const char *err = dlerror();
+      if (err && strncmp(err, path, strlen(path)) == 0) snprintf(reason, sizeof reason, "%s", err);
+      else snprintf(reason, sizeof reason, "%s: %s", path, err ? err : "dlopen failed");
+    } else {
+      sgemm_fn f = (sgemm_fn)dlsym(h, "cblas_sgemm");
+      if (!f) {
+        snprintf(reason, sizeof reason, "%s: loads but has no cblas_sgemm", path);
+        dlclose(h);
+      } else {
+        set_threads_fn st = (set_threads_fn)dlsym(h, "openblas_set_num_threads");
+        get_config_fn gc = (get_config_fn)dlsym(h, "openblas_get_config");
+        get_threads_fn gt = (get_threads_fn)dlsym(h, "openblas_get_num_threads");
+        if (st) st(1);
+        blas_threads = gt ? gt() : -1;
+        snprintf(blas_path, sizeof blas_path, "%s", path);
+        if (gc) {
+          const char *c = gc();
+          snprintf(blas_config, sizeof blas_config, "%s", c ? c : "OpenBLAS");
+        } else {
+          snprintf(blas_config, sizeof blas_config, "a CBLAS without openblas_get_config (threads %s)",
+                   st ? "pinned to 1" : "not pinned");
+        }
+        blas_sgemm = f; /* the handle stays open for the life of the process */
+        reason[0] = 0;
+      }
+    }
+    if (reason[0]) {
+      size_t l = strlen(tried);
+      snprintf(tried + l, sizeof tried - l, "%s%s", l ? "; " : "", reason);
+    }
+  }
+  int ok = blas_sgemm != NULL;
+  pthread_mutex_unlock(&blas_lock);
+  napi_value obj, b, th;
+  CHECK_NAPI(napi_create_object(env, &obj));
+  napi_get_boolean(env, ok, &b);
+  napi_set_named_property(env, obj, "ok", b);
+  set_str(env, obj, "path", ok ? blas_path : "");
+  set_str(env, obj, "config", ok ? blas_config : "");
+  napi_create_int32(env, blas_threads, &th);
+  napi_set_named_property(env, obj, "threads", th);
+  set_str(env, obj, "tried", tried);
+  return obj;
+}
+
+/* What the compiler targeted (the name line). */
+static napi_value Simd(napi_env env, napi_callback_info info) {
+  (void)info;
+  const char *s =
+#if defined(__AVX512F__)
+      "AVX-512"
+#elif defined(__AVX2__) && defined(__FMA__)
+      "AVX2+FMA"
+#elif defined(__AVX2__)
+      "AVX2"
+#elif defined(__AVX__)
+      "AVX"
+#elif defined(__ARM_NEON) || defined(__aarch64__)
+      "NEON"
+#elif defined(__SSE2__)
+      "SSE2"
+#else
+      "scalar"
+#endif
+      ;
+  napi_value v;
+  napi_create_string_utf8(env, s, NAPI_AUTO_LENGTH, &v);
+  return v;
+}
+
+/* ------------------------------------------------------------------ matmul */
+#undef FN
+#define FN "matmul"
+static napi_value Matmul(napi_env env, napi_callback_info info) {
+  ARGS(10);
+  NEED_BLAS(FN);
+  BOOL(0, transA); BOOL(1, transB);
+  DIM(2, M); DIM(3, N); DIM(4, K);
+  NUM(5, alpha);
+  float *A, *Bm, *C;
+  F32(6, A, M * K, "A");
+  F32(7, Bm, K * N, "B");
+  NUM(8, beta);
+  F32(9, C, M * N, "C");
+  if (M == 0 || N == 0) return NULL;
+  if (K == 0) { /* C = beta*C, with beta = 0 ignoring C's old contents */
+    for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0.0f : (float)beta * C[i];
+    return NULL;
+  }
+  sgemm(transA, transB, (int)M, (int)N, (int)K, (float)alpha, A, transA ? (int)M : (int)K, Bm,
+        transB ? (int)K : (int)N, (float)beta, C, (int)N);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ embedding */
+#undef FN
+#define FN "embeddingForward"
+static napi_value EmbeddingForward(napi_env env, napi_callback_info info) {
+  ARGS(5);
+  DIM(3, N); DIM(4, D);
+  float *out, *E;
+  int32_t *ids;
+  F32(0, out, N * D, "out");
+  I32(1, ids, N, "ids");
+  bool is = false;
+  napi_typedarray_type t;
+  size_t elen = 0;
+  void *ed = NULL;
+  if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is ||
+      napi_get_typedarray_info(env, argv[2], &t, &elen, &ed, NULL, NULL) != napi_ok || t != napi_float32_array) {
+    napi_throw_type_error(env, NULL, "tstrain native embeddingForward: E must be a Float32Array");
+    return NULL;
+  }
+  E = (float *)ed;
+  int64_t V = D > 0 ? (int64_t)elen / D : 0;
+  for (int64_t n = 0; n < N; n++)
+    if (ids[n] < 0 || ids[n] >= V) { throw_range(env, FN, "an id is outside the embedding's rows"); return NULL; }
+  for (int64_t n = 0; n < N; n++) memcpy(out + n * D, E + (int64_t)ids[n] * D, (size_t)D * sizeof(float));
+  return NULL;
+}
+
+#undef FN
+#define FN "embeddingBackward"
+static napi_value EmbeddingBackward(napi_env env, napi_callback_info info) {
+  ARGS(5);
+  DIM(3, N); DIM(4, D);
+  float *dE, *dout;
+  int32_t *ids;
+  bool is = false;
+  napi_typedarray_type t;
+  size_t elen = 0;
+  void *ed = NULL;
+  if (napi_is_typedarray(env, argv[0], &is) != napi_ok || !is ||
+      napi_get_typedarray_info(env, argv[0], &t, &elen, &ed, NULL, NULL) != napi_ok || t != napi_float32_array) {
+    napi_throw_type_error(env, NULL, "tstrain native embeddingBackward: dE must be a Float32Array");
+    return NULL;
+  }
+  dE = (float *)ed;
+  I32(1, ids, N, "ids");
+  F32(2, dout, N * D, "dout");
+  int64_t V = D > 0 ? (int64_t)elen / D : 0;
+  for (int64_t n = 0; n < N; n++)
+    if (ids[n] < 0 || ids[n] >= V) { throw_range(env, FN, "an id is outside the embedding's rows"); return NULL; }
+  for (int64_t n = 0; n < N; n++) {
+    float *dst = dE + (int64_t)ids[n] * D;
+    const float *src = dout + n * D;
+    for (int64_t i = 0; i < D; i++) dst[i] += src[i];
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ RMSNorm */
+#undef FN
+#define FN "rmsnormForward"
+static napi_value RmsnormForward(napi_env env, napi_callback_info info) {
+  ARGS(7);
+  DIM(4, N); DIM(5, D);
+  NUM(6, eps);
+  float *out, *rstd, *x, *w;
+  F32(0, out, N * D, "out");
+  F32(1, rstd, N, "rstd");
+  F32(2, x, N * D, "x");
+  F32(3, w, D, "w");
+  for (int64_t n = 0; n < N; n++) {
+    const float *xr = x + n * D;
+    float *o = out + n * D;
+    double ss = 0;
+    for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * (double)xr[i];
+    float r = (float)(1.0 / sqrt(ss / (double)D + eps));
+    rstd[n] = r;
+    for (int64_t i = 0; i < D; i++) o[i] = (xr[i] * r) * w[i];
+  }
+  return NULL;
+}
+
+#undef FN
+#define FN "rmsnormBackward"
+static napi_value RmsnormBackward(napi_env env, napi_callback_info info) {
+  ARGS(8);
+  DIM(6, N); DIM(7, D);
+  float *dx, *dw, *dout, *x, *w, *rstd;
+  F32(0, dx, N * D, "dx");
+  F32(1, dw, D, "dw");
+  F32(2, dout, N * D, "dout");
+  F32(3, x, N * D, "x");
+  F32(4, w, D, "w");
+  F32(5, rstd, N, "rstd");
+  for (int64_t n = 0; n < N; n++) {
+    const float *xr = x + n * D, *g = dout + n * D;
+    float *dxr = dx + n * D;
+    const float r = rstd[n];
+    double dot = 0; /* sum_i dout_i * w_i * x_i */
+    for (int64_t i = 0; i < D; i++) dot += (double)(g[i] * w[i]) * (double)xr[i];
+    /* dx_i = r * (dout_i w_i) - x_i * r^3 * dot / D */
+    const float c = (float)((double)r * (double)r * (double)r * dot / (double)D);
+    for (int64_t i = 0; i < D; i++) {
+      dxr[i] += r * (g[i] * w[i]) - xr[i] * c;
+      dw[i] += g[i] * (xr[i] * r);
+    }
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ RoPE */
+static napi_value rope(napi_env env, napi_callback_info info, int backward, const char *fn) {
+#undef FN
+#define FN fn
+  ARGS(7);
+  DIM(3, B); DIM(4, T); DIM(5, nh); DIM(6, E);
+  if (E % 2) { throw_range(env, FN, "E (head_dim) must be even"); return NULL; }
+  const int64_t h = E / 2;
+  float *x, *cs, *sn;
+  F32(0, x, B * T * nh * E, "x");
+  F32(1, cs, T * h, "cos");
+  F32(2, sn, T * h, "sin");
+  const float sg = backward ? -1.0f : 1.0f; /* forward rotates by +theta, the adjoint by -theta */
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      const float *c = cs + t * h, *s = sn + t * h;
+      for (int64_t j = 0; j < nh; j++) {
+        float *p = x + ((b * T + t) * nh + j) * E;
+        for (int64_t i = 0; i < h; i++) {
+          const float x0 = p[i], x1 = p[i + h], si = sg * s[i];
+          p[i] = x0 * c[i] - x1 * si;
+          p[i + h] = x1 * c[i] + x0 * si;
+        }
+      }
+    }
+  return NULL;
+#undef FN
+}
+static napi_value RopeForward(napi_env env, napi_callback_info info) { return rope(env, info, 0, "ropeForward"); }
+static napi_value RopeBackward(napi_env env, napi_callback_info info) { return rope(env, info, 1, "ropeBackward"); }
+
+/* ------------------------------------------------------------------ causal attention (GQA) */
+/* Row blocks of the causal products: a block of query rows [t0, t1) only meets keys [0, t1), so the
+ * products skip (nearly) the upper triangle instead of computing it and throwing it away. */
+#define ATT_BLOCK 64
+
+#define FN "attentionForward"
+static napi_value AttentionForward(napi_env env, napi_callback_info info) {
+  ARGS(10);
+  NEED_BLAS(FN);
+  DIM(5, B); DIM(6, T); DIM(7, H); DIM(8, K); DIM(9, E);
+  if (K == 0 || H % K) { throw_range(env, FN, "H must be a multiple of K (GQA)"); return NULL; }
+  float *out, *att, *q, *k, *v;
+  F32(0, out, B * T * H * E, "out");
+  F32(1, att, B * H * T * T, "att");
+  F32(2, q, B * T * H * E, "q");
+  F32(3, k, B * T * K * E, "k");
+  F32(4, v, B * T * K * E, "v");
+  if (T == 0 || E == 0) return NULL;
+  const float scale = (float)(1.0 / sqrt((double)E));
+  const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t hh = 0; hh < H; hh++) {
+      const int64_t j = hh * K / H;
+      const float *qp = q + (b * T * H + hh) * E;
+      const float *kp = k + (b * T * K + j) * E;
+      const float *vp = v + (b * T * K + j) * E;
+      float *ap = att + (b * H + hh) * T * T;
+      float *op = out + (b * T * H + hh) * E;
+      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+        const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
+        /* scores[t0:t1, 0:t1] = scale * q_rows @ k^T */
+        sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
+        for (int64_t t = t0; t < t1; t++) {
+          float *row = ap + t * T;
+          float mx = row[0];
+          for (int64_t u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
+          double sum = 0;
+          for (int64_t u = 0; u <= t; u++) {
+            const float e = expf(row[u] - mx);
+            row[u] = e;
+            sum += e;
+          }
+          const float inv = (float)(1.0 / sum);
+          for (int64_t u = 0; u <= t; u++) row[u] *= inv;
+          for (int64_t u = t + 1; u < T; u++) row[u] = 0.0f;
+        }
+        /* out[t0:t1] = att[t0:t1, 0:t1] @ v[0:t1] */
+        sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ap + t0 * T, lda, vp, ldk, 0.0f, op + t0 * ldq, ldq);
+      }
+    }
+  return NULL;
+}
+
+#undef FN
+#define FN "attentionBackward"
+static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
+  ARGS(13);
+  NEED_BLAS(FN);
+  DIM(8, B); DIM(9, T); DIM(10, H); DIM(11, K); DIM(12, E);
+  if (K == 0 || H % K) { throw_range(env, FN, "H must be a multiple of K (GQA)"); return NULL; }
+  float *dq, *dk, *dv, *dout, *q, *k, *v, *att;
+  F32(0, dq, B * T * H * E, "dq");
+  F32(1, dk, B * T * K * E, "dk");
+  F32(2, dv, B * T * K * E, "dv");
+  F32(3, dout, B * T * H * E, "dout");
+  F32(4, q, B * T * H * E, "q");
+  F32(5, k, B * T * K * E, "k");
+  F32(6, v, B * T * K * E, "v");
+  F32(7, att, B * H * T * T, "att");
+  memset(dk, 0, (size_t)(B * T * K * E) * sizeof(float));
+  memset(dv, 0, (size_t)(B * T * K * E) * sizeof(float));
+  if (T == 0 || E == 0) { memset(dq, 0, (size_t)(B * T * H * E) * sizeof(float)); return NULL; }
+  float *ds = (float *)malloc((size_t)(T * T) * sizeof(float));
+  if (!ds) { napi_throw_error(env, NULL, "tstrain native attentionBackward: out of memory"); return NULL; }
+  const float scale = (float)(1.0 / sqrt((double)E));
+  const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t hh = 0; hh < H; hh++) {
+      const int64_t j = hh * K / H;
+      const float *qp = q + (b * T * H + hh) * E, *dop = dout + (b * T * H + hh) * E;
+      const float *kp = k + (b * T * K + j) * E, *vp = v + (b * T * K + j) * E;
+      const float *ap = att + (b * H + hh) * T * T;
+      float *dqp = dq + (b * T * H + hh) * E, *dkp = dk + (b * T * K + j) * E, *dvp = dv + (b * T * K + j) * E;
+      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+        const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
+        /* datt[t0:t1, 0:t1] = dout_rows @ v^T */
+        sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vp, ldk, 0.0f, ds + t0 * T, lda);
+        /* dscores = att * (datt - sum_u att*datt) * scale, over u <= t; 0 above the diagonal */
+        for (int64_t t = t0; t < t1; t++) {
+          const float *ar = ap + t * T;
+          float *dr = ds + t * T;
+          double dot = 0;
+          for (int64_t u = 0; u <= t; u++) dot += (double)ar[u] * (double)dr[u];
+          const float d = (float)dot;
+          for (int64_t u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - d) * scale;
+          for (int64_t u = t + 1; u < t1; u++) dr[u] = 0.0f;
+        }
+        /* dq[t0:t1] = dscores[t0:t1, 0:t1] @ k[0:t1] */
+        sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ds + t0 * T, lda, kp, ldk, 0.0f, dqp + t0 * ldq, ldq);
+      }
+      /* key/value block [u0, u1) gets contributions from query rows t >= u0 only:
+       *   dv[u0:u1] += att[u0:T, u0:u1]^T @ dout[u0:T],   dk[u0:u1] += dscores[u0:T, u0:u1]^T @ q[u0:T] */
+      for (int64_t u0 = 0; u0 < T; u0 += ATT_BLOCK) {
+        const int64_t u1 = u0 + ATT_BLOCK < T ? u0 + ATT_BLOCK : T;
+        sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq, 1.0f,
+              dvp + u0 * ldk, ldk);
+        sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ds + u0 * T + u0, lda, qp + u0 * ldq, ldq, 1.0f,
+              dkp + u0 * ldk, ldk);
+      }
+    }
+  free(ds);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ SwiGLU */
+#undef FN
+#define FN "swigluForward"
+static napi_value SwigluForward(napi_env env, napi_callback_info info) {
+  ARGS(4);
+  DIM(3, n);
+  float *out, *g, *u;
+  F32(0, out, n, "out");
+  F32(1, g, n, "gate");
+  F32(2, u, n, "up");
+  for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+  return NULL;
+}
+
+#undef FN
+#define FN "swigluBackward"
+static napi_value SwigluBackward(napi_env env, napi_callback_info info) {
+  ARGS(6);
+  DIM(5, n);
+  float *dg, *du, *dout, *g, *u;
+  F32(0, dg, n, "dgate");
+  F32(1, du, n, "dup");
+  F32(2, dout, n, "dout");
+  F32(3, g, n, "gate");
+  F32(4, u, n, "up");
+  for (int64_t i = 0; i < n; i++) {
+    const float x = g[i], sig = 1.0f / (1.0f + expf(-x)), d = dout[i];
+    /* read everything before writing: dgate/dup may alias dout in a caller that works in place */
+    const float up = u[i];
+    du[i] = d * (x * sig);
+    dg[i] = d * up * (sig * (1.0f + x * (1.0f - sig)));
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+#undef FN
+#define FN "crossEntropy"
+static napi_value CrossEntropy(napi_env env, napi_callback_info info) {
+  ARGS(5);
+  DIM(2, rows); DIM(3, V);
+  NUM(4, gradScale);
+  float *lg;
+  int32_t *tg;
+  F32(0, lg, rows * V, "logits");
+  I32(1, tg, rows, "targets");
+  if (!(gradScale >= 0) || !isfinite(gradScale)) { throw_range(env, FN, "gradScale must be finite and >= 0"); return NULL; }
+  for (int64_t r = 0; r < rows; r++)
+    if (tg[r] < -1 || tg[r] >= V) { throw_range(env, FN, "a target is outside [-1, V)"); return NULL; }
+  double loss = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    float *x = lg + r * V;
+    const int32_t t = tg[r];
+    if (t < 0) {
+      if (gradScale > 0) memset(x, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    if (V == 0) continue;
+    float mx = x[0];
+    for (int64_t i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    const double xt = x[t];
+    double sum = 0;
+    if (gradScale > 0) {
+      for (int64_t i = 0; i < V; i++) {
+        const float e = expf(x[i] - mx);
+        x[i] = e;
+        sum += e;
+      }
+      const double k = gradScale / sum;
+      for (int64_t i = 0; i < V; i++) x[i] = (float)((double)x[i] * k);
+      x[t] = (float)((double)x[t] - gradScale);
+    } else {
+      for (int64_t i = 0; i < V; i++) sum += expf(x[i] - mx);
+    }
+    loss += (double)mx + log(sum) - xt;
+  }
+  napi_value ret;
+  CHECK_NAPI(napi_create_double(env, loss, &ret));
+  return ret;
+}
+
+/* ------------------------------------------------------------------ module */
+NAPI_MODULE_INIT() {
+  napi_property_descriptor props[] = {
+      {"loadBlas", NULL, LoadBlas, NULL, NULL, NULL, napi_default, NULL},
+      {"simd", NULL, Simd, NULL, NULL, NULL, napi_default, NULL},
+      {"matmul", NULL, Matmul, NULL, NULL, NULL, napi_default, NULL},
+      {"embeddingForward", NULL, EmbeddingForward, NULL, NULL, NULL, napi_default, NULL},
+      {"embeddingBackward", NULL, EmbeddingBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"rmsnormForward", NULL, RmsnormForward, NULL, NULL, NULL, napi_default, NULL},
+      {"rmsnormBackward", NULL, RmsnormBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"ropeForward", NULL, RopeForward, NULL, NULL, NULL, napi_default, NULL},
+      {"ropeBackward", NULL, RopeBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionForward", NULL, AttentionForward, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionBackward", NULL, AttentionBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
+      {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},
+  };
+  if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
+  return exports;
+}
