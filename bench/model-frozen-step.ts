@@ -17,7 +17,7 @@
  *        [--layers N] [--backend wasm] [--ckpt-keep-mb 512 (0: whole-block recomputation)]
  */
 import * as tf from "@tensorflow/tfjs-core";
-import { initBackend, type BackendName } from "../src/model/backend";
+import { initEngine, type BackendName } from "../src/model/backend";
 import { buildConfig, countParams } from "../src/model/config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
@@ -61,16 +61,16 @@ function matmulRates(m: number, k: number, n: number, reps: number): number[] {
 
 export async function frozenStepBench(o: { seq: number; microBatch: number; gradCkpt: boolean; calls: number; layers?: number; backend?: BackendName; ckptKeepBytes?: number; log?: (s: string) => void }): Promise<Record<string, unknown>> {
   const log = o.log ?? (() => undefined);
-  const be = await initBackend(o.backend ?? "wasm");
+  const be = await initEngine(o.backend ?? "wasm");
   const cfg = buildConfig({ seqLen: o.seq, layers: o.layers });
   const { total } = paramLayout(cfg);
   const params = countParams(cfg).sum_numel;
   const w = new Float32Array(total);
   initWeights(cfg, 20260919, w);
-  const m = new Llama(cfg, { gradCkpt: o.gradCkpt, ckptKeepBytes: o.ckptKeepBytes });
+  const m = new Llama(cfg, be.kernels, { gradCkpt: o.gradCkpt });
   try {
     let t0 = performance.now();
-    m.setWeights(w);
+    m.bindParams(w);
     const setMs = performance.now() - t0;
     const ids = new Int32Array(o.microBatch * o.seq);
     let s = 12345;
@@ -105,7 +105,7 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     const mfu = (flopsPerTok * tokPerS) / (gflops * 1e9);
     const heap = wasmHeapBytes();
     return {
-      case: "frozen-step", backend: be.backend, detail: be.detail, world: 1, params, layers: cfg.numLayers,
+      case: "frozen-step", backend: be.engine, detail: be.detail, world: 1, params, layers: cfg.numLayers,
       seq_len: o.seq, micro_batch: o.microBatch, grad_ckpt: o.gradCkpt, ckpt_keep_bytes: o.ckptKeepBytes ?? "default", calls: o.calls,
       step_ms_median: +stepMedian.toFixed(1), step_ms: stepMs.map((x) => +x.toFixed(1)), step_cpu_ms: cpuMs.map((x) => +x.toFixed(1)),
       tok_per_s: +tokPerS.toFixed(2),

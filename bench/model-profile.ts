@@ -6,7 +6,7 @@
  * Usage: node dist/bench/model-profile.js [--seq 256] [--micro 1] [--no-ckpt] [--calls 3] [--top 40]
  */
 import * as tf from "@tensorflow/tfjs-core";
-import { initBackend } from "../src/model/backend";
+import { initEngine } from "../src/model/backend";
 import { buildConfig } from "../src/model/config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
@@ -57,15 +57,15 @@ async function main(): Promise<void> {
   const seq = Number(arg("--seq", "256")), micro = Number(arg("--micro", "1")), calls = Number(arg("--calls", "3"));
   const top = Number(arg("--top", "40"));
   const gradCkpt = !process.argv.includes("--no-ckpt");
-  await initBackend("wasm");
+  const be = await initEngine("wasm");
   tf.env().set("CHECK_COMPUTATION_FOR_ERRORS", false);
   instrument("wasm");
   const cfg = buildConfig({ seqLen: seq });
   const { total } = paramLayout(cfg);
   const w = new Float32Array(total);
   initWeights(cfg, 20260919, w);
-  const m = new Llama(cfg, { gradCkpt });
-  m.setWeights(w);
+  const m = new Llama(cfg, be.kernels, { gradCkpt });
+  m.bindParams(w);
   const ids = new Int32Array(micro * seq);
   let s = 12345;
   for (let i = 0; i < ids.length; i++) { s = (Math.imul(s, 1103515245) + 12345) >>> 0; ids[i] = s % cfg.vocabSize; }

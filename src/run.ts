@@ -390,8 +390,8 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
   const mem: RankMemory[] = await coord.memory();
   const rss = process.memoryUsage().rss;
   const memJson = {
-    per_rank: mem.map((m) => ({ rank: m.rank, heap_mb: mb(m.heapPeakBytes), tf_tensors_mb: mb(m.tfPeakBytes), wasm_heap_mb: mb(m.wasmHeapBytes) })),
-    max_rank_mb: Math.max(...mem.map((m) => mb(m.heapPeakBytes + Math.max(m.tfPeakBytes, m.wasmHeapBytes)))),
+    per_rank: mem.map((m) => ({ rank: m.rank, heap_mb: mb(m.heapPeakBytes), tf_tensors_mb: mb(m.tfPeakBytes), wasm_heap_mb: mb(m.wasmHeapBytes), arena_mb: mb(m.arenaBytes) })),
+    max_rank_mb: Math.max(...mem.map((m) => mb(m.heapPeakBytes + m.arenaBytes + Math.max(m.tfPeakBytes, m.wasmHeapBytes)))),
     process_rss_mb: mb(rss),
   };
   rep.say(`memory: ${JSON.stringify(memJson)}`);

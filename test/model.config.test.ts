@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { UserError } from "../src/errors";
 import { buildConfig, configFromHf, countParams, FROZEN, hfConfigJson } from "../src/model/config";
 import { initWeights, NormalStream, Xoshiro128 } from "../src/model/init";
-import { paramLayout, transposeRange } from "../src/model/layout";
+import { paramLayout } from "../src/model/layout";
 
 const FIX = path.join(__dirname, "..", "..", "test", "fixtures", "llama-tiny");
 
@@ -124,35 +124,6 @@ test("the flat layout follows HF order and shapes, totals countParams, and marks
     at += e.size;
   }
   assert.ok(!entries.some((e) => e.name.startsWith("lm_head")), "no lm_head: the embedding is tied");
-});
-
-test("the transposed twin: every 2-D entry transposed, 1-D copied, and any split into slices builds the same twin", () => {
-  const c = buildConfig({ seqLen: 64, layers: 2, hidden: 144, vocabSize: 300 });
-  const { entries, total } = paramLayout(c);
-  const src = new Float32Array(total);
-  for (let i = 0; i < total; i++) src[i] = i; // every value names its own index
-  const whole = new Float32Array(total);
-  transposeRange(entries, src, whole, 0, total);
-  for (const e of entries) {
-    if (e.shape.length === 1) {
-      for (let i = 0; i < e.size; i++) assert.equal(whole[e.offset + i], e.offset + i, e.name);
-      continue;
-    }
-    const [rows, cols] = e.shape;
-    for (let r = 0; r < rows; r += 7) for (let cc = 0; cc < cols; cc += 5) {
-      assert.equal(whole[e.offset + cc * rows + r], e.offset + r * cols + cc, `${e.name}[${r},${cc}]`);
-    }
-  }
-  // slices that cut rows and entries anywhere (as the per-rank optimizer slices do) fill the same twin
-  for (const parts of [2, 3, 7]) {
-    const t = new Float32Array(total).fill(Number.NaN);
-    const cuts = [0];
-    for (let p = 1; p < parts; p++) cuts.push(Math.floor((total * p) / parts) + 13 * p);
-    cuts.push(total);
-    for (let p = 0; p < parts; p++) transposeRange(entries, src, t, cuts[p], cuts[p + 1]);
-    assert.deepEqual(t, whole, `${parts} slices`);
-  }
-  assert.throws(() => transposeRange(entries, src, whole, 5, total + 1), /\[5, \d+\) is not a range/);
 });
 
 test("initWeights is deterministic for a seed, normal(0, 0.02) on the matrices and ones on the norms (M5)", () => {

@@ -1,46 +1,50 @@
 /**
- * The wasm LM head's backward (JS scaling/transposes on heap views, dh as a sum over vocabulary blocks of 2048
- * rows) against the plain tfjs ops of the cpu backend, on a vocabulary of several blocks with a partial last one
- * and token chunks: loss, and every gradient within float rounding; and wasm run to run bit-identical.
+ * The engines agree (#11): on a 3-kv-head GQA shape (9 query heads, head_dim 22) with a vocabulary the LM head
+ * covers in several token chunks, every engine's loss and every gradient match tfjs-wasm's within float rounding
+ * (1e-5 relative), with the head chunked or not. tfjs-wasm is the reference: its matmul is XNNPACK's, the rest
+ * is the plain-JS kernels (src/model/engine/js.ts); native is OpenBLAS + C.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { initBackend } from "../src/model/backend";
 import { buildConfig } from "../src/model/config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
-import { relErr } from "./helpers/numeric";
 import { Llama } from "../src/model/llama";
+import { relErr } from "./helpers/numeric";
+import { ENGINES, useEngine } from "./helpers/engines";
 
 
-test("the wasm LM-head backward over several vocabulary blocks matches the cpu backend's plain ops (M4)", async () => {
-  const cfg = buildConfig({ seqLen: 12, layers: 1, hidden: 36, vocabSize: 5000 }); // 3 blocks: 2048, 2048, 904
-  const { entries, total } = paramLayout(cfg);
-  const w = new Float32Array(total);
-  initWeights(cfg, 7, w);
-  const B = 2, T = 12;
-  const ids = new Int32Array(B * T);
-  for (let i = 0; i < ids.length; i++) ids[i] = (i * 2654435761) % cfg.vocabSize;
-  const run = async (backend: "wasm" | "cpu", headChunkTokens?: number) => {
-    await initBackend(backend);
-    const m = new Llama(cfg, { gradCkpt: true, headChunkTokens });
-    m.setWeights(w);
-    const g = new Float32Array(total);
-    const loss = m.lossAndGrads(ids, B, T, 3, g);
-    m.dispose();
-    return { loss, g };
-  };
-  const cpu = await run("cpu");
-  const wasm = await run("wasm");
-  const wasm2 = await run("wasm");
-  const chunked = await run("wasm", 7); // 24 tokens -> 4 token chunks, the last partial
-  assert.equal(wasm2.loss, wasm.loss);
-  assert.deepEqual(wasm2.g, wasm.g);
-  for (const r of [wasm, chunked]) {
-    assert.ok(Math.abs(r.loss - cpu.loss) / cpu.loss < 1e-6, `loss ${r.loss} vs ${cpu.loss}`);
-    for (const e of entries) {
-      const err = relErr(r.g.subarray(e.offset, e.offset + e.size), cpu.g.subarray(e.offset, e.offset + e.size));
-      assert.ok(err < 1e-5, `${e.name}: rel err ${err}`);
-    }
+const cfg = buildConfig({ seqLen: 12, layers: 2, hidden: 198, vocabSize: 5000 });
+const { entries, total } = paramLayout(cfg);
+const w = new Float32Array(total);
+initWeights(cfg, 7, w);
+const B = 2, T = 12;
+const ids = Int32Array.from({ length: B * T }, (_, i) => (i * 2654435761) % cfg.vocabSize);
+
+const results = new Map<string, { loss: number; g: Float32Array; logits: Float32Array }>();
+
+for (const engine of ENGINES) {
+  for (const headChunkTokens of [undefined, 7]) { // 24 tokens -> 4 chunks, the last partial
+    test(`on ${engine} (head chunk ${headChunkTokens ?? "default"}), a 3-kv-head GQA model matches tfjs-wasm's loss and every gradient within 1e-5 (M4)`, async (t) => {
+      assert.equal(cfg.numKvHeads, 3);
+      const e = await useEngine(t, engine);
+      if (!e) return;
+      const m = new Llama(cfg, e.kernels, { gradCkpt: true, headChunkTokens });
+      m.bindParams(w);
+      const g = new Float32Array(total);
+      const r = { loss: m.lossAndGrads(ids, B, T, 3, g), g, logits: m.logits(ids, B, T) };
+      results.set(`${engine}/${headChunkTokens}`, r);
+      const want = results.get("wasm/undefined");
+      assert.ok(want, "the tfjs-wasm reference ran first");
+      assert.ok(Math.abs(r.loss - want.loss) / want.loss < 1e-6, `loss ${r.loss} vs ${want.loss}`);
+      assert.ok(relErr(r.logits, want.logits) < 1e-5, `logits rel err ${relErr(r.logits, want.logits)}`);
+      let worst = 0, at = "";
+      for (const en of entries) {
+        const err = relErr(g.subarray(en.offset, en.offset + en.size), want.g.subarray(en.offset, en.offset + en.size));
+        assert.ok(err < 1e-5, `${en.name}: rel err ${err}`);
+        if (err > worst) { worst = err; at = en.name; }
+      }
+      console.log(`# GQA ${engine} chunk=${headChunkTokens ?? "default"} vs tfjs-wasm: loss ${(Math.abs(r.loss - want.loss) / want.loss).toExponential(2)}, worst gradient ${worst.toExponential(2)} (${at})`);
+    });
   }
-});
+}

@@ -1,7 +1,7 @@
 /**
  * The coordinator's own optimizer slice (A2): with a core the ranks leave idle it takes one slice of the reduce and
  * of the AdamW update. The weights must not depend on who runs which slice (up to the order the slices' sums of
- * squares are added in), and the transposed twin the ranks refresh from must be exactly the weights' transpose.
+ * squares are added in).
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -9,13 +9,12 @@ import { Coordinator, type OptimizerPosition } from "../src/actors/coordinator";
 import { newScaler } from "../src/actors/optim";
 import { buildConfig } from "../src/model/config";
 import { initWeights } from "../src/model/init";
-import { paramLayout, transposeRange } from "../src/model/layout";
 import { writeSyntheticMix } from "./helpers/mix";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
 const model = buildConfig({ seqLen: 32, layers: 2, hidden: 144, vocabSize: 64 });
 
-async function train(world: number, coordinatorShare: boolean, steps: number): Promise<{ params: Float32Array; twinOk: boolean; own: boolean; norms: number[] }> {
+async function train(world: number, coordinatorShare: boolean, steps: number): Promise<{ params: Float32Array; own: boolean; norms: number[] }> {
   const coord = Coordinator.create({
     world, model, gradCkpt: true, backend: "wasm", fault: null, coordinatorShare,
     data: { root: mix.root, seqLen: 32, dataSeed: 3, microBatch: 2, accum: 2 / world, nVal: 0 },
@@ -30,22 +29,18 @@ async function train(world: number, coordinatorShare: boolean, steps: number): P
       assert.ok(r.applied, `step ${s} applied`);
       norms.push(r.gradNorm!);
     }
-    const { entries, total } = paramLayout(model);
-    const twin = new Float32Array(total);
-    transposeRange(entries, coord.views.params, twin, 0, total);
-    return { params: Float32Array.from(coord.views.params), twinOk: Buffer.compare(Buffer.from(twin.buffer), Buffer.from(Float32Array.from(coord.views.paramsT).buffer)) === 0, own: coord.ownSlice !== null, norms };
+    return { params: Float32Array.from(coord.views.params), own: coord.ownSlice !== null, norms };
   } finally {
     await coord.close();
   }
 }
 
-test("the coordinator's optimizer slice changes nothing but the clip coefficient's last bits; the twin stays exact (A2, B4)", { timeout: 120_000 }, async () => {
+test("the coordinator's optimizer slice changes nothing but the clip coefficient's last bits (A2, B4)", { timeout: 120_000 }, async () => {
   const ranksOnly = await train(1, false, 4);
   const shared = await train(1, true, 4);
   const w2 = await train(2, true, 4);
   assert.equal(ranksOnly.own, false);
   assert.equal(shared.own, true);
-  for (const r of [ranksOnly, shared, w2]) assert.ok(r.twinOk, "paramsT is exactly the transpose of params after every update");
   assert.ok(ranksOnly.norms.some((n) => n > 1), `the clip is active in some step (norms ${ranksOnly.norms.map((n) => n.toFixed(3))}), so the slice order matters there`);
   let worst = 0;
   for (const r of [shared, w2]) {

@@ -4,20 +4,21 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";
-import { initBackend } from "../src/model/backend";
 import { Llama } from "../src/model/llama";
 import { readSafetensors, tensorsToFlat } from "../src/model/safetensors";
 import { clipCoef } from "../src/actors/optim";
 import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
+import { ENGINES, useEngine } from "./helpers/engines";
 
-for (const backend of ["wasm", "cpu"] as const) {
-  test(`one clipped AdamW step from the fixture's loss equals after_adamw within 2e-6 on ${backend}, with the loss scaled by 65536`, async () => {
-    await initBackend(backend);
+for (const backend of ENGINES) {
+  test(`one clipped AdamW step from the fixture's loss equals after_adamw within 2e-6 on ${backend}, with the loss scaled by 65536`, async (tc) => {
+    const engine = await useEngine(tc, backend);
+    if (!engine) return;
     const { cfg, ref, layout, weights, ids } = loadTinyFixture();
     const params = weights;
-    const model = new Llama(cfg, { gradCkpt: true });
-    model.setWeights(params);
+    const model = new Llama(cfg, engine.kernels, { gradCkpt: true });
+    model.bindParams(params);
     // Two "ranks" of one sequence each, as the coordinator would average them.
     const T = ids.length / 2;
     const slotA = new Float32Array(layout.total), slotB = new Float32Array(layout.total);

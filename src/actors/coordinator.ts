@@ -9,8 +9,8 @@
  * One step, as messages (every phase is a barrier: all ranks answer before the next phase):
  *   compute(step, scale) -> each rank sums its accum micro-batch gradients into its slot
  *   reduce(1/(world*accum*scale)) -> slot 0 = averaged, unscaled gradient; per-slice sum of squares
- *   skip (non-finite) | update(lr, clip coef, t) -> AdamW on each rank's slice of the master weights,
- *                                                 then that slice of their transposed twin (shm.ts)
+ *   skip (non-finite) | update(lr, clip coef, t) -> AdamW on each rank's slice of the master weights, which the
+ *                                                 ranks' models read directly in the next compute (shm.ts)
  */
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
@@ -19,8 +19,8 @@ import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import type { LlamaConfig } from "../model/config";
 import type { BackendName } from "../model/backend";
 import * as os from "node:os";
-import { paramLayout, transposeRange, type ParamEntry } from "../model/layout";
-import { CTL_ABORT, CTL_WEIGHTS_VERSION, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
+import { paramLayout } from "../model/layout";
+import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
 import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
 import { type CheckpointDocs, type CheckpointJob, type CheckpointOutcome, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderInit, type WireError } from "./protocol";
@@ -125,7 +125,6 @@ export class Coordinator {
   readonly views: SharedViews;
   readonly P: number;
   readonly decayRanges: DecayRange[];
-  readonly entries: ParamEntry[];
   /** The coordinator's own [lo, hi) of the reduce and update, or null (see RankSetup.coordinatorShare). */
   readonly ownSlice: [number, number] | null;
   private readonly rankSlices: Array<[number, number]>;
@@ -138,7 +137,6 @@ export class Coordinator {
   private constructor(readonly setup: RankSetup) {
     const layout = paramLayout(setup.model);
     this.P = layout.total;
-    this.entries = layout.entries;
     this.decayRanges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
     const share = setup.coordinatorShare ?? setup.world < os.availableParallelism();
     const parts = slices(this.P, setup.world + (share ? 1 : 0));
@@ -155,8 +153,6 @@ export class Coordinator {
 
   /** Start every rank and wait until each has built its backend, model and data stream. */
   async spawn(): Promise<void> {
-    // params were filled by the caller (init or checkpoint): their twin once, whole; after that `update` keeps it
-    transposeRange(this.entries, this.views.params, this.views.paramsT, 0, this.P);
     const parts = this.rankSlices;
     for (let r = 0; r < this.setup.world; r++) this.ranks.push(new RankHandle(r));
     const ready = await this.all((h) => ({
@@ -214,8 +210,7 @@ export class Coordinator {
       const t = pos.optSteps + 1;
       const { ranks: updated, ...mine } = await this.withOwn(
         this.all(() => ({ type: "update", step, lr, coef, t }), "updated", `step ${step} update`),
-        () => updateSlice(this.views, this.decayRanges, this.entries, ...this.ownSlice!, lr, coef, t));
-      Atomics.add(this.views.ctl, CTL_WEIGHTS_VERSION, 1);
+        () => updateSlice(this.views, this.decayRanges, ...this.ownSlice!, lr, coef, t));
       res.applied = true;
       res.gradNorm = norm;
       res.updateMs = Math.max(mine.ms, ...updated.map((m) => m.ms));

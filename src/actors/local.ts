@@ -4,9 +4,9 @@
  * runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
  * of one step of the actor run (same windows, same update), and the bench can compare the two.
  */
-import * as tf from "@tensorflow/tfjs-core";
 import { Llama } from "../model/llama";
-import { initBackend, type BackendName } from "../model/backend";
+import { initEngine, type BackendName } from "../model/backend";
+import type { Kernels } from "../model/kernels";
 import { initWeights } from "../model/init";
 import { paramLayout } from "../model/layout";
 import type { LlamaConfig } from "../model/config";
@@ -41,10 +41,9 @@ export class LocalTrainer {
   private readonly ranges: DecayRange[];
   private readonly stream: TrainStream;
   private readonly ids: Int32Array;
-  private weightsDirty = true;
   backend = "?";
 
-  private constructor(readonly setup: LocalSetup, readonly llama: Llama) {
+  private constructor(readonly setup: LocalSetup, readonly llama: Llama, private readonly kernels: Kernels) {
     const layout = paramLayout(setup.model);
     this.params = new Float32Array(layout.total);
     this.m = new Float32Array(layout.total);
@@ -57,19 +56,19 @@ export class LocalTrainer {
     this.stream = new TrainStream(store, perm, { world: setup.world, accum: setup.accum, microBatch: setup.microBatch, seqLen: setup.seqLen });
     this.ids = new Int32Array(setup.microBatch * setup.seqLen);
     initWeights(setup.model, setup.seed, this.params);
+    llama.bindParams(this.params); // AdamW updates them in place; the next pass reads them as they are
   }
 
   static async create(setup: LocalSetup): Promise<LocalTrainer> {
-    const be = await initBackend(setup.backend);
-    const t = new LocalTrainer(setup, new Llama(setup.model, { gradCkpt: setup.gradCkpt }));
-    t.backend = be.backend;
+    const be = await initEngine(setup.backend);
+    const t = new LocalTrainer(setup, new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }), be.kernels);
+    t.backend = be.engine;
     return t;
   }
 
   step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): StepResult {
     const { world, accum, microBatch, seqLen } = this.setup;
     const t0 = performance.now();
-    if (this.weightsDirty) { this.llama.setWeights(this.params); this.weightsDirty = false; }
     const scale = pos.scaler.scale;
     this.grad.fill(0);
     let lossSum = 0;
@@ -87,7 +86,6 @@ export class LocalTrainer {
     if (red.finite) {
       const norm = Math.sqrt(red.sumSq);
       adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr, ...ADAMW_DEFAULTS }, clipCoef(norm), pos.optSteps + 1);
-      this.weightsDirty = true;
       pos.optSteps += 1;
       res.applied = true;
       res.gradNorm = norm;
@@ -101,6 +99,7 @@ export class LocalTrainer {
 
   dispose(): void {
     this.llama.dispose();
+    this.kernels.dispose();
   }
 }
 
@@ -128,7 +127,6 @@ export async function runBenchmark(s: SessionPlan, n: number, rep: Reporter): Pr
     case: "framework-free", benchmark_steps: n, backend: t.backend, world: cfg.world, params: s.params.sum_numel, seq_len: cfg.seqLen,
     micro_batch: cfg.microBatch, accum: cfg.accum, step_ms_median: Math.round(med * 10) / 10,
     tok_per_s: Math.round((tokensPerStep / med) * 1000 * 10) / 10, loss: last?.loss ?? null, grad_ckpt: cfg.gradCkpt,
-    tf_tensors: tf.memory().numTensors,
   };
   rep.say("BENCH_JSON " + JSON.stringify(j));
   return j;

@@ -13,7 +13,6 @@
  * The module is assembled here from its opcodes (a few hundred bytes; no toolchain at build or run time).
  */
 import { reduceSlice, ADAMW_DEFAULTS, type AdamHyper, type DecayRange, type ReduceResult } from "./optim";
-import { transposeRange, type ParamEntry } from "../model/layout";
 
 /** Floats per region; region r starts at byte r * CHUNK * 4 (= r << 14). */
 const CHUNK = 4096;
@@ -222,12 +221,12 @@ export function adamwSliceSimd(
 
 /**
  * One owner's share of the update phase (a rank's slice, or the coordinator's): AdamW over [lo, hi) of the shared
- * weights and moments with the averaged gradient in slot 0, then that slice of the weights' transposed twin.
+ * weights and moments with the averaged gradient in slot 0. The ranks multiply against these weights directly:
+ * nothing else to write.
  */
 export function updateSlice(
-  v: { params: Float32Array; paramsT: Float32Array; m: Float32Array; v: Float32Array; slots: Float32Array[] },
-  ranges: readonly DecayRange[], entries: readonly ParamEntry[], lo: number, hi: number, lr: number, coef: number, t: number,
+  v: { params: Float32Array; m: Float32Array; v: Float32Array; slots: Float32Array[] },
+  ranges: readonly DecayRange[], lo: number, hi: number, lr: number, coef: number, t: number,
 ): void {
   adamwSliceSimd(v.params, v.m, v.v, v.slots[0]!, ranges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
-  transposeRange(entries, v.params, v.paramsT, lo, hi);
 }

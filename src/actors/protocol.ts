@@ -59,7 +59,11 @@ export type ToRank =
 
 // ---------------------------------------------------------------- rank -> coordinator
 
-export interface RankMemory { rank: number; heapPeakBytes: number; tfPeakBytes: number; wasmHeapBytes: number }
+/**
+ * heapPeakBytes: V8 heap; tfPeakBytes: tfjs tensors (0 when no tfjs backend runs, e.g. native); wasmHeapBytes: the
+ * tfjs-wasm heap (0 elsewhere); arenaBytes: the model's activation arena (typed arrays outside the V8 heap).
+ */
+export interface RankMemory { rank: number; heapPeakBytes: number; tfPeakBytes: number; wasmHeapBytes: number; arenaBytes: number }
 
 export type FromRank =
   | { type: "ready"; rank: number; backend: string; detail: string }

@@ -1,7 +1,8 @@
 /**
- * Rank actor (A1): one worker thread per device. Builds its own tfjs backend and model replica,
- * reads its own windows, and holds no optimizer state: the master weights, the moments and the
- * gradient slots are shared memory (shm.ts). It also runs its slice of the reduce and of the AdamW
+ * Rank actor (A1): one worker thread per device. Builds its own compute engine (initEngine) and a model
+ * bound to the SHARED master weights (no replica: it multiplies against them directly, and they do not
+ * change during the compute phase), reads its own windows, and holds no optimizer state: the weights, the
+ * moments and the gradient slots are shared memory (shm.ts). It also runs its slice of the reduce and of the AdamW
  * update, so the coordinator's per-step work is a handful of scalars.
  *
  * Message loop: one message at a time, in order; every failure is reported as `failed` with the
@@ -9,26 +10,25 @@
  */
 import { parentPort } from "node:worker_threads";
 import { Llama } from "../model/llama";
-import { initBackend } from "../model/backend";
+import { initEngine } from "../model/backend";
+import type { Kernels } from "../model/kernels";
 import { readManifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
-import { CTL_ABORT, CTL_WEIGHTS_VERSION, viewShared, type SharedViews } from "./shm";
+import { CTL_ABORT, viewShared, type SharedViews } from "./shm";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
-import { paramLayout, type ParamEntry } from "../model/layout";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 
 interface RankState {
   init: RankInit;
   model: Llama;
+  kernels: Kernels;
   views: SharedViews;
   stream: TrainStream;
   val: ValStream | null;
-  weightsVersion: number;
   ids: Int32Array;
-  entries: ParamEntry[];
   mem: ReturnType<typeof memorySampler>;
 }
 
@@ -40,7 +40,7 @@ function send(m: FromRank): void {
 }
 
 async function handleInit(init: RankInit): Promise<FromRank> {
-  const be = await initBackend(init.backend);
+  const be = await initEngine(init.backend);
   const views = viewShared(init.shared);
   const d = init.data;
   const manifest = readManifest(d.root);
@@ -48,18 +48,10 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   const perm = new WindowPermutation(store.numWindows(d.seqLen), d.dataSeed);
   const stream = new TrainStream(store, perm, { world: init.world, accum: d.accum, microBatch: d.microBatch, seqLen: d.seqLen });
   const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
-  const model = new Llama(init.model, { gradCkpt: init.gradCkpt });
-  state = { init, model, views, stream, val, weightsVersion: -1, ids: new Int32Array(d.microBatch * d.seqLen), entries: paramLayout(init.model).entries, mem: memorySampler() };
-  return { type: "ready", rank: init.rank, backend: be.backend, detail: be.detail };
-}
-
-function syncWeights(s: RankState): void {
-  const v = Atomics.load(s.views.ctl, CTL_WEIGHTS_VERSION);
-  if (v !== s.weightsVersion) {
-    // the transposed twin was written with the weights by the slices' owners: the refresh is copies only
-    s.model.setWeights(s.views.params, s.views.paramsT);
-    s.weightsVersion = v;
-  }
+  const model = new Llama(init.model, be.kernels, { gradCkpt: init.gradCkpt });
+  model.bindParams(views.params); // the shared master weights themselves
+  state = { init, model, kernels: be.kernels, views, stream, val, ids: new Int32Array(d.microBatch * d.seqLen), mem: memorySampler(() => model.arenaBytes()) };
+  return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
 }
 
 function checkFault(s: RankState, step: number, at: "compute"): void {
@@ -71,7 +63,6 @@ function checkFault(s: RankState, step: number, at: "compute"): void {
 
 function compute(s: RankState, step: number, gradScale: number): FromRank {
   const t0 = performance.now();
-  syncWeights(s);
   const slot = s.views.slots[s.init.rank]!;
   slot.fill(0);
   const d = s.init.data;
@@ -103,7 +94,7 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
   const t0 = performance.now();
   const [lo, hi] = s.init.slice;
   const v = s.views;
-  updateSlice(v, s.init.decayRanges, s.entries, lo, hi, lr, coef, t);
+  updateSlice(v, s.init.decayRanges, lo, hi, lr, coef, t);
   return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
@@ -111,7 +102,6 @@ function evaluate(s: RankState, from: number, to: number): FromRank {
   if (!s.val) throw new Error("no validation stream on this rank (nVal = 0)");
   const f = s.init.fault;
   if (f && f.kind === "val" && f.rank === s.init.rank) throw new Error(`injected fault: rank ${f.rank} fails validation (TSTRAIN_FAULT)`);
-  syncWeights(s);
   const seq = s.init.data.seqLen;
   const ids = new Int32Array(seq);
   let lossSum = 0;
@@ -136,6 +126,7 @@ async function handle(msg: ToRank): Promise<FromRank | null> {
     case "memory": return { type: "memory", memory: s.mem.report(s.init.rank) };
     case "close":
       s.model.dispose();
+      s.kernels.dispose();
       parentPort!.close();
       return null;
     default: return unreachable(msg);

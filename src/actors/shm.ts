@@ -2,10 +2,8 @@
  * Shared-memory layout: every SharedArrayBuffer the actors share, and every named slot in the
  * control block. No other module indexes these buffers with bare numbers.
  *
- *   params  Float32Array[P]          fp32 master weights (B4: once, written only in `update`)
- *   paramsT Float32Array[P]          their transposed twin (model/layout.ts transposeRange): written with
- *                                    params in `update` by each slice's owner, so every replica refreshes
- *                                    with plain copies instead of transposing all weights itself
+ *   params  Float32Array[P]          fp32 master weights (B4: once, written only in `update`); every rank's
+ *                                    model multiplies against them directly (no replica, no copy)
  *   m, v    Float32Array[P] each     AdamW moments (B4: once, not per rank)
  *   slots   world x Float32Array[P]  each rank's local gradient sum for the step; after `reduce`,
  *                                    slot 0 holds the averaged, unscaled gradient (in place)
@@ -17,14 +15,12 @@
 
 /** Control words (Int32 indices into `ctl`). */
 export const CTL_ABORT = 0;        // != 0: stop at the next micro-batch boundary (a rank failed, or a stop was asked)
-export const CTL_WEIGHTS_VERSION = 1; // bumped by the coordinator after every applied update; ranks reload weights when it moves
 export const CTL_LENGTH = 4;
 
 export interface SharedBuffers {
   P: number;
   world: number;
   params: SharedArrayBuffer;
-  paramsT: SharedArrayBuffer;
   m: SharedArrayBuffer;
   v: SharedArrayBuffer;
   slots: SharedArrayBuffer[];
@@ -33,7 +29,6 @@ export interface SharedBuffers {
 
 export interface SharedViews {
   params: Float32Array;
-  paramsT: Float32Array;
   m: Float32Array;
   v: Float32Array;
   slots: Float32Array[];
@@ -44,13 +39,12 @@ export function allocShared(P: number, world: number): SharedBuffers {
   const f32 = () => new SharedArrayBuffer(P * Float32Array.BYTES_PER_ELEMENT);
   const slots: SharedArrayBuffer[] = [];
   for (let r = 0; r < world; r++) slots.push(f32());
-  return { P, world, params: f32(), paramsT: f32(), m: f32(), v: f32(), slots, ctl: new SharedArrayBuffer(CTL_LENGTH * 4) };
+  return { P, world, params: f32(), m: f32(), v: f32(), slots, ctl: new SharedArrayBuffer(CTL_LENGTH * 4) };
 }
 
 export function viewShared(b: SharedBuffers): SharedViews {
   return {
     params: new Float32Array(b.params),
-    paramsT: new Float32Array(b.paramsT),
     m: new Float32Array(b.m),
     v: new Float32Array(b.v),
     slots: b.slots.map((s) => new Float32Array(s)),

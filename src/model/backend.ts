@@ -7,6 +7,8 @@
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
 import { UserError } from "../errors";
+import type { Kernels } from "./kernels";
+import { createTfjsKernels } from "./engine/tfjs";
 
 export type BackendName = "auto" | "tensorflow" | "wasm" | "cpu";
 
@@ -100,4 +102,20 @@ export async function initBackend(requested: BackendName): Promise<{ backend: "t
       throw new UserError("P1", `--backend ${String(never)} is not one of auto, tensorflow, wasm, cpu`);
     }
   }
+}
+
+/** A compute engine: the kernels the model runs on, which engine that is, and the `backend:` line's detail. */
+export interface Engine {
+  kernels: Kernels;
+  engine: "native" | "tensorflow" | "wasm" | "cpu";
+  detail: string;
+}
+
+/**
+ * The engine for `--backend` (P1): a tfjs backend as initBackend selects it (same order, same messages), with the
+ * tfjs engine's kernels (matmul on that backend, the rest in JS) on top. Each worker thread calls this for itself.
+ */
+export async function initEngine(requested: BackendName): Promise<Engine> {
+  const be = await initBackend(requested);
+  return { kernels: createTfjsKernels(), engine: be.backend, detail: be.detail };
 }

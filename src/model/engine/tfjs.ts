@@ -1,0 +1,137 @@
+/**
+ * The tfjs engine: Kernels (src/model/kernels.ts) with the matrix product on the ACTIVE tfjs backend (wasm,
+ * cpu or tensorflow; selected by backend.ts before this is called) and every other kernel in plain JS (js.ts).
+ * It is the portable fallback: it needs nothing but the npm packages.
+ *
+ * matmul(transA, transB, ...) honours cblas_sgemm's contract exactly, but never asks tfjs for a transposed
+ * operand: on tfjs-wasm (XNNPACK) matMul is fast only on plain 2-D operands (transposeA measured ~18x slower,
+ * transposeB ~8x), and XNNPACK packs the RIGHT operand on every call (~2.7 ns/float). So each call picks
+ * one of two plans, by the floats it has to move:
+ *    C   = op(A) @ op(B)        operands transposed in JS where a flag asks for it
+ *    C^T = op(B)^T @ op(A)^T    then C written from the [N, M] product, transposed in JS
+ * (e.g. the forward x @ W^T runs as W @ x^T: the big weight is the left operand, read as it is, and only the
+ * small x^T is transposed and packed). Operands are uploaded per call (tf.tensor2d copies them onto the wasm
+ * heap) and disposed before the call returns: the engine keeps no reference to the caller's arrays, so the
+ * shared master weights can change between calls and the next product sees them.
+ * alpha and beta are applied in JS in float64 on the product's float32 values, rounded once into C.
+ */
+import * as tf from "@tensorflow/tfjs-core";
+import type { Kernels } from "../kernels";
+import { jsKernels } from "./js";
+
+/** [rows, cols] -> [cols, rows] into `out`, in 64x64 blocks written row by row (the faster order measured). */
+export function transposeInto(src: Float32Array, rows: number, cols: number, out: Float32Array): Float32Array {
+  const BS = 64;
+  for (let c0 = 0; c0 < cols; c0 += BS) {
+    const c1 = Math.min(cols, c0 + BS);
+    for (let r0 = 0; r0 < rows; r0 += BS) {
+      const r1 = Math.min(rows, r0 + BS);
+      for (let c = c0; c < c1; c++) {
+        const o = c * rows;
+        for (let r = r0; r < r1; r++) out[o + r] = src[r * cols + c]!;
+      }
+    }
+  }
+  return out;
+}
+
+/** The product's float32 values: on wasm a view on the heap (no copy; valid until the next tfjs allocation). */
+function readProduct(t: tf.Tensor): Float32Array {
+  if (tf.getBackend() === "wasm") {
+    const be = tf.backend() as unknown as { typedArrayFromHeap?: (t: tf.TensorInfo) => Float32Array };
+    if (typeof be.typedArrayFromHeap === "function") return be.typedArrayFromHeap(t);
+  }
+  return t.dataSync() as Float32Array;
+}
+
+export function createTfjsKernels(): Kernels {
+  const backend = tf.getBackend();
+  if (!backend) throw new Error("createTfjsKernels: no tfjs backend is active (call initEngine first)");
+  // transpose scratch (grown on demand, reused: fresh big allocations page-fault at ~11 ns/float)
+  let scratchA = new Float32Array(0), scratchB = new Float32Array(0);
+  const scratch = (which: "a" | "b", n: number): Float32Array => {
+    if (which === "a") { if (scratchA.length < n) scratchA = new Float32Array(n); return scratchA.subarray(0, n); }
+    if (scratchB.length < n) scratchB = new Float32Array(n);
+    return scratchB.subarray(0, n);
+  };
+
+  const matmul = (transA: boolean, transB: boolean, M: number, N: number, K: number,
+    alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void => {
+    if (A.length < M * K || B.length < K * N || C.length < M * N) {
+      throw new RangeError(`matmul: A ${A.length}, B ${B.length}, C ${C.length} floats for M=${M} N=${N} K=${K}`);
+    }
+    if (tf.getBackend() !== backend) throw new Error(`matmul: the tfjs backend changed from ${backend} to ${tf.getBackend()} under this engine`);
+    if (M === 0 || N === 0) return;
+    if (K === 0) { scaleC(C, M * N, beta); return; }
+    // floats moved in JS (transposes) + floats XNNPACK packs (the right operand), per plan
+    const direct = (transA ? M * K : 0) + (transB ? K * N : 0) + K * N;
+    const swapped = (transB ? 0 : K * N) + (transA ? 0 : M * K) + M * N + K * M;
+    const swap = swapped < direct;
+    // left [r, k] @ right [k, c]
+    let left: Float32Array, right: Float32Array, r: number, c: number;
+    if (!swap) {
+      left = transA ? transposeInto(A.subarray(0, K * M), K, M, scratch("a", M * K)) : A.subarray(0, M * K);
+      right = transB ? transposeInto(B.subarray(0, N * K), N, K, scratch("b", K * N)) : B.subarray(0, K * N);
+      r = M; c = N;
+    } else {
+      left = transB ? B.subarray(0, N * K) : transposeInto(B.subarray(0, K * N), K, N, scratch("b", N * K));
+      right = transA ? A.subarray(0, K * M) : transposeInto(A.subarray(0, M * K), M, K, scratch("a", K * M));
+      r = N; c = M;
+    }
+    const lt = tf.tensor2d(left, [r, K]), rt = tf.tensor2d(right, [K, c]);
+    let pt: tf.Tensor | null = null;
+    try {
+      pt = tf.matMul(lt, rt);
+      const P = readProduct(pt);
+      if (!swap) combine(C, P, M * N, alpha, beta);
+      else combineTransposed(C, P, M, N, alpha, beta);
+    } finally {
+      lt.dispose(); rt.dispose();
+      if (pt) pt.dispose();
+    }
+  };
+
+  return {
+    name: `tfjs ${backend}${backend === "wasm" ? ` (XNNPACK, SIMD ${tf.env().getBool("WASM_HAS_SIMD_SUPPORT") ? "on" : "off"})` : ""}; other kernels in JS`,
+    matmul,
+    ...jsKernels,
+    dispose(): void {
+      scratchA = new Float32Array(0);
+      scratchB = new Float32Array(0);
+    },
+  };
+}
+
+/** C = beta * C (beta 0: zeros, whatever C held). */
+function scaleC(C: Float32Array, n: number, beta: number): void {
+  if (beta === 0) C.fill(0, 0, n);
+  else if (beta !== 1) for (let i = 0; i < n; i++) C[i] = beta * C[i]!;
+}
+
+/** C[i] = alpha * P[i] + beta * C[i]; beta 0 ignores C's old contents. */
+function combine(C: Float32Array, P: Float32Array, n: number, alpha: number, beta: number): void {
+  if (beta === 0) {
+    if (alpha === 1) C.set(P.subarray(0, n));
+    else for (let i = 0; i < n; i++) C[i] = alpha * P[i]!;
+  } else if (alpha === 1 && beta === 1) {
+    for (let i = 0; i < n; i++) C[i] += P[i]!;
+  } else {
+    for (let i = 0; i < n; i++) C[i] = alpha * P[i]! + beta * C[i]!;
+  }
+}
+
+/** The same from P = C^T [N, M]: C[m, n] = alpha * P[n, m] + beta * C[m, n], in 64x64 blocks. */
+function combineTransposed(C: Float32Array, P: Float32Array, M: number, N: number, alpha: number, beta: number): void {
+  const BS = 64;
+  for (let m0 = 0; m0 < M; m0 += BS) {
+    const m1 = Math.min(M, m0 + BS);
+    for (let n0 = 0; n0 < N; n0 += BS) {
+      const n1 = Math.min(N, n0 + BS);
+      for (let m = m0; m < m1; m++) {
+        const o = m * N;
+        if (beta === 0) for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]!;
+        else for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]! + beta * C[o + n]!;
+      }
+    }
+  }
+}
