@@ -1,23 +1,28 @@
 /**
- * `node dist/hub-server.js --dir DIR --port N [--host 127.0.0.1]` — the local Hub on its own (B6).
- * The token, if any, comes from HF_TOKEN and is never printed. Prints one line: `LocalHub listening on URL`.
+ * `node dist/hub-server.js --dir DIR [--port N] [--host H] [--tokens FILE] [--faults FILE]` — the
+ * local Hub on its own (B6). Tokens come from HF_TOKEN (write role) and --tokens, and are never
+ * printed. Prints `LocalHub listening on URL`, then one `LocalHub event: {json}` line per event.
  */
-import { LocalHub } from "./hub/server";
+import { LocalHub, loadTokensFile, type HubToken } from "./hub/server";
 
-const HELP = `usage: node dist/hub-server.js --dir DIR [--port N] [--host HOST]
+const HELP = `usage: node dist/hub-server.js --dir DIR [--port N] [--host HOST] [--tokens FILE] [--faults FILE]
 
 A file-backed Hugging Face Hub for @huggingface/hub clients (checkpoints of tstrain, offline runs, tests).
-  --dir DIR     where repos are stored (created if absent)            required
-  --port N      TCP port; 0 picks a free one                           default 0
-  --host HOST   interface to bind                                      default 127.0.0.1
-  --help        this text
-If HF_TOKEN is set, every request must carry "Authorization: Bearer <HF_TOKEN>".
+  --dir DIR       where repos are stored (created if absent); several servers may share it   required
+  --port N        TCP port; 0 picks a free one                                                 default 0
+  --host HOST     interface to bind                                                            default 127.0.0.1
+  --tokens FILE   JSON {"tokens": [{"token": "hf_...", "role": "read"|"write", "name": "ci"}]}
+  --faults FILE   JSON faults (e.g. {"status": {"commit": 500}, "failCount": 2}), re-read whenever
+                  the file changes; delete it or write {} to clear (see the README's fault rehearsal)
+  --help          this text
+HF_TOKEN, if set, is one more token with the write role. With no token at all the Hub is open;
+with tokens, anonymous callers may only read public repos.
 Point a client at it with hubUrl set to the printed URL.`;
 
-function parse(argv: string[]): { dir: string; port: number; host: string } | null {
-  let dir = "";
-  let port = 0;
-  let host = "127.0.0.1";
+interface CliOptions { dir: string; port: number; host: string; tokensFile: string; faultsFile: string }
+
+function parse(argv: string[]): CliOptions | null {
+  const o: CliOptions = { dir: "", port: 0, host: "127.0.0.1", tokensFile: "", faultsFile: "" };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const [flag, inline] = a.includes("=") ? [a.slice(0, a.indexOf("=")), a.slice(a.indexOf("=") + 1)] : [a, undefined];
@@ -26,34 +31,27 @@ function parse(argv: string[]): { dir: string; port: number; host: string } | nu
       if (v === undefined || v === "") throw new Error(`${flag} needs a value`);
       return v;
     };
-    switch (flag) {
-      case "--help":
-      case "-h":
-        return null;
-      case "--dir":
-        dir = value();
-        break;
-      case "--port": {
-        const v = value();
-        port = Number(v);
-        if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`--port ${v} is not a port number (0-65535)`);
-        break;
-      }
-      case "--host":
-        host = value();
-        break;
-      default:
-        throw new Error(`unknown argument ${a} (see --help)`);
-    }
+    if (flag === "--help" || flag === "-h") return null;
+    else if (flag === "--dir") o.dir = value();
+    else if (flag === "--host") o.host = value();
+    else if (flag === "--tokens") o.tokensFile = value();
+    else if (flag === "--faults") o.faultsFile = value();
+    else if (flag === "--port") {
+      const v = value();
+      o.port = Number(v);
+      if (!Number.isInteger(o.port) || o.port < 0 || o.port > 65535) throw new Error(`--port ${v} is not a port number (0-65535)`);
+    } else throw new Error(`unknown argument ${a} (see --help)`);
   }
-  if (!dir) throw new Error("--dir is required (see --help)");
-  return { dir, port, host };
+  if (!o.dir) throw new Error("--dir is required (see --help)");
+  return o;
 }
 
 async function main(): Promise<void> {
-  let o: ReturnType<typeof parse>;
+  let o: CliOptions | null;
+  let tokens: HubToken[] = [];
   try {
     o = parse(process.argv.slice(2));
+    if (o?.tokensFile) tokens = loadTokensFile(o.tokensFile);
   } catch (e) {
     process.stderr.write(`hub-server: ${(e as Error).message}\n`);
     process.exitCode = 2;
@@ -64,9 +62,11 @@ async function main(): Promise<void> {
     return;
   }
   const token = process.env.HF_TOKEN || undefined;
-  const hub = new LocalHub({ dir: o.dir, port: o.port, host: o.host, token });
+  const onEvent = (e: unknown) => process.stdout.write(`LocalHub event: ${JSON.stringify(e)}\n`);
+  const hub = new LocalHub({ dir: o.dir, port: o.port, host: o.host, token, tokens, faultsFile: o.faultsFile || undefined, onEvent });
   const url = await hub.start();
-  process.stdout.write(`LocalHub listening on ${url} (dir ${o.dir}${token ? ", token required" : ""})\n`);
+  const n = tokens.length + (token ? 1 : 0);
+  process.stdout.write(`LocalHub listening on ${url} (dir ${o.dir}${n ? `, ${n} token(s), anonymous callers read public repos only` : ", open: no token configured"})\n`);
   const stop = () => {
     hub.stop().then(() => process.exit(0), () => process.exit(1));
   };

@@ -34,7 +34,7 @@ describe("hub-server CLI (B6)", () => {
       assert.equal(await store.repoExists(), false);
       assert.deepEqual(await store.ensureRepo(), { created: true });
       assert.equal(await store.repoExists(), true);
-      assert.ok(fs.existsSync(path.join(dir, "datasets", "cli", "check", "main.json")), "repos are stored under --dir");
+      assert.ok(fs.existsSync(path.join(dir, "datasets", "cli", "check", "refs.json")), "repos are stored under --dir");
     } finally {
       const exited = new Promise((resolve) => child.once("exit", resolve));
       child.kill("SIGTERM");

@@ -3,6 +3,7 @@ import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
+import { createRepo } from "@huggingface/hub";
 import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
 import { createHubStore, scrubSecret } from "../src/hub/store";
 import { publishCheckpoint } from "../src/hub/cycle";
@@ -62,8 +63,9 @@ describe("Hub token (K5)", () => {
     for (const f of filesUnder(th.tmp)) assert.ok(!fs.readFileSync(f).includes(SECRET), `${f} holds the token`);
   });
 
-  test("a request without the token gets a 401", async () => {
-    const res = await fetch(`${th.url}/api/datasets/tester/secret-run`);
+  test("a request without the token gets a 401 for a private repo", async () => {
+    await createRepo({ repo: { type: "dataset", name: "tester/private-run" }, private: true, accessToken: SECRET, hubUrl: th.url });
+    const res = await fetch(`${th.url}/api/datasets/tester/private-run`);
     assert.equal(res.status, 401);
     assert.ok(!(await res.text()).includes(SECRET));
   });

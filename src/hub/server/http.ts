@@ -1,0 +1,64 @@
+/** HTTP plumbing of the local Hub: errors with the real Hub's status and X-Error-Code, bodies, answers. */
+import type * as http from "node:http";
+
+export class HttpError extends Error {
+  constructor(readonly status: number, message: string, readonly code?: string) {
+    super(message);
+  }
+}
+
+/** A repo path the store accepts: relative, no empty, "." or ".." segments. */
+export function checkRepoPath(p: unknown): string {
+  if (typeof p !== "string" || p === "" || p.startsWith("/") || p.split("/").some((s) => s === "" || s === "." || s === "..")) {
+    throw new HttpError(400, `invalid path in repo: ${JSON.stringify(p)}`);
+  }
+  return p;
+}
+
+export async function readBody(req: http.IncomingMessage, limit = 512 * 1024 * 1024): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let n = 0;
+  for await (const c of req) {
+    n += (c as Buffer).length;
+    if (n > limit) throw new HttpError(413, "request body too large");
+    chunks.push(c as Buffer);
+  }
+  return Buffer.concat(chunks);
+}
+
+export function parseJson(b: Buffer): any {
+  if (b.length === 0) return {};
+  try {
+    return JSON.parse(b.toString("utf8"));
+  } catch {
+    throw new HttpError(400, "request body is not valid JSON");
+  }
+}
+
+export function sendError(req: http.IncomingMessage, res: http.ServerResponse, status: number, message: string, code?: string): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const headers: http.OutgoingHttpHeaders = { "X-Error-Message": message.replace(/[^\x20-\x7e]/g, "?") };
+  if (code) headers["X-Error-Code"] = code;
+  if (req.method === "HEAD") {
+    // The client must not try to parse a JSON body it will never get (HUB-PROTOCOL.md).
+    res.writeHead(status, { ...headers, "Content-Type": "text/plain" });
+    res.end();
+    return;
+  }
+  const body = JSON.stringify({ error: message });
+  res.writeHead(status, { ...headers, "Content-Type": "application/json", "Content-Length": Buffer.byteLength(body) });
+  res.end(body);
+}
+
+export function sendJson(res: http.ServerResponse, status: number, value: unknown, extra: http.OutgoingHttpHeaders = {}, type = "application/json"): void {
+  const body = JSON.stringify(value);
+  res.writeHead(status, { "Content-Type": type, "Content-Length": Buffer.byteLength(body), ...extra });
+  res.end(body);
+}
+
+/** 404 answers the client tells apart (HUB-PROTOCOL.md, R2). */
+export const repoNotFound = (): HttpError => new HttpError(404, "Repository not found", "RepoNotFound");
+export const revisionNotFound = (rev: string): HttpError => new HttpError(404, `Invalid rev id: ${rev}`, "RevisionNotFound");
