@@ -1,0 +1,191 @@
+/**
+ * Every rule id the code cites is defined in docs/RULES.md, exactly once, with its rule, its reason and the tests
+ * that cover it; and the tests it names exist.
+ *
+ * What counts as a citation (the pattern, also stated in docs/RULES.md):
+ * - an uppercase letter from the rule groups A M P D C K R G B, then a number 1..99 with no leading zero,
+ *   standing alone: no letter, digit or underscore right before or right after it. So `0xB1`, a hex digest,
+ *   `B1C`, `M10x` or a lowercase `d4` are not citations.
+ * - only inside comments and string or template literals (and regex literals) of the .ts files under src/,
+ *   test/ and bench/. Identifiers are names, not citations: a constant called after Adam's beta1 is code.
+ *   The TypeScript parser decides what is a comment or a literal, so a `//` inside a string or a quote inside
+ *   a comment cannot confuse it.
+ *
+ * What counts as a definition: a line `### <ID> — <title>` in docs/RULES.md, followed (before the next heading)
+ * by a paragraph starting `**Rule.**`, one starting `**Why.**` and one starting `**Tests.**`. The Tests paragraph
+ * names test files in backticks (`hub.cycle.test.ts`, a path under test/) each followed by the test names in
+ * double quotes, exactly as written in that file (a template name keeps its `${...}`); or says `none` first.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import * as ts from "typescript";
+
+const ROOT = path.join(__dirname, "..", "..");
+const RULES_MD = path.join(ROOT, "docs", "RULES.md");
+const SCANNED = ["src", "test", "bench"];
+
+/** A rule id as cited: group letter, 1..99, standing alone. */
+const ID_PATTERN = /(?<![A-Za-z0-9_])[AMPDCKRGB][1-9][0-9]?(?![A-Za-z0-9_])/g;
+/** A definition heading in docs/RULES.md. */
+const DEF_HEADING = /^### ([AMPDCKRGB][1-9][0-9]?) — \S.*$/;
+
+interface Citation { file: string; line: number; id: string }
+
+/** The text ranges of a TypeScript source that are comments or literals, with their start offsets. */
+function citableRanges(sf: ts.SourceFile): Array<{ start: number; text: string }> {
+  const text = sf.text;
+  const out: Array<{ start: number; text: string }> = [];
+  const seen = new Set<number>();
+  const comments = (ranges: ts.CommentRange[] | undefined) => {
+    for (const r of ranges ?? []) {
+      if (seen.has(r.pos)) continue;
+      seen.add(r.pos);
+      out.push({ start: r.pos, text: text.slice(r.pos, r.end) });
+    }
+  };
+  const visit = (node: ts.Node): void => {
+    if (node.kind >= ts.SyntaxKind.FirstJSDocNode && node.kind <= ts.SyntaxKind.LastJSDocNode) return; // its text is a comment, read below
+    const kids = node.getChildren(sf);
+    if (kids.length === 0) {
+      // A token: the trivia before it holds every comment between it and the previous token.
+      comments(ts.getLeadingCommentRanges(text, node.pos));
+      comments(ts.getTrailingCommentRanges(text, node.end));
+      if (ts.isStringLiteralLike(node) || ts.isTemplateLiteralToken(node) || node.kind === ts.SyntaxKind.RegularExpressionLiteral) {
+        const start = node.getStart(sf);
+        out.push({ start, text: text.slice(start, node.end) });
+      }
+      return;
+    }
+    for (const k of kids) visit(k);
+  };
+  visit(sf);
+  comments(ts.getLeadingCommentRanges(text, 0)); // a header comment before the first token
+  return out;
+}
+
+/** Every rule id cited in one TypeScript source text. */
+function citationsIn(file: string, source: string): Citation[] {
+  const sf = ts.createSourceFile(file, source, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
+  const found = new Map<string, Citation>();
+  for (const r of citableRanges(sf)) {
+    for (const m of r.text.matchAll(ID_PATTERN)) {
+      const line = sf.getLineAndCharacterOfPosition(r.start + m.index!).line + 1;
+      found.set(`${line}:${m.index! + r.start}`, { file, line, id: m[0] });
+    }
+  }
+  return [...found.values()].sort((a, b) => a.line - b.line);
+}
+
+function tsFiles(dir: string): string[] {
+  const out: string[] = [];
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) { if (e.name !== "node_modules") out.push(...tsFiles(p)); }
+    else if (e.name.endsWith(".ts") && !e.name.endsWith(".d.ts")) out.push(p);
+  }
+  return out;
+}
+
+function allCitations(): Citation[] {
+  return SCANNED.flatMap((d) => tsFiles(path.join(ROOT, d)))
+    .flatMap((f) => citationsIn(path.relative(ROOT, f), fs.readFileSync(f, "utf8")));
+}
+
+interface Definition { id: string; line: number; body: string[] }
+
+/** The definitions in a RULES.md text, in order (duplicates kept, so they can be reported). */
+function definitionsIn(md: string): Definition[] {
+  const defs: Definition[] = [];
+  let cur: Definition | null = null;
+  md.split("\n").forEach((l, i) => {
+    const m = DEF_HEADING.exec(l);
+    if (m) { cur = { id: m[1]!, line: i + 1, body: [] }; defs.push(cur); return; }
+    if (/^#{1,6} /.test(l)) { cur = null; return; }
+    cur?.body.push(l);
+  });
+  return defs;
+}
+
+/** Citations whose id has no definition, as "file:line: id" lines. */
+function undefinedCitations(cites: Citation[], defined: Set<string>): string[] {
+  return cites.filter((c) => !defined.has(c.id)).map((c) => `${c.file}:${c.line}: ${c.id}`);
+}
+
+function readRules(): string {
+  assert.ok(fs.existsSync(RULES_MD), `${path.relative(ROOT, RULES_MD)} is missing`);
+  return fs.readFileSync(RULES_MD, "utf8");
+}
+
+test("the pattern finds ids in comments and literals only, standing alone, and names file and line", () => {
+  const undef = "K" + "99"; // built, so that this file itself cites nothing undefined
+  const src = [
+    "// K4 stops the run; M1–M7 and R2-R4 are ranges",
+    `const B1 = 0.9, x = 0xB1, h = "00ab12B1ff", t = "T1 p2 d4 P0 K123 M10x", e = "${undef}";`,
+    "/** a JSDoc block citing G10 */",
+    "const s = `segment ${B1} skips validation (G1)`; const re = / \\[M7\\]$/;",
+    "if (n) { /* trailing D6 */ }",
+  ].join("\n");
+  const got = citationsIn("x.ts", src).map((c) => `${c.line}:${c.id}`);
+  assert.deepEqual(got, ["1:K4", "1:M1", "1:M7", "1:R2", "1:R4", `2:${undef}`, "3:G10", "4:G1", "4:M7", "5:D6"]);
+  assert.deepEqual(undefinedCitations(citationsIn("src/x.ts", src), new Set(["K4", "M1", "M7", "R2", "R4", "G10", "G1", "D6"])), [`src/x.ts:2: ${undef}`]);
+});
+
+test("a definition is a '### ID — title' heading; another heading ends its body", () => {
+  const md = "# Rules\n### K4 — stop\n**Rule.** a\n## K\n### K4 stop\n### K5 — x\nbody\n";
+  assert.deepEqual(definitionsIn(md).map((d) => [d.id, d.line, d.body]), [["K4", 2, ["**Rule.** a"]], ["K5", 6, ["body", ""]]]);
+});
+
+test("every rule id cited in src/, test/ and bench/ is defined in docs/RULES.md", () => {
+  const defined = new Set(definitionsIn(readRules()).map((d) => d.id));
+  const cites = allCitations();
+  assert.ok(cites.length > 100, `only ${cites.length} citations found: the scanner is broken`);
+  const missing = undefinedCitations(cites, defined);
+  assert.deepEqual(missing, [], `ids cited but not defined in docs/RULES.md (add a '### ID — title' entry):\n${missing.join("\n")}`);
+});
+
+test("docs/RULES.md defines each id once, each with its rule, its reason and its tests", () => {
+  const defs = definitionsIn(readRules());
+  assert.ok(defs.length > 0, "no definitions found");
+  const lines = new Map<string, number[]>();
+  for (const d of defs) lines.set(d.id, [...(lines.get(d.id) ?? []), d.line]);
+  const twice = [...lines].filter(([, l]) => l.length > 1).map(([id, l]) => `${id} at lines ${l.join(", ")}`);
+  assert.deepEqual(twice, [], `ids defined more than once in docs/RULES.md:\n${twice.join("\n")}`);
+  const incomplete: string[] = [];
+  for (const d of defs) {
+    for (const part of ["**Rule.**", "**Why.**", "**Tests.**"]) {
+      if (!d.body.some((l) => l.startsWith(part) && l.length > part.length + 1)) incomplete.push(`${d.id} (line ${d.line}) lacks ${part}`);
+    }
+  }
+  assert.deepEqual(incomplete, []);
+});
+
+test("every test docs/RULES.md names exists, in the file it names", () => {
+  const bad: string[] = [];
+  let named = 0;
+  for (const d of definitionsIn(readRules())) {
+    const para: string[] = [];
+    for (const l of d.body.slice(d.body.findIndex((l) => l.startsWith("**Tests.**")))) {
+      if (para.length > 0 && l.trim() === "") break;
+      para.push(l);
+    }
+    const text = para.join(" ").replace(/^\*\*Tests\.\*\*\s*/, "");
+    if (/^none\b/.test(text)) continue;
+    const parts = text.split(/`([^`]+\.test\.ts)`/);
+    if (parts.length < 3) { bad.push(`${d.id}: the Tests paragraph names no test file and does not start with "none"`); continue; }
+    for (let i = 1; i < parts.length; i += 2) {
+      const file = path.join(ROOT, "test", parts[i]!.replace(/^test\//, ""));
+      if (!fs.existsSync(file)) { bad.push(`${d.id}: ${parts[i]} does not exist`); continue; }
+      const src = fs.readFileSync(file, "utf8");
+      const names = [...parts[i + 1]!.matchAll(/"([^"]+)"/g)].map((m) => m[1]!);
+      if (names.length === 0) bad.push(`${d.id}: no test name quoted after ${parts[i]}`);
+      for (const n of names) {
+        named++;
+        if (!src.includes(n)) bad.push(`${d.id}: ${parts[i]} has no test named "${n}"`);
+      }
+    }
+  }
+  assert.ok(named > 0, "no test names found");
+  assert.deepEqual(bad, []);
+});
