@@ -14,7 +14,8 @@
  * What counts as a definition: a line `### <ID> — <title>` in docs/RULES.md, followed (before the next heading)
  * by a paragraph starting `**Rule.**`, one starting `**Why.**` and one starting `**Tests.**`. The Tests paragraph
  * names test files in backticks (`hub.cycle.test.ts`, a path under test/) each followed by the test names in
- * double quotes, exactly as written in that file (a template name keeps its `${...}`); or says `none` first.
+ * double quotes, exactly as written in that file (a template name keeps its `${...}`), each closing quote followed
+ * by ";", "." or "," and a space or the end of the paragraph; or the paragraph says `none` first.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -178,7 +179,8 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
       const file = path.join(ROOT, "test", parts[i]!.replace(/^test\//, ""));
       if (!fs.existsSync(file)) { bad.push(`${d.id}: ${parts[i]} does not exist`); continue; }
       const src = fs.readFileSync(file, "utf8");
-      const names = [...parts[i + 1]!.matchAll(/"([^"]+)"/g)].map((m) => m[1]!);
+      // A name ends at a quote followed by ";", "." or "," and a space (or the end): a name may hold quotes itself.
+      const names = [...parts[i + 1]!.matchAll(/"(.+?)"(?=[;.,]?(?:\s|$))/g)].map((m) => m[1]!);
       if (names.length === 0) bad.push(`${d.id}: no test name quoted after ${parts[i]}`);
       for (const n of names) {
         named++;
