@@ -59,15 +59,7 @@ static int throw_range(napi_env env, const char *fn, const char *what) {
 /* A typed array of the given type with at least `need` elements; returns 0 (and throws) otherwise. */
 static int get_array(napi_env env, napi_value v, napi_typedarray_type want, size_t need, void **data, const char *fn,
                      const char *name) {
-  bool is = false;
-  if (napi_is_typedarray(env, v, &is) != napi_ok || !is) {
-    char msg[200];
-    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a %s", fn, name,
-             want == napi_float32_array ? "Float32Array" : "Int32Array");
-    napi_throw_type_error(env, NULL, msg);
-    return 0;
-  }
-  napi_typedarray_type t;
+  napi_typedarray_type t; /* napi_get_typedarray_info fails (napi_invalid_arg) on anything but a typed array */
   size_t len = 0;
   if (napi_get_typedarray_info(env, v, &t, &len, data, NULL, NULL) != napi_ok || t != want) {
     char msg[200];
