@@ -3,8 +3,7 @@
     {
       "target_name": "tstrain_native",
       "sources": ["native/tstrain.c"],
-      "cflags!": ["-O2", "-O3"],
-      "cflags": ["-O3", "-march=native", "-fno-fast-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
+      "cflags": ["-O3", "-march=native", "-fno-fast-math", "-fno-trapping-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
       "libraries": ["-ldl", "-lm", "-lpthread"],
       "xcode_settings": {
         "OTHER_CFLAGS": ["-O3", "-fno-fast-math", "-std=c11"]

@@ -40,6 +40,82 @@ static inline void sgemm(int ta, int tb, int m, int n, int k, float alpha, const
              b, ldb, beta, c, ldc);
 }
 
+/* ------------------------------------------------------------------ vectorisable helpers (deterministic) */
+/* Reductions run in LANES independent partial sums combined in a fixed order, so the compiler vectorises
+ * them without -ffast-math's reassociation and the result is the same on every run. */
+#define LANES 8
+
+static inline double sum_f64(const float *restrict x, int64_t n) {
+  double acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) acc[j] += (double)x[i + j];
+  double s = 0;
+  for (int j = 0; j < LANES; j++) s += acc[j];
+  for (; i < n; i++) s += (double)x[i];
+  return s;
+}
+
+static inline double dot_f64(const float *restrict a, const float *restrict b, int64_t n) {
+  double acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) acc[j] += (double)a[i + j] * (double)b[i + j];
+  double s = 0;
+  for (int j = 0; j < LANES; j++) s += acc[j];
+  for (; i < n; i++) s += (double)a[i] * (double)b[i];
+  return s;
+}
+
+/* sum_i (a_i * b_i) * c_i, the product a*b rounded to float first (as the kernels use it) */
+static inline double dot3_f64(const float *restrict a, const float *restrict b, const float *restrict c, int64_t n) {
+  double acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) acc[j] += (double)(a[i + j] * b[i + j]) * (double)c[i + j];
+  double s = 0;
+  for (int j = 0; j < LANES; j++) s += acc[j];
+  for (; i < n; i++) s += (double)(a[i] * b[i]) * (double)c[i];
+  return s;
+}
+
+static inline float max_f32(const float *restrict x, int64_t n) {
+  float m = x[0];
+  int64_t i = 1;
+  if (n >= 2 * LANES) {
+    float acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = x[j];
+    for (i = LANES; i + LANES <= n; i += LANES)
+      for (int j = 0; j < LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    m = acc[0];
+    for (int j = 1; j < LANES; j++) m = acc[j] > m ? acc[j] : m;
+  }
+  for (; i < n; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/* exp(x) in float, Cephes' expf polynomial (relative error ~2e-7), written so that loops over it vectorise
+ * (libm's expf is a call the compiler cannot vectorise without -ffast-math). Inputs are clamped to
+ * [-87, 88]: below, the result is ~1.6e-38 instead of a denormal or 0, which no sum here can see. */
+static inline float exp_ps(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  float sc;
+  memcpy(&sc, &bits, sizeof sc);
+  return y * sc;
+}
+
 /* ------------------------------------------------------------------ napi helpers */
 #define CHECK_NAPI(call)                                                                                   \
   do {                                                                                                     \
@@ -338,8 +414,7 @@ static napi_value RmsnormForward(napi_env env, napi_callback_info info) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * D;
     float *o = out + n * D;
-    double ss = 0;
-    for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * (double)xr[i];
+    const double ss = dot_f64(xr, xr, D);
     float r = (float)(1.0 / sqrt(ss / (double)D + eps));
     rstd[n] = r;
     for (int64_t i = 0; i < D; i++) o[i] = (xr[i] * r) * w[i];
@@ -363,8 +438,7 @@ static napi_value RmsnormBackward(napi_env env, napi_callback_info info) {
     const float *xr = x + n * D, *g = dout + n * D;
     float *dxr = dx + n * D;
     const float r = rstd[n];
-    double dot = 0; /* sum_i dout_i * w_i * x_i */
-    for (int64_t i = 0; i < D; i++) dot += (double)(g[i] * w[i]) * (double)xr[i];
+    const double dot = dot3_f64(g, w, xr, D); /* sum_i dout_i * w_i * x_i */
     /* dx_i = r * (dout_i w_i) - x_i * r^3 * dot / D */
     const float c = (float)((double)r * (double)r * (double)r * dot / (double)D);
     for (int64_t i = 0; i < D; i++) {
@@ -440,14 +514,9 @@ static napi_value AttentionForward(napi_env env, napi_callback_info info) {
         sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
         for (int64_t t = t0; t < t1; t++) {
           float *row = ap + t * T;
-          float mx = row[0];
-          for (int64_t u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
-          double sum = 0;
-          for (int64_t u = 0; u <= t; u++) {
-            const float e = expf(row[u] - mx);
-            row[u] = e;
-            sum += e;
-          }
+          const float mx = max_f32(row, t + 1);
+          for (int64_t u = 0; u <= t; u++) row[u] = exp_ps(row[u] - mx);
+          const double sum = sum_f64(row, t + 1);
           const float inv = (float)(1.0 / sum);
           for (int64_t u = 0; u <= t; u++) row[u] *= inv;
           for (int64_t u = t + 1; u < T; u++) row[u] = 0.0f;
@@ -497,9 +566,7 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
         for (int64_t t = t0; t < t1; t++) {
           const float *ar = ap + t * T;
           float *dr = ds + t * T;
-          double dot = 0;
-          for (int64_t u = 0; u <= t; u++) dot += (double)ar[u] * (double)dr[u];
-          const float d = (float)dot;
+          const float d = (float)dot_f64(ar, dr, t + 1);
           for (int64_t u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - d) * scale;
           for (int64_t u = t + 1; u < t1; u++) dr[u] = 0.0f;
         }
@@ -530,7 +597,7 @@ static napi_value SwigluForward(napi_env env, napi_callback_info info) {
   F32(0, out, n, "out");
   F32(1, g, n, "gate");
   F32(2, u, n, "up");
-  for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_ps(-g[i])) * u[i];
   return NULL;
 }
 
@@ -546,7 +613,7 @@ static napi_value SwigluBackward(napi_env env, napi_callback_info info) {
   F32(3, g, n, "gate");
   F32(4, u, n, "up");
   for (int64_t i = 0; i < n; i++) {
-    const float x = g[i], sig = 1.0f / (1.0f + expf(-x)), d = dout[i];
+    const float x = g[i], sig = 1.0f / (1.0f + exp_ps(-x)), d = dout[i];
     /* read everything before writing: dgate/dup may alias dout in a caller that works in place */
     const float up = u[i];
     du[i] = d * (x * sig);
@@ -578,21 +645,22 @@ static napi_value CrossEntropy(napi_env env, napi_callback_info info) {
       continue;
     }
     if (V == 0) continue;
-    float mx = x[0];
-    for (int64_t i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    const float mx = max_f32(x, V);
     const double xt = x[t];
     double sum = 0;
     if (gradScale > 0) {
-      for (int64_t i = 0; i < V; i++) {
-        const float e = expf(x[i] - mx);
-        x[i] = e;
-        sum += e;
-      }
+      for (int64_t i = 0; i < V; i++) x[i] = exp_ps(x[i] - mx);
+      sum = sum_f64(x, V);
       const double k = gradScale / sum;
       for (int64_t i = 0; i < V; i++) x[i] = (float)((double)x[i] * k);
       x[t] = (float)((double)x[t] - gradScale);
-    } else {
-      for (int64_t i = 0; i < V; i++) sum += expf(x[i] - mx);
+    } else { /* evaluation: the logits stay as they are; exp in blocks through a small buffer */
+      float e[1024];
+      for (int64_t i0 = 0; i0 < V; i0 += 1024) {
+        const int64_t m = V - i0 < 1024 ? V - i0 : 1024;
+        for (int64_t i = 0; i < m; i++) e[i] = exp_ps(x[i0 + i] - mx);
+        sum += sum_f64(e, m);
+      }
     }
     loss += (double)mx + log(sum) - xt;
   }
