@@ -306,6 +306,9 @@ test("crossEntropy: float64 loss over targeted rows, gradient in place (scaled),
   const rows = 9, V = 1037;
   const logits0 = rand(rows * V, 41, true, 12);
   const targets = new Int32Array([5, -1, 1036, 0, 77, -1, 500, 3, 3]);
+  // rows whose largest logit is far above the rest, in the last (non-multiple-of-8) elements and at the start: a
+  // softmax that misses the true maximum overflows exp there
+  logits0[2 * V + 1036] = 150; logits0[3 * V + 1033] = -40; logits0[4 * V] = 120;
   let wantLoss = 0;
   const wantG = new Float64Array(rows * V);
   const scale = 0.37;
