@@ -8,7 +8,7 @@
  */
 import { UserError } from "./errors";
 
-export type BackendFlag = "auto" | "tensorflow" | "wasm" | "cpu";
+export type BackendFlag = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
 
 export interface RunConfig {
   root: string;
@@ -94,7 +94,7 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "dry-run", key: "dryRun", kind: "bool", def: false, help: "build everything, train nothing, print one JSON (G7)" },
   { flag: "benchmark", key: "benchmark", kind: "int", def: 0, help: "N steps without the actor machinery; never checkpoints (G8)" },
   { flag: "world", key: "world", kind: "int", def: 1, help: "number of rank worker threads (A1); --demo defaults to 2" },
-  { flag: "backend", key: "backend", kind: "string", def: "auto", choices: ["auto", "tensorflow", "wasm", "cpu"], help: "tfjs backend: auto = tfjs-node-gpu, tfjs-node, wasm, cpu, first that loads" },
+  { flag: "backend", key: "backend", kind: "string", def: "auto", choices: ["auto", "native", "tensorflow", "wasm", "cpu"], help: "compute engine: auto = native (C + OpenBLAS) when it loads, else tfjs-node-gpu, tfjs-node, wasm, cpu, first that loads" },
   { flag: "demo", key: "demo", kind: "bool", def: false, help: "small model on the bundled corpus, world 2, local Hub, in minutes" },
 ];
 

@@ -27,6 +27,7 @@ import { resolveAutoResume } from "./hub/resume";
 import { publishFinal } from "./hub/cycle";
 import { LocalHub } from "./hub/server";
 import { runBenchmark } from "./actors/local";
+import { checkEngineRequest } from "./model/backend";
 
 export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
 
@@ -208,6 +209,7 @@ export interface RunResult { runJson: Record<string, unknown>; exported: string 
  * runs in this process on loopback for the session, its files in <out>/../hub (B6).
  */
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
+  checkEngineRequest(cfg.backend); // an explicit --backend native that cannot load is refused before any work (P1)
   if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep);
   const dir = path.join(path.dirname(path.resolve(cfg.out)), "hub");
   const hub = new LocalHub({ dir });

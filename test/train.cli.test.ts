@@ -61,7 +61,7 @@ test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and nev
 });
 
 test("an unknown backend name and a torch-only flag are refused (G10)", () => {
-  assert.match(cli(["--backend", "webgpu"]).stderr, /--backend "webgpu" is not one of auto, tensorflow, wasm, cpu/);
+  assert.match(cli(["--backend", "webgpu"]).stderr, /--backend "webgpu" is not one of auto, native, tensorflow, wasm, cpu/);
   assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
 });
 

@@ -1,16 +1,22 @@
 /**
- * tfjs backend selection (DESIGN "Backends"). `auto` takes tfjs-node-gpu, then tfjs-node (both are
- * optionalDependencies whose install may have failed offline, or whose libtensorflow may not load),
- * else wasm (XNNPACK, SIMD; single-threaded in Node), else cpu. Every worker thread calls this for
- * itself: each thread has its own tfjs engine and its own wasm instance.
+ * Engine selection (DESIGN "Backends", P1, issue 11). `auto` takes the native engine (the Node-API addon with
+ * OpenBLAS found at run time, src/model/engine/native.ts) when it loads, else a tfjs backend: tfjs-node-gpu,
+ * then tfjs-node (both optionalDependencies whose install may have failed offline, or whose libtensorflow may
+ * not load), else wasm (XNNPACK, SIMD; single-threaded in Node), else cpu. The `backend:` line says what was
+ * tried, why it was passed over, and the command that gets the fast path. Every worker thread calls this for
+ * itself: each thread has its own tfjs engine and wasm instance (and loads the addon for itself).
  */
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
 import { UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
+import { loadNative } from "./engine/native";
 
-export type BackendName = "auto" | "tensorflow" | "wasm" | "cpu";
+/** What `--backend` accepts: the engines (kernels.ts's EngineName). */
+export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
+/** The tfjs backends (initBackend). */
+export type TfjsBackendName = Exclude<BackendName, "native">;
 
 const NODE_PACKAGES = ["@tensorflow/tfjs-node-gpu", "@tensorflow/tfjs-node"] as const;
 
@@ -68,7 +74,7 @@ async function tryCpu(tried: string[]): Promise<boolean> {
   return false;
 }
 
-export async function initBackend(requested: BackendName): Promise<{ backend: "tensorflow" | "wasm" | "cpu"; detail: string }> {
+export async function initBackend(requested: TfjsBackendName): Promise<{ backend: "tensorflow" | "wasm" | "cpu"; detail: string }> {
   const tried: string[] = [];
   const done = async (backend: "tensorflow" | "wasm" | "cpu", what: string) => {
     await tf.ready();
@@ -111,11 +117,38 @@ export interface Engine {
   detail: string;
 }
 
+/** The refusal of an explicit `--backend native` that cannot load (P1), with the command that fixes it. */
+function nativeRefusal(reason: string, fix: string): UserError {
+  return new UserError("P1", `--backend native is not available: ${reason}; fix: ${fix}; or pass --backend auto (it falls back to tfjs-wasm)`);
+}
+
 /**
- * The engine for `--backend` (P1): a tfjs backend as initBackend selects it (same order, same messages), with the
- * tfjs engine's kernels (matmul on that backend, the rest in JS) on top. Each worker thread calls this for itself.
+ * Refuses an explicit `--backend native` that cannot load, in the calling (main) thread, before any work is
+ * started (P1). Other requests pass: their engines are chosen in each rank by initEngine.
+ */
+export function checkEngineRequest(requested: BackendName): void {
+  if (requested !== "native") return;
+  const n = loadNative();
+  if ("reason" in n) throw nativeRefusal(n.reason, n.fix);
+}
+
+/**
+ * The engine for `--backend` (P1). `native`: the native kernels, or a UserError naming the fix. `auto`: native
+ * when it loads, else a tfjs backend as initBackend selects it, with the reason native was passed over and its
+ * fix in the detail. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on
+ * that backend, the rest in JS) on top. Each worker thread calls this for itself.
  */
 export async function initEngine(requested: BackendName): Promise<Engine> {
+  if (requested === "native" || requested === "auto") {
+    const n = loadNative();
+    if ("kernels" in n) return { kernels: n.kernels, engine: "native", detail: `${requested}: ${n.kernels.name}` };
+    if (requested === "native") throw nativeRefusal(n.reason, n.fix);
+    const be = await initBackend("auto");
+    return {
+      kernels: createTfjsKernels(), engine: be.backend,
+      detail: `${be.detail}; native engine passed over: ${n.reason} (fast path: ${n.fix})`,
+    };
+  }
   const be = await initBackend(requested);
   return { kernels: createTfjsKernels(), engine: be.backend, detail: be.detail };
 }
