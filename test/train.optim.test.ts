@@ -109,6 +109,7 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   const ranges = [{ lo: 0, hi: 5000, decay: true }, { lo: 5000, hi: 5577, decay: false }, { lo: 5577, hi: P, decay: true }];
   const state = () => ({ p: fill(0.04), m: fill(2e-4), v: Float32Array.from({ length: P }, () => (rnd() + 0.5) * 1e-7) });
   const A = state(), B = { p: Float32Array.from(A.p), m: Float32Array.from(A.m), v: Float32Array.from(A.v) };
+  const p0 = Float32Array.from(A.p);
   for (let t = 1; t <= 3; t++) {
     adamwRef(A.p, A.m, A.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
     adamwSliceSimd(B.p, B.m, B.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
@@ -121,5 +122,8 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
     assert.equal(y[0], x[0], `${key}: below the slice untouched`);
     assert.equal(y[P - 1], x[P - 1], `${key}: above the slice untouched`);
   }
-  assert.notDeepEqual(B.p.subarray(7, 20), Float32Array.from(A.p.subarray(7, 20)).fill(0), "the weights moved");
+  // Both moved from the common start (the comparison above is not between two unmoved copies): 3 steps of ~lr each.
+  let moved = 0;
+  for (let i = 7; i < P - 2; i++) if (Math.abs(B.p[i]! - p0[i]!) > 1e-3) moved++;
+  assert.ok(moved > 0.5 * (P - 9), `only ${moved} of ${P - 9} weights in the slice moved by more than 1e-3`);
 });

@@ -42,7 +42,10 @@ test("a tiny run trains, lowers the loss, checkpoints every interval and exports
   assert.equal(j.final_step, 12);
   assert.deepEqual(j.checkpoints, [4, 8, 12]);
   assert.ok(Number.isFinite(j.val_loss as number), "validation ran at the horizon (G2)");
-  assert.ok(r.rep.metrics[0]!.loss > r.rep.metrics[r.rep.metrics.length - 1]!.loss, "loss falls");
+  // The held-out loss on fixed windows, after training, against what the untrained model scores there: an init with
+  // std 0.02 predicts a near-uniform distribution, so its loss is ln(vocab) = 4.159 or a little above (step 2's
+  // training loss here is 4.19). Trained 12 steps it is 4.03; with weights that never move it stays above 4.15.
+  assert.ok((j.val_loss as number) < Math.log(64) - 0.05, `held-out loss ${j.val_loss} is not below ln(64) - 0.05: training did not lower it`);
   // K1: at most one local copy besides the newest.
   const kept = fs.readdirSync(path.join(out, "ckpt")).sort();
   assert.deepEqual(kept, ["checkpoint-12", "checkpoint-8"]);
@@ -59,7 +62,9 @@ test("a tiny run trains, lowers the loss, checkpoints every interval and exports
   assert.equal(cur.samples_consumed, 24);
   assert.ok(r.rep.lines.some((l) => l.startsWith("precision: master=fp32")), "P1 precision line");
   assert.ok(r.rep.lines.some((l) => l.startsWith("RUN_JSON ")), "G5");
-  assert.ok(fs.existsSync(path.join(out, "metrics.jsonl")) || r.rep.metrics.length > 0);
+  // G9: one metrics entry every --log-every 2 steps, each with a finite loss and the LR of its step.
+  assert.deepEqual(r.rep.metrics.map((m) => m.step), [2, 4, 6, 8, 10, 12]);
+  for (const m of r.rep.metrics) assert.ok(Number.isFinite(m.loss) && m.lr > 0, `metrics entry ${JSON.stringify(m)}`);
 });
 
 for (const engine of RUN_ENGINES) {
