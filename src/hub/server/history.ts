@@ -117,25 +117,36 @@ async function reachable(store: RepoStore, r: RepoRef, refs: RefsState): Promise
   return seen;
 }
 
-/** Deletes commits no ref reaches and objects no kept commit names. Objects younger than graceMs
- *  are kept: an upload whose commit has not come yet is not garbage. Runs under the commit lock. */
+/** The commit files no ref reaches; their objects are what a squash or a deleted branch freed. */
+async function unreachable(store: RepoStore, r: RepoRef, kept: Map<string, CommitRecord>): Promise<{ files: string[]; objects: Set<string> }> {
+  const dir = path.join(store.repoDir(r), "commits");
+  const out = { files: [] as string[], objects: new Set<string>() };
+  for (const n of await fsp.readdir(dir).catch(() => [] as string[])) {
+    if (!n.endsWith(".json") || kept.has(n.slice(0, -5))) continue;
+    const c = await store.readCommit(r, n.slice(0, -5));
+    for (const f of Object.values(c?.files ?? {})) out.objects.add(f.sha256);
+    out.files.push(path.join(dir, n));
+  }
+  return out;
+}
+
+/** Deletes commits no ref reaches and objects no kept commit names. An object no commit ever named
+ *  is kept while younger than graceMs: it is an upload whose commit has not come yet. Runs under
+ *  the commit lock, so no commit is between its objects and its refs. */
 export async function collectGarbage(store: RepoStore, r: RepoRef, graceMs: number): Promise<GcResult> {
   return store.lock(r, async () => {
     const kept = await reachable(store, r, await store.mustRefs(r));
     const live = new Set<string>();
     for (const c of kept.values()) for (const f of Object.values(c.files)) live.add(f.sha256);
-    const out: GcResult = { commits: 0, objects: 0, bytes: 0 };
-    const dir = store.repoDir(r);
-    for (const n of await fsp.readdir(path.join(dir, "commits")).catch(() => [] as string[])) {
-      if (!n.endsWith(".json") || kept.has(n.slice(0, -5))) continue;
-      await fsp.rm(path.join(dir, "commits", n), { force: true });
-      out.commits++;
-    }
-    for (const n of await fsp.readdir(path.join(dir, "objects")).catch(() => [] as string[])) {
+    const dead = await unreachable(store, r, kept);
+    const out: GcResult = { commits: dead.files.length, objects: 0, bytes: 0 };
+    for (const f of dead.files) await fsp.rm(f, { force: true });
+    const objects = path.join(store.repoDir(r), "objects");
+    for (const n of await fsp.readdir(objects).catch(() => [] as string[])) {
       if (!/^[0-9a-f]{64}$/.test(n) || live.has(n)) continue;
-      const st = await fsp.stat(path.join(dir, "objects", n)).catch(() => null);
-      if (!st || Date.now() - st.mtimeMs < graceMs) continue;
-      await fsp.rm(path.join(dir, "objects", n), { force: true });
+      const st = await fsp.stat(path.join(objects, n)).catch(() => null);
+      if (!st || (!dead.objects.has(n) && Date.now() - st.mtimeMs < graceMs)) continue;
+      await fsp.rm(path.join(objects, n), { force: true });
       out.objects++;
       out.bytes += st.size;
     }
