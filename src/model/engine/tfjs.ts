@@ -13,11 +13,18 @@
  * small x^T is transposed and packed). Operands are uploaded per call (tf.tensor2d copies them onto the wasm
  * heap) and disposed before the call returns: the engine keeps no reference to the caller's arrays, so the
  * shared master weights can change between calls and the next product sees them.
- * alpha and beta are applied in JS in float64 on the product's float32 values, rounded once into C.
+ * alpha and beta are applied in JS in float64 on the product's float32 values, rounded once into C. A product
+ * with a long inner dimension (K > 8192: the LM head's dh = dlogits @ E) runs as a sum over K blocks: XNNPACK
+ * streams the whole packed right operand once per few rows of the left one, ~1.7x slower measured at K = V.
+ *
+ * Attention, too, runs on this matmul (scores, weighted sum and their gradients per GQA group: one kv head and
+ * its query heads in one sequence), with the causal softmax in JS: the plain-JS loops of js.ts are ~5x slower.
  */
 import * as tf from "@tensorflow/tfjs-core";
 import type { Kernels } from "../kernels";
 import { jsKernels } from "./js";
+
+type Matmul = Kernels["matmul"];
 
 /** [rows, cols] -> [cols, rows] into `out`, in 64x64 blocks written row by row (the faster order measured). */
 export function transposeInto(src: Float32Array, rows: number, cols: number, out: Float32Array): Float32Array {
@@ -63,6 +70,20 @@ export function createTfjsKernels(): Kernels {
     if (tf.getBackend() !== backend) throw new Error(`matmul: the tfjs backend changed from ${backend} to ${tf.getBackend()} under this engine`);
     if (M === 0 || N === 0) return;
     if (K === 0) { scaleC(C, M * N, beta); return; }
+    if (K > K_BLOCK_OVER && !transA && !transB) {
+      // C = beta C + sum over K blocks of alpha A[:, kb] @ B[kb, :] (B's rows are contiguous; A's column block is copied)
+      for (let k0 = 0; k0 < K; k0 += K_BLOCK) {
+        const kb = Math.min(K_BLOCK, K - k0), a = scratch("a", M * kb);
+        for (let m = 0; m < M; m++) a.set(A.subarray(m * K + k0, m * K + k0 + kb), m * kb);
+        product(false, false, M, N, kb, alpha, a, B.subarray(k0 * N, (k0 + kb) * N), k0 === 0 ? beta : 1, C);
+      }
+      return;
+    }
+    product(transA, transB, M, N, K, alpha, A, B, beta, C);
+  };
+
+  const product = (transA: boolean, transB: boolean, M: number, N: number, K: number,
+    alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void => {
     // floats moved in JS (transposes) + floats XNNPACK packs (the right operand), per plan
     const direct = (transA ? M * K : 0) + (transB ? K * N : 0) + K * N;
     const swapped = (transB ? 0 : K * N) + (transA ? 0 : M * K) + M * N + K * M;
@@ -95,9 +116,88 @@ export function createTfjsKernels(): Kernels {
     name: `tfjs ${backend}${backend === "wasm" ? ` (XNNPACK, SIMD ${tf.env().getBool("WASM_HAS_SIMD_SUPPORT") ? "on" : "off"})` : ""}; other kernels in JS`,
     matmul,
     ...jsKernels,
+    ...matmulAttention(matmul),
     dispose(): void {
       scratchA = new Float32Array(0);
       scratchB = new Float32Array(0);
+    },
+  };
+}
+
+/** Products with an inner dimension above this many run in blocks of K_BLOCK (see the header). */
+const K_BLOCK_OVER = 8192;
+const K_BLOCK = 2048;
+
+/**
+ * Causal GQA attention (kernels.ts contract) on matrix products. A group (b, j) is kv head j of sequence b and its
+ * R = H/K query heads h = j*R + i; its rows i*T + t are exactly att's [R*T, T] block at (b, j*R), so the scores
+ * land in att directly. q, k, v, and the gradients, are gathered to / scattered from [rows, E] scratch.
+ */
+function matmulAttention(mm: Matmul): Pick<Kernels, "attentionForward" | "attentionBackward"> {
+  let buf = new Float32Array(0);
+  /** Scratch views: Qg, dOg, dQg [R*T, E]; Kj, Vj, dKj, dVj [T, E]; dP [R*T, T]. */
+  const scratch = (R: number, T: number, E: number) => {
+    const q = R * T * E, kv = T * E, need = 3 * q + 4 * kv + R * T * T;
+    if (buf.length < need) buf = new Float32Array(need);
+    let o = 0;
+    const take = (n: number) => buf.subarray(o, (o += n));
+    return { Qg: take(q), dOg: take(q), dQg: take(q), Kj: take(kv), Vj: take(kv), dKj: take(kv), dVj: take(kv), dP: take(R * T * T) };
+  };
+  // rows of a [B,T,nh,E] tensor for head `h` of sequence b, t = 0..T-1, to / from a [T, E] block at row offset r0
+  const gather = (dst: Float32Array, r0: number, x: Float32Array, b: number, h: number, T: number, nh: number, E: number) => {
+    for (let t = 0; t < T; t++) { const o = ((b * T + t) * nh + h) * E; dst.set(x.subarray(o, o + E), (r0 + t) * E); }
+  };
+  const scatter = (x: Float32Array, src: Float32Array, r0: number, b: number, h: number, T: number, nh: number, E: number) => {
+    for (let t = 0; t < T; t++) x.set(src.subarray((r0 + t) * E, (r0 + t + 1) * E), ((b * T + t) * nh + h) * E);
+  };
+  return {
+    attentionForward(out, att, q, k, v, B, T, H, K, E) {
+      const R = H / K, s = scratch(R, T, E), scale = 1 / Math.sqrt(E);
+      for (let b = 0; b < B; b++) {
+        for (let j = 0; j < K; j++) {
+          for (let i = 0; i < R; i++) gather(s.Qg, i * T, q, b, j * R + i, T, H, E);
+          gather(s.Kj, 0, k, b, j, T, K, E);
+          gather(s.Vj, 0, v, b, j, T, K, E);
+          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T);
+          mm(false, true, R * T, T, E, scale, s.Qg, s.Kj, 0, P);       // scores / sqrt(E)
+          for (let r = 0; r < R * T; r++) {                             // causal softmax per row, u <= t
+            const t = r % T, o = r * T;
+            let mx = -Infinity;
+            for (let u = 0; u <= t; u++) if (P[o + u]! > mx) mx = P[o + u]!;
+            let sum = 0;
+            for (let u = 0; u <= t; u++) { const e = Math.exp(P[o + u]! - mx); P[o + u] = e; sum += e; }
+            const inv = 1 / sum;
+            for (let u = 0; u <= t; u++) P[o + u] = P[o + u]! * inv;
+            P.fill(0, o + t + 1, o + T);
+          }
+          mm(false, false, R * T, E, T, 1, P, s.Vj, 0, s.dQg);          // out = P @ V (dQg as scratch)
+          for (let i = 0; i < R; i++) scatter(out, s.dQg, i * T, b, j * R + i, T, H, E);
+        }
+      }
+    },
+    attentionBackward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) {
+      const R = H / K, s = scratch(R, T, E), scale = 1 / Math.sqrt(E);
+      for (let b = 0; b < B; b++) {
+        for (let j = 0; j < K; j++) {
+          for (let i = 0; i < R; i++) { gather(s.Qg, i * T, q, b, j * R + i, T, H, E); gather(s.dOg, i * T, dout, b, j * R + i, T, H, E); }
+          gather(s.Kj, 0, k, b, j, T, K, E);
+          gather(s.Vj, 0, v, b, j, T, K, E);
+          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T), dS = s.dP;
+          mm(false, true, R * T, T, E, 1, s.dOg, s.Vj, 0, dS);           // dP = dO @ V^T
+          for (let r = 0; r < R * T; r++) {                              // dS = P * (dP - rowsum(P * dP)) / sqrt(E)
+            const o = r * T;
+            let dot = 0;
+            for (let u = 0; u < T; u++) dot += P[o + u]! * dS[o + u]!;
+            for (let u = 0; u < T; u++) dS[o + u] = P[o + u]! * (dS[o + u]! - dot) * scale;
+          }
+          mm(false, false, R * T, E, T, 1, dS, s.Kj, 0, s.dQg);          // dQ = dS @ K
+          mm(true, false, T, E, R * T, 1, dS, s.Qg, 0, s.dKj);           // dK = dS^T @ Q (sums the R heads)
+          mm(true, false, T, E, R * T, 1, P, s.dOg, 0, s.dVj);           // dV = P^T @ dO
+          for (let i = 0; i < R; i++) scatter(dq, s.dQg, i * T, b, j * R + i, T, H, E);
+          scatter(dk, s.dKj, 0, b, j, T, K, E);
+          scatter(dv, s.dVj, 0, b, j, T, K, E);
+        }
+      }
     },
   };
 }
