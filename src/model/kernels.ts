@@ -2,7 +2,8 @@
  * The compute layer's ONE kernel interface. The model (llama.ts) is written against it, llm.c style: one
  * forward and one backward per op, on flat row-major Float32Arrays, every output buffer allocated by the
  * caller. An engine implements it: `native` (src/model/engine/native.ts: OpenBLAS cblas_sgemm + C kernels in a
- * Node-API addon) or `tfjs` (src/model/engine/tfjs.ts: matmul on a tfjs backend, the rest in plain JS).
+ * Node-API addon) or `tfjs` (src/model/engine/tfjs.ts: matmul, and attention through it, on a tfjs backend; the rest in
+ * plain JS, src/model/engine/js.ts).
  *
  * Shape legend:  B batch, T sequence, N = B*T tokens, D hidden, H query heads, K kv heads (GQA: kv head j
  *                serves query heads j*H/K ... (j+1)*H/K-1), E head_dim, F ffn width, V vocab.
