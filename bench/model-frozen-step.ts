@@ -1,73 +1,91 @@
 /**
- * One forward + backward of the frozen 106M model (M1) on the wasm backend (world 1), timed over several warm
- * calls, with the backend's own matMul rate measured in the same run, right before and right after the calls:
+ * One forward + backward of the frozen 106M model (M1) on one engine (world 1; `auto` = native when it loads),
+ * timed over several warm calls, with the engine's own single-thread matrix-product rate measured in the same run,
+ * right before and right after the calls, and one more, profiled call that gives each kernel's share of the step:
  *
  *   model_flops_per_token = 6 * params + 12 * layers * seq * hidden
  *     (params = every parameter, the tied embedding included: 2 FLOPs per parameter forward, 4 backward;
  *      the attention term is QK^T and PV forward + backward without causal savings; recomputation under
  *      gradient checkpointing is NOT counted: it is overhead, as usual for MFU)
  *   mfu = model_flops_per_token * tok_per_s / matmul_flops_per_s
- *     (matmul_flops_per_s: the backend's plain 2-D tf.matMul rate, right operand reused as the model's weights
- *      are, measured right before and right after the timed calls: the median over reps per shape, of
- *      [512,576]x[576,1536], [512,512]x[512,512] and [1024,1024]x[1024,1024], and the BEST of those shapes,
- *      so the MFU is the conservative one)
+ *     (matmul_flops_per_s: the engine's kernels.matmul rate, one thread (the native engine: OpenBLAS sgemm pinned
+ *      to 1 thread), measured right before and right after the timed calls: the median over reps per shape, of the
+ *      model's own products at N = micro_batch x seq tokens (x W^T [N,576]x[576,1536], dy W [N,1536]x[1536,576],
+ *      the weight gradient dy^T x [1536,N]x[N,576], the LM head's logits [N,576]x[576,49152]) and of 2048^2, and
+ *      the BEST of those shapes, so the MFU is the conservative one)
  *
  * Prints a `BENCH_JSON` line (case "frozen-step"). Also importable: frozenStepBench(o).
  * Usage: node dist/bench/model-frozen-step.js [--seq 256] [--micro-batch 1] [--grad-ckpt|--no-grad-ckpt] [--calls 3]
- *        [--layers N] [--backend wasm] [--ckpt-keep-mb 512 (0: whole-block recomputation)]
+ *        [--layers N] [--backend auto|native|wasm|cpu]
  */
 import * as tf from "@tensorflow/tfjs-core";
 import { initEngine, type BackendName } from "../src/model/backend";
+import type { Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
+import { profiledKernels, type KernelRow } from "./kernel-profile";
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
 }
 
 function wasmHeapBytes(): number | null {
-  const be = tf.backend() as unknown as { wasm?: { HEAPU8?: Uint8Array } };
-  return be.wasm?.HEAPU8 ? be.wasm.HEAPU8.buffer.byteLength : null;
+  try {
+    const be = tf.backend() as unknown as { wasm?: { HEAPU8?: Uint8Array } };
+    return be.wasm?.HEAPU8 ? be.wasm.HEAPU8.buffer.byteLength : null;
+  } catch {
+    return null; // no tfjs backend in this process (the native engine)
+  }
 }
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b), n = s.length;
-  return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+  return n % 2 ? s[(n - 1) / 2]! : (s[n / 2 - 1]! + s[n / 2]!) / 2;
 }
 
-/** GFLOP/s of an [m,k] x [k,n] tf.matMul (right operand reused, as the model's weights are), one sample per rep. */
-function matmulRates(m: number, k: number, n: number, reps: number): number[] {
-  const a = tf.randomUniform([m, k]) as tf.Tensor2D, b = tf.randomUniform([k, n]) as tf.Tensor2D;
+export interface MatmulShape { name: string; tA: boolean; tB: boolean; M: number; N: number; K: number; reps: number }
+
+/** The products the rate is measured on: the model's own, at N tokens, and 2048^2. */
+export function rateShapes(N: number, D: number, F: number, V: number): MatmulShape[] {
+  return [
+    { name: `x W^T [${N},${D}]x[${D},${F}]`, tA: false, tB: true, M: N, N: F, K: D, reps: 7 },
+    { name: `dy W [${N},${F}]x[${F},${D}]`, tA: false, tB: false, M: N, N: D, K: F, reps: 7 },
+    { name: `dy^T x [${F},${N}]x[${N},${D}]`, tA: true, tB: false, M: F, N: D, K: N, reps: 7 },
+    { name: `LM head [${N},${D}]x[${D},${V}]`, tA: false, tB: true, M: N, N: V, K: D, reps: 3 },
+    { name: "2048^2 [2048,2048]x[2048,2048]", tA: false, tB: false, M: 2048, N: 2048, K: 2048, reps: 3 },
+  ];
+}
+
+/** GFLOP/s of the engine's matmul on one shape, one sample per rep (one untimed call first). */
+export function matmulRates(k: Kernels, sh: MatmulShape): number[] {
+  const a = new Float32Array(sh.M * sh.K), b = new Float32Array(sh.K * sh.N), c = new Float32Array(sh.M * sh.N);
+  let s = 7;
+  for (const x of [a, b]) for (let i = 0; i < x.length; i++) { s = (Math.imul(s, 1664525) + 1013904223) >>> 0; x[i] = s / 4294967296 - 0.5; }
+  k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
   const out: number[] = [];
-  try {
-    tf.tidy(() => { tf.matMul(a, b); }); // XNNPACK packs b once (cached per tensor)
-    for (let i = 0; i < reps; i++) {
-      // wasm kernels run synchronously: the product is done when matMul returns (no dataSync: it would add a copy
-      // of the output at ~10 ns/float to the time)
-      const t0 = performance.now();
-      const c = tf.matMul(a, b);
-      const dt = (performance.now() - t0) / 1000;
-      c.dispose();
-      out.push((2 * m * k * n) / dt / 1e9);
-    }
-  } finally {
-    tf.dispose([a, b]);
+  for (let i = 0; i < sh.reps; i++) {
+    const t0 = performance.now();
+    k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
+    out.push((2 * sh.M * sh.N * sh.K) / ((performance.now() - t0) / 1000) / 1e9);
   }
   return out;
 }
 
-export async function frozenStepBench(o: { seq: number; microBatch: number; gradCkpt: boolean; calls: number; layers?: number; backend?: BackendName; ckptKeepBytes?: number; log?: (s: string) => void }): Promise<Record<string, unknown>> {
+export async function frozenStepBench(o: { seq: number; microBatch: number; gradCkpt: boolean; calls: number; layers?: number; backend?: BackendName; log?: (s: string) => void }): Promise<Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number }> {
   const log = o.log ?? (() => undefined);
-  const be = await initEngine(o.backend ?? "wasm");
+  const be = await initEngine(o.backend ?? "auto");
+  log(`frozen-step engine: ${be.detail}`);
   const cfg = buildConfig({ seqLen: o.seq, layers: o.layers });
   const { total } = paramLayout(cfg);
   const params = countParams(cfg).sum_numel;
   const w = new Float32Array(total);
   initWeights(cfg, 20260919, w);
-  const m = new Llama(cfg, be.kernels, { gradCkpt: o.gradCkpt });
+  // the model calls the kernels through this object: the profiled call swaps its methods for timed ones
+  const k: Kernels = { ...be.kernels };
+  const m = new Llama(cfg, k, { gradCkpt: o.gradCkpt });
   try {
     let t0 = performance.now();
     m.bindParams(w);
@@ -77,15 +95,15 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     for (let i = 0; i < ids.length; i++) { s = (Math.imul(s, 1103515245) + 12345) >>> 0; ids[i] = s % cfg.vocabSize; }
     const grads = new Float32Array(total);
     const tok = o.microBatch * o.seq;
-    // warm-up: the first call after an upload pays XNNPACK's weight packing
     t0 = performance.now();
     const loss0 = m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
     const firstMs = performance.now() - t0;
-    log(`first call (packing): ${firstMs.toFixed(0)} ms, loss ${loss0.toFixed(4)}`);
-    const shapes: [number, number, number][] = [[512, 576, 1536], [512, 512, 512], [1024, 1024, 1024]];
-    const mmBefore = shapes.map(([a, b, c]) => matmulRates(a, b, c, 7));
+    log(`first call: ${firstMs.toFixed(0)} ms, loss ${loss0.toFixed(4)}`);
+    const shapes = rateShapes(tok, cfg.hiddenSize, cfg.intermediateSize, cfg.vocabSize);
+    const mmBefore = shapes.map((sh) => matmulRates(be.kernels, sh));
     const stepMs: number[] = [], cpuMs: number[] = [];
-    const tensorsBefore = tf.memory().numTensors;
+    const tfjs = be.engine !== "native"; // no tfjs backend is initialised under the native engine
+    const tensorsBefore = tfjs ? tf.memory().numTensors : 0;
     for (let i = 0; i < o.calls; i++) {
       const c0 = process.cpuUsage();
       t0 = performance.now();
@@ -93,11 +111,19 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
       const dt = performance.now() - t0;
       const cu = process.cpuUsage(c0);
       stepMs.push(dt); cpuMs.push((cu.user + cu.system) / 1000);
-      log(`call ${i + 1}: ${dt.toFixed(0)} ms wall (${(tok / dt * 1000).toFixed(1)} tok/s), ${cpuMs[i].toFixed(0)} ms CPU`);
+      log(`call ${i + 1}: ${dt.toFixed(0)} ms wall (${(tok / dt * 1000).toFixed(1)} tok/s), ${cpuMs[i]!.toFixed(0)} ms CPU`);
     }
-    const mmAfter = shapes.map(([a, b, c]) => matmulRates(a, b, c, 7));
-    const perShape = shapes.map((sh, i) => ({ shape: sh.join("x"), gflops: +median([...mmBefore[i], ...mmAfter[i]]).toFixed(2),
-      before: +median(mmBefore[i]).toFixed(2), after: +median(mmAfter[i]).toFixed(2) }));
+    const mmAfter = shapes.map((sh) => matmulRates(be.kernels, sh));
+    // one more call through the timing proxy: each kernel's share of the step
+    const prof = profiledKernels(be.kernels);
+    Object.assign(k, prof.kernels);
+    t0 = performance.now();
+    m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
+    const profMs = performance.now() - t0;
+    Object.assign(k, be.kernels);
+    const kernelRows = prof.rows(profMs);
+    const perShape = shapes.map((sh, i) => ({ shape: sh.name, gflops: +median([...mmBefore[i]!, ...mmAfter[i]!]).toFixed(2),
+      before: +median(mmBefore[i]!).toFixed(2), after: +median(mmAfter[i]!).toFixed(2) }));
     const stepMedian = median(stepMs);
     const tokPerS = tok / (stepMedian / 1000);
     const gflops = Math.max(...perShape.map((x) => x.gflops));
@@ -105,18 +131,21 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     const mfu = (flopsPerTok * tokPerS) / (gflops * 1e9);
     const heap = wasmHeapBytes();
     return {
-      case: "frozen-step", backend: be.engine, detail: be.detail, world: 1, params, layers: cfg.numLayers,
-      seq_len: o.seq, micro_batch: o.microBatch, grad_ckpt: o.gradCkpt, ckpt_keep_bytes: o.ckptKeepBytes ?? "default", calls: o.calls,
+      case: "frozen-step", backend: be.engine, detail: be.detail, kernels_name: be.kernels.name, world: 1, params, layers: cfg.numLayers,
+      seq_len: o.seq, micro_batch: o.microBatch, grad_ckpt: o.gradCkpt, calls: o.calls,
       step_ms_median: +stepMedian.toFixed(1), step_ms: stepMs.map((x) => +x.toFixed(1)), step_cpu_ms: cpuMs.map((x) => +x.toFixed(1)),
       tok_per_s: +tokPerS.toFixed(2),
       tok_per_cpu_s: +(tok / (median(cpuMs) / 1000)).toFixed(2),
       matmul_gflops: +gflops.toFixed(2), matmul_rates: perShape,
+      sgemm_2048_gflops: perShape[perShape.length - 1]!.gflops,
+      matmul_rate_what: `the ${be.engine} engine's kernels.matmul, one thread, best of the shapes (median per shape)`,
       model_flops_per_token: flopsPerTok, model_flops_formula: "6*params + 12*layers*seq*hidden",
       mfu: +mfu.toFixed(3),
       first_call_ms: +firstMs.toFixed(1), set_weights_ms: +setMs.toFixed(1), loss: +loss0.toFixed(5),
-      tensor_leak: tf.memory().numTensors - tensorsBefore,
+      tensor_leak: tfjs ? tf.memory().numTensors - tensorsBefore : null,
       wasm_heap_bytes: heap, wasm_heap_limit_bytes: heap === null ? null : 4 * 1024 ** 3,
-      tf_bytes: tf.memory().numBytes, rss_bytes: process.memoryUsage().rss,
+      rss_bytes: process.memoryUsage().rss,
+      profile_step_ms: +profMs.toFixed(1), kernel_profile: kernelRows,
     };
   } finally {
     m.dispose();
@@ -129,11 +158,9 @@ async function main(): Promise<void> {
   const calls = Number(arg("--calls", arg("--steps", "3")));
   const gradCkpt = !(process.argv.includes("--no-grad-ckpt") || process.argv.includes("--no-ckpt"));
   const layersArg = arg("--layers", "");
-  const keepMb = arg("--ckpt-keep-mb", ""); // M6 selective-recomputation budget; 0: recompute whole blocks
   const res = await frozenStepBench({
     seq, microBatch, gradCkpt, calls, layers: layersArg ? Number(layersArg) : undefined,
-    backend: arg("--backend", "wasm") as BackendName,
-    ckptKeepBytes: keepMb ? Number(keepMb) * 1024 * 1024 : undefined, log: (s) => console.log(s),
+    backend: arg("--backend", "auto") as BackendName, log: (s) => console.log(s),
   });
   console.log("BENCH_JSON " + JSON.stringify(res));
 }
