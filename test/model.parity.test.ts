@@ -9,6 +9,8 @@ import assert from "node:assert/strict";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
 import { Llama } from "../src/model/llama";
+import { initBackend } from "../src/model/backend";
+import { createTfjsKernels } from "../src/model/engine/tfjs";
 import { relErr } from "./helpers/numeric";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { ENGINES, useEngine } from "./helpers/engines";
@@ -118,6 +120,20 @@ for (const engine of ENGINES) {
     assert.equal(tf.memory().numTensors, n, "no tfjs tensors are kept across passes");
   });
 }
+
+test("the plain-JS attention kernels (js.ts, the readable reference) match the float64 reference too (M4)", async () => {
+  await initBackend("wasm");
+  const k = createTfjsKernels({ attention: "js" });
+  const m = new Llama(cfg, k, { gradCkpt: true });
+  m.bindParams(weights);
+  const grads = new Float32Array(layout.total);
+  const loss = m.lossAndGrads(ids, B, T, 1, grads);
+  assert.ok(Math.abs(loss - ref.loss) / ref.loss < 1e-5, `loss ${loss} vs ${ref.loss}`);
+  for (const en of layout.entries) {
+    const err = relErr(grads.subarray(en.offset, en.offset + en.size), refGrads.get(en.name)!.data as Float64Array);
+    assert.ok(err < 1e-4, `${en.name}: gradient rel err ${err}`);
+  }
+});
 
 test("the loss stays exact when fp32 probabilities underflow: it equals log-sum-exp minus the label logit in float64 (M4)", async (t) => {
   const e = (await useEngine(t, "wasm"))!;

@@ -51,7 +51,11 @@ function readProduct(t: tf.Tensor): Float32Array {
   return t.dataSync() as Float32Array;
 }
 
-export function createTfjsKernels(): Kernels {
+/**
+ * attention "matmul" (default): attention on this engine's matmul (see the header); "js": js.ts's plain loops (the
+ * readable reference, ~5x slower; tests check both against the float64 fixture).
+ */
+export function createTfjsKernels(o: { attention?: "matmul" | "js" } = {}): Kernels {
   const backend = tf.getBackend();
   if (!backend) throw new Error("createTfjsKernels: no tfjs backend is active (call initEngine first)");
   // transpose scratch (grown on demand, reused: fresh big allocations page-fault at ~11 ns/float)
@@ -116,7 +120,7 @@ export function createTfjsKernels(): Kernels {
     name: `tfjs ${backend}${backend === "wasm" ? ` (XNNPACK, SIMD ${tf.env().getBool("WASM_HAS_SIMD_SUPPORT") ? "on" : "off"})` : ""}; other kernels in JS`,
     matmul,
     ...jsKernels,
-    ...matmulAttention(matmul),
+    ...(o.attention === "js" ? {} : matmulAttention(matmul)),
     dispose(): void {
       scratchA = new Float32Array(0);
       scratchB = new Float32Array(0);
