@@ -6,7 +6,8 @@
  *
  * Where the addon is not built or no OpenBLAS is found (the no-BLAS machine), every native test is skipped
  * with the reason and the fix, and the first test prints them; with TSTRAIN_REQUIRE_NATIVE=1 (CI sets it where
- * OpenBLAS is installed) failing to load is a test FAILURE.
+ * OpenBLAS is installed) failing to load is a test FAILURE. The last test holds native against the plain-JS
+ * reference kernels (src/model/engine/js.ts, the tfjs engine's non-matmul half) on the same inputs.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -14,6 +15,7 @@ import { Worker } from "node:worker_threads";
 import * as path from "node:path";
 import type { Kernels } from "../src/model/kernels";
 import { loadNative } from "../src/model/engine/native";
+import { jsKernels, type NonMatmulKernels } from "../src/model/engine/js";
 
 const loaded = loadNative();
 const K: Kernels | null = "kernels" in loaded ? loaded.kernels : null;
@@ -399,4 +401,53 @@ test("worker threads load the addon for themselves, share one BLAS, and compute 
     assert.ok(bytesEqual(g.out!, want), "a worker's product differs from the main thread's");
     assert.equal(g.name, K!.name);
   }
+});
+
+// ------------------------------------------------------------------ against the plain-JS reference kernels
+test("native agrees with the plain-JS reference kernels (src/model/engine/js.ts) on every non-matmul kernel", { skip }, () => {
+  const k = K!, j = jsKernels;
+  const B = 2, T = 69, H = 6, Kh = 2, E = 8, D = 37, N = B * T, V = 523, F = 45;
+  const both = (f: (kk: NonMatmulKernels, shared: boolean) => Float32Array[] | number, what: string, tol = TOL) => {
+    const a = f(k, true), b = f(j, false);
+    if (typeof a === "number" || typeof b === "number") {
+      assert.ok(Math.abs(Number(a) - Number(b)) <= tol * (1 + Math.abs(Number(b))), `${what}: ${String(a)} vs ${String(b)}`);
+      return;
+    }
+    for (let i = 0; i < a.length; i++) close(a[i]!, b[i]!, tol, `${what} output ${i}`);
+  };
+  both((kk, sh) => { const o = filled(N * D, NaN, sh), r = filled(N, NaN, sh); kk.rmsnormForward(o, r, rand(N * D, 1, sh), rand(D, 2, sh), N, D, 1e-6); return [o, r]; }, "rmsnormForward");
+  both((kk, sh) => {
+    const x = rand(N * D, 1, sh), w = rand(D, 2, sh), o = filled(N * D, 0, sh), r = filled(N, 0, sh);
+    kk.rmsnormForward(o, r, x, w, N, D, 1e-6);
+    const dx = rand(N * D, 3, sh), dw = rand(D, 4, sh);
+    kk.rmsnormBackward(dx, dw, rand(N * D, 5, sh), x, w, r, N, D);
+    return [dx, dw];
+  }, "rmsnormBackward");
+  const { cos, sin } = ropeTables(T, E / 2);
+  both((kk, sh) => { const x = rand(N * H * E, 6, sh); kk.ropeForward(x, cos, sin, B, T, H, E); return [x]; }, "ropeForward");
+  both((kk, sh) => { const x = rand(N * H * E, 7, sh); kk.ropeBackward(x, cos, sin, B, T, H, E); return [x]; }, "ropeBackward");
+  both((kk, sh) => {
+    const q = rand(N * H * E, 8, sh, 2), kv = rand(N * Kh * E, 9, sh, 2), v = rand(N * Kh * E, 10, sh);
+    const out = filled(N * H * E, NaN, sh), att = filled(B * H * T * T, NaN, sh);
+    kk.attentionForward(out, att, q, kv, v, B, T, H, Kh, E);
+    const dq = filled(q.length, NaN, sh), dk = filled(kv.length, NaN, sh), dv = filled(v.length, NaN, sh);
+    kk.attentionBackward(dq, dk, dv, rand(N * H * E, 11, sh), q, kv, v, att, B, T, H, Kh, E);
+    return [out, att, dq, dk, dv];
+  }, "attention");
+  both((kk, sh) => {
+    const g = rand(N * F, 12, sh, 6), u = rand(N * F, 13, sh), o = filled(N * F, NaN, sh), dg = filled(N * F, NaN, sh), du = filled(N * F, NaN, sh);
+    kk.swigluForward(o, g, u, N * F);
+    kk.swigluBackward(dg, du, rand(N * F, 14, sh), g, u, N * F);
+    return [o, dg, du];
+  }, "swiglu");
+  const targets = new Int32Array(N).map((_, i) => (i % 5 === 4 ? -1 : (i * 37) % V));
+  both((kk, sh) => { const lg = rand(N * V, 15, sh, 8); return kk.crossEntropy(lg, targets, N, V, 0); }, "crossEntropy loss", 1e-9);
+  both((kk, sh) => { const lg = rand(N * V, 15, sh, 8); kk.crossEntropy(lg, targets, N, V, 0.25); return [lg]; }, "crossEntropy gradient");
+  const ids = new Int32Array(N).map((_, i) => (i * 13) % V);
+  both((kk, sh) => {
+    const Em = rand(V * D, 16, sh), out = filled(N * D, NaN, sh), dE = rand(V * D, 17, sh);
+    kk.embeddingForward(out, ids, Em, N, D);
+    kk.embeddingBackward(dE, ids, rand(N * D, 18, sh), N, D);
+    return [out, dE];
+  }, "embedding");
 });
