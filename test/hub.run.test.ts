@@ -7,6 +7,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawn } from "node:child_process";
 import { LocalHub } from "../src/hub/server";
+import type { HubEvent } from "../src/hub/server/context";
 import { createHubStore } from "../src/hub/store";
 import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
@@ -16,10 +17,17 @@ import { tmpDir } from "./helpers/tmp";
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
 
-async function withHub<T>(fn: (hub: LocalHub, url: string) => Promise<T>, token?: string): Promise<T> {
-  const hub = new LocalHub({ dir: tmpDir("tstrain-hubdir-"), token });
+let hubRef: LocalHub | null = null;
+
+async function withHubOn<T>(dir: string, fn: (url: string, hub: LocalHub) => Promise<T>, token?: string, onEvent?: (e: HubEvent) => void): Promise<T> {
+  const hub = new LocalHub({ dir, token, onEvent });
+  hubRef = hub;
   const url = await hub.start();
-  try { return await fn(hub, url); } finally { await hub.stop(); }
+  try { return await fn(url, hub); } finally { await hub.stop(); }
+}
+
+function withHub<T>(fn: (hub: LocalHub, url: string) => Promise<T>, token?: string): Promise<T> {
+  return withHubOn(tmpDir("tstrain-hubdir-"), (url, hub) => fn(hub, url), token);
 }
 
 function cliArgs(out: string, url: string, repo: string, extra: string[] = []): string[] {
@@ -30,17 +38,18 @@ function cliArgs(out: string, url: string, repo: string, extra: string[] = []): 
 
 interface Child { code: number | null; signal: string | null; stdout: string; stderr: string }
 
-function runCli(args: string[], env: Record<string, string> = {}, onLine?: (l: string, kill: () => void) => void): Promise<Child> {
+/** A CLI run in a child process. `kill` SIGKILLs it; so does a watchdog after `limitMs`, so a hung run fails the test
+ *  (by its exit, with the output so far) instead of keeping the test process alive. */
+function runCli(args: string[], env: Record<string, string> = {}, onStart?: (kill: () => void) => void, limitMs = 200_000): Promise<Child> {
   return new Promise((resolve) => {
     const cp = spawn(process.execPath, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "", stderr = "", buf = "";
-    cp.stdout.on("data", (d: Buffer) => {
-      stdout += d; buf += d;
-      let i;
-      while ((i = buf.indexOf("\n")) >= 0) { const l = buf.slice(0, i); buf = buf.slice(i + 1); onLine?.(l, () => cp.kill("SIGKILL")); }
-    });
+    const kill = () => { cp.kill("SIGKILL"); };
+    const watchdog = setTimeout(() => { stderr += `\n[test watchdog: no exit within ${limitMs} ms, killed]`; kill(); }, limitMs);
+    let stdout = "", stderr = "";
+    cp.stdout.on("data", (d: Buffer) => { stdout += d; });
     cp.stderr.on("data", (d: Buffer) => { stderr += d; });
-    cp.on("close", (code, signal) => resolve({ code, signal, stdout, stderr }));
+    cp.on("close", (code, signal) => { clearTimeout(watchdog); resolve({ code, signal, stdout, stderr }); });
+    onStart?.(kill);
   });
 }
 
@@ -91,29 +100,32 @@ test("a fresh start refuses a Hub repo that already holds a run (R1)", { timeout
 });
 
 test("a run killed with SIGKILL during an upload continues with --resume auto from the last verified checkpoint and ends bit-identical (R2-R4, B1)", { timeout: 240_000 }, async () => {
-  await withHub(async (hub, url) => {
+  // The kill lands on events, not after a delay. The run's commits to its repo are, in order: checkpoint-4's files,
+  // then latest.json -> checkpoint 4 (K3: upload, verify, pointer). When the Hub reports the second one ("commit"
+  // event), it is told to hold LFS uploads (a 10-minute delay); the next upload is checkpoint 8's, and the run is
+  // killed the moment the Hub logs that PUT arriving, before it is served. Under any load the kill therefore falls
+  // inside checkpoint 8's upload, after checkpoint 4 is verified and pointed at, and before any of 8 is committed.
+  let kill: (() => void) | null = null;
+  let commits = 0;
+  let killedAtCommits = -1;
+  await withHubOn(tmpDir("tstrain-hubdir-"), async (url, hub) => {
     const straight = await runCli(cliArgs(tmpDir("tstrain-straight-"), url, "me/straight"));
     assert.equal(straight.code, 0, straight.stderr);
     const straightFinal = path.join(straight.stdout.match(/exported (\S+)/)![1]!);
 
-    let uploadsAtKill = -1;
-    const killed = await runCli(cliArgs(tmpDir("tstrain-killed-"), url, "me/killed"), {}, (line, kill) => {
-      if (!(line.startsWith("CKPT 4 ") && line.includes("ok=true"))) return;
-      // Checkpoint 4 is verified and pointed at: make the next checkpoint's LFS upload hang, and kill
-      // the run while that upload is in flight.
-      const before = hub.requests.length;
-      hub.setFaults({ delayMs: { upload: 60_000 } });
-      const poll = setInterval(() => {
-        const live = hub.requests.slice(before).filter((r) => r.method === "PUT" && r.status === 0);
-        if (live.length > 0) {
-          uploadsAtKill = live.length;
-          clearInterval(poll);
-          kill();
-        }
-      }, 20);
-    });
-    assert.equal(killed.signal, "SIGKILL");
-    assert.ok(uploadsAtKill > 0, "killed while an upload was in flight");
+    const log = hub.requests;
+    const push = log.push.bind(log);
+    log.push = (...entries) => {
+      const n = push(...entries);
+      if (commits >= 2 && kill && entries.some((e) => e.method === "PUT" && e.path.startsWith("/__lfs/upload/"))) { killedAtCommits = commits; kill(); kill = null; }
+      return n;
+    };
+    const killed = await runCli(cliArgs(tmpDir("tstrain-killed-"), url, "me/killed"), {}, (k) => { kill = k; });
+    kill = null;
+    assert.equal(killed.signal, "SIGKILL", `the run was killed (stdout: ${killed.stdout.slice(-2000)} stderr: ${killed.stderr.slice(-2000)})`);
+    assert.equal(killedAtCommits, 2, "killed on the first upload after checkpoint 4's pointer moved");
+    assert.match(killed.stdout, /CKPT 4 .*ok=true/);
+    assert.doesNotMatch(killed.stdout, /CKPT 8 /, "checkpoint 8 never finished");
     hub.clearFaults();
     const store = createHubStore({ hubUrl: url, repo: "me/killed", repoType: "dataset" });
     assert.equal((await store.readPointer())?.step, 4, "the pointer still names the last verified checkpoint");
@@ -130,6 +142,8 @@ test("a run killed with SIGKILL during an upload continues with --resume auto fr
     const again = await runCli(cliArgs(tmpDir("tstrain-again-"), url, "me/killed", ["--resume", "auto"]));
     assert.equal(again.code, 0, again.stderr);
     assert.match(again.stdout, /the run is complete/);
+  }, undefined, (e) => {
+    if (e.type === "commit" && e.repo === "me/killed" && ++commits === 2) hubRef!.setFaults({ delayMs: { upload: 600_000 } });
   });
 });
 
