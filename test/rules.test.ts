@@ -3,13 +3,17 @@
  * that cover it; and the tests it names exist.
  *
  * What counts as a citation (the pattern, also stated in docs/RULES.md):
- * - an uppercase letter from the rule groups A M P D C K R G B, then a number 1..99 with no leading zero,
- *   standing alone: no letter, digit or underscore right before or right after it. So `0xB1`, a hex digest,
- *   `B1C`, `M10x` or a lowercase `d4` are not citations.
+ * - an uppercase letter of a rule group, then a number 1..99 with no leading zero, standing alone: no letter,
+ *   digit or underscore right before or right after it. So `0xB1`, a hex digest, `B1C`, `M10x` or a lowercase
+ *   `d4` are not citations. The groups are SPEC's A M P D C K R G B, and two the project added: L (the local
+ *   Hub server, #13) and O (the run folder and the process, #12). A new group's letter goes into GROUPS.
  * - only inside comments and string or template literals (and regex literals) of the .ts files under src/,
  *   test/ and bench/. Identifiers are names, not citations: a constant called after Adam's beta1 is code.
  *   The TypeScript parser decides what is a comment or a literal, so a `//` inside a string or a quote inside
  *   a comment cannot confuse it.
+ * - whatever the letter: the rule of a refusal, i.e. the first argument of `new UserError("…", …)` and a string
+ *   given to a property named `rule` (`rule = "K4"`, `{ rule: "K5" }`). So a refusal citing a group this file does
+ *   not know yet is still checked.
  *
  * What counts as a definition: a line `### <ID> — <title>` in docs/RULES.md, followed (before the next heading)
  * by a paragraph starting `**Rule.**`, one starting `**Why.**` and one starting `**Tests.**`. The Tests paragraph
@@ -27,10 +31,12 @@ const ROOT = path.join(__dirname, "..", "..");
 const RULES_MD = path.join(ROOT, "docs", "RULES.md");
 const SCANNED = ["src", "test", "bench"];
 
+/** The rule groups' letters: SPEC's nine, L (local Hub server) and O (run folder and process). */
+const GROUPS = "AMPDCKRGBLO";
 /** A rule id as cited: group letter, 1..99, standing alone. */
-const ID_PATTERN = /(?<![A-Za-z0-9_])[AMPDCKRGB][1-9][0-9]?(?![A-Za-z0-9_])/g;
-/** A definition heading in docs/RULES.md. */
-const DEF_HEADING = /^### ([AMPDCKRGB][1-9][0-9]?) — \S.*$/;
+const ID_PATTERN = new RegExp(`(?<![A-Za-z0-9_])[${GROUPS}][1-9][0-9]?(?![A-Za-z0-9_])`, "g");
+/** A definition heading in docs/RULES.md (any capital letter: a refusal may cite a group GROUPS lacks). */
+const DEF_HEADING = /^### ([A-Z][1-9][0-9]?) — \S.*$/;
 
 interface Citation { file: string; line: number; id: string }
 
@@ -66,17 +72,31 @@ function citableRanges(sf: ts.SourceFile): Array<{ start: number; text: string }
   return out;
 }
 
+/** String literals that name the rule of a refusal: `new UserError("X", …)`, `rule = "X"`, `{ rule: "X" }`. */
+function ruleArguments(sf: ts.SourceFile): ts.StringLiteralLike[] {
+  const out: ts.StringLiteralLike[] = [];
+  const visit = (n: ts.Node): void => {
+    if (ts.isNewExpression(n) && n.expression.getText(sf) === "UserError" && n.arguments?.[0] && ts.isStringLiteralLike(n.arguments[0])) {
+      out.push(n.arguments[0]);
+    }
+    if ((ts.isPropertyDeclaration(n) || ts.isPropertyAssignment(n)) && n.name.getText(sf) === "rule" && n.initializer && ts.isStringLiteralLike(n.initializer)) {
+      out.push(n.initializer);
+    }
+    ts.forEachChild(n, visit);
+  };
+  visit(sf);
+  return out;
+}
+
 /** Every rule id cited in one TypeScript source text. */
 function citationsIn(file: string, source: string): Citation[] {
   const sf = ts.createSourceFile(file, source, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
-  const found = new Map<string, Citation>();
+  const found = new Map<number, string>(); // source offset -> id
   for (const r of citableRanges(sf)) {
-    for (const m of r.text.matchAll(ID_PATTERN)) {
-      const line = sf.getLineAndCharacterOfPosition(r.start + m.index!).line + 1;
-      found.set(`${line}:${m.index! + r.start}`, { file, line, id: m[0] });
-    }
+    for (const m of r.text.matchAll(ID_PATTERN)) found.set(r.start + m.index!, m[0]);
   }
-  return [...found.values()].sort((a, b) => a.line - b.line);
+  for (const lit of ruleArguments(sf)) found.set(lit.getStart(sf) + 1, lit.text); // the same offset as the pattern's match
+  return [...found].sort((a, b) => a[0] - b[0]).map(([pos, id]) => ({ file, line: sf.getLineAndCharacterOfPosition(pos).line + 1, id }));
 }
 
 function tsFiles(dir: string): string[] {
@@ -127,10 +147,12 @@ test("the pattern finds ids in comments and literals only, standing alone, and n
     "/** a JSDoc block citing G10 */",
     "const s = `segment ${B1} skips validation (G1)`; const re = / \\[M7\\]$/;",
     "if (n) { /* trailing D6 */ }",
+    `throw new UserError("${"Z" + "7"}", "no"); class E { readonly rule = "${"Q" + "3"}"; } const o = { rule: "K5" };`,
   ].join("\n");
   const got = citationsIn("x.ts", src).map((c) => `${c.line}:${c.id}`);
-  assert.deepEqual(got, ["1:K4", "1:M1", "1:M7", "1:R2", "1:R4", `2:${undef}`, "3:G10", "4:G1", "4:M7", "5:D6"]);
-  assert.deepEqual(undefinedCitations(citationsIn("src/x.ts", src), new Set(["K4", "M1", "M7", "R2", "R4", "G10", "G1", "D6"])), [`src/x.ts:2: ${undef}`]);
+  assert.deepEqual(got, ["1:K4", "1:M1", "1:M7", "1:R2", "1:R4", `2:${undef}`, "3:G10", "4:G1", "4:M7", "5:D6", `6:${"Z" + "7"}`, `6:${"Q" + "3"}`, "6:K5"]);
+  assert.deepEqual(undefinedCitations(citationsIn("src/x.ts", src), new Set(["K4", "M1", "M7", "R2", "R4", "G10", "G1", "D6", "K5"])),
+    [`src/x.ts:2: ${undef}`, `src/x.ts:6: ${"Z" + "7"}`, `src/x.ts:6: ${"Q" + "3"}`]);
 });
 
 test("a definition is a '### ID — title' heading; another heading ends its body", () => {
