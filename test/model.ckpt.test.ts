@@ -1,8 +1,8 @@
 /**
- * M6 gradient checkpointing on a GQA shape (9 query heads over 3 kv heads, 2 layers, batch 3): the checkpointed
- * pass (keep each block's input, recompute the block right before its backward) gives loss and gradients
- * bit-identical to the pass that keeps every activation, on every engine, accumulating over micro-batches; and
- * each engine is deterministic run to run (exact resume, B1, depends on it).
+ * M6 gradient checkpointing on a GQA shape (9 query heads over 3 kv heads, 3 layers, batch 3): both recomputation
+ * policies (keep the blocks' matmul outputs and recompute norms, attention softmax and SwiGLU; or recompute whole
+ * blocks, ckptKeepBytes 0) give loss and gradients bit-identical to the pass that keeps every activation, on every
+ * engine, accumulating over micro-batches; and each engine is deterministic run to run (exact resume, B1).
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -12,7 +12,7 @@ import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
 import { ENGINES, useEngine } from "./helpers/engines";
 
-const cfg = buildConfig({ seqLen: 10, layers: 2, hidden: 198, vocabSize: 50 }); // head_dim 22, 9 heads, 3 kv heads
+const cfg = buildConfig({ seqLen: 10, layers: 3, hidden: 198, vocabSize: 50 }); // head_dim 22, 9 heads, 3 kv heads
 const { total } = paramLayout(cfg);
 const weights = new Float32Array(total);
 initWeights(cfg, 5, weights);
@@ -20,22 +20,25 @@ const B = 3, T = 10;
 const ids = Int32Array.from({ length: 2 * B * T }, (_, i) => (i * 2654435761) % cfg.vocabSize);
 
 for (const engine of ENGINES) {
-  test(`on ${engine}, the checkpointed pass is bit-identical to the plain one over two accumulated micro-batches (M6)`, async (t) => {
+  test(`on ${engine}, both recomputation policies are bit-identical to the plain pass over two accumulated micro-batches (M6)`, async (t) => {
     assert.equal(cfg.numKvHeads, 3);
     assert.equal(cfg.numHeads, 9);
     const e = await useEngine(t, engine);
     if (!e) return;
-    const run = (gradCkpt: boolean) => {
-      const m = new Llama(cfg, e.kernels, { gradCkpt });
+    const run = (gradCkpt: boolean, ckptKeepBytes?: number) => {
+      const m = new Llama(cfg, e.kernels, { gradCkpt, ckptKeepBytes });
       m.bindParams(weights);
       const g = new Float32Array(total);
       const losses = [m.lossAndGrads(ids.subarray(0, B * T), B, T, 1024, g), m.lossAndGrads(ids.subarray(B * T), B, T, 1024, g)];
       return { losses, g };
     };
-    const plain = run(false), ckpt = run(true), again = run(true);
-    assert.deepEqual(ckpt.losses, plain.losses);
-    assert.deepEqual(ckpt.g, plain.g, "checkpointed gradients are bit-identical");
-    assert.deepEqual(again.g, ckpt.g, "run to run: same gradients");
+    const plain = run(false), kept = run(true), whole = run(true, 0), again = run(true);
+    assert.deepEqual(kept.losses, plain.losses);
+    assert.deepEqual(kept.g, plain.g, "checkpointed gradients (matmul outputs kept) are bit-identical");
+    assert.deepEqual(whole.losses, plain.losses);
+    assert.deepEqual(whole.g, plain.g, "checkpointed gradients (whole blocks recomputed) are bit-identical");
+    assert.deepEqual(again.g, kept.g, "run to run: same gradients");
+    assert.throws(() => new Llama(cfg, e.kernels, { gradCkpt: true, ckptKeepBytes: -1 }), /ckptKeepBytes -1/);
     assert.ok(plain.g.some((x) => x !== 0));
   });
 }

@@ -11,7 +11,10 @@
  * ACCUMULATE (beta 1, +=) straight into the caller's gradient buffer (same layout), scaled by gradScale.
  * Activations live in an arena allocated once per (B, T). Gradient checkpointing (M6) keeps each block's input
  * and recomputes the block's activations right before its backward, with the same kernels on the same inputs:
- * the gradients are bit-identical to the run without it.
+ * the gradients are bit-identical to the run without it. While they fit in ckptKeepBytes (default 512 MB: seq 1024
+ * x micro-batch 1 of the frozen model does) it also keeps the blocks' matmul outputs (q, k, v, o, x1, gate, up:
+ * ~5.2k floats per token per layer) and recomputes only the norms, the attention softmax and SwiGLU, which hold
+ * the big per-block tensors ([B,H,T,T] attention, [N,F]); otherwise whole blocks (minus the down projection).
  */
 import { UserError } from "../errors";
 import type { LlamaConfig } from "./config";
@@ -36,7 +39,8 @@ interface Acts {
 interface Arena {
   B: number; T: number;
   xs: Float32Array[];                  // xs[l] = block l's input [N,D]; xs[L] feeds the final norm
-  acts: Acts[];                        // one per layer, or one shared by all (checkpointing, forward only)
+  acts: Acts[];                        // one per layer (training), sharing arrays per the recomputation; [0] forward only
+  recompute: "none" | "kept" | "whole"; // M6: nothing, the non-matmul part of each block, or whole blocks
   hF: Float32Array; rF: Float32Array;  // final norm [N,D], [N]
   logits: Float32Array;                // one LM-head chunk [C,V]
   targets: Int32Array;                 // [N]: the next token, -1 at each row's last position
@@ -53,6 +57,8 @@ export interface LlamaOptions {
   gradCkpt: boolean;
   /** Tokens per LM-head / cross-entropy chunk; default keeps ~2^24 logits (64 MB) at once. Results do not depend on it beyond float rounding. */
   headChunkTokens?: number;
+  /** M6: keep the blocks' matmul outputs when all of them fit in this many bytes (default 512 MB); 0 = recompute whole blocks. */
+  ckptKeepBytes?: number;
 }
 
 export class Llama {
@@ -62,6 +68,7 @@ export class Llama {
   private readonly total: number;
   private readonly off: { embed: number; norm: number; layers: Record<keyof BlockParams, number>[] };
   private readonly headChunkTokens: number;
+  private readonly ckptKeepBytes: number;
   private params: Float32Array | null = null;
   private readonly arenas = new Map<string, Arena>();
 
@@ -88,6 +95,9 @@ export class Llama {
     const hc = o.headChunkTokens ?? Math.max(1, Math.floor((1 << 24) / c.vocabSize));
     if (!Number.isInteger(hc) || hc < 1) throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
     this.headChunkTokens = hc;
+    const kb = o.ckptKeepBytes ?? 512 * 1024 * 1024;
+    if (!Number.isFinite(kb) || kb < 0) throw new RangeError(`Llama: ckptKeepBytes ${o.ckptKeepBytes} must be a finite number >= 0`);
+    this.ckptKeepBytes = kb;
   }
 
   /** Binds the flat fp32 parameters (any Float32Array, e.g. a view on a SharedArrayBuffer): read at every call, never copied. */
@@ -98,13 +108,14 @@ export class Llama {
 
   /** Bytes held in activation arenas (typed arrays outside the V8 heap). */
   arenaBytes(): number {
-    let n = 0;
+    const arrays = new Set<Float32Array | Int32Array>(); // acts share arrays: count each once
     for (const a of this.arenas.values()) {
-      const arrays: ArrayLike<number>[] = [...a.xs, a.hF, a.rF, a.logits, a.targets, a.cos, a.sin];
-      for (const s of a.acts) arrays.push(...Object.values(s));
-      if (a.grads) arrays.push(...Object.values(a.grads));
-      for (const x of arrays) n += (x as Float32Array).byteLength;
+      for (const x of [...a.xs, a.hF, a.rF, a.logits, a.targets, a.cos, a.sin]) arrays.add(x);
+      for (const s of a.acts) for (const x of Object.values(s)) arrays.add(x);
+      if (a.grads) for (const x of Object.values(a.grads)) arrays.add(x);
     }
+    let n = 0;
+    for (const x of arrays) n += x.byteLength;
     return n;
   }
 
@@ -126,7 +137,7 @@ export class Llama {
     const a = this.arena(B, T, true), g = a.grads!, L = this.cfg.numLayers;
     // ---- forward: keep every block's input; its activations too unless checkpointing
     this.k.embeddingForward(a.xs[0]!, ids, this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize), B * T, this.cfg.hiddenSize);
-    for (let l = 0; l < L; l++) this.blockForward(P, l, a, this.actsOf(a, l), true);
+    for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l]!, "forward");
     // ---- final norm, LM head + cross-entropy (dhF lands in g.dh), final norm backward into dx
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
     const N = B * T, D = this.cfg.hiddenSize;
@@ -134,8 +145,8 @@ export class Llama {
     this.k.rmsnormBackward(g.dx, this.w(gradOut, this.off.norm, D), g.dh, a.xs[L]!, this.w(P, this.off.norm, D), a.rF, N, D);
     // ---- blocks in reverse (M6: recompute the block's activations from its input first)
     for (let l = L - 1; l >= 0; l--) {
-      if (this.gradCkpt) this.blockForward(P, l, a, a.acts[0]!, false);
-      this.blockBackward(P, l, a, this.actsOf(a, l), gradOut);
+      if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l]!, "recompute");
+      this.blockBackward(P, l, a, a.acts[l]!, gradOut);
     }
     this.k.embeddingBackward(this.w(gradOut, this.off.embed, this.cfg.vocabSize * D), ids, g.dx, N, D);
     return loss;
@@ -161,27 +172,37 @@ export class Llama {
 
   // ================================================================ decoder block
 
-  /** out = x1 + swiglu(norm2(x1)) MLP,  x1 = x + attention(norm1(x)).  needOut = false (M6 recompute) skips the down projection. */
-  private blockForward(P: Float32Array, l: number, a: Arena, s: Acts, needOut: boolean): void {
-    const c = this.cfg, k = this.k, W = this.blockParams(P, l);
+  /**
+   * out = x1 + MLP(norm2(x1)),  x1 = x + attention(norm1(x)).  "recompute" (M6) redoes what the backward reads and
+   * the arena did not keep: with kept matmul outputs only the norms, the attention softmax and SwiGLU; the down
+   * projection (the block's output) never.
+   */
+  private blockForward(P: Float32Array, l: number, a: Arena, s: Acts, pass: "forward" | "recompute"): void {
+    const c = this.cfg, k = this.k, W = this.blockParams(P, l), mm = pass === "forward" || a.recompute === "whole";
     const N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim, F = c.intermediateSize;
     const x = a.xs[l]!;
     // -- attention: qkv projections, RoPE, causal attention, o projection (+ residual)
     k.rmsnormForward(s.h1, s.r1, x, W.n1, N, D, c.rmsNormEps);
-    k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
-    k.matmul(false, true, N, K * E, D, 1, s.h1, W.wk, 0, s.k);
-    k.matmul(false, true, N, K * E, D, 1, s.h1, W.wv, 0, s.v);
-    k.ropeForward(s.q, a.cos, a.sin, a.B, a.T, H, E);
-    k.ropeForward(s.k, a.cos, a.sin, a.B, a.T, K, E);
-    k.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E);
-    s.x1.set(x);
-    k.matmul(false, true, N, D, H * E, 1, s.o, W.wo, 1, s.x1);
+    if (mm) {
+      k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
+      k.matmul(false, true, N, K * E, D, 1, s.h1, W.wk, 0, s.k);
+      k.matmul(false, true, N, K * E, D, 1, s.h1, W.wv, 0, s.v);
+      k.ropeForward(s.q, a.cos, a.sin, a.B, a.T, H, E);
+      k.ropeForward(s.k, a.cos, a.sin, a.B, a.T, K, E);
+    }
+    k.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same o, bit for bit
+    if (mm) {
+      s.x1.set(x);
+      k.matmul(false, true, N, D, H * E, 1, s.o, W.wo, 1, s.x1);
+    }
     // -- MLP: gate/up projections, SwiGLU, down projection (+ residual)
     k.rmsnormForward(s.h2, s.r2, s.x1, W.n2, N, D, c.rmsNormEps);
-    k.matmul(false, true, N, F, D, 1, s.h2, W.wg, 0, s.g);
-    k.matmul(false, true, N, F, D, 1, s.h2, W.wu, 0, s.u);
+    if (mm) {
+      k.matmul(false, true, N, F, D, 1, s.h2, W.wg, 0, s.g);
+      k.matmul(false, true, N, F, D, 1, s.h2, W.wu, 0, s.u);
+    }
     k.swigluForward(s.m, s.g, s.u, N * F);
-    if (!needOut) return;
+    if (pass === "recompute") return;
     const out = a.xs[l + 1]!;
     out.set(s.x1);
     k.matmul(false, true, N, D, F, 1, s.m, W.wd, 1, out);
@@ -250,13 +271,9 @@ export class Llama {
   private forwardHidden(P: Float32Array, ids: Int32Array, B: number, T: number): Arena {
     const c = this.cfg, a = this.arena(B, T, false), D = c.hiddenSize, N = B * T;
     this.k.embeddingForward(a.xs[0]!, ids, this.w(P, this.off.embed, c.vocabSize * D), N, D);
-    for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0]!, true);
+    for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0]!, "forward");
     this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers]!, this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
     return a;
-  }
-
-  private actsOf(a: Arena, l: number): Acts {
-    return this.gradCkpt ? a.acts[0]! : a.acts[l]!;
   }
 
   private w(flat: Float32Array, offset: number, size: number): Float32Array {
@@ -301,11 +318,20 @@ export class Llama {
       a = {
         B, T, xs: Array.from({ length: L + 1 }, () => f32(N * D)), acts: [newActs()], hF: f32(N * D), rF: f32(N),
         logits: f32(Math.min(N, this.headChunkTokens) * c.vocabSize), targets: new Int32Array(N), cos, sin, grads: null,
+        recompute: "none",
       };
       this.arenas.set(`${B}x${T}`, a);
     }
     if (training && !a.grads) {
-      while (!this.gradCkpt && a.acts.length < L) a.acts.push(newActs());
+      // M6 policy for this shape: keep the matmul outputs when all layers' fit in the budget
+      const kept = L * N * (2 * H * E + 2 * K * E + D + 2 * F) * 4;
+      a.recompute = !this.gradCkpt ? "none" : kept <= this.ckptKeepBytes ? "kept" : "whole";
+      const s = a.acts[0]!;
+      for (let l = 1; l < L; l++) {
+        if (a.recompute === "none") a.acts.push(newActs());
+        else if (a.recompute === "kept") a.acts.push({ ...s, q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), o: f32(N * H * E), x1: f32(N * D), g: f32(N * F), u: f32(N * F) });
+        else a.acts.push(s);
+      }
       a.grads = {
         dx: f32(N * D), dh: f32(N * D), dO: f32(N * H * E), dq: f32(N * H * E), dk: f32(N * K * E), dv: f32(N * K * E),
         dm: f32(N * F), dg: f32(N * F), du: f32(N * F),
