@@ -206,7 +206,7 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
       if (names.length === 0) bad.push(`${d.id}: no test name quoted after ${parts[i]}`);
       for (const n of names) {
         named++;
-        if (!src.includes(n)) bad.push(`${d.id}: ${parts[i]} has no test named "${n}"`);
+        if (!src.includes(n)) bad.push(`${d.id}: ${parts[i]} has no test named "${n}" (renamed or removed? update ${d.id}'s Tests paragraph in docs/RULES.md)`);
       }
     }
   }
