@@ -1,13 +1,16 @@
 /**
- * `node dist/prepare.js --input FILE|DIR... --tokenizer tokenizer.json --out ROOT
- *   [--val-fraction F] [--shard-tokens N] [--workers N] [--eos-token NAME] [--force]`
+ * `node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name
+ *   --out ROOT [--text-field NAME] [--hub-url URL] [--val-fraction F] [--shard-tokens N] [--workers N] [--eos-token NAME] [--force]`
  * Builds a mix root (SPEC D2). See src/data/prepare-mix.ts for the format and the rules.
  * A refusal prints one line without a stack and exits 2; a bug keeps its stack and exits 1.
  */
 import { isUserError, UserError } from "./errors";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, PrepareOptions } from "./data/prepare-mix";
 
-const USAGE = `usage: node dist/prepare.js --input FILE|DIR... --tokenizer tokenizer.json --out ROOT
+const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name --out ROOT
+  inputs: .txt .text .md (documents split at lines holding only the EOS token), .jsonl, .jsonl.gz, .jsonl.zst, .parquet
+  [--text-field NAME]  the JSON field / Parquet column with the text (default text)
+  [--hub-url URL]      Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
   [--val-fraction F]   held-out documents, 0..0.5 (default ${DEFAULT_VAL_FRACTION})
   [--shard-tokens N]   tokens per shard file (default ${DEFAULT_SHARD_TOKENS})
   [--workers N]        tokenizer threads (default: CPU count, at most 8)
@@ -44,6 +47,8 @@ export function parsePrepareArgs(argv: string[]): PrepareOptions | null {
       case "--shard-tokens": o.shardTokens = num(a, argv[++i]); break;
       case "--workers": o.workers = num(a, argv[++i]); break;
       case "--eos-token": o.eosToken = val(); break;
+      case "--text-field": o.textField = val(); break;
+      case "--hub-url": o.hubUrl = val(); break;
       case "--force": o.force = true; break;
       default:
         throw new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);

@@ -4,6 +4,9 @@
  * Definition `tstrain-mix-fingerprint-v1`: SHA-256 (hex) of the UTF-8 text
  *   "tstrain-mix-fingerprint-v1\ndtype=<dtype>\n" then, for every train shard in manifest order and
  *   then every val shard, one line "<split>\t<file>\t<bytes>\t<sha256 of the file's bytes>\n".
+ * A mix built from the Hub (manifest "sources") appends, per source in order, one line
+ *   "source\t<repo_type>\t<repo>\t<revision sha>\n" and per file "file\t<path>\t<size>\t<sha256>\n",
+ * so the fingerprint also names where the corpus came from; a local-only mix has none of these lines.
  * By default every shard is read and its sha256 computed and compared with the manifest, so the
  * fingerprint is of the bytes on disk, not of what the manifest claims (a mismatch refuses, D3).
  */
@@ -59,5 +62,9 @@ export function mixFingerprint(root: string, m: Manifest, opts: { verify?: boole
   const h = createHash("sha256");
   h.update(`tstrain-mix-fingerprint-v1\ndtype=${m.dtype}\n`, "utf8");
   for (const { split, s } of allShards(m)) h.update(`${split}\t${s.file}\t${s.tokens * bpt}\t${s.sha256}\n`, "utf8");
+  for (const src of m.sources ?? []) {
+    h.update(`source\t${src.repo_type}\t${src.repo}\t${src.revision}\n`, "utf8");
+    for (const f of src.files) h.update(`file\t${f.path}\t${f.size}\t${f.sha256}\n`, "utf8");
+  }
   return h.digest("hex");
 }

@@ -9,6 +9,15 @@ import * as path from "node:path";
 import { UserError } from "../errors";
 
 export interface ShardInfo { file: string; tokens: number; sha256: string }
+/** Where a Hub input came from (D2, D3): the commit it was read at and every file's sha256. */
+export interface SourceInfo {
+  repo_type: "dataset" | "model";
+  repo: string;
+  requested_revision: string;
+  revision: string;
+  pattern: string;
+  files: { path: string; size: number; sha256: string }[];
+}
 export interface Manifest {
   format_version: 1;
   dtype: "uint16" | "uint32";
@@ -19,13 +28,15 @@ export interface Manifest {
   eos_id: number;
   vocab_size: number;
   tokenizer_files: string[];
+  /** Hub inputs, in input order (absent for local-only mixes); covered by the fingerprint (D3). */
+  sources?: SourceInfo[];
   /** Provenance written by prepare (informative; not part of the contract above). */
   prepare?: Record<string, unknown>;
 }
 
 export const MANIFEST_FILE = "manifest.json";
 const BUILD_HINT = "build the mix first (node dist/prepare.js --input CORPUS --tokenizer tokenizer.json --out ROOT)";
-const KNOWN_KEYS = new Set(["format_version", "dtype", "total_tokens", "shards", "val_shards", "val_total_tokens", "eos_id", "vocab_size", "tokenizer_files", "prepare"]);
+const KNOWN_KEYS = new Set(["format_version", "dtype", "total_tokens", "shards", "val_shards", "val_total_tokens", "eos_id", "vocab_size", "tokenizer_files", "sources", "prepare"]);
 
 export function bytesPerToken(dtype: Manifest["dtype"]): 2 | 4 {
   return dtype === "uint16" ? 2 : 4;
@@ -111,6 +122,7 @@ export function readManifest(root: string): Manifest {
   if (!isWholeNonNeg(o.val_total_tokens) || o.val_total_tokens !== vsum) {
     throw new UserError("D1", `manifest ${mp} val_total_tokens ${JSON.stringify(o.val_total_tokens)} disagrees with the sum of its ${valShards.length} val shards (${vsum} tokens); rebuild the mix`);
   }
+  const sources = o.sources === undefined ? undefined : checkSources(mp, o.sources);
   if (o.prepare !== undefined && (typeof o.prepare !== "object" || o.prepare === null)) throw new UserError("D1", `manifest ${mp} "prepare" must be an object; rebuild the mix`);
   const m: Manifest = {
     format_version: 1,
@@ -123,8 +135,29 @@ export function readManifest(root: string): Manifest {
     vocab_size: o.vocab_size,
     tokenizer_files: o.tokenizer_files as string[],
   };
+  if (sources) m.sources = sources;
   if (o.prepare !== undefined) m.prepare = o.prepare as Record<string, unknown>;
   return m;
+}
+
+function checkSources(mp: string, v: unknown): SourceInfo[] {
+  const bad = (what: string): never => {
+    throw new UserError("D1", `manifest ${mp} "sources" ${what}; rebuild the mix`);
+  };
+  if (!Array.isArray(v)) bad("must be a list");
+  return (v as unknown[]).map((x, i) => {
+    const o = x as Record<string, unknown>;
+    if (typeof o !== "object" || o === null) bad(`[${i}] is not an object`);
+    if (o.repo_type !== "dataset" && o.repo_type !== "model") bad(`[${i}].repo_type must be "dataset" or "model"`);
+    for (const k of ["repo", "requested_revision", "pattern"]) if (typeof o[k] !== "string") bad(`[${i}].${k} must be a string`);
+    if (typeof o.revision !== "string" || !/^[0-9a-f]{40}$/.test(o.revision)) bad(`[${i}].revision must be a 40-hex commit sha`);
+    if (!Array.isArray(o.files)) bad(`[${i}].files must be a list`);
+    const files = (o.files as Record<string, unknown>[]).map((f, j) => {
+      if (typeof f?.path !== "string" || !isWholeNonNeg(f.size) || typeof f.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(f.sha256)) bad(`[${i}].files[${j}] must be {path, size, sha256}`);
+      return { path: f.path as string, size: f.size as number, sha256: f.sha256 as string };
+    });
+    return { repo_type: o.repo_type as SourceInfo["repo_type"], repo: o.repo as string, requested_revision: o.requested_revision as string, revision: o.revision as string, pattern: o.pattern as string, files };
+  });
 }
 
 /** Canonical manifest bytes: fixed key order, 2-space JSON, trailing newline (byte-identical builds). */
@@ -140,6 +173,12 @@ export function manifestBytes(m: Manifest): string {
     vocab_size: m.vocab_size,
     tokenizer_files: [...m.tokenizer_files],
   };
+  if (m.sources) {
+    ordered.sources = m.sources.map((x) => ({
+      repo_type: x.repo_type, repo: x.repo, requested_revision: x.requested_revision, revision: x.revision, pattern: x.pattern,
+      files: x.files.map((f) => ({ path: f.path, size: f.size, sha256: f.sha256 })),
+    }));
+  }
   if (m.prepare) ordered.prepare = m.prepare;
   return JSON.stringify(ordered, null, 2) + "\n";
 }

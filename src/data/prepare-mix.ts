@@ -6,9 +6,10 @@
  *   ROOT/val-00000.bin …       held-out validation documents, same format
  *   ROOT/tokenizer.json (+ tokenizer_config.json, special_tokens_map.json when beside the source)
  *
- * Documents: a `.jsonl` file gives one document per non-empty line (its "text" string); any other
- * file is one document. Directories are walked recursively in byte-sorted order, taking .txt, .text,
- * .md and .jsonl files (dot-files skipped). Empty documents are dropped before numbering.
+ * Inputs and documents (streamed, memory flat in the input size): see src/data/inputs.ts for the
+ * formats (.txt/.text/.md, .jsonl, .jsonl.gz, .jsonl.zst, .parquet), the plain-text document rule
+ * and the long-document rule, and src/data/hub-input.ts for hf:// inputs and Hub tokenizers.
+ * Empty documents are dropped before numbering.
  * Every document is followed by the EOS id; documents are packed back to back and shards are cut
  * at exactly --shard-tokens tokens (a document may continue in the next shard).
  *
@@ -29,6 +30,8 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { UserError } from "../errors";
 import { dtypeForVocab, Manifest, MANIFEST_FILE, manifestBytes, ShardInfo } from "./manifest";
 import type { TokenizeTask } from "./tokenize-worker";
+import { DEFAULT_CHUNK_BYTES, DEFAULT_PIECE_CHARS, docsOf, type InputFile, listLocalInputs, type ParquetPlan, planParquet, SUPPORTED_FORMATS } from "./inputs";
+import { DEFAULT_HUB_URL, fetchHubTokenizer, isHubTokenizer, isHubUrl, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
   inputs: string[];
@@ -39,6 +42,13 @@ export interface PrepareOptions {
   workers?: number;
   force?: boolean;
   eosToken?: string;
+  /** The JSON field / Parquet column holding the text (default "text"). */
+  textField?: string;
+  /** Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else https://huggingface.co). */
+  hubUrl?: string;
+  /** Read size for streamed inputs (default 1 MiB) and the long-document piece size (default 4 Mi chars). */
+  chunkBytes?: number;
+  pieceChars?: number;
   /** "auto": a live bar on a TTY, plain lines otherwise. */
   progress?: "auto" | "lines" | "none";
   log?: (line: string) => void;
@@ -56,7 +66,6 @@ export interface PrepareResult {
 
 export const DEFAULT_VAL_FRACTION = 0.01;
 export const DEFAULT_SHARD_TOKENS = 50_000_000;
-const TEXT_EXTS = new Set([".txt", ".text", ".md", ".jsonl"]);
 const TOKENIZER_SIDE_FILES = ["tokenizer_config.json", "special_tokens_map.json"];
 const EOS_CANDIDATES = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>"];
 const BATCH_CHARS = 256 * 1024;
@@ -74,94 +83,26 @@ export function isValDoc(i: number, ppm: number): boolean {
 // ---------------------------------------------------------------------------------------------
 // inputs
 
-interface Source { file: string; bytes: number }
+interface Inputs { files: InputFile[]; skipped: number; sources: HubSource[] }
 
-function listInputs(inputs: string[]): { sources: Source[]; skipped: number } {
-  if (inputs.length === 0) throw new UserError("D2", "prepare needs at least one --input FILE|DIR");
-  const sources: Source[] = [];
+async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
+  if (inputs.length === 0) throw new UserError("D2", "prepare needs at least one --input FILE|DIR|hf://datasets/owner/name/glob");
+  const files: InputFile[] = [];
+  const sources: HubSource[] = [];
   let skipped = 0;
-  const walk = (dir: string): void => {
-    const names = fs.readdirSync(dir).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-    for (const name of names) {
-      if (name.startsWith(".")) continue;
-      const p = path.join(dir, name);
-      const st = fs.statSync(p);
-      if (st.isDirectory()) walk(p);
-      else if (st.isFile() && TEXT_EXTS.has(path.extname(name).toLowerCase())) sources.push({ file: p, bytes: st.size });
-      else skipped++;
-    }
-  };
   for (const inp of inputs) {
-    let st: fs.Stats;
-    try {
-      st = fs.statSync(inp);
-    } catch {
-      throw new UserError("D2", `--input ${inp} does not exist: name corpus files or directories that exist`);
+    if (isHubUrl(inp)) {
+      const r = await resolveHubInput(inp, hubUrl);
+      files.push(...r.files);
+      sources.push(r.source);
+    } else {
+      const r = listLocalInputs([inp]);
+      files.push(...r.files);
+      skipped += r.skipped;
     }
-    if (st.isDirectory()) walk(inp);
-    else if (st.isFile()) sources.push({ file: inp, bytes: st.size });
-    else throw new UserError("D2", `--input ${inp} is neither a file nor a directory`);
   }
-  if (sources.length === 0) throw new UserError("D2", `--input ${inputs.join(" ")} holds no corpus files (.txt, .text, .md, .jsonl)`);
-  return { sources, skipped };
-}
-
-interface Doc { text: string; where: string }
-
-const utf8 = new TextDecoder("utf-8", { fatal: true });
-
-function decodeUtf8(buf: Uint8Array, where: string): string {
-  try {
-    return utf8.decode(buf);
-  } catch {
-    throw new UserError("D2", `${where} is not UTF-8 text: convert it to UTF-8 or leave it out of --input`);
-  }
-}
-
-/** Documents of one file, in order. A .jsonl file is read in chunks, line by line. */
-function* docsOf(src: Source): Generator<Doc> {
-  if (path.extname(src.file).toLowerCase() !== ".jsonl") {
-    const text = decodeUtf8(fs.readFileSync(src.file), src.file);
-    if (text.length > 0) yield { text, where: src.file };
-    return;
-  }
-  const fd = fs.openSync(src.file, "r");
-  try {
-    const chunk = Buffer.allocUnsafe(4 << 20);
-    let carry = Buffer.alloc(0);
-    let pos = 0;
-    let lineNo = 0;
-    const parse = function* (line: Buffer): Generator<Doc> {
-      lineNo++;
-      const where = `${src.file}:${lineNo}`;
-      const s = decodeUtf8(line, where).trim();
-      if (s.length === 0) return;
-      let o: unknown;
-      try {
-        o = JSON.parse(s);
-      } catch (e) {
-        throw new UserError("D2", `${where} is not a JSON line (${(e as Error).message}): each .jsonl line must be {"text": "..."}`);
-      }
-      const text = (o as { text?: unknown } | null)?.text;
-      if (typeof text !== "string") throw new UserError("D2", `${where} has no "text" string: each .jsonl line must be {"text": "..."}`);
-      if (text.length > 0) yield { text, where };
-    };
-    for (;;) {
-      const n = fs.readSync(fd, chunk, 0, chunk.length, pos);
-      if (n === 0) break;
-      pos += n;
-      let buf = Buffer.concat([carry, chunk.subarray(0, n)]);
-      let nl: number;
-      while ((nl = buf.indexOf(10)) >= 0) {
-        yield* parse(buf.subarray(0, nl));
-        buf = buf.subarray(nl + 1);
-      }
-      carry = Buffer.from(buf);
-    }
-    if (carry.length > 0) yield* parse(carry);
-  } finally {
-    fs.closeSync(fd);
-  }
+  if (files.length === 0) throw new UserError("D2", `--input ${inputs.join(" ")} holds no corpus files (${SUPPORTED_FORMATS})`);
+  return { files, skipped, sources };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -169,18 +110,18 @@ function* docsOf(src: Source): Generator<Doc> {
 
 interface LoadedTokenizer { path: string; configPath: string | null; vocabSize: number; eosId: number; eosToken: string; files: string[]; sha256: string }
 
-function loadTokenizer(file: string, eosFlag: string | undefined): LoadedTokenizer {
+function loadTokenizer(file: string, eosFlag: string | undefined, shownAs = file): LoadedTokenizer {
   let text: string;
   try {
     text = fs.readFileSync(file, "utf8");
   } catch (e) {
-    throw new UserError("D2", `cannot read --tokenizer ${file} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}): pass the path of a Hugging Face tokenizer.json`);
+    throw new UserError("D2", `cannot read --tokenizer ${shownAs} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}): pass the path of a Hugging Face tokenizer.json`);
   }
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch (e) {
-    throw new UserError("D2", `--tokenizer ${file} is not valid JSON (${(e as Error).message}): it must be a Hugging Face tokenizer.json; re-download or regenerate it`);
+    throw new UserError("D2", `--tokenizer ${shownAs} is not valid JSON (${(e as Error).message}): it must be a Hugging Face tokenizer.json; re-download or regenerate it`);
   }
   const dir = path.dirname(file);
   const cfgPath = path.join(dir, "tokenizer_config.json");
@@ -199,11 +140,11 @@ function loadTokenizer(file: string, eosFlag: string | undefined): LoadedTokeniz
     tk = new Tokenizer(json as object, cfg);
     tk.encode("prepare self-check: Hello, world! 123", { add_special_tokens: false });
   } catch (e) {
-    throw new UserError("D2", `--tokenizer ${file} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it must be a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens)`);
+    throw new UserError("D2", `--tokenizer ${shownAs} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it must be a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens)`);
   }
   let vocabSize = 0;
   for (const id of tk.get_vocab(true).values()) if (Number.isInteger(id) && id + 1 > vocabSize) vocabSize = id + 1;
-  if (vocabSize < 1) throw new UserError("D2", `--tokenizer ${file} has an empty vocabulary`);
+  if (vocabSize < 1) throw new UserError("D2", `--tokenizer ${shownAs} has an empty vocabulary`);
   const cfgEos = typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: unknown } | undefined)?.content;
   const tried = eosFlag !== undefined ? [eosFlag] : typeof cfgEos === "string" ? [cfgEos] : EOS_CANDIDATES;
   let eosToken = "";
@@ -213,7 +154,7 @@ function loadTokenizer(file: string, eosFlag: string | undefined): LoadedTokeniz
     if (eosId !== undefined) { eosToken = t; break; }
   }
   if (eosId === undefined) {
-    throw new UserError("D2", `--tokenizer ${file} has no end-of-document token (looked for ${tried.join(", ")}): pass --eos-token NAME with a token from its vocabulary`);
+    throw new UserError("D2", `--tokenizer ${shownAs} has no end-of-document token (looked for ${tried.join(", ")}): pass --eos-token NAME with a token from its vocabulary`);
   }
   const files = ["tokenizer.json", ...TOKENIZER_SIDE_FILES.filter((f) => fs.existsSync(path.join(dir, f)))];
   return { path: file, configPath, vocabSize, eosId, eosToken, files, sha256: createHash("sha256").update(text).digest("hex") };
@@ -298,13 +239,21 @@ class ShardWriter {
 class Progress {
   private last = 0;
   private lastPct = -1;
+  private lastLine = 0;
   constructor(private readonly mode: "bar" | "lines" | "none", private readonly totalBytes: number, private readonly t0: number) {}
+  /** The progress line: bytes read, tokens written, rates and the ETA from the byte rate. */
+  static line(bytes: number, total: number, tokens: number, secs: number): string {
+    const pct = total > 0 ? Math.min(100, Math.floor((100 * bytes) / total)) : 100;
+    const bRate = bytes / secs;
+    const eta = bytes > 0 && total > bytes ? fmtSecs((total - bytes) / bRate) : bytes >= total ? "0s" : "?";
+    return `prepare: ${String(pct).padStart(3)}% ${(bytes / 1e6).toFixed(1)}/${(total / 1e6).toFixed(1)} MB, ${tokens.toLocaleString("en-US")} tokens, ${Math.round(tokens / secs).toLocaleString("en-US")} tok/s, ${(bRate / 1e6).toFixed(2)} MB/s, ETA ${eta}`;
+  }
   update(bytes: number, tokens: number, final = false): void {
     if (this.mode === "none") return;
     const now = Date.now();
     const pct = this.totalBytes > 0 ? Math.min(100, Math.floor((100 * bytes) / this.totalBytes)) : 100;
     const secs = Math.max(1e-3, (now - this.t0) / 1000);
-    const line = `prepare: ${String(pct).padStart(3)}% ${(bytes / 1e6).toFixed(1)}/${(this.totalBytes / 1e6).toFixed(1)} MB, ${tokens.toLocaleString("en-US")} tokens, ${Math.round(tokens / secs).toLocaleString("en-US")} tok/s`;
+    const line = Progress.line(bytes, this.totalBytes, tokens, secs);
     if (this.mode === "bar") {
       if (!final && now - this.last < 100) return;
       this.last = now;
@@ -312,12 +261,20 @@ class Progress {
       const filled = Math.round((w * pct) / 100);
       process.stderr.write(`\r[${"#".repeat(filled)}${".".repeat(w - filled)}] ${line}${final ? "\n" : ""}`);
     } else {
+      // plain lines: every 10 % and at least every 30 s on long work
       const decile = Math.floor(pct / 10);
-      if (!final && decile === this.lastPct) return;
+      if (!final && decile === this.lastPct && now - this.lastLine < 30_000) return;
       this.lastPct = decile;
+      this.lastLine = now;
       process.stderr.write(line + "\n");
     }
   }
+}
+
+function fmtSecs(s: number): string {
+  if (!Number.isFinite(s) || s < 0) return "?";
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = Math.floor(s % 60);
+  return h > 0 ? `${h}h${String(m).padStart(2, "0")}m` : m > 0 ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -352,32 +309,48 @@ function checkOut(out: string, force: boolean): boolean {
 export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
   const t0 = Date.now();
   const { valFraction, shardTokens, workers } = checkOptions(o);
+  const textField = o.textField ?? "text";
+  if (typeof textField !== "string" || textField === "") throw new UserError("D2", `--text-field ${JSON.stringify(textField)} must name a field`);
+  const chunkBytes = o.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+  const pieceChars = o.pieceChars ?? DEFAULT_PIECE_CHARS;
+  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16) throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
+  const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
   const log = o.log ?? ((s: string) => process.stdout.write(s + "\n"));
   const out = path.resolve(o.out);
   const outExists = checkOut(out, o.force ?? false);
-  const tok = loadTokenizer(o.tokenizer, o.eosToken);
-  const { sources, skipped } = listInputs(o.inputs);
-  const totalBytes = sources.reduce((a, s) => a + s.bytes, 0);
-  const dtype = dtypeForVocab(tok.vocabSize);
-  const ppm = valPpm(valFraction);
-
-  fs.mkdirSync(path.dirname(out), { recursive: true });
-  const staging = `${out}.partial-${process.pid}`;
-  fs.rmSync(staging, { recursive: true, force: true });
-  fs.mkdirSync(staging);
-  const pool = new Piscina({ filename: path.join(__dirname, "tokenize-worker.js"), minThreads: workers, maxThreads: workers, idleTimeout: 1000 });
-  const mode = o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
-  const progress = new Progress(mode, totalBytes, t0);
+  // ---- everything that can be refused is checked before any tokenizing (D2)
+  let hubTok: HubTokenizer | null = null;
+  if (isHubTokenizer(o.tokenizer)) {
+    hubTok = await fetchHubTokenizer(o.tokenizer, hubUrl);
+    log(`prepare: tokenizer ${hubTok.source.repo}@${hubTok.source.revision.slice(0, 12)} from the Hub`);
+  }
+  let pool: Piscina | null = null;
+  let staging: string | null = null;
   try {
+    const tok = loadTokenizer(hubTok ? hubTok.file : o.tokenizer, o.eosToken, o.tokenizer);
+    const { files, skipped, sources } = await listInputs(o.inputs, hubUrl);
+    const plans = new Map<InputFile, ParquetPlan>();
+    for (const f of files) if (f.kind === "parquet") plans.set(f, await planParquet(f, textField));
+    const totalBytes = files.reduce((a, f) => a + f.bytes, 0);
+    const dtype = dtypeForVocab(tok.vocabSize);
+    const ppm = valPpm(valFraction);
+
+    fs.mkdirSync(path.dirname(out), { recursive: true });
+    staging = `${out}.partial-${process.pid}`;
+    fs.rmSync(staging, { recursive: true, force: true });
+    fs.mkdirSync(staging);
+    pool = new Piscina({ filename: path.join(__dirname, "tokenize-worker.js"), minThreads: workers, maxThreads: workers, idleTimeout: 1000 });
+    const mode = o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
+    const progress = new Progress(mode, totalBytes, t0);
     const train = new ShardWriter(staging, "train", dtype, shardTokens);
     const val = new ShardWriter(staging, "val", dtype, shardTokens);
     const corpusHash = createHash("sha256");
-    let docIndex = 0;
+    let docIndex = 0; // documents started so far (the index of the next new document)
     let valDocs = 0;
-    let bytesDone = 0;
     let tokensDone = 0;
 
-    type Batch = { firstDoc: number; wheres: string[]; bytesAfter: number; result: Promise<Uint32Array> };
+    // A batch: pieces in order, each with its document's index and whether it ends the document.
+    type Batch = { docs: number[]; last: boolean[]; wheres: string[]; bytesAfter: number; result: Promise<Uint32Array> };
     const inflight: Batch[] = [];
     const maxInflight = workers * 3;
     const drainOne = async (): Promise<void> => {
@@ -388,50 +361,59 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
       } catch (e) {
         throw new UserError("D2", `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`);
       }
-      const n = res[0];
+      const n = res[0]!;
       let p = 1 + n;
       for (let d = 0; d < n; d++) {
-        const len = res[1 + d];
-        const w = isValDoc(b.firstDoc + d, ppm) ? val : train;
-        if (w === val) valDocs++;
+        const len = res[1 + d]!;
+        const w = isValDoc(b.docs[d]!, ppm) ? val : train;
         w.pushRange(res, p, p + len);
-        w.push(tok.eosId);
         p += len;
-        tokensDone += len + 1;
+        tokensDone += len;
+        if (b.last[d]) {
+          if (w === val) valDocs++;
+          w.push(tok.eosId);
+          tokensDone++;
+        }
       }
-      bytesDone = b.bytesAfter;
-      progress.update(bytesDone, tokensDone);
+      progress.update(b.bytesAfter, tokensDone);
     };
     let texts: string[] = [];
+    let docs: number[] = [];
+    let lasts: boolean[] = [];
     let wheres: string[] = [];
     let chars = 0;
-    let batchFirst = 0;
     const submit = async (bytesAfter: number): Promise<void> => {
       if (texts.length === 0) return;
-      const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts, firstDoc: batchFirst };
-      const result = pool.run(task) as Promise<Uint32Array>;
+      const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts, firstDoc: docs[0]! };
+      const result = pool!.run(task) as Promise<Uint32Array>;
       result.catch(() => undefined); // observed in drainOne, in order
-      inflight.push({ firstDoc: batchFirst, wheres, bytesAfter, result });
+      inflight.push({ docs, last: lasts, wheres, bytesAfter, result });
       texts = [];
+      docs = [];
+      lasts = [];
       wheres = [];
       chars = 0;
-      batchFirst = docIndex;
       while (inflight.length >= maxInflight) await drainOne();
     };
-    let bytesRead = 0;
-    for (const src of sources) {
-      let inFile = 0; // progress within a file: the documents' UTF-8 size (approximates a .jsonl's bytes)
-      for (const doc of docsOf(src)) {
-        corpusHash.update(`${doc.text.length}:`).update(doc.text);
-        texts.push(doc.text);
-        wheres.push(doc.where);
-        chars += doc.text.length;
-        inFile += Buffer.byteLength(doc.text);
-        docIndex++;
-        if (chars >= BATCH_CHARS || texts.length >= BATCH_DOCS) await submit(bytesRead + Math.min(inFile, src.bytes));
+    let bytesBefore = 0;
+    let open = false; // a document has pieces out and is not closed yet
+    const rd = { textField, eosText: tok.eosToken, chunkBytes, pieceChars };
+    for (const f of files) {
+      for await (const piece of docsOf(f, rd, plans.get(f))) {
+        // corpus_sha256: "<len>:" + text per whole document (a last piece), "<len>+" + text per earlier piece
+        corpusHash.update(`${piece.text.length}${piece.last ? ":" : "+"}`).update(piece.text);
+        texts.push(piece.text);
+        docs.push(docIndex);
+        lasts.push(piece.last);
+        wheres.push(piece.where);
+        chars += piece.text.length;
+        open = !piece.last;
+        if (piece.last) docIndex++;
+        if (chars >= BATCH_CHARS || texts.length >= BATCH_DOCS) await submit(bytesBefore + Math.min(piece.bytesDone, f.bytes));
       }
-      bytesRead += src.bytes;
-      await submit(bytesRead);
+      if (open) throw new Error(`${f.name}: a document was left open at the end of the file (a reader bug)`);
+      bytesBefore += f.bytes;
+      await submit(bytesBefore);
     }
     while (inflight.length > 0) await drainOne();
     progress.update(totalBytes, tokensDone, true);
@@ -456,6 +438,7 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
       eos_id: tok.eosId,
       vocab_size: tok.vocabSize,
       tokenizer_files: tok.files,
+      ...(sources.length ? { sources } : {}),
       prepare: {
         documents: docIndex,
         val_documents: valDocs,
@@ -466,6 +449,9 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
         tokenizer_sha256: tok.sha256,
         corpus_sha256: corpusHash.digest("hex"),
         separator: "EOS after every document",
+        text_field: textField,
+        piece_chars: pieceChars,
+        ...(hubTok ? { tokenizer_source: hubTok.source } : {}),
       },
     };
     const mfd = fs.openSync(path.join(staging, MANIFEST_FILE), "wx");
@@ -491,9 +477,10 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     log(`prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${docIndex} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`);
     return result;
   } catch (e) {
-    fs.rmSync(staging, { recursive: true, force: true });
+    if (staging) fs.rmSync(staging, { recursive: true, force: true });
     throw e;
   } finally {
-    await pool.destroy();
+    if (pool) await pool.destroy();
+    if (hubTok) fs.rmSync(hubTok.dir, { recursive: true, force: true });
   }
 }
