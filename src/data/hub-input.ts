@@ -103,6 +103,10 @@ function hubFailure(e: unknown, what: string, fix: string): Error {
     if (e.statusCode === 404) return new UserError("D2", `${what}: not found on the Hub (${e.message}); ${fix}`);
     return new Error(`${what}: the Hub answered HTTP ${e.statusCode}: ${e.message}`, { cause: e });
   }
+  if (e instanceof TypeError && e.message === "fetch failed") {
+    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
+    return new UserError("D2", `${what}: could not reach the Hub (${cause?.code ?? cause?.message ?? "network error"}); check --hub-url / HF_ENDPOINT and the network, then run prepare again`);
+  }
   return new Error(`${what}: ${(e as Error)?.message ?? String(e)}`, { cause: e });
 }
 
