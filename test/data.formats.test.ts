@@ -10,7 +10,8 @@ import { readManifest } from "../src/data/manifest";
 import { prepareMix } from "../src/data/prepare-mix";
 import { pieceEnd } from "../src/data/inputs";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
-import { readTree, tempDir, writeTinyTokenizer } from "./fixtures/data-synth";
+import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";
+import { tmpDir as tempDir } from "./helpers/tmp";
 
 const PREPARE = path.join(__dirname, "..", "prepare.js");
 const ZST = path.join(__dirname, "..", "..", "test", "fixtures", "corpus-docs.jsonl.zst");

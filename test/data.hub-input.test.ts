@@ -10,8 +10,10 @@ import { mixFingerprint } from "../src/data/fingerprint";
 import { prepareMix } from "../src/data/prepare-mix";
 import { globRegExp, parseHubUrl } from "../src/data/hub-input";
 import { startTestHub } from "../src/hub/testkit";
+import { createRepo, listCommits } from "@huggingface/hub";
 import { corpusDocs } from "./fixtures/corpus-docs";
-import { readTree, tempDir, writeTinyTokenizer } from "./fixtures/data-synth";
+import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";
+import { tmpDir as tempDir } from "./helpers/tmp";
 
 const PREPARE = path.join(__dirname, "..", "prepare.js");
 const quiet = { progress: "none" as const, log: () => undefined };
@@ -53,13 +55,18 @@ test("a Parquet dataset on the local Hub prepares to the same shards as its loca
   const prevToken = process.env.HF_TOKEN;
   process.env.HF_TOKEN = TOKEN;
   try {
+    // a private dataset: reading it needs the token
+    await createRepo({ repo: { type: "dataset", name: "tester/corpus" }, private: true, hubUrl: th.url, accessToken: TOKEN });
     const ds = th.store({ token: TOKEN });
-    await ds.ensureRepo();
     await ds.uploadFolder(path.join(local, "data"), "data", "dataset");
     const tk = th.store({ repo: "tester/tok", repoType: "model", token: TOKEN });
     await tk.ensureRepo();
     await tk.uploadFolder(tokDir, "tok", "tokenizer");
-    const commit = JSON.parse(fs.readFileSync(path.join(th.tmp, "hub", "datasets", "tester", "corpus", "main.json"), "utf8")).commit as string;
+    const head = async (): Promise<string> => {
+      for await (const c of listCommits({ repo: { type: "dataset", name: "tester/corpus" }, hubUrl: th.url, accessToken: TOKEN, batchSize: 1 })) return c.oid;
+      throw new Error("no commit");
+    };
+    const commit = await head();
 
     const fromLocal = path.join(work, "out-local");
     await prepareMix({ inputs: [path.join(local, "data", "train-00000-of-00002.parquet"), path.join(local, "data", "train-00001-of-00002.parquet")], tokenizer, out: fromLocal, workers: 1, ...opts });
@@ -91,21 +98,34 @@ test("a Parquet dataset on the local Hub prepares to the same shards as its loca
     const otherFile = { ...m, sources: [{ ...src, files: src.files.map((f, i) => (i ? f : { ...f, sha256: "1".repeat(64) })) }] };
     assert.notEqual(mixFingerprint(fromHub, otherFile), fp, "another file sha256, another fingerprint");
 
-    // a pinned commit gives the same mix; a glob that matches nothing is refused before any work
+    // after the dataset moves on, the old commit still gives the same mix; main gives another
+    const changed = path.join(work, "dataset-v2");
+    fs.mkdirSync(changed);
+    fs.writeFileSync(path.join(changed, "train-00000-of-00002.parquet"), new Uint8Array(parquetWriteBuffer({ columnData: [{ name: "text", data: docs.slice(0, 60) }] })));
+    await ds.uploadFolder(changed, "data", "v2");
+    assert.notEqual(await head(), commit);
     const pinned = path.join(work, "out-pinned");
     await prepareMix({ inputs: [`hf://datasets/tester/corpus@${commit}/data/*.parquet`], tokenizer, hubUrl: th.url, out: pinned, workers: 1, ...opts });
     for (const [k, v] of a) assert.ok(v.equals(shardBytes(pinned).get(k)!), `pinned: ${k}`);
+    assert.equal(readManifest(pinned).sources![0]!.revision, commit);
+    const moved = path.join(work, "out-moved");
+    await prepareMix({ inputs: ["hf://datasets/tester/corpus/data/*.parquet"], tokenizer, hubUrl: th.url, out: moved, workers: 1, ...opts });
+    assert.equal(readManifest(moved).sources![0]!.revision, await head());
+    assert.notDeepEqual(readManifest(moved).shards, m.shards);
+    // a glob that matches nothing is refused before any work
     await assert.rejects(prepareMix({ inputs: ["hf://datasets/tester/corpus/data/*.jsonl"], tokenizer, hubUrl: th.url, out: path.join(work, "out-none"), ...opts }),
       (e: Error) => e.name === "UserError" && /matches no .* file on tester\/corpus at main; check the path-glob/.test(e.message));
     assert.equal(fs.existsSync(path.join(work, "out-none")), false);
 
-    // without the token the Hub refuses; the message says HF_TOKEN (CLI: exit 2, no stack)
+    // without the token (private repo) or with a wrong one the Hub refuses; the message says HF_TOKEN (CLI: exit 2)
     const args = ["--input", "hf://datasets/tester/corpus/data/*.parquet", "--tokenizer", tokenizer, "--hub-url", th.url, "--out", path.join(work, "out-noauth")];
     const r = await prepareCli(args, { ...process.env, HF_TOKEN: "" });
     assert.equal(r.status, 2, r.stderr);
     assert.match(r.stderr, /the Hub answered 401 .* set HF_TOKEN to a token that can read it \[D2\]/);
+    assert.doesNotMatch(r.stderr, /\n\s+at /, "no stack trace");
     const wrong = await prepareCli(args, { ...process.env, HF_TOKEN: "hf_wrongwrongwrong" });
     assert.equal(wrong.status, 2, wrong.stderr);
+    assert.match(wrong.stderr, /HF_TOKEN/);
     assert.ok(!wrong.stderr.includes("hf_wrongwrongwrong") && !wrong.stderr.includes(TOKEN), "no token in the error");
   } finally {
     if (prevToken === undefined) delete process.env.HF_TOKEN; else process.env.HF_TOKEN = prevToken;
