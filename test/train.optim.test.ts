@@ -44,6 +44,18 @@ test("2000 clean steps double the scale, 1999 do not (P2)", () => {
   assert.ok(!validScaler({ scale: -1, growthTracker: 0 }));
 });
 
+test("a saved scaler state is accepted only with a finite positive scale and a whole growth count in [0, 2000) (P2)", () => {
+  assert.equal(validScaler({ scale: 65536, growthTracker: 0 }), true);
+  assert.equal(validScaler({ scale: 1e-3, growthTracker: 1999 }), true, "the last count before growth");
+  for (const bad of [
+    null, undefined, 65536, "65536",
+    { scale: 0, growthTracker: 0 }, { scale: -2, growthTracker: 0 }, { scale: Number.NaN, growthTracker: 0 },
+    { scale: Number.POSITIVE_INFINITY, growthTracker: 0 }, { growthTracker: 0 },
+    { scale: 65536, growthTracker: -1 }, { scale: 65536, growthTracker: 2000 }, { scale: 65536, growthTracker: 1.5 },
+    { scale: 65536 }, Object.assign(() => 0, { scale: 65536, growthTracker: 0 }),
+  ]) assert.equal(validScaler(bad), false, `refused: ${JSON.stringify(bad)}`);
+});
+
 test("the clip coefficient is min(1, max/(norm+1e-6)) (P4)", () => {
   assert.equal(clipCoef(0.5), 1);
   assert.equal(clipCoef(2.2806797437103916), 1 / (2.2806797437103916 + 1e-6));
