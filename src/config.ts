@@ -16,6 +16,8 @@ export interface RunConfig {
   hubRepo: string;
   hubRepoType: "dataset" | "model";
   hubUrl: string;
+  /** Folder of the embedded local Hub (--hub-url embedded); '' = <out>/hub (L8, B6). */
+  hubDir: string;
   seqLen: number;
   attn: "eager";
   gradCkpt: boolean;
@@ -65,7 +67,8 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "out", key: "out", kind: "string", def: "./run", help: "run folder: checkpoints, metrics.jsonl, loss curve, final/" },
   { flag: "hub-repo", key: "hubRepo", kind: "string", def: "", help: "Hub repo for checkpoints, owner/name; '' = no upload (K5)" },
   { flag: "hub-repo-type", key: "hubRepoType", kind: "string", def: "dataset", choices: ["dataset", "model"], help: "Hub repo type (K5)" },
-  { flag: "hub-url", key: "hubUrl", kind: "string", def: "https://huggingface.co", help: "Hub endpoint; 'embedded' starts the local Hub in-process, storing under <out>/../hub (--demo's default, B6)" },
+  { flag: "hub-url", key: "hubUrl", kind: "string", def: "https://huggingface.co", help: "Hub endpoint; 'embedded' starts the local Hub in-process (--demo's default, B6)" },
+  { flag: "hub-dir", key: "hubDir", kind: "string", def: "", help: "folder of the embedded local Hub (--hub-url embedded); '' = <out>/hub (L8, B6)" },
   { flag: "seq-len", key: "seqLen", kind: "int", def: 1024, help: "tokens per training window (D4)" },
   { flag: "attn", key: "attn", kind: "string", def: "eager", choices: ["eager", "sdpa", "flash_attention_2"], help: "attention kernel; this stack has one (eager math), the others are refused" },
   { flag: "grad-ckpt", key: "gradCkpt", kind: "bool", def: true, negatable: true, help: "recompute each block's activations in backward (M6); --no-grad-ckpt keeps them" },
@@ -248,6 +251,9 @@ export function validate(c: RunConfig): RunConfig {
   }
   if (c.hubRepo && !/^[A-Za-z0-9][\w.-]*\/[\w.-]+$/.test(c.hubRepo)) {
     throw new UserError("K5", `--hub-repo ${JSON.stringify(c.hubRepo)} is not of the form owner/name`);
+  }
+  if (c.hubDir && c.hubUrl !== EMBEDDED_HUB) {
+    throw new UserError("B6", `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`);
   }
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
   c.hubUrl = c.hubUrl.replace(/\/+$/, "");

@@ -206,12 +206,12 @@ export interface RunResult { runJson: Record<string, unknown>; exported: string 
 /**
  * The whole session. Returns the RUN_JSON figures; throws UserError on refusals and RunComplete when
  * --resume auto finds nothing left to do. With --hub-url embedded (the demo's default) the local Hub
- * runs in this process on loopback for the session, its files in <out>/../hub (B6).
+ * runs in this process on loopback for the session, its files in --hub-dir or <out>/hub (B6, L8).
  */
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
   checkEngineRequest(cfg.backend); // an explicit --backend native that cannot load is refused before any work (P1)
   if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep);
-  const dir = path.join(path.dirname(path.resolve(cfg.out)), "hub");
+  const dir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub")); // under the run's own folder (L8)
   const hub = new LocalHub({ dir });
   const url = await hub.start();
   rep.say(`embedded local Hub at ${url} storing ${dir} (B6)`);

@@ -76,7 +76,7 @@ const put = (p: string, text: string) => ({ operation: "addOrUpdate" as const, p
 const headOf = async (url: string, name: string) => (await listCommits({ repo: repo(name), hubUrl: url, batchSize: 1 }).next()).value!.oid as string;
 
 describe("two hub-server processes on one --dir (L2)", () => {
-  test("a commit whose parentCommit went stale while it waited for the other process's lock gets 412", async () => {
+  test("a commit whose parentCommit went stale while it waited for the other process's lock gets 412", { timeout: 60_000 }, async () => {
     const dir = path.join(tmp, "shared");
     const faults = path.join(tmp, "faults-a.json");
     writeFaults(faults, {});
@@ -120,7 +120,7 @@ describe("two hub-server processes on one --dir (L2)", () => {
 });
 
 describe("a hub-server SIGKILLed mid-commit (L5)", () => {
-  test("leaves the repo at the previous commit, and the next server commits on it", async () => {
+  test("leaves the repo at the previous commit, and the next server commits on it", { timeout: 60_000 }, async () => {
     const dir = path.join(tmp, "killed");
     const faults = path.join(tmp, "faults-k.json");
     writeFaults(faults, {});
@@ -148,6 +148,31 @@ describe("a hub-server SIGKILLed mid-commit (L5)", () => {
       assert.equal(await headOf(s2.url, "kill/r"), next.commit.oid);
     } finally {
       await stopServer(s2);
+    }
+  });
+});
+
+describe("hub-server --faults FILE (L7)", () => {
+  test("switches faults while the server runs; a bad file is reported and leaves the faults in force", { timeout: 60_000 }, async () => {
+    const dir = path.join(tmp, "faulty");
+    const faults = path.join(tmp, "faults-f.json");
+    const s = await startServer(dir, ["--faults", faults]);
+    try {
+      await createRepo({ repo: repo("f/r"), hubUrl: s.url, accessToken: ANY });
+      writeFaults(faults, { status: { commit: 503 }, failCount: 1 });
+      await assert.rejects(commit({ repo: repo("f/r"), hubUrl: s.url, title: "x", operations: [put("m.bin", "0123456789")] }), (e: HubApiError) => e.statusCode === 503);
+      await commit({ repo: repo("f/r"), hubUrl: s.url, title: "x", operations: [put("m.bin", "0123456789")] });
+      writeFaults(faults, { truncateDownload: ["m.bin"], truncateMode: "short" });
+      const read = async () => (await downloadFile({ repo: repo("f/r"), path: "m.bin", hubUrl: s.url }))!.text();
+      assert.equal(await read(), "01234");
+      writeFaults(faults, { status: { comit: 500 } });
+      assert.equal(await read(), "01234", "a bad faults file leaves the faults in force");
+      const warned = await s.waitFor((e) => e.type === "faults" && /status\.comit is not an endpoint/.test(String(e.message)));
+      assert.match(String(warned.message), /keeping the faults in force/);
+      fs.rmSync(faults);
+      assert.equal(await read(), "0123456789");
+    } finally {
+      await stopServer(s);
     }
   });
 });
