@@ -170,18 +170,29 @@ export class Llama {
     return out;
   }
 
-  // ================================================================ decoder block
+  // ================================================================ decoder block = attention, then MLP
 
   /**
-   * out = x1 + MLP(norm2(x1)),  x1 = x + attention(norm1(x)).  "recompute" (M6) redoes what the backward reads and
-   * the arena did not keep: with kept matmul outputs only the norms, the attention softmax and SwiGLU; the down
-   * projection (the block's output) never.
+   * "forward": xs[l+1] = block(xs[l]), activations into s. "recompute" (M6) redoes what the backward reads and the
+   * arena did not keep (mm false: the matmul outputs were kept), never the block's output.
    */
   private blockForward(P: Float32Array, l: number, a: Arena, s: Acts, pass: "forward" | "recompute"): void {
-    const c = this.cfg, k = this.k, W = this.blockParams(P, l), mm = pass === "forward" || a.recompute === "whole";
-    const N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim, F = c.intermediateSize;
-    const x = a.xs[l]!;
-    // -- attention: qkv projections, RoPE, causal attention, o projection (+ residual)
+    const W = this.blockParams(P, l), mm = pass === "forward" || a.recompute === "whole";
+    this.attentionForward(W, a, s, a.xs[l]!, mm);
+    this.mlpForward(W, a, s, mm, pass === "forward" ? a.xs[l + 1]! : null);
+  }
+
+  /** In: grads.dx = dL/d(block output). Out: grads.dx = dL/d(block input); weight gradients += into gradOut. */
+  private blockBackward(P: Float32Array, l: number, a: Arena, s: Acts, gradOut: Float32Array): void {
+    const W = this.blockParams(P, l), dW = this.blockParams(gradOut, l);
+    this.mlpBackward(W, dW, a, s);
+    this.attentionBackward(W, dW, a, s, a.xs[l]!);
+  }
+
+  // ---------------------------------------------------------------- attention: x1 = x + o_proj(attn(rope(qkv(norm1(x)))))
+
+  private attentionForward(W: BlockParams, a: Arena, s: Acts, x: Float32Array, mm: boolean): void {
+    const c = this.cfg, k = this.k, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
     k.rmsnormForward(s.h1, s.r1, x, W.n1, N, D, c.rmsNormEps);
     if (mm) {
       k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
@@ -195,34 +206,11 @@ export class Llama {
       s.x1.set(x);
       k.matmul(false, true, N, D, H * E, 1, s.o, W.wo, 1, s.x1);
     }
-    // -- MLP: gate/up projections, SwiGLU, down projection (+ residual)
-    k.rmsnormForward(s.h2, s.r2, s.x1, W.n2, N, D, c.rmsNormEps);
-    if (mm) {
-      k.matmul(false, true, N, F, D, 1, s.h2, W.wg, 0, s.g);
-      k.matmul(false, true, N, F, D, 1, s.h2, W.wu, 0, s.u);
-    }
-    k.swigluForward(s.m, s.g, s.u, N * F);
-    if (pass === "recompute") return;
-    const out = a.xs[l + 1]!;
-    out.set(s.x1);
-    k.matmul(false, true, N, D, F, 1, s.m, W.wd, 1, out);
   }
 
-  /** The ops of blockForward in reverse. In: grads.dx = dL/d(out). Out: grads.dx = dL/dx; weight gradients += into gradOut. */
-  private blockBackward(P: Float32Array, l: number, a: Arena, s: Acts, gradOut: Float32Array): void {
-    const c = this.cfg, k = this.k, W = this.blockParams(P, l), dW = this.blockParams(gradOut, l), g = a.grads!;
-    const N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim, F = c.intermediateSize;
-    const dy = g.dx; // the residual stream's gradient, updated in place: dOut -> dx1 -> dx
-    // -- MLP backward: down projection, SwiGLU, gate/up projections, norm2 (adds into dy: dy becomes dx1)
-    k.matmul(true, false, D, F, N, 1, dy, s.m, 1, dW.wd);
-    k.matmul(false, false, N, F, D, 1, dy, W.wd, 0, g.dm);
-    k.swigluBackward(g.dg, g.du, g.dm, s.g, s.u, N * F);
-    k.matmul(true, false, F, D, N, 1, g.dg, s.h2, 1, dW.wg);
-    k.matmul(true, false, F, D, N, 1, g.du, s.h2, 1, dW.wu);
-    k.matmul(false, false, N, D, F, 1, g.dg, W.wg, 0, g.dh);
-    k.matmul(false, false, N, D, F, 1, g.du, W.wu, 1, g.dh);
-    k.rmsnormBackward(dy, dW.n2, g.dh, s.x1, W.n2, s.r2, N, D);
-    // -- attention backward: o projection, attention, RoPE, qkv projections, norm1 (adds into dy: dy becomes dx)
+  /** grads.dx = dL/dx1 in, dL/dx out (the residual passes dx1 through; norm1's backward adds into it). */
+  private attentionBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts, x: Float32Array): void {
+    const c = this.cfg, k = this.k, g = a.grads!, dy = g.dx, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
     k.matmul(true, false, D, H * E, N, 1, dy, s.o, 1, dW.wo);
     k.matmul(false, false, N, H * E, D, 1, dy, W.wo, 0, g.dO);
     k.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
@@ -234,7 +222,35 @@ export class Llama {
     k.matmul(false, false, N, D, H * E, 1, g.dq, W.wq, 0, g.dh);
     k.matmul(false, false, N, D, K * E, 1, g.dk, W.wk, 1, g.dh);
     k.matmul(false, false, N, D, K * E, 1, g.dv, W.wv, 1, g.dh);
-    k.rmsnormBackward(dy, dW.n1, g.dh, a.xs[l]!, W.n1, s.r1, N, D);
+    k.rmsnormBackward(dy, dW.n1, g.dh, x, W.n1, s.r1, N, D);
+  }
+
+  // ---------------------------------------------------------------- MLP: out = x1 + down(silu(gate(h2)) * up(h2)), h2 = norm2(x1)
+
+  private mlpForward(W: BlockParams, a: Arena, s: Acts, mm: boolean, out: Float32Array | null): void {
+    const c = this.cfg, k = this.k, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
+    k.rmsnormForward(s.h2, s.r2, s.x1, W.n2, N, D, c.rmsNormEps);
+    if (mm) {
+      k.matmul(false, true, N, F, D, 1, s.h2, W.wg, 0, s.g);
+      k.matmul(false, true, N, F, D, 1, s.h2, W.wu, 0, s.u);
+    }
+    k.swigluForward(s.m, s.g, s.u, N * F);
+    if (!out) return;
+    out.set(s.x1);
+    k.matmul(false, true, N, D, F, 1, s.m, W.wd, 1, out);
+  }
+
+  /** grads.dx = dL/dout in, dL/dx1 out. */
+  private mlpBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts): void {
+    const c = this.cfg, k = this.k, g = a.grads!, dy = g.dx, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
+    k.matmul(true, false, D, F, N, 1, dy, s.m, 1, dW.wd);
+    k.matmul(false, false, N, F, D, 1, dy, W.wd, 0, g.dm);
+    k.swigluBackward(g.dg, g.du, g.dm, s.g, s.u, N * F);
+    k.matmul(true, false, F, D, N, 1, g.dg, s.h2, 1, dW.wg);
+    k.matmul(true, false, F, D, N, 1, g.du, s.h2, 1, dW.wu);
+    k.matmul(false, false, N, D, F, 1, g.dg, W.wg, 0, g.dh);
+    k.matmul(false, false, N, D, F, 1, g.du, W.wu, 1, g.dh);
+    k.rmsnormBackward(dy, dW.n2, g.dh, s.x1, W.n2, s.r2, N, D);
   }
 
   // ================================================================ LM head (tied to the embedding) + cross-entropy
