@@ -40,31 +40,141 @@ export function createReporter(outDir: string, stream: NodeJS.WriteStream = proc
   };
 }
 
-/** A self-contained SVG line chart of loss against step (no dependencies, opens in any browser). */
-export function lossCurveSvg(history: readonly LogEntry[]): string {
-  const W = 640, H = 360, L = 56, R = 16, T = 28, B = 40;
+/** A validation point on the chart: the held-out loss at a step. */
+export interface ValPoint { step: number; loss: number }
+
+function niceTicks(lo: number, hi: number, n = 4): number[] {
+  return Array.from({ length: n + 1 }, (_, i) => lo + ((hi - lo) * i) / n);
+}
+
+function esc(s: string): string {
+  return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+}
+
+/**
+ * A self-contained SVG chart (no dependencies, opens in any browser): the training loss (the mean over
+ * each --log-every window) as a blue line, the validation losses as orange dots on the same axis, and
+ * the learning rate as a grey dashed line on a second axis at the right.
+ */
+export function lossCurveSvg(history: readonly LogEntry[], val: readonly ValPoint[] = []): string {
+  const W = 720, H = 380, L = 60, R = 72, T = 44, B = 44;
   const pts = history.filter((h) => Number.isFinite(h.loss));
+  const vpts = val.filter((v) => Number.isFinite(v.loss));
   const head = `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="11">` +
-    `<rect width="${W}" height="${H}" fill="white"/><text x="${L}" y="18" font-size="13">training loss</text>`;
+    `<rect width="${W}" height="${H}" fill="white"/><text x="${L}" y="18" font-size="13" font-weight="bold">training loss, validation loss and learning rate</text>`;
   if (pts.length === 0) return head + `<text x="${L}" y="${H / 2}">no finite loss logged yet</text></svg>\n`;
-  const x0 = pts[0]!.step, x1 = Math.max(pts[pts.length - 1]!.step, x0 + 1);
-  let y0 = Math.min(...pts.map((p) => p.loss)), y1 = Math.max(...pts.map((p) => p.loss));
+  const steps = [...pts.map((p) => p.step), ...vpts.map((v) => v.step)];
+  const x0 = Math.min(...steps), x1 = Math.max(Math.max(...steps), x0 + 1);
+  const losses = [...pts.map((p) => p.loss), ...vpts.map((v) => v.loss)];
+  let y0 = Math.min(...losses), y1 = Math.max(...losses);
   if (y1 - y0 < 1e-9) { y0 -= 0.5; y1 += 0.5; }
+  const lrs = pts.map((p) => p.lr).filter((v) => Number.isFinite(v));
+  const lrMax = Math.max(1e-12, ...lrs);
   const sx = (s: number) => L + ((s - x0) / (x1 - x0)) * (W - L - R);
   const sy = (v: number) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+  const sl = (v: number) => T + (1 - v / lrMax) * (H - T - B);
   const poly = pts.map((p) => `${sx(p.step).toFixed(1)},${sy(p.loss).toFixed(1)}`).join(" ");
-  const ticks: string[] = [];
-  for (let i = 0; i <= 4; i++) {
-    const v = y0 + ((y1 - y0) * i) / 4;
-    ticks.push(`<line x1="${L}" x2="${W - R}" y1="${sy(v).toFixed(1)}" y2="${sy(v).toFixed(1)}" stroke="#eee"/>` +
+  const lrPoly = pts.filter((p) => Number.isFinite(p.lr)).map((p) => `${sx(p.step).toFixed(1)},${sl(p.lr).toFixed(1)}`).join(" ");
+  const parts: string[] = [];
+  for (const v of niceTicks(y0, y1)) {
+    parts.push(`<line x1="${L}" x2="${W - R}" y1="${sy(v).toFixed(1)}" y2="${sy(v).toFixed(1)}" stroke="#eee"/>` +
       `<text x="${L - 6}" y="${(sy(v) + 4).toFixed(1)}" text-anchor="end">${v.toFixed(3)}</text>`);
-    const s = Math.round(x0 + ((x1 - x0) * i) / 4);
-    ticks.push(`<text x="${sx(s).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${s}</text>`);
   }
-  return head + ticks.join("") +
+  for (const v of niceTicks(0, lrMax)) parts.push(`<text x="${W - R + 6}" y="${(sl(v) + 4).toFixed(1)}" fill="#666">${v === 0 ? "0" : v.toExponential(1)}</text>`);
+  for (const sv of niceTicks(x0, x1)) parts.push(`<text x="${sx(Math.round(sv)).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${Math.round(sv)}</text>`);
+  const dots = vpts.map((v) => `<circle class="val" cx="${sx(v.step).toFixed(1)}" cy="${sy(v.loss).toFixed(1)}" r="4.5" fill="#ff7f0e" stroke="white"><title>step ${v.step}: val loss ${v.loss.toFixed(4)}</title></circle>`).join("");
+  const legend = `<g transform="translate(${L + 8},${T - 18})">` +
+    `<line x1="0" x2="18" y1="0" y2="0" stroke="#1f77b4" stroke-width="2"/><text x="22" y="4">train loss</text>` +
+    `<circle cx="104" cy="0" r="4.5" fill="#ff7f0e"/><text x="112" y="4">val loss</text>` +
+    `<line x1="180" x2="198" y1="0" y2="0" stroke="#888" stroke-dasharray="4 3" stroke-width="1.5"/><text x="202" y="4">learning rate (right axis)</text></g>`;
+  return head + parts.join("") +
     `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#333"/><line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#333"/>` +
-    `<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="${poly}"/>` +
-    `<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">step</text></svg>\n`;
+    `<line x1="${W - R}" y1="${T}" x2="${W - R}" y2="${H - B}" stroke="#999"/>` +
+    `<polyline class="train" fill="none" stroke="#1f77b4" stroke-width="1.8" points="${poly}"/>` +
+    (lrPoly ? `<polyline class="lr" fill="none" stroke="#888" stroke-dasharray="4 3" stroke-width="1.5" points="${lrPoly}"/>` : "") +
+    dots + legend +
+    `<text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">optimizer step</text>` +
+    `<text transform="translate(14,${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">loss (nats/token)</text>` +
+    `<text transform="translate(${W - 10},${(T + H - B) / 2}) rotate(90)" text-anchor="middle" fill="#666">learning rate</text></svg>\n`;
+}
+
+/** One generated sample for the report and the log (from a fixed prompt, at a step). */
+export interface SampleEntry { step: number; prompt: string; text: string; decoding: string }
+
+export const SAMPLES_FILE = "samples.jsonl";
+export const REPORT_FILE = "report.html";
+
+function readJsonl<T>(file: string): T[] {
+  if (!fs.existsSync(file)) return [];
+  const out: T[] = [];
+  for (const line of fs.readFileSync(file, "utf8").split("\n")) {
+    if (!line.trim()) continue;
+    try { out.push(JSON.parse(line) as T); } catch { /* a torn last line of a killed run: skip it */ }
+  }
+  return out;
+}
+
+/** Appends a sample to <out>/samples.jsonl (read by the report). */
+export function recordSample(outDir: string, s: SampleEntry): void {
+  fs.mkdirSync(outDir, { recursive: true });
+  fs.appendFileSync(path.join(outDir, SAMPLES_FILE), JSON.stringify(s) + "\n");
+}
+
+function fmtValue(v: unknown): string {
+  if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en-US") : Math.abs(v) < 1e-3 && v !== 0 ? v.toExponential(3) : v.toFixed(4);
+  if (v === null || v === undefined) return "–";
+  if (typeof v === "object") return JSON.stringify(v);
+  return String(v);
+}
+
+/**
+ * The run folder's one-page report (B5): the chart (train loss, val points, LR), the run summary
+ * (the RUN_JSON figures) and the samples. Self-contained HTML: no scripts, no external files.
+ * Reads metrics.jsonl and samples.jsonl from outDir; rewrites loss.svg with the val points too.
+ * Returns the report's path.
+ */
+export function writeRunReport(outDir: string, summary: Record<string, unknown>): string {
+  const history = readJsonl<LogEntry & { val_loss?: number }>(path.join(outDir, "metrics.jsonl"));
+  const val: ValPoint[] = history.filter((h) => typeof h.val_loss === "number").map((h) => ({ step: h.step, loss: h.val_loss! }));
+  if (typeof summary.val_loss === "number" && typeof summary.final_step === "number" && !val.some((v) => v.step === summary.final_step)) {
+    val.push({ step: summary.final_step, loss: summary.val_loss });
+  }
+  const svg = lossCurveSvg(history, val);
+  fs.mkdirSync(outDir, { recursive: true });
+  fs.writeFileSync(path.join(outDir, "loss.svg"), svg);
+  const samples = readJsonl<SampleEntry>(path.join(outDir, SAMPLES_FILE));
+  const keys = ["final_step", "steps_planned", "final_loss", "val_loss", "val_ppl", "tokens_consumed", "tok_per_s", "session_seconds", "params", "world",
+    "micro_batch", "accum", "seq_len", "backend", "skipped_steps", "loss_scale", "checkpoints", "exported"];
+  const rows = keys.filter((k) => k in summary).map((k) => `<tr><th>${esc(k)}</th><td>${esc(fmtValue(summary[k]))}</td></tr>`).join("\n");
+  const sampleHtml = samples.length === 0 ? "<p>No samples were logged (sampling off, or no checkpoint yet).</p>" :
+    samples.map((s) => `<div class="sample"><div class="meta">step ${s.step} · ${esc(s.decoding)}</div><pre><b>${esc(s.prompt)}</b>${esc(s.text)}</pre></div>`).join("\n");
+  const last = history[history.length - 1];
+  const html = `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tstrain run report</title>
+<style>
+body { font-family: sans-serif; max-width: 760px; margin: 24px auto; color: #222; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
+table { border-collapse: collapse; font-size: 13px; } th, td { text-align: left; padding: 3px 12px 3px 0; border-bottom: 1px solid #eee; }
+th { font-weight: normal; color: #555; }
+.sample { margin: 10px 0; } .meta { font-size: 12px; color: #666; }
+pre { white-space: pre-wrap; background: #f7f7f7; padding: 8px; border-radius: 4px; font-size: 13px; }
+</style></head>
+<body>
+<h1>tstrain run report</h1>
+<p>${esc(path.resolve(outDir))} · ${history.length} log points${last ? `, last at step ${last.step} (train loss ${last.loss.toFixed(4)})` : ""}${val.length ? ` · ${val.length} validation point${val.length > 1 ? "s" : ""}` : ""}</p>
+<h2>Loss</h2>
+${svg.trim()}
+<h2>Run summary</h2>
+<table>
+${rows}
+</table>
+<h2>Samples</h2>
+${sampleHtml}
+</body></html>
+`;
+  const file = path.join(outDir, REPORT_FILE);
+  fs.writeFileSync(file, html);
+  return file;
 }
 
 export function fmtDuration(s: number): string {

@@ -21,7 +21,7 @@ import { Coordinator, checkpointDocs, type OptimizerPosition, type StepResult } 
 import { newScaler, type LrShape } from "./actors/optim";
 import type { CheckpointOutcome, RankFault, RankMemory } from "./actors/protocol";
 import { checkpointName, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
-import { createReporter, fmtDuration, type Reporter } from "./report";
+import { createReporter, fmtDuration, writeRunReport, type Reporter } from "./report";
 import { createHubStore, type HubStore, type Pointer } from "./hub/store";
 import { resolveAutoResume } from "./hub/resume";
 import { publishFinal } from "./hub/cycle";
@@ -422,6 +422,7 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
     checkpoints: outcomes.map((o) => o.step), memory: memJson, exported,
   };
   rep.say("RUN_JSON " + JSON.stringify(runJson));
+  rep.say(`report: file://${writeRunReport(cfg.out, runJson)} (chart: ${path.join(cfg.out, "loss.svg")})`);
   return { runJson, exported };
 }
 
