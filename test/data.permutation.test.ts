@@ -69,5 +69,16 @@ test("an empty window count, a too-large one or a fractional seed is refused wit
   assert.throws(() => new WindowPermutation(0, 1), (e: Error) => e.name === "UserError" && /n=0/.test(e.message) && /\[D4\]/.test(e.message));
   assert.throws(() => new WindowPermutation(MAX_PERM_N + 1, 1), /\[D4\]/);
   assert.throws(() => new WindowPermutation(10, 1.5), /--data-seed must be a non-negative whole number \(got 1.5\)/);
-  assert.throws(() => new WindowPermutation(10, 1).at(10), RangeError);
+  assert.throws(() => new WindowPermutation(10, 1.5), (e: Error) => e.name === "UserError" && /\[D4\]/.test(e.message));
+  assert.throws(() => new WindowPermutation(10, -1), /--data-seed .*\(got -1\)/);
+  for (const i of [10, -1, 1.5, Number.NaN]) {
+    assert.throws(() => new WindowPermutation(10, 1).at(i), (e: Error) => e instanceof RangeError && e.message.includes(`index ${i} outside [0, 10)`), `at(${i})`);
+  }
+  assert.equal(new WindowPermutation(MAX_PERM_N, 1).n, MAX_PERM_N, "the largest window count is accepted");
+});
+
+test("the Feistel domain is the smallest even-bit power of two >= n, at least 2^2 (D4)", () => {
+  for (const [n, h] of [[1, 1], [4, 1], [5, 2], [16, 2], [17, 3], [64, 3], [65, 4], [2 ** 40, 20], [2 ** 40 + 3, 21]] as const) {
+    assert.equal(new WindowPermutation(n, 7).halfBits, h, `n=${n}`);
+  }
 });
