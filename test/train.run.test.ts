@@ -74,6 +74,11 @@ for (const engine of RUN_ENGINES) {
     const a = tmpDir("tstrain-a-"), b = tmpDir("tstrain-b-");
     const ra = await runTiny(tinyConfig(mix.root, a, be));
     assert.equal(ra.runJson.backend, engine, "the run used the engine under test");
+    // G6: the ranks' memory report; the native engine never initialises tfjs (no tensors, no wasm heap)
+    const mem = JSON.parse(ra.rep.lines.find((l) => l.startsWith("memory: "))!.slice("memory: ".length)) as { per_rank: { tf_tensors_mb: number; wasm_heap_mb: number; arena_mb: number }[] };
+    assert.equal(mem.per_rank.length, 1);
+    if (engine === "native") assert.deepEqual(mem.per_rank.map((m) => [m.tf_tensors_mb, m.wasm_heap_mb]), [[0, 0]]);
+    else assert.ok(mem.per_rank[0]!.wasm_heap_mb > 0, "the wasm heap is reported");
     await runTiny(tinyConfig(mix.root, b, be));
     assert.ok(bitIdentical(weights(path.join(a, "final")), weights(path.join(b, "final"))));
   });
