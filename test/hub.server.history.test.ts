@@ -191,3 +191,23 @@ describe("storage (L6)", () => {
     assert.ok(fs.existsSync(stray));
   });
 });
+
+describe("upgrade (L1)", () => {
+  test("a repo stored by the history-less server (one main.json) reads as one commit with its old id and takes new commits", async () => {
+    const dir = path.join(th.tmp, "hub", "datasets", "old", "layout");
+    const bytes = Buffer.from("from before");
+    const { createHash } = await import("node:crypto");
+    const sha = createHash("sha256").update(bytes).digest("hex");
+    const gitOid = createHash("sha1").update(`blob ${bytes.length}\0`).update(bytes).digest("hex");
+    const oldId = "ab".repeat(20);
+    fs.mkdirSync(path.join(dir, "objects"), { recursive: true });
+    fs.writeFileSync(path.join(dir, "objects", sha), bytes);
+    fs.writeFileSync(path.join(dir, "main.json"), JSON.stringify({ commit: oldId, files: { "a.txt": { sha256: sha, size: bytes.length, lfs: false, gitOid } } }));
+    const r = ds("old/layout");
+    assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "from before");
+    assert.deepEqual((await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.oid), [oldId]);
+    const next = await commitOn(r, "new", [put("b.txt", "new")], { parentCommit: oldId });
+    assert.deepEqual((await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.oid), [next.commit.oid, oldId]);
+    assert.ok(!fs.existsSync(path.join(dir, "main.json")));
+  });
+});
