@@ -16,7 +16,7 @@ const MODULES = {
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
   "src/data/sampler.ts": T("data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),
-  "src/data/plan.ts": T("data.guards", "data.sampler", "train.config"),
+  "src/data/plan.ts": T("data.plan-rules", "data.guards", "data.sampler", "train.config"),
   "src/config.ts": T("train.config", "data.guards"),
   "src/hub/resume.ts": T("hub.resume"),
   "src/hub/cycle.ts": T("hub.cycle"),
