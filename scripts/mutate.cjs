@@ -14,7 +14,7 @@ const MODULES = {
   "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
   "src/actors/coordinator.ts": T("train.runtime", "train.coordinator"),
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
-  "src/data/sampler.ts": T("data.sampler", "data.guards"),
+  "src/data/sampler.ts": T("data.sampler-rules", "data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),
   "src/data/plan.ts": T("data.plan-rules", "data.guards", "data.sampler", "train.config"),
   "src/config.ts": T("train.config", "data.guards"),
