@@ -93,6 +93,7 @@ describe("branches and pull requests (L1)", () => {
     await createBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY });
     await commitOn(r, "on exp", [put("a.txt", "exp")], { branch: "exp" });
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", revision: "exp", hubUrl: th.url })), "exp");
+    assert.deepEqual((await all(listFiles({ repo: r, revision: "refs/heads/exp", hubUrl: th.url }))).map((f) => f.path), [".gitattributes", "a.txt"]);
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "main");
     assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0]!.oid, base.commit.oid);
     await assert.rejects(createBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY }), (e: HubApiError) => e.statusCode === 409);

@@ -143,8 +143,14 @@ export class RepoStore {
     return { sha256: sha, size: content.length, lfs: false, gitOid: gitBlobOid(content) };
   }
 
+  /** Creates the repo's folders and fsyncs each parent, so the repo's entry survives a crash too. */
   async ensureDir(r: RepoRef): Promise<void> {
-    await fsp.mkdir(path.join(this.repoDir(r), "objects"), { recursive: true });
+    const dir = this.repoDir(r);
+    if (fs.existsSync(path.join(dir, "commits"))) return;
+    await fsp.mkdir(path.join(dir, "objects"), { recursive: true });
+    await fsp.mkdir(path.join(dir, "commits"), { recursive: true });
+    for (let d = dir; d.length > this.root.length; d = path.dirname(d)) await fsyncDir(path.dirname(d));
+    await fsyncDir(dir);
   }
 
   /** A repo with one commit holding files; 409 when it exists. */

@@ -62,8 +62,8 @@ export function route(method: string, segs: string[]): Route {
 }
 
 /** A revision followed by a path, as the tree listing sends them unencoded: refs/pr/N and
- *  refs/heads/X take three (or more) segments. */
+ *  refs/heads/X take three segments (a branch with a '/' in its name is ambiguous there). */
 export function splitRevPath(rest: string[]): { rev: string; path: string[] } {
-  if (rest[0] === "refs" && rest[1] === "pr" && rest.length >= 3) return { rev: rest.slice(0, 3).join("/"), path: rest.slice(3) };
+  if (rest[0] === "refs" && (rest[1] === "pr" || rest[1] === "heads") && rest.length >= 3) return { rev: rest.slice(0, 3).join("/"), path: rest.slice(3) };
   return { rev: rest[0] ?? "main", path: rest.slice(1) };
 }
