@@ -7,13 +7,17 @@
  *                           cursor.json            the data position (C1)
  *                           config.json            HF LlamaConfig
  *                           run_config.json        the validated run config it was trained with
+ *                           manifest.json          size + sha256 of every other file (K7), written last
  *
  * A folder is written under a temporary name and renamed into place last (llm.c's DONE marker): a
  * folder with the final name is complete, and a half-written one is never mistaken for a checkpoint.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
+import { createHash } from "node:crypto";
 import { UserError } from "./errors";
+import { MANIFEST_FILE, type CheckpointManifest } from "./hub/manifest";
+export { MANIFEST_FILE };
 import type { LlamaConfig } from "./model/config";
 import { paramLayout } from "./model/layout";
 import { encodeSafetensors, decodeSafetensors, flatToTensors, tensorsToFlat, type StTensor } from "./model/safetensors";
@@ -35,6 +39,37 @@ export interface TrainerState {
 
 export const CKPT_FILES = ["model.safetensors", "optimizer.safetensors", "trainer_state.json", "cursor.json", "config.json", "run_config.json"] as const;
 
+/** Bytes one checkpoint folder takes for P parameters: weights + two moments in fp32, plus headers and documents. */
+export function estimateCheckpointBytes(P: number, tensors = 64): number {
+  return 12 * P + tensors * 3 * 200 + 256 * 1024;
+}
+
+/** A checkpoint folder could not be written (ENOSPC, EROFS, ...); no partial folder was left behind. */
+export class CheckpointWriteError extends Error {
+  readonly code: string | null;
+  readonly dir: string;
+  constructor(dir: string, cause: unknown) {
+    const code = (cause as NodeJS.ErrnoException)?.code ?? null;
+    const what = code === "ENOSPC" ? "the disk is full (ENOSPC)" : code === "EDQUOT" ? "the disk quota is used up (EDQUOT)" : `${code ?? ""} ${(cause as Error)?.message ?? String(cause)}`.trim();
+    super(`writing checkpoint folder ${dir} failed: ${what}; the partial folder was removed`);
+    this.name = "CheckpointWriteError";
+    this.code = code;
+    this.dir = dir;
+  }
+}
+
+/** Removes leftovers of interrupted writes under ckptRoot (`*.partial-*`); returns what it removed. */
+export function removePartialFolders(ckptRoot: string): string[] {
+  if (!fs.existsSync(ckptRoot)) return [];
+  const gone: string[] = [];
+  for (const n of fs.readdirSync(ckptRoot)) {
+    if (!/\.partial-\d+$/.test(n)) continue;
+    fs.rmSync(path.join(ckptRoot, n), { recursive: true, force: true });
+    gone.push(path.join(ckptRoot, n));
+  }
+  return gone;
+}
+
 export function checkpointName(step: number): string {
   return `checkpoint-${step}`;
 }
@@ -54,14 +89,27 @@ export function writeCheckpointFolder(dir: string, cfg: LlamaConfig, params: Flo
   if (fs.existsSync(dir)) {
     throw new UserError("K2", `checkpoint folder ${dir} already exists; refusing to overwrite it. Move it away or choose another --out.`);
   }
-  fs.mkdirSync(path.dirname(dir), { recursive: true });
   const tmp = `${dir}.partial-${process.pid}`;
-  fs.rmSync(tmp, { recursive: true, force: true });
-  fs.mkdirSync(tmp);
-  fs.writeFileSync(path.join(tmp, "model.safetensors"), encodeSafetensors(flatToTensors(cfg, params), { format: "pt" }));
-  fs.writeFileSync(path.join(tmp, "optimizer.safetensors"), encodeSafetensors(optimizerTensors(cfg, m, v), { format: "pt" }));
-  for (const [name, doc] of Object.entries(docs)) writeJson(path.join(tmp, name), doc);
-  fs.renameSync(tmp, dir);
+  try {
+    fs.mkdirSync(path.dirname(dir), { recursive: true });
+    fs.rmSync(tmp, { recursive: true, force: true });
+    fs.mkdirSync(tmp);
+    const files: CheckpointManifest["files"] = {};
+    const put = (name: string, b: Uint8Array) => {
+      fs.writeFileSync(path.join(tmp, name), b);
+      files[name] = { size: b.byteLength, sha256: createHash("sha256").update(b).digest("hex") };
+    };
+    put("model.safetensors", encodeSafetensors(flatToTensors(cfg, params), { format: "pt" }));
+    put("optimizer.safetensors", encodeSafetensors(optimizerTensors(cfg, m, v), { format: "pt" }));
+    for (const [name, doc] of Object.entries(docs)) put(name, Buffer.from(JSON.stringify(doc, null, 1) + "\n"));
+    const step = (docs["cursor.json"] as { step?: unknown })?.step;
+    const manifest: CheckpointManifest = { format: "tstrain-manifest/1", step: typeof step === "number" ? step : -1, files };
+    writeJson(path.join(tmp, MANIFEST_FILE), manifest);
+    fs.renameSync(tmp, dir);
+  } catch (e) {
+    fs.rmSync(tmp, { recursive: true, force: true });
+    throw new CheckpointWriteError(dir, e);
+  }
 }
 
 export interface LoadedCheckpoint {

@@ -47,6 +47,12 @@ export interface RunConfig {
   demo: boolean;
   /** Variant vocabulary; 0 = the frozen 49,152 (M1), or under --demo the demo tokenizer's size. */
   vocabSize: number;
+  /** K6: stop only after a checkpoint has failed to publish for this many minutes. */
+  hubRetryMinutes: number;
+  /** K6: one Hub request may wait this long for its answer (plus 1 s per MiB sent) before it counts as failed. */
+  hubTimeoutSeconds: number;
+  /** R3: --resume auto resumes from the pointer even when newer checkpoint folders without a manifest exist. */
+  resumeIgnoreUnproven: boolean;
 }
 
 type Kind = "string" | "int" | "float" | "bool";
@@ -92,6 +98,9 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "log-every", key: "logEvery", kind: "int", def: 10, help: "log every N steps (G9)" },
   { flag: "push-every-steps", key: "pushEverySteps", kind: "int", def: 0, help: "checkpoint interval; 0 = max(1, steps // 10) (K1)" },
   { flag: "stop-after-steps", key: "stopAfterSteps", kind: "int", def: 0, help: "end this session on the verified checkpoint at step S (G1)" },
+  { flag: "hub-retry-minutes", key: "hubRetryMinutes", kind: "float", def: 30, help: "retry transient Hub failures (network, timeouts, 429, 5xx) while training goes on; stop once a checkpoint has failed to publish for this long (K6)" },
+  { flag: "hub-timeout-seconds", key: "hubTimeoutSeconds", kind: "float", def: 60, help: "one Hub request may wait this long for its answer (plus 1 s per MiB sent); a timeout is retried (K6)" },
+  { flag: "resume-ignore-unproven", key: "resumeIgnoreUnproven", kind: "bool", def: false, help: "--resume auto: resume from latest.json even when the repo holds newer checkpoint folders without a manifest; the run overwrites them (R3)" },
   { flag: "prune", key: "prune", kind: "bool", def: false, help: "delete the local checkpoint after it verified on the Hub (K3)" },
   { flag: "min-free-gb", key: "minFreeGb", kind: "float", def: 6, help: "prune only while free disk stays above this (K3)" },
   { flag: "dry-run", key: "dryRun", kind: "bool", def: false, help: "build everything, train nothing, print one JSON (G7)" },
@@ -245,6 +254,8 @@ export function validate(c: RunConfig): RunConfig {
   must(nonneg(c.pushEverySteps), "push-every-steps", `${c.pushEverySteps} must be >= 0 (0 = steps // 10)`);
   must(nonneg(c.stopAfterSteps), "stop-after-steps", `${c.stopAfterSteps} must be >= 0 (0 = run to the horizon)`);
   must(c.minFreeGb >= 0, "min-free-gb", `${c.minFreeGb} must be >= 0`);
+  must(Number.isFinite(c.hubTimeoutSeconds) && c.hubTimeoutSeconds >= 0.1 && c.hubTimeoutSeconds <= 3600, "hub-timeout-seconds", `${c.hubTimeoutSeconds} must be within [0.1, 3600]`);
+  must(Number.isFinite(c.hubRetryMinutes) && c.hubRetryMinutes > 0 && c.hubRetryMinutes <= 7 * 24 * 60, "hub-retry-minutes", `${c.hubRetryMinutes} must be > 0 and at most a week (10080)`);
   must(nonneg(c.benchmark), "benchmark", `${c.benchmark} must be >= 0`);
   if (c.resume === "auto") {
     if (!c.hubRepo && !c.demo) throw new UserError("R2", "--resume auto asks the Hub where the run stopped, so it needs --hub-repo");

@@ -1,10 +1,28 @@
 /**
  * `node dist/main.js [flags]`: parse, build, run, report. Everything else lives in run.ts and the
- * actors; this file only maps outcomes to exit codes (0 done, 2 refused, 1 failed).
+ * actors; this file only maps outcomes to exit codes (0 done, 2 refused, 1 failed, 3 stopped by a
+ * signal after saving and publishing a checkpoint at the current step: O3) and forwards signals.
  */
 import { parseArgs, usage } from "./config";
 import { isUserError } from "./errors";
-import { runSession, RunComplete } from "./run";
+import { EXIT_STOPPED, requestStop, runSession, RunComplete, RunStopped, setCommandLine } from "./run";
+
+/** O3: the first SIGINT/SIGTERM finishes the step, saves, publishes and exits 3; a second exits at once. */
+function onSignals(): void {
+  let seen = 0;
+  const handler = (sig: NodeJS.Signals) => {
+    seen += 1;
+    if (seen === 1) {
+      process.stderr.write(`\n${sig}: finishing the current step, then saving and publishing a checkpoint (send it again to exit at once)\n`);
+      requestStop(sig);
+      return;
+    }
+    process.stderr.write(`${sig} again: exiting at once; the last published checkpoint is the resume point\n`);
+    process.exit(sig === "SIGINT" ? 130 : 143);
+  };
+  process.on("SIGINT", handler);
+  process.on("SIGTERM", handler);
+}
 
 async function main(): Promise<number> {
   const { config, help } = parseArgs(process.argv.slice(2));
@@ -12,9 +30,15 @@ async function main(): Promise<number> {
     process.stdout.write(usage() + "\n");
     return 0;
   }
+  setCommandLine(process.argv.slice(2));
+  onSignals();
   try {
     await runSession(config);
   } catch (e) {
+    if (e instanceof RunStopped) {
+      process.stdout.write(e.message + "\n");
+      return EXIT_STOPPED;
+    }
     if (!(e instanceof RunComplete)) throw e;
     process.stdout.write(e.message + "\n");
   }

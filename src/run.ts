@@ -19,8 +19,9 @@ import { checkNoWrap, valWindowCount } from "./data/plan";
 import { ensureDemoMix } from "./data/demo";
 import { Coordinator, checkpointDocs, type OptimizerPosition, type StepResult } from "./actors/coordinator";
 import { newScaler, type LrShape } from "./actors/optim";
-import type { CheckpointOutcome, RankFault, RankMemory } from "./actors/protocol";
-import { checkpointName, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
+import type { CheckpointOutcome, RankFault, RankMemory, UploaderEvent, WriteOutcome } from "./actors/protocol";
+import { checkpointName, estimateCheckpointBytes, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
+import { checkOutRoom, checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
 import { createReporter, fmtDuration, writeRunReport, type Reporter } from "./report";
 import { createHubStore, type HubStore, type Pointer } from "./hub/store";
 import { resolveAutoResume } from "./hub/resume";
@@ -49,6 +50,54 @@ export interface SessionPlan {
   resumeDir: string | null;
   priorLoss: number | null;
   hub: HubStore | null;
+  /** The resume folder is a local copy proven equal to the Hub's verified checkpoint (R6). */
+  resumeVerifiedLocal: boolean;
+  /** Bytes one checkpoint takes (O1, K6). */
+  checkpointBytes: number;
+}
+
+// ---- the command line, for advice that must be a command that works ------------------------------
+
+let commandLine: string[] | null = null;
+
+/** main.ts records the arguments it was started with, so advice can repeat them. */
+export function setCommandLine(argv: readonly string[]): void {
+  commandLine = [...argv];
+}
+
+/** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */
+export function resumeCommand(resume: string, extra: string[] = []): string {
+  const q = (a: string) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`);
+  if (!commandLine) return `node dist/main.js <the same flags> --resume ${resume}${extra.length ? " " + extra.join(" ") : ""}`;
+  const out: string[] = [];
+  for (let i = 0; i < commandLine.length; i++) {
+    const a = commandLine[i]!;
+    if (a === "--resume") { i++; continue; }
+    if (a.startsWith("--resume=")) continue;
+    if (extra.includes(a)) continue;
+    out.push(a);
+  }
+  return ["node", "dist/main.js", ...out, "--resume", resume, ...extra].map(q).join(" ");
+}
+
+// ---- signals (O3) --------------------------------------------------------------------------------
+
+let stopSignal: string | null = null;
+
+/** O3: the first SIGINT/SIGTERM asks the run to finish its step, save and publish, and exit. */
+export function requestStop(signal: string): void {
+  stopSignal = stopSignal ?? signal;
+}
+
+/** O3: exit code of a run stopped by a signal after it saved (and published) its checkpoint. */
+export const EXIT_STOPPED = 3;
+
+/** Thrown when a signal stopped the run cleanly; main prints the message and exits EXIT_STOPPED. */
+export class RunStopped extends Error {
+  constructor(message: string, readonly step: number) {
+    super(message);
+    this.name = "RunStopped";
+  }
 }
 
 /** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge|val"); never set in a real run. */
@@ -80,6 +129,8 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
   }
   const params = countParams(model);
+  const checkpointBytes = estimateCheckpointBytes(params.sum_numel);
+  if (!cfg.benchmark) checkOutRoom(cfg.out, checkpointBytes, `${params.sum_numel.toLocaleString("en-US")} parameters (weights and two AdamW moments in fp32)`);
   if (!variant && (params.sum_numel < 90_000_000 || params.sum_numel > 110_000_000)) {
     throw new UserError("M3", `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`);
   }
@@ -89,12 +140,16 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
   rep.say(`params: ${JSON.stringify(params)}`);
 
   // ---- resume point (R1-R4, C3)
-  const hub = cfg.hubRepo ? createHubStore({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType }) : null;
+  const hub = cfg.hubRepo ? createHubStore({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }) : null;
   let resumeDir: string | null = null;
   let priorLoss: number | null = null;
+  let resumeVerifiedLocal = false;
   if (cfg.resume === "auto") {
     if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
-    const got = await resolveAutoResume(hub, { destDir: path.join(cfg.out, "resume"), log: rep.say });
+    const got = await resolveAutoResume(hub, {
+      destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
+      localRoots: [path.join(cfg.out, "ckpt"), path.join(cfg.out, "resume")],
+    });
     if (got.kind === "fresh") {
       // resolveAutoResume has said why (R2); nothing to add.
     } else if (got.kind === "complete") {
@@ -102,6 +157,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     } else {
       resumeDir = got.dir;
       priorLoss = got.priorLoss;
+      resumeVerifiedLocal = path.resolve(path.dirname(got.dir)) === path.resolve(cfg.out, "ckpt");
       rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; downloaded to ${got.dir}`);
     }
   } else if (cfg.resume) {
@@ -141,7 +197,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     if (S > plan.stepsPlanned) throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`);
     endStep = S;
   }
-  return { cfg, root, manifest, fingerprint, permSha: pSha, nWindows, nVal, model, params, plan, lrShape, startStep, endStep, resumeDir, priorLoss, hub };
+  return { cfg, root, manifest, fingerprint, permSha: pSha, nWindows, nVal, model, params, plan, lrShape, startStep, endStep, resumeDir, priorLoss, hub, resumeVerifiedLocal, checkpointBytes };
 }
 
 /** Thrown when --resume auto finds the run already complete: not an error, nothing to do. */
@@ -223,6 +279,19 @@ export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(
 }
 
 async function runSessionOn(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
+  if (cfg.benchmark) return runSessionLocked(cfg, rep);
+  // O1, O2, O4: the run folder is checked, claimed and cleaned before anything else happens.
+  checkOutWritable(cfg.out);
+  const lock: OutLock = lockOut(cfg.out, rep.say);
+  try {
+    for (const l of cleanOut(cfg.out)) rep.say(l);
+    return await runSessionLocked(cfg, rep);
+  } finally {
+    lock.release();
+  }
+}
+
+async function runSessionLocked(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   const t0 = performance.now();
   const s = await planSession(cfg, rep);
   const { plan, model } = s;
@@ -265,15 +334,20 @@ async function runSessionOn(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     await coord.spawn();
     rep.say(`precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x2/2000 clean, x0.5 on inf/NaN) grad_ckpt=${cfg.gradCkpt}`);
     rep.say(`backend: ${coord.backendInfo.detail}`);
-    await coord.startUploader({
-      hub: cfg.hubRepo ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType } : null,
-      prune: cfg.prune, minFreeGb: cfg.minFreeGb, keepLocal: 1, runDir: cfg.out,
-    });
+    let head: string | null = null;
     if (s.hub) {
       const r = await s.hub.ensureRepo();
+      head = await s.hub.followHead(); // K8: every commit from here on names its parent
       rep.say(`checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${r.created ? "created" : "exists"}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`);
     }
-    result = await trainLoop(s, coord, pos, history, rep, t0);
+    const events: UploaderEvent[] = [];
+    await coord.startUploader({
+      hub: cfg.hubRepo ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 } : null,
+      prune: cfg.prune, minFreeGb: cfg.minFreeGb, keepLocal: 1, runDir: cfg.out,
+      hubRetryMs: cfg.hubRetryMinutes * 60_000, head, checkpointBytes: s.checkpointBytes,
+      verifiedLocal: s.resumeVerifiedLocal ? [s.startStep] : [],
+    }, (e) => events.push(e));
+    result = await trainLoop(s, coord, pos, history, rep, t0, events);
   } catch (e) {
     failure = e;
   } finally {
@@ -283,33 +357,79 @@ async function runSessionOn(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   return result!;
 }
 
-async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number): Promise<RunResult> {
+async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
   const { cfg, plan } = s;
   const tokensPerStep = plan.tokensPerStep;
-  let inFlight: Promise<CheckpointOutcome> | null = null;
-  let inFlightStep = -1;
+  let writing: Promise<WriteOutcome> | null = null;
+  let writeError: unknown = null;
   let uploadError: unknown = null;
+  let failedStep = -1;
   const outcomes: CheckpointOutcome[] = [];
   const published = new Set<number>();
+  const staged = new Set<number>();
   let winLoss = 0, winSteps = 0, winT0 = performance.now(), winTokens = 0;
   const trainT0 = performance.now();
   let lastLoss = Number.NaN;
 
-  const settle = async (why: string) => {
-    if (!inFlight) return;
-    rep.say(`waiting for checkpoint ${inFlightStep} to finish (${why})`);
-    await inFlight.catch(() => undefined);
-    inFlight = null;
+  /** Take what the uploader reported since the last look (K6: publishing runs behind training). */
+  const absorb = () => {
+    for (const e of events.splice(0)) {
+      if (e.type === "published") { outcomes.push(e.outcome); if (e.outcome.published?.ok || !s.hub) published.add(e.outcome.step); }
+      else if (!uploadError) { uploadError = Object.assign(new Error(e.error.message), e.error); failedStep = e.step; }
+    }
+  };
+  const waitWrite = async () => {
+    if (!writing) return;
+    await writing.catch(() => undefined);
+    writing = null;
+  };
+  const stage = (done: number) => {
+    const trainerState: TrainerState = {
+      format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
+      lr_shape: s.lrShape, seqs_per_step: plan.seqsPerStep, log_history: history,
+    };
+    const pathInRepo = `ckpt/${checkpointName(done)}`;
+    staged.add(done);
+    const w: Promise<WriteOutcome> = coord.stageWrite({
+      step: done,
+      dir: path.join(cfg.out, "ckpt", checkpointName(done)),
+      docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: cfg }),
+      publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss: lastLoss } : null,
+    });
+    w.catch((e) => { writeError = writeError ?? e; failedStep = done; });
+    writing = w;
+  };
+  /** Everything handed to the uploader is written and published (or publishing failed for good). */
+  const drain = async (why: string) => {
+    await waitWrite();
+    rep.say(`waiting for the checkpoint uploads to finish (${why})`);
+    try {
+      const head = await coord.drainUploads();
+      if (s.hub && head) await s.hub.followHead(head); // K8: the uploader's commits are this run's own
+    } catch { /* reported through the events */ }
+    absorb();
   };
 
+  let stoppedAt = -1;
   for (let step = s.startStep; step < s.endStep; step++) {
-    if (uploadError) break;
+    absorb();
+    if (uploadError || writeError) break;
+    if (stopSignal) {
+      // O3: the step in progress has finished; save it and publish it, then stop.
+      stoppedAt = step;
+      rep.say(`${stopSignal}: stopping after step ${step}; writing${s.hub ? " and publishing" : ""} a checkpoint at step ${step} first (a second signal exits at once)`);
+      if (step > s.startStep && !staged.has(step)) {
+        await waitWrite();
+        stage(step);
+      }
+      break;
+    }
     let r: StepResult;
     try {
       r = await coord.step(step, pos, cfg.lr, s.lrShape);
     } catch (e) {
-      // a rank failed: the checkpoint in flight holds the last good step, so let it land before stopping
-      await settle(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
+      // a rank failed: the checkpoints handed over hold the last good steps, so let them land before stopping
+      await drain(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
       throw e;
     }
     const done = step + 1;
@@ -332,31 +452,41 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
       winLoss = 0; winSteps = 0; winTokens = 0; winT0 = performance.now();
     }
     if (done % plan.ckptEvery === 0) {
-      if (inFlight) await settle("a second checkpoint is due while the first is still in flight");
-      if (uploadError) break;
-      const trainerState: TrainerState = {
-        format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
-        lr_shape: s.lrShape, seqs_per_step: plan.seqsPerStep, log_history: history,
-      };
-      const pathInRepo = `ckpt/${checkpointName(done)}`;
-      inFlightStep = done;
-      inFlight = coord.stageCheckpoint({
-        step: done,
-        dir: path.join(cfg.out, "ckpt", checkpointName(done)),
-        docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: cfg }),
-        publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss: lastLoss } : null,
-      });
-      const job: Promise<CheckpointOutcome> = inFlight;
-      job.then(
-        (o) => { outcomes.push(o); if (o.published?.ok) published.add(o.step); },
-        (e) => { uploadError = e; },
-      ).finally(() => { if (inFlight === job) inFlight = null; });
+      if (writing) {
+        rep.say(`waiting for checkpoint ${[...staged].pop()} to be written (the staging copy is single)`);
+        await waitWrite();
+      }
+      absorb();
+      if (uploadError || writeError) break;
+      stage(done);
     }
   }
-  await settle("end of the session");
+  await drain("end of the session");
+  if (writeError) {
+    const e = writeError as Error & { code?: string };
+    const last = [...published].sort((a, b) => a - b).pop();
+    const where = last === undefined ? "no checkpoint of this session is saved yet" :
+      s.hub ? `checkpoint ${last} is verified on the Hub (latest.json points at it)` : `checkpoint ${last} is saved in ${path.join(cfg.out, "ckpt")}`;
+    const next = s.hub ? resumeCommand("auto", e.code === "ENOSPC" || e.code === "EDQUOT" ? ["--prune"] : []) :
+      last !== undefined ? resumeCommand(path.join(cfg.out, "ckpt", checkpointName(last))) : null;
+    throw new UserError("O5", `${e.message}. Training stopped at step ${failedStep}; ${where}. ` +
+      (e.code === "ENOSPC" || e.code === "EDQUOT" ? `Free space under ${path.resolve(cfg.out)}${s.hub ? ", or let the run make room by removing local copies already verified on the Hub (--prune)" : ""}` : "Fix the folder") +
+      (next ? `, then continue with: ${next}` : ", then run the same command again"));
+  }
   if (uploadError) {
-    const msg = uploadError instanceof Error ? uploadError.message : String(uploadError);
-    throw new UserError("K4", `checkpoint ${inFlightStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved.`);
+    const e = uploadError as Error;
+    const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "");
+    const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
+    const advice = e.name === "ConcurrentWriterError" ? "" :
+      ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
+    throw new UserError(ruleOf, `checkpoint ${failedStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved past verified bytes.${advice}`);
+  }
+  if (stoppedAt >= 0) {
+    const saved = stoppedAt > s.startStep;
+    const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(path.join(cfg.out, "ckpt", checkpointName(stoppedAt)))) : null;
+    throw new RunStopped(saved
+      ? `stopped by ${stopSignal} at step ${stoppedAt}: checkpoint ${stoppedAt} is ${s.hub ? "published and verified on the Hub" : `saved in ${path.join(cfg.out, "ckpt")}`}. Resume with: ${cmd}`
+      : `stopped by ${stopSignal} before any step of this session finished: nothing new to save. Run the same command again to start.`, stoppedAt);
   }
   const step = s.endStep;
   const sessionSec = (performance.now() - t0) / 1000;
@@ -406,7 +536,7 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
       val_error: valError, val_windows: s.nVal, memory: memJson,
     }, rep);
     if (s.hub) {
-      const r = await publishFinal(s.hub, { localDir: exported, pathInRepo: "final", pointer: pointerAt(s, step, "final"), log: rep.say });
+      const r = await publishFinal(s.hub, { localDir: exported, pathInRepo: "final", pointer: pointerAt(s, step, "final"), log: rep.say, giveUpMs: cfg.hubRetryMinutes * 60_000 });
       if (!r.ok) throw new UserError("K4", `final/ did not verify on the Hub: ${JSON.stringify(r.verify)}; the local export is kept at ${exported}`);
       rep.say(`latest.json rolled to the completed run: final at step ${step}`);
     }

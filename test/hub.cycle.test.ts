@@ -40,6 +40,9 @@ async function assertKeptAndUnmoved(store: HubStore, dir: string, first: Pointer
 }
 
 describe("publishCheckpoint (K3)", () => {
+  /** K6 retries shortened: give up after 0.4 s of failures, backoff 20..50 ms. */
+  const QUICK = { giveUpMs: 400, backoff: { baseMs: 20, capMs: 50 } };
+
   test("a normal publish pushes, verifies, writes the pointer and reads it back (K3, B2)", async () => {
     const { store, first, lines } = await repoWithFirstCheckpoint();
     assert.deepEqual(await store.readPointer(), first);
@@ -71,15 +74,17 @@ describe("publishCheckpoint (K3)", () => {
     th.hub.setFaults({ status: { upload: 500 } });
     const lines: string[] = [];
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: (l) => lines.push(l) }),
+      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: (l) => lines.push(l), ...QUICK }),
       (e: Error) => {
         assert.equal(e.name, "CheckpointPublishError");
-        assert.match(e.message, /checkpoint 20: upload to tester\/cycle-\d+\/ckpt\/checkpoint-20 failed: HTTP 500/);
+        assert.match(e.message, /checkpoint 20: upload to tester\/cycle-\d+\/ckpt\/checkpoint-20 failed: upload of ckpt\/checkpoint-20 \(step 20\) kept failing for .*--hub-retry-minutes.*last error: HTTP 500/);
         assert.match(e.message, new RegExp(`local copy at ${ck.dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} is kept and latest.json was not moved`));
         return true;
       },
     );
-    assert.match(lines[0]!, /^CKPT 20 .* ok=false pruned=false/);
+    // K6: each failed attempt was one log line, then the give-up
+    assert.ok(lines.filter((l) => /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt \d+: HTTP 500.*retrying in/.test(l)).length >= 2, lines.join("\n"));
+    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false/);
     await assertKeptAndUnmoved(store, ck.dir, first);
   });
 
@@ -88,9 +93,33 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ status: { commit: 500 } });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {} }),
-      /upload to .* failed: HTTP 500.*local copy .* is kept and latest\.json was not moved/,
+      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {}, ...QUICK }),
+      /upload to .* failed: .*kept failing.*HTTP 500.*local copy .* is kept and latest\.json was not moved/,
     );
+    await assertKeptAndUnmoved(store, ck.dir, first);
+  });
+
+  test("transient failures (500, 503, 429) for a few attempts are retried and the publish completes (K6)", async () => {
+    const { store } = await repoWithFirstCheckpoint();
+    const ck = nextCheckpoint();
+    th.hub.setFaults({ status: { commit: 503, upload: 500, lfsBatch: 429 }, failCount: 3 });
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l), ...QUICK, giveUpMs: 60_000 });
+    assert.equal(r.ok, true);
+    assert.equal((await store.readPointer())?.step, 20);
+    assert.equal(lines.filter((l) => /^hub: upload of .* failed \(attempt \d: HTTP (500|503|429).*retrying in/.test(l)).length, 3, lines.join("\n"));
+  });
+
+  test("a permanent error (403) is not retried (K6)", async () => {
+    const { store, first } = await repoWithFirstCheckpoint();
+    const ck = nextCheckpoint();
+    th.hub.setFaults({ status: { commit: 403 } });
+    const lines: string[] = [];
+    await assert.rejects(
+      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l), ...QUICK, giveUpMs: 60_000 }),
+      /upload to .* failed: HTTP 403/,
+    );
+    assert.equal(lines.filter((l) => /retrying in/.test(l)).length, 0, lines.join("\n"));
     await assertKeptAndUnmoved(store, ck.dir, first);
   });
 
@@ -154,11 +183,11 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ failPointerWrite: true });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {} }),
+      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {}, ...QUICK }),
       (e: Error & { stage?: string }) => {
         assert.equal(e.name, "CheckpointPublishError");
         assert.equal(e.stage, "pointer");
-        assert.match(e.message, /checkpoint 20 is verified on the Hub at .*ckpt\/checkpoint-20, but latest\.json could not be moved to it: HTTP 500/);
+        assert.match(e.message, /checkpoint 20 is verified on the Hub at .*ckpt\/checkpoint-20, but latest\.json could not be moved to it: .*kept failing.*HTTP 500/);
         assert.match(e.message, /local copy at .* is kept/);
         return true;
       },

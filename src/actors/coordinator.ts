@@ -23,7 +23,7 @@ import { paramLayout } from "../model/layout";
 import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
 import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
-import { type CheckpointDocs, type CheckpointJob, type CheckpointOutcome, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderInit, type WireError } from "./protocol";
+import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
 
 export interface RankSetup {
   world: number;
@@ -260,24 +260,54 @@ export class Coordinator {
 
   // ------------------------------------------------------------ uploader (A3)
 
-  async startUploader(o: UploaderInit): Promise<void> {
+  private readonly waiting = new Map<number, { resolve: (o: CheckpointOutcome) => void; reject: (e: unknown) => void }>();
+
+  /** Start the uploader; `onEvent` hears every publication and the failure that stops publishing. */
+  async startUploader(o: UploaderInit, onEvent?: (e: UploaderEvent) => void): Promise<void> {
     this.uploaderWorker = new Worker(path.join(__dirname, "uploader.js"));
     this.uploader = Comlink.wrap<UploaderApi>(nodeEndpoint(this.uploaderWorker));
-    await this.uploader.init(o);
+    const dispatch = (e: UploaderEvent): void => {
+      if (e.type === "published") {
+        this.waiting.get(e.outcome.step)?.resolve(e.outcome);
+        this.waiting.delete(e.outcome.step);
+      } else {
+        const err = Object.assign(new Error(e.error.message), e.error);
+        for (const w of this.waiting.values()) w.reject(err);
+        this.waiting.clear();
+      }
+      onEvent?.(e);
+    };
+    await this.uploader.init(o, Comlink.proxy(dispatch));
+  }
+
+  /** Wait until the uploader has published every checkpoint handed to it (K6); returns the repo head it left. */
+  async drainUploads(): Promise<string | null> {
+    if (!this.uploader) return null;
+    return this.uploader.drain();
   }
 
   /**
    * Snapshot params|m|v into the staging buffer and hand the checkpoint to the uploader. Returns at
-   * once with the job's promise: the ranks train on while the uploader writes and publishes (B3).
-   * The caller must not stage again before that promise settles (the staging copy is single).
+   * once with the write's promise: the ranks train on while the uploader writes, and publishing runs
+   * behind the write (B3, K6). The caller must not stage again before that promise settles (the
+   * staging copy is single).
    */
-  stageCheckpoint(job: Omit<CheckpointJob, "staging" | "P" | "model">): Promise<CheckpointOutcome> {
+  stageWrite(job: Omit<CheckpointJob, "staging" | "P" | "model">): Promise<WriteOutcome> {
     if (!this.uploader) throw new Error("uploader not started");
     if (!this.staging) this.staging = new SharedArrayBuffer(STAGE_PARTS * this.P * 4);
     stagingView(this.staging, this.P, STAGE_PARAMS).set(this.views.params);
     stagingView(this.staging, this.P, STAGE_M).set(this.views.m);
     stagingView(this.staging, this.P, STAGE_V).set(this.views.v);
-    return this.uploader.checkpoint({ ...job, staging: this.staging, P: this.P, model: this.setup.model });
+    return this.uploader.write({ ...job, staging: this.staging, P: this.P, model: this.setup.model });
+  }
+
+  /** stageWrite, then the publication of that very checkpoint (bench and tests: one checkpoint at a time). */
+  stageCheckpoint(job: Omit<CheckpointJob, "staging" | "P" | "model">): Promise<CheckpointOutcome> {
+    const published = new Promise<CheckpointOutcome>((resolve, reject) => this.waiting.set(job.step, { resolve, reject }));
+    return this.stageWrite(job).then(
+      (w) => published.then((o) => ({ ...o, writeSeconds: w.writeSeconds })),
+      (e) => { this.waiting.delete(job.step); throw e; },
+    );
   }
 
   async close(): Promise<void> {

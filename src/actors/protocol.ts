@@ -97,13 +97,35 @@ export interface CheckpointJob {
 }
 
 export interface UploaderInit {
-  hub: null | { hubUrl: string; repo: string; repoType: "dataset" | "model" };
+  hub: null | { hubUrl: string; repo: string; repoType: "dataset" | "model"; timeoutMs?: number };
   prune: boolean;
   minFreeGb: number;
   /** Local checkpoint folders kept besides the one in flight (K1). */
   keepLocal: number;
   runDir: string;
+  /** K6: stop only after a checkpoint has failed to publish for this long (default 30 min). */
+  hubRetryMs?: number;
+  /** K8: the repo head the run starts from (every commit names its parent); absent = read it at init. */
+  head?: string | null;
+  /** K6 backoff (base, cap) in ms; absent = 500 / 30 000. */
+  backoff?: { baseMs: number; capMs: number };
+  /** Steps whose local copy in runDir/ckpt is known to equal a verified Hub checkpoint (R6). */
+  verifiedLocal?: number[];
+  /** Bytes one checkpoint folder takes (estimate, for the disk budget); absent = no budget check. */
+  checkpointBytes?: number;
 }
+
+/** The local write of a checkpoint is done: the staging copy may be reused. */
+export interface WriteOutcome {
+  step: number;
+  dir: string;
+  writeSeconds: number;
+}
+
+/** What the uploader reports while it publishes in the background. */
+export type UploaderEvent =
+  | { type: "published"; outcome: CheckpointOutcome }
+  | { type: "failed"; step: number; error: WireError & { rule?: string } };
 
 export interface CheckpointOutcome {
   step: number;
@@ -114,8 +136,12 @@ export interface CheckpointOutcome {
 
 /** The uploader's comlink surface (see uploader.ts). */
 export interface UploaderApi {
-  init(o: UploaderInit): Promise<void>;
-  checkpoint(job: CheckpointJob): Promise<CheckpointOutcome>;
+  init(o: UploaderInit, onEvent: (e: UploaderEvent) => void): Promise<void>;
+  /** Write the folder (staging -> disk), queue its publication, return once written (B3, K6). */
+  write(job: CheckpointJob): Promise<WriteOutcome>;
+  /** Wait until every queued checkpoint is published; rejects with the failure that stopped publishing.
+   *  Returns the head commit of the repo as this uploader left it (K8). */
+  drain(): Promise<string | null>;
 }
 
 /** Exhaustiveness guard for every `switch (msg.type)`. */

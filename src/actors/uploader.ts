@@ -2,22 +2,39 @@
  * Uploader actor (A3): rank 0's checkpoint writer and the only thing that talks to the Hub during
  * training. It works from the staging copy the coordinator snapshotted at a step boundary, so the
  * ranks keep training while it writes, uploads, verifies, moves the pointer and prunes (B3, K3).
- * Exposed over comlink: the coordinator awaits `checkpoint(job)` without blocking the step loop.
+ * Exposed over comlink.
+ *
+ * `write(job)` returns as soon as the folder is on disk (the staging copy is free again); the
+ * publication runs behind it. Transient Hub failures are retried with backoff while training goes
+ * on (K6). When a newer checkpoint is written while an older one is still failing to publish, the
+ * older one is abandoned (its local folder removed: the newer one holds everything it did) and the
+ * newer one is published instead. Publishing stops for good only when a checkpoint has been failing
+ * for `hubRetryMs`, when the Hub answers with a permanent error (401/403, 404, 412, a second
+ * verification mismatch), or when the backlog of unpublished checkpoints would not fit on disk.
  */
 import { parentPort } from "node:worker_threads";
 import * as fs from "node:fs";
-import * as os from "node:os";
 import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
 import { writeCheckpointFolder, listCheckpointFolders } from "../checkpoint";
 import { createHubStore, type HubStore } from "../hub/store";
-import { publishCheckpoint } from "../hub/cycle";
-import type { CheckpointJob, CheckpointOutcome, UploaderApi, UploaderInit } from "./protocol";
+import { freeBytes, publishCheckpoint } from "../hub/cycle";
+import { toWireError, type CheckpointJob, type CheckpointOutcome, type UploaderApi, type UploaderEvent, type UploaderInit, type WriteOutcome } from "./protocol";
 import * as path from "node:path";
 
 let opts: UploaderInit | null = null;
 let store: HubStore | null = null;
+let emit: (e: UploaderEvent) => void = () => undefined;
+
+/** The newest written, not yet published checkpoint, and the one being published now. */
+let pending: CheckpointJob | null = null;
+let publishing: CheckpointJob | null = null;
+let loop: Promise<void> | null = null;
+let fatal: (Error & { rule?: string }) | null = null;
+/** Steps whose local copy is verified on the Hub. */
+const published = new Set<number>();
+const clock = { failingSince: null as number | null };
 
 function log(line: string): void {
   // One line per event, on the run's stdout (the coordinator's process).
@@ -26,25 +43,78 @@ function log(line: string): void {
 
 /** K1: keep at most `keepLocal` checkpoint folders besides `current`, oldest removed first. */
 function pruneOldLocal(runDir: string, current: string, keepLocal: number): void {
-  const all = listCheckpointFolders(path.join(runDir, "ckpt")).filter((c) => c.dir !== current);
+  const keep = new Set([current, pending?.dir, publishing?.dir].filter((x): x is string => !!x));
+  const all = listCheckpointFolders(path.join(runDir, "ckpt")).filter((c) => !keep.has(c.dir));
   const excess = all.length - keepLocal;
   for (let i = 0; i < excess; i++) fs.rmSync(all[i]!.dir, { recursive: true, force: true });
 }
 
-const api: UploaderApi = {
-  async init(o: UploaderInit): Promise<void> {
-    opts = o;
-    // B3: the uploader's hashing, encoding and I/O must not take CPU from the ranks. On Linux a
-    // thread is a task, and setpriority(PRIO_PROCESS, 0) applies to the calling thread only, so this
-    // lowers this thread alone to nice 19; elsewhere it may apply to the process, so skip it there.
-    if (process.platform === "linux") {
-      try { os.setPriority(0, 19); } catch { /* not permitted: run at normal priority */ }
+async function publishLoop(): Promise<void> {
+  while (pending && !fatal) {
+    const job = pending;
+    pending = null;
+    publishing = job;
+    try {
+      const res = await publishCheckpoint(store!, {
+        localDir: job.dir, pathInRepo: job.publish!.pathInRepo, pointer: job.publish!.pointer,
+        prune: opts!.prune, minFreeGb: opts!.minFreeGb, log, loss: job.publish!.loss,
+        giveUpMs: opts!.hubRetryMs ?? 30 * 60_000, clock, backoff: opts!.backoff,
+        abandon: () => (pending ? `checkpoint ${pending.step} is written and supersedes it` : null),
+      });
+      published.add(job.step);
+      publishing = null;
+      pruneOldLocal(opts!.runDir, job.dir, opts!.keepLocal);
+      const outcome: CheckpointOutcome = { step: job.step, dir: job.dir, writeSeconds: 0, published: res };
+      emit({ type: "published", outcome });
+    } catch (e) {
+      publishing = null;
+      if ((e as Error)?.name === "RetryAbandoned") {
+        log(`hub: checkpoint ${job.step} abandoned unpublished (${(e as Error).message}); its local copy ${job.dir} is removed (K6)`);
+        fs.rmSync(job.dir, { recursive: true, force: true });
+        continue;
+      }
+      fatal = e as Error;
+      emit({ type: "failed", step: job.step, error: toWireError(e) });
     }
-    store = o.hub ? createHubStore({ hubUrl: o.hub.hubUrl, repo: o.hub.repo, repoType: o.hub.repoType }) : null;
+  }
+}
+
+const api: UploaderApi = {
+  async init(o: UploaderInit, onEvent: (e: UploaderEvent) => void): Promise<void> {
+    opts = o;
+    emit = onEvent;
+    for (const st of o.verifiedLocal ?? []) published.add(st);
+    // The uploader runs at the process's own priority. It used to renice itself to 19 so its hashing
+    // could not take CPU from the ranks; on a loaded machine that starved it (an upload took 55 s
+    // instead of 4 s, and requests timed out), and its CPU use is small next to a training step.
+    store = o.hub ? createHubStore({ hubUrl: o.hub.hubUrl, repo: o.hub.repo, repoType: o.hub.repoType, timeoutMs: o.hub.timeoutMs }) : null;
+    if (store) await store.followHead(o.head);
   },
 
-  async checkpoint(job: CheckpointJob): Promise<CheckpointOutcome> {
+  async write(job: CheckpointJob): Promise<WriteOutcome> {
     if (!opts) throw new Error("uploader used before init");
+    if (fatal) throw fatal;
+    const backlog = [publishing, pending].filter((j): j is CheckpointJob => j !== null);
+    const free = await freeBytes(job.dir).catch(() => Infinity);
+    if (free < (opts.checkpointBytes ?? 0)) {
+      if (backlog.length && store) {
+        // K6: the unpublished backlog would not fit: stop rather than fill the disk.
+        const e = Object.assign(new Error(
+          `checkpoint ${job.step} needs about ${((opts.checkpointBytes ?? 0) / 1e6).toFixed(1)} MB under ${path.dirname(job.dir)} but ${(free / 1e6).toFixed(1)} MB are free, ` +
+          `and checkpoint ${backlog.map((j) => j.step).join(", ")} is not published yet (the Hub has been failing): the backlog of unpublished checkpoints would exceed the disk [K6]`,
+        ), { name: "UserError", rule: "K6" });
+        fatal = e;
+        throw e;
+      }
+      if (opts.prune) {
+        // --prune: local copies already verified on the Hub can be fetched again; make room with them first.
+        for (const c of listCheckpointFolders(path.join(opts.runDir, "ckpt"))) {
+          if (c.dir === job.dir || !published.has(c.step)) continue;
+          fs.rmSync(c.dir, { recursive: true, force: true });
+          log(`disk: removed local ${path.basename(c.dir)} (verified on the Hub) to make room for checkpoint ${job.step} (--prune)`);
+        }
+      }
+    }
     const t0 = performance.now();
     writeCheckpointFolder(
       job.dir, job.model,
@@ -52,18 +122,29 @@ const api: UploaderApi = {
       job.docs,
     );
     const writeSeconds = (performance.now() - t0) / 1000;
-    let published: CheckpointOutcome["published"] = null;
     if (job.publish && store) {
-      published = await publishCheckpoint(store, {
-        localDir: job.dir, pathInRepo: job.publish.pathInRepo, pointer: job.publish.pointer,
-        prune: opts.prune, minFreeGb: opts.minFreeGb, log, loss: job.publish.loss,
-      });
+      if (pending) {
+        log(`hub: checkpoint ${pending.step} was never published and checkpoint ${job.step} supersedes it; its local copy is removed (K6)`);
+        fs.rmSync(pending.dir, { recursive: true, force: true });
+      }
+      pending = job;
+      if (!publishing) loop = publishLoop();
     } else {
       log(`CKPT ${job.step} local=${job.dir} write=${writeSeconds.toFixed(1)}s hub=none`);
+      pruneOldLocal(opts.runDir, job.dir, opts.keepLocal);
+      emit({ type: "published", outcome: { step: job.step, dir: job.dir, writeSeconds, published: null } });
     }
-    // Older local copies go only after the new one is complete (and, with a Hub, verified).
-    pruneOldLocal(opts.runDir, job.dir, opts.keepLocal);
-    return { step: job.step, dir: job.dir, writeSeconds, published };
+    return { step: job.step, dir: job.dir, writeSeconds };
+  },
+
+  async drain(): Promise<string | null> {
+    while (loop) {
+      const l = loop;
+      await l;
+      if (loop === l) loop = null;
+    }
+    if (fatal) throw fatal;
+    return store?.knownHead ?? null;
   },
 };
 

@@ -14,6 +14,7 @@ import { createHash } from "node:crypto";
 import type { HubStore, Pointer, RemoteFile } from "./store";
 import { describeHubError, walkFiles } from "./store";
 import { CheckpointPublishError, CheckpointVerifyError, type VerifyReport } from "./errors";
+import { isTransient, withRetry, RetryExhausted, type RetryOptions } from "./retry";
 
 export interface PublishResult {
   step: number;
@@ -39,6 +40,14 @@ export interface PublishOptions {
   loss?: number | null;
   /** Commit message; default "checkpoint step N". */
   message?: string;
+  /** K6: transient Hub failures are retried until this stage has been failing this long. Default 30 min. */
+  giveUpMs?: number;
+  /** K6: the failure clock, shared across checkpoints by the uploader (null = not failing). */
+  clock?: { failingSince: number | null };
+  /** K6: asked between retries; a reason abandons this checkpoint (a newer one is waiting). */
+  abandon?: () => string | null;
+  /** Backoff base and cap in ms (tests shorten them). */
+  backoff?: { baseMs: number; capMs: number };
 }
 
 const GB = 1e9;
@@ -128,6 +137,7 @@ export async function verifyRemote(store: HubStore, local: LocalFile[], pathInRe
         if (!readbackOk) detail.push(`read-back of ${rp}: ${b.length} bytes, sha256 ${got}; local has ${pick.size} bytes, sha256 ${pick.sha256}`);
       }
     } catch (e) {
+      if (isTransient(e)) throw e; // a network failure proves nothing about the bytes: retried (K6)
       detail.push(`read-back of ${rp} failed: ${describeHubError(e)}`);
     }
   }
@@ -154,6 +164,17 @@ async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL
     step, pathInRepo: o.pathInRepo, ok: false, verify: { missing: [], mismatch: [], extra: [], readbackOk: false },
     pushVerifySeconds: 0, pruned: false, pruneReason: null, freeGb: 0,
   };
+  const clock = o.clock ?? { failingSince: null };
+  const retry = (what: string): RetryOptions => ({
+    what, log: o.log, giveUpMs: o.giveUpMs ?? 30 * 60_000, abandon: o.abandon,
+    since: () => clock.failingSince, onFirstFailure: (t) => { if (clock.failingSince === null) clock.failingSince = t; },
+    baseMs: o.backoff?.baseMs, capMs: o.backoff?.capMs,
+  });
+  const reason = (e: unknown): string => (e instanceof RetryExhausted ? e.message : describeHubError(e));
+  const passThrough = (e: unknown): boolean => {
+    const n = (e as { name?: string } | null)?.name;
+    return n === "ConcurrentWriterError" || n === "RetryAbandoned";
+  };
   const fail = async (e: Error): Promise<never> => {
     result.pushVerifySeconds = (performance.now() - t0) / 1000;
     result.pruneReason = "not pruned: the checkpoint was not published";
@@ -162,25 +183,37 @@ async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL
     throw e;
   };
 
-  // 1. upload: one commit for the whole folder.
+  // 1. upload: one commit for the whole folder; 2. verify against the Hub (every file present, sizes
+  // and sha256 equal, nothing extra, one read back). Transient failures of either are retried (K6);
+  // a verification mismatch is uploaded once more, and a second mismatch stops the run (K4).
   let local: LocalFile[];
   try {
     local = await localInventory(o.localDir);
     if (local.length === 0) throw new Error(`${o.localDir} holds no files`);
-    await store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`));
   } catch (e) {
-    return fail(new CheckpointPublishError(`checkpoint ${step}: upload to ${where} failed: ${describeHubError(e)}. ${kept}`, "upload", o.pathInRepo, o.localDir));
+    return fail(new CheckpointPublishError(`checkpoint ${step}: reading the local copy at ${o.localDir} failed: ${describeHubError(e)}. ${kept}`, "upload", o.pathInRepo, o.localDir));
   }
-
-  // 2. verify against the Hub: every file present, sizes and sha256 equal, nothing extra, one read back.
-  let v: Awaited<ReturnType<typeof verifyRemote>>;
-  try {
-    v = await verifyRemote(store, local, o.pathInRepo);
-  } catch (e) {
-    return fail(new CheckpointVerifyError(`checkpoint ${step}: could not verify ${where}: listing it failed (${describeHubError(e)}). ${kept}`, o.pathInRepo, o.localDir, result.verify));
-  }
-  result.verify = { missing: v.missing, mismatch: v.mismatch, extra: v.extra, readbackOk: v.readbackOk };
-  if (v.missing.length || v.mismatch.length || v.extra.length || !v.readbackOk) {
+  let v: Awaited<ReturnType<typeof verifyRemote>> | null = null;
+  for (let round = 1; round <= 2; round++) {
+    try {
+      await withRetry(
+        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1 || round > 1 }),
+        retry(`upload of ${o.pathInRepo} (step ${step})`),
+      );
+    } catch (e) {
+      if (passThrough(e)) { await fail(e as Error).catch(() => undefined); throw e; }
+      return fail(new CheckpointPublishError(`checkpoint ${step}: upload to ${where} failed: ${reason(e)}. ${kept}`, "upload", o.pathInRepo, o.localDir));
+    }
+    try {
+      v = await withRetry(() => verifyRemote(store, local, o.pathInRepo), retry(`verification of ${o.pathInRepo} (step ${step})`));
+    } catch (e) {
+      if (passThrough(e)) { await fail(e as Error).catch(() => undefined); throw e; }
+      return fail(new CheckpointVerifyError(`checkpoint ${step}: could not verify ${where}: listing it failed (${reason(e)}). ${kept}`, o.pathInRepo, o.localDir, result.verify));
+    }
+    if (!v) throw new Error("unreachable: no verification report");
+    result.verify = { missing: v.missing, mismatch: v.mismatch, extra: v.extra, readbackOk: v.readbackOk };
+    const bad = v.missing.length || v.mismatch.length || v.extra.length || !v.readbackOk;
+    if (!bad) break;
     const parts = [
       `missing ${v.missing.length}${v.missing.length ? ` [${v.missing.join(", ")}]` : ""}`,
       `mismatched ${v.mismatch.length}${v.mismatch.length ? ` [${v.mismatch.join(", ")}]` : ""}`,
@@ -188,18 +221,25 @@ async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL
       `read-back ${v.readbackOk ? "ok" : "FAILED"}`,
     ];
     const det = v.detail.length ? ` (${v.detail.join("; ")})` : "";
-    return fail(new CheckpointVerifyError(`checkpoint ${step} did not verify on the Hub at ${where}: ${parts.join(", ")}${det}. ${kept}`, o.pathInRepo, o.localDir, result.verify));
+    if (round === 1) {
+      o.log(`hub: checkpoint ${step} did not verify at ${where}: ${parts.join(", ")}${det}; uploading it once more (K4 stops only on a second mismatch)`);
+      continue;
+    }
+    return fail(new CheckpointVerifyError(`checkpoint ${step} did not verify on the Hub at ${where}, also after one re-upload: ${parts.join(", ")}${det}. ${kept}`, o.pathInRepo, o.localDir, result.verify));
   }
 
   // 3. the pointer, read back by writePointer itself.
   try {
-    await store.writePointer(o.pointer);
+    await withRetry((attempt) => store.writePointer(o.pointer, { retry: attempt > 1 }), retry(`write of latest.json -> ${o.pathInRepo}`));
   } catch (e) {
+    if (passThrough(e)) { await fail(e as Error).catch(() => undefined); throw e; }
     return fail(new CheckpointPublishError(
-      `checkpoint ${step} is verified on the Hub at ${where}, but latest.json could not be moved to it: ${describeHubError(e)}. ` +
-      `The local copy at ${o.localDir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). Re-run the pointer write before pruning anything.`,
+      `checkpoint ${step} is verified on the Hub at ${where}, but latest.json could not be moved to it: ${reason(e)}. ` +
+      `The local copy at ${o.localDir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). ` +
+      `--resume auto rolls the pointer forward onto this checkpoint, which proves complete against its manifest (R5)`,
       "pointer", o.pathInRepo, o.localDir));
   }
+  clock.failingSince = null;
   result.ok = true;
   result.pushVerifySeconds = (performance.now() - t0) / 1000;
 

@@ -59,3 +59,23 @@ export class CheckpointPublishError extends Error {
     this.localDir = localDir;
   }
 }
+
+/**
+ * K8: a commit named the parent revision this run last saw, and the Hub answered 412: someone else
+ * committed to the repo meanwhile. The run stops rather than overwrite the other writer's pointer.
+ */
+export class ConcurrentWriterError extends Error {
+  readonly rule = "K8";
+  readonly otherCommit: string | null;
+  readonly expectedParent: string;
+  constructor(repo: string, expectedParent: string, otherCommit: string | null, what: string) {
+    super(
+      `another writer committed to ${repo} while this run was using it: ${what} named parent commit ${expectedParent.slice(0, 12)} ` +
+      `but the repo's head is now ${otherCommit ? otherCommit.slice(0, 12) : "(unknown: the head could not be read)"} (HTTP 412). ` +
+      `Two runs must not share one --hub-repo; this run stops without touching latest.json. Stop the other run, or give this one its own --hub-repo [K8]`,
+    );
+    this.name = "ConcurrentWriterError";
+    this.otherCommit = otherCommit;
+    this.expectedParent = expectedParent;
+  }
+}

@@ -11,6 +11,9 @@ import { UserError } from "../errors";
 import type { HubStore, Pointer, RemoteFile } from "./store";
 import { describeHubError } from "./store";
 import { checkSafetensorsFile } from "./safetensors-check";
+import { withRetry } from "./retry";
+import { MANIFEST_FILE, parseManifest } from "./manifest";
+import { createHash } from "node:crypto";
 
 export type AutoResume =
   | { kind: "fresh"; reason: string }
@@ -25,6 +28,96 @@ export interface AutoResumeOptions {
   retryDelayMs?: number;
   /** A download smaller than this is not real weights. Default 0 (the structural check still applies). */
   minBytes?: number;
+  /** R6: folders whose <basename of the pointed path> may already hold that checkpoint (checked against the Hub, reused when equal). */
+  localRoots?: string[];
+  /** R3: resume from the pointer even when newer checkpoint folders without a manifest exist (--resume-ignore-unproven). */
+  ignoreUnproven?: boolean;
+}
+
+type Proof = { ok: true; pointer: Pointer; files: number } | { ok: false; noManifest: boolean; reason: string };
+
+/**
+ * R5: does ckpt/checkpoint-N on the Hub prove complete against its own manifest (every listed file
+ * present with the manifest's size and sha256, nothing else), with a cursor at step N that belongs
+ * to this run (same fingerprint and seed, and the samples-per-step the pointer implies)?
+ */
+async function proveCheckpoint(store: HubStore, step: number, ref: Pointer | null): Promise<Proof> {
+  const prefix = `ckpt/checkpoint-${step}`;
+  const raw = await store.download(`${prefix}/${MANIFEST_FILE}`);
+  if (raw === null) return { ok: false, noManifest: true, reason: `it has no ${MANIFEST_FILE}` };
+  let m;
+  try {
+    m = parseManifest(raw, `${prefix}/${MANIFEST_FILE}`);
+  } catch (e) {
+    return { ok: false, noManifest: false, reason: (e as Error).message };
+  }
+  if (m.step !== step) return { ok: false, noManifest: false, reason: `its manifest says step ${m.step}` };
+  const remote = await store.list(prefix); // sha256 of every file, regular ones hashed from their bytes
+  const byRel = new Map(remote.map((f) => [f.path.slice(prefix.length + 1), f]));
+  byRel.delete(MANIFEST_FILE);
+  const problems: string[] = [];
+  for (const [rel, want] of Object.entries(m.files)) {
+    const got = byRel.get(rel);
+    byRel.delete(rel);
+    if (!got) problems.push(`${rel} missing`);
+    else if (got.size !== want.size) problems.push(`${rel} is ${got.size} bytes, the manifest says ${want.size}`);
+    else if (got.sha256 !== want.sha256) problems.push(`${rel} has sha256 ${String(got.sha256).slice(0, 12)}…, the manifest says ${want.sha256.slice(0, 12)}…`);
+  }
+  for (const rel of byRel.keys()) problems.push(`${rel} is not in the manifest`);
+  if (problems.length) return { ok: false, noManifest: false, reason: `it does not match its manifest: ${problems.slice(0, 4).join("; ")}${problems.length > 4 ? ` (+${problems.length - 4} more)` : ""}` };
+  const cb = await store.download(`${prefix}/cursor.json`);
+  let c: { step?: unknown; samples_consumed?: unknown; seq_len?: unknown; dataset_files_sha?: unknown; shuffle_seed?: unknown };
+  try {
+    c = JSON.parse(String(cb));
+  } catch {
+    return { ok: false, noManifest: false, reason: "its cursor.json is not JSON" };
+  }
+  const samples = c.samples_consumed, seqLen = c.seq_len;
+  if (c.step !== step || !Number.isSafeInteger(samples) || !Number.isSafeInteger(seqLen)) return { ok: false, noManifest: false, reason: `its cursor says step ${String(c.step)}, not ${step}` };
+  if (ref) {
+    if (c.dataset_files_sha !== ref.fingerprint || c.shuffle_seed !== ref.seed) return { ok: false, noManifest: false, reason: "its cursor names another data fingerprint or seed than latest.json" };
+    if (ref.step > 0 && (samples as number) * ref.step !== ref.samples_consumed * step) return { ok: false, noManifest: false, reason: `its cursor's ${String(samples)} samples at step ${step} do not match latest.json's samples per step` };
+  }
+  const pointer: Pointer = {
+    path_in_repo: prefix, step, samples_consumed: samples as number, tokens_consumed: (samples as number) * (seqLen as number),
+    fingerprint: String(c.dataset_files_sha), seed: Number(c.shuffle_seed),
+  };
+  return { ok: true, pointer, files: Object.keys(m.files).length + 1 };
+}
+
+/** R5: move latest.json onto a checkpoint that proved complete (parent revision named, K8). */
+async function rollForward(store: HubStore, from: Pointer | null, to: Pointer, files: number, log: (l: string) => void): Promise<void> {
+  await store.followHead();
+  await withRetry((attempt) => store.writePointer(to, { retry: attempt > 1 }), { what: `write of latest.json -> ${to.path_in_repo}`, log, giveUpMs: 120_000 });
+  log(`resume auto: latest.json ${from ? `pointed at step ${from.step} (${from.path_in_repo})` : "was missing"}, but ${to.path_in_repo} proves complete against its manifest (${files} files, sizes and sha256 equal) with a consistent cursor: rolled forward, latest.json now points at step ${to.step} (R5)`);
+}
+
+/** R6: the local folder equals the Hub's copy (every file, size and hash as the Hub lists it, nothing extra). */
+async function sameAsHub(dir: string, remote: RemoteFile[], prefix: string): Promise<string | null> {
+  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) return "absent";
+  const localNames = new Set<string>();
+  const walk = (d: string, rel: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const r = rel ? `${rel}/${e.name}` : e.name;
+      if (e.isDirectory()) walk(path.join(d, e.name), r);
+      else localNames.add(r);
+    }
+  };
+  walk(dir, "");
+  for (const f of remote) {
+    const rel = f.path.slice(prefix.length + 1);
+    if (!localNames.delete(rel)) return `${rel} is missing locally`;
+    const p = path.join(dir, ...rel.split("/"));
+    const st = fs.statSync(p);
+    if (st.size !== f.size) return `${rel} is ${st.size} bytes locally, ${f.size} on the Hub`;
+    const sha = createHash("sha256");
+    const git = createHash("sha1").update(`blob ${st.size}\0`);
+    for await (const c of fs.createReadStream(p)) { sha.update(c as Buffer); git.update(c as Buffer); }
+    const s256 = sha.digest("hex"), s1 = git.digest("hex");
+    if (f.sha256 !== null ? s256 !== f.sha256 : !(f.gitOid && s1 === f.gitOid)) return `${rel} differs from the Hub's copy`;
+  }
+  if (localNames.size) return `${[...localNames][0]} is not on the Hub`;
+  return null;
 }
 
 const CKPT_RE = /^ckpt\/checkpoint-(\d+)\//;
@@ -86,9 +179,18 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
     }
     const steps = checkpointSteps(listed);
     const hasFinal = listed.some((f) => f.path.startsWith("final/"));
+    for (const n of [...steps].reverse()) {
+      // R5: the newest checkpoint that proves complete against its manifest restores the pointer.
+      const proof = await proveCheckpoint(store, n, null).catch((e) => ({ ok: false as const, noManifest: false, reason: `checking it failed: ${describeHubError(e)}` }));
+      if (proof.ok) {
+        await rollForward(store, null, proof.pointer, proof.files, o.log);
+        return resolveAutoResume(store, o);
+      }
+      o.log(`resume auto: ckpt/checkpoint-${n} cannot restore the missing pointer: ${proof.reason}`);
+    }
     if (steps.length || hasFinal) {
       const found = [...steps.map((s) => `ckpt/checkpoint-${s}`), ...(hasFinal ? ["final"] : [])];
-      throw new UserError("R2", `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run: refusing to start from step 0. Restore latest.json (point it at the newest verified checkpoint) or pass --resume with a local copy`);
+      throw new UserError("R2", `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`);
     }
     const reason = `no latest.json and no checkpoints on ${repo}`;
     o.log(`resume auto: ${reason} -> starting from step 0`);
@@ -111,9 +213,26 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
     throw new UserError("R3", `--resume auto could not enumerate ${repo} (${describeHubError(lastErr)}), so it cannot prove latest.json (step ${ptr.step}) is the newest state. Refusing; retry when the Hub answers`);
   }
   const steps = checkpointSteps(listed);
-  const newest = steps.length ? steps[steps.length - 1]! : null;
-  if (newest !== null && newest > ptr.step) {
-    throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ckpt/checkpoint-${newest}: the pointer is behind the run. Resuming here would re-train that interval, so refusing; point latest.json at the newest verified checkpoint`);
+  // R5: a newer checkpoint that proves complete against its manifest is rolled forward onto; one that
+  // does not is reported and ignored (the run overwrites it when it commits that step again); one
+  // without a manifest cannot be judged and is refused as before (R3).
+  if (ptr.path_in_repo !== "final") {
+    for (const n of steps.filter((x) => x > ptr!.step).reverse()) {
+      let proof: Proof;
+      try {
+        proof = await proveCheckpoint(store, n, ptr);
+      } catch (e) {
+        throw new UserError("R3", `--resume auto could not check ckpt/checkpoint-${n} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`);
+      }
+      if (proof.ok) {
+        await rollForward(store, ptr, proof.pointer, proof.files, o.log);
+        return resolveAutoResume(store, o);
+      }
+      if (proof.noManifest && !o.ignoreUnproven) {
+        throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ckpt/checkpoint-${n}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ckpt/checkpoint-${n} when it gets there, run the same command with --resume-ignore-unproven added`);
+      }
+      o.log(`resume auto: ignoring ckpt/checkpoint-${n} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`);
+    }
   }
   const pointed = listed.filter((f) => f.path.startsWith(ptr!.path_in_repo + "/"));
   if (pointed.length === 0) {
@@ -125,8 +244,23 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
   }
 
   // ---- R4: download, and check that it is real weights
-  const dir = path.join(o.destDir, path.basename(ptr.path_in_repo));
+  const finish = (d: string): Promise<AutoResume> => checkWeights(store, ptr!, d, o.log);
   o.log(`auto-resume: hub says step ${ptr.step} at ${ptr.path_in_repo}`);
+  for (const cand of (o.localRoots ?? []).map((r) => path.join(r, path.basename(ptr!.path_in_repo)))) {
+    if (!fs.existsSync(cand)) continue;
+    let why: string | null;
+    try {
+      why = await sameAsHub(cand, pointed, ptr.path_in_repo);
+    } catch (e) {
+      why = `reading it failed: ${(e as Error).message}`;
+    }
+    if (why === null) {
+      o.log(`auto-resume: reusing the local copy ${cand}: its ${pointed.length} files match the Hub's sizes and hashes (sha256 for the weights), so nothing is downloaded (R6)`);
+      return finish(cand);
+    }
+    o.log(`auto-resume: local ${cand} is not the Hub's copy (${why}); downloading instead`);
+  }
+  const dir = path.join(o.destDir, path.basename(ptr.path_in_repo));
   await fsp.rm(dir, { recursive: true, force: true });
   let got: { files: number; bytes: number; seconds: number };
   try {
@@ -138,6 +272,11 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
   if (got.bytes < (o.minBytes ?? 0)) {
     throw new UserError("R4", `auto-resume downloaded ${got.bytes} bytes for ${ptr.path_in_repo}, under the ${o.minBytes} bytes a real checkpoint holds: not real weights. Refusing`);
   }
+  return finish(dir);
+}
+
+async function checkWeights(store: HubStore, ptr: Pointer, dir: string, log: (l: string) => void): Promise<AutoResume> {
+  const repo = store.repo;
   for (const name of ["model.safetensors", "optimizer.safetensors"]) {
     const p = path.join(dir, name);
     if (!fs.existsSync(p)) {
@@ -151,6 +290,6 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
     }
   }
   const priorLoss = priorLossOf(dir);
-  o.log(`prior loss at resume: ${priorLoss ?? "unknown"} -- loss continuity is judged against this number`);
+  log(`prior loss at resume: ${priorLoss ?? "unknown"} -- loss continuity is judged against this number`);
   return { kind: "checkpoint", pointer: ptr, dir, priorLoss };
 }

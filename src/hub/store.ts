@@ -12,10 +12,10 @@ import { createHash, randomBytes } from "node:crypto";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
-import { commit, createRepo, downloadFile, HubApiError, listFiles, repoExists as hubRepoExists } from "@huggingface/hub";
+import { commit, createRepo, datasetInfo, downloadFile, fileDownloadInfo, HubApiError, listFiles, modelInfo, repoExists as hubRepoExists } from "@huggingface/hub";
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { HubLookupError, RepoMissingError } from "./errors";
+import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./errors";
 
 export interface RemoteFile {
   path: string;
@@ -43,7 +43,7 @@ export interface HubStore {
   ensureRepo(): Promise<{ created: boolean }>;
   /** One commit: every file under localDir lands under pathInRepo, and remote files under pathInRepo
    *  that are not in localDir are deleted in the same commit (the folder mirrors the local one). */
-  uploadFolder(localDir: string, pathInRepo: string, message: string): Promise<void>;
+  uploadFolder(localDir: string, pathInRepo: string, message: string, o?: CommitOptions): Promise<string | null>;
   /** Files under prefix (whole repo when absent). Throws RepoMissingError when the repo is absent.
    *  A prefix that does not exist lists as []. `hashRegular: false` skips downloading regular files
    *  to hash them (their sha256 is then null unless the server's oid is one). */
@@ -53,8 +53,31 @@ export interface HubStore {
   downloadFolder(pathInRepo: string, destDir: string): Promise<{ files: number; bytes: number; seconds: number }>;
   /** latest.json; null only when the file is missing (EntryNotFound); RepoMissingError when the repo is. */
   readPointer(): Promise<Pointer | null>;
-  /** Commit latest.json, read it back and compare; a mismatch throws. */
-  writePointer(p: Pointer): Promise<void>;
+  /** Commit latest.json, read it back and compare; a mismatch throws. Returns the commit oid. */
+  writePointer(p: Pointer, o?: CommitOptions): Promise<string | null>;
+  /** The repo's head commit now (null when the Hub does not say). */
+  head(): Promise<string | null>;
+  /**
+   * K8: the head this run last saw or made. Once set (by `followHead`), every commit names it as its
+   * parent revision, so a commit by anyone else in between is answered 412 and surfaces as
+   * ConcurrentWriterError naming the other writer's commit.
+   */
+  readonly knownHead: string | null;
+  /** Start naming parents: remember `head` (a commit this run knows it made), or read the head now. */
+  followHead(head?: string | null): Promise<string | null>;
+}
+
+export interface CommitOptions {
+  /**
+   * This is a retry: the same commit may already have landed (an earlier attempt's answer was lost).
+   * On 412 the repo is then checked for exactly what the commit would write; if it holds that, the
+   * head is adopted as this run's own commit instead of being reported as another writer's.
+   */
+  retry?: boolean;
+}
+
+interface LandedCheck {
+  alreadyLanded?: () => Promise<boolean>;
 }
 
 export interface HubStoreOptions {
@@ -77,6 +100,7 @@ interface Tracker {
   fetch: typeof fetch;
   status: number | null;
   errorCode: string | null;
+  repoCommit: string | null;
 }
 
 /** Removes the token from a text, and the query of every URL in it (signed upload URLs carry
@@ -206,7 +230,7 @@ class ClientHubStore implements HubStore {
 
   /** A fetch for one client call: timeouts, and the status / X-Error-Code of the last answer. */
   private tracker(): Tracker {
-    const t: Tracker = { fetch: undefined as unknown as typeof fetch, status: null, errorCode: null };
+    const t: Tracker = { fetch: undefined as unknown as typeof fetch, status: null, errorCode: null, repoCommit: null };
     const base = this.baseFetch;
     const timeoutMs = this.timeoutMs;
     t.fetch = (async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
@@ -234,6 +258,7 @@ class ClientHubStore implements HubStore {
       }
       t.status = res.status;
       t.errorCode = res.headers.get("x-error-code");
+      t.repoCommit = res.headers.get("x-repo-commit") ?? t.repoCommit;
       if (!res.body) return res;
       // Body watchdog, armed only while the reader waits for the next chunk: a server that goes
       // silent mid-body fails the read, while a slow consumer (backpressure) never trips it.
@@ -299,7 +324,7 @@ class ClientHubStore implements HubStore {
     });
   }
 
-  uploadFolder(localDir: string, pathInRepo: string, message: string): Promise<void> {
+  uploadFolder(localDir: string, pathInRepo: string, message: string, o: CommitOptions = {}): Promise<string | null> {
     return this.guard(async () => {
       const prefix = normRepoPath(pathInRepo, "pathInRepo");
       const rels = await walkFiles(localDir);
@@ -314,8 +339,78 @@ class ClientHubStore implements HubStore {
       for (const f of await this.list(prefix, { hashRegular: false })) {
         if (!wanted.has(f.path)) ops.push({ operation: "delete", path: f.path });
       }
+      const landed = async (): Promise<boolean> => {
+        const remote = await this.list(prefix);
+        if (remote.length !== rels.length) return false;
+        for (const f of remote) {
+          const rel = f.path.slice(prefix.length + 1);
+          if (!rels.includes(rel)) return false;
+          const p = path.join(localDir, ...rel.split("/"));
+          if ((await fsp.stat(p)).size !== f.size) return false;
+          const h = createHash("sha256");
+          for await (const c of fs.createReadStream(p)) h.update(c as Buffer);
+          if (h.digest("hex") !== f.sha256) return false;
+        }
+        return true;
+      };
+      return this.commitOps(ops, message, `the commit of ${prefix}/`, o.retry ? { alreadyLanded: landed } : {});
+    });
+  }
+
+  private knownHeadValue: string | null = null;
+  get knownHead(): string | null {
+    return this.knownHeadValue;
+  }
+
+  /** One commit, naming the known head as its parent (K8); 412 -> ConcurrentWriterError. */
+  private async commitOps(ops: CommitOperation[], title: string, what: string, o: LandedCheck): Promise<string | null> {
+    const parent = this.knownHeadValue;
+    const t = this.tracker();
+    try {
+      const r = await commit({
+        repo: this.designation, operations: ops, title, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds,
+        ...(parent ? { parentCommit: parent } : {}),
+      });
+      const oid = r?.commit?.oid ?? null;
+      if (parent !== null) this.knownHeadValue = oid ?? (await this.head());
+      return oid;
+    } catch (e) {
+      if (!(e instanceof HubApiError && e.statusCode === 412) || parent === null) throw e;
+      const other = await this.head().catch(() => null);
+      if (o.alreadyLanded && (await o.alreadyLanded().catch(() => false))) {
+        // Our own earlier attempt landed and its answer was lost: that head is ours.
+        this.knownHeadValue = other;
+        return other;
+      }
+      throw new ConcurrentWriterError(this.repo, parent, other, what);
+    }
+  }
+
+  async followHead(head?: string | null): Promise<string | null> {
+    this.knownHeadValue = head ?? (await this.head());
+    return this.knownHeadValue;
+  }
+
+  head(): Promise<string | null> {
+    return this.guard(async () => {
+      // The Hub's repo info at revision main carries its sha; a Hub that does not serve that route
+      // still stamps every file it serves with X-Repo-Commit.
       const t = this.tracker();
-      await commit({ repo: this.designation, operations: ops, title: message, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds });
+      try {
+        const info = this.repoType === "dataset"
+          ? await datasetInfo({ name: this.repo, revision: "main", additionalFields: ["sha"], hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token })
+          : await modelInfo({ name: this.repo, revision: "main", additionalFields: ["sha"], hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token });
+        const sha = (info as { sha?: unknown }).sha;
+        if (typeof sha === "string" && sha !== "") return sha;
+      } catch (e) {
+        if (!(e instanceof HubApiError && (e.statusCode === 404 || e.statusCode === 400 || e.statusCode === 405)) || t.errorCode === "RepoNotFound") throw e;
+      }
+      for (const p of [POINTER_FILE, ".gitattributes"]) {
+        const t2 = this.tracker();
+        const info = await fileDownloadInfo({ repo: this.designation, path: p, hubUrl: this.hubUrl, fetch: t2.fetch, accessToken: this.token });
+        if (info && t2.repoCommit) return t2.repoCommit;
+      }
+      return null;
     });
   }
 
@@ -432,24 +527,22 @@ class ClientHubStore implements HubStore {
     });
   }
 
-  writePointer(p: Pointer): Promise<void> {
+  writePointer(p: Pointer, o: CommitOptions = {}): Promise<string | null> {
     return this.guard(async () => {
       const want = validatePointer(p, "pointer to write");
       const body = JSON.stringify(want, null, 1) + "\n";
-      const t = this.tracker();
-      await commit({
-        repo: this.designation,
-        operations: [{ operation: "addOrUpdate", path: POINTER_FILE, content: new Blob([body]) }],
-        title: `latest.json -> ${want.path_in_repo} (step ${want.step})`,
-        hubUrl: this.hubUrl,
-        fetch: t.fetch,
-        ...this.creds,
-      });
+      const same = (got: Pointer | null) => got !== null && (Object.keys(want) as (keyof Pointer)[]).every((k) => got[k] === want[k]);
+      const oid = await this.commitOps(
+        [{ operation: "addOrUpdate", path: POINTER_FILE, content: new Blob([body]) }],
+        `latest.json -> ${want.path_in_repo} (step ${want.step})`,
+        `the write of latest.json (-> ${want.path_in_repo})`,
+        o.retry ? { alreadyLanded: async () => same(await this.readPointer()) } : {},
+      );
       const got = await this.readPointer();
-      const same = got !== null && (Object.keys(want) as (keyof Pointer)[]).every((k) => got[k] === want[k]);
-      if (!same) {
+      if (!same(got)) {
         throw new Error(`${POINTER_FILE} on ${this.repo} reads back as ${JSON.stringify(got)} after writing ${JSON.stringify(want)}`);
       }
+      return oid;
     });
   }
 }
