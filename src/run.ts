@@ -130,7 +130,9 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
   }
   const params = countParams(model);
   const checkpointBytes = estimateCheckpointBytes(params.sum_numel);
-  if (!cfg.benchmark) checkOutRoom(cfg.out, checkpointBytes, `${params.sum_numel.toLocaleString("en-US")} parameters (weights and two AdamW moments in fp32)`);
+  const roomFor = `${params.sum_numel.toLocaleString("en-US")} parameters (weights and two AdamW moments in fp32)`;
+  // O1 before any download: a fresh run must fit one checkpoint now.
+  if (!cfg.benchmark && cfg.resume === "") checkOutRoom(cfg.out, checkpointBytes, roomFor);
   if (!variant && (params.sum_numel < 90_000_000 || params.sum_numel > 110_000_000)) {
     throw new UserError("M3", `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`);
   }
@@ -181,6 +183,12 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     rep.say(`resume from ${resumeDir}: step ${startStep}, prior loss ${priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
   }
   if (resumeDir) moveAsideLaterLocalCheckpoints(cfg.out, startStep, rep);
+  // O1 for a resume: a local copy proven equal to the Hub's verified checkpoint counts as room when
+  // --prune lets the run remove it before its next checkpoint.
+  if (!cfg.benchmark && cfg.resume !== "") {
+    const reclaim = cfg.prune && hub && resumeVerifiedLocal && resumeDir ? dirBytesSync(resumeDir) : 0;
+    checkOutRoom(cfg.out, checkpointBytes - reclaim, roomFor);
+  }
   if (startStep >= plan.stepsPlanned) {
     throw new UserError("P5", `resume point step ${startStep} is at or past the horizon ${plan.stepsPlanned}: the run is complete`);
   }
@@ -242,6 +250,12 @@ function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Rep
     fs.renameSync(c.dir, aside);
     rep.say(`local ${path.basename(c.dir)} is beyond the resume point (step ${startStep}): moved aside to ${aside}`);
   }
+}
+
+function dirBytesSync(d: string): number {
+  let n = 0;
+  for (const e of fs.readdirSync(d, { withFileTypes: true })) n += e.isDirectory() ? dirBytesSync(path.join(d, e.name)) : fs.statSync(path.join(d, e.name)).size;
+  return n;
 }
 
 function cursorAt(s: SessionPlan, step: number): Cursor {
@@ -396,18 +410,24 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
       docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: cfg }),
       publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss: lastLoss } : null,
     });
-    w.catch((e) => { writeError = writeError ?? e; failedStep = done; });
+    w.catch((e) => {
+      // A failed write (ENOSPC ...) is this step's; any other rejection repeats the publishing failure the drain reports.
+      if ((e as Error)?.name === "CheckpointWriteError") { writeError = writeError ?? e; failedStep = done; }
+      else if (!uploadError) { uploadError = e; failedStep = done; }
+    });
     writing = w;
   };
   /** Everything handed to the uploader is written and published (or publishing failed for good). */
   const drain = async (why: string) => {
     await waitWrite();
     rep.say(`waiting for the checkpoint uploads to finish (${why})`);
-    try {
-      const head = await coord.drainUploads();
-      if (s.hub && head) await s.hub.followHead(head); // K8: the uploader's commits are this run's own
-    } catch { /* reported through the events */ }
+    const d = await coord.drainUploads();
     absorb();
+    // The drain's account is authoritative (events travel on their own channel and may lag).
+    for (const o of d.outcomes) if (!outcomes.some((x) => x.step === o.step)) { outcomes.push(o); if (o.published?.ok || !s.hub) published.add(o.step); }
+    outcomes.sort((a, b) => a.step - b.step);
+    if (d.failure) { uploadError = Object.assign(new Error(d.failure.error.message), d.failure.error); failedStep = d.failure.step; }
+    if (s.hub && d.head) await s.hub.followHead(d.head); // K8: the uploader's commits are this run's own
   };
 
   let stoppedAt = -1;
@@ -475,7 +495,7 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
   }
   if (uploadError) {
     const e = uploadError as Error;
-    const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "");
+    const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "").replace(/\.$/, "");
     const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
     const advice = e.name === "ConcurrentWriterError" ? "" :
       ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;

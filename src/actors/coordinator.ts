@@ -23,7 +23,7 @@ import { paramLayout } from "../model/layout";
 import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
 import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
-import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
+import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
 
 export interface RankSetup {
   world: number;
@@ -281,8 +281,8 @@ export class Coordinator {
   }
 
   /** Wait until the uploader has published every checkpoint handed to it (K6); returns the repo head it left. */
-  async drainUploads(): Promise<string | null> {
-    if (!this.uploader) return null;
+  async drainUploads(): Promise<DrainResult> {
+    if (!this.uploader) return { head: null, outcomes: [], failure: null };
     return this.uploader.drain();
   }
 

@@ -122,6 +122,12 @@ export interface WriteOutcome {
   writeSeconds: number;
 }
 
+export interface DrainResult {
+  head: string | null;
+  outcomes: CheckpointOutcome[];
+  failure: null | { step: number; error: WireError & { rule?: string } };
+}
+
 /** What the uploader reports while it publishes in the background. */
 export type UploaderEvent =
   | { type: "published"; outcome: CheckpointOutcome }
@@ -139,9 +145,9 @@ export interface UploaderApi {
   init(o: UploaderInit, onEvent: (e: UploaderEvent) => void): Promise<void>;
   /** Write the folder (staging -> disk), queue its publication, return once written (B3, K6). */
   write(job: CheckpointJob): Promise<WriteOutcome>;
-  /** Wait until every queued checkpoint is published; rejects with the failure that stopped publishing.
-   *  Returns the head commit of the repo as this uploader left it (K8). */
-  drain(): Promise<string | null>;
+  /** Wait until every queued checkpoint is published, or publishing stopped for good; the full account
+   *  (every publication, the failure if any, the repo head this uploader left: K8). */
+  drain(): Promise<DrainResult>;
 }
 
 /** Exhaustiveness guard for every `switch (msg.type)`. */

@@ -5,7 +5,8 @@
  * Exposed over comlink.
  *
  * `write(job)` returns as soon as the folder is on disk (the staging copy is free again); the
- * publication runs behind it. Transient Hub failures are retried with backoff while training goes
+ * publication runs behind it. While the Hub is healthy a write first waits for the publication in
+ * flight, so every checkpoint is published. Transient Hub failures are retried with backoff while training goes
  * on (K6). When a newer checkpoint is written while an older one is still failing to publish, the
  * older one is abandoned (its local folder removed: the newer one holds everything it did) and the
  * newer one is published instead. Publishing stops for good only when a checkpoint has been failing
@@ -20,7 +21,7 @@ import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
 import { writeCheckpointFolder, listCheckpointFolders } from "../checkpoint";
 import { createHubStore, type HubStore } from "../hub/store";
 import { freeBytes, publishCheckpoint } from "../hub/cycle";
-import { toWireError, type CheckpointJob, type CheckpointOutcome, type UploaderApi, type UploaderEvent, type UploaderInit, type WriteOutcome } from "./protocol";
+import { toWireError, type CheckpointJob, type CheckpointOutcome, type UploaderApi, type UploaderEvent, type UploaderInit, type WriteOutcome, type DrainResult } from "./protocol";
 import * as path from "node:path";
 
 let opts: UploaderInit | null = null;
@@ -32,6 +33,8 @@ let pending: CheckpointJob | null = null;
 let publishing: CheckpointJob | null = null;
 let loop: Promise<void> | null = null;
 let fatal: (Error & { rule?: string }) | null = null;
+let failure: DrainResult["failure"] = null;
+const outcomes: CheckpointOutcome[] = [];
 /** Steps whose local copy is verified on the Hub. */
 const published = new Set<number>();
 const clock = { failingSince: null as number | null };
@@ -65,6 +68,7 @@ async function publishLoop(): Promise<void> {
       publishing = null;
       pruneOldLocal(opts!.runDir, job.dir, opts!.keepLocal);
       const outcome: CheckpointOutcome = { step: job.step, dir: job.dir, writeSeconds: 0, published: res };
+      outcomes.push(outcome);
       emit({ type: "published", outcome });
     } catch (e) {
       publishing = null;
@@ -74,7 +78,8 @@ async function publishLoop(): Promise<void> {
         continue;
       }
       fatal = e as Error;
-      emit({ type: "failed", step: job.step, error: toWireError(e) });
+      failure = { step: job.step, error: toWireError(e) };
+      emit({ type: "failed", ...failure });
     }
   }
 }
@@ -94,6 +99,12 @@ const api: UploaderApi = {
   async write(job: CheckpointJob): Promise<WriteOutcome> {
     if (!opts) throw new Error("uploader used before init");
     if (fatal) throw fatal;
+    // While the Hub is healthy every checkpoint is published (K1): the next one waits for the one in
+    // flight, as before. Only while publishing is failing (K6) does the newer one go ahead and supersede it.
+    while (publishing && clock.failingSince === null && !fatal) {
+      await Promise.race([loop, new Promise((r) => setTimeout(r, 200))]);
+    }
+    if (fatal) throw fatal;
     const backlog = [publishing, pending].filter((j): j is CheckpointJob => j !== null);
     const free = await freeBytes(job.dir).catch(() => Infinity);
     if (free < (opts.checkpointBytes ?? 0)) {
@@ -104,6 +115,7 @@ const api: UploaderApi = {
           `and checkpoint ${backlog.map((j) => j.step).join(", ")} is not published yet (the Hub has been failing): the backlog of unpublished checkpoints would exceed the disk [K6]`,
         ), { name: "UserError", rule: "K6" });
         fatal = e;
+        failure = { step: job.step, error: toWireError(e) };
         throw e;
       }
       if (opts.prune) {
@@ -132,19 +144,20 @@ const api: UploaderApi = {
     } else {
       log(`CKPT ${job.step} local=${job.dir} write=${writeSeconds.toFixed(1)}s hub=none`);
       pruneOldLocal(opts.runDir, job.dir, opts.keepLocal);
-      emit({ type: "published", outcome: { step: job.step, dir: job.dir, writeSeconds, published: null } });
+      const outcome: CheckpointOutcome = { step: job.step, dir: job.dir, writeSeconds, published: null };
+      outcomes.push(outcome);
+      emit({ type: "published", outcome });
     }
     return { step: job.step, dir: job.dir, writeSeconds };
   },
 
-  async drain(): Promise<string | null> {
+  async drain(): Promise<DrainResult> {
     while (loop) {
       const l = loop;
       await l;
       if (loop === l) loop = null;
     }
-    if (fatal) throw fatal;
-    return store?.knownHead ?? null;
+    return { head: store?.knownHead ?? null, outcomes: [...outcomes], failure };
   },
 };
 

@@ -100,7 +100,8 @@ export async function withRetry<T>(fn: (attempt: number) => Promise<T>, o: Retry
       }
       const failingMs = now - first;
       if (failingMs >= o.giveUpMs) {
-        throw new RetryExhausted(`${o.what} kept failing for ${(failingMs / 60_000).toFixed(1)} min (the limit is ${(o.giveUpMs / 60_000).toFixed(1)} min, --hub-retry-minutes); last error: ${describeHubError(e)}`, e);
+        const t = (ms: number) => (ms < 120_000 ? `${(ms / 1000).toFixed(1)} s` : `${(ms / 60_000).toFixed(1)} min`);
+        throw new RetryExhausted(`${o.what} kept failing for ${t(failingMs)} (the limit is ${t(o.giveUpMs)}, --hub-retry-minutes); last error: ${describeHubError(e)}`, e);
       }
       const why = o.abandon?.();
       if (why) throw new RetryAbandoned(why, e);
