@@ -31,6 +31,20 @@ function whyNot(e: unknown): string {
   return `${c || (e as Error)?.name}: ${(e as Error)?.message ?? String(e)}`;
 }
 
+/** A recursive mkdir reports ENOENT for what is really EROFS or EACCES: ask the deepest existing folder. */
+function realMkdirError(abs: string, e: unknown): unknown {
+  if (errno(e) !== "ENOENT") return e;
+  let q = abs;
+  while (!fs.existsSync(path.dirname(q)) && path.dirname(q) !== q) q = path.dirname(q);
+  try {
+    fs.mkdirSync(q);
+    fs.rmdirSync(q);
+  } catch (e2) {
+    return e2;
+  }
+  return e;
+}
+
 /** O1 (first half): --out exists or can be created, is a folder and can be written. */
 export function checkOutWritable(out: string): void {
   const abs = path.resolve(out);
@@ -47,7 +61,7 @@ export function checkOutWritable(out: string): void {
     try {
       fs.mkdirSync(abs, { recursive: true });
     } catch (e) {
-      throw new UserError("O1", `--out ${abs} cannot be created: ${whyNot(e)}. Choose a writable place for --out`);
+      throw new UserError("O1", `--out ${abs} cannot be created: ${whyNot(realMkdirError(abs, e))}. Choose a writable place for --out`);
     }
   }
   const probe = path.join(abs, `.tstrain-probe-${process.pid}`);

@@ -160,7 +160,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
       resumeDir = got.dir;
       priorLoss = got.priorLoss;
       resumeVerifiedLocal = path.resolve(path.dirname(got.dir)) === path.resolve(cfg.out, "ckpt");
-      rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; downloaded to ${got.dir}`);
+      rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
     }
   } else if (cfg.resume) {
     resumeDir = cfg.resume;
@@ -189,8 +189,12 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
     const reclaim = cfg.prune && hub && resumeVerifiedLocal && resumeDir ? dirBytesSync(resumeDir) : 0;
     checkOutRoom(cfg.out, checkpointBytes - reclaim, roomFor);
   }
-  if (startStep >= plan.stepsPlanned) {
-    throw new UserError("P5", `resume point step ${startStep} is at or past the horizon ${plan.stepsPlanned}: the run is complete`);
+  if (startStep > plan.stepsPlanned) {
+    throw new UserError("P5", `resume point step ${startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Use the original --tokens/--max-steps`);
+  }
+  if (startStep === plan.stepsPlanned) {
+    // A checkpoint at the horizon whose session stopped before validating and exporting (R5 can roll onto it).
+    rep.say(`resume point step ${startStep} is the horizon: nothing left to train; validating and exporting final/`);
   }
   const room = checkNoWrap({ nWindows, startStep, stepsPlanned: plan.stepsPlanned, seqsPerStep: plan.seqsPerStep, seqLen: cfg.seqLen });
   const nVal = valWindowCount(cfg.valTokens, manifest.val_total_tokens, cfg.seqLen);
@@ -484,6 +488,8 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
   await drain("end of the session");
   if (writeError) {
     const e = writeError as Error & { code?: string };
+    // The error crossed a thread: only its name and message survive, so read the code from the message.
+    e.code = e.code ?? /\((ENOSPC|EDQUOT|EROFS|EACCES)\)/.exec(e.message)?.[1];
     const last = [...published].sort((a, b) => a - b).pop();
     const where = last === undefined ? "no checkpoint of this session is saved yet" :
       s.hub ? `checkpoint ${last} is verified on the Hub (latest.json points at it)` : `checkpoint ${last} is saved in ${path.join(cfg.out, "ckpt")}`;

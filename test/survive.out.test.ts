@@ -9,7 +9,7 @@ import { spawnSync } from "node:child_process";
 import { LocalHub } from "../src/hub/server";
 import { createHubStore } from "../src/hub/store";
 import { writeSyntheticMix } from "./helpers/mix";
-import { tmpDir } from "./helpers/run";
+import { tmpDir } from "./helpers/tmp";
 import { MAIN, adviceAfter, modelBytes, runCli, type Child } from "./helpers/survive";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });

@@ -5,7 +5,7 @@ import * as path from "node:path";
 import { spawn, type ChildProcess } from "node:child_process";
 import { readSafetensors } from "../../src/model/safetensors";
 import { LocalHub } from "../../src/hub/server";
-import { tmpDir } from "./run";
+import { tmpDir } from "./tmp";
 
 export const REPO_ROOT = path.join(__dirname, "..", "..", "..");
 export const MAIN = path.join(REPO_ROOT, "dist", "main.js");
