@@ -55,7 +55,8 @@ describe("Hub token (K5)", () => {
     const errors: unknown[] = [];
     await resolveAutoResume(store, { destDir: path.join(th.tmp, "resume2"), log: (l) => logs.push(l), retryDelayMs: 10 }).catch((e) => errors.push(e));
     const ck2 = writeFakeCheckpoint(path.join(th.tmp, "checkpoint-20"), { step: 20 });
-    await publishCheckpoint(store, { localDir: ck2.dir, pathInRepo: ck2.path_in_repo, pointer: pointerOf(ck2), prune: false, minFreeGb: 0, log: (l) => logs.push(l) }).catch((e) => errors.push(e));
+    // 500 is transient (K6): retried, each failure logged, until the (shortened) give-up time.
+    await publishCheckpoint(store, { localDir: ck2.dir, pathInRepo: ck2.path_in_repo, pointer: pointerOf(ck2), prune: false, minFreeGb: 0, log: (l) => logs.push(l), giveUpMs: 300, backoff: { baseMs: 10, capMs: 20 } }).catch((e) => errors.push(e));
     th.hub.clearFaults();
     assert.equal(errors.length, 2);
     for (const e of errors) assert.ok(!errorText(e).includes(SECRET), "an error leaks the token");
