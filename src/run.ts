@@ -285,6 +285,7 @@ export interface RunResult { runJson: Record<string, unknown>; exported: string 
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
   checkEngineRequest(cfg.backend); // an explicit --backend native that cannot load is refused before any work (P1)
   if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep);
+  if (!cfg.benchmark && !cfg.hubDir) checkOutWritable(cfg.out); // O1 before the embedded Hub makes <out>/hub
   const dir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub")); // under the run's own folder (L8)
   const hub = new LocalHub({ dir });
   const url = await hub.start();
