@@ -17,7 +17,7 @@ const MODULES = {
   "src/data/sampler.ts": T("data.sampler-rules", "data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),
   "src/data/plan.ts": T("data.plan-rules", "data.guards", "data.sampler", "train.config"),
-  "src/config.ts": T("train.config", "data.guards"),
+  "src/config.ts": T("train.config-rules", "train.config", "data.guards"),
   "src/hub/resume.ts": T("hub.resume"),
   "src/hub/cycle.ts": T("hub.cycle"),
   "src/checkpoint.ts": T("hub.resume", "hub.cycle", "train.report"),
