@@ -1,7 +1,7 @@
 /**
  * `npm run bench`: the bench harness (A5, G8, B3). In one run, on one model, data path and optimizer:
  *
- *   single         the whole step in this thread (LocalTrainer): no workers, no shared memory
+ *   single         the whole step in this thread (SingleThreadTrainer): no workers, no shared memory
  *   actor          the actor runtime (Coordinator + rank workers) at world 1, 2, … (cores allowing)
  *   framework-free `node dist/main.js --benchmark N` as a subprocess (G8, the user-facing path)
  *   optim          gradient average + AdamW alone against parameter count, 1 thread vs split by slice

@@ -65,7 +65,7 @@ export async function runOptimCase(o: { sizes: number[]; world: number; threads:
     for (let s = 0; s < o.world; s++) slots[s]![i] = 65536 * 1e-3 * (u + 0.01 * s);
   }
   // Both modes run in worker threads of their own (a fresh isolate each, as a rank is), so the JIT
-  // state of this thread (which also ran LocalTrainer on plain arrays) cannot colour either figure.
+  // state of this thread (which also ran SingleThreadTrainer on plain arrays) cannot colour either figure.
   const single = new Pool(1);
   const pool = new Pool(o.threads);
   const rows: BenchRow[] = [];

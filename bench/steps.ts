@@ -1,5 +1,5 @@
 /**
- * Step-cost cases on one shape: the single-thread loop (LocalTrainer in this thread), the actor
+ * Step-cost cases on one shape: the single-thread loop (SingleThreadTrainer in this thread), the actor
  * runtime (Coordinator + rank workers) at several world sizes, and the upload-stall case (actor
  * runtime while the uploader pushes checkpoints to an embedded LocalHub).
  *
@@ -10,9 +10,9 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { LocalTrainer } from "../src/actors/local";
-import { Coordinator, checkpointDocs, type OptimizerPosition, type StepResult } from "../src/actors/coordinator";
-import { newScaler } from "../src/actors/optim";
+import { SingleThreadTrainer } from "../src/single-thread";
+import { Coordinator, checkpointDocs, type StepResult } from "../src/actors/coordinator";
+import { newScaler, type OptimizerPosition } from "../src/actors/optim";
 import type { CheckpointOutcome, RankMemory } from "../src/actors/protocol";
 import { initWeights } from "../src/model/init";
 import { hfConfigJson } from "../src/model/config";
@@ -50,7 +50,7 @@ async function timed(f: () => Promise<StepResult> | StepResult): Promise<StepSam
 
 /** Case 1: the whole step in this thread (no workers, no shared memory). */
 export async function localRunner(s: Shape, world = 1): Promise<Runner> {
-  const t = await LocalTrainer.create({
+  const t = await SingleThreadTrainer.create({
     model: s.model, gradCkpt: s.gradCkpt, backend: s.backend, root: s.root, seqLen: s.seqLen, dataSeed: s.dataSeed,
     world, accum: s.accum, microBatch: s.microBatch, seed: s.seed,
   });

@@ -10,7 +10,7 @@ const path = require("node:path");
 const T = (...names) => names.map((n) => `dist/test/${n}.test.js`);
 /** module -> the test files that exercise it */
 const MODULES = {
-  "src/actors/optim.ts": T("train.optim", "train.runtime"),
+  "src/actors/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
   "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
   "src/actors/coordinator.ts": T("train.runtime", "train.coordinator"),
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),

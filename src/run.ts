@@ -17,8 +17,8 @@ import { permSha } from "./data/permutation";
 import { loadCursor, makeCursor, saveCursor, validateResume, type Cursor } from "./data/cursor";
 import { checkNoWrap, valWindowCount } from "./data/plan";
 import { ensureDemoMix } from "./data/demo";
-import { Coordinator, checkpointDocs, type OptimizerPosition, type StepResult } from "./actors/coordinator";
-import { newScaler, type LrShape } from "./actors/optim";
+import { Coordinator, checkpointDocs, type StepResult } from "./actors/coordinator";
+import { newScaler, ADAMW_DEFAULTS, MAX_GRAD_NORM, SCALER_DEFAULTS, type LrShape, type OptimizerPosition } from "./actors/optim";
 import type { CheckpointOutcome, RankFault, RankMemory, UploaderEvent, WriteOutcome } from "./actors/protocol";
 import { checkpointName, estimateCheckpointBytes, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
 import { checkOutRoom, checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
@@ -27,7 +27,7 @@ import { createHubStore, type HubStore, type Pointer } from "./hub/store";
 import { resolveAutoResume } from "./hub/resume";
 import { publishFinal } from "./hub/cycle";
 import { LocalHub } from "./hub/server";
-import { runBenchmark } from "./actors/local";
+import { runBenchmark } from "./single-thread";
 import { checkEngineRequest } from "./model/backend";
 
 export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
@@ -351,7 +351,7 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter): Promise<RunResul
   let result: RunResult | null = null;
   try {
     await coord.spawn();
-    rep.say(`precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x2/2000 clean, x0.5 on inf/NaN) grad_ckpt=${cfg.gradCkpt}`);
+    rep.say(`precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x${SCALER_DEFAULTS.growthFactor}/${SCALER_DEFAULTS.growthInterval} clean, x${SCALER_DEFAULTS.backoffFactor} on inf/NaN) grad_ckpt=${cfg.gradCkpt}`);
     rep.say(`backend: ${coord.backendInfo.detail}`);
     let head: string | null = null;
     if (s.hub) {
@@ -608,7 +608,8 @@ function exportFinal(s: SessionPlan, coord: Coordinator, figures: Record<string,
     ...figures, params: s.params, params_total: s.params.sum_numel, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,
     samples_consumed: s.endStep * s.plan.seqsPerStep, steps_planned: s.plan.stepsPlanned, seq_len: cfg.seqLen, micro_batch: cfg.microBatch,
     accum: cfg.accum, world: cfg.world, tokens_per_step: s.plan.tokensPerStep, backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt,
-    optim: cfg.optim, lr: cfg.lr, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, warmup_frac: cfg.warmupFrac,
+    optim: cfg.optim, lr: cfg.lr, betas: [ADAMW_DEFAULTS.beta1, ADAMW_DEFAULTS.beta2], eps: ADAMW_DEFAULTS.eps,
+    weight_decay: ADAMW_DEFAULTS.weightDecay, max_grad_norm: MAX_GRAD_NORM, warmup_frac: cfg.warmupFrac,
     decay_frac: cfg.decayFrac, warmup_steps: s.lrShape.warmup, decay_start: s.lrShape.decayStart, seed: cfg.seed, data_seed: cfg.dataSeed,
     tokenizer_files: shipped,
   };

@@ -5,8 +5,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { Coordinator, type OptimizerPosition } from "../src/actors/coordinator";
-import { newScaler } from "../src/actors/optim";
+import { Coordinator } from "../src/actors/coordinator";
+import { newScaler, type OptimizerPosition } from "../src/actors/optim";
 import { buildConfig } from "../src/model/config";
 import { initWeights } from "../src/model/init";
 import { writeSyntheticMix } from "./helpers/mix";

@@ -4,7 +4,7 @@
  * (master weights, both AdamW moments) with the reference AdamW applied to the same pre-step state.
  *
  * Independent references, so a defect in the runtime cannot hide behind itself:
- * - the gradient: the framework-free loop (src/actors/local.ts) computes the averaged, unscaled gradient of the
+ * - the gradient: the single-thread loop (src/single-thread.ts) computes the averaged, unscaled gradient of the
  *   same windows at the same weights in one thread; the runtime's reduced gradient (slot 0) must equal it;
  * - the LR: the trapezoid written out by hand for the shape used (P5), not lrFactor;
  * - the clip coefficient: min(1, 1 / (||g|| + 1e-6)) from that gradient in float64 (P4);
@@ -17,9 +17,9 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { Coordinator, type OptimizerPosition, type StepResult } from "../src/actors/coordinator";
-import { LocalTrainer } from "../src/actors/local";
-import { adamwSlice, newScaler, type DecayRange } from "../src/actors/optim";
+import { Coordinator, type StepResult } from "../src/actors/coordinator";
+import { SingleThreadTrainer } from "../src/single-thread";
+import { adamwSlice, newScaler, type DecayRange, type OptimizerPosition } from "../src/actors/optim";
 import type { RankFault } from "../src/actors/protocol";
 import { buildConfig } from "../src/model/config";
 import { initWeights } from "../src/model/init";
@@ -60,8 +60,8 @@ async function withRuntime<T>(o: { world: number; accum: number; share: boolean;
 
 const snap = (c: Coordinator): Snap => ({ p: Float32Array.from(c.views.params), m: Float32Array.from(c.views.m), v: Float32Array.from(c.views.v) });
 
-/** The averaged, unscaled gradient of data step `step` at weights `params`, computed in one thread (local.ts). */
-function referenceGradient(local: LocalTrainer, params: Float32Array, step: number, scale: number): Float32Array {
+/** The averaged, unscaled gradient of data step `step` at weights `params`, computed in one thread (single-thread.ts). */
+function referenceGradient(local: SingleThreadTrainer, params: Float32Array, step: number, scale: number): Float32Array {
   local.params.set(params);
   local.step(step, { optSteps: 0, scaler: { scale, growthTracker: 0 }, skipped: 0 }, BASE_LR, SHAPE);
   return Float32Array.from(local.grad);
@@ -83,7 +83,7 @@ function assertClose(name: string, got: Float32Array, want: Float32Array): void 
  * nothing moved). Returns the step results.
  */
 async function checkAgainstReference(o: { world: number; accum: number; share: boolean; steps: number; fault?: RankFault }): Promise<StepResult[]> {
-  const local = await LocalTrainer.create({
+  const local = await SingleThreadTrainer.create({
     model, gradCkpt: true, backend: "wasm", root: mix.root, seqLen: SEQ, dataSeed: DATA_SEED, world: o.world, accum: o.accum, microBatch: MICRO, seed: SEED,
   });
   try {

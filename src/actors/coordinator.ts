@@ -1,7 +1,7 @@
 /**
  * Coordinator actor (A2): owns the step. It spawns the rank workers and the uploader, and is the
- * only one that decides: the loss scale, skip or apply, the clip coefficient, the LR, when to
- * checkpoint and when to stop. The arithmetic runs in the ranks, each on its slice of the shared
+ * only one that decides: the loss scale, skip or apply, the clip coefficient and the LR (decideStep,
+ * optim.ts, from the ranks' figures), when to checkpoint and when to stop. The arithmetic runs in the ranks, each on its slice of the shared
  * buffers; the coordinator moves scalars, and when the machine has a core the ranks leave idle
  * (world < available cores) it takes one slice of the reduce and of the update itself, so at world 1
  * the optimizer runs on two threads instead of one.
@@ -21,7 +21,7 @@ import type { BackendName } from "../model/backend";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
 import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
-import { clipCoef, lrFactor, scalerUpdate, slices, type DecayRange, type LrShape, type ScalerState } from "./optim";
+import { decideStep, slices, unscaleFactor, type DecayRange, type LrShape, type OptimizerPosition } from "./optim";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
 import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
 
@@ -117,8 +117,6 @@ export interface StepResult {
   updateMs: number;
 }
 
-export interface OptimizerPosition { optSteps: number; scaler: ScalerState; skipped: number }
-
 /** The actor runtime: ranks + shared memory + uploader. */
 export class Coordinator {
   readonly shared: SharedBuffers;
@@ -181,7 +179,10 @@ export class Coordinator {
     }
   }
 
-  /** One optimizer step (A2). Does not touch the data position: the step number is the position. */
+  /**
+   * One optimizer step (A2): the ranks' phases, the decision (decideStep, optim.ts) from their figures, and `pos`
+   * moved to where the decision leaves it. Does not touch the data position: the step number is the position.
+   */
   async step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): Promise<StepResult> {
     const world = this.setup.world;
     const accum = this.setup.data.accum;
@@ -189,8 +190,7 @@ export class Coordinator {
     const computed = await this.all(() => ({ type: "compute", step, gradScale: scale }), "computed", `step ${step} compute`);
     const lossSum = computed.reduce((a, m) => a + m.lossSum, 0);
     const loss = lossSum / (world * accum);
-    // Average over world*accum micro-batches and unscale in one multiply (P2 unscale, A2 average).
-    const invScale = 1 / (world * accum * scale);
+    const invScale = unscaleFactor(world, accum, scale);
     const { ranks: reduced, ...own } = await this.withOwn(
       this.all(() => ({ type: "reduce", step, invScale }), "reduced", `step ${step} reduce`),
       () => reduceSliceSimd(this.views.slots, this.views.slots[0]!, invScale, ...this.ownSlice!));
@@ -199,26 +199,19 @@ export class Coordinator {
     let finite = true;
     for (const m of reduced) { sumSq += m.sumSq; finite = finite && m.finite; }
     if (own.r) { sumSq += own.r.sumSq; finite = finite && own.r.finite; }
-    const lr = baseLr * lrFactor(pos.optSteps, shape);
+    const d = decideStep(pos, { sumSq, finite }, baseLr, shape);
     const res: StepResult = {
-      step, loss, applied: false, gradNorm: null, lr, scaleUsed: scale,
+      step, loss, applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
       computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs: Math.max(own.ms, ...reduced.map((m) => m.ms)), updateMs: 0,
     };
-    if (finite) {
-      const norm = Math.sqrt(sumSq);
-      const coef = clipCoef(norm);
-      const t = pos.optSteps + 1;
+    if (d.apply) {
+      const { lr, coef, t } = d;
       const { ranks: updated, ...mine } = await this.withOwn(
         this.all(() => ({ type: "update", step, lr, coef, t }), "updated", `step ${step} update`),
         () => updateSlice(this.views, this.decayRanges, ...this.ownSlice!, lr, coef, t));
-      res.applied = true;
-      res.gradNorm = norm;
       res.updateMs = Math.max(mine.ms, ...updated.map((m) => m.ms));
-      pos.optSteps += 1;
-    } else {
-      pos.skipped += 1;
     }
-    pos.scaler = scalerUpdate(pos.scaler, !finite);
+    Object.assign(pos, d.next);
     return res;
   }
 

@@ -1,9 +1,10 @@
 /**
- * The coordinator's step math, on flat Float32Arrays (views on SharedArrayBuffers in the actor
- * runtime, plain arrays in the single-thread loop): gradient averaging, unscale + finite check,
- * global norm and clipping (P4), AdamW with torch semantics (P3), the dynamic loss scaler (P2) and
- * the trapezoid LR (P5). Every function works on a [lo, hi) slice so the ranks can split the
- * reduce and the update by parameter range while the coordinator decides from global figures.
+ * The step math, on flat Float32Arrays (views on SharedArrayBuffers in the actor runtime, plain arrays in the
+ * single-thread loop): the step's decision from global figures (decideStep: skip or apply, the loss scaler (P2),
+ * the clip coefficient (P4), the LR of optimizer step k (P5)), and the two loops the decision drives: gradient
+ * averaging + unscale with the finite check (reduceSlice) and AdamW with torch semantics (P3, adamwSlice). Each
+ * loop works on a [lo, hi) slice, so the ranks split them by parameter range; decideStep is pure and is the only
+ * place either runtime decides anything about a step.
  */
 
 // ---------------------------------------------------------------- LR (P5)
@@ -27,7 +28,7 @@ export function newScaler(): ScalerState {
   return { scale: SCALER_DEFAULTS.initScale, growthTracker: 0 };
 }
 
-/** The scaler's update after a step: `found` = the unscaled gradients held inf/NaN. */
+/** The scaler's update after a step; `foundNonFinite`: the unscaled gradients held inf/NaN. */
 export function scalerUpdate(s: ScalerState, foundNonFinite: boolean): ScalerState {
   if (foundNonFinite) return { scale: s.scale * SCALER_DEFAULTS.backoffFactor, growthTracker: 0 };
   const t = s.growthTracker + 1;
@@ -41,13 +42,64 @@ export function validScaler(s: unknown): s is ScalerState {
     Number.isSafeInteger(o.growthTracker) && o.growthTracker >= 0 && o.growthTracker < SCALER_DEFAULTS.growthInterval;
 }
 
+// ---------------------------------------------------------------- gradient clipping (P4)
+
+/** P4: the global gradient norm is clipped to this (torch clip_grad_norm_'s max_norm). */
+export const MAX_GRAD_NORM = 1.0;
+
+/** P4: torch clip_grad_norm_ coefficient, clamped to 1. */
+export function clipCoef(totalNorm: number, maxNorm = MAX_GRAD_NORM): number {
+  return Math.min(1.0, maxNorm / (totalNorm + 1e-6));
+}
+
+// ---------------------------------------------------------------- the step's decision (P2, P4, P5)
+
+/** Where the optimizer stands: applied steps (AdamW's t - 1 and the LR's k), the loss scaler, skipped steps. */
+export interface OptimizerPosition { optSteps: number; scaler: ScalerState; skipped: number }
+
+/**
+ * The factor the reduce multiplies the summed gradient slots by: the average over world*accum micro-batches and
+ * the loss scale's unscale (P2) in one multiply.
+ */
+export function unscaleFactor(world: number, accum: number, scale: number): number {
+  return 1 / (world * accum * scale);
+}
+
+/**
+ * What to do with a step, and where the optimizer stands after it. `lr` is reported either way; the AdamW
+ * arguments (lr, coef, t) exist only for a step that is applied.
+ */
+export type StepDecision =
+  | { apply: true; lr: number; gradNorm: number; coef: number; t: number; next: OptimizerPosition }
+  | { apply: false; lr: number; gradNorm: null; next: OptimizerPosition };
+
+/**
+ * The step's decision from the reduced gradient's global figures, pure (the caller applies it):
+ * - P2: a gradient holding inf/NaN is not applied; the skip is counted and the optimizer step does not advance;
+ *   the scaler backs off on it, grows after growthInterval clean steps (scalerUpdate);
+ * - P4: the clip coefficient of the global norm sqrt(sumSq);
+ * - P5: the LR of optimizer step k = pos.optSteps (applied steps so far, not the data step), and AdamW's
+ *   1-based bias-correction step t = k + 1.
+ */
+export function decideStep(pos: OptimizerPosition, grad: ReduceResult, baseLr: number, shape: LrShape): StepDecision {
+  const lr = baseLr * lrFactor(pos.optSteps, shape);
+  const scaler = scalerUpdate(pos.scaler, !grad.finite);
+  if (!grad.finite) return { apply: false, lr, gradNorm: null, next: { optSteps: pos.optSteps, scaler, skipped: pos.skipped + 1 } };
+  const gradNorm = Math.sqrt(grad.sumSq);
+  return {
+    apply: true, lr, gradNorm, coef: clipCoef(gradNorm), t: pos.optSteps + 1,
+    next: { optSteps: pos.optSteps + 1, scaler, skipped: pos.skipped },
+  };
+}
+
 // ---------------------------------------------------------------- reduce + unscale
 
+/** A reduce's figures over its slice, or summed over all slices: the unscaled gradient's sum of squares, and whether it is all finite. */
 export interface ReduceResult { sumSq: number; finite: boolean }
 
 /**
- * out[i] = (sum over slots of slots[s][i]) * invScale for i in [lo, hi), where invScale folds the
- * 1/(world*accum) average and the 1/scale unscale together. Returns the slice's sum of squares
+ * out[i] = (sum over slots of slots[s][i]) * invScale for i in [lo, hi), where invScale (unscaleFactor) folds
+ * the 1/(world*accum) average and the 1/scale unscale together. Returns the slice's sum of squares
  * (float64) and whether every value is finite. Slots are summed in rank order, so the result does
  * not depend on which thread runs the slice.
  */
@@ -80,11 +132,6 @@ export function reduceSlice(slots: readonly Float32Array[], out: Float32Array, i
   }
   // A NaN or inf anywhere makes sumSq non-finite: one test instead of one per element.
   return { sumSq, finite: Number.isFinite(sumSq) };
-}
-
-/** P4: torch clip_grad_norm_ coefficient, clamped to 1. */
-export function clipCoef(totalNorm: number, maxNorm = 1.0): number {
-  return Math.min(1.0, maxNorm / (totalNorm + 1e-6));
 }
 
 // ---------------------------------------------------------------- AdamW (P3)

@@ -1,26 +1,27 @@
 /**
- * The framework-free loop (G8, A5): the whole step in the calling thread, with no workers, no
- * shared memory and no messages: the same model, data path, optimizer and precision as the actor
- * runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
- * of one step of the actor run (same windows, same update), and the bench can compare the two.
+ * The single-thread loop, framework-free (G8, A5): the whole step in the calling thread, with no workers, no
+ * shared memory and no messages: the same model, data path, optimizer, precision and step decision (decideStep)
+ * as the actor runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
+ * of one step of the actor run (same windows, same update), and the bench can compare the two. It uses nothing
+ * from the actors but the step math (src/actors/optim*.ts), so it sits beside run.ts, not in src/actors.
  */
-import { Llama } from "../model/llama";
-import { initEngine, type BackendName } from "../model/backend";
-import type { Kernels } from "../model/kernels";
-import { initWeights } from "../model/init";
-import { paramLayout } from "../model/layout";
-import type { LlamaConfig } from "../model/config";
-import { readManifest } from "../data/manifest";
-import { PackedTokenStore } from "../data/store";
-import { WindowPermutation } from "../data/permutation";
-import { TrainStream } from "../data/sampler";
-import { clipCoef, lrFactor, newScaler, scalerUpdate, ADAMW_DEFAULTS, type DecayRange, type LrShape } from "./optim";
-import { adamwSliceSimd, reduceSliceSimd } from "./optim-simd";
-import type { OptimizerPosition, StepResult } from "./coordinator";
-import type { SessionPlan } from "../run";
-import type { Reporter } from "../report";
+import { Llama } from "./model/llama";
+import { initEngine, type BackendName } from "./model/backend";
+import type { Kernels } from "./model/kernels";
+import { initWeights } from "./model/init";
+import { paramLayout } from "./model/layout";
+import type { LlamaConfig } from "./model/config";
+import { readManifest } from "./data/manifest";
+import { PackedTokenStore } from "./data/store";
+import { WindowPermutation } from "./data/permutation";
+import { TrainStream } from "./data/sampler";
+import { decideStep, newScaler, unscaleFactor, ADAMW_DEFAULTS, type DecayRange, type LrShape, type OptimizerPosition } from "./actors/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "./actors/optim-simd";
+import type { StepResult } from "./actors/coordinator";
+import type { RunConfig } from "./config";
+import type { Reporter } from "./report";
 
-export interface LocalSetup {
+export interface SingleThreadSetup {
   model: LlamaConfig;
   gradCkpt: boolean;
   backend: BackendName;
@@ -33,17 +34,18 @@ export interface LocalSetup {
   seed: number;
 }
 
-export class LocalTrainer {
+export class SingleThreadTrainer {
   readonly params: Float32Array;
   readonly m: Float32Array;
   readonly v: Float32Array;
+  /** The summed micro-batch gradients, then (after the reduce) the averaged, unscaled gradient. */
   readonly grad: Float32Array;
   private readonly ranges: DecayRange[];
   private readonly stream: TrainStream;
   private readonly ids: Int32Array;
   backend = "?";
 
-  private constructor(readonly setup: LocalSetup, readonly llama: Llama, private readonly kernels: Kernels) {
+  private constructor(readonly setup: SingleThreadSetup, readonly llama: Llama, private readonly kernels: Kernels) {
     const layout = paramLayout(setup.model);
     this.params = new Float32Array(layout.total);
     this.m = new Float32Array(layout.total);
@@ -59,13 +61,14 @@ export class LocalTrainer {
     llama.bindParams(this.params); // AdamW updates them in place; the next pass reads them as they are
   }
 
-  static async create(setup: LocalSetup): Promise<LocalTrainer> {
+  static async create(setup: SingleThreadSetup): Promise<SingleThreadTrainer> {
     const be = await initEngine(setup.backend);
-    const t = new LocalTrainer(setup, new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }), be.kernels);
+    const t = new SingleThreadTrainer(setup, new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }), be.kernels);
     t.backend = be.engine;
     return t;
   }
 
+  /** One optimizer step, as Coordinator.step: every micro-batch, the reduce, decideStep, AdamW; `pos` moves on. */
   step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): StepResult {
     const { world, accum, microBatch, seqLen } = this.setup;
     const t0 = performance.now();
@@ -79,21 +82,18 @@ export class LocalTrainer {
       }
     }
     const t1 = performance.now();
-    const red = reduceSliceSimd([this.grad], this.grad, 1 / (world * accum * scale), 0, this.grad.length);
+    const reduced = reduceSliceSimd([this.grad], this.grad, unscaleFactor(world, accum, scale), 0, this.grad.length);
     const t2 = performance.now();
-    const lr = baseLr * lrFactor(pos.optSteps, shape);
-    const res: StepResult = { step, loss: lossSum / (world * accum), applied: false, gradNorm: null, lr, scaleUsed: scale, computeMs: t1 - t0, reduceMs: t2 - t1, updateMs: 0 };
-    if (red.finite) {
-      const norm = Math.sqrt(red.sumSq);
-      adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr, ...ADAMW_DEFAULTS }, clipCoef(norm), pos.optSteps + 1);
-      pos.optSteps += 1;
-      res.applied = true;
-      res.gradNorm = norm;
+    const d = decideStep(pos, reduced, baseLr, shape);
+    const res: StepResult = {
+      step, loss: lossSum / (world * accum), applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
+      computeMs: t1 - t0, reduceMs: t2 - t1, updateMs: 0,
+    };
+    if (d.apply) {
+      adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr: d.lr, ...ADAMW_DEFAULTS }, d.coef, d.t);
       res.updateMs = performance.now() - t2;
-    } else {
-      pos.skipped += 1;
     }
-    pos.scaler = scalerUpdate(pos.scaler, !red.finite);
+    Object.assign(pos, d.next);
     return res;
   }
 
@@ -103,10 +103,21 @@ export class LocalTrainer {
   }
 }
 
+/** What the benchmark needs of the session's plan (run.ts's SessionPlan has it all). */
+export interface BenchmarkPlan {
+  cfg: RunConfig;
+  model: LlamaConfig;
+  root: string;
+  startStep: number;
+  lrShape: LrShape;
+  plan: { tokensPerStep: number };
+  params: { sum_numel: number };
+}
+
 /** G8: N steps without the actor machinery; the first step is excluded from timing; no checkpoint. */
-export async function runBenchmark(s: SessionPlan, n: number, rep: Reporter): Promise<Record<string, unknown>> {
+export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): Promise<Record<string, unknown>> {
   const { cfg } = s;
-  const t = await LocalTrainer.create({
+  const t = await SingleThreadTrainer.create({
     model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed,
     world: cfg.world, accum: cfg.accum, microBatch: cfg.microBatch, seed: cfg.seed,
   });
