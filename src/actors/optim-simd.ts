@@ -13,6 +13,7 @@
  * The module is assembled here from its opcodes (a few hundred bytes; no toolchain at build or run time).
  */
 import { reduceSlice, ADAMW_DEFAULTS, type AdamHyper, type DecayRange, type ReduceResult } from "./optim";
+import type { SharedViews } from "./shm";
 
 /** Floats per region; region r starts at byte r * CHUNK * 4 (= r << 14). */
 const CHUNK = 4096;
@@ -221,12 +222,12 @@ export function adamwSliceSimd(
 
 /**
  * One owner's share of the update phase (a rank's slice, or the coordinator's): AdamW over [lo, hi) of the shared
- * weights and moments with the averaged gradient in slot 0. The ranks multiply against these weights directly:
- * nothing else to write.
+ * weights and moments (`shared`: the views of shm.ts) with the averaged gradient in slot 0, as decideStep decided
+ * (lr, the clip coefficient, t). The ranks multiply against these weights directly: nothing else to write.
  */
 export function updateSlice(
-  v: { params: Float32Array; m: Float32Array; v: Float32Array; slots: Float32Array[] },
+  shared: Pick<SharedViews, "params" | "m" | "v" | "slots">,
   ranges: readonly DecayRange[], lo: number, hi: number, lr: number, coef: number, t: number,
 ): void {
-  adamwSliceSimd(v.params, v.m, v.v, v.slots[0]!, ranges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
+  adamwSliceSimd(shared.params, shared.m, shared.v, shared.slots[0]!, ranges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
 }

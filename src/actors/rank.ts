@@ -93,8 +93,7 @@ function reduce(s: RankState, step: number, invScale: number): FromRank {
 function update(s: RankState, step: number, lr: number, coef: number, t: number): FromRank {
   const t0 = performance.now();
   const [lo, hi] = s.init.slice;
-  const v = s.views;
-  updateSlice(v, s.init.decayRanges, lo, hi, lr, coef, t);
+  updateSlice(s.views, s.init.decayRanges, lo, hi, lr, coef, t);
   return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
