@@ -72,3 +72,14 @@ test("without a BLAS, --backend native is a UserError (P1) naming the fix, and t
   assert.match(cli.stderr + cli.stdout, /TSTRAIN_BLAS=\/nonexistent\/libopenblas-missing\.so\.0/);
   assert.doesNotMatch(cli.stderr + cli.stdout, /nonexistent\/mix/);
 });
+
+test("the addon's build script never fails the install: without a compiler it exits 0 with one line naming the fix", () => {
+  const script = path.join(DIST, "..", "scripts", "build-native.cjs");
+  for (const env of [{ CC: "/nonexistent/cc" }, { TSTRAIN_SKIP_NATIVE: "1" }]) {
+    const r = spawnSync(process.execPath, [script], { encoding: "utf8", timeout: 60_000, env: { ...process.env, ...env } });
+    assert.equal(r.status, 0, r.stderr);
+    const lines = r.stdout.trim().split("\n");
+    assert.equal(lines.length, 1, r.stdout);
+    assert.match(lines[0]!, /^tstrain: native engine not built \((no C compiler \(\/nonexistent\/cc\)|TSTRAIN_SKIP_NATIVE=1)\); the tfjs engine will be used\. Fast path: apt-get install build-essential python3 .*npm run build:native/);
+  }
+});
