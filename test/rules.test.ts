@@ -219,6 +219,7 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
     }
     const text = para.join(" ").replace(/^\*\*Tests\.\*\*\s*/, "");
     if (/^none\b/.test(text)) continue;
+    const listed = new Set<string>();
     const parts = text.split(/`([^`]+\.test\.ts)`/);
     if (parts.length < 3) { bad.push(`${d.id}: the Tests paragraph names no test file and does not start with "none"`); continue; }
     for (let i = 1; i < parts.length; i += 2) {
@@ -230,6 +231,9 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
       if (names.length === 0) bad.push(`${d.id}: no test name quoted after ${parts[i]}`);
       for (const n of names) {
         named++;
+        const key = `${parts[i]}\u0000${n}`;
+        if (listed.has(key)) bad.push(`${d.id}: names "${n}" of ${parts[i]} twice`);
+        listed.add(key);
         if (!known.has(n)) bad.push(`${d.id}: ${parts[i]} has no test named "${n}" (renamed or removed? update ${d.id}'s Tests paragraph in docs/RULES.md)`);
       }
     }
