@@ -4,7 +4,7 @@
 const fs = require("node:fs");
 const path = require("node:path");
 const dist = path.join(__dirname, "..", "dist");
-for (const name of ["main", "prepare", "hub-server"]) {
+for (const name of ["main", "prepare", "hub-server", "generate"]) {
   const target = path.join(dist, "src", `${name}.js`);
   if (!fs.existsSync(target)) continue;
   fs.writeFileSync(path.join(dist, `${name}.js`), `#!/usr/bin/env node\n"use strict";\nrequire("./src/${name}.js");\n`);

@@ -53,6 +53,8 @@ export interface RunConfig {
   hubTimeoutSeconds: number;
   /** R3: --resume auto resumes from the pointer even when newer checkpoint folders without a manifest exist. */
   resumeIgnoreUnproven: boolean;
+  /** Log a short greedy sample at every checkpoint and at the end (G11); --no-sample turns it off. */
+  sample: boolean;
 }
 
 type Kind = "string" | "int" | "float" | "bool";
@@ -103,6 +105,7 @@ export const FLAGS: readonly FlagSpec[] = [
   { flag: "resume-ignore-unproven", key: "resumeIgnoreUnproven", kind: "bool", def: false, help: "--resume auto: resume from latest.json even when the repo holds newer checkpoint folders without a manifest; the run overwrites them (R3)" },
   { flag: "prune", key: "prune", kind: "bool", def: false, help: "delete the local checkpoint after it verified on the Hub (K3)" },
   { flag: "min-free-gb", key: "minFreeGb", kind: "float", def: 6, help: "prune only while free disk stays above this (K3)" },
+  { flag: "sample", key: "sample", kind: "bool", def: true, negatable: true, help: "log a short greedy sample from the prompt \"The\" at every checkpoint and at the end, into samples.jsonl and report.html (G11); --no-sample turns it off" },
   { flag: "dry-run", key: "dryRun", kind: "bool", def: false, help: "build everything, train nothing, print one JSON (G7)" },
   { flag: "benchmark", key: "benchmark", kind: "int", def: 0, help: "N steps without the actor machinery; never checkpoints (G8)" },
   { flag: "world", key: "world", kind: "int", def: 1, help: "number of rank worker threads (A1); --demo defaults to 2" },

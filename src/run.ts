@@ -23,6 +23,7 @@ import type { CheckpointOutcome, RankFault, RankMemory, UploaderEvent, WriteOutc
 import { checkpointName, estimateCheckpointBytes, listCheckpointFolders, readCheckpointFolder, type LogEntry, type TrainerState } from "./checkpoint";
 import { checkOutRoom, checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
 import { createReporter, fmtDuration, writeRunReport, type Reporter } from "./report";
+import { sampleAtCheckpoint } from "./generate";
 import { createHubStore, type HubStore, type Pointer } from "./hub/store";
 import { resolveAutoResume } from "./hub/resume";
 import { publishFinal } from "./hub/cycle";
@@ -389,6 +390,7 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
   let winLoss = 0, winSteps = 0, winT0 = performance.now(), winTokens = 0;
   const trainT0 = performance.now();
   let lastLoss = Number.NaN;
+  let lastSample = "";
 
   /** Take what the uploader reported since the last look (K6: publishing runs behind training). */
   const absorb = () => {
@@ -484,6 +486,7 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
       absorb();
       if (uploadError || writeError) break;
       stage(done);
+      if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
     }
   }
   await drain("end of the session");
@@ -578,9 +581,15 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
     backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt, skipped_steps: pos.skipped, loss_scale: pos.scaler.scale,
     checkpoints: outcomes.map((o) => o.step), memory: memJson, exported,
   };
+  if (cfg.sample) rep.say(`final ${lastSample.startsWith(`sample @ step ${step}:`) ? lastSample : await sampleNow(s, coord, step)}`);
   rep.say("RUN_JSON " + JSON.stringify(runJson));
   rep.say(`report: file://${writeRunReport(cfg.out, runJson)} (chart: ${path.join(cfg.out, "loss.svg")})`);
   return { runJson, exported };
+}
+
+/** G11: a short greedy sample from the current weights (read between steps), logged and kept for the report. */
+function sampleNow(s: SessionPlan, coord: Coordinator, step: number): Promise<string> {
+  return sampleAtCheckpoint({ out: s.cfg.out, root: s.root, cfg: s.model, params: coord.views.params, step, backend: s.cfg.backend });
 }
 
 /** G4: final/ = HF model folder + tokenizer files + cursor + run_summary.json. Never overwrites. */

@@ -1,0 +1,257 @@
+/**
+ * `node dist/generate.js --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
+ *   [--top-p P] [--seed S] [--backend auto|native|wasm|cpu|tensorflow] [--tokenizer tokenizer.json]
+ *   [--hub-url URL] [--no-cache]`
+ *
+ * DIR is an exported `final/` or a checkpoint folder (model.safetensors + config.json), local or on the Hub as
+ * hf://datasets/owner/name/path (or hf://models/...; token from HF_TOKEN). Text streams to stdout as tokens come;
+ * generation stops at EOS or after --max-new-tokens. The tokenizer is DIR's tokenizer.json, else the one of the
+ * mix the checkpoint was trained on (run_config.json's root), else --tokenizer.
+ *
+ * Also here: sampleAtCheckpoint, the short sample a training run logs at every checkpoint (G11).
+ */
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { Tokenizer } from "@huggingface/tokenizers";
+import { isUserError, UserError } from "./errors";
+import { configFromHf, type LlamaConfig } from "./model/config";
+import { readSafetensors, tensorsToFlat } from "./model/safetensors";
+import { paramLayout } from "./model/layout";
+import { initEngine, type BackendName, type Engine } from "./model/backend";
+import type { Kernels } from "./model/kernels";
+import { checkSampling, generateNoCache, generateWithCache, GREEDY, KvDecoder, type SamplingOptions } from "./model/generate";
+import { Llama } from "./model/llama";
+import { createHubStore } from "./hub/store";
+import { recordSample } from "./report";
+
+export interface LoadedModel { cfg: LlamaConfig; params: Float32Array; tokenizer: Tokenizer; eosId: number | null; dir: string }
+
+const TOKENIZER_HINT = "pass --tokenizer PATH/tokenizer.json (the mix root holds one)";
+
+export function loadTokenizerFile(file: string): { tk: Tokenizer; eosText: string | null } {
+  let json: unknown;
+  try {
+    json = JSON.parse(fs.readFileSync(file, "utf8"));
+  } catch (e) {
+    throw new UserError("G11", `cannot read the tokenizer ${file} (${(e as Error).message}); ${TOKENIZER_HINT}`);
+  }
+  const cfgPath = path.join(path.dirname(file), "tokenizer_config.json");
+  const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) as Record<string, unknown> : {};
+  const eos = typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: string } | undefined)?.content ?? null;
+  return { tk: new Tokenizer(json as object, cfg), eosText: eos };
+}
+
+/** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
+export function loadModelDir(dir: string, tokenizerFlag?: string): LoadedModel {
+  const cfgFile = path.join(dir, "config.json"), wFile = path.join(dir, "model.safetensors");
+  if (!fs.existsSync(cfgFile) || !fs.existsSync(wFile)) {
+    throw new UserError("G11", `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`);
+  }
+  const cfg = configFromHf(JSON.parse(fs.readFileSync(cfgFile, "utf8")));
+  const params = new Float32Array(paramLayout(cfg).total);
+  tensorsToFlat(cfg, readSafetensors(wFile).tensors, params);
+  let tokFile = tokenizerFlag ?? path.join(dir, "tokenizer.json");
+  if (!tokenizerFlag && !fs.existsSync(tokFile)) {
+    const rc = path.join(dir, "run_config.json");
+    const root = fs.existsSync(rc) ? (JSON.parse(fs.readFileSync(rc, "utf8")) as { root?: string }).root : undefined;
+    if (root && fs.existsSync(path.join(root, "tokenizer.json"))) tokFile = path.join(root, "tokenizer.json");
+    else throw new UserError("G11", `no tokenizer.json in ${dir}${root ? ` nor in the run's mix root ${root}` : ""}; ${TOKENIZER_HINT}`);
+  }
+  const { tk, eosText } = loadTokenizerFile(tokFile);
+  const vocab = tk.get_vocab(true);
+  let maxId = -1;
+  for (const id of vocab.values()) if (id > maxId) maxId = id;
+  if (maxId >= cfg.vocabSize) throw new UserError("G11", `the tokenizer ${tokFile} has ids up to ${maxId} but the model's vocabulary is ${cfg.vocabSize}; ${TOKENIZER_HINT}`);
+  const eosId = eosText !== null ? tk.token_to_id(eosText) ?? cfg.eosTokenId : cfg.eosTokenId;
+  return { cfg, params, tokenizer: tk, eosId, dir };
+}
+
+/** Prints text as tokens arrive: decodes the whole continuation and writes the new suffix, holding back a
+ *  trailing U+FFFD (half of a multi-byte character whose other half is still to come). */
+export function streamingDecoder(tk: Tokenizer, write: (s: string) => void): { push(id: number): void; end(): string } {
+  const ids: number[] = [];
+  let shown = "";
+  const flush = (final: boolean): void => {
+    let text = tk.decode(ids, { skip_special_tokens: true });
+    if (!final) while (text.endsWith("\uFFFD")) text = text.slice(0, -1);
+    if (text.startsWith(shown) && text.length > shown.length) {
+      write(text.slice(shown.length));
+      shown = text;
+    }
+  };
+  return { push(id) { ids.push(id); flush(false); }, end() { flush(true); return shown; } };
+}
+
+export interface GenerateRequest extends SamplingOptions { prompt: string; maxNewTokens: number; cache: boolean }
+
+/** Generates text from a loaded model on an engine's kernels; `onText` sees the text as it streams. */
+export function generateText(m: LoadedModel, kernels: Kernels, r: GenerateRequest, onText: (s: string) => void = () => undefined): { ids: number[]; text: string } {
+  checkSampling(r);
+  if (!Number.isInteger(r.maxNewTokens) || r.maxNewTokens < 1) throw new UserError("G11", `--max-new-tokens ${r.maxNewTokens} must be a whole number >= 1`);
+  const prompt = m.tokenizer.encode(r.prompt, { add_special_tokens: false }).ids;
+  if (prompt.length === 0) throw new UserError("G11", `--prompt ${JSON.stringify(r.prompt)} encodes to no tokens: give some text`);
+  const room = m.cfg.maxPositionEmbeddings - prompt.length;
+  if (room < 1) throw new UserError("G11", `the prompt is ${prompt.length} tokens, the model has ${m.cfg.maxPositionEmbeddings} positions: shorten it`);
+  const n = Math.min(r.maxNewTokens, room);
+  const dec = streamingDecoder(m.tokenizer, onText);
+  const o = { ...r, maxNewTokens: n, eosId: m.eosId, onToken: (id: number) => dec.push(id) };
+  let ids: number[];
+  if (r.cache) {
+    ids = generateWithCache(new KvDecoder(m.cfg, kernels, m.params, prompt.length + n), prompt, o);
+  } else {
+    const model = new Llama(m.cfg, kernels, { gradCkpt: false });
+    model.bindParams(m.params);
+    ids = generateNoCache((seq) => lastLogits(model, seq, m.cfg.vocabSize), prompt, o);
+  }
+  return { ids, text: dec.end() };
+}
+
+/** The training forward's next-token logits for a sequence (the no-cache reference path). A one-token sequence
+ *  is run as two tokens (the forward needs T >= 2); causality makes row 0 the same. */
+export function lastLogits(model: Llama, seq: number[], V: number): Float32Array {
+  const T = Math.max(2, seq.length);
+  const ids = Int32Array.from(seq.length >= 2 ? seq : [seq[0]!, 0]);
+  const all = model.logits(ids, 1, T);
+  const row = seq.length - 1;
+  return all.slice(row * V, (row + 1) * V);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the sample a training run logs at every checkpoint (G11)
+
+export const SAMPLE_PROMPT = "The";
+export const SAMPLE_TOKENS = 32;
+let sampleEngine: Promise<Engine> | null = null;
+
+/**
+ * Greedy continuation of SAMPLE_PROMPT from the current weights (a view on the master weights, read between
+ * steps), appended to <out>/samples.jsonl and returned as one log line. Never fails the run: an error becomes
+ * the line.
+ */
+export async function sampleAtCheckpoint(o: { out: string; root: string; cfg: LlamaConfig; params: Float32Array; step: number; backend: BackendName }): Promise<string> {
+  try {
+    sampleEngine ??= initEngine(o.backend === "native" || o.backend === "auto" ? o.backend : "cpu");
+    const { kernels } = await sampleEngine;
+    const tokFile = path.join(o.root, "tokenizer.json");
+    const { tk, eosText } = loadTokenizerFile(tokFile);
+    const eosId = eosText !== null ? tk.token_to_id(eosText) ?? o.cfg.eosTokenId : o.cfg.eosTokenId;
+    const m: LoadedModel = { cfg: o.cfg, params: o.params, tokenizer: tk, eosId, dir: o.out };
+    const r = generateText(m, kernels, { ...GREEDY, prompt: SAMPLE_PROMPT, maxNewTokens: SAMPLE_TOKENS, cache: true });
+    recordSample(o.out, { step: o.step, prompt: SAMPLE_PROMPT, text: r.text, decoding: `greedy, ${SAMPLE_TOKENS} tokens` });
+    return `sample @ step ${o.step}: ${JSON.stringify(SAMPLE_PROMPT + r.text)}`;
+  } catch (e) {
+    return `sample @ step ${o.step} failed (training goes on): ${(e as Error).message}`;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CLI
+
+const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name/path --prompt TEXT
+  [--max-new-tokens N]  tokens to generate at most (default 64); stops earlier at EOS
+  [--temperature T]     0 = greedy (default); > 0 samples
+  [--top-k K]           keep the K most likely tokens (default 0 = off)
+  [--top-p P]           keep the smallest set reaching probability P (default 1 = off)
+  [--seed S]            sampling seed (default 0): the same seed gives the same text
+  [--backend NAME]      auto (default), native, wasm, cpu, tensorflow
+  [--tokenizer FILE]    tokenizer.json when DIR has none
+  [--hub-url URL]       for hf:// models (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
+  [--no-cache]          recompute the whole sequence per token (the reference path; slow)`;
+
+interface CliArgs extends GenerateRequest { model: string; backend: BackendName; tokenizer?: string; hubUrl: string }
+
+export function parseGenerateArgs(argv: string[]): CliArgs | null {
+  const o: CliArgs = { model: "", prompt: "", maxNewTokens: 64, temperature: 0, topK: 0, topP: 1, seed: 0, cache: true, backend: "auto", hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co" };
+  let havePrompt = false;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    const val = (): string => {
+      const v = argv[++i];
+      if (v === undefined) throw new UserError("G11", `${a} needs a value\n${USAGE}`);
+      return v;
+    };
+    const num = (): number => {
+      const v = val();
+      const n = Number(v);
+      if (v.trim() === "" || !Number.isFinite(n)) throw new UserError("G11", `${a} ${v} is not a number\n${USAGE}`);
+      return n;
+    };
+    switch (a) {
+      case "--help": case "-h": return null;
+      case "--model": o.model = val(); break;
+      case "--prompt": o.prompt = val(); havePrompt = true; break;
+      case "--max-new-tokens": o.maxNewTokens = num(); break;
+      case "--temperature": o.temperature = num(); break;
+      case "--top-k": o.topK = num(); break;
+      case "--top-p": o.topP = num(); break;
+      case "--seed": o.seed = num(); break;
+      case "--backend": {
+        const b = val();
+        if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b)) throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow`);
+        o.backend = b as BackendName;
+        break;
+      }
+      case "--tokenizer": o.tokenizer = val(); break;
+      case "--hub-url": o.hubUrl = val(); break;
+      case "--no-cache": o.cache = false; break;
+      default: throw new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
+    }
+  }
+  if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
+  checkSampling(o);
+  if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1) throw new UserError("G11", `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1`);
+  return o;
+}
+
+/** hf://datasets/owner/name/path (or hf://models/...) -> a local copy through the Hub client. */
+async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
+  const m = /^hf:\/\/(datasets|models)\/([^/@]+\/[^/@]+)\/(.+)$/.exec(url);
+  if (!m) throw new UserError("G11", `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`);
+  const store = createHubStore({ hubUrl, repo: m[2]!, repoType: m[1] === "datasets" ? "dataset" : "model" });
+  const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
+  try {
+    await store.downloadFolder(m[3]!.replace(/\/+$/, ""), dest);
+  } catch (e) {
+    fs.rmSync(dest, { recursive: true, force: true });
+    if (isUserError(e)) throw e;
+    throw new UserError("G11", `--model ${url}: could not download it (${(e as Error).message}); check the path, --hub-url and HF_TOKEN`);
+  }
+  return dest;
+}
+
+async function main(): Promise<void> {
+  let tmp: string | null = null;
+  try {
+    const a = parseGenerateArgs(process.argv.slice(2));
+    if (a === null) {
+      process.stdout.write(USAGE + "\n");
+      return;
+    }
+    let dir = a.model;
+    if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl);
+    const m = loadModelDir(dir, a.tokenizer);
+    const engine = await initEngine(a.backend);
+    process.stderr.write(`generate: ${a.model} (${m.cfg.numLayers} layers, width ${m.cfg.hiddenSize}, vocab ${m.cfg.vocabSize}) on ${engine.detail}; ${a.temperature === 0 ? "greedy" : `temperature ${a.temperature}, top-k ${a.topK}, top-p ${a.topP}, seed ${a.seed}`}${a.cache ? "" : ", no KV cache"}\n`);
+    process.stdout.write(a.prompt);
+    const t0 = performance.now();
+    const r = generateText(m, engine.kernels, a, (s) => process.stdout.write(s));
+    const secs = (performance.now() - t0) / 1000;
+    process.stdout.write("\n");
+    process.stderr.write(`generate: ${r.ids.length} tokens in ${secs.toFixed(2)} s (${(r.ids.length / Math.max(1e-9, secs)).toFixed(1)} tok/s)${r.ids.length < a.maxNewTokens ? ", stopped at EOS or the model's length" : ""}\n`);
+  } catch (e) {
+    if (isUserError(e)) {
+      process.stderr.write(`generate: ${(e as Error).message}\n`);
+      process.exitCode = 2;
+    } else {
+      process.stderr.write(`generate: internal error (a bug, please report): ${(e as Error)?.stack ?? String(e)}\n`);
+      process.exitCode = 1;
+    }
+  } finally {
+    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+  }
+}
+
+if (require.main === module || require.main?.filename?.endsWith(`${path.sep}generate.js`)) {
+  void main();
+}

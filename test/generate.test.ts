@@ -1,0 +1,117 @@
+// Generation (G11): the KV-cache decoder against the training forward, on every engine; decoding options; the CLI.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { buildConfig, hfConfigJson } from "../src/model/config";
+import { initWeights } from "../src/model/init";
+import { paramLayout } from "../src/model/layout";
+import { Llama } from "../src/model/llama";
+import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
+import { generateNoCache, generateWithCache, GREEDY, KvDecoder, pickToken, seededRandom } from "../src/model/generate";
+import { lastLogits } from "../src/generate";
+import { ENGINES, useEngine } from "./helpers/engines";
+import { maxAbs, maxAbsDiff } from "./helpers/numeric";
+import { tmpDir } from "./helpers/tmp";
+import { writeTinyTokenizer } from "./fixtures/data-synth";
+import { corpusDocs } from "./fixtures/corpus-docs";
+
+const GENERATE = path.join(__dirname, "..", "generate.js");
+// a small model (hidden 144: 9 query heads over 3 kv heads, as buildConfig derives them as buildConfig derives them), 3 layers, vocab 300
+const cfg = buildConfig({ seqLen: 48, layers: 3, hidden: 144, vocabSize: 300 });
+const params = new Float32Array(paramLayout(cfg).total);
+initWeights(cfg, 1234, params);
+// sharpen the model: init weights (std 0.02) give near-uniform logits, where a 1e-7 rounding could flip an
+// argmax, and a greedy loop on one token; x6 on the embedding and every projection gives varied continuations
+for (const e of paramLayout(cfg).entries) {
+  if (e.name.endsWith("embed_tokens.weight") || e.name.includes("_proj.")) for (let i = e.offset; i < e.offset + e.size; i++) params[i]! *= 6;
+}
+const prompt = [5, 17, 42, 7, 99];
+
+for (const engine of ENGINES) {
+  test(`on ${engine}, the KV-cache decoder's logits at every position equal the training forward's (G11)`, async (t) => {
+    const e = await useEngine(t, engine);
+    if (!e) return;
+    const model = new Llama(cfg, e.kernels, { gradCkpt: false });
+    model.bindParams(params);
+    const T = 40, V = cfg.vocabSize;
+    const rnd = seededRandom(9);
+    const ids = Int32Array.from({ length: T }, () => Math.floor(rnd() * V));
+    const full = model.logits(ids, 1, T);
+    const dec = new KvDecoder(cfg, e.kernels, params, T);
+    const scale = maxAbs(full);
+    assert.ok(scale > 1, `logits are not flat (max |logit| ${scale})`);
+    for (let p = 0; p < T; p++) {
+      const got = dec.step(ids[p]!);
+      const { diff, at } = maxAbsDiff(got, full.subarray(p * V, (p + 1) * V));
+      assert.ok(diff <= 1e-5 * scale, `position ${p}: max |diff| ${diff} at vocab ${at} (scale ${scale})`);
+    }
+    assert.equal(dec.pos, T);
+  });
+
+  test(`on ${engine}, generation with the KV cache equals generation without it, token for token, greedy and sampled (G11)`, async (t) => {
+    const e = await useEngine(t, engine);
+    if (!e) return;
+    const model = new Llama(cfg, e.kernels, { gradCkpt: false });
+    model.bindParams(params);
+    const full = (seq: number[]) => lastLogits(model, seq, cfg.vocabSize);
+    for (const o of [{ ...GREEDY }, { temperature: 0.9, topK: 40, topP: 0.95, seed: 7 }, { temperature: 1.3, topK: 0, topP: 1, seed: 11 }]) {
+      const opts = { ...o, maxNewTokens: 30, eosId: null };
+      const dec = new KvDecoder(cfg, e.kernels, params, prompt.length + 30);
+      const a = generateWithCache(dec, prompt, opts);
+      const b = generateNoCache(full, prompt, opts);
+      assert.equal(a.length, 30);
+      assert.deepEqual(a, b, `${JSON.stringify(o)}: cached vs uncached`);
+      assert.ok(new Set(a).size > 10, "the continuation is varied, not a loop on a few tokens");
+    }
+    // a one-token prompt works on both paths
+    const dec = new KvDecoder(cfg, e.kernels, params, 11);
+    assert.deepEqual(generateWithCache(dec, [3], { ...GREEDY, maxNewTokens: 10, eosId: null }), generateNoCache(full, [3], { ...GREEDY, maxNewTokens: 10, eosId: null }));
+  });
+}
+
+test("decoding: greedy is the argmax, top-k 1 is greedy, a seed repeats, EOS stops and is not emitted (G11)", async () => {
+  const logits = Float32Array.from([0.1, 2.5, -1, 2.4, 0]);
+  assert.equal(pickToken(logits, GREEDY, seededRandom(0)), 1);
+  const r = seededRandom(5);
+  for (let i = 0; i < 20; i++) assert.equal(pickToken(logits, { temperature: 1, topK: 1, topP: 1, seed: 0 }, r), 1);
+  // top-p 0.5 over {1: 2.5, 3: 2.4, ...}: token 1 alone has p ~ 0.46 < 0.5, so {1, 3} remain
+  const seen = new Set<number>();
+  for (let i = 0; i < 200; i++) seen.add(pickToken(logits, { temperature: 1, topK: 0, topP: 0.5, seed: 0 }, r));
+  assert.deepEqual([...seen].sort(), [1, 3]);
+  const draw = (seed: number): number[] => {
+    const g = seededRandom(seed);
+    return Array.from({ length: 50 }, () => pickToken(logits, { temperature: 1, topK: 0, topP: 1, seed }, g));
+  };
+  assert.deepEqual(draw(3), draw(3));
+  assert.notDeepEqual(draw(3), draw(4));
+  const e = await useEngine({ skip: () => undefined } as never, "cpu");
+  const dec = new KvDecoder(cfg, e!.kernels, params, 40);
+  const free = generateWithCache(dec, prompt, { ...GREEDY, maxNewTokens: 20, eosId: null });
+  const stopAt = free[4]!;
+  const stopped = generateWithCache(dec, prompt, { ...GREEDY, maxNewTokens: 20, eosId: stopAt });
+  assert.deepEqual(stopped, free.slice(0, free.indexOf(stopAt)));
+});
+
+test("node dist/generate.js prints the prompt and its continuation from a final/ folder, and refuses bad options (G11)", () => {
+  const dir = tmpDir("gen-final");
+  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
+  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
+  const tk = writeTinyTokenizer(dir, corpusDocs().filter((d) => d.length > 0));
+  assert.equal(path.dirname(tk), dir);
+  const r = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu"], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  assert.ok(r.stdout.startsWith("The") && r.stdout.trim().length > 3, `stdout: ${JSON.stringify(r.stdout)}`);
+  assert.match(r.stderr, /generate: \d+ tokens in/);
+  const s1 = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu", "--temperature", "0.8", "--top-k", "50", "--seed", "4"], { encoding: "utf8" });
+  const s2 = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu", "--temperature", "0.8", "--top-k", "50", "--seed", "4", "--no-cache"], { encoding: "utf8" });
+  assert.equal(s1.status, 0, s1.stderr);
+  assert.equal(s1.stdout, s2.stdout, "a seed gives the same text with and without the cache");
+  const bad = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--top-p", "1.5"], { encoding: "utf8" });
+  assert.equal(bad.status, 2);
+  assert.match(bad.stderr, /--top-p 1\.5 must be in \(0, 1\] \(1 = off\) \[G11\]/);
+  const none = spawnSync(process.execPath, [GENERATE, "--model", path.join(dir, "nope"), "--prompt", "The"], { encoding: "utf8" });
+  assert.equal(none.status, 2);
+  assert.match(none.stderr, /holds no config\.json \+ model\.safetensors: name an exported final\/ folder or a checkpoint folder/);
+});
