@@ -55,7 +55,9 @@ export function loadModelDir(dir: string, tokenizerFlag?: string): LoadedModel {
   if (!tokenizerFlag && !fs.existsSync(tokFile)) {
     const rc = path.join(dir, "run_config.json");
     const root = fs.existsSync(rc) ? (JSON.parse(fs.readFileSync(rc, "utf8")) as { root?: string }).root : undefined;
-    if (root && fs.existsSync(path.join(root, "tokenizer.json"))) tokFile = path.join(root, "tokenizer.json");
+    // the mix root (a --demo run records its data folder, whose mix/ is the root)
+    const found = root ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f)) : undefined;
+    if (found) tokFile = found;
     else throw new UserError("G11", `no tokenizer.json in ${dir}${root ? ` nor in the run's mix root ${root}` : ""}; ${TOKENIZER_HINT}`);
   }
   const { tk, eosText } = loadTokenizerFile(tokFile);

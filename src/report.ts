@@ -120,8 +120,13 @@ export function recordSample(outDir: string, s: SampleEntry): void {
   fs.appendFileSync(path.join(outDir, SAMPLES_FILE), JSON.stringify(s) + "\n");
 }
 
+/** A sample's newlines shown as "↵" (a run of them as "↵×N") so a model that emits many blank lines stays readable. */
+function showNewlines(s: string): string {
+  return s.replace(/\n+/g, (m) => (m.length >= 3 ? `↵×${m.length}\n` : "↵\n".repeat(m.length)));
+}
+
 function fmtValue(v: unknown): string {
-  if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en-US") : Math.abs(v) < 1e-3 && v !== 0 ? v.toExponential(3) : v.toFixed(4);
+  if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en-US") : Math.abs(v) < 1e-3 && v !== 0 ? v.toExponential(3) : String(Number(v.toFixed(4)));
   if (v === null || v === undefined) return "–";
   if (typeof v === "object") return JSON.stringify(v);
   return String(v);
@@ -147,7 +152,7 @@ export function writeRunReport(outDir: string, summary: Record<string, unknown>)
     "micro_batch", "accum", "seq_len", "backend", "skipped_steps", "loss_scale", "checkpoints", "exported"];
   const rows = keys.filter((k) => k in summary).map((k) => `<tr><th>${esc(k)}</th><td>${esc(fmtValue(summary[k]))}</td></tr>`).join("\n");
   const sampleHtml = samples.length === 0 ? "<p>No samples were logged (sampling off, or no checkpoint yet).</p>" :
-    samples.map((s) => `<div class="sample"><div class="meta">step ${s.step} · ${esc(s.decoding)}</div><pre><b>${esc(s.prompt)}</b>${esc(s.text)}</pre></div>`).join("\n");
+    samples.map((s) => `<div class="sample"><div class="meta">step ${s.step} · ${esc(s.decoding)}</div><pre><b>${esc(s.prompt)}</b>${showNewlines(esc(s.text))}</pre></div>`).join("\n");
   const last = history[history.length - 1];
   const html = `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tstrain run report</title>
@@ -157,7 +162,7 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
 table { border-collapse: collapse; font-size: 13px; } th, td { text-align: left; padding: 3px 12px 3px 0; border-bottom: 1px solid #eee; }
 th { font-weight: normal; color: #555; }
 .sample { margin: 10px 0; } .meta { font-size: 12px; color: #666; }
-pre { white-space: pre-wrap; background: #f7f7f7; padding: 8px; border-radius: 4px; font-size: 13px; }
+pre { white-space: pre-wrap; background: #f7f7f7; padding: 8px; border-radius: 4px; font-size: 13px; max-height: 9em; overflow: auto; }
 </style></head>
 <body>
 <h1>tstrain run report</h1>

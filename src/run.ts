@@ -583,7 +583,7 @@ async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosit
   };
   if (cfg.sample) rep.say(`final ${lastSample.startsWith(`sample @ step ${step}:`) ? lastSample : await sampleNow(s, coord, step)}`);
   rep.say("RUN_JSON " + JSON.stringify(runJson));
-  rep.say(`report: file://${writeRunReport(cfg.out, runJson)} (chart: ${path.join(cfg.out, "loss.svg")})`);
+  rep.say(`report: file://${path.resolve(writeRunReport(cfg.out, runJson))} (chart: ${path.resolve(cfg.out, "loss.svg")})`);
   return { runJson, exported };
 }
 

@@ -51,7 +51,7 @@ test("report.html holds the chart, the run summary figures and the samples, esca
   const hist = [entry(10, 5.25, 1e-4), entry(20, 4.5, 6e-4), entry(30, 3.75, 3e-4)];
   fs.writeFileSync(path.join(out, "metrics.jsonl"), hist.map((h) => JSON.stringify(h)).join("\n") + "\n{\"torn");
   recordSample(out, { step: 10, prompt: "The", text: " cat <script>alert(1)</script> & dog", decoding: "greedy" });
-  recordSample(out, { step: 30, prompt: "The", text: " end of the run", decoding: "greedy" });
+  recordSample(out, { step: 30, prompt: "The", text: " end of the run\n\n\n\n\nmore", decoding: "greedy" });
   const summary = { final_step: 30, steps_planned: 30, final_loss: 3.75, val_loss: 3.9123, val_ppl: 50.01, tok_per_s: 12345, params: 1_400_000, backend: "wasm", checkpoints: [10, 20, 30] };
   const file = writeRunReport(out, summary);
   assert.equal(file, path.join(out, "report.html"));
@@ -61,8 +61,8 @@ test("report.html holds the chart, the run summary figures and the samples, esca
   assert.doesNotMatch(html, /<script/i, "no script: the sample's markup is escaped");
   assert.match(html, /cat &lt;script&gt;alert\(1\)&lt;\/script&gt; &amp; dog/);
   assert.match(html, /step 10 · greedy/);
-  assert.match(html, /<b>The<\/b> end of the run/);
-  assert.match(html, /<th>final_loss<\/th><td>3\.7500<\/td>/);
+  assert.match(html, /<b>The<\/b> end of the run↵×5\nmore<\/pre>/, "a run of newlines is shown as one marked line");
+  assert.match(html, /<th>final_loss<\/th><td>3\.75<\/td>/);
   assert.match(html, /<th>val_loss<\/th><td>3\.9123<\/td>/);
   assert.match(html, /<th>tok_per_s<\/th><td>12,345<\/td>/);
   assert.match(html, /<th>checkpoints<\/th><td>\[10,20,30\]<\/td>/);
