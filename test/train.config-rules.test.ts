@@ -14,7 +14,7 @@ test("every flag's default is the seed's (G10)", () => {
     attn: "eager", gradCkpt: true, layers: 0, hidden: 0, vocabSize: 0, microBatch: 4, accum: 32, lr: 6e-4, optim: "adamw_torch",
     tokens: 1_000_000_000, maxSteps: 0, warmupFrac: 0.02, decayFrac: 0.8, seed: 20260919, dataSeed: 20260919, resume: "",
     valTokens: 2_000_000, logEvery: 10, pushEverySteps: 0, stopAfterSteps: 0, prune: false, minFreeGb: 6, dryRun: false,
-    benchmark: 0, world: 1, backend: "auto", demo: false, sample: true,
+    benchmark: 0, world: 1, backend: "auto", demo: false, sample: true, hubRetryMinutes: 30, hubTimeoutSeconds: 60, resumeIgnoreUnproven: false,
   });
 });
 
@@ -112,6 +112,10 @@ test("every range rule accepts its boundary and refuses one step past it, naming
     ["stopAfterSteps", "stop-after-steps", 0, -1, /-1 must be >= 0 \(0 = run to the horizon\)/],
     ["minFreeGb", "min-free-gb", 0, -0.5, /-0.5 must be >= 0/],
     ["benchmark", "benchmark", 0, -1, /-1 must be >= 0/],
+    ["hubTimeoutSeconds", "hub-timeout-seconds", 0.1, 0.09, /0.09 must be within \[0.1, 3600\]/],
+    ["hubTimeoutSeconds", "hub-timeout-seconds", 3600, 3601, /3601 must be within \[0.1, 3600\]/],
+    ["hubRetryMinutes", "hub-retry-minutes", 10080, 10081, /10081 must be > 0 and at most a week \(10080\)/],
+    ["hubRetryMinutes", "hub-retry-minutes", 1e-3, 0, /0 must be > 0 and at most a week/],
   ];
   for (const [key, flag, ok, bad, re] of cases) {
     assert.equal((validate({ ...base(), [key]: ok }) as unknown as Record<string, unknown>)[key], ok, `${flag}=${ok} accepted`);
