@@ -12,7 +12,7 @@ const T = (...names) => names.map((n) => `dist/test/${n}.test.js`);
 const MODULES = {
   "src/actors/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
   "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
-  "src/actors/coordinator.ts": T("train.runtime", "train.coordinator"),
+  "src/actors/coordinator.ts": T("train.runtime", "train.step-decision", "train.coordinator"),
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
   "src/data/sampler.ts": T("data.sampler-rules", "data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),

@@ -67,6 +67,8 @@ test("loadCursor: none is null, anything but a valid cursor object is refused as
     write(JSON.stringify({ ...c, [k]: v }));
     assert.throws(() => loadCursor(dir), isC1(new RegExp(`^cursor .*cursor\\.json: cursor ${k}=${v} must be ${rule}; the checkpoint is damaged, resume from an earlier verified checkpoint`)), k);
   }
+  write(JSON.stringify({ ...c, shuffle_perm_sha: [c.shuffle_perm_sha] }));
+  assert.throws(() => loadCursor(dir), isC1(/cursor shuffle_perm_sha=\[".*"\] must be 64 lowercase hex digits/), "a sha inside an array is not a sha");
   const { step: _drop, ...noStep } = c;
   write(JSON.stringify(noStep));
   assert.throws(() => loadCursor(dir), isC1(/cursor has no "step"/));

@@ -29,6 +29,7 @@ test("checkNoWrap: the margin, an exact fit, nothing left to read, and the horiz
   assert.deepEqual(checkNoWrap(plan), { available: 100, needed: 80, marginPct: 25 });
   assert.deepEqual(checkNoWrap({ ...plan, nWindows: 80 }), { available: 80, needed: 80, marginPct: 0 }, "an exact fit runs");
   assert.deepEqual(checkNoWrap({ ...plan, startStep: 10 }), { available: 20, needed: 0, marginPct: Infinity }, "at the horizon nothing is needed");
+  assert.deepEqual(checkNoWrap({ ...plan, nWindows: 80, startStep: 10 }), { available: 0, needed: 0, marginPct: Infinity }, "nothing left and nothing needed");
   assert.throws(() => checkNoWrap({ ...plan, nWindows: 79 }), userErr("D6", /short by 1 windows \(16 tokens\)\. The mix covers at most 9 steps/));
   assert.throws(() => checkNoWrap({ ...plan, startStep: 11 }), userErr("D6", /resume point step 11 is beyond the planned horizon of 10 steps/));
 });

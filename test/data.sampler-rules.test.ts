@@ -44,6 +44,7 @@ test("the streams refuse a permutation of another size, an index past the split,
   assert.equal(st.readMicroBatch(0, 0, 0, out), out, "a longer buffer is used as given");
   const val = PackedTokenStore.open(root, m, "val");
   for (const n of [0, 4, 1.5]) assert.throws(() => new ValStream(val, 4, n), userErr("D7", new RegExp(`^validation asks for ${n} windows of 4 tokens but the val split holds 3`)), `nVal=${n}`);
+  assert.equal(new ValStream(val, 4, 1).nVal, 1, "one val window is enough");
   const vs = new ValStream(val, 4, 3);
   assert.deepEqual([...vs.read(2)], [8, 9, 10, 11]);
   for (const i of [-1, 3, 0.5]) assert.throws(() => vs.read(i), rangeErr(new RegExp(`^ValStream\\.read: index ${i} outside \\[0, nVal=3\\)$`)));
