@@ -153,3 +153,26 @@ test("the step plan: tokens per step, horizon from --tokens or --max-steps, chec
   assert.equal(c(["--max-steps", "25"]).ckptEvery, 2, "steps // 10");
   assert.equal(c(["--max-steps", "9"]).ckptEvery, 1, "at least 1");
 });
+
+test("every documented flag parses under its own name into its own setting, with its kind (G10)", () => {
+  const cases: Array<[string, string | null, keyof RunConfig, unknown]> = [
+    ["root", "r", "root", "r"], ["out", "o", "out", "o"], ["hub-repo", "me/x", "hubRepo", "me/x"], ["hub-repo-type", "model", "hubRepoType", "model"],
+    ["hub-url", "http://h", "hubUrl", "http://h"], ["seq-len", "32", "seqLen", 32], ["attn", "eager", "attn", "eager"], ["layers", "3", "layers", 3],
+    ["hidden", "72", "hidden", 72], ["vocab-size", "300", "vocabSize", 300], ["micro-batch", "3", "microBatch", 3], ["accum", "5", "accum", 5],
+    ["lr", "0.002", "lr", 0.002], ["optim", "adamw_torch_fused", "optim", "adamw_torch_fused"], ["tokens", "12345", "tokens", 12345],
+    ["max-steps", "7", "maxSteps", 7], ["warmup-frac", "0.5", "warmupFrac", 0.5], ["decay-frac", "0.25", "decayFrac", 0.25], ["seed", "9", "seed", 9],
+    ["data-seed", "8", "dataSeed", 8], ["resume", "ck/x", "resume", "ck/x"], ["val-tokens", "99", "valTokens", 99], ["log-every", "4", "logEvery", 4],
+    ["push-every-steps", "6", "pushEverySteps", 6], ["stop-after-steps", "2", "stopAfterSteps", 2], ["prune", null, "prune", true],
+    ["min-free-gb", "1.5", "minFreeGb", 1.5], ["dry-run", null, "dryRun", true], ["benchmark", "3", "benchmark", 3], ["world", "2", "world", 2],
+    ["backend", "wasm", "backend", "wasm"], ["demo", null, "demo", true], ["grad-ckpt", null, "gradCkpt", true],
+    ["hub-timeout-seconds", "5", "hubTimeoutSeconds", 5], ["hub-retry-minutes", "2", "hubRetryMinutes", 2], ["resume-ignore-unproven", null, "resumeIgnoreUnproven", true],
+  ];
+  for (const [flag, value, key, want] of cases) {
+    const argv = value === null ? [`--${flag}`] : [`--${flag}`, value];
+    assert.equal((parseArgs(argv).config as unknown as Record<string, unknown>)[key], want, `--${flag} ${value ?? ""}`);
+  }
+  for (const v of ["auto", "native", "tensorflow", "wasm", "cpu"]) assert.equal(parseArgs(["--backend", v]).config.backend, v);
+  for (const v of ["adamw_torch", "adamw_torch_fused", "adamw_apex_fused"]) assert.equal(parseArgs(["--optim", v]).config.optim, v);
+  assert.throws(() => parseArgs(["--backend", "gpu"]), /--backend "gpu" is not one of auto, native, tensorflow, wasm, cpu/);
+  assert.throws(() => parseArgs(["--optim", "sgd"]), /--optim "sgd" is not one of adamw_torch, adamw_torch_fused, adamw_apex_fused/);
+});
