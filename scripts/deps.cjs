@@ -1,0 +1,349 @@
+#!/usr/bin/env node
+// `npm run deps`: the import graph of src/, its cycles, its upward imports against the layer table
+// below, and the functions of src/ longer than LONG_FUNCTION_LINES lines (#16).
+//
+// Imports are read with the TypeScript parser (the `typescript` devDependency), not a regex: every
+// `import ... from`, `export ... from`, `import x = require()`, `require("...")`, `import("...")`
+// (also in type position: `import("../hub/store").Pointer` is a dependency of the module that writes
+// it) and `new Worker(path.join(__dirname, "x.js"))` (a worker file is started by its parent, so the
+// parent depends on it). Only relative specifiers that resolve to a file under src/ are edges; npm
+// packages and node: builtins are not part of the graph.
+//
+// Exit status: 1 on a cycle, an upward import, or a module that no layer claims (a new file must be
+// placed in the table, or it would escape the check); 0 otherwise. Long functions are reported, not
+// fatal (issue #16 allows one to stay whole when the closing note says why).
+//
+// test/structure.test.ts requires this file and runs `analyze` on src/ (so `npm test` fails on a cycle
+// or an upward import) and on planted trees (so the checks themselves are shown to catch them).
+"use strict";
+const fs = require("node:fs");
+const path = require("node:path");
+const ts = require("typescript");
+
+const LONG_FUNCTION_LINES = 60;
+const KIND_RANK = { import: 0, require: 0, worker: 1, type: 2 };
+
+// The layer table, lowest first. A module may import modules of its own layer or of a lower one;
+// importing a higher layer is an "upward import". Patterns are paths relative to src/ (`**` any
+// folders, `*` any name part, `{a,b}` alternatives). The first layer whose pattern matches wins.
+const LAYERS = [
+  {
+    layer: 1,
+    name: "foundation",
+    // Error types, the one validated config and the run folder's rules: everything else may use
+    // them, and they use nothing of ours (config.ts reads only errors.ts).
+    patterns: ["errors.ts", "config.ts", "outdir.ts"],
+  },
+  {
+    layer: 2,
+    name: "model, data, Hub client and local Hub",
+    // Independent libraries: the model (kernels, engines, safetensors), the data pipeline (mix,
+    // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
+    // client's building blocks (store, errors, retry, safetensors-check). None of them knows about
+    // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
+    // same-layer import. hub/testkit.ts (starts the local Hub for tests and the demo's embedded Hub)
+    // sits here beside the server it starts, until it moves under test/.
+    patterns: [
+      "model/**",
+      "data/**",
+      "hub/server/**",
+      "hub/server.ts",
+      "hub/{store,errors,retry,safetensors-check,testkit}.ts",
+    ],
+  },
+  {
+    layer: 3,
+    name: "checkpoint",
+    // A checkpoint is model weights + optimizer state + the data cursor: it builds on layer 2 only.
+    // hub/manifest.ts is here, not in layer 4 with cycle/resume: it is the checkpoint folder's own
+    // manifest format (K7), a leaf that imports nothing, written by the checkpoint writer and read by
+    // resume, so the checkpoint layer may use it without reaching up.
+    patterns: ["checkpoint.ts", "checkpoint/**", "hub/manifest.ts"],
+  },
+  {
+    layer: 4,
+    name: "Hub checkpoint cycle",
+    // Publishing a checkpoint to the Hub, and resuming from one: they use checkpoint/ and the Hub
+    // client (layers 2-3); the actors call them.
+    patterns: ["hub/{cycle,resume}.ts"],
+  },
+  {
+    layer: 5,
+    name: "actors",
+    // The runtime: coordinator, ranks, optimizer, uploader, the one message protocol, shared memory.
+    patterns: ["actors/**"],
+  },
+  {
+    layer: 6,
+    name: "session and commands' bodies",
+    // A training session (run.ts, or src/session/** once split), the framework-free loop
+    // (single-thread.ts), the report, and the bodies of `generate` and `prepare`.
+    patterns: ["run.ts", "session/**", "single-thread.ts", "report.ts", "generate.ts", "prepare.ts"],
+  },
+  {
+    layer: 7,
+    name: "entry points",
+    // What `node dist/X.js` starts: nothing imports them.
+    patterns: ["main.ts", "hub-server.ts"],
+  },
+];
+
+/** Mini-glob to RegExp: `**` (any folders), `*` (within one name), `{a,b}` (alternatives). */
+function globToRegExp(glob) {
+  let re = "";
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i];
+    if (c === "*" && glob[i + 1] === "*") {
+      re += ".*";
+      i++;
+    } else if (c === "*") re += "[^/]*";
+    else if (c === "{") re += "(?:";
+    else if (c === "}") re += ")";
+    else if (c === ",") re += "|";
+    else re += c.replace(/[.+?^$()|[\]\\]/g, "\\$&");
+  }
+  return new RegExp(`^${re}$`);
+}
+
+/** The layer entry that claims `rel` (a path relative to src/, with `/`), or null. */
+function layerOf(rel, layers = LAYERS) {
+  for (const entry of layers) {
+    if (entry.patterns.some((p) => globToRegExp(p).test(rel))) return entry;
+  }
+  return null;
+}
+
+function listTsFiles(dir) {
+  const out = [];
+  const walk = (d) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const full = path.join(d, e.name);
+      if (e.isDirectory()) walk(full);
+      else if (e.isFile() && e.name.endsWith(".ts") && !e.name.endsWith(".d.ts")) out.push(full);
+    }
+  };
+  walk(dir);
+  return out.sort();
+}
+
+const toRel = (srcDir, file) => path.relative(srcDir, file).split(path.sep).join("/");
+
+/** Resolve a relative specifier from `fromFile` to a .ts file under srcDir, or null. */
+function resolveSpecifier(srcDir, fromFile, spec) {
+  if (!spec.startsWith(".")) return null;
+  const base = path.resolve(path.dirname(fromFile), spec);
+  const stem = base.replace(/\.(js|ts)$/, "");
+  for (const candidate of [`${stem}.ts`, path.join(base, "index.ts")]) {
+    if (fs.existsSync(candidate) && !path.relative(srcDir, candidate).startsWith("..")) return candidate;
+  }
+  return null;
+}
+
+/** `path.join(__dirname, "x.js")` (or path.resolve) inside `new Worker(...)`/`new Piscina({filename})`: "./x.js". */
+function workerSpecifier(node) {
+  if (!ts.isCallExpression(node)) return null;
+  const callee = node.expression;
+  if (!ts.isPropertyAccessExpression(callee) || !["join", "resolve"].includes(callee.name.text)) return null;
+  const [first, ...rest] = node.arguments;
+  if (!first || !ts.isIdentifier(first) || first.text !== "__dirname" || rest.length === 0) return null;
+  if (!rest.every((a) => ts.isStringLiteral(a))) return null;
+  return `./${rest.map((a) => a.text).join("/")}`;
+}
+
+/** The relative specifiers one source file imports, with how (import, type, require, worker). */
+function importsOf(sourceFile) {
+  const found = [];
+  const add = (spec, kind) => found.push({ spec, kind });
+  const visit = (node) => {
+    if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier && ts.isStringLiteral(node.moduleSpecifier)) {
+      const typeOnly = ts.isImportDeclaration(node) ? Boolean(node.importClause?.isTypeOnly) : node.isTypeOnly;
+      add(node.moduleSpecifier.text, typeOnly ? "type" : "import");
+    } else if (ts.isImportEqualsDeclaration(node) && ts.isExternalModuleReference(node.moduleReference)) {
+      const e = node.moduleReference.expression;
+      if (ts.isStringLiteral(e)) add(e.text, "import");
+    } else if (ts.isImportTypeNode(node) && ts.isLiteralTypeNode(node.argument) && ts.isStringLiteral(node.argument.literal)) {
+      add(node.argument.literal.text, "type");
+    } else if (ts.isCallExpression(node)) {
+      const isRequire = ts.isIdentifier(node.expression) && node.expression.text === "require";
+      const isDynamic = node.expression.kind === ts.SyntaxKind.ImportKeyword;
+      const [arg] = node.arguments;
+      if ((isRequire || isDynamic) && arg && ts.isStringLiteral(arg)) add(arg.text, isRequire ? "require" : "import");
+      const worker = workerSpecifier(node);
+      if (worker) add(worker, "worker");
+    }
+    ts.forEachChild(node, visit);
+  };
+  visit(sourceFile);
+  return found;
+}
+
+/** Functions (declarations, methods, constructors, accessors, arrows, expressions) longer than `limit` lines. */
+function longFunctionsOf(sourceFile, rel, limit = LONG_FUNCTION_LINES) {
+  const out = [];
+  const nameOf = (node) => {
+    if (node.name && (ts.isIdentifier(node.name) || ts.isStringLiteral(node.name) || ts.isPrivateIdentifier(node.name))) {
+      const own = node.name.text;
+      const cls = node.parent && ts.isClassLike(node.parent) && node.parent.name ? `${node.parent.name.text}.` : "";
+      return cls + own;
+    }
+    if (ts.isConstructorDeclaration(node)) return `${node.parent.name ? node.parent.name.text : "(class)"}.constructor`;
+    const p = node.parent;
+    if (p && ts.isVariableDeclaration(p) && ts.isIdentifier(p.name)) return p.name.text;
+    if (p && ts.isPropertyAssignment(p) && (ts.isIdentifier(p.name) || ts.isStringLiteral(p.name))) return p.name.text;
+    if (p && ts.isPropertyDeclaration(p) && ts.isIdentifier(p.name)) return p.name.text;
+    return "(anonymous)";
+  };
+  const visit = (node) => {
+    if (ts.isFunctionLike(node) && node.body) {
+      const start = sourceFile.getLineAndCharacterOfPosition(node.getStart(sourceFile)).line + 1;
+      const end = sourceFile.getLineAndCharacterOfPosition(node.getEnd()).line + 1;
+      const lines = end - start + 1;
+      if (lines > limit) out.push({ file: rel, name: nameOf(node), start, end, lines });
+    }
+    ts.forEachChild(node, visit);
+  };
+  visit(sourceFile);
+  return out;
+}
+
+/** Elementary cycles' representatives: one cycle per strongly connected component (Tarjan), as a path. */
+function findCycles(nodes, edges) {
+  const adj = new Map(nodes.map((n) => [n, []]));
+  for (const e of edges) if (adj.has(e.from)) adj.get(e.from).push(e.to);
+  let index = 0;
+  const idx = new Map();
+  const low = new Map();
+  const onStack = new Set();
+  const stack = [];
+  const sccs = [];
+  const strong = (v) => {
+    idx.set(v, index);
+    low.set(v, index);
+    index++;
+    stack.push(v);
+    onStack.add(v);
+    for (const w of adj.get(v) ?? []) {
+      if (!idx.has(w)) {
+        strong(w);
+        low.set(v, Math.min(low.get(v), low.get(w)));
+      } else if (onStack.has(w)) low.set(v, Math.min(low.get(v), idx.get(w)));
+    }
+    if (low.get(v) === idx.get(v)) {
+      const scc = [];
+      let w;
+      do {
+        w = stack.pop();
+        onStack.delete(w);
+        scc.push(w);
+      } while (w !== v);
+      const selfLoop = (adj.get(v) ?? []).includes(v);
+      if (scc.length > 1 || selfLoop) sccs.push(new Set(scc));
+    }
+  };
+  for (const n of nodes) if (!idx.has(n)) strong(n);
+  // One concrete cycle per component: breadth-first from its first member back to itself.
+  return sccs.map((scc) => {
+    const startNode = [...scc].sort()[0];
+    const prev = new Map();
+    const queue = [startNode];
+    while (queue.length > 0) {
+      const v = queue.shift();
+      for (const w of adj.get(v) ?? []) {
+        if (!scc.has(w)) continue;
+        if (w === startNode) {
+          const cyclePath = [startNode];
+          for (let u = v; u !== startNode; u = prev.get(u)) cyclePath.splice(1, 0, u);
+          cyclePath.push(startNode);
+          return cyclePath;
+        }
+        if (!prev.has(w)) {
+          prev.set(w, v);
+          queue.push(w);
+        }
+      }
+    }
+    return [startNode, startNode];
+  });
+}
+
+/**
+ * Read every .ts file under srcDir: modules (relative paths), edges {from, to, kind}, cycles (paths),
+ * upward imports (edges whose target's layer is above the importer's), unlayered modules, and functions
+ * longer than LONG_FUNCTION_LINES.
+ */
+function analyze(srcDir, layers = LAYERS) {
+  const files = listTsFiles(srcDir);
+  const modules = files.map((f) => toRel(srcDir, f));
+  const edges = [];
+  const longFunctions = [];
+  for (const file of files) {
+    const rel = toRel(srcDir, file);
+    const sourceFile = ts.createSourceFile(file, fs.readFileSync(file, "utf8"), ts.ScriptTarget.ES2022, true, ts.ScriptKind.TS);
+    // One edge per target; a value import outranks a worker start, which outranks a type-only import.
+    const byTarget = new Map();
+    for (const { spec, kind } of importsOf(sourceFile)) {
+      const target = resolveSpecifier(srcDir, file, spec);
+      if (target === null) continue;
+      const to = toRel(srcDir, target);
+      const known = byTarget.get(to);
+      if (known === undefined || KIND_RANK[kind] < KIND_RANK[known]) byTarget.set(to, kind);
+    }
+    for (const [to, kind] of byTarget) edges.push({ from: rel, to, kind });
+    longFunctions.push(...longFunctionsOf(sourceFile, rel));
+  }
+  const layerOfModule = new Map(modules.map((m) => [m, layerOf(m, layers)]));
+  const unlayered = modules.filter((m) => layerOfModule.get(m) === null);
+  const upward = edges
+    .filter((e) => {
+      const a = layerOfModule.get(e.from);
+      const b = layerOfModule.get(e.to);
+      return a && b && b.layer > a.layer;
+    })
+    .map((e) => ({ ...e, fromLayer: layerOfModule.get(e.from).layer, toLayer: layerOfModule.get(e.to).layer }));
+  const cycles = findCycles(modules, edges);
+  longFunctions.sort((x, y) => y.lines - x.lines);
+  return { modules, edges, layerOfModule, unlayered, upward, cycles, longFunctions };
+}
+
+/** The report `npm run deps` prints: layers with each module's imports, then the verdicts. */
+function format(result, layers = LAYERS) {
+  const lines = [];
+  const byFrom = new Map();
+  for (const e of result.edges) {
+    if (!byFrom.has(e.from)) byFrom.set(e.from, []);
+    byFrom.get(e.from).push(e.kind === "import" ? e.to : `${e.to} (${e.kind})`);
+  }
+  for (const entry of [...layers].reverse()) {
+    const members = result.modules.filter((m) => result.layerOfModule.get(m) === entry);
+    if (members.length === 0) continue;
+    lines.push(`layer ${entry.layer} ${entry.name}`);
+    for (const m of members) {
+      const targets = byFrom.get(m) ?? [];
+      lines.push(`  ${m}${targets.length > 0 ? ` -> ${targets.join(", ")}` : ""}`);
+    }
+  }
+  lines.push("");
+  lines.push(`${result.modules.length} modules, ${result.edges.length} imports`);
+  lines.push(`cycles: ${result.cycles.length === 0 ? "none" : result.cycles.length}`);
+  for (const c of result.cycles) lines.push(`  ${c.join(" -> ")}`);
+  lines.push(`upward imports: ${result.upward.length === 0 ? "none" : result.upward.length}`);
+  for (const u of result.upward) lines.push(`  ${u.from} (layer ${u.fromLayer}) -> ${u.to} (layer ${u.toLayer})${u.kind === "import" ? "" : ` [${u.kind}]`}`);
+  lines.push(`modules in no layer: ${result.unlayered.length === 0 ? "none" : result.unlayered.join(", ")}`);
+  lines.push(`functions over ${LONG_FUNCTION_LINES} lines: ${result.longFunctions.length === 0 ? "none" : result.longFunctions.length}`);
+  for (const f of result.longFunctions) lines.push(`  ${f.lines} ${f.file}:${f.start} ${f.name}`);
+  return lines.join("\n");
+}
+
+/** True when the graph breaks a rule (cycle, upward import, unlayered module). */
+function failed(result) {
+  return result.cycles.length > 0 || result.upward.length > 0 || result.unlayered.length > 0;
+}
+
+module.exports = { LAYERS, LONG_FUNCTION_LINES, analyze, format, failed, layerOf, globToRegExp };
+
+if (require.main === module) {
+  const srcDir = path.resolve(process.argv[2] ?? path.join(__dirname, "..", "src"));
+  const result = analyze(srcDir);
+  console.log(format(result));
+  process.exitCode = failed(result) ? 1 : 0;
+}
