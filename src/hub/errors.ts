@@ -30,33 +30,39 @@ export interface VerifyReport {
   readbackOk: boolean;
 }
 
-/** K4: the pushed checkpoint is not what the Hub holds. The pointer was not moved; the local copy is kept. */
-export class CheckpointVerifyError extends Error {
-  readonly rule = "K4";
+/**
+ * A checkpoint that did not reach the Hub whole (K3) or did not verify there (K4): the pointer was not moved
+ * and the local copy at `localDir` is kept.
+ */
+abstract class CheckpointNotPublished extends Error {
+  abstract readonly rule: "K3" | "K4";
   readonly pathInRepo: string;
   readonly localDir: string;
-  readonly verify: VerifyReport;
-  constructor(message: string, pathInRepo: string, localDir: string, verify: VerifyReport) {
-    super(`${message} [K4]`);
-    this.name = "CheckpointVerifyError";
+  constructor(message: string, rule: "K3" | "K4", name: string, pathInRepo: string, localDir: string) {
+    super(`${message} [${rule}]`);
+    this.name = name;
     this.pathInRepo = pathInRepo;
     this.localDir = localDir;
+  }
+}
+
+/** K4: the pushed checkpoint is not what the Hub holds. The pointer was not moved; the local copy is kept. */
+export class CheckpointVerifyError extends CheckpointNotPublished {
+  readonly rule = "K4";
+  readonly verify: VerifyReport;
+  constructor(message: string, pathInRepo: string, localDir: string, verify: VerifyReport) {
+    super(message, "K4", "CheckpointVerifyError", pathInRepo, localDir);
     this.verify = verify;
   }
 }
 
 /** K3: a stage other than verification failed (upload / commit, or the pointer write). Local copy kept. */
-export class CheckpointPublishError extends Error {
+export class CheckpointPublishError extends CheckpointNotPublished {
   readonly rule = "K3";
   readonly stage: "upload" | "verify" | "pointer";
-  readonly pathInRepo: string;
-  readonly localDir: string;
   constructor(message: string, stage: "upload" | "verify" | "pointer", pathInRepo: string, localDir: string) {
-    super(`${message} [K3]`);
-    this.name = "CheckpointPublishError";
+    super(message, "K3", "CheckpointPublishError", pathInRepo, localDir);
     this.stage = stage;
-    this.pathInRepo = pathInRepo;
-    this.localDir = localDir;
   }
 }
 

@@ -11,8 +11,9 @@ export function tmpName(p: string, tag = "tmp"): string {
   return `${p}.${process.pid}.${randomBytes(4).toString("hex")}.${tag}`;
 }
 
-export async function fsyncDir(dir: string): Promise<void> {
-  const fh = await fsp.open(dir, "r");
+/** Open `p` with `flags`, fsync it, close it. */
+async function fsyncPath(p: string, flags: "r" | "r+"): Promise<void> {
+  const fh = await fsp.open(p, flags);
   try {
     await fh.sync();
   } finally {
@@ -20,13 +21,12 @@ export async function fsyncDir(dir: string): Promise<void> {
   }
 }
 
-export async function fsyncFile(p: string): Promise<void> {
-  const fh = await fsp.open(p, "r+");
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
+export function fsyncDir(dir: string): Promise<void> {
+  return fsyncPath(dir, "r");
+}
+
+export function fsyncFile(p: string): Promise<void> {
+  return fsyncPath(p, "r+");
 }
 
 /** Write, fsync, rename over p, fsync the directory. Readers see the old or the new file, never a part. */

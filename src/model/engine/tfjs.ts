@@ -26,19 +26,26 @@ import { jsKernels } from "./js";
 
 type Matmul = Kernels["matmul"];
 
+/**
+ * Visits the index space [outer, inner] in 64x64 tiles, outer-major, calling visit(o0, o1, i0, i1) for each
+ * tile [o0, o1) x [i0, i1): the blocked order of transposeInto and combineTransposed (the faster one measured).
+ */
+function forEachTile(outer: number, inner: number, visit: (o0: number, o1: number, i0: number, i1: number) => void): void {
+  const BS = 64;
+  for (let o0 = 0; o0 < outer; o0 += BS) {
+    const o1 = Math.min(outer, o0 + BS);
+    for (let i0 = 0; i0 < inner; i0 += BS) visit(o0, o1, i0, Math.min(inner, i0 + BS));
+  }
+}
+
 /** [rows, cols] -> [cols, rows] into `out`, in 64x64 blocks written row by row (the faster order measured). */
 export function transposeInto(src: Float32Array, rows: number, cols: number, out: Float32Array): Float32Array {
-  const BS = 64;
-  for (let c0 = 0; c0 < cols; c0 += BS) {
-    const c1 = Math.min(cols, c0 + BS);
-    for (let r0 = 0; r0 < rows; r0 += BS) {
-      const r1 = Math.min(rows, r0 + BS);
-      for (let c = c0; c < c1; c++) {
-        const o = c * rows;
-        for (let r = r0; r < r1; r++) out[o + r] = src[r * cols + c]!;
-      }
+  forEachTile(cols, rows, (c0, c1, r0, r1) => {
+    for (let c = c0; c < c1; c++) {
+      const o = c * rows;
+      for (let r = r0; r < r1; r++) out[o + r] = src[r * cols + c]!;
     }
-  }
+  });
   return out;
 }
 
@@ -51,6 +58,22 @@ function readProduct(t: tf.Tensor): Float32Array {
   return t.dataSync() as Float32Array;
 }
 
+/** Transpose scratch, grown on demand and reused (fresh big allocations page-fault at ~11 ns/float). */
+class TransposeScratch {
+  private a = new Float32Array(0);
+  private b = new Float32Array(0);
+  /** A view of n floats of buffer "a" or "b" (one per operand: a product may transpose both). */
+  take(which: "a" | "b", n: number): Float32Array {
+    if (which === "a") { if (this.a.length < n) this.a = new Float32Array(n); return this.a.subarray(0, n); }
+    if (this.b.length < n) this.b = new Float32Array(n);
+    return this.b.subarray(0, n);
+  }
+  release(): void {
+    this.a = new Float32Array(0);
+    this.b = new Float32Array(0);
+  }
+}
+
 /**
  * attention "matmul" (default): attention on this engine's matmul (see the header); "js": js.ts's plain loops (the
  * readable reference, ~5x slower; tests check both against the float64 fixture).
@@ -58,72 +81,24 @@ function readProduct(t: tf.Tensor): Float32Array {
 export function createTfjsKernels(o: { attention?: "matmul" | "js" } = {}): Kernels {
   const backend = tf.getBackend();
   if (!backend) throw new Error("createTfjsKernels: no tfjs backend is active (call initEngine first)");
-  // transpose scratch (grown on demand, reused: fresh big allocations page-fault at ~11 ns/float)
-  let scratchA = new Float32Array(0), scratchB = new Float32Array(0);
-  const scratch = (which: "a" | "b", n: number): Float32Array => {
-    if (which === "a") { if (scratchA.length < n) scratchA = new Float32Array(n); return scratchA.subarray(0, n); }
-    if (scratchB.length < n) scratchB = new Float32Array(n);
-    return scratchB.subarray(0, n);
-  };
-
-  const matmul = (transA: boolean, transB: boolean, M: number, N: number, K: number,
-    alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void => {
+  const scratch = new TransposeScratch();
+  const matmul: Matmul = (transA, transB, M, N, K, alpha, A, B, beta, C) => {
     if (A.length < M * K || B.length < K * N || C.length < M * N) {
       throw new RangeError(`matmul: A ${A.length}, B ${B.length}, C ${C.length} floats for M=${M} N=${N} K=${K}`);
     }
     if (tf.getBackend() !== backend) throw new Error(`matmul: the tfjs backend changed from ${backend} to ${tf.getBackend()} under this engine`);
     if (M === 0 || N === 0) return;
     if (K === 0) { scaleC(C, M * N, beta); return; }
-    if (K > K_BLOCK_OVER && !transA && !transB) {
-      // C = beta C + sum over K blocks of alpha A[:, kb] @ B[kb, :] (B's rows are contiguous; A's column block is copied)
-      for (let k0 = 0; k0 < K; k0 += K_BLOCK) {
-        const kb = Math.min(K_BLOCK, K - k0), a = scratch("a", M * kb);
-        for (let m = 0; m < M; m++) a.set(A.subarray(m * K + k0, m * K + k0 + kb), m * kb);
-        product(false, false, M, N, kb, alpha, a, B.subarray(k0 * N, (k0 + kb) * N), k0 === 0 ? beta : 1, C);
-      }
-      return;
-    }
-    product(transA, transB, M, N, K, alpha, A, B, beta, C);
+    if (K > K_BLOCK_OVER && !transA && !transB) productInKBlocks(scratch, M, N, K, alpha, A, B, beta, C);
+    else product(scratch, transA, transB, M, N, K, alpha, A, B, beta, C);
   };
-
-  const product = (transA: boolean, transB: boolean, M: number, N: number, K: number,
-    alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void => {
-    // floats moved in JS (transposes) + floats XNNPACK packs (the right operand), per plan
-    const direct = (transA ? M * K : 0) + (transB ? K * N : 0) + K * N;
-    const swapped = (transB ? 0 : K * N) + (transA ? 0 : M * K) + M * N + K * M;
-    const swap = swapped < direct;
-    // left [r, k] @ right [k, c]
-    let left: Float32Array, right: Float32Array, r: number, c: number;
-    if (!swap) {
-      left = transA ? transposeInto(A.subarray(0, K * M), K, M, scratch("a", M * K)) : A.subarray(0, M * K);
-      right = transB ? transposeInto(B.subarray(0, N * K), N, K, scratch("b", K * N)) : B.subarray(0, K * N);
-      r = M; c = N;
-    } else {
-      left = transB ? B.subarray(0, N * K) : transposeInto(B.subarray(0, K * N), K, N, scratch("b", N * K));
-      right = transA ? A.subarray(0, K * M) : transposeInto(A.subarray(0, M * K), M, K, scratch("a", K * M));
-      r = N; c = M;
-    }
-    const lt = tf.tensor2d(left, [r, K]), rt = tf.tensor2d(right, [K, c]);
-    let pt: tf.Tensor | null = null;
-    try {
-      pt = tf.matMul(lt, rt);
-      const P = readProduct(pt);
-      if (!swap) combine(C, P, M * N, alpha, beta);
-      else combineTransposed(C, P, M, N, alpha, beta);
-    } finally {
-      lt.dispose(); rt.dispose();
-      if (pt) pt.dispose();
-    }
-  };
-
   return {
     name: `tfjs ${backend}${backend === "wasm" ? ` (XNNPACK, SIMD ${tf.env().getBool("WASM_HAS_SIMD_SUPPORT") ? "on" : "off"})` : ""}; other kernels in JS`,
     matmul,
     ...jsKernels,
     ...(o.attention === "js" ? {} : matmulAttention(matmul)),
     dispose(): void {
-      scratchA = new Float32Array(0);
-      scratchB = new Float32Array(0);
+      scratch.release();
     },
   };
 }
@@ -132,74 +107,148 @@ export function createTfjsKernels(o: { attention?: "matmul" | "js" } = {}): Kern
 const K_BLOCK_OVER = 8192;
 const K_BLOCK = 2048;
 
+/** C = beta C + sum over K blocks of alpha A[:, kb] @ B[kb, :] (B's rows are contiguous; A's column block is copied). */
+function productInKBlocks(scratch: TransposeScratch, M: number, N: number, K: number,
+  alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void {
+  for (let k0 = 0; k0 < K; k0 += K_BLOCK) {
+    const kb = Math.min(K_BLOCK, K - k0), a = scratch.take("a", M * kb);
+    for (let m = 0; m < M; m++) a.set(A.subarray(m * K + k0, m * K + k0 + kb), m * kb);
+    product(scratch, false, false, M, N, kb, alpha, a, B.subarray(k0 * N, (k0 + kb) * N), k0 === 0 ? beta : 1, C);
+  }
+}
+
+/** One tfjs matMul for C = alpha op(A) @ op(B) + beta C, on the plan that moves fewer floats (see the header). */
+function product(scratch: TransposeScratch, transA: boolean, transB: boolean, M: number, N: number, K: number,
+  alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void {
+  // floats moved in JS (transposes) + floats XNNPACK packs (the right operand), per plan
+  const direct = (transA ? M * K : 0) + (transB ? K * N : 0) + K * N;
+  const swapped = (transB ? 0 : K * N) + (transA ? 0 : M * K) + M * N + K * M;
+  const swap = swapped < direct;
+  // left [rows, K] @ right [K, cols]
+  let left: Float32Array, right: Float32Array, rows: number, cols: number;
+  if (!swap) {
+    left = transA ? transposeInto(A.subarray(0, K * M), K, M, scratch.take("a", M * K)) : A.subarray(0, M * K);
+    right = transB ? transposeInto(B.subarray(0, N * K), N, K, scratch.take("b", K * N)) : B.subarray(0, K * N);
+    rows = M; cols = N;
+  } else {
+    left = transB ? B.subarray(0, N * K) : transposeInto(B.subarray(0, K * N), K, N, scratch.take("b", N * K));
+    right = transA ? A.subarray(0, K * M) : transposeInto(A.subarray(0, M * K), M, K, scratch.take("a", K * M));
+    rows = N; cols = M;
+  }
+  const leftTensor = tf.tensor2d(left, [rows, K]), rightTensor = tf.tensor2d(right, [K, cols]);
+  let productTensor: tf.Tensor | null = null;
+  try {
+    productTensor = tf.matMul(leftTensor, rightTensor);
+    const P = readProduct(productTensor);
+    if (!swap) combine(C, P, M * N, alpha, beta);
+    else combineTransposed(C, P, M, N, alpha, beta);
+  } finally {
+    leftTensor.dispose(); rightTensor.dispose();
+    if (productTensor) productTensor.dispose();
+  }
+}
+
+/** Attention scratch views for one GQA group of R query heads over T positions of head size E. */
+interface GroupScratch {
+  /** [R*T, E]: the group's queries, output gradients, query gradients (also the forward's output). */
+  groupQ: Float32Array; groupDOut: Float32Array; groupDQ: Float32Array;
+  /** [T, E]: the group's one kv head: keys, values and their gradients. */
+  headK: Float32Array; headV: Float32Array; headDK: Float32Array; headDV: Float32Array;
+  /** [R*T, T]: gradient of the attention probabilities, then of the scores. */
+  dScores: Float32Array;
+}
+
+/** One buffer, grown on demand, carved into a GroupScratch. */
+class AttentionScratch {
+  private buf = new Float32Array(0);
+  views(R: number, T: number, E: number): GroupScratch {
+    const q = R * T * E, kv = T * E, need = 3 * q + 4 * kv + R * T * T;
+    if (this.buf.length < need) this.buf = new Float32Array(need);
+    let o = 0;
+    const take = (n: number) => this.buf.subarray(o, (o += n));
+    return {
+      groupQ: take(q), groupDOut: take(q), groupDQ: take(q),
+      headK: take(kv), headV: take(kv), headDK: take(kv), headDV: take(kv), dScores: take(R * T * T),
+    };
+  }
+}
+
+/** Rows of a [B,T,nh,E] tensor for head `h` of sequence b, t = 0..T-1, into a [T, E] block at row offset r0 of dst. */
+function gatherHead(dst: Float32Array, r0: number, x: Float32Array, b: number, h: number, T: number, nh: number, E: number): void {
+  for (let t = 0; t < T; t++) { const o = ((b * T + t) * nh + h) * E; dst.set(x.subarray(o, o + E), (r0 + t) * E); }
+}
+
+/** The reverse of gatherHead: the [T, E] block at row offset r0 of src into head `h` of sequence b of x. */
+function scatterHead(x: Float32Array, src: Float32Array, r0: number, b: number, h: number, T: number, nh: number, E: number): void {
+  for (let t = 0; t < T; t++) x.set(src.subarray((r0 + t) * E, (r0 + t + 1) * E), ((b * T + t) * nh + h) * E);
+}
+
+/** In place, each of the `rows` rows of P [rows, T] (row r is position t = r % T): softmax over u <= t, zeros after. */
+function causalSoftmaxRows(P: Float32Array, rows: number, T: number): void {
+  for (let r = 0; r < rows; r++) {
+    const t = r % T, o = r * T;
+    let mx = -Infinity;
+    for (let u = 0; u <= t; u++) if (P[o + u]! > mx) mx = P[o + u]!;
+    let sum = 0;
+    for (let u = 0; u <= t; u++) { const e = Math.exp(P[o + u]! - mx); P[o + u] = e; sum += e; }
+    const inv = 1 / sum;
+    for (let u = 0; u <= t; u++) P[o + u] = P[o + u]! * inv;
+    P.fill(0, o + t + 1, o + T);
+  }
+}
+
+/** In place, dS = P * (dP - rowsum(P * dP)) * scale over `rows` rows of T: the softmax's backward, then the score scale. */
+function softmaxBackwardRows(P: Float32Array, dS: Float32Array, rows: number, T: number, scale: number): void {
+  for (let r = 0; r < rows; r++) {
+    const o = r * T;
+    let dot = 0;
+    for (let u = 0; u < T; u++) dot += P[o + u]! * dS[o + u]!;
+    for (let u = 0; u < T; u++) dS[o + u] = P[o + u]! * (dS[o + u]! - dot) * scale;
+  }
+}
+
 /**
  * Causal GQA attention (kernels.ts contract) on matrix products. A group (b, j) is kv head j of sequence b and its
  * R = H/K query heads h = j*R + i; its rows i*T + t are exactly att's [R*T, T] block at (b, j*R), so the scores
  * land in att directly. q, k, v, and the gradients, are gathered to / scattered from [rows, E] scratch.
  */
 function matmulAttention(mm: Matmul): Pick<Kernels, "attentionForward" | "attentionBackward"> {
-  let buf = new Float32Array(0);
-  /** Scratch views: Qg, dOg, dQg [R*T, E]; Kj, Vj, dKj, dVj [T, E]; dP [R*T, T]. */
-  const scratch = (R: number, T: number, E: number) => {
-    const q = R * T * E, kv = T * E, need = 3 * q + 4 * kv + R * T * T;
-    if (buf.length < need) buf = new Float32Array(need);
-    let o = 0;
-    const take = (n: number) => buf.subarray(o, (o += n));
-    return { Qg: take(q), dOg: take(q), dQg: take(q), Kj: take(kv), Vj: take(kv), dKj: take(kv), dVj: take(kv), dP: take(R * T * T) };
-  };
-  // rows of a [B,T,nh,E] tensor for head `h` of sequence b, t = 0..T-1, to / from a [T, E] block at row offset r0
-  const gather = (dst: Float32Array, r0: number, x: Float32Array, b: number, h: number, T: number, nh: number, E: number) => {
-    for (let t = 0; t < T; t++) { const o = ((b * T + t) * nh + h) * E; dst.set(x.subarray(o, o + E), (r0 + t) * E); }
-  };
-  const scatter = (x: Float32Array, src: Float32Array, r0: number, b: number, h: number, T: number, nh: number, E: number) => {
-    for (let t = 0; t < T; t++) x.set(src.subarray((r0 + t) * E, (r0 + t + 1) * E), ((b * T + t) * nh + h) * E);
-  };
+  const scratch = new AttentionScratch();
   return {
     attentionForward(out, att, q, k, v, B, T, H, K, E) {
-      const R = H / K, s = scratch(R, T, E), scale = 1 / Math.sqrt(E);
+      const R = H / K, s = scratch.views(R, T, E), scale = 1 / Math.sqrt(E);
       for (let b = 0; b < B; b++) {
         for (let j = 0; j < K; j++) {
-          for (let i = 0; i < R; i++) gather(s.Qg, i * T, q, b, j * R + i, T, H, E);
-          gather(s.Kj, 0, k, b, j, T, K, E);
-          gather(s.Vj, 0, v, b, j, T, K, E);
+          for (let i = 0; i < R; i++) gatherHead(s.groupQ, i * T, q, b, j * R + i, T, H, E);
+          gatherHead(s.headK, 0, k, b, j, T, K, E);
+          gatherHead(s.headV, 0, v, b, j, T, K, E);
           const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T);
-          mm(false, true, R * T, T, E, scale, s.Qg, s.Kj, 0, P);       // scores / sqrt(E)
-          for (let r = 0; r < R * T; r++) {                             // causal softmax per row, u <= t
-            const t = r % T, o = r * T;
-            let mx = -Infinity;
-            for (let u = 0; u <= t; u++) if (P[o + u]! > mx) mx = P[o + u]!;
-            let sum = 0;
-            for (let u = 0; u <= t; u++) { const e = Math.exp(P[o + u]! - mx); P[o + u] = e; sum += e; }
-            const inv = 1 / sum;
-            for (let u = 0; u <= t; u++) P[o + u] = P[o + u]! * inv;
-            P.fill(0, o + t + 1, o + T);
-          }
-          mm(false, false, R * T, E, T, 1, P, s.Vj, 0, s.dQg);          // out = P @ V (dQg as scratch)
-          for (let i = 0; i < R; i++) scatter(out, s.dQg, i * T, b, j * R + i, T, H, E);
+          mm(false, true, R * T, T, E, scale, s.groupQ, s.headK, 0, P);       // scores / sqrt(E)
+          causalSoftmaxRows(P, R * T, T);
+          mm(false, false, R * T, E, T, 1, P, s.headV, 0, s.groupDQ);         // out = P @ V (groupDQ as scratch)
+          for (let i = 0; i < R; i++) scatterHead(out, s.groupDQ, i * T, b, j * R + i, T, H, E);
         }
       }
     },
     attentionBackward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) {
-      const R = H / K, s = scratch(R, T, E), scale = 1 / Math.sqrt(E);
+      const R = H / K, s = scratch.views(R, T, E), scale = 1 / Math.sqrt(E);
       for (let b = 0; b < B; b++) {
         for (let j = 0; j < K; j++) {
-          for (let i = 0; i < R; i++) { gather(s.Qg, i * T, q, b, j * R + i, T, H, E); gather(s.dOg, i * T, dout, b, j * R + i, T, H, E); }
-          gather(s.Kj, 0, k, b, j, T, K, E);
-          gather(s.Vj, 0, v, b, j, T, K, E);
-          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T), dS = s.dP;
-          mm(false, true, R * T, T, E, 1, s.dOg, s.Vj, 0, dS);           // dP = dO @ V^T
-          for (let r = 0; r < R * T; r++) {                              // dS = P * (dP - rowsum(P * dP)) / sqrt(E)
-            const o = r * T;
-            let dot = 0;
-            for (let u = 0; u < T; u++) dot += P[o + u]! * dS[o + u]!;
-            for (let u = 0; u < T; u++) dS[o + u] = P[o + u]! * (dS[o + u]! - dot) * scale;
+          for (let i = 0; i < R; i++) {
+            gatherHead(s.groupQ, i * T, q, b, j * R + i, T, H, E);
+            gatherHead(s.groupDOut, i * T, dout, b, j * R + i, T, H, E);
           }
-          mm(false, false, R * T, E, T, 1, dS, s.Kj, 0, s.dQg);          // dQ = dS @ K
-          mm(true, false, T, E, R * T, 1, dS, s.Qg, 0, s.dKj);           // dK = dS^T @ Q (sums the R heads)
-          mm(true, false, T, E, R * T, 1, P, s.dOg, 0, s.dVj);           // dV = P^T @ dO
-          for (let i = 0; i < R; i++) scatter(dq, s.dQg, i * T, b, j * R + i, T, H, E);
-          scatter(dk, s.dKj, 0, b, j, T, K, E);
-          scatter(dv, s.dVj, 0, b, j, T, K, E);
+          gatherHead(s.headK, 0, k, b, j, T, K, E);
+          gatherHead(s.headV, 0, v, b, j, T, K, E);
+          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T), dS = s.dScores;
+          mm(false, true, R * T, T, E, 1, s.groupDOut, s.headV, 0, dS);        // dP = dO @ V^T
+          softmaxBackwardRows(P, dS, R * T, T, scale);                         // dS = P * (dP - rowsum(P * dP)) / sqrt(E)
+          mm(false, false, R * T, E, T, 1, dS, s.headK, 0, s.groupDQ);         // dQ = dS @ K
+          mm(true, false, T, E, R * T, 1, dS, s.groupQ, 0, s.headDK);          // dK = dS^T @ Q (sums the R heads)
+          mm(true, false, T, E, R * T, 1, P, s.groupDOut, 0, s.headDV);        // dV = P^T @ dO
+          for (let i = 0; i < R; i++) scatterHead(dq, s.groupDQ, i * T, b, j * R + i, T, H, E);
+          scatterHead(dk, s.headDK, 0, b, j, T, K, E);
+          scatterHead(dv, s.headDV, 0, b, j, T, K, E);
         }
       }
     },
@@ -226,16 +275,11 @@ function combine(C: Float32Array, P: Float32Array, n: number, alpha: number, bet
 
 /** The same from P = C^T [N, M]: C[m, n] = alpha * P[n, m] + beta * C[m, n], in 64x64 blocks. */
 function combineTransposed(C: Float32Array, P: Float32Array, M: number, N: number, alpha: number, beta: number): void {
-  const BS = 64;
-  for (let m0 = 0; m0 < M; m0 += BS) {
-    const m1 = Math.min(M, m0 + BS);
-    for (let n0 = 0; n0 < N; n0 += BS) {
-      const n1 = Math.min(N, n0 + BS);
-      for (let m = m0; m < m1; m++) {
-        const o = m * N;
-        if (beta === 0) for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]!;
-        else for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]! + beta * C[o + n]!;
-      }
+  forEachTile(M, N, (m0, m1, n0, n1) => {
+    for (let m = m0; m < m1; m++) {
+      const o = m * N;
+      if (beta === 0) for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]!;
+      else for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]! + beta * C[o + n]!;
     }
-  }
+  });
 }
