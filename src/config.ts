@@ -166,6 +166,14 @@ export interface ParsedArgs { config: RunConfig; help: boolean; explicit: Readon
 /** Parse argv (without node and script). Unknown flags are an error, as in nanoGPT's configurator. */
 export function parseArgs(argv: readonly string[]): ParsedArgs {
   const byFlag = new Map(FLAGS.map((f) => [f.flag, f]));
+  const { values, help } = readFlagValues(argv, byFlag);
+  refuseTorchOnlyFlags(values);
+  const config = validate(configFrom(values, byFlag) as unknown as RunConfig);
+  return { config, help, explicit: new Set(values.keys()) };
+}
+
+/** Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was. */
+function readFlagValues(argv: readonly string[], byFlag: ReadonlyMap<string, FlagSpec>): { values: Map<string, string | number | boolean>; help: boolean } {
   const values = new Map<string, string | number | boolean>();
   let help = false;
   for (let i = 0; i < argv.length; i++) {
@@ -176,7 +184,7 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
     let inline: string | undefined;
     const eq = name.indexOf("=");
     if (eq >= 0) { inline = name.slice(eq + 1); name = name.slice(0, eq); }
-    let spec = byFlag.get(name);
+    const spec = byFlag.get(name);
     if (!spec && name.startsWith("no-")) {
       const base = byFlag.get(name.slice(3));
       if (base && base.kind === "bool" && base.negatable) {
@@ -203,7 +211,11 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
       values.set(spec.flag, parseNumber(name, raw, spec.kind));
     }
   }
-  // Seed flags with no meaning here: refused when asked for, with the reason.
+  return { values, help };
+}
+
+/** Seed flags with no meaning here: refused when asked for, with the reason; then dropped from `values`. */
+function refuseTorchOnlyFlags(values: Map<string, string | number | boolean>): void {
   if (values.get("gc-nonreentrant") === true) {
     throw new UserError("G10", "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here. Drop it.");
   }
@@ -216,7 +228,10 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   }
   values.delete("gc-nonreentrant");
   values.delete("torch-compile");
+}
 
+/** Defaults, then --demo's defaults when --demo is given, then the flags given: the unvalidated config. */
+function configFrom(values: ReadonlyMap<string, string | number | boolean>, byFlag: ReadonlyMap<string, FlagSpec>): Record<string, unknown> {
   const cfg: Record<string, unknown> = {};
   for (const f of FLAGS) {
     if (f.flag === "gc-nonreentrant" || f.flag === "torch-compile") continue;
@@ -225,8 +240,7 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   const demo = values.get("demo") === true;
   if (demo) for (const [k, v] of Object.entries(DEMO_DEFAULTS)) cfg[k] = v;
   for (const [flag, v] of values) cfg[byFlag.get(flag)!.key] = v;
-  const config = validate(cfg as unknown as RunConfig);
-  return { config, help, explicit: new Set(values.keys()) };
+  return cfg;
 }
 
 function must(cond: boolean, flag: string, msg: string): void {
