@@ -149,104 +149,132 @@ export function priorLossOf(dir: string): number | null {
   }
 }
 
+/** R2–R6, top to bottom: the pointer, the newest state, then the pointed checkpoint brought down. */
 export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): Promise<AutoResume> {
-  const repo = store.repo;
-  const retryDelayMs = o.retryDelayMs ?? 15_000;
-
-  // ---- R2: the pointer
-  let ptr: Pointer | null;
-  try {
-    ptr = await store.readPointer();
-  } catch (e) {
-    if (isRepoMissing(e)) ptr = null; // confirmed by the listing below, never taken on its own
-    else {
-      throw new UserError("R2", `--resume auto could not read latest.json on ${repo}: ${describeHubError(e)}. A failed lookup is never "nothing there", so this run refuses rather than start from step 0; fix the token, network or Hub and retry`);
-    }
-  }
-
-  if (ptr === null) {
-    // A missing pointer is a fact only if nothing was ever pushed: list the repo before believing it.
-    let listed: RemoteFile[];
-    try {
-      listed = await store.list(undefined, { hashRegular: false });
-    } catch (e) {
-      if (isRepoMissing(e)) {
-        const reason = `${repo} does not exist yet: nothing has ever been pushed`;
-        o.log(`resume auto: ${reason} -> starting from step 0`);
-        return { kind: "fresh", reason };
-      }
-      throw new UserError("R2", `--resume auto found no latest.json on ${repo}, and listing the repo to confirm that nothing was pushed failed: ${describeHubError(e)}. Refusing to start from step 0; retry when the Hub answers`);
-    }
-    const steps = checkpointSteps(listed);
-    const hasFinal = listed.some((f) => f.path.startsWith("final/"));
-    for (const n of [...steps].reverse()) {
-      // R5: the newest checkpoint that proves complete against its manifest restores the pointer.
-      const proof = await proveCheckpoint(store, n, null).catch((e) => ({ ok: false as const, noManifest: false, reason: `checking it failed: ${describeHubError(e)}` }));
-      if (proof.ok) {
-        await rollForward(store, null, proof.pointer, proof.files, o.log);
-        return resolveAutoResume(store, o);
-      }
-      o.log(`resume auto: ckpt/checkpoint-${n} cannot restore the missing pointer: ${proof.reason}`);
-    }
-    if (steps.length || hasFinal) {
-      const found = [...steps.map((s) => `ckpt/checkpoint-${s}`), ...(hasFinal ? ["final"] : [])];
-      throw new UserError("R2", `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`);
-    }
-    const reason = `no latest.json and no checkpoints on ${repo}`;
-    o.log(`resume auto: ${reason} -> starting from step 0`);
-    return { kind: "fresh", reason };
-  }
-
-  // ---- R3: the pointer must be the newest state
-  let listed: RemoteFile[] | null = null;
-  let lastErr: unknown = null;
-  for (let attempt = 1; attempt <= 2 && listed === null; attempt++) {
-    try {
-      listed = await store.list(undefined, { hashRegular: false });
-    } catch (e) {
-      lastErr = e;
-      o.log(`resume auto: checkpoint scan attempt ${attempt} failed: ${describeHubError(e).slice(0, 200)}`);
-      if (attempt === 1) await new Promise((r) => setTimeout(r, retryDelayMs));
-    }
-  }
-  if (listed === null) {
-    throw new UserError("R3", `--resume auto could not enumerate ${repo} (${describeHubError(lastErr)}), so it cannot prove latest.json (step ${ptr.step}) is the newest state. Refusing; retry when the Hub answers`);
-  }
-  const steps = checkpointSteps(listed);
-  // R5: a newer checkpoint that proves complete against its manifest is rolled forward onto; one that
-  // does not is reported and ignored (the run overwrites it when it commits that step again); one
-  // without a manifest cannot be judged and is refused as before (R3).
-  if (ptr.path_in_repo !== "final") {
-    for (const n of steps.filter((x) => x > ptr!.step).reverse()) {
-      let proof: Proof;
-      try {
-        proof = await proveCheckpoint(store, n, ptr);
-      } catch (e) {
-        throw new UserError("R3", `--resume auto could not check ckpt/checkpoint-${n} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`);
-      }
-      if (proof.ok) {
-        await rollForward(store, ptr, proof.pointer, proof.files, o.log);
-        return resolveAutoResume(store, o);
-      }
-      if (proof.noManifest && !o.ignoreUnproven) {
-        throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ckpt/checkpoint-${n}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ckpt/checkpoint-${n} when it gets there, run the same command with --resume-ignore-unproven added`);
-      }
-      o.log(`resume auto: ignoring ckpt/checkpoint-${n} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`);
-    }
-  }
-  const pointed = listed.filter((f) => f.path.startsWith(ptr!.path_in_repo + "/"));
+  const ptr = await readPointerOrMissing(store);
+  if (ptr === null) return resumeWithoutPointer(store, o);
+  const listed = await listForNewest(store, ptr, o);
+  if (ptr.path_in_repo !== "final" && (await rolledOntoNewer(store, ptr, checkpointSteps(listed), o))) return resolveAutoResume(store, o);
+  const pointed = listed.filter((f) => f.path.startsWith(ptr.path_in_repo + "/"));
   if (pointed.length === 0) {
-    throw new UserError("R3", `latest.json on ${repo} points at ${ptr.path_in_repo} (step ${ptr.step}) but the repo holds no files there; refusing to resume from a pointer to nothing`);
+    throw new UserError("R3", `latest.json on ${store.repo} points at ${ptr.path_in_repo} (step ${ptr.step}) but the repo holds no files there; refusing to resume from a pointer to nothing`);
   }
   if (ptr.path_in_repo === "final") {
     o.log(`resume auto: latest.json points at final (step ${ptr.step}): the run is complete`);
     return { kind: "complete", pointer: ptr };
   }
+  return bringDown(store, ptr, pointed, o);
+}
 
-  // ---- R4: download, and check that it is real weights
-  const finish = (d: string): Promise<AutoResume> => checkWeights(store, ptr!, d, o.log);
+/** R2: latest.json, or null when it (or the repo) is missing; any other failure refuses. */
+async function readPointerOrMissing(store: HubStore): Promise<Pointer | null> {
+  try {
+    return await store.readPointer();
+  } catch (e) {
+    if (isRepoMissing(e)) return null; // confirmed by the listing of resumeWithoutPointer, never taken on its own
+    throw new UserError("R2", `--resume auto could not read latest.json on ${store.repo}: ${describeHubError(e)}. A failed lookup is never "nothing there", so this run refuses rather than start from step 0; fix the token, network or Hub and retry`);
+  }
+}
+
+/**
+ * R2, R5: a missing pointer is a fact only if nothing was ever pushed: list the repo before believing
+ * it. The newest checkpoint that proves complete against its manifest restores the pointer.
+ */
+async function resumeWithoutPointer(store: HubStore, o: AutoResumeOptions): Promise<AutoResume> {
+  const repo = store.repo;
+  let listed: RemoteFile[];
+  try {
+    listed = await store.list(undefined, { hashRegular: false });
+  } catch (e) {
+    if (isRepoMissing(e)) return startFresh(`${repo} does not exist yet: nothing has ever been pushed`, o);
+    throw new UserError("R2", `--resume auto found no latest.json on ${repo}, and listing the repo to confirm that nothing was pushed failed: ${describeHubError(e)}. Refusing to start from step 0; retry when the Hub answers`);
+  }
+  const steps = checkpointSteps(listed);
+  const hasFinal = listed.some((f) => f.path.startsWith("final/"));
+  for (const n of [...steps].reverse()) {
+    const proof = await proveCheckpoint(store, n, null).catch((e) => ({ ok: false as const, noManifest: false, reason: `checking it failed: ${describeHubError(e)}` }));
+    if (proof.ok) {
+      await rollForward(store, null, proof.pointer, proof.files, o.log);
+      return resolveAutoResume(store, o);
+    }
+    o.log(`resume auto: ckpt/checkpoint-${n} cannot restore the missing pointer: ${proof.reason}`);
+  }
+  if (steps.length || hasFinal) {
+    const found = [...steps.map((s) => `ckpt/checkpoint-${s}`), ...(hasFinal ? ["final"] : [])];
+    throw new UserError("R2", `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`);
+  }
+  return startFresh(`no latest.json and no checkpoints on ${repo}`, o);
+}
+
+function startFresh(reason: string, o: AutoResumeOptions): AutoResume {
+  o.log(`resume auto: ${reason} -> starting from step 0`);
+  return { kind: "fresh", reason };
+}
+
+/** R3: the whole repo's listing (retried once after retryDelayMs), without which the pointer cannot be proven newest. */
+async function listForNewest(store: HubStore, ptr: Pointer, o: AutoResumeOptions): Promise<RemoteFile[]> {
+  let lastErr: unknown = null;
+  for (let attempt = 1; attempt <= 2; attempt++) {
+    try {
+      return await store.list(undefined, { hashRegular: false });
+    } catch (e) {
+      lastErr = e;
+      o.log(`resume auto: checkpoint scan attempt ${attempt} failed: ${describeHubError(e).slice(0, 200)}`);
+      if (attempt === 1) await new Promise((r) => setTimeout(r, o.retryDelayMs ?? 15_000));
+    }
+  }
+  throw new UserError("R3", `--resume auto could not enumerate ${store.repo} (${describeHubError(lastErr)}), so it cannot prove latest.json (step ${ptr.step}) is the newest state. Refusing; retry when the Hub answers`);
+}
+
+/**
+ * R5: a checkpoint newer than the pointer that proves complete against its manifest is rolled forward
+ * onto (true); one that does not is reported and ignored (the run overwrites it when it commits that
+ * step again); one without a manifest cannot be judged and is refused (R3) unless ignoreUnproven.
+ */
+async function rolledOntoNewer(store: HubStore, ptr: Pointer, steps: number[], o: AutoResumeOptions): Promise<boolean> {
+  const repo = store.repo;
+  for (const n of steps.filter((x) => x > ptr.step).reverse()) {
+    let proof: Proof;
+    try {
+      proof = await proveCheckpoint(store, n, ptr);
+    } catch (e) {
+      throw new UserError("R3", `--resume auto could not check ckpt/checkpoint-${n} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`);
+    }
+    if (proof.ok) {
+      await rollForward(store, ptr, proof.pointer, proof.files, o.log);
+      return true;
+    }
+    if (proof.noManifest && !o.ignoreUnproven) {
+      throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ckpt/checkpoint-${n}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ckpt/checkpoint-${n} when it gets there, run the same command with --resume-ignore-unproven added`);
+    }
+    o.log(`resume auto: ignoring ckpt/checkpoint-${n} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`);
+  }
+  return false;
+}
+
+/** R6 then R4: reuse a local copy equal to the Hub's, else download the pointed folder; then check the weights. */
+async function bringDown(store: HubStore, ptr: Pointer, pointed: RemoteFile[], o: AutoResumeOptions): Promise<AutoResume> {
   o.log(`auto-resume: hub says step ${ptr.step} at ${ptr.path_in_repo}`);
-  for (const cand of (o.localRoots ?? []).map((r) => path.join(r, path.basename(ptr!.path_in_repo)))) {
+  const local = await equalLocalCopy(ptr, pointed, o);
+  if (local !== null) return checkWeights(store, ptr, local, o.log);
+  const dir = path.join(o.destDir, path.basename(ptr.path_in_repo));
+  await fsp.rm(dir, { recursive: true, force: true });
+  let got: { files: number; bytes: number; seconds: number };
+  try {
+    got = await store.downloadFolder(ptr.path_in_repo, dir);
+  } catch (e) {
+    throw new UserError("R4", `--resume auto could not download ${ptr.path_in_repo} from ${store.repo}: ${describeHubError(e)}. Refusing to resume from a partial checkpoint; retry`);
+  }
+  o.log(`downloaded ${got.files} files, ${(got.bytes / 1e6).toFixed(1)} MB in ${got.seconds.toFixed(1)}s`);
+  if (got.bytes < (o.minBytes ?? 0)) {
+    throw new UserError("R4", `auto-resume downloaded ${got.bytes} bytes for ${ptr.path_in_repo}, under the ${o.minBytes} bytes a real checkpoint holds: not real weights. Refusing`);
+  }
+  return checkWeights(store, ptr, dir, o.log);
+}
+
+/** R6: the first <local root>/<basename of the pointed path> that equals the Hub's copy, or null. */
+async function equalLocalCopy(ptr: Pointer, pointed: RemoteFile[], o: AutoResumeOptions): Promise<string | null> {
+  for (const cand of (o.localRoots ?? []).map((r) => path.join(r, path.basename(ptr.path_in_repo)))) {
     if (!fs.existsSync(cand)) continue;
     let why: string | null;
     try {
@@ -256,23 +284,11 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
     }
     if (why === null) {
       o.log(`auto-resume: reusing the local copy ${cand}: its ${pointed.length} files match the Hub's sizes and hashes (sha256 for the weights), so nothing is downloaded (R6)`);
-      return finish(cand);
+      return cand;
     }
     o.log(`auto-resume: local ${cand} is not the Hub's copy (${why}); downloading instead`);
   }
-  const dir = path.join(o.destDir, path.basename(ptr.path_in_repo));
-  await fsp.rm(dir, { recursive: true, force: true });
-  let got: { files: number; bytes: number; seconds: number };
-  try {
-    got = await store.downloadFolder(ptr.path_in_repo, dir);
-  } catch (e) {
-    throw new UserError("R4", `--resume auto could not download ${ptr.path_in_repo} from ${repo}: ${describeHubError(e)}. Refusing to resume from a partial checkpoint; retry`);
-  }
-  o.log(`downloaded ${got.files} files, ${(got.bytes / 1e6).toFixed(1)} MB in ${got.seconds.toFixed(1)}s`);
-  if (got.bytes < (o.minBytes ?? 0)) {
-    throw new UserError("R4", `auto-resume downloaded ${got.bytes} bytes for ${ptr.path_in_repo}, under the ${o.minBytes} bytes a real checkpoint holds: not real weights. Refusing`);
-  }
-  return finish(dir);
+  return null;
 }
 
 async function checkWeights(store: HubStore, ptr: Pointer, dir: string, log: (l: string) => void): Promise<AutoResume> {
