@@ -151,117 +151,168 @@ function ckptLine(kind: string, r: PublishResult, pointer: Pointer, loss: number
   );
 }
 
-async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL"): Promise<PublishResult> {
+/** One publish in progress: its options, the result it fills in, and how a stage retries and fails. */
+interface Publishing {
+  store: HubStore;
+  o: PublishOptions;
+  kind: "CKPT" | "FINAL";
+  step: number;
+  /** repo/pathInRepo, for messages. */
+  where: string;
+  /** What every refusal says about the local copy and the pointer. */
+  kept: string;
+  t0: number;
+  result: PublishResult;
+  clock: { failingSince: number | null };
+  retry(what: string): RetryOptions;
+  /** Logs the failed CKPT/FINAL line and throws e. */
+  fail(e: Error): Promise<never>;
+}
+
+function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL"): Publishing {
   if (o.pointer.path_in_repo !== o.pathInRepo) {
     throw new TypeError(`publish: pointer.path_in_repo ${JSON.stringify(o.pointer.path_in_repo)} differs from pathInRepo ${JSON.stringify(o.pathInRepo)}`);
   }
   if (!(o.minFreeGb >= 0)) throw new TypeError(`publish: minFreeGb must be >= 0, got ${o.minFreeGb}`);
   const step = o.pointer.step;
-  const where = `${store.repo}/${o.pathInRepo}`;
-  const kept = `The local copy at ${o.localDir} is kept and latest.json was not moved.`;
   const t0 = performance.now();
   const result: PublishResult = {
     step, pathInRepo: o.pathInRepo, ok: false, verify: { missing: [], mismatch: [], extra: [], readbackOk: false },
     pushVerifySeconds: 0, pruned: false, pruneReason: null, freeGb: 0,
   };
   const clock = o.clock ?? { failingSince: null };
-  const retry = (what: string): RetryOptions => ({
-    what, log: o.log, giveUpMs: o.giveUpMs ?? 30 * 60_000, abandon: o.abandon,
-    since: () => clock.failingSince, onFirstFailure: (t) => { if (clock.failingSince === null) clock.failingSince = t; },
-    baseMs: o.backoff?.baseMs, capMs: o.backoff?.capMs,
-  });
-  const reason = (e: unknown): string => (e instanceof RetryExhausted ? e.message : describeHubError(e));
-  const passThrough = (e: unknown): boolean => {
-    const n = (e as { name?: string } | null)?.name;
-    return n === "ConcurrentWriterError" || n === "RetryAbandoned";
+  return {
+    store, o, kind, step, t0, result, clock,
+    where: `${store.repo}/${o.pathInRepo}`,
+    kept: `The local copy at ${o.localDir} is kept and latest.json was not moved.`,
+    retry: (what) => ({
+      what, log: o.log, giveUpMs: o.giveUpMs ?? 30 * 60_000, abandon: o.abandon,
+      since: () => clock.failingSince, onFirstFailure: (t) => { if (clock.failingSince === null) clock.failingSince = t; },
+      baseMs: o.backoff?.baseMs, capMs: o.backoff?.capMs,
+    }),
+    fail: async (e) => {
+      result.pushVerifySeconds = (performance.now() - t0) / 1000;
+      result.pruneReason = "not pruned: the checkpoint was not published";
+      result.freeGb = round1((await freeBytes(o.localDir).catch(() => 0)) / GB);
+      o.log(ckptLine(kind, result, o.pointer, o.loss));
+      throw e;
+    },
   };
-  const fail = async (e: Error): Promise<never> => {
-    result.pushVerifySeconds = (performance.now() - t0) / 1000;
-    result.pruneReason = "not pruned: the checkpoint was not published";
-    result.freeGb = round1((await freeBytes(o.localDir).catch(() => 0)) / GB);
-    o.log(ckptLine(kind, result, o.pointer, o.loss));
-    throw e;
-  };
+}
 
-  // 1. upload: one commit for the whole folder; 2. verify against the Hub (every file present, sizes
-  // and sha256 equal, nothing extra, one read back). Transient failures of either are retried (K6);
-  // a verification mismatch is uploaded once more, and a second mismatch stops the run (K4).
-  let local: LocalFile[];
-  try {
-    local = await localInventory(o.localDir);
-    if (local.length === 0) throw new Error(`${o.localDir} holds no files`);
-  } catch (e) {
-    return fail(new CheckpointPublishError(`checkpoint ${step}: reading the local copy at ${o.localDir} failed: ${describeHubError(e)}. ${kept}`, "upload", o.pathInRepo, o.localDir));
+const retryReason = (e: unknown): string => (e instanceof RetryExhausted ? e.message : describeHubError(e));
+
+/** A stage failed: another writer (K8) or an abandoned checkpoint (K6) passes through as it is; anything else becomes wrap(). */
+async function stageFailed(p: Publishing, e: unknown, wrap: () => Error): Promise<never> {
+  const name = (e as { name?: string } | null)?.name;
+  if (name === "ConcurrentWriterError" || name === "RetryAbandoned") {
+    await p.fail(e as Error).catch(() => undefined);
+    throw e;
   }
-  let v: Awaited<ReturnType<typeof verifyRemote>> | null = null;
+  return p.fail(wrap());
+}
+
+async function readLocalCopy(p: Publishing): Promise<LocalFile[]> {
+  const { o } = p;
+  try {
+    const local = await localInventory(o.localDir);
+    if (local.length === 0) throw new Error(`${o.localDir} holds no files`);
+    return local;
+  } catch (e) {
+    return p.fail(new CheckpointPublishError(`checkpoint ${p.step}: reading the local copy at ${o.localDir} failed: ${describeHubError(e)}. ${p.kept}`, "upload", o.pathInRepo, o.localDir));
+  }
+}
+
+/**
+ * 1. upload: one commit for the whole folder; 2. verify against the Hub (every file present, sizes and
+ * sha256 equal, nothing extra, one read back). Transient failures of either are retried (K6); a
+ * verification mismatch is uploaded once more, and a second mismatch stops the run (K4).
+ */
+async function uploadAndVerify(p: Publishing, local: LocalFile[]): Promise<void> {
+  const { store, o, step, kind } = p;
   for (let round = 1; round <= 2; round++) {
     try {
       await withRetry(
         (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1 || round > 1 }),
-        retry(`upload of ${o.pathInRepo} (step ${step})`),
+        p.retry(`upload of ${o.pathInRepo} (step ${step})`),
       );
     } catch (e) {
-      if (passThrough(e)) { await fail(e as Error).catch(() => undefined); throw e; }
-      return fail(new CheckpointPublishError(`checkpoint ${step}: upload to ${where} failed: ${reason(e)}. ${kept}`, "upload", o.pathInRepo, o.localDir));
+      await stageFailed(p, e, () => new CheckpointPublishError(`checkpoint ${step}: upload to ${p.where} failed: ${retryReason(e)}. ${p.kept}`, "upload", o.pathInRepo, o.localDir));
     }
+    let v: Awaited<ReturnType<typeof verifyRemote>>;
     try {
-      v = await withRetry(() => verifyRemote(store, local, o.pathInRepo), retry(`verification of ${o.pathInRepo} (step ${step})`));
+      v = await withRetry(() => verifyRemote(store, local, o.pathInRepo), p.retry(`verification of ${o.pathInRepo} (step ${step})`));
     } catch (e) {
-      if (passThrough(e)) { await fail(e as Error).catch(() => undefined); throw e; }
-      return fail(new CheckpointVerifyError(`checkpoint ${step}: could not verify ${where}: listing it failed (${reason(e)}). ${kept}`, o.pathInRepo, o.localDir, result.verify));
+      return stageFailed(p, e, () => new CheckpointVerifyError(`checkpoint ${step}: could not verify ${p.where}: listing it failed (${retryReason(e)}). ${p.kept}`, o.pathInRepo, o.localDir, p.result.verify));
     }
-    if (!v) throw new Error("unreachable: no verification report");
-    result.verify = { missing: v.missing, mismatch: v.mismatch, extra: v.extra, readbackOk: v.readbackOk };
-    const bad = v.missing.length || v.mismatch.length || v.extra.length || !v.readbackOk;
-    if (!bad) break;
-    const parts = [
-      `missing ${v.missing.length}${v.missing.length ? ` [${v.missing.join(", ")}]` : ""}`,
-      `mismatched ${v.mismatch.length}${v.mismatch.length ? ` [${v.mismatch.join(", ")}]` : ""}`,
-      `extra ${v.extra.length}${v.extra.length ? ` [${v.extra.join(", ")}]` : ""}`,
-      `read-back ${v.readbackOk ? "ok" : "FAILED"}`,
-    ];
-    const det = v.detail.length ? ` (${v.detail.join("; ")})` : "";
+    p.result.verify = { missing: v.missing, mismatch: v.mismatch, extra: v.extra, readbackOk: v.readbackOk };
+    if (!(v.missing.length || v.mismatch.length || v.extra.length || !v.readbackOk)) return;
+    const what = verifyFindings(v);
     if (round === 1) {
-      o.log(`hub: checkpoint ${step} did not verify at ${where}: ${parts.join(", ")}${det}; uploading it once more (K4 stops only on a second mismatch)`);
+      o.log(`hub: checkpoint ${step} did not verify at ${p.where}: ${what}; uploading it once more (K4 stops only on a second mismatch)`);
       continue;
     }
-    return fail(new CheckpointVerifyError(`checkpoint ${step} did not verify on the Hub at ${where}, also after one re-upload: ${parts.join(", ")}${det}. ${kept}`, o.pathInRepo, o.localDir, result.verify));
+    return p.fail(new CheckpointVerifyError(`checkpoint ${step} did not verify on the Hub at ${p.where}, also after one re-upload: ${what}. ${p.kept}`, o.pathInRepo, o.localDir, p.result.verify));
   }
+}
 
-  // 3. the pointer, read back by writePointer itself.
+/** "missing 0, mismatched 1 [path], extra 0, read-back ok (details)". */
+function verifyFindings(v: Awaited<ReturnType<typeof verifyRemote>>): string {
+  const parts = [
+    `missing ${v.missing.length}${v.missing.length ? ` [${v.missing.join(", ")}]` : ""}`,
+    `mismatched ${v.mismatch.length}${v.mismatch.length ? ` [${v.mismatch.join(", ")}]` : ""}`,
+    `extra ${v.extra.length}${v.extra.length ? ` [${v.extra.join(", ")}]` : ""}`,
+    `read-back ${v.readbackOk ? "ok" : "FAILED"}`,
+  ];
+  return `${parts.join(", ")}${v.detail.length ? ` (${v.detail.join("; ")})` : ""}`;
+}
+
+/** 3. the pointer, read back by writePointer itself. */
+async function movePointer(p: Publishing): Promise<void> {
+  const { store, o, step } = p;
   try {
-    await withRetry((attempt) => store.writePointer(o.pointer, { retry: attempt > 1 }), retry(`write of latest.json -> ${o.pathInRepo}`));
+    await withRetry((attempt) => store.writePointer(o.pointer, { retry: attempt > 1 }), p.retry(`write of latest.json -> ${o.pathInRepo}`));
   } catch (e) {
-    if (passThrough(e)) { await fail(e as Error).catch(() => undefined); throw e; }
-    return fail(new CheckpointPublishError(
-      `checkpoint ${step} is verified on the Hub at ${where}, but latest.json could not be moved to it: ${reason(e)}. ` +
+    await stageFailed(p, e, () => new CheckpointPublishError(
+      `checkpoint ${step} is verified on the Hub at ${p.where}, but latest.json could not be moved to it: ${retryReason(e)}. ` +
       `The local copy at ${o.localDir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). ` +
       `--resume auto rolls the pointer forward onto this checkpoint, which proves complete against its manifest (R5)`,
       "pointer", o.pathInRepo, o.localDir));
   }
-  clock.failingSince = null;
-  result.ok = true;
-  result.pushVerifySeconds = (performance.now() - t0) / 1000;
+}
 
-  // 4. prune, only if asked and the disk guard allows.
+/** 4. prune, only if asked and the disk guard allows (K3). */
+async function pruneIfAllowed(p: Publishing): Promise<void> {
+  const { o, result } = p;
   const free = await freeBytes(o.localDir);
   if (!o.prune) {
     result.pruneReason = "--prune not set";
     result.freeGb = round1(free / GB);
-  } else {
-    const size = await dirBytes(o.localDir);
-    const after = free + size;
-    if (after / GB < o.minFreeGb) {
-      result.pruneReason = `kept: free disk after pruning would be ${(after / GB).toFixed(1)} GB, below the ${o.minFreeGb} GB guard (K3)`;
-      result.freeGb = round1(free / GB);
-    } else {
-      await fsp.rm(o.localDir, { recursive: true, force: true });
-      result.pruned = true;
-      result.freeGb = round1((await freeBytes(path.dirname(path.resolve(o.localDir)))) / GB);
-    }
+    return;
   }
-  o.log(ckptLine(kind, result, o.pointer, o.loss));
-  return result;
+  const after = free + (await dirBytes(o.localDir));
+  if (after / GB < o.minFreeGb) {
+    result.pruneReason = `kept: free disk after pruning would be ${(after / GB).toFixed(1)} GB, below the ${o.minFreeGb} GB guard (K3)`;
+    result.freeGb = round1(free / GB);
+    return;
+  }
+  await fsp.rm(o.localDir, { recursive: true, force: true });
+  result.pruned = true;
+  result.freeGb = round1((await freeBytes(path.dirname(path.resolve(o.localDir)))) / GB);
+}
+
+/** K3: upload → verify → pointer → prune; each stage runs only if the one before it succeeded. */
+async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL"): Promise<PublishResult> {
+  const p = startPublishing(store, o, kind);
+  const local = await readLocalCopy(p);
+  await uploadAndVerify(p, local);
+  await movePointer(p);
+  p.clock.failingSince = null;
+  p.result.ok = true;
+  p.result.pushVerifySeconds = (performance.now() - p.t0) / 1000;
+  await pruneIfAllowed(p);
+  o.log(ckptLine(kind, p.result, o.pointer, o.loss));
+  return p.result;
 }
 
 /** K3 for ckpt/checkpoint-N: upload → verify → pointer → prune. Throws CheckpointVerifyError (K4) or
