@@ -18,8 +18,8 @@ const MODULES = {
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),
   "src/data/plan.ts": T("data.plan-rules", "data.guards", "data.sampler", "train.config"),
   "src/config.ts": T("train.config-rules", "train.config", "data.guards"),
-  "src/hub/resume.ts": T("hub.resume"),
-  "src/hub/cycle.ts": T("hub.cycle"),
+  "src/hub/resume.ts": T("hub.resume-rules", "hub.resume"),
+  "src/hub/cycle.ts": T("hub.cycle-rules", "hub.cycle"),
   "src/checkpoint.ts": T("hub.resume", "hub.cycle", "train.report"),
 };
 
