@@ -1,0 +1,369 @@
+// K3 / K4 / K6 / K8 / G4: the rules of the checkpoint publish cycle that hub.cycle.test leaves unchecked, one
+// behaviour per test, against a real LocalHub through the real @huggingface/hub client (issue 14: they kill
+// the mutants of src/hub/cycle.ts that survived).
+import { test, describe, before, after, beforeEach } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { listCommits } from "@huggingface/hub";
+import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
+import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
+import type { HubStore, Pointer } from "../src/hub/store";
+
+let th: TestHub;
+let n = 0;
+
+before(async () => {
+  th = await startTestHub();
+});
+after(async () => {
+  await th.close();
+});
+beforeEach(() => th.hub.clearFaults());
+
+/** K6 retries shortened: give up after 0.4 s of failures, backoff 20..50 ms. */
+const QUICK = { giveUpMs: 400, backoff: { baseMs: 20, capMs: 50 } };
+
+type Ck = Pointer & { dir: string };
+
+async function freshRepo(): Promise<HubStore> {
+  const store = th.store({ repo: `tester/cycle-rules-${++n}` });
+  await store.ensureRepo();
+  return store;
+}
+
+function checkpoint(step = 20, o: { seqsPerStep?: number } = {}): Ck {
+  return writeFakeCheckpoint(path.join(th.tmp, `c${n}`, `checkpoint-${step}`), { step, loss: 2.5, ...o });
+}
+
+function options(ck: Ck, lines: string[], extra: Partial<PublishOptions> = {}): PublishOptions {
+  return { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l), ...extra };
+}
+
+/** What the repo holds besides the .gitattributes every new repo starts with. */
+async function pushed(store: HubStore): Promise<string[]> {
+  return (await store.list()).map((f) => f.path).filter((p) => p !== ".gitattributes");
+}
+
+/** The same real store, with a Hub fault switched on the moment its upload (the commit) has landed. */
+function faultAfterUpload(store: HubStore, faults: Parameters<TestHub["hub"]["setFaults"]>[0]): HubStore {
+  const s = Object.create(store) as HubStore;
+  s.uploadFolder = async (...a) => {
+    const r = await store.uploadFolder(...a);
+    th.hub.setFaults(faults);
+    return r;
+  };
+  return s;
+}
+
+async function commitTitles(store: HubStore): Promise<string[]> {
+  const out: string[] = [];
+  for await (const c of listCommits({ repo: { type: store.repoType, name: store.repo }, hubUrl: th.url })) out.push(c.title);
+  return out;
+}
+
+describe("publish refuses inconsistent options before any work (K3)", () => {
+  test("a pointer that names another folder than pathInRepo is a TypeError, and nothing is pushed", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(store, { ...options(ck, lines), pathInRepo: "ckpt/checkpoint-21" }), {
+      name: "TypeError",
+      message: 'publish: pointer.path_in_repo "ckpt/checkpoint-20" differs from pathInRepo "ckpt/checkpoint-21"',
+    });
+    assert.deepEqual(await pushed(store), []);
+    assert.deepEqual(lines, []);
+  });
+
+  for (const bad of [-1, Number.NaN]) {
+    test(`a disk guard of ${bad} GB is a TypeError, and nothing is pushed`, async () => {
+      const store = await freshRepo();
+      const ck = checkpoint();
+      await assert.rejects(publishCheckpoint(store, options(ck, [], { minFreeGb: bad })), { name: "TypeError", message: `publish: minFreeGb must be >= 0, got ${bad}` });
+      assert.deepEqual(await pushed(store), []);
+    });
+  }
+
+  test("an empty local folder is refused as unreadable (K3): nothing is pushed and the failure is logged", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    for (const f of fs.readdirSync(ck.dir)) fs.rmSync(path.join(ck.dir, f));
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(store, options(ck, lines)), (e: Error & { stage?: string }) => {
+      assert.equal(e.name, "CheckpointPublishError");
+      assert.equal(e.stage, "upload");
+      assert.ok(e.message.startsWith(`checkpoint 20: reading the local copy at ${ck.dir} failed: ${ck.dir} holds no files. The local copy at ${ck.dir} is kept and latest.json was not moved.`), e.message);
+      return true;
+    });
+    assert.equal(lines.length, 1);
+    assert.match(lines[0]!, /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=false pruned=false free=\d+\.\dGB loss=n\/a \(not pruned: the checkpoint was not published\)$/);
+    assert.doesNotMatch(lines[0]!, / free=0\.0GB/, "free disk is measured on the failure line too");
+    assert.deepEqual(await pushed(store), []);
+  });
+
+  test("a local folder that does not exist is refused as unreadable (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    fs.rmSync(ck.dir, { recursive: true });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error) => {
+      assert.equal(e.name, "CheckpointPublishError");
+      assert.match(e.message, /^checkpoint 20: reading the local copy at .* failed: .*ENOENT/);
+      return true;
+    });
+  });
+});
+
+describe("the commit (K3, G4)", () => {
+  test("a checkpoint is committed as 'checkpoint step N', final/ as 'final export (step N)', or with the message given", async () => {
+    const store = await freshRepo();
+    await publishCheckpoint(store, options(checkpoint(20), []));
+    await publishCheckpoint(store, options(checkpoint(30), [], { message: "my message" }));
+    const dir = path.join(th.tmp, `c${n}`, "final");
+    const fin = writeFakeCheckpoint(dir, { step: 40 });
+    const r = await publishFinal(store, { localDir: dir, pointer: { ...pointerOf(fin), path_in_repo: "final" }, log: () => {} });
+    assert.equal(r.pathInRepo, "final");
+    assert.equal(r.pruned, false);
+    assert.equal(r.pruneReason, "--prune not set", "publishFinal does not prune unless asked");
+    assert.ok(fs.existsSync(dir));
+    const titles = await commitTitles(store);
+    for (const t of ["checkpoint step 20", "my message", "final export (step 40)"]) assert.ok(titles.includes(t), `${t} in ${JSON.stringify(titles)}`);
+  });
+
+  test("files in subfolders are pushed under their relative path and verified (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    fs.mkdirSync(path.join(ck.dir, "extra", "deep"), { recursive: true });
+    fs.writeFileSync(path.join(ck.dir, "extra", "deep", "notes.txt"), "sub-folder file");
+    const r = await publishCheckpoint(store, options(ck, []));
+    assert.equal(r.ok, true);
+    assert.ok((await store.list("ckpt/checkpoint-20")).some((f) => f.path === "ckpt/checkpoint-20/extra/deep/notes.txt"));
+  });
+
+  test("the CKPT line groups the sample count and reports a measured push+verify time and free disk (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint(200);
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines, { loss: 1.25 }));
+    assert.ok(r.pushVerifySeconds > 0, "push+verify took some time");
+    assert.ok(r.freeGb > 0, "free disk is measured");
+    assert.equal(lines.length, 1);
+    assert.equal(lines[0], `CKPT 200 samples=1,600 push+verify=${r.pushVerifySeconds.toFixed(1)}s ok=true pruned=false free=${r.freeGb.toFixed(1)}GB loss=1.25 (--prune not set)`);
+  });
+});
+
+describe("verification against the Hub (K4)", () => {
+  test("a first mismatch is uploaded once more, and a clean second upload publishes (K4 stops only on a second mismatch)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"], failCount: 1 });
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines));
+    assert.equal(r.ok, true);
+    assert.deepEqual(r.verify, { missing: [], mismatch: [], extra: [], readbackOk: true });
+    assert.match(lines[0]!, /^hub: checkpoint 20 did not verify at tester\/cycle-rules-\d+\/ckpt\/checkpoint-20: missing 0, mismatched 1 \[ckpt\/checkpoint-20\/model\.safetensors\], extra 0, read-back ok \(ckpt\/checkpoint-20\/model\.safetensors: sha256 [0-9a-f]{64} on the Hub, [0-9a-f]{64} locally\); uploading it once more \(K4 stops only on a second mismatch\)$/);
+    assert.match(lines[1]!, /^CKPT 20 .* ok=true/);
+    assert.deepEqual(await store.readPointer(), pointerOf(ck));
+  });
+
+  test("a file of another size on the Hub is a mismatch that names both sizes (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const size = fs.statSync(path.join(ck.dir, "config.json")).size;
+    th.hub.setFaults({ extraOnCommit: [{ path: "ckpt/checkpoint-20/config.json", content: "{}" }] });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { mismatch: string[]; extra: string[] } }) => {
+      assert.equal(e.name, "CheckpointVerifyError");
+      assert.ok(e.message.includes(`ckpt/checkpoint-20/config.json: 2 bytes on the Hub, ${size} locally`), e.message);
+      assert.deepEqual(e.verify!.mismatch, ["ckpt/checkpoint-20/config.json"]);
+      assert.deepEqual(e.verify!.extra, []);
+      return true;
+    });
+  });
+
+  test("extra files are reported sorted, and every finding is listed with its paths (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    th.hub.setFaults({ extraOnCommit: [{ path: "ckpt/checkpoint-20/z.bin", content: "z" }, { path: "ckpt/checkpoint-20/a.bin", content: "a" }], dropOnCommit: ["checkpoint-20/config.json"] });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { extra: string[] } }) => {
+      assert.ok(e.message.includes("missing 1 [ckpt/checkpoint-20/config.json], mismatched 0, extra 2 [ckpt/checkpoint-20/a.bin, ckpt/checkpoint-20/z.bin], read-back ok. "), e.message);
+      assert.deepEqual(e.verify!.extra, ["ckpt/checkpoint-20/a.bin", "ckpt/checkpoint-20/z.bin"]);
+      return true;
+    });
+  });
+
+  test("the read-back reads cursor.json when the folder has one: a corrupted weights file leaves the read-back ok (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"] });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
+      assert.equal(e.verify!.readbackOk, true);
+      assert.ok(e.message.includes("mismatched 1 [ckpt/checkpoint-20/model.safetensors], extra 0, read-back ok ("), e.message);
+      return true;
+    });
+  });
+
+  test("without cursor.json the read-back reads the smallest file, and a corrupted one fails it with both hashes (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    fs.rmSync(path.join(ck.dir, "cursor.json"));
+    const sizes = fs.readdirSync(ck.dir).map((f) => ({ f, size: fs.statSync(path.join(ck.dir, f)).size })).sort((a, b) => a.size - b.size);
+    const smallest = sizes[0]!.f;
+    assert.ok(sizes[0]!.size < sizes[1]!.size, "one file is the smallest");
+    th.hub.setFaults({ corruptOnCommit: [`checkpoint-20/${smallest}`] });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
+      assert.equal(e.verify!.readbackOk, false);
+      assert.match(e.message, new RegExp(`read-back FAILED \\(.*read-back of ckpt/checkpoint-20/${smallest.replace(".", "\\.")}: ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}; local has ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}\\)`));
+      return true;
+    });
+  });
+
+  /** A folder of LFS files only: listing it downloads nothing, so the one download is the read-back. */
+  function weightsOnly(): Ck {
+    const ck = checkpoint();
+    for (const f of fs.readdirSync(ck.dir)) if (!f.endsWith(".safetensors")) fs.rmSync(path.join(ck.dir, f));
+    return ck;
+  }
+
+  test("a read-back the Hub refuses is a failed read-back that names the error, not a pass (K4)", async () => {
+    const store = await freshRepo();
+    const ck = weightsOnly();
+    await assert.rejects(publishCheckpoint(faultAfterUpload(store, { status: { resolve: 403 } }), options(ck, [], QUICK)), (e: Error & { verify?: { readbackOk: boolean } }) => {
+      assert.equal(e.name, "CheckpointVerifyError");
+      assert.equal(e.verify!.readbackOk, false);
+      assert.ok(e.message.includes("missing 0, mismatched 0, extra 0, read-back FAILED (read-back of ckpt/checkpoint-20/model.safetensors failed: HTTP 403"), e.message);
+      return true;
+    });
+  });
+
+  test("a read-back that fails transiently is retried, not counted as a mismatch (K4, K6)", async () => {
+    const store = await freshRepo();
+    const ck = weightsOnly();
+    const lines: string[] = [];
+    const r = await publishCheckpoint(faultAfterUpload(store, { status: { resolve: 503 }, failCount: 1 }), options(ck, lines, QUICK));
+    assert.equal(r.ok, true);
+    assert.ok(lines.some((l) => /^hub: verification of ckpt\/checkpoint-20 \(step 20\) failed \(attempt 1: HTTP 503/.test(l)), lines.join("\n"));
+    assert.equal(lines.filter((l) => /did not verify/.test(l)).length, 0, lines.join("\n"));
+  });
+
+  test("a verification whose listing keeps failing is refused as unverifiable, the pointer unmoved (K4, K6)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    await assert.rejects(publishCheckpoint(faultAfterUpload(store, { status: { list: 503 } }), options(ck, [], { ...QUICK })), (e: Error) => {
+      assert.equal(e.name, "CheckpointVerifyError");
+      assert.match(e.message, /^checkpoint 20: could not verify tester\/cycle-rules-\d+\/ckpt\/checkpoint-20: listing it failed \(verification of ckpt\/checkpoint-20 \(step 20\) kept failing for .*HTTP 503.*\)\. The local copy at .* is kept and latest\.json was not moved\./);
+      return true;
+    });
+    th.hub.clearFaults();
+    assert.equal(await store.readPointer(), null);
+  });
+});
+
+describe("retries and the failure clock (K6)", () => {
+  test("by default a transient failure is retried (the default give-up is long), and the publish completes", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    th.hub.setFaults({ status: { commit: 503 }, failCount: 1 });
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines, { backoff: { baseMs: 20, capMs: 50 } }));
+    assert.equal(r.ok, true);
+    assert.equal(lines.filter((l) => /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt 1: HTTP 503.* of at most 1800s \(K6\)$/.test(l)).length, 1, lines.join("\n"));
+  });
+
+  test("the failure clock starts at the first failure, survives a give-up, and is cleared by a publish that succeeds", async () => {
+    const store = await freshRepo();
+    const clock: { failingSince: number | null } = { failingSince: null };
+    th.hub.setFaults({ status: { commit: 503 } });
+    const before = performance.now();
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(20), [], { ...QUICK, clock })), /kept failing/);
+    assert.ok(clock.failingSince !== null && clock.failingSince >= before, "the clock holds the first failure");
+    const first = clock.failingSince;
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(30), [], { ...QUICK, giveUpMs: 60_000, abandon: () => "stop" , clock })), { name: "RetryAbandoned" });
+    assert.equal(clock.failingSince, first, "a later failure does not restart the clock");
+    th.hub.clearFaults();
+    const r = await publishCheckpoint(store, options(checkpoint(40), [], { ...QUICK, clock }));
+    assert.equal(r.ok, true);
+    assert.equal(clock.failingSince, null, "success clears the clock");
+  });
+
+  test("a clock that has been failing longer than the limit gives up at the next failure, without a retry", async () => {
+    const store = await freshRepo();
+    const clock = { failingSince: performance.now() - 10 * 60_000 };
+    th.hub.setFaults({ status: { commit: 503 } });
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(), lines, { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, clock })), /upload of ckpt\/checkpoint-20 \(step 20\) kept failing for \d+\.\d min/);
+    assert.equal(lines.filter((l) => /retrying in/.test(l)).length, 0, lines.join("\n"));
+  });
+
+  test("an abandoned checkpoint passes its RetryAbandoned through, logged as not published, the pointer unmoved", async () => {
+    const store = await freshRepo();
+    th.hub.setFaults({ status: { commit: 503 } });
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(), lines, { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, abandon: () => "a newer checkpoint is waiting" })), (e: Error) => {
+      assert.equal(e.name, "RetryAbandoned");
+      assert.equal(e.message, "a newer checkpoint is waiting");
+      return true;
+    });
+    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false .*\(not pruned: the checkpoint was not published\)$/);
+    th.hub.clearFaults();
+    assert.equal(await store.readPointer(), null);
+  });
+
+  test("an abandoned pointer write passes through too, the checkpoint kept (K6)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    th.hub.setFaults({ failPointerWrite: true });
+    await assert.rejects(publishCheckpoint(store, options(ck, [], { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, abandon: () => "newer" })), { name: "RetryAbandoned" });
+    assert.ok(fs.existsSync(ck.dir));
+  });
+
+  test("another writer's commit passes through as ConcurrentWriterError, not as a publish error (K8)", async () => {
+    const store = await freshRepo();
+    await store.followHead();
+    const other = th.store({ repo: store.repo });
+    const theirs = checkpoint(5);
+    await other.uploadFolder(theirs.dir, "elsewhere", "someone else's commit");
+    const lines: string[] = [];
+    const ck = checkpoint();
+    await assert.rejects(publishCheckpoint(store, options(ck, lines, QUICK)), { name: "ConcurrentWriterError" });
+    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false/);
+    assert.ok(fs.existsSync(ck.dir));
+  });
+});
+
+describe("prune and the disk guard (K3)", () => {
+  test("a kept copy names the free disk after pruning and the guard, with the rule (K3)", async () => {
+    const store = await freshRepo();
+    const r = await publishCheckpoint(store, options(checkpoint(), [], { prune: true, minFreeGb: 1e9 }));
+    assert.match(r.pruneReason!, /^kept: free disk after pruning would be \d+\.\d GB, below the 1000000000 GB guard \(K3\)$/);
+    const after = Number(/would be (\d+\.\d) GB/.exec(r.pruneReason!)![1]);
+    assert.ok(Math.abs(after - r.freeGb) < 1, "free disk after pruning is about the free disk now (the folder is tiny)");
+    assert.ok(r.freeGb > 0);
+  });
+
+  test("a pruned copy reports the free disk of its parent folder (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const r = await publishCheckpoint(store, options(ck, [], { prune: true, minFreeGb: 0 }));
+    assert.equal(r.pruned, true);
+    assert.ok(r.freeGb > 0);
+    assert.equal(fs.existsSync(ck.dir), false);
+    assert.ok(fs.existsSync(path.dirname(ck.dir)), "only the checkpoint folder is removed");
+  });
+
+  test("publishFinal guards the disk at 6 GB by default when asked to prune (G4)", async () => {
+    const store = await freshRepo();
+    const dir = path.join(th.tmp, `c${n}`, "final");
+    const fin = writeFakeCheckpoint(dir, { step: 40 });
+    const r = await publishFinal(store, { localDir: dir, pointer: { ...pointerOf(fin), path_in_repo: "final" }, log: () => {}, prune: true });
+    const freeGb = (await freeBytes(os.tmpdir())) / 1e9;
+    if (freeGb >= 7) assert.equal(r.pruned, true, r.pruneReason ?? "");
+    else if (freeGb < 5) assert.match(r.pruneReason ?? "", /below the 6 GB guard/);
+    assert.equal(r.ok, true);
+  });
+
+  test("freeBytes of a path that does not exist yet measures its nearest existing parent", async () => {
+    const free = await freeBytes(path.join(th.tmp, "not", "there", "yet"));
+    assert.ok(free > 0);
+    assert.ok(Number.isSafeInteger(free));
+  });
+});
