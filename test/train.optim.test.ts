@@ -103,7 +103,7 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   const rnd = () => { seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0; return seed / 2 ** 32 - 0.5; };
   const P = 3 * 4096 + 4103; // several kernel chunks and a tail that is not a multiple of 4
   const fill = (scale: number) => Float32Array.from({ length: P }, () => rnd() * scale);
-  for (const k of [1, 2, 3, 17]) { // 17 slots: more than the kernel holds, the reference path
+  for (const k of [1, 2, 3, 16, 17]) { // 16 slots: every region of the kernel in use (its pad lanes too); 17: more than it holds, the reference path
     const slots = Array.from({ length: k }, () => fill(1000));
     const a = slots.map((x) => Float32Array.from(x)), b = slots.map((x) => Float32Array.from(x));
     const lo = 5, hi = P - 3, inv = 1 / (k * 65536); // inv a float32 value when k is a power of two
