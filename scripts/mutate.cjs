@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-// npm run mutate -- [MODULE ...]   (no argument: every module below, one after the other)
+// npm run mutate -- [MODULE[:LINES] ...]   (no argument: every module below, one after the other)
+// LINES restricts the mutants to line ranges of the module, e.g. src/actors/coordinator.ts:135-247,288-305.
 // Mutation testing with StrykerJS over node's test runner (tap runner), one module at a time, against the test
 // files that exercise it; prints a mutation score per module. Slow by nature: not part of `npm test`.
 // Env: STRYKER_CONCURRENCY (default 2), STRYKER_TSC=1 adds the TypeScript checker.
@@ -12,7 +13,7 @@ const T = (...names) => names.map((n) => `dist/test/${n}.test.js`);
 const MODULES = {
   "src/actors/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
   "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
-  "src/actors/coordinator.ts": T("train.runtime", "train.step-decision", "train.coordinator"),
+  "src/actors/coordinator.ts": T("train.coordinator-rules", "train.step-decision", "train.runtime", "train.coordinator"),
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
   "src/data/sampler.ts": T("data.sampler-rules", "data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),
@@ -26,17 +27,20 @@ const MODULES = {
 const root = path.join(__dirname, "..");
 const args = process.argv.slice(2);
 const wanted = args.length ? args : Object.keys(MODULES);
-for (const m of wanted) if (!MODULES[m]) { console.error(`mutate: unknown module ${m}; known: ${Object.keys(MODULES).join(", ")}`); process.exit(2); }
+const file = (m) => m.replace(/:.*$/, "");
+/** "file:a-b,c-d" -> Stryker's mutate entries "file:a-b", "file:c-d" (or just "file"). */
+const mutateEntries = (m) => (m.includes(":") ? m.slice(m.indexOf(":") + 1).split(",").map((r) => `${file(m)}:${r}`) : [m]);
+for (const m of wanted) if (!MODULES[file(m)] || !/^[^:]+(:\d+-\d+(,\d+-\d+)*)?$/.test(m)) { console.error(`mutate: unknown module ${m}; known: ${Object.keys(MODULES).join(", ")}`); process.exit(2); }
 
 const rows = [];
 for (const m of wanted) {
-  const tests = MODULES[m].filter((f) => fs.existsSync(path.join(root, f.replace(/^dist\/test\/(.*)\.js$/, "test/$1.ts"))));
+  const tests = MODULES[file(m)].filter((f) => fs.existsSync(path.join(root, f.replace(/^dist\/test\/(.*)\.js$/, "test/$1.ts"))));
   console.log(`\n=== ${m}: mutants run against ${tests.join(", ")}`);
   const t0 = Date.now();
   const r = spawnSync(process.execPath, [path.join(path.dirname(require.resolve("@stryker-mutator/core/package.json")), "bin", "stryker.js"), "run", "stryker.config.mjs"], {
-    cwd: root, stdio: "inherit", env: { ...process.env, STRYKER_MUTATE: m, STRYKER_TESTS: tests.join(",") },
+    cwd: root, stdio: "inherit", env: { ...process.env, STRYKER_MUTATE: mutateEntries(m).join(","), STRYKER_TESTS: tests.join(",") },
   });
-  const report = path.join(root, "reports", "mutation", `${m.replace(/[\/.]/g, "_")}.json`);
+  const report = path.join(root, "reports", "mutation", `${file(m).replace(/[\/.]/g, "_")}.json`);
   if (r.status !== 0 || !fs.existsSync(report)) { rows.push({ m, error: `stryker exited ${r.status}` }); continue; }
   const j = JSON.parse(fs.readFileSync(report, "utf8"));
   const c = {};
