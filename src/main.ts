@@ -1,11 +1,12 @@
 /**
- * `node dist/main.js [flags]`: parse, build, run, report. Everything else lives in run.ts and the
+ * `node dist/main.js [flags]`: parse, build, run, report. Everything else lives in run.ts, session/ and the
  * actors; this file only maps outcomes to exit codes (0 done, 2 refused, 1 failed, 3 stopped by a
  * signal after saving and publishing a checkpoint at the current step: O3) and forwards signals.
  */
 import { parseArgs, usage } from "./config";
 import { isUserError } from "./errors";
-import { EXIT_STOPPED, requestStop, runSession, RunComplete, RunStopped, setCommandLine } from "./run";
+import { runSession } from "./run";
+import { EXIT_STOPPED, requestStop, RunComplete, RunStopped, setCommandLine } from "./session/stop";
 
 /** O3: the first SIGINT/SIGTERM finishes the step, saves, publishes and exits 3; a second exits at once. */
 function onSignals(): void {

@@ -1,0 +1,142 @@
+/**
+ * The checkpoints a session has handed over and not yet seen land (K1-K6, B3, O5). The coordinator copies the
+ * weights into one staging buffer and the uploader writes, publishes and verifies behind training; this keeps
+ * the account: the write in progress (the staging copy is single), what the uploader reported, the first failure
+ * and the step it belongs to, and turns a failure into the refusal that says what is saved and what to run next.
+ */
+import * as path from "node:path";
+import { UserError } from "../errors";
+import { hfConfigJson } from "../model/config";
+import { checkpointDocs, type Coordinator } from "../actors/coordinator";
+import type { OptimizerPosition } from "../actors/optim";
+import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
+import { checkpointName, type LogEntry, type TrainerState } from "../checkpoint";
+import type { Reporter } from "../report";
+import { cursorAt, pointerAt, type SessionPlan } from "./plan";
+import { resumeCommand } from "./stop";
+
+export class CheckpointsInFlight {
+  /** Every checkpoint the uploader finished with, by step. */
+  readonly outcomes: CheckpointOutcome[] = [];
+  /** Steps whose checkpoint is published and verified (or, without a Hub, written). */
+  readonly published = new Set<number>();
+  private readonly staged = new Set<number>();
+  private writing: Promise<WriteOutcome> | null = null;
+  private writeError: unknown = null;
+  private uploadError: unknown = null;
+  private failedStep = -1;
+
+  constructor(
+    private readonly s: SessionPlan, private readonly coord: Coordinator, private readonly pos: OptimizerPosition,
+    private readonly history: LogEntry[], private readonly events: UploaderEvent[], private readonly rep: Reporter,
+  ) {}
+
+  /** A write or a publication has failed: the loop stops at this step boundary. */
+  get failed(): boolean {
+    return Boolean(this.uploadError || this.writeError);
+  }
+
+  /** Take what the uploader reported since the last look (K6: publishing runs behind training). */
+  absorb(): void {
+    for (const e of this.events.splice(0)) {
+      if (e.type === "published") this.landed(e.outcome);
+      else if (!this.uploadError) { this.uploadError = Object.assign(new Error(e.error.message), e.error); this.failedStep = e.step; }
+    }
+  }
+
+  /** K1: the checkpoint of step `done`, after the previous write has finished; false when something failed meanwhile. */
+  async checkpoint(done: number, loss: number): Promise<boolean> {
+    if (this.writing) {
+      this.rep.say(`waiting for checkpoint ${[...this.staged].pop()} to be written (the staging copy is single)`);
+      await this.waitWrite();
+    }
+    this.absorb();
+    if (this.failed) return false;
+    this.stage(done, loss);
+    return true;
+  }
+
+  /** O3: the checkpoint of the step a signal stopped on, unless it is the resume point or already handed over. */
+  async checkpointOnStop(step: number, loss: number): Promise<void> {
+    if (step > this.s.startStep && !this.staged.has(step)) {
+      await this.waitWrite();
+      this.stage(step, loss);
+    }
+  }
+
+  /** Everything handed to the uploader is written and published (or publishing failed for good). */
+  async drain(why: string): Promise<void> {
+    await this.waitWrite();
+    this.rep.say(`waiting for the checkpoint uploads to finish (${why})`);
+    const d = await this.coord.drainUploads();
+    this.absorb();
+    // The drain's account is authoritative (events travel on their own channel and may lag).
+    for (const o of d.outcomes) if (!this.outcomes.some((x) => x.step === o.step)) this.landed(o);
+    this.outcomes.sort((a, b) => a.step - b.step);
+    if (d.failure) { this.uploadError = Object.assign(new Error(d.failure.error.message), d.failure.error); this.failedStep = d.failure.step; }
+    if (this.s.hub && d.head) await this.s.hub.followHead(d.head); // K8: the uploader's commits are this run's own
+  }
+
+  /** After the drain: a failed write (O5) or publication (K4) becomes the refusal that says what to run next. */
+  throwIfFailed(): void {
+    if (this.writeError) throw this.writeRefusal(this.writeError as Error & { code?: string });
+    if (this.uploadError) throw this.uploadRefusal(this.uploadError as Error);
+  }
+
+  private landed(o: CheckpointOutcome): void {
+    this.outcomes.push(o);
+    if (o.published?.ok || !this.s.hub) this.published.add(o.step);
+  }
+
+  private async waitWrite(): Promise<void> {
+    if (!this.writing) return;
+    await this.writing.catch(() => undefined);
+    this.writing = null;
+  }
+
+  private stage(done: number, loss: number): void {
+    const { s, pos } = this;
+    const trainerState: TrainerState = {
+      format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
+      lr_shape: s.lrShape, seqs_per_step: s.plan.seqsPerStep, log_history: this.history,
+    };
+    const pathInRepo = `ckpt/${checkpointName(done)}`;
+    this.staged.add(done);
+    const w: Promise<WriteOutcome> = this.coord.stageWrite({
+      step: done,
+      dir: path.join(s.cfg.out, "ckpt", checkpointName(done)),
+      docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: s.cfg }),
+      publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss } : null,
+    });
+    w.catch((e) => {
+      // A failed write (ENOSPC ...) is this step's; any other rejection repeats the publishing failure the drain reports.
+      if ((e as Error)?.name === "CheckpointWriteError") { this.writeError = this.writeError ?? e; this.failedStep = done; }
+      else if (!this.uploadError) { this.uploadError = e; this.failedStep = done; }
+    });
+    this.writing = w;
+  }
+
+  private writeRefusal(e: Error & { code?: string }): UserError {
+    const { s } = this;
+    const out = s.cfg.out;
+    // The error crossed a thread: only its name and message survive, so read the code from the message.
+    e.code = e.code ?? /\((ENOSPC|EDQUOT|EROFS|EACCES)\)/.exec(e.message)?.[1];
+    const noSpace = e.code === "ENOSPC" || e.code === "EDQUOT";
+    const last = [...this.published].sort((a, b) => a - b).pop();
+    const where = last === undefined ? "no checkpoint of this session is saved yet" :
+      s.hub ? `checkpoint ${last} is verified on the Hub (latest.json points at it)` : `checkpoint ${last} is saved in ${path.join(out, "ckpt")}`;
+    const next = s.hub ? resumeCommand("auto", noSpace ? ["--prune"] : []) :
+      last !== undefined ? resumeCommand(path.join(out, "ckpt", checkpointName(last))) : null;
+    return new UserError("O5", `${e.message}. Training stopped at step ${this.failedStep}; ${where}. ` +
+      (noSpace ? `Free space under ${path.resolve(out)}${s.hub ? ", or let the run make room by removing local copies already verified on the Hub (--prune)" : ""}` : "Fix the folder") +
+      (next ? `, then continue with: ${next}` : ", then run the same command again"));
+  }
+
+  private uploadRefusal(e: Error): UserError {
+    const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "").replace(/\.$/, "");
+    const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
+    const advice = e.name === "ConcurrentWriterError" ? "" :
+      ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
+    return new UserError(ruleOf, `checkpoint ${this.failedStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved past verified bytes.${advice}`);
+  }
+}

@@ -1,0 +1,69 @@
+/**
+ * The training loop, nanoGPT style: one optimizer step, then the named things that happen between steps
+ * (the metrics, the checkpoint, a signal, the segment end), then validation and export once it ends.
+ */
+import * as path from "node:path";
+import type { Coordinator, StepResult } from "../actors/coordinator";
+import type { OptimizerPosition } from "../actors/optim";
+import type { UploaderEvent } from "../actors/protocol";
+import { checkpointName, type LogEntry } from "../checkpoint";
+import type { Reporter } from "../report";
+import type { SessionPlan } from "./plan";
+import { MetricWindow, sampleNow } from "./metrics";
+import { CheckpointsInFlight } from "./in-flight";
+import { finishSession, type RunResult } from "./finish";
+import { resumeCommand, RunStopped, stopRequested } from "./stop";
+
+/** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
+export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
+  const { cfg, plan } = s;
+  const checkpoints = new CheckpointsInFlight(s, coord, pos, history, events, rep);
+  const metrics = new MetricWindow(s, history, rep);
+  let lastSample = "";
+  let stoppedAt = -1;
+  for (let step = s.startStep; step < s.endStep; step++) {
+    checkpoints.absorb();
+    if (checkpoints.failed) break;
+    if (stopRequested()) {
+      stoppedAt = step;
+      await checkpointOnSignal(s, checkpoints, step, metrics.lastLoss, rep);
+      break;
+    }
+    const r = await stepOrDrain(coord, checkpoints, step, pos, s);
+    const done = step + 1;
+    metrics.record(done, r, pos);
+    if (done % plan.ckptEvery === 0) {
+      if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
+      if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
+    }
+  }
+  await checkpoints.drain("end of the session");
+  checkpoints.throwIfFailed();
+  if (stoppedAt >= 0) throw stoppedBySignal(s, stoppedAt);
+  return finishSession(s, coord, { t0, pos, history, metrics, checkpoints, lastSample }, rep);
+}
+
+/** One optimizer step. When a rank fails, the checkpoints handed over hold the last good steps: let them land, then stop. */
+async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight, step: number, pos: OptimizerPosition, s: SessionPlan): Promise<StepResult> {
+  try {
+    return await coord.step(step, pos, s.cfg.lr, s.lrShape);
+  } catch (e) {
+    await checkpoints.drain(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
+    throw e;
+  }
+}
+
+/** O3: the step in progress has finished; save it and publish it, then stop. */
+async function checkpointOnSignal(s: SessionPlan, checkpoints: CheckpointsInFlight, step: number, loss: number, rep: Reporter): Promise<void> {
+  rep.say(`${stopRequested()}: stopping after step ${step}; writing${s.hub ? " and publishing" : ""} a checkpoint at step ${step} first (a second signal exits at once)`);
+  await checkpoints.checkpointOnStop(step, loss);
+}
+
+/** O3: what a signal's stop leaves, and the command that resumes. */
+function stoppedBySignal(s: SessionPlan, stoppedAt: number): RunStopped {
+  const saved = stoppedAt > s.startStep;
+  const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(path.join(s.cfg.out, "ckpt", checkpointName(stoppedAt)))) : null;
+  return new RunStopped(saved
+    ? `stopped by ${stopRequested()} at step ${stoppedAt}: checkpoint ${stoppedAt} is ${s.hub ? "published and verified on the Hub" : `saved in ${path.join(s.cfg.out, "ckpt")}`}. Resume with: ${cmd}`
+    : `stopped by ${stopRequested()} before any step of this session finished: nothing new to save. Run the same command again to start.`, stoppedAt);
+}

@@ -1,0 +1,228 @@
+/**
+ * Everything fixed before step 1: the data identity, the model, the step plan, the resume point and
+ * where this session ends. Every refusal happens here, before any work (C3, D1, D6, G1, M3, O1,
+ * P5, R1-R4); nothing already saved is overwritten.
+ */
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { UserError } from "../errors";
+import { planSteps, type RunConfig, type StepPlan } from "../config";
+import { buildConfig, countParams, type LlamaConfig } from "../model/config";
+import { readManifest, type Manifest } from "../data/manifest";
+import { PackedTokenStore } from "../data/store";
+import { mixFingerprint } from "../data/fingerprint";
+import { permSha } from "../data/permutation";
+import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
+import { checkNoWrap, valWindowCount } from "../data/plan";
+import { ensureDemoMix } from "../data/demo";
+import type { LrShape } from "../actors/optim";
+import { estimateCheckpointBytes, listCheckpointFolders, type TrainerState } from "../checkpoint";
+import { checkOutRoom } from "../outdir";
+import type { Reporter } from "../report";
+import { createHubStore, type HubStore, type Pointer } from "../hub/store";
+import { resolveAutoResume } from "../hub/resume";
+import { RunComplete } from "./stop";
+
+export interface SessionPlan {
+  cfg: RunConfig;
+  root: string;
+  manifest: Manifest;
+  fingerprint: string;
+  permSha: string;
+  nWindows: number;
+  nVal: number;
+  model: LlamaConfig;
+  params: { sum_numel: number; unique: number; trainable: number };
+  plan: StepPlan;
+  lrShape: LrShape;
+  startStep: number;
+  endStep: number;
+  resumeDir: string | null;
+  priorLoss: number | null;
+  hub: HubStore | null;
+  /** The resume folder is a local copy proven equal to the Hub's verified checkpoint (R6). */
+  resumeVerifiedLocal: boolean;
+  /** Bytes one checkpoint takes (O1, K6). */
+  checkpointBytes: number;
+}
+
+/** The mix and its identity (D1-D7). */
+interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string }
+
+/** The model and what one checkpoint of it takes (M1-M3, O1). */
+interface ModelPlan { model: LlamaConfig; params: SessionPlan["params"]; checkpointBytes: number; roomFor: string }
+
+/** Where this session starts (R1-R6, C3). */
+interface StartPoint { startStep: number; resumeDir: string | null; priorLoss: number | null; resumeVerifiedLocal: boolean }
+
+export async function planSession(cfg: RunConfig, rep: Reporter): Promise<SessionPlan> {
+  const data = await planData(cfg, rep);
+  const m = planModel(cfg, data.manifest);
+  const plan = planSteps(cfg);
+  const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
+  rep.say(`mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
+  rep.say(`params: ${JSON.stringify(m.params)}`);
+  const hub = cfg.hubRepo ? createHubStore({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }) : null;
+  const start = await planStart(cfg, hub, data, plan, m, rep);
+  const room = checkNoWrap({ nWindows: data.nWindows, startStep: start.startStep, stepsPlanned: plan.stepsPlanned, seqsPerStep: plan.seqsPerStep, seqLen: cfg.seqLen });
+  const nVal = valWindowCount(cfg.valTokens, data.manifest.val_total_tokens, cfg.seqLen);
+  rep.say(`data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`);
+  const endStep = planSegmentEnd(cfg, plan, start.startStep);
+  return {
+    cfg, root: data.root, manifest: data.manifest, fingerprint: data.fingerprint, permSha: data.permSha, nWindows: data.nWindows, nVal,
+    model: m.model, params: m.params, plan, lrShape, startStep: start.startStep, endStep, resumeDir: start.resumeDir, priorLoss: start.priorLoss,
+    hub, resumeVerifiedLocal: start.resumeVerifiedLocal, checkpointBytes: m.checkpointBytes,
+  };
+}
+
+async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
+  const root = cfg.demo ? await ensureDemoMix(cfg.root) : cfg.root;
+  const manifest = readManifest(root);
+  if (manifest.total_tokens < cfg.tokens) {
+    rep.say(`WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`);
+  }
+  const store = PackedTokenStore.open(root, manifest, "train");
+  const nWindows = store.numWindows(cfg.seqLen);
+  store.close();
+  const fingerprint = mixFingerprint(root, manifest);
+  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed) };
+}
+
+function planModel(cfg: RunConfig, manifest: Manifest): ModelPlan {
+  const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.vocabSize > 0 || cfg.demo;
+  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : 0);
+  const model = buildConfig({ seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined, vocabSize: vocab || undefined });
+  if (manifest.vocab_size > model.vocabSize) {
+    throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
+  }
+  const params = countParams(model);
+  const checkpointBytes = estimateCheckpointBytes(params.sum_numel);
+  const roomFor = `${params.sum_numel.toLocaleString("en-US")} parameters (weights and two AdamW moments in fp32)`;
+  // O1 before any download: a fresh run must fit one checkpoint now.
+  if (!cfg.benchmark && cfg.resume === "") checkOutRoom(cfg.out, checkpointBytes, roomFor);
+  if (!variant && (params.sum_numel < 90_000_000 || params.sum_numel > 110_000_000)) {
+    throw new UserError("M3", `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`);
+  }
+  return { model, params, checkpointBytes, roomFor };
+}
+
+/** The resume point: the checkpoint to start from (or none), checked against this plan, and room for the next one. */
+async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, plan: StepPlan, m: ModelPlan, rep: Reporter): Promise<StartPoint> {
+  const start = await findResumeDir(cfg, hub, rep);
+  if (!start.resumeDir) await refuseFreshOverExistingRun(cfg, hub);
+  if (start.resumeDir) {
+    const dir = start.resumeDir;
+    const cur = loadCursor(dir);
+    ({ startStep: start.startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: data.permSha, fingerprint: data.fingerprint, seqsPerStep: plan.seqsPerStep }, dir));
+    start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
+    rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
+    moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
+  }
+  // O1 for a resume: a local copy proven equal to the Hub's verified checkpoint counts as room when
+  // --prune lets the run remove it before its next checkpoint.
+  if (!cfg.benchmark && cfg.resume !== "") {
+    const reclaim = cfg.prune && hub && start.resumeVerifiedLocal && start.resumeDir ? dirBytesSync(start.resumeDir) : 0;
+    checkOutRoom(cfg.out, m.checkpointBytes - reclaim, m.roomFor);
+  }
+  if (start.startStep > plan.stepsPlanned) {
+    throw new UserError("P5", `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Use the original --tokens/--max-steps`);
+  }
+  if (start.startStep === plan.stepsPlanned) {
+    // A checkpoint at the horizon whose session stopped before validating and exporting (R5 can roll onto it).
+    rep.say(`resume point step ${start.startStep} is the horizon: nothing left to train; validating and exporting final/`);
+  }
+  return start;
+}
+
+/** --resume auto asks the Hub (R2-R4); --resume DIR names the folder; '' starts fresh. */
+async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter): Promise<StartPoint> {
+  const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
+  if (cfg.resume !== "auto") return { ...start, resumeDir: cfg.resume || null };
+  if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
+  const got = await resolveAutoResume(hub, {
+    destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
+    localRoots: [path.join(cfg.out, "ckpt"), path.join(cfg.out, "resume")],
+  });
+  if (got.kind === "fresh") return start; // resolveAutoResume has said why (R2); nothing to add.
+  if (got.kind === "complete") {
+    throw new RunComplete(`resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. A new run needs a new --hub-repo.`);
+  }
+  rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
+  return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(cfg.out, "ckpt") };
+}
+
+/** C3, P5: the trainer state agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
+function checkTrainerState(resumeDir: string, startStep: number, plan: StepPlan, priorLoss: number | null): number | null {
+  const statePath = path.join(resumeDir, "trainer_state.json");
+  if (!fs.existsSync(statePath)) return priorLoss;
+  const st = JSON.parse(fs.readFileSync(statePath, "utf8")) as TrainerState;
+  if (st.step !== startStep) throw new UserError("C3", `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`);
+  if (st.lr_shape && st.lr_shape.total !== plan.stepsPlanned) {
+    throw new UserError("P5", `resume refused: the checkpoint's horizon is ${st.lr_shape.total} steps but this plan has ${plan.stepsPlanned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`);
+  }
+  const hist = (st.log_history ?? []).filter((h) => Number.isFinite(h.loss));
+  return priorLoss === null && hist.length ? hist[hist.length - 1]!.loss : priorLoss;
+}
+
+/** G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. */
+function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): number {
+  if (!cfg.stopAfterSteps) return plan.stepsPlanned;
+  const S = cfg.stopAfterSteps;
+  if (S % plan.ckptEvery) throw new UserError("G1", `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${plan.ckptEvery}: the session would end between two checkpoints`);
+  if (S <= startStep) throw new UserError("G1", `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing`);
+  if (S > plan.stepsPlanned) throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`);
+  return S;
+}
+
+/**
+ * A fresh start (no --resume) must not write over an earlier run: local checkpoint folders in
+ * --out, or a Hub repo whose latest.json already points somewhere, are refused with what to do.
+ */
+async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null): Promise<void> {
+  const local = listCheckpointFolders(path.join(cfg.out, "ckpt"));
+  if (local.length) {
+    throw new UserError("R1", `${path.join(cfg.out, "ckpt")} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1]!.dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
+  }
+  if (!hub) return;
+  let ptr: Pointer | null;
+  try {
+    if (!(await hub.repoExists())) return;
+    ptr = await hub.readPointer();
+  } catch (e) {
+    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". Retry, or pass --resume auto.`);
+  }
+  if (ptr) {
+    throw new UserError("R1", `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`);
+  }
+}
+
+/**
+ * On resume, local checkpoint folders beyond the resume point are leftovers of a session that went
+ * further than what is being resumed (killed before its pointer moved, say). They are renamed, never
+ * deleted or overwritten, so the resumed run can write its own checkpoints under those names.
+ */
+function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Reporter): void {
+  for (const c of listCheckpointFolders(path.join(out, "ckpt"))) {
+    if (c.step <= startStep) continue;
+    const aside = `${c.dir}.superseded-${Date.now()}`;
+    fs.renameSync(c.dir, aside);
+    rep.say(`local ${path.basename(c.dir)} is beyond the resume point (step ${startStep}): moved aside to ${aside}`);
+  }
+}
+
+function dirBytesSync(d: string): number {
+  let n = 0;
+  for (const e of fs.readdirSync(d, { withFileTypes: true })) n += e.isDirectory() ? dirBytesSync(path.join(d, e.name)) : fs.statSync(path.join(d, e.name)).size;
+  return n;
+}
+
+/** The data position after `step` steps (C1, C2). */
+export function cursorAt(s: SessionPlan, step: number): Cursor {
+  return makeCursor({ step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, seed: s.cfg.dataSeed, fingerprint: s.fingerprint, permSha: s.permSha });
+}
+
+/** The latest.json pointer for the checkpoint of `step` at `pathInRepo`. */
+export function pointerAt(s: SessionPlan, step: number, pathInRepo: string): Pointer {
+  const samples = step * s.plan.seqsPerStep;
+  return { path_in_repo: pathInRepo, step, samples_consumed: samples, tokens_consumed: samples * s.cfg.seqLen, fingerprint: s.fingerprint, seed: s.cfg.dataSeed };
+}

@@ -1,0 +1,61 @@
+/**
+ * How a session ends other than by finishing: a signal (O3), a run already complete (R2), and the
+ * command that continues the run, which every refusal's advice repeats.
+ */
+
+// ---- the command line, for advice that must be a command that works ------------------------------
+
+let commandLine: string[] | null = null;
+
+/** main.ts records the arguments it was started with, so advice can repeat them. */
+export function setCommandLine(argv: readonly string[]): void {
+  commandLine = [...argv];
+}
+
+/** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */
+export function resumeCommand(resume: string, extra: string[] = []): string {
+  const q = (a: string) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`);
+  if (!commandLine) return `node dist/main.js <the same flags> --resume ${resume}${extra.length ? " " + extra.join(" ") : ""}`;
+  const out: string[] = [];
+  for (let i = 0; i < commandLine.length; i++) {
+    const a = commandLine[i]!;
+    if (a === "--resume") { i++; continue; }
+    if (a.startsWith("--resume=")) continue;
+    if (extra.includes(a)) continue;
+    out.push(a);
+  }
+  return ["node", "dist/main.js", ...out, "--resume", resume, ...extra].map(q).join(" ");
+}
+
+// ---- signals (O3) --------------------------------------------------------------------------------
+
+let stopSignal: string | null = null;
+
+/** O3: the first SIGINT/SIGTERM asks the run to finish its step, save and publish, and exit. */
+export function requestStop(signal: string): void {
+  stopSignal = stopSignal ?? signal;
+}
+
+/** The signal that asked the run to stop, or null. */
+export function stopRequested(): string | null {
+  return stopSignal;
+}
+
+/** O3: exit code of a run stopped by a signal after it saved (and published) its checkpoint. */
+export const EXIT_STOPPED = 3;
+
+/** Thrown when a signal stopped the run cleanly; main prints the message and exits EXIT_STOPPED. */
+export class RunStopped extends Error {
+  constructor(message: string, readonly step: number) {
+    super(message);
+    this.name = "RunStopped";
+  }
+}
+
+/** Thrown when --resume auto finds the run already complete: not an error, nothing to do. */
+export class RunComplete extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "RunComplete";
+  }
+}

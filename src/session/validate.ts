@@ -1,0 +1,24 @@
+/** G2: the validation pass at the horizon; a failure is recorded in RUN_JSON, not thrown. Segments skip it (G1). */
+import type { Coordinator } from "../actors/coordinator";
+import type { Reporter } from "../report";
+import type { SessionPlan } from "./plan";
+
+export interface Validation { valLoss: number | null; ppl: number | null; valError: string | null }
+
+export async function validate(s: SessionPlan, coord: Coordinator, segment: boolean, rep: Reporter): Promise<Validation> {
+  if (segment) {
+    rep.say(`validation skipped: segment ended at step ${s.endStep} of ${s.plan.stepsPlanned} (G1)`);
+    return { valLoss: null, ppl: null, valError: null };
+  }
+  try {
+    const valLoss = await coord.evaluate(s.nVal);
+    if (!Number.isFinite(valLoss)) throw new Error(`validation loss is ${valLoss}`);
+    const ppl = Math.exp(Math.min(20, valLoss));
+    rep.say(`validation loss=${valLoss.toFixed(4)} ppl=${ppl.toFixed(2)} over ${s.nVal} held-out windows`);
+    return { valLoss, ppl, valError: null };
+  } catch (e) {
+    const valError = `${(e as Error).name}: ${String((e as Error).message).slice(0, 300)}`;
+    rep.say(`validation failed: ${valError}`);
+    return { valLoss: null, ppl: null, valError };
+  }
+}
