@@ -9,7 +9,7 @@ import { readManifest } from "../src/data/manifest";
 import { mixFingerprint } from "../src/data/fingerprint";
 import { prepareMix } from "../src/data/prepare-mix";
 import { globRegExp, parseHubUrl } from "../src/data/hub-input";
-import { startTestHub } from "../src/hub/testkit";
+import { startTestHub } from "./helpers/hub";
 import { createRepo, listCommits } from "@huggingface/hub";
 import { corpusDocs } from "./fixtures/corpus-docs";
 import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";

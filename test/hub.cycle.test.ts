@@ -3,7 +3,7 @@ import { test, describe, before, after, beforeEach } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
+import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
 import type { HubStore, Pointer } from "../src/hub/store";

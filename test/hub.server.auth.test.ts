@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { commit, createRepo, downloadFile, listFiles, repoExists, whoAmI, HubApiError } from "@huggingface/hub";
-import { startTestHub, type TestHub } from "../src/hub/testkit";
+import { startTestHub, type TestHub } from "./helpers/hub";
 import { loadTokensFile } from "../src/hub/server";
 
 const WRITE = "hf_writeTokenOfTheLocalHub000001";

@@ -8,7 +8,7 @@ import {
   commit, countCommits, createBranch, createRepo, datasetInfo, deleteBranch, deleteRepo, downloadFile, fileExists, listCommits,
   listFiles, modelInfo, pathsInfo, repoExists, whoAmI, HubApiError,
 } from "@huggingface/hub";
-import { startTestHub, type TestHub } from "../src/hub/testkit";
+import { startTestHub, type TestHub } from "./helpers/hub";
 
 let th: TestHub;
 let n = 0;

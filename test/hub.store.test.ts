@@ -5,7 +5,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { fileDownloadInfo, pathsInfo } from "@huggingface/hub";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
+import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { createHubStore } from "../src/hub/store";
 
 let th: TestHub;

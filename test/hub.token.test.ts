@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createRepo } from "@huggingface/hub";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
+import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { createHubStore, scrubSecret } from "../src/hub/store";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";

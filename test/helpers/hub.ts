@@ -1,13 +1,13 @@
 /**
- * Small builders shared by the Hub tests and the demo: a checkpoint folder in the DESIGN.md layout
- * with real (tiny) safetensors, and the pointer that names it.
+ * Test-only builders for the Hub tests: a checkpoint folder in the DESIGN.md layout with real (tiny)
+ * safetensors, the pointer that names it, and a real LocalHub on an ephemeral loopback port.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { encodeSafetensors } from "../model/safetensors";
+import { encodeSafetensors } from "../../src/model/safetensors";
 import * as os from "node:os";
-import { LocalHub, type LocalHubOptions } from "./server";
-import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "./store";
+import { LocalHub, type LocalHubOptions } from "../../src/hub/server";
+import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "../../src/hub/store";
 
 export interface FakeCheckpointOptions {
   step: number;
@@ -59,7 +59,6 @@ export function pointerOf(p: Pointer & { dir?: string }): Pointer {
 }
 
 // ---- a LocalHub on loopback plus stores pointed at it ------------------------------------------
-
 
 export interface TestHub {
   hub: LocalHub;
