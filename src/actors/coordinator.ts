@@ -16,29 +16,25 @@ import { Worker } from "node:worker_threads";
 import * as path from "node:path";
 import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
-import type { LlamaConfig } from "../model/config";
-import type { BackendName } from "../model/backend";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
 import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
 import { decideStep, slices, unscaleFactor, type DecayRange, type LrShape, type OptimizerPosition } from "./optim";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
-import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankFault, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
+import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankInit, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
 
-export interface RankSetup {
-  world: number;
-  model: LlamaConfig;
-  gradCkpt: boolean;
-  backend: BackendName;
-  data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
-  fault: RankFault | null;
+/**
+ * What the coordinator is given to start its ranks: each rank's RankInit less what the coordinator works out
+ * itself (the rank number, the shared buffers, the decay ranges and the rank's slice).
+ */
+export type RankSetup = Omit<RankInit, "rank" | "shared" | "decayRanges" | "slice"> & {
   /**
    * Whether the coordinator thread takes a slice of the reduce and the update (see the header). Default:
    * when world < os.availableParallelism(). The results do not depend on it beyond the order in which the
    * slices' sums of squares are added (the clip coefficient's last bits).
    */
   coordinatorShare?: boolean;
-}
+};
 
 /** A rank that threw, exited or reported a failure; the message names the rank and the error. */
 export class RankFailure extends Error {

@@ -27,7 +27,7 @@ export function toWireError(e: unknown): WireError {
 export type FaultKind = "throw" | "exit" | "nan" | "diverge" | "val";
 export interface RankFault { rank: number; step: number; kind: FaultKind }
 
-/** Everything a rank needs to build its replica and its data stream. */
+/** Everything a rank needs to build its model (which reads the shared master weights in place) and its data stream. */
 export interface RankInit {
   rank: number;
   world: number;
