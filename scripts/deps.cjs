@@ -41,14 +41,13 @@ const LAYERS = [
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
     // client's building blocks (store, errors, retry, safetensors-check). None of them knows about
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
-    // same-layer import. hub/testkit.ts (starts the local Hub for tests and the demo's embedded Hub)
-    // sits here beside the server it starts, until it moves under test/.
+    // same-layer import.
     patterns: [
       "model/**",
       "data/**",
       "hub/server/**",
       "hub/server.ts",
-      "hub/{store,errors,retry,safetensors-check,testkit}.ts",
+      "hub/{store,errors,retry,safetensors-check}.ts",
     ],
   },
   {
@@ -76,7 +75,7 @@ const LAYERS = [
   {
     layer: 6,
     name: "session and commands' bodies",
-    // A training session (run.ts, or src/session/** once split), the framework-free loop
+    // A training session (run.ts and src/session/**), the framework-free loop
     // (single-thread.ts), the report, and the bodies of `generate` and `prepare`.
     patterns: ["run.ts", "session/**", "single-thread.ts", "report.ts", "generate.ts", "prepare.ts"],
   },
