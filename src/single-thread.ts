@@ -3,7 +3,8 @@
  * shared memory and no messages: the same model, data path, optimizer, precision and step decision (decideStep)
  * as the actor runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
  * of one step of the actor run (same windows, same update), and the bench can compare the two. It uses nothing
- * from the actors but the step math (src/actors/optim*.ts), so it sits beside run.ts, not in src/actors.
+ * from the actors but the step math (src/actors/optim*.ts) and the StepResult type, so it sits beside run.ts, not in
+ * src/actors.
  */
 import { Llama } from "./model/llama";
 import { initEngine, type BackendName } from "./model/backend";
@@ -103,7 +104,7 @@ export class SingleThreadTrainer {
   }
 }
 
-/** What the benchmark needs of the session's plan (run.ts's SessionPlan has it all). */
+/** What the benchmark needs of the session's plan (session/plan.ts's SessionPlan has it all). */
 export interface BenchmarkPlan {
   cfg: RunConfig;
   model: LlamaConfig;
