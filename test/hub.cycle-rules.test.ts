@@ -7,7 +7,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { listCommits } from "@huggingface/hub";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
+import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
 import type { HubStore, Pointer } from "../src/hub/store";
 

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "../src/hub/testkit";
+import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume, checkpointSteps, priorLossOf, type AutoResume } from "../src/hub/resume";
 import type { HubStore, Pointer, RemoteFile } from "../src/hub/store";
