@@ -1,7 +1,8 @@
 /**
  * Coordinator actor (A2): owns the step. It spawns the rank workers and the uploader, and is the
  * only one that decides: the loss scale, skip or apply, the clip coefficient and the LR (decideStep,
- * optim.ts, from the ranks' figures), when to checkpoint and when to stop. The arithmetic runs in the ranks, each on its slice of the shared
+ * optim.ts, from the ranks' figures). When to checkpoint and when to stop is the session loop's
+ * (src/session/loop.ts, on this same thread). The arithmetic runs in the ranks, each on its slice of the shared
  * buffers; the coordinator moves scalars, and when the machine has a core the ranks leave idle
  * (world < available cores) it takes one slice of the reduce and of the update itself, so at world 1
  * the optimizer runs on two threads instead of one.
