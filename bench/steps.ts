@@ -220,7 +220,7 @@ export async function runUploadCase(s: Shape, world: number, o: { warmup: number
         o.log(`  upload-w${world}   quiet   step ${step}: ${x.ms.toFixed(0)} ms`);
       }
       if (res.overlap.length >= o.steps) continue;
-      // ---- stage a checkpoint at this step boundary, exactly as run.ts's trainLoop does
+      // ---- stage a checkpoint at this step boundary, as the session does (src/session/in-flight.ts, stage)
       const done = step;
       const pathInRepo = `ckpt/${checkpointName(done)}`;
       const trainerState: TrainerState = {
