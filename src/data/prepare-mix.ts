@@ -21,7 +21,7 @@
  * is byte-identical for any --workers. The build happens in a sibling staging directory and is moved
  * into place only when complete; an existing root is never deleted (with --force it is moved aside).
  */
-import { createHash } from "node:crypto";
+import { createHash, type Hash } from "node:crypto";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -30,7 +30,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { UserError } from "../errors";
 import { dtypeForVocab, Manifest, MANIFEST_FILE, manifestBytes, ShardInfo } from "./manifest";
 import type { TokenizeTask } from "./tokenize-worker";
-import { DEFAULT_CHUNK_BYTES, DEFAULT_PIECE_CHARS, docsOf, type InputFile, listLocalInputs, type ParquetPlan, planParquet, SUPPORTED_FORMATS } from "./inputs";
+import { DEFAULT_CHUNK_BYTES, DEFAULT_PIECE_CHARS, type DocPiece, docsOf, type InputFile, listLocalInputs, type ParquetPlan, planParquet, type ReadOptions, SUPPORTED_FORMATS } from "./inputs";
 import { DEFAULT_HUB_URL, fetchHubTokenizer, isHubTokenizer, isHubUrl, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
@@ -280,7 +280,12 @@ function fmtSecs(s: number): string {
 // ---------------------------------------------------------------------------------------------
 // the build
 
-function checkOptions(o: PrepareOptions): { valFraction: number; shardTokens: number; workers: number } {
+interface CheckedOptions {
+  valFraction: number; shardTokens: number; workers: number;
+  textField: string; chunkBytes: number; pieceChars: number; hubUrl: string; log: (s: string) => void;
+}
+
+function checkOptions(o: PrepareOptions): CheckedOptions {
   const valFraction = o.valFraction ?? DEFAULT_VAL_FRACTION;
   if (!(typeof valFraction === "number" && valFraction >= 0 && valFraction <= 0.5)) throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]`);
   const shardTokens = o.shardTokens ?? DEFAULT_SHARD_TOKENS;
@@ -289,7 +294,14 @@ function checkOptions(o: PrepareOptions): { valFraction: number; shardTokens: nu
   if (!Number.isSafeInteger(workers) || workers < 1 || workers > 256) throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]`);
   if (!o.out) throw new UserError("D2", "prepare needs --out ROOT");
   if (!o.tokenizer) throw new UserError("D2", "prepare needs --tokenizer tokenizer.json");
-  return { valFraction, shardTokens, workers };
+  const textField = o.textField ?? "text";
+  if (typeof textField !== "string" || textField === "") throw new UserError("D2", `--text-field ${JSON.stringify(textField)} must name a field`);
+  const chunkBytes = o.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+  const pieceChars = o.pieceChars ?? DEFAULT_PIECE_CHARS;
+  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16) throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
+  const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
+  const log = o.log ?? ((s: string) => process.stdout.write(s + "\n"));
+  return { valFraction, shardTokens, workers, textField, chunkBytes, pieceChars, hubUrl, log };
 }
 
 /** Refuse to replace what is at ROOT unless forced; returns whether ROOT exists and is non-empty. */
@@ -306,175 +318,235 @@ function checkOut(out: string, force: boolean): boolean {
   throw new UserError("D2", `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or pass --force (its contents are moved aside, never deleted)`);
 }
 
+/** A batch: pieces in order, each with its document's index and whether it ends the document. */
+interface Batch { docs: number[]; last: boolean[]; wheres: string[]; bytesAfter: number; result: Promise<Uint32Array> }
+
+/**
+ * Pieces, in input order, to the tokenizer pool in batches (BATCH_CHARS / BATCH_DOCS), at most `maxInflight`
+ * batches out; results are taken back strictly in order and written to the train or the val shards by their
+ * document's index (the held-out rule), with EOS after each document's last piece.
+ */
+class TokenizeBatches {
+  private readonly inflight: Batch[] = [];
+  private texts: string[] = [];
+  private docs: number[] = [];
+  private lasts: boolean[] = [];
+  private wheres: string[] = [];
+  private chars = 0;
+  /** Documents written to val so far. */
+  valDocs = 0;
+  /** Tokens written so far (train and val, EOS included). */
+  tokensDone = 0;
+
+  constructor(
+    private readonly pool: Piscina,
+    private readonly tok: LoadedTokenizer,
+    private readonly maxInflight: number,
+    private readonly shards: { train: ShardWriter; val: ShardWriter },
+    private readonly ppm: number,
+    private readonly progress: Progress,
+  ) {}
+
+  add(piece: DocPiece, docIndex: number): void {
+    this.texts.push(piece.text);
+    this.docs.push(docIndex);
+    this.lasts.push(piece.last);
+    this.wheres.push(piece.where);
+    this.chars += piece.text.length;
+  }
+
+  get full(): boolean {
+    return this.chars >= BATCH_CHARS || this.texts.length >= BATCH_DOCS;
+  }
+
+  /** Send the pieces gathered so far; wait for the oldest batches while too many are out. */
+  async submit(bytesAfter: number): Promise<void> {
+    if (this.texts.length === 0) return;
+    const tok = this.tok;
+    const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts: this.texts, firstDoc: this.docs[0]! };
+    const result = this.pool.run(task) as Promise<Uint32Array>;
+    result.catch(() => undefined); // observed in drainOne, in order
+    this.inflight.push({ docs: this.docs, last: this.lasts, wheres: this.wheres, bytesAfter, result });
+    this.texts = [];
+    this.docs = [];
+    this.lasts = [];
+    this.wheres = [];
+    this.chars = 0;
+    while (this.inflight.length >= this.maxInflight) await this.drainOne();
+  }
+
+  async drainAll(): Promise<void> {
+    while (this.inflight.length > 0) await this.drainOne();
+  }
+
+  private async drainOne(): Promise<void> {
+    const b = this.inflight.shift()!;
+    let res: Uint32Array;
+    try {
+      res = await b.result;
+    } catch (e) {
+      throw new UserError("D2", `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`);
+    }
+    const n = res[0]!;
+    let p = 1 + n;
+    for (let d = 0; d < n; d++) {
+      const len = res[1 + d]!;
+      const w = isValDoc(b.docs[d]!, this.ppm) ? this.shards.val : this.shards.train;
+      w.pushRange(res, p, p + len);
+      p += len;
+      this.tokensDone += len;
+      if (b.last[d]) {
+        if (w === this.shards.val) this.valDocs++;
+        w.push(this.tok.eosId);
+        this.tokensDone++;
+      }
+    }
+    this.progress.update(b.bytesAfter, this.tokensDone);
+  }
+}
+
+/** Every input's pieces through `batches`, hashing the corpus on the way; returns the number of documents. */
+async function tokenizeInputs(files: InputFile[], plans: Map<InputFile, ParquetPlan>, rd: ReadOptions, batches: TokenizeBatches, corpusHash: Hash): Promise<number> {
+  let docIndex = 0; // documents started so far (the index of the next new document)
+  let bytesBefore = 0;
+  for (const f of files) {
+    let open = false; // a document has pieces out and is not closed yet
+    for await (const piece of docsOf(f, rd, plans.get(f))) {
+      // corpus_sha256: "<len>:" + text per whole document (a last piece), "<len>+" + text per earlier piece
+      corpusHash.update(`${piece.text.length}${piece.last ? ":" : "+"}`).update(piece.text);
+      batches.add(piece, docIndex);
+      open = !piece.last;
+      if (piece.last) docIndex++;
+      if (batches.full) await batches.submit(bytesBefore + Math.min(piece.bytesDone, f.bytes));
+    }
+    if (open) throw new Error(`${f.name}: a document was left open at the end of the file (a reader bug)`);
+    bytesBefore += f.bytes;
+    await batches.submit(bytesBefore);
+  }
+  await batches.drainAll();
+  return docIndex;
+}
+
+interface BuildFacts {
+  dtype: Manifest["dtype"]; trainShards: ShardInfo[]; valShards: ShardInfo[]; sources: HubSource[];
+  documents: number; valDocuments: number; corpusSha256: string; hubTok: HubTokenizer | null;
+}
+
+/** The mix's manifest.json contents (D1). */
+function buildManifest(o: CheckedOptions, tok: LoadedTokenizer, f: BuildFacts): Manifest {
+  return {
+    format_version: 1,
+    dtype: f.dtype,
+    total_tokens: f.trainShards.reduce((a, s) => a + s.tokens, 0),
+    shards: f.trainShards,
+    val_shards: f.valShards,
+    val_total_tokens: f.valShards.reduce((a, s) => a + s.tokens, 0),
+    eos_id: tok.eosId,
+    vocab_size: tok.vocabSize,
+    tokenizer_files: tok.files,
+    ...(f.sources.length ? { sources: f.sources } : {}),
+    prepare: {
+      documents: f.documents,
+      val_documents: f.valDocuments,
+      val_fraction: o.valFraction,
+      val_rule: "doc i (0-based, input order) is val iff floor((i+1)*ppm/1e6) > floor(i*ppm/1e6), ppm = round(val_fraction*1e6)",
+      shard_tokens: o.shardTokens,
+      eos_token: tok.eosToken,
+      tokenizer_sha256: tok.sha256,
+      corpus_sha256: f.corpusSha256,
+      separator: "EOS after every document",
+      text_field: o.textField,
+      piece_chars: o.pieceChars,
+      ...(f.hubTok ? { tokenizer_source: f.hubTok.source } : {}),
+    },
+  };
+}
+
+/** The tokenizer files beside the shards, then manifest.json (created, fsynced: the build's "done" marker). */
+function writeTokenizerAndManifest(staging: string, tok: LoadedTokenizer, manifest: Manifest): void {
+  const srcDir = path.dirname(tok.path);
+  for (const f of tok.files) fs.copyFileSync(f === "tokenizer.json" ? tok.path : path.join(srcDir, f), path.join(staging, f));
+  const mfd = fs.openSync(path.join(staging, MANIFEST_FILE), "wx");
+  try {
+    fs.writeSync(mfd, manifestBytes(manifest));
+    fs.fsyncSync(mfd);
+  } finally {
+    fs.closeSync(mfd);
+  }
+}
+
+/** The sibling folder the build happens in (`<out>.partial-<pid>`), created empty. */
+function freshStaging(out: string): string {
+  fs.mkdirSync(path.dirname(out), { recursive: true });
+  const staging = `${out}.partial-${process.pid}`;
+  fs.rmSync(staging, { recursive: true, force: true });
+  fs.mkdirSync(staging);
+  return staging;
+}
+
+/** Move the finished staging folder to `out`; what was at `out` is moved aside (never deleted). Returns where. */
+function moveIntoPlace(staging: string, out: string, outExists: boolean, log: (s: string) => void): string | null {
+  let movedAside: string | null = null;
+  if (outExists) {
+    movedAside = `${out}.replaced-${new Date().toISOString().replace(/[:.]/g, "-")}`;
+    fs.renameSync(out, movedAside);
+    log(`prepare: the previous contents of ${out} were moved to ${movedAside} (delete it yourself once the new mix is checked)`);
+  } else if (fs.existsSync(out)) {
+    fs.rmdirSync(out); // empty directory
+  }
+  fs.renameSync(staging, out);
+  return movedAside;
+}
+
 export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
   const t0 = Date.now();
-  const { valFraction, shardTokens, workers } = checkOptions(o);
-  const textField = o.textField ?? "text";
-  if (typeof textField !== "string" || textField === "") throw new UserError("D2", `--text-field ${JSON.stringify(textField)} must name a field`);
-  const chunkBytes = o.chunkBytes ?? DEFAULT_CHUNK_BYTES;
-  const pieceChars = o.pieceChars ?? DEFAULT_PIECE_CHARS;
-  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16) throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
-  const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
-  const log = o.log ?? ((s: string) => process.stdout.write(s + "\n"));
+  const opts = checkOptions(o);
+  const { valFraction, workers, log } = opts;
   const out = path.resolve(o.out);
   const outExists = checkOut(out, o.force ?? false);
   // ---- everything that can be refused is checked before any tokenizing (D2)
   let hubTok: HubTokenizer | null = null;
   if (isHubTokenizer(o.tokenizer)) {
-    hubTok = await fetchHubTokenizer(o.tokenizer, hubUrl);
+    hubTok = await fetchHubTokenizer(o.tokenizer, opts.hubUrl);
     log(`prepare: tokenizer ${hubTok.source.repo}@${hubTok.source.revision.slice(0, 12)} from the Hub`);
   }
   let pool: Piscina | null = null;
   let staging: string | null = null;
   try {
     const tok = loadTokenizer(hubTok ? hubTok.file : o.tokenizer, o.eosToken, o.tokenizer);
-    const { files, skipped, sources } = await listInputs(o.inputs, hubUrl);
+    const { files, skipped, sources } = await listInputs(o.inputs, opts.hubUrl);
     const plans = new Map<InputFile, ParquetPlan>();
-    for (const f of files) if (f.kind === "parquet") plans.set(f, await planParquet(f, textField));
+    for (const f of files) if (f.kind === "parquet") plans.set(f, await planParquet(f, opts.textField));
     const totalBytes = files.reduce((a, f) => a + f.bytes, 0);
     const dtype = dtypeForVocab(tok.vocabSize);
-    const ppm = valPpm(valFraction);
 
-    fs.mkdirSync(path.dirname(out), { recursive: true });
-    staging = `${out}.partial-${process.pid}`;
-    fs.rmSync(staging, { recursive: true, force: true });
-    fs.mkdirSync(staging);
+    staging = freshStaging(out);
     pool = new Piscina({ filename: path.join(__dirname, "tokenize-worker.js"), minThreads: workers, maxThreads: workers, idleTimeout: 1000 });
     const mode = o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
     const progress = new Progress(mode, totalBytes, t0);
-    const train = new ShardWriter(staging, "train", dtype, shardTokens);
-    const val = new ShardWriter(staging, "val", dtype, shardTokens);
+    const shards = { train: new ShardWriter(staging, "train", dtype, opts.shardTokens), val: new ShardWriter(staging, "val", dtype, opts.shardTokens) };
+    const batches = new TokenizeBatches(pool, tok, workers * 3, shards, valPpm(valFraction), progress);
     const corpusHash = createHash("sha256");
-    let docIndex = 0; // documents started so far (the index of the next new document)
-    let valDocs = 0;
-    let tokensDone = 0;
+    const rd: ReadOptions = { textField: opts.textField, eosText: tok.eosToken, chunkBytes: opts.chunkBytes, pieceChars: opts.pieceChars };
+    const documents = await tokenizeInputs(files, plans, rd, batches, corpusHash);
+    progress.update(totalBytes, batches.tokensDone, true);
 
-    // A batch: pieces in order, each with its document's index and whether it ends the document.
-    type Batch = { docs: number[]; last: boolean[]; wheres: string[]; bytesAfter: number; result: Promise<Uint32Array> };
-    const inflight: Batch[] = [];
-    const maxInflight = workers * 3;
-    const drainOne = async (): Promise<void> => {
-      const b = inflight.shift()!;
-      let res: Uint32Array;
-      try {
-        res = await b.result;
-      } catch (e) {
-        throw new UserError("D2", `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`);
-      }
-      const n = res[0]!;
-      let p = 1 + n;
-      for (let d = 0; d < n; d++) {
-        const len = res[1 + d]!;
-        const w = isValDoc(b.docs[d]!, ppm) ? val : train;
-        w.pushRange(res, p, p + len);
-        p += len;
-        tokensDone += len;
-        if (b.last[d]) {
-          if (w === val) valDocs++;
-          w.push(tok.eosId);
-          tokensDone++;
-        }
-      }
-      progress.update(b.bytesAfter, tokensDone);
-    };
-    let texts: string[] = [];
-    let docs: number[] = [];
-    let lasts: boolean[] = [];
-    let wheres: string[] = [];
-    let chars = 0;
-    const submit = async (bytesAfter: number): Promise<void> => {
-      if (texts.length === 0) return;
-      const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts, firstDoc: docs[0]! };
-      const result = pool!.run(task) as Promise<Uint32Array>;
-      result.catch(() => undefined); // observed in drainOne, in order
-      inflight.push({ docs, last: lasts, wheres, bytesAfter, result });
-      texts = [];
-      docs = [];
-      lasts = [];
-      wheres = [];
-      chars = 0;
-      while (inflight.length >= maxInflight) await drainOne();
-    };
-    let bytesBefore = 0;
-    let open = false; // a document has pieces out and is not closed yet
-    const rd = { textField, eosText: tok.eosToken, chunkBytes, pieceChars };
-    for (const f of files) {
-      for await (const piece of docsOf(f, rd, plans.get(f))) {
-        // corpus_sha256: "<len>:" + text per whole document (a last piece), "<len>+" + text per earlier piece
-        corpusHash.update(`${piece.text.length}${piece.last ? ":" : "+"}`).update(piece.text);
-        texts.push(piece.text);
-        docs.push(docIndex);
-        lasts.push(piece.last);
-        wheres.push(piece.where);
-        chars += piece.text.length;
-        open = !piece.last;
-        if (piece.last) docIndex++;
-        if (chars >= BATCH_CHARS || texts.length >= BATCH_DOCS) await submit(bytesBefore + Math.min(piece.bytesDone, f.bytes));
-      }
-      if (open) throw new Error(`${f.name}: a document was left open at the end of the file (a reader bug)`);
-      bytesBefore += f.bytes;
-      await submit(bytesBefore);
-    }
-    while (inflight.length > 0) await drainOne();
-    progress.update(totalBytes, tokensDone, true);
-
-    const trainShards = train.finish();
-    const valShards = val.finish();
+    const trainShards = shards.train.finish();
+    const valShards = shards.val.finish();
     if (trainShards.length === 0) {
-      throw new UserError("D2", `the inputs hold ${docIndex} non-empty documents and none went to training (val fraction ${valFraction}): give prepare more text`);
+      throw new UserError("D2", `the inputs hold ${documents} non-empty documents and none went to training (val fraction ${valFraction}): give prepare more text`);
     }
     if (valFraction > 0 && valShards.length === 0) {
-      log(`prepare: WARNING no document was held out: ${docIndex} documents x val fraction ${valFraction} < 1; validation (D7) will refuse this mix. Use more documents or a larger --val-fraction`);
+      log(`prepare: WARNING no document was held out: ${documents} documents x val fraction ${valFraction} < 1; validation (D7) will refuse this mix. Use more documents or a larger --val-fraction`);
     }
-    const srcDir = path.dirname(tok.path);
-    for (const f of tok.files) fs.copyFileSync(f === "tokenizer.json" ? tok.path : path.join(srcDir, f), path.join(staging, f));
-    const manifest: Manifest = {
-      format_version: 1,
-      dtype,
-      total_tokens: trainShards.reduce((a, s) => a + s.tokens, 0),
-      shards: trainShards,
-      val_shards: valShards,
-      val_total_tokens: valShards.reduce((a, s) => a + s.tokens, 0),
-      eos_id: tok.eosId,
-      vocab_size: tok.vocabSize,
-      tokenizer_files: tok.files,
-      ...(sources.length ? { sources } : {}),
-      prepare: {
-        documents: docIndex,
-        val_documents: valDocs,
-        val_fraction: valFraction,
-        val_rule: "doc i (0-based, input order) is val iff floor((i+1)*ppm/1e6) > floor(i*ppm/1e6), ppm = round(val_fraction*1e6)",
-        shard_tokens: shardTokens,
-        eos_token: tok.eosToken,
-        tokenizer_sha256: tok.sha256,
-        corpus_sha256: corpusHash.digest("hex"),
-        separator: "EOS after every document",
-        text_field: textField,
-        piece_chars: pieceChars,
-        ...(hubTok ? { tokenizer_source: hubTok.source } : {}),
-      },
-    };
-    const mfd = fs.openSync(path.join(staging, MANIFEST_FILE), "wx");
-    try {
-      fs.writeSync(mfd, manifestBytes(manifest));
-      fs.fsyncSync(mfd);
-    } finally {
-      fs.closeSync(mfd);
-    }
-
-    let movedAside: string | null = null;
-    if (outExists) {
-      movedAside = `${out}.replaced-${new Date().toISOString().replace(/[:.]/g, "-")}`;
-      fs.renameSync(out, movedAside);
-      log(`prepare: the previous contents of ${out} were moved to ${movedAside} (delete it yourself once the new mix is checked)`);
-    } else if (fs.existsSync(out)) {
-      fs.rmdirSync(out); // empty directory
-    }
-    fs.renameSync(staging, out);
+    const valDocs = batches.valDocs;
+    const manifest = buildManifest(opts, tok, { dtype, trainShards, valShards, sources, documents, valDocuments: valDocs, corpusSha256: corpusHash.digest("hex"), hubTok });
+    writeTokenizerAndManifest(staging, tok, manifest);
+    const movedAside = moveIntoPlace(staging, out, outExists, log);
     const seconds = (Date.now() - t0) / 1000;
     const allTokens = manifest.total_tokens + manifest.val_total_tokens;
-    const result: PrepareResult = { root: out, manifest, seconds, tokensPerSec: allTokens / Math.max(1e-3, seconds), documents: docIndex, valDocuments: valDocs, movedAside };
-    log(`prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${docIndex} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`);
+    const result: PrepareResult = { root: out, manifest, seconds, tokensPerSec: allTokens / Math.max(1e-3, seconds), documents, valDocuments: valDocs, movedAside };
+    log(`prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${documents} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`);
     return result;
   } catch (e) {
     if (staging) fs.rmSync(staging, { recursive: true, force: true });
