@@ -193,98 +193,141 @@ function utf8Error(where: string): UserError {
   return new UserError("D2", `${where} is not UTF-8 text: convert it to UTF-8 or leave it out of --input`);
 }
 
-/** Sequential bytes -> the plain-text documents of one file, as pieces. */
-async function* textDocs(f: InputFile, o: ReadOptions): AsyncGenerator<DocPiece> {
-  const dec = new TextDecoder("utf-8", { fatal: true });
-  let cur = ""; // the current document since its last emitted piece, without a pending final "\n"
-  let nl = false; // a "\n" ends cur's last line; it joins the document only if another line follows
-  let started = false; // cur belongs to a document that already emitted pieces or has content
-  let partial = ""; // the current line so far (no "\n" seen yet)
-  let longLine = false; // part of the current line already went into cur: it is no separator
-  let lineNo = 1;
-  let docLine = 1;
-  let bytes = 0;
-  const sep = o.eosText;
-  const flushLong = function* (): Generator<DocPiece> {
-    while (cur.length > o.pieceChars) {
-      const end = pieceEnd(cur, 0, o.pieceChars);
-      yield { text: cur.slice(0, end), last: false, where: `${f.name}:${docLine}`, bytesDone: bytes };
-      cur = cur.slice(end);
-      started = true;
-    }
-  };
-  const addLine = (line: string): void => {
-    cur += (nl ? "\n" : "") + line;
-    nl = true;
-  };
-  const endDoc = function* (final: boolean): Generator<DocPiece> {
-    const text = cur + (final && nl ? "\n" : "");
-    if (text.length > 0 || started) {
-      let from = 0;
-      while (from < text.length) {
-        const end = pieceEnd(text, from, o.pieceChars);
-        yield { text: text.slice(from, end), last: end === text.length, where: `${f.name}:${docLine}`, bytesDone: bytes };
-        from = end;
-      }
-      // the document's earlier pieces went out already: an empty last piece closes it
-      if (text.length === 0) yield { text: "", last: true, where: `${f.name}:${docLine}`, bytesDone: bytes };
-    }
-    cur = "";
-    nl = false;
-    started = false;
-  };
-  for await (const chunk of f.stream(o.chunkBytes)) {
-    bytes += chunk.length;
-    let s: string;
-    try {
-      s = dec.decode(chunk, { stream: true });
-    } catch {
-      throw utf8Error(`${f.name} (near line ${lineNo})`);
-    }
+/**
+ * The plain-text document rule (module comment) over one file's text, fed chunk by chunk: the state between
+ * lines, and the pieces each line, chunk or the file's end completes.
+ */
+class PlainTextDocs {
+  /** The current document since its last emitted piece, without a pending final "\n". */
+  private cur = "";
+  /** A "\n" ends cur's last line; it joins the document only if another line follows. */
+  private nl = false;
+  /** cur belongs to a document that already emitted pieces or has content. */
+  private started = false;
+  /** The current line so far (no "\n" seen yet). */
+  private partial = "";
+  /** Part of the current line already went into cur: it is no separator. */
+  private longLine = false;
+  /** The 1-based line the next line of input is; the line the current document started on. */
+  lineNo = 1;
+  private docLine = 1;
+  /** Bytes of the file read so far (the pieces' bytesDone). */
+  bytes = 0;
+
+  constructor(private readonly name: string, private readonly sep: string, private readonly pieceChars: number) {}
+
+  /** The pieces the complete lines of `s` (one decoded chunk) finish; a very long unfinished line goes in too. */
+  *text(s: string): Generator<DocPiece> {
     let at = 0;
     for (;;) {
       const k = s.indexOf("\n", at);
       if (k < 0) break;
-      const line = partial + s.slice(at, k);
-      partial = "";
+      const line = this.partial + s.slice(at, k);
+      this.partial = "";
       at = k + 1;
-      lineNo++;
-      const isSep = !longLine && (line === sep || line === sep + "\r");
-      longLine = false;
-      if (isSep) {
-        yield* endDoc(false);
-        docLine = lineNo;
-      } else {
-        if (cur.length === 0 && !nl && !started) docLine = lineNo - 1;
-        addLine(line);
-        yield* flushLong();
-      }
+      yield* this.line(line);
     }
-    partial += s.slice(at);
-    if (partial.length > o.pieceChars + sep.length + 1) {
+    this.partial += s.slice(at);
+    if (this.partial.length > this.pieceChars + this.sep.length + 1) {
       // a very long line cannot be a separator: move all but its last character into the document
-      const keep = partial.charCodeAt(partial.length - 1) >= 0xdc00 && partial.charCodeAt(partial.length - 1) <= 0xdfff ? 2 : 1;
-      cur += (nl ? "\n" : "") + partial.slice(0, partial.length - keep);
-      nl = false;
-      longLine = true;
-      partial = partial.slice(partial.length - keep);
-      yield* flushLong();
+      const p = this.partial;
+      const keep = p.charCodeAt(p.length - 1) >= 0xdc00 && p.charCodeAt(p.length - 1) <= 0xdfff ? 2 : 1;
+      this.cur += (this.nl ? "\n" : "") + p.slice(0, p.length - keep);
+      this.nl = false;
+      this.longLine = true;
+      this.partial = p.slice(p.length - keep);
+      yield* this.flushLong();
     }
   }
+
+  /** The last pieces, once `tail` (the decoder's last characters) is added: the file's end closes its document. */
+  *finish(tail: string): Generator<DocPiece> {
+    this.partial += tail;
+    if (this.isSeparator(this.partial)) {
+      yield* this.endDoc(false);
+    } else {
+      if (this.partial.length > 0) {
+        this.cur += (this.nl ? "\n" : "") + this.partial;
+        this.nl = false;
+      }
+      yield* this.endDoc(true);
+    }
+  }
+
+  private isSeparator(line: string): boolean {
+    return !this.longLine && (line === this.sep || line === this.sep + "\r");
+  }
+
+  /** One complete line: a separator ends the document, any other line joins it. */
+  private *line(line: string): Generator<DocPiece> {
+    this.lineNo++;
+    const isSep = this.isSeparator(line);
+    this.longLine = false;
+    if (isSep) {
+      yield* this.endDoc(false);
+      this.docLine = this.lineNo;
+    } else {
+      if (this.cur.length === 0 && !this.nl && !this.started) this.docLine = this.lineNo - 1;
+      this.cur += (this.nl ? "\n" : "") + line;
+      this.nl = true;
+      yield* this.flushLong();
+    }
+  }
+
+  private piece(text: string, last: boolean): DocPiece {
+    return { text, last, where: `${this.name}:${this.docLine}`, bytesDone: this.bytes };
+  }
+
+  /** Pieces of a document that is longer than pieceChars and goes on. */
+  private *flushLong(): Generator<DocPiece> {
+    while (this.cur.length > this.pieceChars) {
+      const end = pieceEnd(this.cur, 0, this.pieceChars);
+      yield this.piece(this.cur.slice(0, end), false);
+      this.cur = this.cur.slice(end);
+      this.started = true;
+    }
+  }
+
+  /** The rest of the current document, its last piece marked; `final` keeps a trailing "\n" (the file's end). */
+  private *endDoc(final: boolean): Generator<DocPiece> {
+    const text = this.cur + (final && this.nl ? "\n" : "");
+    if (text.length > 0 || this.started) {
+      let from = 0;
+      while (from < text.length) {
+        const end = pieceEnd(text, from, this.pieceChars);
+        yield this.piece(text.slice(from, end), end === text.length);
+        from = end;
+      }
+      // the document's earlier pieces went out already: an empty last piece closes it
+      if (text.length === 0) yield this.piece("", true);
+    }
+    this.cur = "";
+    this.nl = false;
+    this.started = false;
+  }
+}
+
+/** Sequential bytes -> the plain-text documents of one file, as pieces. */
+async function* textDocs(f: InputFile, o: ReadOptions): AsyncGenerator<DocPiece> {
+  const dec = new TextDecoder("utf-8", { fatal: true });
+  const docs = new PlainTextDocs(f.name, o.eosText, o.pieceChars);
+  for await (const chunk of f.stream(o.chunkBytes)) {
+    docs.bytes += chunk.length;
+    let s: string;
+    try {
+      s = dec.decode(chunk, { stream: true });
+    } catch {
+      throw utf8Error(`${f.name} (near line ${docs.lineNo})`);
+    }
+    yield* docs.text(s);
+  }
+  let tail: string;
   try {
-    partial += dec.decode();
+    tail = dec.decode();
   } catch {
     throw utf8Error(`${f.name} (at its end)`);
   }
-  if (!longLine && (partial === sep || partial === sep + "\r")) {
-    yield* endDoc(false);
-  } else {
-    if (partial.length > 0) {
-      cur += (nl ? "\n" : "") + partial;
-      nl = false;
-    }
-    yield* endDoc(true);
-  }
+  yield* docs.finish(tail);
 }
 
 /** Sequential bytes through a decompressor, counting the compressed bytes read. */
