@@ -90,42 +90,98 @@ class PairHeap {
   }
 }
 
-export function trainByteLevelBpe(texts: Iterable<string>, vocabSize: number, eos = "<|endoftext|>", pad = "<|pad|>"): BpeResult {
-  if (!Number.isSafeInteger(vocabSize) || vocabSize < 258 || vocabSize > 1 << 20) throw new RangeError(`vocabSize ${vocabSize} must be in [258, 2^20]`);
-  const b2u = bytesToUnicode();
-  const enc = new TextEncoder();
-  // 1. word counts over pre-tokens
+/** Pre-tokens (BYTE_LEVEL_SPLIT) of all texts, sorted, with how often each occurs. */
+function countWords(texts: Iterable<string>): { words: string[]; wordCounts: number[] } {
   const counts = new Map<string, number>();
   for (const text of texts) {
     for (const m of text.matchAll(BYTE_LEVEL_SPLIT)) counts.set(m[0], (counts.get(m[0]) ?? 0) + 1);
   }
   const words = [...counts.keys()].sort();
-  const wc = words.map((w) => counts.get(w)!);
+  return { words, wordCounts: words.map((w) => counts.get(w)!) };
+}
+
+/**
+ * The words as symbol-id sequences, and for every adjacent pair of symbols (key a * V + b): its count over the
+ * corpus, the words that hold it, and a max-heap of (count, pair) that merge() keeps up to date.
+ */
+class PairIndex {
+  readonly pairCount = new Map<number, number>();
+  private readonly where = new Map<number, Set<number>>();
+  readonly heap = new PairHeap();
+
+  constructor(private readonly syms: number[][], private readonly wordCounts: number[], private readonly V: number) {
+    for (let w = 0; w < syms.length; w++) {
+      const s = syms[w];
+      for (let i = 0; i + 1 < s.length; i++) {
+        const k = this.key(s[i], s[i + 1]);
+        this.pairCount.set(k, (this.pairCount.get(k) ?? 0) + wordCounts[w]);
+        this.holds(k, w);
+      }
+    }
+    for (const [k, c] of this.pairCount) this.heap.push(c, k);
+  }
+
+  key(a: number, b: number): number {
+    return a * this.V + b;
+  }
+
+  /** Pair k = (a, b) becomes symbol `merged` in every word that holds it; the changed pairs' counts go back on the heap. */
+  merge(k: number, a: number, b: number, merged: number): void {
+    const touched = new Set<number>();
+    const affected = [...(this.where.get(k) ?? [])].sort((x, y) => x - y);
+    for (const w of affected) {
+      const s = this.syms[w];
+      let has = false;
+      for (let i = 0; i + 1 < s.length; i++) if (s[i] === a && s[i + 1] === b) { has = true; break; }
+      if (!has) continue;
+      for (let i = 0; i + 1 < s.length; i++) this.bump(this.key(s[i], s[i + 1]), -this.wordCounts[w], w, touched);
+      const t: number[] = [];
+      for (let i = 0; i < s.length; ) {
+        if (i + 1 < s.length && s[i] === a && s[i + 1] === b) { t.push(merged); i += 2; } else { t.push(s[i]); i += 1; }
+      }
+      this.syms[w] = t;
+      for (let i = 0; i + 1 < t.length; i++) this.bump(this.key(t[i], t[i + 1]), this.wordCounts[w], w, touched);
+    }
+    this.where.delete(k);
+    this.pairCount.delete(k);
+    touched.delete(k);
+    for (const pk of [...touched].sort((x, y) => x - y)) {
+      const pc = this.pairCount.get(pk)!;
+      if (pc <= 0) this.pairCount.delete(pk);
+      else this.heap.push(pc, pk);
+    }
+  }
+
+  private holds(k: number, w: number): void {
+    let set = this.where.get(k);
+    if (!set) this.where.set(k, (set = new Set()));
+    set.add(w);
+  }
+
+  private bump(pk: number, d: number, w: number, touched: Set<number>): void {
+    this.pairCount.set(pk, (this.pairCount.get(pk) ?? 0) + d);
+    touched.add(pk);
+    if (d > 0) this.holds(pk, w);
+  }
+}
+
+export function trainByteLevelBpe(texts: Iterable<string>, vocabSize: number, eos = "<|endoftext|>", pad = "<|pad|>"): BpeResult {
+  if (!Number.isSafeInteger(vocabSize) || vocabSize < 258 || vocabSize > 1 << 20) throw new RangeError(`vocabSize ${vocabSize} must be in [258, 2^20]`);
+  const b2u = bytesToUnicode();
+  const enc = new TextEncoder();
+  // 1. word counts over pre-tokens
+  const { words, wordCounts } = countWords(texts);
   const syms: number[][] = words.map((w) => Array.from(enc.encode(w), (b) => b + 1));
   // 2. vocab: eos, bytes, (merges), pad
   const vocab: string[] = [eos, ...b2u];
   const ids = new Map<string, number>(vocab.map((t, i) => [t, i]));
   const V = vocabSize;
-  const key = (a: number, b: number): number => a * V + b;
-  const pairCount = new Map<number, number>();
-  const where = new Map<number, Set<number>>();
-  const heap = new PairHeap();
-  for (let w = 0; w < syms.length; w++) {
-    const s = syms[w];
-    for (let i = 0; i + 1 < s.length; i++) {
-      const k = key(s[i], s[i + 1]);
-      pairCount.set(k, (pairCount.get(k) ?? 0) + wc[w]);
-      let set = where.get(k);
-      if (!set) where.set(k, (set = new Set()));
-      set.add(w);
-    }
-  }
-  for (const [k, c] of pairCount) heap.push(c, k);
+  const pairs = new PairIndex(syms, wordCounts, V);
   const merges: Array<[string, string]> = [];
   const limit = V - 1; // ids [0, V-1) for eos, bytes and merges; V-1 is pad
-  while (vocab.length < limit && heap.size > 0) {
-    const [c, k] = heap.pop();
-    if (pairCount.get(k) !== c) continue; // stale heap entry
+  while (vocab.length < limit && pairs.heap.size > 0) {
+    const [c, k] = pairs.heap.pop();
+    if (pairs.pairCount.get(k) !== c) continue; // stale heap entry
     if (c < 2) break;
     const a = Math.floor(k / V);
     const b = k - a * V;
@@ -137,38 +193,7 @@ export function trainByteLevelBpe(texts: Iterable<string>, vocabSize: number, eo
       ids.set(str, nid);
     }
     merges.push([vocab[a], vocab[b]]);
-    const touched = new Set<number>();
-    const bump = (pk: number, d: number, w: number): void => {
-      pairCount.set(pk, (pairCount.get(pk) ?? 0) + d);
-      touched.add(pk);
-      if (d > 0) {
-        let set = where.get(pk);
-        if (!set) where.set(pk, (set = new Set()));
-        set.add(w);
-      }
-    };
-    const affected = [...(where.get(k) ?? [])].sort((x, y) => x - y);
-    for (const w of affected) {
-      const s = syms[w];
-      let has = false;
-      for (let i = 0; i + 1 < s.length; i++) if (s[i] === a && s[i + 1] === b) { has = true; break; }
-      if (!has) continue;
-      for (let i = 0; i + 1 < s.length; i++) bump(key(s[i], s[i + 1]), -wc[w], w);
-      const t: number[] = [];
-      for (let i = 0; i < s.length; ) {
-        if (i + 1 < s.length && s[i] === a && s[i + 1] === b) { t.push(nid); i += 2; } else { t.push(s[i]); i += 1; }
-      }
-      syms[w] = t;
-      for (let i = 0; i + 1 < t.length; i++) bump(key(t[i], t[i + 1]), wc[w], w);
-    }
-    where.delete(k);
-    pairCount.delete(k);
-    touched.delete(k);
-    for (const pk of [...touched].sort((x, y) => x - y)) {
-      const pc = pairCount.get(pk)!;
-      if (pc <= 0) pairCount.delete(pk);
-      else heap.push(pc, pk);
-    }
+    pairs.merge(k, a, b, nid);
   }
   if (vocab.length < limit) throw new Error(`BPE training ran out of pairs at ${vocab.length} ids; the corpus is too small for vocab ${vocabSize}`);
   vocab.push(pad);
