@@ -19,7 +19,7 @@ import type { Kernels } from "./kernels";
 import { paramLayout } from "./layout";
 import { ropeTables } from "./llama";
 
-interface LayerW { n1: Float32Array; wq: Float32Array; wk: Float32Array; wv: Float32Array; wo: Float32Array; n2: Float32Array; wg: Float32Array; wu: Float32Array; wd: Float32Array }
+interface LayerW { inputNorm: Float32Array; wq: Float32Array; wk: Float32Array; wv: Float32Array; wo: Float32Array; postAttnNorm: Float32Array; wGate: Float32Array; wUp: Float32Array; wDown: Float32Array }
 
 export class KvDecoder {
   readonly cfg: LlamaConfig;
@@ -36,7 +36,7 @@ export class KvDecoder {
   private readonly sin: Float32Array;
   // one position's scratch
   private readonly x: Float32Array; private readonly h: Float32Array; private readonly rstd = new Float32Array(1);
-  private readonly q: Float32Array; private readonly o: Float32Array; private readonly g: Float32Array; private readonly u: Float32Array; private readonly m: Float32Array;
+  private readonly q: Float32Array; private readonly o: Float32Array; private readonly gate: Float32Array; private readonly up: Float32Array; private readonly swiglu: Float32Array;
   private readonly scores: Float32Array; private readonly acc: Float64Array;
   private readonly ids = new Int32Array(1);
   readonly logits: Float32Array;
@@ -59,9 +59,9 @@ export class KvDecoder {
     for (let l = 0; l < cfg.numLayers; l++) {
       const p = `model.layers.${l}.`;
       this.layers.push({
-        n1: w(p + "input_layernorm.weight"), wq: w(p + "self_attn.q_proj.weight"), wk: w(p + "self_attn.k_proj.weight"), wv: w(p + "self_attn.v_proj.weight"),
-        wo: w(p + "self_attn.o_proj.weight"), n2: w(p + "post_attention_layernorm.weight"), wg: w(p + "mlp.gate_proj.weight"), wu: w(p + "mlp.up_proj.weight"),
-        wd: w(p + "mlp.down_proj.weight"),
+        inputNorm: w(p + "input_layernorm.weight"), wq: w(p + "self_attn.q_proj.weight"), wk: w(p + "self_attn.k_proj.weight"), wv: w(p + "self_attn.v_proj.weight"),
+        wo: w(p + "self_attn.o_proj.weight"), postAttnNorm: w(p + "post_attention_layernorm.weight"), wGate: w(p + "mlp.gate_proj.weight"), wUp: w(p + "mlp.up_proj.weight"),
+        wDown: w(p + "mlp.down_proj.weight"),
       });
     }
     const D = cfg.hiddenSize, H = cfg.numHeads, K = cfg.numKvHeads, E = cfg.headDim, F = cfg.intermediateSize;
@@ -70,7 +70,7 @@ export class KvDecoder {
     ({ cos: this.cos, sin: this.sin } = ropeTables(maxLen, E, cfg.ropeTheta));
     this.x = new Float32Array(D); this.h = new Float32Array(D);
     this.q = new Float32Array(H * E); this.o = new Float32Array(H * E);
-    this.g = new Float32Array(F); this.u = new Float32Array(F); this.m = new Float32Array(F);
+    this.gate = new Float32Array(F); this.up = new Float32Array(F); this.swiglu = new Float32Array(F);
     this.scores = new Float32Array(maxLen); this.acc = new Float64Array(E);
     this.logits = new Float32Array(cfg.vocabSize);
   }
@@ -93,7 +93,7 @@ export class KvDecoder {
       const W = this.layers[l]!;
       const kp = this.kc[l]!.subarray(p * K * E, (p + 1) * K * E), vp = this.vc[l]!.subarray(p * K * E, (p + 1) * K * E);
       // ---- attention: x += o_proj(attn(rope(qkv(norm1(x)))))
-      k.rmsnormForward(this.h, this.rstd, this.x, W.n1, 1, D, c.rmsNormEps);
+      k.rmsnormForward(this.h, this.rstd, this.x, W.inputNorm, 1, D, c.rmsNormEps);
       k.matmul(false, true, 1, H * E, D, 1, this.h, W.wq, 0, this.q);
       k.matmul(false, true, 1, K * E, D, 1, this.h, W.wk, 0, kp);
       k.matmul(false, true, 1, K * E, D, 1, this.h, W.wv, 0, vp);
@@ -102,11 +102,11 @@ export class KvDecoder {
       this.attendOne(this.kc[l]!, this.vc[l]!, p);
       k.matmul(false, true, 1, D, H * E, 1, this.o, W.wo, 1, this.x);
       // ---- MLP: x += down(silu(gate(h)) * up(h)), h = norm2(x)
-      k.rmsnormForward(this.h, this.rstd, this.x, W.n2, 1, D, c.rmsNormEps);
-      k.matmul(false, true, 1, F, D, 1, this.h, W.wg, 0, this.g);
-      k.matmul(false, true, 1, F, D, 1, this.h, W.wu, 0, this.u);
-      k.swigluForward(this.m, this.g, this.u, F);
-      k.matmul(false, true, 1, D, F, 1, this.m, W.wd, 1, this.x);
+      k.rmsnormForward(this.h, this.rstd, this.x, W.postAttnNorm, 1, D, c.rmsNormEps);
+      k.matmul(false, true, 1, F, D, 1, this.h, W.wGate, 0, this.gate);
+      k.matmul(false, true, 1, F, D, 1, this.h, W.wUp, 0, this.up);
+      k.swigluForward(this.swiglu, this.gate, this.up, F);
+      k.matmul(false, true, 1, D, F, 1, this.swiglu, W.wDown, 1, this.x);
     }
     k.rmsnormForward(this.h, this.rstd, this.x, this.normF, 1, D, c.rmsNormEps);
     k.matmul(false, true, 1, V, D, 1, this.h, this.emb, 0, this.logits);

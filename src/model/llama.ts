@@ -22,7 +22,7 @@ import type { Kernels } from "./kernels";
 import { paramLayout } from "./layout";
 
 /** A block's weights or gradients: views into the flat layout (params or gradOut). */
-interface BlockParams { n1: Float32Array; wq: Float32Array; wk: Float32Array; wv: Float32Array; wo: Float32Array; n2: Float32Array; wg: Float32Array; wu: Float32Array; wd: Float32Array }
+interface BlockParams { inputNorm: Float32Array; wq: Float32Array; wk: Float32Array; wv: Float32Array; wo: Float32Array; postAttnNorm: Float32Array; wGate: Float32Array; wUp: Float32Array; wDown: Float32Array }
 
 /** One block's activations: what its backward reads. */
 interface Acts {
@@ -32,7 +32,7 @@ interface Acts {
   o: Float32Array;                                     // attention output [N,H*E]
   x1: Float32Array;                                    // x + o @ Wo^T [N,D]
   h2: Float32Array; r2: Float32Array;                  // post-attention norm
-  g: Float32Array; u: Float32Array; m: Float32Array;   // gate, up, silu(gate)*up [N,F]
+  gate: Float32Array; up: Float32Array; swiglu: Float32Array; // gate, up, silu(gate)*up [N,F]
 }
 
 /** Everything one (B, T) needs, allocated once. */
@@ -48,7 +48,7 @@ interface Arena {
   grads: {
     dx: Float32Array; dh: Float32Array;                  // the residual stream's gradient, a norm output's [N,D]
     dO: Float32Array; dq: Float32Array; dk: Float32Array; dv: Float32Array;
-    dm: Float32Array; dg: Float32Array; du: Float32Array;
+    dSwiglu: Float32Array; dGate: Float32Array; dUp: Float32Array;
   } | null;
 }
 
@@ -86,9 +86,9 @@ export class Llama {
     for (let i = 0; i < c.numLayers; i++) {
       const p = `model.layers.${i}.`;
       layers.push({
-        n1: get(p + "input_layernorm.weight"), wq: get(p + "self_attn.q_proj.weight"), wk: get(p + "self_attn.k_proj.weight"),
-        wv: get(p + "self_attn.v_proj.weight"), wo: get(p + "self_attn.o_proj.weight"), n2: get(p + "post_attention_layernorm.weight"),
-        wg: get(p + "mlp.gate_proj.weight"), wu: get(p + "mlp.up_proj.weight"), wd: get(p + "mlp.down_proj.weight"),
+        inputNorm: get(p + "input_layernorm.weight"), wq: get(p + "self_attn.q_proj.weight"), wk: get(p + "self_attn.k_proj.weight"),
+        wv: get(p + "self_attn.v_proj.weight"), wo: get(p + "self_attn.o_proj.weight"), postAttnNorm: get(p + "post_attention_layernorm.weight"),
+        wGate: get(p + "mlp.gate_proj.weight"), wUp: get(p + "mlp.up_proj.weight"), wDown: get(p + "mlp.down_proj.weight"),
       });
     }
     this.off = { embed: get("model.embed_tokens.weight"), norm: get("model.norm.weight"), layers };
@@ -134,21 +134,21 @@ export class Llama {
     const P = this.check(ids, B, T);
     if (gradOut.length !== this.total) throw new RangeError(`lossAndGrads: gradOut has ${gradOut.length} floats, the layout needs ${this.total}`);
     if (!Number.isFinite(gradScale) || gradScale <= 0) throw new RangeError(`lossAndGrads: gradScale ${gradScale} must be a positive finite number`);
-    const a = this.arena(B, T, true), g = a.grads!, L = this.cfg.numLayers;
+    const a = this.arena(B, T, true), grads = a.grads!, L = this.cfg.numLayers;
     // ---- forward: keep every block's input; its activations too unless checkpointing
     this.k.embeddingForward(a.xs[0]!, ids, this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize), B * T, this.cfg.hiddenSize);
     for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l]!, "forward");
-    // ---- final norm, LM head + cross-entropy (dhF lands in g.dh), final norm backward into dx
+    // ---- final norm, LM head + cross-entropy (dhF lands in grads.dh), final norm backward into dx
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
     const N = B * T, D = this.cfg.hiddenSize;
-    g.dx.fill(0);
-    this.k.rmsnormBackward(g.dx, this.w(gradOut, this.off.norm, D), g.dh, a.xs[L]!, this.w(P, this.off.norm, D), a.rF, N, D);
+    grads.dx.fill(0);
+    this.k.rmsnormBackward(grads.dx, this.w(gradOut, this.off.norm, D), grads.dh, a.xs[L]!, this.w(P, this.off.norm, D), a.rF, N, D);
     // ---- blocks in reverse (M6: recompute the block's activations from its input first)
     for (let l = L - 1; l >= 0; l--) {
       if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l]!, "recompute");
       this.blockBackward(P, l, a, a.acts[l]!, gradOut);
     }
-    this.k.embeddingBackward(this.w(gradOut, this.off.embed, this.cfg.vocabSize * D), ids, g.dx, N, D);
+    this.k.embeddingBackward(this.w(gradOut, this.off.embed, this.cfg.vocabSize * D), ids, grads.dx, N, D);
     return loss;
   }
 
@@ -193,7 +193,7 @@ export class Llama {
 
   private attentionForward(W: BlockParams, a: Arena, s: Acts, x: Float32Array, mm: boolean): void {
     const c = this.cfg, k = this.k, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
-    k.rmsnormForward(s.h1, s.r1, x, W.n1, N, D, c.rmsNormEps);
+    k.rmsnormForward(s.h1, s.r1, x, W.inputNorm, N, D, c.rmsNormEps);
     if (mm) {
       k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
       k.matmul(false, true, N, K * E, D, 1, s.h1, W.wk, 0, s.k);
@@ -210,47 +210,47 @@ export class Llama {
 
   /** grads.dx = dL/dx1 in, dL/dx out (the residual passes dx1 through; norm1's backward adds into it). */
   private attentionBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts, x: Float32Array): void {
-    const c = this.cfg, k = this.k, g = a.grads!, dy = g.dx, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
+    const c = this.cfg, k = this.k, grads = a.grads!, dy = grads.dx, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
     k.matmul(true, false, D, H * E, N, 1, dy, s.o, 1, dW.wo);
-    k.matmul(false, false, N, H * E, D, 1, dy, W.wo, 0, g.dO);
-    k.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
-    k.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
-    k.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
-    k.matmul(true, false, H * E, D, N, 1, g.dq, s.h1, 1, dW.wq);
-    k.matmul(true, false, K * E, D, N, 1, g.dk, s.h1, 1, dW.wk);
-    k.matmul(true, false, K * E, D, N, 1, g.dv, s.h1, 1, dW.wv);
-    k.matmul(false, false, N, D, H * E, 1, g.dq, W.wq, 0, g.dh);
-    k.matmul(false, false, N, D, K * E, 1, g.dk, W.wk, 1, g.dh);
-    k.matmul(false, false, N, D, K * E, 1, g.dv, W.wv, 1, g.dh);
-    k.rmsnormBackward(dy, dW.n1, g.dh, x, W.n1, s.r1, N, D);
+    k.matmul(false, false, N, H * E, D, 1, dy, W.wo, 0, grads.dO);
+    k.attentionBackward(grads.dq, grads.dk, grads.dv, grads.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
+    k.ropeBackward(grads.dq, a.cos, a.sin, a.B, a.T, H, E);
+    k.ropeBackward(grads.dk, a.cos, a.sin, a.B, a.T, K, E);
+    k.matmul(true, false, H * E, D, N, 1, grads.dq, s.h1, 1, dW.wq);
+    k.matmul(true, false, K * E, D, N, 1, grads.dk, s.h1, 1, dW.wk);
+    k.matmul(true, false, K * E, D, N, 1, grads.dv, s.h1, 1, dW.wv);
+    k.matmul(false, false, N, D, H * E, 1, grads.dq, W.wq, 0, grads.dh);
+    k.matmul(false, false, N, D, K * E, 1, grads.dk, W.wk, 1, grads.dh);
+    k.matmul(false, false, N, D, K * E, 1, grads.dv, W.wv, 1, grads.dh);
+    k.rmsnormBackward(dy, dW.inputNorm, grads.dh, x, W.inputNorm, s.r1, N, D);
   }
 
   // ---------------------------------------------------------------- MLP: out = x1 + down(silu(gate(h2)) * up(h2)), h2 = norm2(x1)
 
   private mlpForward(W: BlockParams, a: Arena, s: Acts, mm: boolean, out: Float32Array | null): void {
     const c = this.cfg, k = this.k, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
-    k.rmsnormForward(s.h2, s.r2, s.x1, W.n2, N, D, c.rmsNormEps);
+    k.rmsnormForward(s.h2, s.r2, s.x1, W.postAttnNorm, N, D, c.rmsNormEps);
     if (mm) {
-      k.matmul(false, true, N, F, D, 1, s.h2, W.wg, 0, s.g);
-      k.matmul(false, true, N, F, D, 1, s.h2, W.wu, 0, s.u);
+      k.matmul(false, true, N, F, D, 1, s.h2, W.wGate, 0, s.gate);
+      k.matmul(false, true, N, F, D, 1, s.h2, W.wUp, 0, s.up);
     }
-    k.swigluForward(s.m, s.g, s.u, N * F);
+    k.swigluForward(s.swiglu, s.gate, s.up, N * F);
     if (!out) return;
     out.set(s.x1);
-    k.matmul(false, true, N, D, F, 1, s.m, W.wd, 1, out);
+    k.matmul(false, true, N, D, F, 1, s.swiglu, W.wDown, 1, out);
   }
 
   /** grads.dx = dL/dout in, dL/dx1 out. */
   private mlpBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts): void {
-    const c = this.cfg, k = this.k, g = a.grads!, dy = g.dx, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
-    k.matmul(true, false, D, F, N, 1, dy, s.m, 1, dW.wd);
-    k.matmul(false, false, N, F, D, 1, dy, W.wd, 0, g.dm);
-    k.swigluBackward(g.dg, g.du, g.dm, s.g, s.u, N * F);
-    k.matmul(true, false, F, D, N, 1, g.dg, s.h2, 1, dW.wg);
-    k.matmul(true, false, F, D, N, 1, g.du, s.h2, 1, dW.wu);
-    k.matmul(false, false, N, D, F, 1, g.dg, W.wg, 0, g.dh);
-    k.matmul(false, false, N, D, F, 1, g.du, W.wu, 1, g.dh);
-    k.rmsnormBackward(dy, dW.n2, g.dh, s.x1, W.n2, s.r2, N, D);
+    const c = this.cfg, k = this.k, grads = a.grads!, dy = grads.dx, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
+    k.matmul(true, false, D, F, N, 1, dy, s.swiglu, 1, dW.wDown);
+    k.matmul(false, false, N, F, D, 1, dy, W.wDown, 0, grads.dSwiglu);
+    k.swigluBackward(grads.dGate, grads.dUp, grads.dSwiglu, s.gate, s.up, N * F);
+    k.matmul(true, false, F, D, N, 1, grads.dGate, s.h2, 1, dW.wGate);
+    k.matmul(true, false, F, D, N, 1, grads.dUp, s.h2, 1, dW.wUp);
+    k.matmul(false, false, N, D, F, 1, grads.dGate, W.wGate, 0, grads.dh);
+    k.matmul(false, false, N, D, F, 1, grads.dUp, W.wUp, 1, grads.dh);
+    k.rmsnormBackward(dy, dW.postAttnNorm, grads.dh, s.x1, W.postAttnNorm, s.r2, N, D);
   }
 
   // ================================================================ LM head (tied to the embedding) + cross-entropy
@@ -300,8 +300,8 @@ export class Llama {
     const c = this.cfg, o = this.off.layers[l]!, D = c.hiddenSize, F = c.intermediateSize;
     const qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim;
     return {
-      n1: this.w(flat, o.n1, D), wq: this.w(flat, o.wq, qd * D), wk: this.w(flat, o.wk, kvd * D), wv: this.w(flat, o.wv, kvd * D),
-      wo: this.w(flat, o.wo, D * qd), n2: this.w(flat, o.n2, D), wg: this.w(flat, o.wg, F * D), wu: this.w(flat, o.wu, F * D), wd: this.w(flat, o.wd, D * F),
+      inputNorm: this.w(flat, o.inputNorm, D), wq: this.w(flat, o.wq, qd * D), wk: this.w(flat, o.wk, kvd * D), wv: this.w(flat, o.wv, kvd * D),
+      wo: this.w(flat, o.wo, D * qd), postAttnNorm: this.w(flat, o.postAttnNorm, D), wGate: this.w(flat, o.wGate, F * D), wUp: this.w(flat, o.wUp, F * D), wDown: this.w(flat, o.wDown, D * F),
     };
   }
 
@@ -326,7 +326,7 @@ export class Llama {
     const f32 = (n: number): Float32Array => new Float32Array(n);
     const newActs = (): Acts => ({
       h1: f32(N * D), r1: f32(N), q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), att: f32(B * H * T * T),
-      o: f32(N * H * E), x1: f32(N * D), h2: f32(N * D), r2: f32(N), g: f32(N * F), u: f32(N * F), m: f32(N * F),
+      o: f32(N * H * E), x1: f32(N * D), h2: f32(N * D), r2: f32(N), gate: f32(N * F), up: f32(N * F), swiglu: f32(N * F),
     });
     let a = this.arenas.get(`${B}x${T}`);
     if (!a) {
@@ -345,12 +345,12 @@ export class Llama {
       const s = a.acts[0]!;
       for (let l = 1; l < L; l++) {
         if (a.recompute === "none") a.acts.push(newActs());
-        else if (a.recompute === "kept") a.acts.push({ ...s, q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), o: f32(N * H * E), x1: f32(N * D), g: f32(N * F), u: f32(N * F) });
+        else if (a.recompute === "kept") a.acts.push({ ...s, q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), o: f32(N * H * E), x1: f32(N * D), gate: f32(N * F), up: f32(N * F) });
         else a.acts.push(s);
       }
       a.grads = {
         dx: f32(N * D), dh: f32(N * D), dO: f32(N * H * E), dq: f32(N * H * E), dk: f32(N * K * E), dv: f32(N * K * E),
-        dm: f32(N * F), dg: f32(N * F), du: f32(N * F),
+        dSwiglu: f32(N * F), dGate: f32(N * F), dUp: f32(N * F),
       };
     }
     return a;
