@@ -11,15 +11,15 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { SingleThreadTrainer } from "../src/single-thread";
-import { Coordinator, checkpointDocs, type StepResult } from "../src/actors/coordinator";
+import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { newScaler, type OptimizerPosition } from "../src/actors/optim";
 import type { CheckpointOutcome, RankMemory } from "../src/actors/protocol";
 import { initWeights } from "../src/model/init";
 import { hfConfigJson } from "../src/model/config";
-import { checkpointName, type TrainerState } from "../src/checkpoint";
+import { checkpointDir, checkpointDocs, checkpointRepoPath, makePointer, type TrainerState } from "../src/checkpoint";
 import { makeCursor } from "../src/data/cursor";
 import { LocalHub } from "../src/hub/server";
-import { createHubStore, type Pointer } from "../src/hub/store";
+import { createHubStore } from "../src/hub/store";
 import { permShaOf, tokensPerStep, type Shape } from "./shape";
 import { median, r, summarize } from "./stats";
 
@@ -222,17 +222,16 @@ export async function runUploadCase(s: Shape, world: number, o: { warmup: number
       if (res.overlap.length >= o.steps) continue;
       // ---- stage a checkpoint at this step boundary, as the session does (src/session/in-flight.ts, stage)
       const done = step;
-      const pathInRepo = `ckpt/${checkpointName(done)}`;
+      const pathInRepo = checkpointRepoPath(done);
       const trainerState: TrainerState = {
         format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
         lr_shape: s.lrShape, seqs_per_step: seqsPerStep, log_history: [],
       };
       const cursor = makeCursor({ step: done, seqsPerStep, seqLen: s.seqLen, seed: s.dataSeed, fingerprint: s.fingerprint, permSha: pSha });
-      const samples = done * seqsPerStep;
-      const pointer: Pointer = { path_in_repo: pathInRepo, step: done, samples_consumed: samples, tokens_consumed: samples * s.seqLen, fingerprint: s.fingerprint, seed: s.dataSeed };
+      const pointer = makePointer({ pathInRepo, step: done, seqsPerStep, seqLen: s.seqLen, fingerprint: s.fingerprint, seed: s.dataSeed });
       const t0 = performance.now();
       const job = coord.stageCheckpoint({
-        step: done, dir: path.join(runDir, "ckpt", checkpointName(done)),
+        step: done, dir: checkpointDir(runDir, done),
         docs: checkpointDocs({ trainerState, cursor, hfConfig: hfConfigJson(s.model), runConfig: { bench: "upload-stall", world, model: s.modelName } }),
         publish: { pathInRepo, pointer, loss: null },
       });

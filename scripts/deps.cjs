@@ -30,9 +30,9 @@ const LAYERS = [
   {
     layer: 1,
     name: "foundation",
-    // Error types, the one validated config and the run folder's rules: everything else may use
-    // them, and they use nothing of ours (config.ts reads only errors.ts).
-    patterns: ["errors.ts", "config.ts", "outdir.ts"],
+    // Error types and the one validated config: everything else may use them, and they use nothing
+    // of ours (config.ts reads only errors.ts).
+    patterns: ["errors.ts", "config.ts"],
   },
   {
     layer: 2,
@@ -41,8 +41,13 @@ const LAYERS = [
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
     // client's building blocks (store, errors, retry, safetensors-check). None of them knows about
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
-    // same-layer import.
+    // same-layer import. The checkpoint's formats (checkpoint/names.ts: the layout's names;
+    // checkpoint/state.ts: the documents' types and their one parser each, latest.json included) are
+    // pure and read only errors.ts and data/cursor.ts: the Hub client reads and writes latest.json with
+    // them, and the run folder's rules (outdir.ts) know the checkpoint folder's names.
     patterns: [
+      "outdir.ts",
+      "checkpoint/{names,state}.ts",
       "model/**",
       "data/**",
       "hub/server/**",
@@ -53,11 +58,9 @@ const LAYERS = [
   {
     layer: 3,
     name: "checkpoint",
-    // A checkpoint is model weights + optimizer state + the data cursor: it builds on layer 2 only.
-    // hub/manifest.ts is here, not in layer 4 with cycle/resume: it is the checkpoint folder's own
-    // manifest format (K7), a leaf that imports nothing, written by the checkpoint writer and read by
-    // resume, so the checkpoint layer may use it without reaching up.
-    patterns: ["checkpoint.ts", "checkpoint/**", "hub/manifest.ts"],
+    // A checkpoint is model weights + optimizer state + the data cursor: writing and reading a folder
+    // (checkpoint/{write,read}.ts, and index.ts, the module's public face) builds on layer 2 only.
+    patterns: ["checkpoint/**"],
   },
   {
     layer: 4,

@@ -21,7 +21,10 @@ const MODULES = {
   "src/config.ts": T("train.config-rules", "train.config", "data.guards"),
   "src/hub/resume.ts": T("hub.resume-rules", "hub.resume"),
   "src/hub/cycle.ts": T("hub.cycle-rules", "hub.cycle"),
-  "src/checkpoint.ts": T("hub.resume", "hub.cycle", "train.report"),
+  "src/checkpoint/names.ts": T("checkpoint.names", "checkpoint.write"),
+  "src/checkpoint/state.ts": T("checkpoint.state", "checkpoint.write"),
+  "src/checkpoint/write.ts": T("checkpoint.write"),
+  "src/checkpoint/read.ts": T("checkpoint.write", "checkpoint.state"),
 };
 
 const root = path.join(__dirname, "..");

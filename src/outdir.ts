@@ -13,6 +13,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { UserError } from "./errors";
+import { checkpointRoot, isPartialName } from "./checkpoint/names";
 
 export const LOCK_FILE = ".tstrain.lock";
 
@@ -142,11 +143,11 @@ export function lockOut(out: string, say: (l: string) => void): OutLock {
 export function cleanOut(out: string): string[] {
   const said: string[] = [];
   const abs = path.resolve(out);
-  for (const dir of [abs, path.join(abs, "ckpt"), path.join(abs, "resume")]) {
+  for (const dir of [abs, checkpointRoot(abs), path.join(abs, "resume")]) {
     if (!fs.existsSync(dir)) continue;
     const names = fs.readdirSync(dir);
     for (const n of names) {
-      if (/\.partial-\d+$/.test(n) || /\.\w{8}\.part$/.test(n)) {
+      if (isPartialName(n) || /\.\w{8}\.part$/.test(n)) {
         fs.rmSync(path.join(dir, n), { recursive: true, force: true });
         said.push(`removed ${path.join(dir, n)}: left by an interrupted write (O4)`);
       }

@@ -8,7 +8,8 @@ import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint } from "../src/hub/cycle";
-import { resolveAutoResume, checkpointSteps, priorLossOf, type AutoResume } from "../src/hub/resume";
+import { resolveAutoResume, checkpointSteps, type AutoResume } from "../src/hub/resume";
+import { priorLossOf } from "../src/checkpoint";
 import type { HubStore, Pointer, RemoteFile } from "../src/hub/store";
 
 let th: TestHub;
@@ -373,7 +374,10 @@ describe("R4: what is brought down must be real weights", () => {
     const store = freshStore();
     await store.ensureRepo();
     const ck = localCheckpoint(10, { manifest: false });
-    fs.writeFileSync(path.join(ck.dir, "trainer_state.json"), JSON.stringify({ step: 10, log_history: [{ loss: 2.5 }, { loss: 2.25 }, { eval_loss: 1 }, { loss: "x" }] }));
+    fs.writeFileSync(path.join(ck.dir, "trainer_state.json"), JSON.stringify({
+      format: "tstrain-trainer-state/1", step: 10, opt_steps: 10, skipped_steps: 0, scaler: { scale: 1, growthTracker: 0 },
+      lr_shape: { warmup: 0, decayStart: 0, total: 10 }, seqs_per_step: 8, log_history: [{ loss: 2.5 }, { loss: 2.25 }, { eval_loss: 1 }, { loss: "x" }],
+    }));
     await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} });
     let got = await resume(store);
     assert.equal(got.r.kind === "checkpoint" && got.r.priorLoss, 2.25);
@@ -445,18 +449,25 @@ describe("the checkpoint listing and the prior loss, read directly", () => {
     assert.deepEqual(checkpointSteps(files), [9, 10, 100]);
   });
 
-  test("priorLossOf: the last finite loss; null without trainer_state.json, for bad JSON, or without a loss (R4)", () => {
+  test("priorLossOf (src/checkpoint): the last finite loss; null without trainer_state.json or without a loss; a damaged one is refused naming it (R4, K2)", () => {
     const d = path.join(th.tmp, "prior");
     fs.mkdirSync(d, { recursive: true });
     const p = path.join(d, "trainer_state.json");
+    const state = (log_history: unknown[]) => JSON.stringify({
+      format: "tstrain-trainer-state/1", step: 3, opt_steps: 3, skipped_steps: 0, scaler: { scale: 1, growthTracker: 0 },
+      lr_shape: { warmup: 0, decayStart: 0, total: 3 }, seqs_per_step: 1, log_history,
+    });
+    const k2 = (re: RegExp) => (e: Error) => e.name === "UserError" && /\[K2\]$/.test(e.message) && e.message.includes(p) && re.test(e.message);
     assert.equal(priorLossOf(d), null);
-    fs.writeFileSync(p, JSON.stringify({ log_history: [{ loss: 3 }, { loss: 2 }, { loss: null }, { loss: Infinity }] }).replace("null}]", "null},{\"loss\":1e999}]"));
+    fs.writeFileSync(p, state([{ loss: 3 }, { loss: 2 }, { loss: null }, { loss: Infinity }]).replace("null}]", "null},{\"loss\":1e999}]"));
     assert.equal(priorLossOf(d), 2);
     fs.writeFileSync(p, "{ not json");
-    assert.equal(priorLossOf(d), null);
+    assert.throws(() => priorLossOf(d), k2(/is not valid JSON/));
     fs.writeFileSync(p, JSON.stringify({ step: 3 }));
+    assert.throws(() => priorLossOf(d), k2(/is not a tstrain trainer state: format/));
+    fs.writeFileSync(p, state([{ step: 1 }]));
     assert.equal(priorLossOf(d), null);
-    fs.writeFileSync(p, JSON.stringify({ log_history: [null, { loss: 0 }] }));
+    fs.writeFileSync(p, state([{ loss: 5 }, { loss: 0 }]));
     assert.equal(priorLossOf(d), 0);
   });
 });

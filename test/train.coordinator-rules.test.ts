@@ -11,12 +11,12 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { Coordinator, RankFailure, checkpointDocs, type StepResult } from "../src/actors/coordinator";
+import { Coordinator, RankFailure, type StepResult } from "../src/actors/coordinator";
 import { newScaler, type OptimizerPosition } from "../src/actors/optim";
 import type { RankFault, UploaderEvent } from "../src/actors/protocol";
 import { CTL_ABORT } from "../src/actors/shm";
 import { SingleThreadTrainer } from "../src/single-thread";
-import { readCheckpointFolder } from "../src/checkpoint";
+import { checkpointDocs, readCheckpointFolder, type TrainerState } from "../src/checkpoint";
 import { readManifest } from "../src/data/manifest";
 import { PackedTokenStore } from "../src/data/store";
 import { ValStream } from "../src/data/sampler";
@@ -200,7 +200,7 @@ test("a checkpoint captures the weights and both moments of the step it is taken
   const runDir = tmpDir("coord-ckpt");
   await withRuntime({ world: 1, accum: 1, share: true }, async (c) => {
     assert.deepEqual(await c.drainUploads(), { head: null, outcomes: [], failure: null }, "no uploader: nothing to drain");
-    assert.throws(() => c.stageWrite({ step: 0, dir: path.join(runDir, "x"), docs: checkpointDocs({ trainerState: 0, cursor: 0, hfConfig: 0, runConfig: 0 }), publish: null }), /uploader not started/);
+    assert.throws(() => c.stageWrite({ step: 0, dir: path.join(runDir, "x"), docs: checkpointDocs({ trainerState: {} as TrainerState, cursor: 0, hfConfig: 0, runConfig: 0 }), publish: null }), /uploader not started/);
     const events: UploaderEvent[] = [];
     await c.startUploader({ hub: null, prune: false, minFreeGb: 0, keepLocal: 5, runDir }, (e) => events.push(e));
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
@@ -208,9 +208,9 @@ test("a checkpoint captures the weights and both moments of the step it is taken
     for (let s = 0; s < 2; s++) {
       await c.step(s, pos, 1e-3, SHAPE);
       saved.push([c.views.params, c.views.m, c.views.v].map((a) => Float32Array.from(a)));
-      const trainerState = {
+      const trainerState: TrainerState = {
         format: "tstrain-trainer-state/1", step: s + 1, opt_steps: pos.optSteps, skipped_steps: pos.skipped,
-        scaler: pos.scaler, lr_shape: SHAPE, log_history: [],
+        scaler: pos.scaler, lr_shape: SHAPE, seqs_per_step: 1, log_history: [],
       };
       const dir = path.join(runDir, "ckpt", `checkpoint-${s + 1}`);
       const out = await c.stageCheckpoint({
@@ -241,6 +241,6 @@ test("a checkpoint captures the weights and both moments of the step it is taken
     assert.deepEqual(d.outcomes.map((o) => o.step), [1, 2]);
     // A write that fails (its folder cannot be made: a file is in the way) rejects, and the next checkpoint still works.
     fs.writeFileSync(path.join(runDir, "blocker"), "");
-    await assert.rejects(c.stageCheckpoint({ step: 9, dir: path.join(runDir, "blocker", "checkpoint-9"), publish: null, docs: checkpointDocs({ trainerState: {}, cursor: {}, hfConfig: {}, runConfig: {} }) }));
+    await assert.rejects(c.stageCheckpoint({ step: 9, dir: path.join(runDir, "blocker", "checkpoint-9"), publish: null, docs: checkpointDocs({ trainerState: {} as TrainerState, cursor: {}, hfConfig: {}, runConfig: {} }) }));
   });
 });

@@ -20,9 +20,10 @@ import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
 import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
-import { decideStep, slices, unscaleFactor, type DecayRange, type LrShape, type OptimizerPosition } from "./optim";
+import { decideStep, slices, unscaleFactor, type DecayRange, type OptimizerPosition } from "./optim";
+import type { LrShape } from "../checkpoint";
 import { reduceSliceSimd, updateSlice } from "./optim-simd";
-import { type CheckpointDocs, type CheckpointJob, type FromRank, type RankInit, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
+import { type CheckpointJob, type FromRank, type RankInit, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
 
 /**
  * What the coordinator is given to start its ranks: each rank's RankInit less what the coordinator works out
@@ -306,16 +307,4 @@ export class Coordinator {
     if (this.uploader) this.uploader[Comlink.releaseProxy]();
     if (this.uploaderWorker) await this.uploaderWorker.terminate();
   }
-}
-
-/** The JSON documents of a checkpoint (K2), built in one place for the coordinator and tests. */
-export function checkpointDocs(o: {
-  trainerState: unknown; cursor: unknown; hfConfig: unknown; runConfig: unknown;
-}): CheckpointDocs {
-  return {
-    "trainer_state.json": o.trainerState,
-    "cursor.json": o.cursor,
-    "config.json": o.hfConfig,
-    "run_config.json": o.runConfig,
-  };
 }

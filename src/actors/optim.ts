@@ -7,9 +7,10 @@
  * place either runtime decides anything about a step.
  */
 
-// ---------------------------------------------------------------- LR (P5)
+import type { LrShape, ScalerState } from "../checkpoint/state";
+export type { LrShape, ScalerState };
 
-export interface LrShape { warmup: number; decayStart: number; total: number }
+// ---------------------------------------------------------------- LR (P5)
 
 /** LambdaLR factor at optimizer step k = 0, 1, ... exactly as the seed's `fn(cur)`. */
 export function lrFactor(k: number, s: LrShape): number {
@@ -20,8 +21,7 @@ export function lrFactor(k: number, s: LrShape): number {
 
 // ---------------------------------------------------------------- loss scaler (P2)
 
-/** torch.amp.GradScaler semantics: init 65536, x2 after 2000 clean steps, x0.5 on inf/NaN. */
-export interface ScalerState { scale: number; growthTracker: number }
+/** torch.amp.GradScaler semantics: init 65536, x2 after 2000 clean steps, x0.5 on inf/NaN (the state's type is the checkpoint's). */
 export const SCALER_DEFAULTS = { initScale: 65536, growthFactor: 2.0, backoffFactor: 0.5, growthInterval: 2000 } as const;
 
 export function newScaler(): ScalerState {

@@ -8,6 +8,7 @@ import type { SharedBuffers } from "./shm";
 import type { LlamaConfig } from "../model/config";
 import type { BackendName } from "../model/backend";
 import type { DecayRange } from "./optim";
+import type { CheckpointDocs, Pointer } from "../checkpoint";
 
 export interface WireError { name: string; message: string; stack?: string; rule?: string }
 
@@ -76,24 +77,16 @@ export type FromRank =
 
 // ---------------------------------------------------------------- coordinator -> uploader
 
-/** JSON documents written beside the tensors in a checkpoint folder (K2). */
-export interface CheckpointDocs {
-  "trainer_state.json": unknown;
-  "cursor.json": unknown;
-  "config.json": unknown;
-  "run_config.json": unknown;
-}
-
 export interface CheckpointJob {
   step: number;
-  /** Local folder to write (…/ckpt/checkpoint-{step}); written via a temp folder and renamed. */
+  /** Local folder to write (checkpointDir(runDir, step)); written via a temp folder and renamed. */
   dir: string;
   staging: SharedArrayBuffer;
   P: number;
   model: LlamaConfig;
   docs: CheckpointDocs;
   /** Hub publication (K3) when a repo is set; the pointer is written only after verification. */
-  publish: null | { pathInRepo: string; pointer: import("../hub/store").Pointer; loss: number | null };
+  publish: null | { pathInRepo: string; pointer: Pointer; loss: number | null };
 }
 
 export interface UploaderInit {

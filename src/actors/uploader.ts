@@ -18,7 +18,7 @@ import * as fs from "node:fs";
 import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
-import { writeCheckpointFolder, listCheckpointFolders } from "../checkpoint";
+import { checkpointRoot, listCheckpointFolders, writeCheckpointFolder } from "../checkpoint";
 import { createHubStore, type HubStore } from "../hub/store";
 import { freeBytes, publishCheckpoint } from "../hub/cycle";
 import { toWireError, type CheckpointJob, type CheckpointOutcome, type UploaderApi, type UploaderEvent, type UploaderInit, type WriteOutcome, type DrainResult } from "./protocol";
@@ -47,7 +47,7 @@ function log(line: string): void {
 /** K1: keep at most `keepLocal` checkpoint folders besides `current`, oldest removed first. */
 function pruneOldLocal(runDir: string, current: string, keepLocal: number): void {
   const keep = new Set([current, pending?.dir, publishing?.dir].filter((x): x is string => !!x));
-  const all = listCheckpointFolders(path.join(runDir, "ckpt")).filter((c) => !keep.has(c.dir));
+  const all = listCheckpointFolders(checkpointRoot(runDir)).filter((c) => !keep.has(c.dir));
   const excess = all.length - keepLocal;
   for (let i = 0; i < excess; i++) fs.rmSync(all[i]!.dir, { recursive: true, force: true });
 }
@@ -120,7 +120,7 @@ const api: UploaderApi = {
       }
       if (opts.prune) {
         // --prune: local copies already verified on the Hub can be fetched again; make room with them first.
-        for (const c of listCheckpointFolders(path.join(opts.runDir, "ckpt"))) {
+        for (const c of listCheckpointFolders(checkpointRoot(opts.runDir))) {
           if (c.dir === job.dir || !published.has(c.step)) continue;
           fs.rmSync(c.dir, { recursive: true, force: true });
           log(`disk: removed local ${path.basename(c.dir)} (verified on the Hub) to make room for checkpoint ${job.step} (--prune)`);

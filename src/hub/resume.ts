@@ -12,7 +12,7 @@ import type { HubStore, Pointer, RemoteFile } from "./store";
 import { describeHubError } from "./store";
 import { checkSafetensorsFile } from "./safetensors-check";
 import { withRetry } from "./retry";
-import { MANIFEST_FILE, parseManifest } from "./manifest";
+import { MANIFEST_FILE, CURSOR_FILE, FINAL_DIR, MODEL_FILE, OPTIMIZER_FILE, checkpointRepoPath, parseManifest, priorLossOf, stepOfRepoFile } from "../checkpoint";
 import { createHash } from "node:crypto";
 
 export type AutoResume =
@@ -42,7 +42,7 @@ type Proof = { ok: true; pointer: Pointer; files: number } | { ok: false; noMani
  * to this run (same fingerprint and seed, and the samples-per-step the pointer implies)?
  */
 async function proveCheckpoint(store: HubStore, step: number, ref: Pointer | null): Promise<Proof> {
-  const prefix = `ckpt/checkpoint-${step}`;
+  const prefix = checkpointRepoPath(step);
   const raw = await store.download(`${prefix}/${MANIFEST_FILE}`);
   if (raw === null) return { ok: false, noManifest: true, reason: `it has no ${MANIFEST_FILE}` };
   let m;
@@ -65,7 +65,7 @@ async function proveCheckpoint(store: HubStore, step: number, ref: Pointer | nul
   }
   for (const rel of byRel.keys()) problems.push(`${rel} is not in the manifest`);
   if (problems.length) return { ok: false, noManifest: false, reason: `it does not match its manifest: ${problems.slice(0, 4).join("; ")}${problems.length > 4 ? ` (+${problems.length - 4} more)` : ""}` };
-  const cb = await store.download(`${prefix}/cursor.json`);
+  const cb = await store.download(`${prefix}/${CURSOR_FILE}`);
   let c: { step?: unknown; samples_consumed?: unknown; seq_len?: unknown; dataset_files_sha?: unknown; shuffle_seed?: unknown };
   try {
     c = JSON.parse(String(cb));
@@ -120,33 +120,18 @@ async function sameAsHub(dir: string, remote: RemoteFile[], prefix: string): Pro
   return null;
 }
 
-const CKPT_RE = /^ckpt\/checkpoint-(\d+)\//;
-
 function isRepoMissing(e: unknown): boolean {
   return typeof e === "object" && e !== null && (e as { name?: unknown }).name === "RepoMissingError";
 }
 
-/** The steps of every ckpt/checkpoint-N/ folder in a listing. */
+/** The steps of every ckpt/checkpoint-N/ folder in a listing (a file under it names it). */
 export function checkpointSteps(files: RemoteFile[]): number[] {
   const s = new Set<number>();
   for (const f of files) {
-    const m = CKPT_RE.exec(f.path);
-    if (m) s.add(Number(m[1]));
+    const step = stepOfRepoFile(f.path);
+    if (step !== null) s.add(step);
   }
   return [...s].sort((a, b) => a - b);
-}
-
-/** The loss of the last log_history entry that has one (the seed's "prior loss"). */
-export function priorLossOf(dir: string): number | null {
-  const p = path.join(dir, "trainer_state.json");
-  if (!fs.existsSync(p)) return null;
-  try {
-    const st = JSON.parse(fs.readFileSync(p, "utf8")) as { log_history?: { loss?: unknown }[] };
-    const h = (st.log_history ?? []).filter((x) => typeof x?.loss === "number" && Number.isFinite(x.loss));
-    return h.length ? (h[h.length - 1]!.loss as number) : null;
-  } catch {
-    return null;
-  }
 }
 
 /** R2–R6, top to bottom: the pointer, the newest state, then the pointed checkpoint brought down. */
@@ -154,12 +139,12 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
   const ptr = await readPointerOrMissing(store);
   if (ptr === null) return resumeWithoutPointer(store, o);
   const listed = await listForNewest(store, ptr, o);
-  if (ptr.path_in_repo !== "final" && (await rolledOntoNewer(store, ptr, checkpointSteps(listed), o))) return resolveAutoResume(store, o);
+  if (ptr.path_in_repo !== FINAL_DIR && (await rolledOntoNewer(store, ptr, checkpointSteps(listed), o))) return resolveAutoResume(store, o);
   const pointed = listed.filter((f) => f.path.startsWith(ptr.path_in_repo + "/"));
   if (pointed.length === 0) {
     throw new UserError("R3", `latest.json on ${store.repo} points at ${ptr.path_in_repo} (step ${ptr.step}) but the repo holds no files there; refusing to resume from a pointer to nothing`);
   }
-  if (ptr.path_in_repo === "final") {
+  if (ptr.path_in_repo === FINAL_DIR) {
     o.log(`resume auto: latest.json points at final (step ${ptr.step}): the run is complete`);
     return { kind: "complete", pointer: ptr };
   }
@@ -190,17 +175,17 @@ async function resumeWithoutPointer(store: HubStore, o: AutoResumeOptions): Prom
     throw new UserError("R2", `--resume auto found no latest.json on ${repo}, and listing the repo to confirm that nothing was pushed failed: ${describeHubError(e)}. Refusing to start from step 0; retry when the Hub answers`);
   }
   const steps = checkpointSteps(listed);
-  const hasFinal = listed.some((f) => f.path.startsWith("final/"));
+  const hasFinal = listed.some((f) => f.path.startsWith(`${FINAL_DIR}/`));
   for (const n of [...steps].reverse()) {
     const proof = await proveCheckpoint(store, n, null).catch((e) => ({ ok: false as const, noManifest: false, reason: `checking it failed: ${describeHubError(e)}` }));
     if (proof.ok) {
       await rollForward(store, null, proof.pointer, proof.files, o.log);
       return resolveAutoResume(store, o);
     }
-    o.log(`resume auto: ckpt/checkpoint-${n} cannot restore the missing pointer: ${proof.reason}`);
+    o.log(`resume auto: ${checkpointRepoPath(n)} cannot restore the missing pointer: ${proof.reason}`);
   }
   if (steps.length || hasFinal) {
-    const found = [...steps.map((s) => `ckpt/checkpoint-${s}`), ...(hasFinal ? ["final"] : [])];
+    const found = [...steps.map(checkpointRepoPath), ...(hasFinal ? [FINAL_DIR] : [])];
     throw new UserError("R2", `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`);
   }
   return startFresh(`no latest.json and no checkpoints on ${repo}`, o);
@@ -238,16 +223,16 @@ async function rolledOntoNewer(store: HubStore, ptr: Pointer, steps: number[], o
     try {
       proof = await proveCheckpoint(store, n, ptr);
     } catch (e) {
-      throw new UserError("R3", `--resume auto could not check ckpt/checkpoint-${n} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`);
+      throw new UserError("R3", `--resume auto could not check ${checkpointRepoPath(n)} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`);
     }
     if (proof.ok) {
       await rollForward(store, ptr, proof.pointer, proof.files, o.log);
       return true;
     }
     if (proof.noManifest && !o.ignoreUnproven) {
-      throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ckpt/checkpoint-${n}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ckpt/checkpoint-${n} when it gets there, run the same command with --resume-ignore-unproven added`);
+      throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ${checkpointRepoPath(n)}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ${checkpointRepoPath(n)} when it gets there, run the same command with --resume-ignore-unproven added`);
     }
-    o.log(`resume auto: ignoring ckpt/checkpoint-${n} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`);
+    o.log(`resume auto: ignoring ${checkpointRepoPath(n)} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`);
   }
   return false;
 }
@@ -293,10 +278,10 @@ async function equalLocalCopy(ptr: Pointer, pointed: RemoteFile[], o: AutoResume
 
 async function checkWeights(store: HubStore, ptr: Pointer, dir: string, log: (l: string) => void): Promise<AutoResume> {
   const repo = store.repo;
-  for (const name of ["model.safetensors", "optimizer.safetensors"]) {
+  for (const name of [MODEL_FILE, OPTIMIZER_FILE]) {
     const p = path.join(dir, name);
     if (!fs.existsSync(p)) {
-      if (name === "optimizer.safetensors") continue; // K2 completeness is the caller's; weights are required here
+      if (name === OPTIMIZER_FILE) continue; // K2 completeness is the caller's; weights are required here
       throw new UserError("R4", `auto-resume downloaded ${ptr.path_in_repo} from ${repo} but it has no ${name}: not real weights. Refusing`);
     }
     try {

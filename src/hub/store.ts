@@ -16,6 +16,9 @@ import { commit, createRepo, datasetInfo, downloadFile, fileDownloadInfo, HubApi
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./errors";
+import { POINTER_FILE } from "../checkpoint/names";
+import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
+export type { Pointer };
 
 export interface RemoteFile {
   path: string;
@@ -25,15 +28,6 @@ export interface RemoteFile {
   /** The git blob oid the Hub reports (sha1 for regular files, of the pointer for LFS files). */
   gitOid?: string;
   lfs?: boolean;
-}
-
-export interface Pointer {
-  path_in_repo: string;
-  step: number;
-  samples_consumed: number;
-  tokens_consumed: number;
-  fingerprint: string;
-  seed: number;
 }
 
 export interface HubStore {
@@ -92,7 +86,6 @@ export interface HubStoreOptions {
   timeoutMs?: number;
 }
 
-export const POINTER_FILE = "latest.json";
 const MIN_UPLOAD_BYTES_PER_MS = 1024 * 1024 / 1000; // 1 MiB/s budget for request bodies
 
 /** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
@@ -152,25 +145,6 @@ function normRepoPath(p: string, what: string): string {
     throw new TypeError(`${what} must be a relative path inside the repo, got ${JSON.stringify(p)}`);
   }
   return q;
-}
-
-export function validatePointer(v: unknown, where: string): Pointer {
-  const o = v as Record<string, unknown>;
-  const bad = (k: string) => {
-    throw new Error(`${where}: field ${k} is missing or invalid (got ${JSON.stringify(o?.[k])}); expected {path_in_repo, step, samples_consumed, tokens_consumed, fingerprint, seed}`);
-  };
-  if (!o || typeof o !== "object") throw new Error(`${where}: not a JSON object`);
-  if (typeof o.path_in_repo !== "string" || o.path_in_repo === "") bad("path_in_repo");
-  for (const k of ["step", "samples_consumed", "tokens_consumed", "seed"]) if (!Number.isSafeInteger(o[k]) || (o[k] as number) < 0) bad(k);
-  if (typeof o.fingerprint !== "string") bad("fingerprint");
-  return {
-    path_in_repo: o.path_in_repo as string,
-    step: o.step as number,
-    samples_consumed: o.samples_consumed as number,
-    tokens_consumed: o.tokens_consumed as number,
-    fingerprint: o.fingerprint as string,
-    seed: o.seed as number,
-  };
 }
 
 /** Files under dir, recursively, as paths relative to it with '/' separators, sorted. */
@@ -517,20 +491,14 @@ class ClientHubStore implements HubStore {
     return this.guard(async () => {
       const b = await this.download(POINTER_FILE);
       if (b === null) return null;
-      let v: unknown;
-      try {
-        v = JSON.parse(b.toString("utf8"));
-      } catch {
-        throw new Error(`${POINTER_FILE} on ${this.repo} is not valid JSON (${b.length} bytes)`);
-      }
-      return validatePointer(v, `${POINTER_FILE} on ${this.repo}`);
+      return parsePointer(b, `${POINTER_FILE} on ${this.repo}`);
     });
   }
 
   writePointer(p: Pointer, o: CommitOptions = {}): Promise<string | null> {
     return this.guard(async () => {
       const want = validatePointer(p, "pointer to write");
-      const body = JSON.stringify(want, null, 1) + "\n";
+      const body = pointerBytes(want);
       const same = (got: Pointer | null) => got !== null && (Object.keys(want) as (keyof Pointer)[]).every((k) => got[k] === want[k]);
       const oid = await this.commitOps(
         [{ operation: "addOrUpdate", path: POINTER_FILE, content: new Blob([body]) }],

@@ -7,6 +7,7 @@ import { saveCursor } from "../data/cursor";
 import type { Coordinator } from "../actors/coordinator";
 import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../actors/optim";
 import type { Reporter } from "../report";
+import { FINAL_DIR } from "../checkpoint";
 import { cursorAt, type SessionPlan } from "./plan";
 
 export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
@@ -14,7 +15,7 @@ export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "spec
 /** G4: the export of the weights as they are now. Never overwrites: an earlier final/ is moved aside. */
 export function exportFinal(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): string {
   const { cfg } = s;
-  const exp = path.join(cfg.out, "final");
+  const exp = path.join(cfg.out, FINAL_DIR);
   if (fs.existsSync(exp)) {
     const old = `${exp}.previous-${Date.now()}`;
     fs.renameSync(exp, old);

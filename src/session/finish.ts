@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { UserError } from "../errors";
 import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
-import type { LogEntry } from "../checkpoint";
+import { FINAL_DIR, type LogEntry } from "../checkpoint";
 import { fmtDuration, writeRunReport, type Reporter } from "../report";
 import { publishFinal } from "../hub/cycle";
 import { pointerAt, type SessionPlan } from "./plan";
@@ -71,7 +71,7 @@ async function exportAndPublish(s: SessionPlan, coord: Coordinator, figures: Rec
   const exported = exportFinal(s, coord, figures, rep);
   if (s.hub) {
     const step = s.endStep;
-    const r = await publishFinal(s.hub, { localDir: exported, pathInRepo: "final", pointer: pointerAt(s, step, "final"), log: rep.say, giveUpMs: s.cfg.hubRetryMinutes * 60_000 });
+    const r = await publishFinal(s.hub, { localDir: exported, pathInRepo: FINAL_DIR, pointer: pointerAt(s, step, FINAL_DIR), log: rep.say, giveUpMs: s.cfg.hubRetryMinutes * 60_000 });
     if (!r.ok) throw new UserError("K4", `final/ did not verify on the Hub: ${JSON.stringify(r.verify)}; the local export is kept at ${exported}`);
     rep.say(`latest.json rolled to the completed run: final at step ${step}`);
   }

@@ -7,10 +7,10 @@
 import * as path from "node:path";
 import { UserError } from "../errors";
 import { hfConfigJson } from "../model/config";
-import { checkpointDocs, type Coordinator } from "../actors/coordinator";
+import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
-import { checkpointName, type LogEntry, type TrainerState } from "../checkpoint";
+import { checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, type LogEntry, type TrainerState } from "../checkpoint";
 import type { Reporter } from "../report";
 import { cursorAt, pointerAt, type SessionPlan } from "./plan";
 import { resumeCommand } from "./stop";
@@ -100,11 +100,11 @@ export class CheckpointsInFlight {
       format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
       lr_shape: s.lrShape, seqs_per_step: s.plan.seqsPerStep, log_history: this.history,
     };
-    const pathInRepo = `ckpt/${checkpointName(done)}`;
+    const pathInRepo = checkpointRepoPath(done);
     this.staged.add(done);
     const w: Promise<WriteOutcome> = this.coord.stageWrite({
       step: done,
-      dir: path.join(s.cfg.out, "ckpt", checkpointName(done)),
+      dir: checkpointDir(s.cfg.out, done),
       docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: s.cfg }),
       publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss } : null,
     });
@@ -124,9 +124,9 @@ export class CheckpointsInFlight {
     const noSpace = e.code === "ENOSPC" || e.code === "EDQUOT";
     const last = [...this.published].sort((a, b) => a - b).pop();
     const where = last === undefined ? "no checkpoint of this session is saved yet" :
-      s.hub ? `checkpoint ${last} is verified on the Hub (latest.json points at it)` : `checkpoint ${last} is saved in ${path.join(out, "ckpt")}`;
+      s.hub ? `checkpoint ${last} is verified on the Hub (latest.json points at it)` : `checkpoint ${last} is saved in ${checkpointRoot(out)}`;
     const next = s.hub ? resumeCommand("auto", noSpace ? ["--prune"] : []) :
-      last !== undefined ? resumeCommand(path.join(out, "ckpt", checkpointName(last))) : null;
+      last !== undefined ? resumeCommand(checkpointDir(out, last)) : null;
     return new UserError("O5", `${e.message}. Training stopped at step ${this.failedStep}; ${where}. ` +
       (noSpace ? `Free space under ${path.resolve(out)}${s.hub ? ", or let the run make room by removing local copies already verified on the Hub (--prune)" : ""}` : "Fix the folder") +
       (next ? `, then continue with: ${next}` : ", then run the same command again"));

@@ -2,11 +2,10 @@
  * The training loop, nanoGPT style: one optimizer step, then the named things that happen between steps
  * (the metrics, the checkpoint, a signal, the segment end), then validation and export once it ends.
  */
-import * as path from "node:path";
 import type { Coordinator, StepResult } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { UploaderEvent } from "../actors/protocol";
-import { checkpointName, type LogEntry } from "../checkpoint";
+import { checkpointDir, checkpointRoot, type LogEntry } from "../checkpoint";
 import type { Reporter } from "../report";
 import type { SessionPlan } from "./plan";
 import { MetricWindow, sampleNow } from "./metrics";
@@ -62,8 +61,8 @@ async function checkpointOnSignal(s: SessionPlan, checkpoints: CheckpointsInFlig
 /** O3: what a signal's stop leaves, and the command that resumes. */
 function stoppedBySignal(s: SessionPlan, stoppedAt: number): RunStopped {
   const saved = stoppedAt > s.startStep;
-  const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(path.join(s.cfg.out, "ckpt", checkpointName(stoppedAt)))) : null;
+  const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(checkpointDir(s.cfg.out, stoppedAt))) : null;
   return new RunStopped(saved
-    ? `stopped by ${stopRequested()} at step ${stoppedAt}: checkpoint ${stoppedAt} is ${s.hub ? "published and verified on the Hub" : `saved in ${path.join(s.cfg.out, "ckpt")}`}. Resume with: ${cmd}`
+    ? `stopped by ${stopRequested()} at step ${stoppedAt}: checkpoint ${stoppedAt} is ${s.hub ? "published and verified on the Hub" : `saved in ${checkpointRoot(s.cfg.out)}`}. Resume with: ${cmd}`
     : `stopped by ${stopRequested()} before any step of this session finished: nothing new to save. Run the same command again to start.`, stoppedAt);
 }

@@ -15,11 +15,12 @@ import { permSha } from "../data/permutation";
 import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
 import { checkNoWrap, valWindowCount } from "../data/plan";
 import { ensureDemoMix } from "../data/demo";
-import type { LrShape } from "../actors/optim";
-import { estimateCheckpointBytes, listCheckpointFolders, type TrainerState } from "../checkpoint";
+import {
+  checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
+} from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
-import { createHubStore, type HubStore, type Pointer } from "../hub/store";
+import { createHubStore, type HubStore } from "../hub/store";
 import { resolveAutoResume } from "../hub/resume";
 import { RunComplete } from "./stop";
 
@@ -141,27 +142,24 @@ async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
     destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
-    localRoots: [path.join(cfg.out, "ckpt"), path.join(cfg.out, "resume")],
+    localRoots: [checkpointRoot(cfg.out), path.join(cfg.out, "resume")],
   });
   if (got.kind === "fresh") return start; // resolveAutoResume has said why (R2); nothing to add.
   if (got.kind === "complete") {
     throw new RunComplete(`resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. A new run needs a new --hub-repo.`);
   }
   rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
-  return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(cfg.out, "ckpt") };
+  return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(checkpointRoot(cfg.out)) };
 }
 
-/** C3, P5: the trainer state agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
+/** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
 function checkTrainerState(resumeDir: string, startStep: number, plan: StepPlan, priorLoss: number | null): number | null {
-  const statePath = path.join(resumeDir, "trainer_state.json");
-  if (!fs.existsSync(statePath)) return priorLoss;
-  const st = JSON.parse(fs.readFileSync(statePath, "utf8")) as TrainerState;
+  const st = readTrainerState(resumeDir);
   if (st.step !== startStep) throw new UserError("C3", `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`);
-  if (st.lr_shape && st.lr_shape.total !== plan.stepsPlanned) {
+  if (st.lr_shape.total !== plan.stepsPlanned) {
     throw new UserError("P5", `resume refused: the checkpoint's horizon is ${st.lr_shape.total} steps but this plan has ${plan.stepsPlanned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`);
   }
-  const hist = (st.log_history ?? []).filter((h) => Number.isFinite(h.loss));
-  return priorLoss === null && hist.length ? hist[hist.length - 1]!.loss : priorLoss;
+  return priorLoss ?? lastLoggedLoss(st);
 }
 
 /** G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. */
@@ -179,9 +177,9 @@ function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): numb
  * --out, or a Hub repo whose latest.json already points somewhere, are refused with what to do.
  */
 async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null): Promise<void> {
-  const local = listCheckpointFolders(path.join(cfg.out, "ckpt"));
+  const local = listCheckpointFolders(checkpointRoot(cfg.out));
   if (local.length) {
-    throw new UserError("R1", `${path.join(cfg.out, "ckpt")} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1]!.dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
+    throw new UserError("R1", `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1]!.dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
   }
   if (!hub) return;
   let ptr: Pointer | null;
@@ -202,7 +200,7 @@ async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null):
  * deleted or overwritten, so the resumed run can write its own checkpoints under those names.
  */
 function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Reporter): void {
-  for (const c of listCheckpointFolders(path.join(out, "ckpt"))) {
+  for (const c of listCheckpointFolders(checkpointRoot(out))) {
     if (c.step <= startStep) continue;
     const aside = `${c.dir}.superseded-${Date.now()}`;
     fs.renameSync(c.dir, aside);
@@ -223,6 +221,5 @@ export function cursorAt(s: SessionPlan, step: number): Cursor {
 
 /** The latest.json pointer for the checkpoint of `step` at `pathInRepo`. */
 export function pointerAt(s: SessionPlan, step: number, pathInRepo: string): Pointer {
-  const samples = step * s.plan.seqsPerStep;
-  return { path_in_repo: pathInRepo, step, samples_consumed: samples, tokens_consumed: samples * s.cfg.seqLen, fingerprint: s.fingerprint, seed: s.cfg.dataSeed };
+  return makePointer({ pathInRepo, step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, fingerprint: s.fingerprint, seed: s.cfg.dataSeed });
 }

@@ -5,6 +5,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { encodeSafetensors } from "../../src/model/safetensors";
+import { checkpointRepoPath, type LogEntry, type TrainerState } from "../../src/checkpoint";
 import * as os from "node:os";
 import { LocalHub, type LocalHubOptions } from "../../src/hub/server";
 import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "../../src/hub/store";
@@ -37,7 +38,12 @@ export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Poin
       { name: "exp_avg_sq.model.embed_tokens.weight", dtype: "F32", shape: [n], data: w.map((x) => x * x) },
     ]),
   );
-  fs.writeFileSync(path.join(dir, "trainer_state.json"), JSON.stringify({ step: o.step, log_history: [{ step: o.step - 1, loss: (o.loss ?? 3) + 0.1 }, { step: o.step, loss: o.loss ?? 3 }] }));
+  const state: TrainerState = {
+    format: "tstrain-trainer-state/1", step: o.step, opt_steps: o.step, skipped_steps: 0, scaler: { scale: 65536, growthTracker: 0 },
+    lr_shape: { warmup: 0, decayStart: 0, total: o.step }, seqs_per_step: sps,
+    log_history: [logEntry(o.step - 1, (o.loss ?? 3) + 0.1), logEntry(o.step, o.loss ?? 3)],
+  };
+  fs.writeFileSync(path.join(dir, "trainer_state.json"), JSON.stringify(state));
   fs.writeFileSync(
     path.join(dir, "cursor.json"),
     JSON.stringify({ seq_len: seqLen, samples_consumed: o.step * sps, shuffle_seed: seed, dataset_files_sha: fingerprint, shuffle_perm_sha: "perm", step: o.step }),
@@ -45,13 +51,17 @@ export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Poin
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({ model_type: "llama", hidden_size: 8 }));
   return {
     dir,
-    path_in_repo: `ckpt/checkpoint-${o.step}`,
+    path_in_repo: checkpointRepoPath(o.step),
     step: o.step,
     samples_consumed: o.step * sps,
     tokens_consumed: o.step * sps * seqLen,
     fingerprint,
     seed,
   };
+}
+
+function logEntry(step: number, loss: number): LogEntry {
+  return { step, loss, lr: 1e-3, grad_norm: 1, loss_scale: 65536, skipped_steps: 0, tok_per_s: 0, elapsed_s: 0 };
 }
 
 export function pointerOf(p: Pointer & { dir?: string }): Pointer {
