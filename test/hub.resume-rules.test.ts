@@ -342,8 +342,10 @@ describe("R4: what is brought down must be real weights", () => {
     const store = freshStore();
     const [p10] = await published(store, [10]);
     const bytes = (await store.list("ckpt/checkpoint-10")).reduce((s, f) => s + f.size, 0);
-    const { r } = await resume(store, { minBytes: bytes });
+    const { r, lines } = await resume(store, { minBytes: bytes });
     resumedAt(r, p10!);
+    assert.equal(lines[0], "auto-resume: hub says step 10 at ckpt/checkpoint-10");
+    assert.match(lines[1]!, new RegExp(`^downloaded 6 files, ${(bytes / 1e6).toFixed(1)} MB in \\d+\\.\\ds$`));
     await refusal(resume(store, { minBytes: bytes + 1 }), "R4", new RegExp(`downloaded ${bytes} bytes for ckpt/checkpoint-10, under the ${bytes + 1} bytes a real checkpoint holds`));
   });
 
@@ -407,6 +409,7 @@ describe("R6: a local copy equal to the Hub's is reused instead of downloaded", 
     assert.equal(resumedAt(r, ck), path.join(root, "checkpoint-10"));
     assert.ok(lines.includes(`auto-resume: reusing the local copy ${path.join(root, "checkpoint-10")}: its 6 files match the Hub's sizes and hashes (sha256 for the weights), so nothing is downloaded (R6)`), lines.join("\n"));
     assert.equal(fs.existsSync(dest()), false, "nothing was downloaded");
+    assert.equal(lines.filter((l) => l.includes("is not the Hub's copy")).length, 0, "a root without the folder is passed over silently");
   });
 
   const DIFFERENT: { name: string; edit: (dir: string) => void; why: string }[] = [
