@@ -178,27 +178,34 @@ function ratio(rows: BenchRow[], name: string, num: string, den: string, field: 
   return { ratio: name, value, target: target ? `${target.op} ${target.v}` : null, met, num: `${num} ${field}`, den: `${den} ${field}`, value_best_steps: best, ...(note ? { note } : {}) };
 }
 
-async function main(): Promise<number> {
-  const t0 = performance.now();
-  const o = parseOptions(process.argv.slice(2));
-  const mach = machine();
-  const scratch = scratchDir();
-  const rows: BenchRow[] = [];
-  const notes: string[] = [];
-  let failed = 0;
-  const record = (row: BenchRow) => { rows.push(row); emit(row); };
-  const profiled: { v: { rows: KernelRow[]; stepMs: number; engine: string } | null } = { v: null };
-  const guard = async (what: string, f: () => Promise<void>) => {
+/** One bench run's results so far: the rows, the notes, the failed cases, the frozen step's kernel profile. */
+class BenchRun {
+  readonly rows: BenchRow[] = [];
+  readonly notes: string[] = [];
+  failed = 0;
+  profiled: { rows: KernelRow[]; stepMs: number; engine: string } | null = null;
+
+  record(row: BenchRow): void {
+    this.rows.push(row);
+    emit(row);
+  }
+
+  /** Runs one case; a failure is counted, noted and printed as BENCH_ERROR, and the other cases go on. */
+  async guard(what: string, f: () => Promise<void>): Promise<void> {
     try {
       await f();
     } catch (e) {
-      failed++;
+      this.failed++;
       const msg = `${what} failed: ${(e as Error).message ?? String(e)}`;
-      notes.push(msg);
+      this.notes.push(msg);
       log(`!! ${msg}`);
       process.stdout.write("BENCH_ERROR " + JSON.stringify({ case: what, error: (e as Error).message ?? String(e) }) + "\n");
     }
-  };
+  }
+}
+
+/** Probes the free cores; waits (up to --wait-quiet seconds) while fewer than 90% are free. */
+async function waitForQuietMachine(mach: Machine, o: Options): Promise<void> {
   mach.cores_available_start = await coresAvailable(cores);
   const waitUntil = performance.now() + o.waitQuiet * 1000;
   while (mach.cores_available_start < 0.9 * cores && performance.now() < waitUntil) {
@@ -206,124 +213,119 @@ async function main(): Promise<number> {
     await new Promise((res) => setTimeout(res, 10_000));
     mach.cores_available_start = await coresAvailable(cores);
   }
-  const codeStart = codeFingerprint();
-  log(`bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`);
+}
 
-  const stepCases = o.cases.has("single") || o.cases.has("actor") || o.cases.has("framework-free") || o.cases.has("upload") || o.cases.has("torch");
-  const maxWorld = Math.max(1, ...(o.cases.has("actor") ? o.worlds : []), ...(o.cases.has("upload") ? o.uploadWorlds : []));
-  // enough windows for the longest step counter: the upload case runs the most steps
-  const windowsNeeded = (o.warmup + Math.max(8, 1 + o.rewarm) * o.steps + 8) * o.microBatch * maxWorld * o.accum;
-  let shape: Shape | null = null;
-  try {
-    if (stepCases) {
-      shape = await buildShape({ model: o.model, seqLen: o.seq, microBatch: o.microBatch, accum: o.accum, backend: o.backend, gradCkpt: o.gradCkpt, scratch, windowsNeeded, log });
-      log(`shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`);
-    }
-    const s = shape;
+/** Cases 1-3: the framework-free loop's runs around single-thread and the actor runtime (interleaved). */
+async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string): Promise<void> {
+  // ---- 3 (first half): the framework-free loop of --benchmark, as the user runs it. It cannot take
+  // turns step by step with the in-process cases (one process per run), so its runs sandwich them:
+  // half before, half after, and the row reports the mean of the runs' medians.
+  const ffRuns: BenchRow[] = [];
+  const frameworkFree = async (k: number) => {
+    await run.guard("framework-free", async () => {
+      log(`framework-free run ${k + 1}/${o.ffRuns}: dist/main.js --benchmark ${o.steps} (its first step is its warm-up)`);
+      const row = await runFrameworkFree(s, { steps: o.steps, scratch, timeoutMs: 8 * 60_000, log });
+      log(`  framework-free: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s`);
+      ffRuns.push(row);
+    });
+  };
+  const ffBefore = o.cases.has("framework-free") ? Math.floor(o.ffRuns / 2) : 0;
+  for (let k = 0; k < ffBefore; k++) await frameworkFree(k);
 
-    // ---- 3 (first half): the framework-free loop of --benchmark, as the user runs it. It cannot take
-    // turns step by step with the in-process cases (one process per run), so its runs sandwich them:
-    // half before, half after, and the row reports the mean of the runs' medians.
-    const ffRuns: BenchRow[] = [];
-    const frameworkFree = async (k: number) => {
-      await guard("framework-free", async () => {
-        log(`framework-free run ${k + 1}/${o.ffRuns}: dist/main.js --benchmark ${o.steps} (its first step is its warm-up)`);
-        const row = await runFrameworkFree(s!, { steps: o.steps, scratch, timeoutMs: 8 * 60_000, log });
-        log(`  framework-free: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s`);
-        ffRuns.push(row);
-      });
-    };
-    const ffBefore = o.cases.has("framework-free") ? Math.floor(o.ffRuns / 2) : 0;
-    if (s) for (let k = 0; k < ffBefore; k++) await frameworkFree(k);
-
-    // ---- 1 + 2: single-thread and the actor runtime, interleaved step by step
-    if (s && (o.cases.has("single") || o.cases.has("actor"))) {
-      await guard("single/actor", async () => {
-        const runners: Runner[] = [];
-        try {
-          if (o.cases.has("single")) runners.push(await localRunner(s, 1));
-          if (o.cases.has("actor")) for (const w of o.worlds) { log(`spawning actor runtime world ${w}`); runners.push(await actorRunner(s, w)); }
-          log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
-          const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
-          for (const x of runners) {
-            const mem = x.memory ? await x.memory() : {};
-            record(stepRow(s, x.name, x.world, x.backend, got.get(x)!, { backend_detail: x.backendDetail, interleaved: o.interleave, rewarm_steps_per_turn: o.interleave ? o.rewarm : 0, ...mem }));
-          }
-        } finally {
-          for (const x of runners) await x.close();
+  // ---- 1 + 2: single-thread and the actor runtime, interleaved step by step
+  if (o.cases.has("single") || o.cases.has("actor")) {
+    await run.guard("single/actor", async () => {
+      const runners: Runner[] = [];
+      try {
+        if (o.cases.has("single")) runners.push(await localRunner(s, 1));
+        if (o.cases.has("actor")) for (const w of o.worlds) { log(`spawning actor runtime world ${w}`); runners.push(await actorRunner(s, w)); }
+        log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
+        const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
+        for (const x of runners) {
+          const mem = x.memory ? await x.memory() : {};
+          run.record(stepRow(s, x.name, x.world, x.backend, got.get(x)!, { backend_detail: x.backendDetail, interleaved: o.interleave, rewarm_steps_per_turn: o.interleave ? o.rewarm : 0, ...mem }));
         }
-      });
-    }
-
-    // ---- 3 (second half)
-    if (s && o.cases.has("framework-free")) {
-      for (let k = ffBefore; k < o.ffRuns; k++) await frameworkFree(k);
-      if (ffRuns.length) {
-        const meds = ffRuns.map((x) => Number(x.step_ms_median));
-        const med = meds.reduce((a, b) => a + b, 0) / meds.length;
-        const tps = Number(ffRuns[0]!.tokens_per_step);
-        record({
-          ...ffRuns[0]!, step_ms_median: r(med), tok_per_s: r((tps / med) * 1000), steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
-          step_ms_min: null, runs: ffRuns.map((x) => ({ step_ms_median: x.step_ms_median, tok_per_s: x.tok_per_s, wall_s: x.subprocess_wall_s })),
-          combine: ffRuns.length > 1 ? "mean of the runs' medians (runs before and after the interleaved cases)" : "one run",
-        });
+      } finally {
+        for (const x of runners) await x.close();
       }
-    }
-
-    // ---- 5: upload stall (B3)
-    if (s && o.cases.has("upload")) {
-      const variants: Array<{ w: number; nice: boolean }> = [];
-      for (const w of o.uploadWorlds) { variants.push({ w, nice: false }); if (o.uploadNice) variants.push({ w, nice: true }); }
-      for (const { w, nice } of variants) {
-        const tag = `upload-w${w}${nice ? "-nice" : ""}`;
-        await guard(tag, async () => {
-          log(`upload stall: actor world ${w}, embedded LocalHub on loopback${nice ? ", uploader thread reniced to 19" : ""}`);
-          const u = await runUploadCase(s, w, { warmup: o.warmup, steps: o.steps, scratch, niceUploader: nice, log });
-          const up = { uploads: u.uploads.length, upload_s_median: r(median(u.uploads.map((x) => x.seconds)), 2), push_verify_s_median: r(median(u.uploads.map((x) => x.pushVerifySeconds ?? Number.NaN)), 2), stage_ms_median: r(median(u.stageMs)), uploader_niced: nice, backend_detail: u.detail };
-          record(stepRow(s, `${tag}-quiet`, w, u.backend, u.quiet, up));
-          record(stepRow(s, `${tag}-overlap`, w, u.backend, u.overlap, up));
-        });
-      }
-    }
-
-    // ---- 4: gradient averaging + AdamW alone
-    if (o.cases.has("optim")) {
-      await guard("optim", async () => {
-        log(`optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`);
-        for (const row of await runOptimCase({ sizes: o.optimSizes, world: 2, threads: o.optimThreads, warmup: Math.max(1, o.warmup), steps: o.steps, log })) record(row);
-      });
-    }
-
-    // ---- 7: the frozen 106M model's forward+backward and its MFU (issue 7), whatever --model says
-    if (o.cases.has("frozen-step")) {
-      await guard("frozen-step", async () => {
-        log(`frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${Math.max(3, o.steps)} warm calls`);
-        const { kernel_profile: kp, ...j } = await frozenStepBench({ seq: o.seq, microBatch: o.microBatch, gradCkpt: o.gradCkpt, calls: Math.max(3, o.steps), backend: o.backend, log });
-        profiled.v = { rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name) };
-        record(j as unknown as BenchRow);
-      });
-    }
-
-    // ---- 6: PyTorch anchor (optional)
-    if (s && o.cases.has("torch")) {
-      const tv = torchVersion();
-      if (!tv) {
-        notes.push("torch: not installed (/usr/bin/python3 -c 'import torch' fails); no PyTorch column");
-        log("torch: not installed");
-      } else {
-        const threadsList = [...new Set([1, cores])];
-        for (const th of threadsList) {
-          await guard(`torch-${th}`, async () => {
-            log(`torch ${tv}: bench/anchors/torch_llama.py, ${th} thread(s)`);
-            record(await runTorch(s, { steps: Math.max(o.steps, 5), threads: th, timeoutMs: 8 * 60_000, log }));
-          });
-        }
-      }
-    }
-  } finally {
-    fs.rmSync(scratch, { recursive: true, force: true });
+    });
   }
 
+  // ---- 3 (second half)
+  if (o.cases.has("framework-free")) {
+    for (let k = ffBefore; k < o.ffRuns; k++) await frameworkFree(k);
+    if (ffRuns.length) {
+      const meds = ffRuns.map((x) => Number(x.step_ms_median));
+      const med = meds.reduce((a, b) => a + b, 0) / meds.length;
+      const tps = Number(ffRuns[0]!.tokens_per_step);
+      run.record({
+        ...ffRuns[0]!, step_ms_median: r(med), tok_per_s: r((tps / med) * 1000), steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
+        step_ms_min: null, runs: ffRuns.map((x) => ({ step_ms_median: x.step_ms_median, tok_per_s: x.tok_per_s, wall_s: x.subprocess_wall_s })),
+        combine: ffRuns.length > 1 ? "mean of the runs' medians (runs before and after the interleaved cases)" : "one run",
+      });
+    }
+  }
+}
+
+/** Case 5: the upload stall (B3), per world, optionally with the uploader reniced. */
+async function runUploadCases(run: BenchRun, o: Options, s: Shape, scratch: string): Promise<void> {
+  // ---- 5: upload stall (B3)
+  if (o.cases.has("upload")) {
+    const variants: Array<{ w: number; nice: boolean }> = [];
+    for (const w of o.uploadWorlds) { variants.push({ w, nice: false }); if (o.uploadNice) variants.push({ w, nice: true }); }
+    for (const { w, nice } of variants) {
+      const tag = `upload-w${w}${nice ? "-nice" : ""}`;
+      await run.guard(tag, async () => {
+        log(`upload stall: actor world ${w}, embedded LocalHub on loopback${nice ? ", uploader thread reniced to 19" : ""}`);
+        const u = await runUploadCase(s, w, { warmup: o.warmup, steps: o.steps, scratch, niceUploader: nice, log });
+        const up = { uploads: u.uploads.length, upload_s_median: r(median(u.uploads.map((x) => x.seconds)), 2), push_verify_s_median: r(median(u.uploads.map((x) => x.pushVerifySeconds ?? Number.NaN)), 2), stage_ms_median: r(median(u.stageMs)), uploader_niced: nice, backend_detail: u.detail };
+        run.record(stepRow(s, `${tag}-quiet`, w, u.backend, u.quiet, up));
+        run.record(stepRow(s, `${tag}-overlap`, w, u.backend, u.overlap, up));
+      });
+    }
+  }
+}
+
+/** Cases 4, 7 and 6: the optimizer alone, the frozen model's step, the PyTorch anchor (needs a shape). */
+async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promise<void> {
+  // ---- 4: gradient averaging + AdamW alone
+  if (o.cases.has("optim")) {
+    await run.guard("optim", async () => {
+      log(`optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`);
+      for (const row of await runOptimCase({ sizes: o.optimSizes, world: 2, threads: o.optimThreads, warmup: Math.max(1, o.warmup), steps: o.steps, log })) run.record(row);
+    });
+  }
+
+  // ---- 7: the frozen 106M model's forward+backward and its MFU (issue 7), whatever --model says
+  if (o.cases.has("frozen-step")) {
+    await run.guard("frozen-step", async () => {
+      log(`frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${Math.max(3, o.steps)} warm calls`);
+      const { kernel_profile: kp, ...j } = await frozenStepBench({ seq: o.seq, microBatch: o.microBatch, gradCkpt: o.gradCkpt, calls: Math.max(3, o.steps), backend: o.backend, log });
+      run.profiled = { rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name) };
+      run.record(j as unknown as BenchRow);
+    });
+  }
+
+  // ---- 6: PyTorch anchor (optional)
+  if (s && o.cases.has("torch")) {
+    const tv = torchVersion();
+    if (!tv) {
+      run.notes.push("torch: not installed (/usr/bin/python3 -c 'import torch' fails); no PyTorch column");
+      log("torch: not installed");
+    } else {
+      const threadsList = [...new Set([1, cores])];
+      for (const th of threadsList) {
+        await run.guard(`torch-${th}`, async () => {
+          log(`torch ${tv}: bench/anchors/torch_llama.py, ${th} thread(s)`);
+          run.record(await runTorch(s, { steps: Math.max(o.steps, 5), threads: th, timeoutMs: 8 * 60_000, log }));
+        });
+      }
+    }
+  }
+}
+
+/** Adds the training rows' MFU where the frozen-step case measured the matMul rate. */
+function addTrainingMfu(rows: BenchRow[]): void {
   // ---- MFU of the training steps too, where this run measured the matMul rate (frozen-step case):
   // per rank, (model FLOPs per token x tok/s / world) / matMul rate, for rows of the same model and seq.
   const fz = rows.find((x) => x.case === "frozen-step");
@@ -341,7 +343,10 @@ async function main(): Promise<number> {
       });
     }
   }
+}
 
+/** Every ratio this run can compute from its own rows (each printed as BENCH_JSON). */
+function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
   // ---- ratios, all from this run
   const ratios: Ratio[] = [];
   const add = (x: Ratio | null) => { if (x) { ratios.push(x); emit(x); } };
@@ -387,37 +392,37 @@ async function main(): Promise<number> {
   add(ratio(rows, "single-thread/torch 1 thread tok/s", "single-thread", "torch-1thread", "tok_per_s", null));
   add(ratio(rows, "frozen-step (fwd+bwd)/torch 1 thread (fwd+bwd+clip+AdamW) tok/s", "frozen-step", "torch-1thread", "tok_per_s", null, "same shape only with --model frozen"));
   if (cores > 1) add(ratio(rows, `actor world ${wMax}/torch ${cores} threads tok/s`, `actor-w${wMax}`, `torch-${cores}threads`, "tok_per_s", null));
+  return ratios;
+}
 
-  mach.cores_available_end = await coresAvailable(cores);
-  const codeEnd = codeFingerprint();
-  if (codeEnd !== codeStart) notes.unshift(`CODE CHANGED DURING THE RUN: dist/src was rebuilt (fingerprint ${codeStart} -> ${codeEnd}); workers and subprocesses started after the rebuild ran other code than this process. Rerun.`);
-  const avail = Math.min(mach.cores_available_start ?? cores, mach.cores_available_end);
-  if (avail < 0.85 * cores) {
-    notes.unshift(`SHARED MACHINE: a ${cores}-thread spin probe got only ${mach.cores_available_start} cores at the start and ${mach.cores_available_end} at the end of this run: world-scaling, upload-stall and 2-thread ratios measure the neighbours' load as much as the runtime. Rerun on a quiet machine before judging targets.`);
-  }
-  // ---- notes that make the numbers readable
+/** Notes that make the numbers readable: load, backends, tokens per step, data, torch rows, losses. */
+function addReadingNotes(run: BenchRun, o: Options, shape: Shape | null): Set<unknown> {
+  const rows = run.rows;
   for (const x of rows) {
     if (typeof x.cpu_util_median === "number" && typeof x.world === "number" && !String(x.case).startsWith("upload") && x.cpu_util_median < 0.75 * x.world) {
-      notes.push(`${x.case}: the process kept only ${x.cpu_util_median} cores busy per step at world ${x.world} (median): other load on the machine held it back, so its tok/s measures the machine as much as the runtime`);
+      run.notes.push(`${x.case}: the process kept only ${x.cpu_util_median} cores busy per step at world ${x.world} (median): other load on the machine held it back, so its tok/s measures the machine as much as the runtime`);
     }
   }
   const backends = new Set(rows.filter((x) => x.backend !== "js" && !String(x.case).startsWith("torch")).map((x) => x.backend));
-  if (backends.size > 1) notes.push(`cases ran on different tf backends: ${[...backends].join(", ")}; ratios across them compare backends, not runtimes`);
+  if (backends.size > 1) run.notes.push(`cases ran on different tf backends: ${[...backends].join(", ")}; ratios across them compare backends, not runtimes`);
   if (shape) {
-    notes.push(`tokens per step = micro_batch × world × accum × seq = ${o.microBatch} × world × ${o.accum} × ${o.seq}: world 1 ${tokensPerStep(shape, 1)}, world 2 ${tokensPerStep(shape, 2)}; compare tok/s across worlds, not step ms`);
-    notes.push(`data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (test/helpers/mix.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`);
+    run.notes.push(`tokens per step = micro_batch × world × accum × seq = ${o.microBatch} × world × ${o.accum} × ${o.seq}: world 1 ${tokensPerStep(shape, 1)}, world 2 ${tokensPerStep(shape, 2)}; compare tok/s across worlds, not step ms`);
+    run.notes.push(`data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (test/helpers/mix.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`);
   }
-  if (o.cases.has("torch") && rows.some((x) => String(x.case).startsWith("torch"))) notes.push("torch rows: one micro-batch (micro_batch sequences) per step, no accumulation, no loss scaling; same model shape and AdamW/clip settings");
+  if (o.cases.has("torch") && rows.some((x) => String(x.case).startsWith("torch"))) run.notes.push("torch rows: one micro-batch (micro_batch sequences) per step, no accumulation, no loss scaling; same model shape and AdamW/clip settings");
   const lossSingle = rows.find((x) => x.case === "single-thread")?.loss_last, lossActor = rows.find((x) => x.case === "actor-w1")?.loss_last;
   const lossFf = rows.find((x) => x.case === "framework-free")?.loss_last;
   if (lossSingle !== undefined && lossActor !== undefined) {
     const idx = o.warmup + o.steps * (o.interleave ? 1 + o.rewarm : 1) - 1;
-    notes.push(`last timed loss (step index ${idx}): single-thread ${String(lossSingle)}, actor world 1 ${String(lossActor)}${lossFf !== undefined ? `; framework-free at step index ${o.steps}: ${String(lossFf)}${idx === o.steps ? "" : " (a different step: compare only single vs actor)"}` : ""} (same windows, init and LR: equal when the runtimes agree)`);
+    run.notes.push(`last timed loss (step index ${idx}): single-thread ${String(lossSingle)}, actor world 1 ${String(lossActor)}${lossFf !== undefined ? `; framework-free at step index ${o.steps}: ${String(lossFf)}${idx === o.steps ? "" : " (a different step: compare only single vs actor)"}` : ""} (same windows, init and LR: equal when the runtimes agree)`);
   }
-  notes.push(`load average (1 min) at the end: ${r(os.loadavg()[0]!, 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`);
+  run.notes.push(`load average (1 min) at the end: ${r(os.loadavg()[0]!, 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`);
+  return backends;
+}
 
-  const wallS = (performance.now() - t0) / 1000;
-  const shapeInfo: Record<string, unknown> = shape
+/** The shape block of latest.json / latest.md. */
+function shapeInfoOf(o: Options, shape: Shape | null, backends: Set<unknown>): Record<string, unknown> {
+  return shape
     ? {
       model: `${o.model}: ${MODELS[o.model].note}`, params: shape.params, layers: shape.model.numLayers, hidden: shape.model.hiddenSize,
       heads: `${shape.model.numHeads}/${shape.model.numKvHeads}`, ffn: shape.model.intermediateSize, vocab: shape.model.vocabSize,
@@ -426,13 +431,56 @@ async function main(): Promise<number> {
       rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
     }
     : { backend_requested: o.backend, timed_steps: o.steps };
+}
+
+async function main(): Promise<number> {
+  const t0 = performance.now();
+  const o = parseOptions(process.argv.slice(2));
+  const mach = machine();
+  const scratch = scratchDir();
+  const run = new BenchRun();
+  await waitForQuietMachine(mach, o);
+  const codeStart = codeFingerprint();
+  log(`bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`);
+
+  const stepCases = o.cases.has("single") || o.cases.has("actor") || o.cases.has("framework-free") || o.cases.has("upload") || o.cases.has("torch");
+  const maxWorld = Math.max(1, ...(o.cases.has("actor") ? o.worlds : []), ...(o.cases.has("upload") ? o.uploadWorlds : []));
+  // enough windows for the longest step counter: the upload case runs the most steps
+  const windowsNeeded = (o.warmup + Math.max(8, 1 + o.rewarm) * o.steps + 8) * o.microBatch * maxWorld * o.accum;
+  let shape: Shape | null = null;
+  try {
+    if (stepCases) {
+      shape = await buildShape({ model: o.model, seqLen: o.seq, microBatch: o.microBatch, accum: o.accum, backend: o.backend, gradCkpt: o.gradCkpt, scratch, windowsNeeded, log });
+      log(`shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`);
+      await runStepCases(run, o, shape, scratch);
+      await runUploadCases(run, o, shape, scratch);
+    }
+    await runOtherCases(run, o, shape);
+  } finally {
+    fs.rmSync(scratch, { recursive: true, force: true });
+  }
+  const { rows, notes } = run;
+  addTrainingMfu(rows);
+  const ratios = computeRatios(rows, o);
+
+  mach.cores_available_end = await coresAvailable(cores);
+  const codeEnd = codeFingerprint();
+  if (codeEnd !== codeStart) notes.unshift(`CODE CHANGED DURING THE RUN: dist/src was rebuilt (fingerprint ${codeStart} -> ${codeEnd}); workers and subprocesses started after the rebuild ran other code than this process. Rerun.`);
+  const avail = Math.min(mach.cores_available_start ?? cores, mach.cores_available_end);
+  if (avail < 0.85 * cores) {
+    notes.unshift(`SHARED MACHINE: a ${cores}-thread spin probe got only ${mach.cores_available_start} cores at the start and ${mach.cores_available_end} at the end of this run: world-scaling, upload-stall and 2-thread ratios measure the neighbours' load as much as the runtime. Rerun on a quiet machine before judging targets.`);
+  }
+  const backends = addReadingNotes(run, o, shape);
+  const wallS = (performance.now() - t0) / 1000;
+  const shapeInfo = shapeInfoOf(o, shape, backends);
+  const failed = run.failed;
   const command = `node dist/bench/bench.js ${process.argv.slice(2).join(" ")}`.trim();
   fs.mkdirSync(o.out, { recursive: true });
   const result = { bench: "tstrain-bench/1", command, machine: mach, code_fingerprint: { start: codeStart, end: codeEnd }, shape: shapeInfo, rows, ratios, notes, wall_s: r(wallS), failed_cases: failed };
   fs.writeFileSync(path.join(o.out, "latest.json"), JSON.stringify(result, null, 1) + "\n");
   const md = markdown({ machine: mach, shape: shapeInfo, rows, ratios, notes, wallS, command });
   fs.writeFileSync(path.join(o.out, "latest.md"), md);
-  const kernelProfile = profiled.v;
+  const kernelProfile = run.profiled;
   if (kernelProfile) {
     const title = `Per-kernel share of one frozen training step (forward + backward), ${kernelProfile.engine}`;
     fs.writeFileSync(path.join(o.out, "kernels-frozen-step.md"), kernelTableMarkdown(title, kernelProfile.rows, kernelProfile.stepMs) +
