@@ -1,8 +1,9 @@
 /**
  * The coordinator's rules (A2), one behaviour per test, on a tiny model so each runs in seconds: what a step of the
  * actor runtime reports and leaves (checked against the one-thread step of src/single-thread.ts, an independent
- * implementation of the same step), the skip decision when any slice of the reduce is non-finite (the ranks' or the
- * coordinator's own), a rank's failure surfacing as a RankFailure that names the rank, the phase and the error,
+ * implementation of the same step), the skip of a step whose gradient is non-finite while the coordinator takes a
+ * slice (the NaN is a rank's: no fault can poison the coordinator's own slice alone, see test/MUTATION.md), a rank's
+ * failure surfacing as a RankFailure that names the rank, the phase and the error,
  * the validation mean (D7), and the checkpoint capture (the staging copy of weights and moments, K2/B3).
  * The weights' and moments' values per step are checked in train.runtime.test.ts.
  */
