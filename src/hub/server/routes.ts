@@ -2,10 +2,12 @@
 import type { Access } from "./auth";
 import type { HubEndpoint } from "./faults";
 import type { RepoRef, RepoType } from "./repo";
+import { POINTER_FILE } from "../../checkpoint/names";
 
 export interface Route { endpoint: HubEndpoint | null; repo?: RepoRef; rest: string[]; access: Access }
 
-export const POINTER_PATH = "latest.json";
+/** The trainer's pointer file (latest.json), which the pointer faults single out. */
+export const POINTER_PATH = POINTER_FILE;
 const NONE: Route = { endpoint: null, rest: [], access: "none" };
 
 const typeOf = (s: string): RepoType | null => (s === "models" ? "model" : s === "datasets" ? "dataset" : null);
