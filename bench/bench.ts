@@ -87,21 +87,30 @@ function usage(): string {
   ].join("\n");
 }
 
-function parseOptions(argv: string[]): Options {
-  const o: Options = {
+/** The bench's defaults (a 2.9M-parameter model, seq 128, every case but frozen-step). */
+function defaultOptions(): Options {
+  return {
     model: "small", seq: 128, microBatch: 4, accum: 1, steps: 8, warmup: 1, backend: "auto", cases: new Set(DEFAULT_CASES),
     worlds: Array.from({ length: Math.max(2, cores) }, (_, i) => i + 1), uploadWorlds: [2, 1], optimSizes: ["1M", "10M", "50M", "106M"].map(parseCount),
     optimThreads: 2, interleave: true, gradCkpt: true, ffRuns: 2, uploadNice: false, waitQuiet: 0, rewarm: 1, out: path.join(REPO_ROOT, "bench-out"),
   };
-  const int = (flag: string, v: string | undefined, min: number): number => {
-    const n = Number(v);
-    if (v === undefined || !Number.isSafeInteger(n) || n < min) throw new Error(`${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
-    return n;
-  };
-  const list = (flag: string, v: string | undefined): string[] => {
-    if (!v) throw new Error(`${flag} needs a comma-separated list`);
-    return v.split(",").map((x) => x.trim()).filter(Boolean);
-  };
+}
+
+/** A flag's value as a whole number >= min, or an error naming the flag. */
+function int(flag: string, v: string | undefined, min: number): number {
+  const n = Number(v);
+  if (v === undefined || !Number.isSafeInteger(n) || n < min) throw new Error(`${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
+  return n;
+}
+
+/** A flag's comma-separated value, trimmed, empty items dropped. */
+function list(flag: string, v: string | undefined): string[] {
+  if (!v) throw new Error(`${flag} needs a comma-separated list`);
+  return v.split(",").map((x) => x.trim()).filter(Boolean);
+}
+
+function parseOptions(argv: string[]): Options {
+  const o = defaultOptions();
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const v = () => argv[++i];
