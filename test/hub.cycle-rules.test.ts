@@ -144,8 +144,10 @@ describe("the commit (K3, G4)", () => {
     const store = await freshRepo();
     const ck = checkpoint(200);
     const lines: string[] = [];
+    const t0 = performance.now();
     const r = await publishCheckpoint(store, options(ck, lines, { loss: 1.25 }));
-    assert.ok(r.pushVerifySeconds > 0, "push+verify took some time");
+    const callSeconds = (performance.now() - t0) / 1000;
+    assert.ok(r.pushVerifySeconds > 0 && r.pushVerifySeconds <= callSeconds, `push+verify ${r.pushVerifySeconds} s is measured within the call (${callSeconds} s)`);
     assert.ok(Math.abs(r.freeGb - (await freeBytes(ck.dir)) / 1e9) < 2, `free=${r.freeGb} GB is the free disk in GB, to 0.1`);
     assert.equal(r.freeGb, Math.round(r.freeGb * 10) / 10);
     assert.equal(lines.length, 1);
@@ -257,6 +259,23 @@ describe("verification against the Hub (K4)", () => {
     th.hub.clearFaults();
     assert.equal(await store.readPointer(), null);
   });
+
+  test("the unverifiable refusal carries an empty verification report (nothing was compared) (K4)", async () => {
+    const store = await freshRepo();
+    await assert.rejects(publishCheckpoint(faultAfterUpload(store, { status: { list: 503 } }), options(checkpoint(), [], QUICK)), (e: Error & { verify?: unknown }) => {
+      assert.deepEqual(e.verify, { missing: [], mismatch: [], extra: [], readbackOk: false });
+      return true;
+    });
+  });
+
+  test("an abandoned verification passes its RetryAbandoned through, the pointer unmoved (K6)", async () => {
+    const store = await freshRepo();
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(faultAfterUpload(store, { status: { list: 503 } }), options(checkpoint(), lines, { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, abandon: () => "newer" })), { name: "RetryAbandoned" });
+    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false/);
+    th.hub.clearFaults();
+    assert.equal(await store.readPointer(), null);
+  });
 });
 
 describe("retries and the failure clock (K6)", () => {
@@ -309,6 +328,16 @@ describe("retries and the failure clock (K6)", () => {
     assert.equal(await store.readPointer(), null);
   });
 
+  test("a pointer that cannot be moved is refused with the advice that --resume auto rolls it forward (K3, R5)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    th.hub.setFaults({ failPointerWrite: true });
+    await assert.rejects(publishCheckpoint(store, options(ck, [], QUICK)), (e: Error) => {
+      assert.ok(e.message.includes(`The local copy at ${ck.dir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). --resume auto rolls the pointer forward onto this checkpoint, which proves complete against its manifest (R5)`), e.message);
+      return true;
+    });
+  });
+
   test("an abandoned pointer write passes through too, the checkpoint kept (K6)", async () => {
     const store = await freshRepo();
     const ck = checkpoint();
@@ -344,8 +373,10 @@ describe("prune and the disk guard (K3)", () => {
   test("a pruned copy reports the free disk of its parent folder (K3)", async () => {
     const store = await freshRepo();
     const ck = checkpoint();
-    const r = await publishCheckpoint(store, options(ck, [], { prune: true, minFreeGb: 0 }));
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines, { prune: true, minFreeGb: 0 }));
     assert.equal(r.pruned, true);
+    assert.match(lines[0]!, /^CKPT 20 .* ok=true pruned=true free=\d+\.\dGB loss=n\/a$/);
     assert.ok(Math.abs(r.freeGb - (await freeBytes(path.dirname(ck.dir))) / 1e9) < 2, `free=${r.freeGb} GB is the free disk in GB`);
     assert.equal(fs.existsSync(ck.dir), false);
     assert.ok(fs.existsSync(path.dirname(ck.dir)), "only the checkpoint folder is removed");
