@@ -14,11 +14,8 @@ const dirA = tmpDir("demoA");
 const dirB = tmpDir("demoB");
 let rootA = "";
 
-test("the demo mix builds offline from the Brown corpus with train and val shards, in well under a minute (D1, D2)", async () => {
-  const t0 = Date.now();
+test("the demo mix builds offline from the Brown corpus with train and val shards (D1, D2)", async () => {
   rootA = await ensureDemoMix(dirA);
-  const secs = (Date.now() - t0) / 1000;
-  assert.ok(secs < 90, `built in ${secs} s (target < 60 s on an idle 2-core machine)`);
   const m = readManifest(rootA);
   assert.equal(m.dtype, "uint16");
   assert.equal(m.vocab_size, DEMO_VOCAB);
@@ -60,9 +57,13 @@ test("the demo tokenizer is a valid HF byte-level BPE tokenizer.json that round-
 });
 
 test("the demo mix is deterministic (a second build gives the same bytes) and is reused once built (D2, D3)", async () => {
-  const t0 = Date.now();
+  const written = readTree(rootA);
+  const stamps = new Map([...written.keys()].map((k) => [k, fs.statSync(path.join(rootA, k)).mtimeMs]));
   assert.equal(await ensureDemoMix(dirA), rootA);
-  assert.ok(Date.now() - t0 < 3000, "reused, not rebuilt");
+  for (const [k, v] of readTree(rootA)) {
+    assert.ok(v.equals(written.get(k)!), `${k}: the same bytes`);
+    assert.equal(fs.statSync(path.join(rootA, k)).mtimeMs, stamps.get(k), `${k} reused, not rewritten`);
+  }
   const rootB = await ensureDemoMix(dirB, { workers: 2 });
   const a = readTree(rootA);
   const b = readTree(rootB);

@@ -100,9 +100,8 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     const store = freshStore({ timeoutMs: 300 });
     const [p] = await publishSteps(store, [10]);
     th.hub.setFaults({ delayMs: { pointerRead: 3000 } });
-    const t0 = Date.now();
+    // The message is the client-side timeout's (the server's delayed answer would have been a success).
     await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json .*timed out after 300 ms.*A failed lookup is never "nothing there"/);
-    assert.ok(Date.now() - t0 < 2500, "the timeout fired, not the server's delay");
     await assertPointer(store, p!);
   });
 
