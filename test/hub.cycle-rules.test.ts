@@ -90,15 +90,20 @@ describe("publish refuses inconsistent options before any work (K3)", () => {
     const ck = checkpoint();
     for (const f of fs.readdirSync(ck.dir)) fs.rmSync(path.join(ck.dir, f));
     const lines: string[] = [];
+    const t0 = performance.now();
     await assert.rejects(publishCheckpoint(store, options(ck, lines)), (e: Error & { stage?: string }) => {
       assert.equal(e.name, "CheckpointPublishError");
       assert.equal(e.stage, "upload");
       assert.ok(e.message.startsWith(`checkpoint 20: reading the local copy at ${ck.dir} failed: ${ck.dir} holds no files. The local copy at ${ck.dir} is kept and latest.json was not moved.`), e.message);
       return true;
     });
+    const callSeconds = (performance.now() - t0) / 1000;
     assert.equal(lines.length, 1);
     assert.match(lines[0]!, /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=false pruned=false free=\d+\.\dGB loss=n\/a \(not pruned: the checkpoint was not published\)$/);
     assert.doesNotMatch(lines[0]!, / free=0\.0GB/, "free disk is measured on the failure line too");
+    const [, secs, free] = /push\+verify=([\d.]+)s .* free=([\d.]+)GB/.exec(lines[0]!)!;
+    assert.ok(Number(secs) <= callSeconds + 0.05, `push+verify ${secs} s is measured within the call`);
+    assert.ok(Math.abs(Number(free) - (await freeBytes(th.tmp)) / 1e9) < 2, `free=${free} GB is the free disk in GB`);
     assert.deepEqual(await pushed(store), []);
   });
 
@@ -190,6 +195,16 @@ describe("verification against the Hub (K4)", () => {
     await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { extra: string[] } }) => {
       assert.ok(e.message.includes("missing 1 [ckpt/checkpoint-20/config.json], mismatched 0, extra 2 [ckpt/checkpoint-20/a.bin, ckpt/checkpoint-20/z.bin], read-back ok. "), e.message);
       assert.deepEqual(e.verify!.extra, ["ckpt/checkpoint-20/a.bin", "ckpt/checkpoint-20/z.bin"]);
+      return true;
+    });
+  });
+
+  test("several findings of one kind are listed comma-separated, their details semicolon-separated (K4)", async () => {
+    const store = await freshRepo();
+    th.hub.setFaults({ dropOnCommit: ["checkpoint-20/config.json", "checkpoint-20/trainer_state.json"], corruptOnCommit: ["checkpoint-20/model.safetensors", "checkpoint-20/optimizer.safetensors"] });
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(), [])), (e: Error) => {
+      assert.ok(e.message.includes("missing 2 [ckpt/checkpoint-20/config.json, ckpt/checkpoint-20/trainer_state.json], mismatched 2 [ckpt/checkpoint-20/model.safetensors, ckpt/checkpoint-20/optimizer.safetensors], extra 0, read-back ok (ckpt/checkpoint-20/model.safetensors: sha256 "), e.message);
+      assert.match(e.message, /locally; ckpt\/checkpoint-20\/optimizer\.safetensors: sha256 /);
       return true;
     });
   });
@@ -332,10 +347,13 @@ describe("retries and the failure clock (K6)", () => {
     const store = await freshRepo();
     const ck = checkpoint();
     th.hub.setFaults({ failPointerWrite: true });
-    await assert.rejects(publishCheckpoint(store, options(ck, [], QUICK)), (e: Error) => {
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(store, options(ck, lines, QUICK)), (e: Error & { stage?: string }) => {
+      assert.equal(e.stage, "pointer");
       assert.ok(e.message.includes(`The local copy at ${ck.dir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). --resume auto rolls the pointer forward onto this checkpoint, which proves complete against its manifest (R5)`), e.message);
       return true;
     });
+    assert.ok(lines.some((l) => l.startsWith("hub: write of latest.json -> ckpt/checkpoint-20 failed (attempt 1: ")), lines.join("\n"));
   });
 
   test("an abandoned pointer write passes through too, the checkpoint kept (K6)", async () => {
