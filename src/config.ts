@@ -7,6 +7,7 @@
  * with the reason: never silently ignored.
  */
 import { UserError } from "./errors";
+import flagTable from "./config-flags.json";
 
 export type BackendFlag = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
 
@@ -69,49 +70,28 @@ interface FlagSpec {
   negatable?: boolean;
 }
 
-/** The table --help prints and the parser reads. Defaults are the seed's (G10). */
-export const FLAGS: readonly FlagSpec[] = [
-  { flag: "root", key: "root", kind: "string", def: "./mix", help: "mix root (manifest.json + shards), built by dist/prepare.js (D1)" },
-  { flag: "out", key: "out", kind: "string", def: "./run", help: "run folder: checkpoints, metrics.jsonl, loss curve, final/" },
-  { flag: "hub-repo", key: "hubRepo", kind: "string", def: "", help: "Hub repo for checkpoints, owner/name; '' = no upload (K5)" },
-  { flag: "hub-repo-type", key: "hubRepoType", kind: "string", def: "dataset", choices: ["dataset", "model"], help: "Hub repo type (K5)" },
-  { flag: "hub-url", key: "hubUrl", kind: "string", def: "https://huggingface.co", help: "Hub endpoint; 'embedded' starts the local Hub in-process (--demo's default, B6)" },
-  { flag: "hub-dir", key: "hubDir", kind: "string", def: "", help: "folder of the embedded local Hub (--hub-url embedded); '' = <out>/hub (L8, B6)" },
-  { flag: "seq-len", key: "seqLen", kind: "int", def: 1024, help: "tokens per training window (D4)" },
-  { flag: "attn", key: "attn", kind: "string", def: "eager", choices: ["eager", "sdpa", "flash_attention_2"], help: "attention kernel; this stack has one (eager math), the others are refused" },
-  { flag: "grad-ckpt", key: "gradCkpt", kind: "bool", def: true, negatable: true, help: "recompute each block's activations in backward (M6); --no-grad-ckpt keeps them" },
-  { flag: "layers", key: "layers", kind: "int", def: 0, help: "0 = frozen 22; a variant layer count at width 576 (M2)" },
-  { flag: "hidden", key: "hidden", kind: "int", def: 0, help: "0 = frozen 576; a variant width, must divide by 9 heads (M2)" },
-  { flag: "vocab-size", key: "vocabSize", kind: "int", def: 0, help: "0 = frozen 49,152 (--demo: the demo tokenizer's); a variant vocabulary, at least the mix's (M2)" },
-  { flag: "micro-batch", key: "microBatch", kind: "int", def: 4, help: "sequences per rank per micro-batch (P6)" },
-  { flag: "accum", key: "accum", kind: "int", def: 32, help: "micro-batches per optimizer step (P6)" },
-  { flag: "lr", key: "lr", kind: "float", def: 6e-4, help: "peak learning rate (P3)" },
-  { flag: "optim", key: "optim", kind: "string", def: "adamw_torch", choices: ["adamw_torch", "adamw_torch_fused", "adamw_apex_fused"], help: "AdamW with torch semantics; the fused names are the same update and run the same code here" },
-  { flag: "gc-nonreentrant", key: "gradCkpt", kind: "bool", def: false, help: "torch autograd detail with no meaning here: refused when set" },
-  { flag: "torch-compile", key: "gradCkpt", kind: "bool", def: false, help: "torch.compile has no meaning here: refused when set" },
-  { flag: "tokens", key: "tokens", kind: "int", def: 1_000_000_000, help: "token budget; steps = int(tokens / tokens_per_step) unless --max-steps (P5)" },
-  { flag: "max-steps", key: "maxSteps", kind: "int", def: 0, help: "0 = derive from --tokens; >0 is the horizon (P5)" },
-  { flag: "warmup-frac", key: "warmupFrac", kind: "float", def: 0.02, help: "warmup = max(100, int(steps*frac)) (P5)" },
-  { flag: "decay-frac", key: "decayFrac", kind: "float", def: 0.8, help: "linear decay to 0 starts at int(steps*frac) (P5)" },
-  { flag: "seed", key: "seed", kind: "int", def: 20260919, help: "weight-init seed, identical on every rank (M5)" },
-  { flag: "data-seed", key: "dataSeed", kind: "int", def: 20260919, help: "window permutation seed (D4)" },
-  { flag: "resume", key: "resume", kind: "string", def: "", help: "checkpoint dir, 'auto' (ask the Hub), or '' = fresh start (R1)" },
-  { flag: "val-tokens", key: "valTokens", kind: "int", def: 2_000_000, help: "validation tokens at the horizon (D7)" },
-  { flag: "log-every", key: "logEvery", kind: "int", def: 10, help: "log every N steps (G9)" },
-  { flag: "push-every-steps", key: "pushEverySteps", kind: "int", def: 0, help: "checkpoint interval; 0 = max(1, steps // 10) (K1)" },
-  { flag: "stop-after-steps", key: "stopAfterSteps", kind: "int", def: 0, help: "end this session on the verified checkpoint at step S (G1)" },
-  { flag: "hub-retry-minutes", key: "hubRetryMinutes", kind: "float", def: 30, help: "retry transient Hub failures (network, timeouts, 429, 5xx) while training goes on; stop once a checkpoint has failed to publish for this long (K6)" },
-  { flag: "hub-timeout-seconds", key: "hubTimeoutSeconds", kind: "float", def: 60, help: "one Hub request may wait this long for its answer (plus 1 s per MiB sent); a timeout is retried (K6)" },
-  { flag: "resume-ignore-unproven", key: "resumeIgnoreUnproven", kind: "bool", def: false, help: "--resume auto: resume from latest.json even when the repo holds newer checkpoint folders without a manifest; the run overwrites them (R3)" },
-  { flag: "prune", key: "prune", kind: "bool", def: false, help: "delete the local checkpoint after it verified on the Hub (K3)" },
-  { flag: "min-free-gb", key: "minFreeGb", kind: "float", def: 6, help: "prune only while free disk stays above this (K3)" },
-  { flag: "sample", key: "sample", kind: "bool", def: true, negatable: true, help: "log a short greedy sample from the prompt \"The\" at every checkpoint and at the end, into samples.jsonl and report.html (G11); --no-sample turns it off" },
-  { flag: "dry-run", key: "dryRun", kind: "bool", def: false, help: "build everything, train nothing, print one JSON (G7)" },
-  { flag: "benchmark", key: "benchmark", kind: "int", def: 0, help: "N steps without the actor machinery; never checkpoints (G8)" },
-  { flag: "world", key: "world", kind: "int", def: 1, help: "number of rank worker threads (A1); --demo defaults to 2" },
-  { flag: "backend", key: "backend", kind: "string", def: "auto", choices: ["auto", "native", "tensorflow", "wasm", "cpu"], help: "compute engine: auto = native (C + OpenBLAS) when it loads, else tfjs-node-gpu, tfjs-node, wasm, cpu, first that loads" },
-  { flag: "demo", key: "demo", kind: "bool", def: false, help: "small model on the bundled corpus, world 2, local Hub, in minutes" },
-];
+/**
+ * The table --help prints and the parser reads: src/config-flags.json, one row per flag (its setting, kind,
+ * default, help, and choices or --no-<flag> where they apply). Defaults are the seed's (G10). The rows are data,
+ * kept apart from the code that reads them, and checked once when this module loads (a bad row is a bug).
+ */
+export const FLAGS: readonly FlagSpec[] = checkFlagTable(flagTable);
+
+export function checkFlagTable(rows: unknown): FlagSpec[] {
+  const jsType: Record<Kind, string> = { string: "string", int: "number", float: "number", bool: "boolean" };
+  if (!Array.isArray(rows)) throw new Error("config-flags.json: not an array of flags");
+  const seen = new Set<string>();
+  for (const r of rows as FlagSpec[]) {
+    const where = `config-flags.json: flag ${JSON.stringify(r?.flag)}`;
+    if (typeof r.flag !== "string" || !/^[a-z][a-z0-9-]*$/.test(r.flag) || seen.has(r.flag)) throw new Error(`${where}: not a new kebab-case flag name`);
+    seen.add(r.flag);
+    if (typeof r.key !== "string" || typeof r.help !== "string" || r.help.length === 0) throw new Error(`${where}: needs a key and a help text`);
+    if (!(r.kind in jsType) || typeof r.def !== jsType[r.kind]) throw new Error(`${where}: kind ${r.kind} with default ${JSON.stringify(r.def)}`);
+    if (r.choices !== undefined && !(Array.isArray(r.choices) && r.choices.includes(r.def as string))) throw new Error(`${where}: its choices must include its default`);
+    if (r.negatable !== undefined && !(r.negatable === true && r.kind === "bool")) throw new Error(`${where}: only a bool flag is negatable`);
+  }
+  return rows as FlagSpec[];
+}
 
 /** --hub-url value that starts the embedded local Hub (B6) in this process; --demo's default. */
 export const EMBEDDED_HUB = "embedded";

@@ -3,7 +3,7 @@
 // StrykerJS found surviving in src/config.ts (test/MUTATION.md).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { DEMO_DEFAULTS, FLAGS, parseArgs, planSteps, usage, validate, type RunConfig } from "../src/config";
+import { DEMO_DEFAULTS, FLAGS, checkFlagTable, parseArgs, planSteps, usage, validate, type RunConfig } from "../src/config";
 
 const userErr = (rule: string, re: RegExp) => (e: unknown) => (e as Error).name === "UserError" && (e as Error).message.endsWith(`[${rule}]`) && re.test((e as Error).message);
 const base = (): RunConfig => ({ ...parseArgs([]).config });
@@ -48,6 +48,22 @@ test("--help lists every flag with its values, an explanation and its default", 
     if (f.negatable) assert.ok(line!.startsWith(`  --${f.flag} / --no-${f.flag} `));
   }
   assert.equal(new Set(FLAGS.map((f) => f.flag)).size, FLAGS.length, "no flag twice");
+});
+
+test("the flags table (src/config-flags.json) is checked when it loads: a malformed row is refused by flag (G10)", () => {
+  const ok = { flag: "lr", key: "lr", kind: "float", def: 6e-4, help: "peak learning rate" };
+  assert.equal(checkFlagTable([ok]).length, 1);
+  const bad: [object[], RegExp][] = [
+    [[ok, ok], /flag "lr": not a new kebab-case flag name/],
+    [[{ ...ok, flag: "Learning_rate" }], /flag "Learning_rate": not a new kebab-case/],
+    [[{ ...ok, help: "" }], /flag "lr": needs a key and a help text/],
+    [[{ ...ok, kind: "int", def: "6e-4" }], /flag "lr": kind int with default "6e-4"/],
+    [[{ ...ok, kind: "decimal" }], /flag "lr": kind decimal/],
+    [[{ ...ok, kind: "string", def: "a", choices: ["b", "c"] }], /flag "lr": its choices must include its default/],
+    [[{ ...ok, negatable: true }], /flag "lr": only a bool flag is negatable/],
+  ];
+  for (const [rows, re] of bad) assert.throws(() => checkFlagTable(rows), re, JSON.stringify(rows));
+  assert.throws(() => checkFlagTable({}), /not an array of flags/);
 });
 
 test("argument syntax: bare words, unknown flags, missing values, bool values and negation are refused by name (G10)", () => {
