@@ -23,6 +23,7 @@ import type { Kernels } from "./model/kernels";
 import { checkSampling, generateNoCache, generateWithCache, GREEDY, KvDecoder, type SamplingOptions } from "./model/generate";
 import { Llama } from "./model/llama";
 import { createHubStore } from "./hub/store";
+import { readHfConfig, readRunConfigIfAny } from "./checkpoint";
 import { recordSample } from "./report";
 
 export interface LoadedModel { cfg: LlamaConfig; params: Float32Array; tokenizer: Tokenizer; eosId: number | null; dir: string }
@@ -48,13 +49,13 @@ export function loadModelDir(dir: string, tokenizerFlag?: string): LoadedModel {
   if (!fs.existsSync(cfgFile) || !fs.existsSync(wFile)) {
     throw new UserError("G11", `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`);
   }
-  const cfg = configFromHf(JSON.parse(fs.readFileSync(cfgFile, "utf8")));
+  const cfg = configFromHf(readHfConfig(dir));
   const params = new Float32Array(paramLayout(cfg).total);
   tensorsToFlat(cfg, readSafetensors(wFile).tensors, params);
   let tokFile = tokenizerFlag ?? path.join(dir, "tokenizer.json");
   if (!tokenizerFlag && !fs.existsSync(tokFile)) {
-    const rc = path.join(dir, "run_config.json");
-    const root = fs.existsSync(rc) ? (JSON.parse(fs.readFileSync(rc, "utf8")) as { root?: string }).root : undefined;
+    const recorded = readRunConfigIfAny(dir)?.root;
+    const root = typeof recorded === "string" ? recorded : undefined;
     // the mix root (a --demo run records its data folder, whose mix/ is the root)
     const found = root ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f)) : undefined;
     if (found) tokFile = found;

@@ -10,7 +10,7 @@ import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { generateNoCache, generateWithCache, GREEDY, KvDecoder, pickToken, seededRandom } from "../src/model/generate";
-import { lastLogits } from "../src/generate";
+import { lastLogits, loadModelDir } from "../src/generate";
 import { ENGINES, useEngine } from "./helpers/engines";
 import { maxAbs, maxAbsDiff } from "./helpers/numeric";
 import { tmpDir } from "./helpers/tmp";
@@ -114,4 +114,11 @@ test("node dist/generate.js prints the prompt and its continuation from a final/
   const none = spawnSync(process.execPath, [GENERATE, "--model", path.join(dir, "nope"), "--prompt", "The"], { encoding: "utf8" });
   assert.equal(none.status, 2);
   assert.match(none.stderr, /holds no config\.json \+ model\.safetensors: name an exported final\/ folder or a checkpoint folder/);
+});
+
+test("a model folder whose config.json is damaged is refused naming the file (K2), not a parse crash", () => {
+  const dir = tmpDir("gen-badcfg");
+  fs.writeFileSync(path.join(dir, "config.json"), "{ not json");
+  fs.writeFileSync(path.join(dir, "model.safetensors"), Buffer.alloc(16));
+  assert.throws(() => loadModelDir(dir), (e: unknown) => (e as Error).name === "UserError" && /checkpoint config\.json at .*config\.json is not valid JSON/.test((e as Error).message) && (e as { rule?: string }).rule === "K2");
 });

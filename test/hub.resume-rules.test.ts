@@ -119,7 +119,7 @@ const UNPROVEN: { name: string; make: (ck: Ck) => void; reason: RegExp }[] = [
     make: (ck) => addManifest(ck.dir, 20, (f) => { for (const k of ["a", "b", "c", "d", "e"]) f[`${k}.bin`] = { size: 1, sha256: "b".repeat(64) }; }),
     reason: /it does not match its manifest: a\.bin missing; b\.bin missing; c\.bin missing; d\.bin missing \(\+1 more\)$/,
   },
-  { name: "a cursor.json that is not JSON", make: (ck) => { fs.writeFileSync(path.join(ck.dir, "cursor.json"), "not json"); addManifest(ck.dir, 20); }, reason: /its cursor\.json is not JSON$/ },
+  { name: "a cursor.json that is not JSON", make: (ck) => { fs.writeFileSync(path.join(ck.dir, "cursor.json"), "not json"); addManifest(ck.dir, 20); }, reason: /its cursor\.json is damaged \(ckpt\/checkpoint-20\/cursor\.json is not valid JSON \(.+\)\)$/ },
   {
     name: "a cursor of another step",
     make: (ck) => { editCursor(ck, (c) => (c.step = 7)); addManifest(ck.dir, 20); },
@@ -128,16 +128,16 @@ const UNPROVEN: { name: string; make: (ck: Ck) => void; reason: RegExp }[] = [
   {
     name: "a cursor whose samples_consumed is not an integer",
     make: (ck) => { editCursor(ck, (c) => (c.samples_consumed = 1.5)); addManifest(ck.dir, 20); },
-    reason: /its cursor says step 20, not 20$/,
+    reason: /its cursor\.json is damaged \(ckpt\/checkpoint-20\/cursor\.json: cursor samples_consumed=1\.5 must be a whole number >= 0\)$/,
   },
   {
     name: "a cursor whose seq_len is not an integer",
     make: (ck) => { editCursor(ck, (c) => (c.seq_len = "16")); addManifest(ck.dir, 20); },
-    reason: /its cursor says step 20, not 20$/,
+    reason: /its cursor\.json is damaged \(ckpt\/checkpoint-20\/cursor\.json: cursor seq_len="16" must be a positive whole number\)$/,
   },
   {
     name: "a cursor of another data fingerprint",
-    make: (ck) => { editCursor(ck, (c) => (c.dataset_files_sha = "fp-other")); addManifest(ck.dir, 20); },
+    make: (ck) => { editCursor(ck, (c) => (c.dataset_files_sha = "e".repeat(64))); addManifest(ck.dir, 20); },
     reason: /its cursor names another data fingerprint or seed than latest\.json$/,
   },
   {

@@ -37,6 +37,16 @@ function readJsonOf(dir: string, name: string): Record<string, unknown> {
   }
 }
 
+/** `<dir>/config.json`, the HF LlamaConfig of a checkpoint or of final/; missing or damaged is a UserError (K2). */
+export function readHfConfig(dir: string): Record<string, unknown> {
+  return readJsonOf(dir, HF_CONFIG_FILE);
+}
+
+/** `<dir>/run_config.json` (the run config a checkpoint was trained with), or null where the folder has none. */
+export function readRunConfigIfAny(dir: string): Record<string, unknown> | null {
+  return fs.existsSync(path.join(dir, RUN_CONFIG_FILE)) ? readJsonOf(dir, RUN_CONFIG_FILE) : null;
+}
+
 /** K2: `<dir>/trainer_state.json`, checked; missing or damaged is a UserError naming the file. */
 export function readTrainerState(dir: string): TrainerState {
   return parseTrainerState(readFileOf(dir, TRAINER_STATE_FILE), path.join(dir, TRAINER_STATE_FILE));
@@ -58,7 +68,7 @@ export function readCheckpointFolder(dir: string, cfg: LlamaConfig, params: Floa
   }
   const state = readTrainerState(dir);
   const runConfig = readJsonOf(dir, RUN_CONFIG_FILE);
-  const hfConfig = readJsonOf(dir, HF_CONFIG_FILE);
+  const hfConfig = readHfConfig(dir);
   tensorsToFlat(cfg, decodeSafetensors(readFileOf(dir, MODEL_FILE)).tensors, params);
   const opt = decodeSafetensors(readFileOf(dir, OPTIMIZER_FILE)).tensors;
   const pick = (prefix: string) => {

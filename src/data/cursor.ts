@@ -75,14 +75,19 @@ export function saveCursor(dir: string, c: Cursor): void {
 export function loadCursor(dir: string): Cursor | null {
   const p = path.join(dir, CURSOR_FILE);
   if (!fs.existsSync(p)) return null;
+  return parseCursor(fs.readFileSync(p, "utf8"), `cursor ${p}`);
+}
+
+/** The one parser of cursor.json (a local file or a Hub download, named by WHERE): every field checked (C1). */
+export function parseCursor(text: string, where: string): Cursor {
   let raw: unknown;
   try {
-    raw = JSON.parse(fs.readFileSync(p, "utf8"));
+    raw = JSON.parse(text);
   } catch (e) {
-    throw new UserError("C1", `cursor ${p} is not valid JSON (${(e as Error).message}): the checkpoint is damaged; resume from an earlier verified checkpoint`);
+    throw new UserError("C1", `${where} is not valid JSON (${(e as Error).message}): the checkpoint is damaged; resume from an earlier verified checkpoint`);
   }
-  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw new UserError("C1", `cursor ${p} is not a JSON object; resume from an earlier verified checkpoint`);
-  checkCursorFields(raw as Record<string, unknown>, `cursor ${p}`, (m) => new UserError("C1", `${m}; the checkpoint is damaged, resume from an earlier verified checkpoint`));
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw new UserError("C1", `${where} is not a JSON object; resume from an earlier verified checkpoint`);
+  checkCursorFields(raw as Record<string, unknown>, where, (m) => new UserError("C1", `${m}; the checkpoint is damaged, resume from an earlier verified checkpoint`));
   const o = raw as Record<string, unknown>;
   const c = {} as Record<string, unknown>;
   for (const k of KEYS) c[k] = o[k];

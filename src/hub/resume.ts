@@ -14,6 +14,7 @@ import { checkSafetensorsFile } from "./safetensors-check";
 import { withRetry } from "./retry";
 import { MANIFEST_FILE, CURSOR_FILE, FINAL_DIR, MODEL_FILE, OPTIMIZER_FILE, checkpointRepoPath, parseManifest, priorLossOf, stepOfRepoFile } from "../checkpoint";
 import { createHash } from "node:crypto";
+import { parseCursor, type Cursor } from "../data/cursor";
 
 export type AutoResume =
   | { kind: "fresh"; reason: string }
@@ -65,22 +66,22 @@ async function proveCheckpoint(store: HubStore, step: number, ref: Pointer | nul
   }
   for (const rel of byRel.keys()) problems.push(`${rel} is not in the manifest`);
   if (problems.length) return { ok: false, noManifest: false, reason: `it does not match its manifest: ${problems.slice(0, 4).join("; ")}${problems.length > 4 ? ` (+${problems.length - 4} more)` : ""}` };
-  const cb = await store.download(`${prefix}/${CURSOR_FILE}`);
-  let c: { step?: unknown; samples_consumed?: unknown; seq_len?: unknown; dataset_files_sha?: unknown; shuffle_seed?: unknown };
+  let c: Cursor;
   try {
-    c = JSON.parse(String(cb));
-  } catch {
-    return { ok: false, noManifest: false, reason: "its cursor.json is not JSON" };
+    c = parseCursor(String(await store.download(`${prefix}/${CURSOR_FILE}`)), `${prefix}/${CURSOR_FILE}`);
+  } catch (e) {
+    if (!(e instanceof UserError)) throw e;
+    return { ok: false, noManifest: false, reason: `its cursor.json is damaged (${e.message.split(/[:;] the checkpoint is damaged/)[0]})` };
   }
   const samples = c.samples_consumed, seqLen = c.seq_len;
-  if (c.step !== step || !Number.isSafeInteger(samples) || !Number.isSafeInteger(seqLen)) return { ok: false, noManifest: false, reason: `its cursor says step ${String(c.step)}, not ${step}` };
+  if (c.step !== step) return { ok: false, noManifest: false, reason: `its cursor says step ${c.step}, not ${step}` };
   if (ref) {
     if (c.dataset_files_sha !== ref.fingerprint || c.shuffle_seed !== ref.seed) return { ok: false, noManifest: false, reason: "its cursor names another data fingerprint or seed than latest.json" };
-    if (ref.step > 0 && (samples as number) * ref.step !== ref.samples_consumed * step) return { ok: false, noManifest: false, reason: `its cursor's ${String(samples)} samples at step ${step} do not match latest.json's samples per step` };
+    if (ref.step > 0 && samples * ref.step !== ref.samples_consumed * step) return { ok: false, noManifest: false, reason: `its cursor's ${samples} samples at step ${step} do not match latest.json's samples per step` };
   }
   const pointer: Pointer = {
-    path_in_repo: prefix, step, samples_consumed: samples as number, tokens_consumed: (samples as number) * (seqLen as number),
-    fingerprint: String(c.dataset_files_sha), seed: Number(c.shuffle_seed),
+    path_in_repo: prefix, step, samples_consumed: samples, tokens_consumed: samples * seqLen,
+    fingerprint: c.dataset_files_sha, seed: c.shuffle_seed,
   };
   return { ok: true, pointer, files: Object.keys(m.files).length + 1 };
 }

@@ -25,7 +25,7 @@ export interface FakeCheckpointOptions {
 export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Pointer & { dir: string } {
   const seqLen = o.seqLen ?? 16;
   const sps = o.seqsPerStep ?? 8;
-  const fingerprint = o.fingerprint ?? "fp-test";
+  const fingerprint = o.fingerprint ?? "f".repeat(64);
   const seed = o.seed ?? 20260919;
   const n = o.modelValues ?? 64;
   fs.mkdirSync(dir, { recursive: true });
@@ -46,7 +46,7 @@ export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Poin
   fs.writeFileSync(path.join(dir, "trainer_state.json"), JSON.stringify(state));
   fs.writeFileSync(
     path.join(dir, "cursor.json"),
-    JSON.stringify({ seq_len: seqLen, samples_consumed: o.step * sps, shuffle_seed: seed, dataset_files_sha: fingerprint, shuffle_perm_sha: "perm", step: o.step }),
+    JSON.stringify({ seq_len: seqLen, samples_consumed: o.step * sps, shuffle_seed: seed, dataset_files_sha: fingerprint, shuffle_perm_sha: "c".repeat(64), step: o.step }),
   );
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({ model_type: "llama", hidden_size: 8 }));
   return {
