@@ -4,7 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import {
-  CKPT_FILES, checkpointDir, checkpointName, checkpointRepoPath, checkpointRoot, isPartialName, partialDirOf, stepOfCheckpointName, stepOfRepoFile,
+  CKPT_DIR, CKPT_FILES, FINAL_DIR, MANIFEST_FILE, POINTER_FILE, checkpointDir, checkpointName, checkpointRepoPath, checkpointRoot, isPartialName, partialDirOf, stepOfCheckpointName, stepOfRepoFile,
 } from "../src/checkpoint";
 
 test("checkpoint-N names round-trip: the name of step N reads back as N, locally and on the Hub (K2)", () => {
@@ -47,6 +47,15 @@ test("a folder being written carries a .partial-<pid> name, which is never a che
 
 test("the file list of a checkpoint is the six files of K2, the manifest apart (K2, K7)", () => {
   assert.deepEqual([...CKPT_FILES], ["model.safetensors", "optimizer.safetensors", "trainer_state.json", "cursor.json", "config.json", "run_config.json"]);
+});
+
+test("the repo layout beside the checkpoints: the pointer is latest.json at the root and the exported model is final/ (K2, R2, G4)", () => {
+  assert.equal(POINTER_FILE, "latest.json");
+  assert.equal(FINAL_DIR, "final");
+  assert.equal(CKPT_DIR, "ckpt");
+  assert.equal(MANIFEST_FILE, "manifest.json");
+  assert.equal(stepOfRepoFile(`${FINAL_DIR}/model.safetensors`), null, "final/ is not a checkpoint folder");
+  assert.equal(stepOfRepoFile(POINTER_FILE), null, "the pointer is not a checkpoint file");
 });
 
 test("the checkpoint module sits below the actors, the Hub cycle and the session: it imports only src/errors, src/model, src/data and itself", () => {

@@ -111,7 +111,8 @@ test("manifest.json parses when every entry is {size, sha256} and is refused nam
   }
   for (const [name, f] of [
     ["a", { size: -1, sha256: SHA }], ["a", { size: 1.5, sha256: SHA }], ["a", { sha256: SHA }], ["a", { size: 1, sha256: SHA.toUpperCase() }],
-    ["a", { size: 1, sha256: SHA.slice(1) }], ["a", { size: 1, sha256: SHA + "0" }], ["a", { size: 1 }], ["a", null], ["manifest.json", { size: 1, sha256: SHA }],
+    ["a", { size: 1, sha256: SHA.slice(1) }], ["a", { size: 1, sha256: SHA + "0" }], ["a", { size: 1 }], ["a", null],
+    ["a", { size: 1, sha256: [SHA] }], ["manifest.json", { size: 1, sha256: SHA }],
   ] as const) {
     assert.throws(() => parseManifest(JSON.stringify({ ...m, files: { [name]: f } }), "M"), new RegExp(`^Error: M: entry "${name.replace(".", "\\.")}" is not \\{size, sha256\\}$`), JSON.stringify(f));
   }

@@ -8,9 +8,10 @@ import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { buildConfig, hfConfigJson } from "../src/model/config";
 import { paramLayout } from "../src/model/layout";
+import { decodeSafetensors } from "../src/model/safetensors";
 import { makeCursor } from "../src/data/cursor";
 import {
-  CKPT_FILES, CheckpointWriteError, checkpointDir, checkpointDocs, checkpointRoot, listCheckpointFolders, parseManifest, readCheckpointFolder, writeCheckpointFolder,
+  CKPT_FILES, CheckpointWriteError, checkpointDir, estimateCheckpointBytes, partialDirOf, checkpointDocs, checkpointRoot, listCheckpointFolders, parseManifest, readCheckpointFolder, writeCheckpointFolder,
   type TrainerState,
 } from "../src/checkpoint";
 import { tmpDir } from "./helpers/tmp";
@@ -100,7 +101,7 @@ test("a checkpoint folder with a file missing or damaged is refused naming that 
   for (const name of CKPT_FILES.filter((n) => n !== "cursor.json")) {
     const d = fresh(10 + CKPT_FILES.indexOf(name));
     fs.rmSync(path.join(d, name));
-    assert.throws(() => read(d), isUser("K2", new RegExp(`checkpoint ${name.replace(".", "\\.")} is missing: ${path.join(d, name).replace(/[\\.]/g, "\\$&")}`)), name);
+    assert.throws(() => read(d), isUser("K2", new RegExp(`^checkpoint ${name.replace(".", "\\.")} is missing: ${path.join(d, name).replace(/[\\.]/g, "\\$&")}\\. A checkpoint needs every file of K2 \\(model\\.safetensors, optimizer\\.safetensors, trainer_state\\.json, cursor\\.json, config\\.json, run_config\\.json\\); resume from an earlier verified checkpoint`)), name);
   }
   const bad = fresh(30);
   fs.writeFileSync(path.join(bad, "trainer_state.json"), JSON.stringify({ ...state(30), scaler: { scale: 0, growthTracker: 0 } }));
@@ -123,4 +124,57 @@ test("listCheckpointFolders lists checkpoint-N folders by step, oldest first, an
   assert.deepEqual(listCheckpointFolders(root), [], "no folder yet");
   for (const n of ["checkpoint-100", "checkpoint-20", "checkpoint-3", "checkpoint-20.partial-9", "checkpoint-5.superseded-1", "checkpoint-007", "final"]) fs.mkdirSync(path.join(root, n), { recursive: true });
   assert.deepEqual(listCheckpointFolders(root), [3, 20, 100].map((step) => ({ step, dir: path.join(root, `checkpoint-${step}`) })));
+});
+
+test("the disk estimate covers a written folder: 12 bytes a parameter (fp32 weights and two moments), 600 a tensor's headers, 256 KiB of documents (K2)", () => {
+  const dir = checkpointDir(tmpDir("ckpt-estimate"), 1);
+  writeCheckpointFolder(dir, cfg, filled(1), filled(2), filled(3), docsAt(1));
+  const used = fs.readdirSync(dir).reduce((s, n) => s + fs.statSync(path.join(dir, n)).size, 0);
+  const tensors = paramLayout(cfg).entries.length;
+  assert.ok(estimateCheckpointBytes(P, tensors) >= used, `estimate ${estimateCheckpointBytes(P, tensors)} >= ${used} bytes written`);
+  assert.equal(estimateCheckpointBytes(0, 0), 256 * 1024, "the documents' allowance");
+  assert.equal(estimateCheckpointBytes(P + 1, tensors) - estimateCheckpointBytes(P, tensors), 12, "one more parameter: 3 fp32 values");
+  assert.equal(estimateCheckpointBytes(P, tensors + 1) - estimateCheckpointBytes(P, tensors), 600, "one more tensor: its header in 3 files");
+  assert.equal(estimateCheckpointBytes(P), estimateCheckpointBytes(P, 64), "64 tensors unless told");
+});
+
+test("CheckpointWriteError says what failed in words a user can act on: a full disk, a used-up quota, else the code and the message (K2)", () => {
+  const err = (code: string | undefined, message: string) => Object.assign(new Error(message), code ? { code } : {});
+  const msg = (cause: unknown) => new CheckpointWriteError("/r/ckpt/checkpoint-3", cause).message;
+  const wrap = (what: string) => `writing checkpoint folder /r/ckpt/checkpoint-3 failed: ${what}; the partial folder was removed`;
+  assert.equal(msg(err("ENOSPC", "no space left on device")), wrap("the disk is full (ENOSPC)"));
+  assert.equal(msg(err("EDQUOT", "quota exceeded")), wrap("the disk quota is used up (EDQUOT)"));
+  assert.equal(msg(err("EROFS", "read-only file system")), wrap("EROFS read-only file system"));
+  assert.equal(msg(err(undefined, "boom")), wrap("boom"), "no code: the message alone, no leading space");
+  assert.equal(msg("plain"), wrap("plain"), "a thrown string is said as it is");
+  assert.equal(msg(null), wrap("null"), "even a thrown null gives a message");
+  const e = new CheckpointWriteError("/r/x", err("ENOSPC", "x"));
+  assert.equal(e.name, "CheckpointWriteError", "the session recognises a failed write by this name");
+  assert.equal(e.code, "ENOSPC");
+  assert.equal(new CheckpointWriteError("/r/x", err(undefined, "y")).code, null);
+});
+
+test("a checkpoint's JSON documents and manifest are written as indented JSON ending in a newline, the tensors with format pt metadata (K2, M7)", () => {
+  const dir = checkpointDir(tmpDir("ckpt-bytes"), 5);
+  const docs = docsAt(5);
+  writeCheckpointFolder(dir, cfg, filled(1), filled(2), filled(3), docs);
+  for (const [name, doc] of Object.entries(docs)) assert.equal(fs.readFileSync(path.join(dir, name), "utf8"), JSON.stringify(doc, null, 1) + "\n", name);
+  assert.match(fs.readFileSync(path.join(dir, "manifest.json"), "utf8"), /^\{\n "format": "tstrain-manifest\/1",[^]*\}\n$/);
+  for (const name of ["model.safetensors", "optimizer.safetensors"]) {
+    assert.deepEqual(decodeSafetensors(fs.readFileSync(path.join(dir, name))).metadata, { format: "pt" }, `${name}: transformers loads only format pt`);
+  }
+});
+
+test("a leftover partial folder of an interrupted write by this process is cleared, and a write closes every file it opens (K2)", () => {
+  const run = tmpDir("ckpt-leftover");
+  const dir = checkpointDir(run, 7);
+  const stale = partialDirOf(dir, process.pid);
+  fs.mkdirSync(path.join(stale, "sub"), { recursive: true });
+  fs.writeFileSync(path.join(stale, "sub", "model.safetensors"), "half");
+  const fds = () => fs.readdirSync("/proc/self/fd").length;
+  const before = fds();
+  writeCheckpointFolder(dir, cfg, filled(1), filled(2), filled(3), docsAt(7));
+  assert.equal(fds(), before, "no file or folder handle left open");
+  assert.deepEqual(fs.readdirSync(checkpointRoot(run)), ["checkpoint-7"], "the leftover is gone");
+  assert.deepEqual(fs.readdirSync(dir).sort(), [...CKPT_FILES, "manifest.json"].sort());
 });
