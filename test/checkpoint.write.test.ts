@@ -11,7 +11,7 @@ import { paramLayout } from "../src/model/layout";
 import { decodeSafetensors } from "../src/model/safetensors";
 import { makeCursor } from "../src/data/cursor";
 import {
-  CKPT_FILES, CheckpointWriteError, checkpointDir, estimateCheckpointBytes, partialDirOf, checkpointDocs, checkpointRoot, listCheckpointFolders, parseManifest, readCheckpointFolder, writeCheckpointFolder,
+  CKPT_FILES, CheckpointWriteError, checkpointDir, estimateCheckpointBytes, partialDirOf, readHfConfig, readRunConfigIfAny, checkpointDocs, checkpointRoot, listCheckpointFolders, parseManifest, readCheckpointFolder, writeCheckpointFolder,
   type TrainerState,
 } from "../src/checkpoint";
 import { tmpDir } from "./helpers/tmp";
@@ -177,4 +177,17 @@ test("a leftover partial folder of an interrupted write by this process is clear
   assert.equal(fds(), before, "no file or folder handle left open");
   assert.deepEqual(fs.readdirSync(checkpointRoot(run)), ["checkpoint-7"], "the leftover is gone");
   assert.deepEqual(fs.readdirSync(dir).sort(), [...CKPT_FILES, "manifest.json"].sort());
+});
+
+test("config.json is required and read as written; run_config.json is optional (null when absent) but refused when damaged (K2)", () => {
+  const dir = checkpointDir(tmpDir("ckpt-configs"), 2);
+  writeCheckpointFolder(dir, cfg, filled(1), filled(2), filled(3), docsAt(2, { root: "/data/mix", seed: 4 }));
+  assert.deepEqual(readHfConfig(dir), hfConfigJson(cfg));
+  assert.deepEqual(readRunConfigIfAny(dir), { root: "/data/mix", seed: 4 });
+  fs.writeFileSync(path.join(dir, "run_config.json"), "{\"root\":");
+  assert.throws(() => readRunConfigIfAny(dir), (e: Error) => e.name === "UserError" && /^checkpoint run_config\.json at .* is not valid JSON .*\[K2\]$/.test(e.message));
+  fs.rmSync(path.join(dir, "run_config.json"));
+  assert.equal(readRunConfigIfAny(dir), null, "a folder without run_config.json (e.g. final/) has none");
+  fs.rmSync(path.join(dir, "config.json"));
+  assert.throws(() => readHfConfig(dir), (e: Error) => e.name === "UserError" && /^checkpoint config\.json is missing: /.test(e.message));
 });
