@@ -119,6 +119,11 @@ const UNPROVEN: { name: string; make: (ck: Ck) => void; reason: RegExp }[] = [
     make: (ck) => addManifest(ck.dir, 20, (f) => { for (const k of ["a", "b", "c", "d", "e"]) f[`${k}.bin`] = { size: 1, sha256: "b".repeat(64) }; }),
     reason: /it does not match its manifest: a\.bin missing; b\.bin missing; c\.bin missing; d\.bin missing \(\+1 more\)$/,
   },
+  {
+    name: "exactly four files the Hub lacks (all named, no '+0 more')",
+    make: (ck) => addManifest(ck.dir, 20, (f) => { for (const k of ["a", "b", "c", "d"]) f[`${k}.bin`] = { size: 1, sha256: "b".repeat(64) }; }),
+    reason: /it does not match its manifest: a\.bin missing; b\.bin missing; c\.bin missing; d\.bin missing$/,
+  },
   { name: "a cursor.json that is not JSON", make: (ck) => { fs.writeFileSync(path.join(ck.dir, "cursor.json"), "not json"); addManifest(ck.dir, 20); }, reason: /its cursor\.json is damaged \(ckpt\/checkpoint-20\/cursor\.json is not valid JSON \(.+\)\)$/ },
   {
     name: "a cursor of another step",
