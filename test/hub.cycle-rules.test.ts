@@ -1,26 +1,20 @@
 // K3 / K4 / K6 / K8 / G4: the rules of the checkpoint publish cycle that hub.cycle.test leaves unchecked, one
 // behaviour per test, against a real LocalHub through the real @huggingface/hub client (issue 14: they kill
 // the mutants of src/hub/cycle.ts that survived).
-import { test, describe, before, after, beforeEach } from "node:test";
+import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { listCommits } from "@huggingface/hub";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
+import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
 import type { HubStore, Pointer } from "../src/hub/store";
 
 let th: TestHub;
 let n = 0;
 
-before(async () => {
-  th = await startTestHub();
-});
-after(async () => {
-  await th.close();
-});
-beforeEach(() => th.hub.clearFaults());
+useTestHub({}, (t) => (th = t));
 
 /** K6 retries shortened: give up after 0.4 s of failures, backoff 20..50 ms. */
 const QUICK = { giveUpMs: 400, backoff: { baseMs: 20, capMs: 50 } };

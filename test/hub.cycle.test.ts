@@ -1,9 +1,9 @@
 // K3 / K4 / B2 / G4: the publish cycle against a real LocalHub through the real @huggingface/hub client.
-import { test, describe, before, after, beforeEach } from "node:test";
+import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
+import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
 import type { HubStore, Pointer } from "../src/hub/store";
@@ -11,13 +11,7 @@ import type { HubStore, Pointer } from "../src/hub/store";
 let th: TestHub;
 let n = 0;
 
-before(async () => {
-  th = await startTestHub({ pageSize: 4 });
-});
-after(async () => {
-  await th.close();
-});
-beforeEach(() => th.hub.clearFaults());
+useTestHub({ pageSize: 4 }, (t) => (th = t));
 
 /** A fresh repo, one verified checkpoint at step 10 already published (the pointer's prior position). */
 async function repoWithFirstCheckpoint(): Promise<{ store: HubStore; first: Pointer; lines: string[] }> {

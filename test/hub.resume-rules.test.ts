@@ -1,12 +1,12 @@
 // R3–R6: the rules of --resume auto that decide which checkpoint a run continues from, one behaviour per
 // test, against a real LocalHub through the real @huggingface/hub client (issue 14: they kill the
 // mutants of src/hub/resume.ts that hub.resume.test leaves alive).
-import { test, describe, before, after, beforeEach } from "node:test";
+import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
+import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume, checkpointSteps, type AutoResume } from "../src/hub/resume";
 import { priorLossOf } from "../src/checkpoint";
@@ -15,13 +15,7 @@ import type { HubStore, Pointer, RemoteFile } from "../src/hub/store";
 let th: TestHub;
 let n = 0;
 
-before(async () => {
-  th = await startTestHub();
-});
-after(async () => {
-  await th.close();
-});
-beforeEach(() => th.hub.clearFaults());
+useTestHub({}, (t) => (th = t));
 
 type Ck = Pointer & { dir: string };
 

@@ -1,9 +1,9 @@
 // R2–R4: --resume auto against a real LocalHub through the real @huggingface/hub client.
-import { test, describe, before, after, beforeEach } from "node:test";
+import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
+import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
 import { LocalHub } from "../src/hub/server";
@@ -12,13 +12,7 @@ import type { HubStore, Pointer } from "../src/hub/store";
 let th: TestHub;
 let n = 0;
 
-before(async () => {
-  th = await startTestHub();
-});
-after(async () => {
-  await th.close();
-});
-beforeEach(() => th.hub.clearFaults());
+useTestHub({}, (t) => (th = t));
 
 async function publishSteps(store: HubStore, steps: number[], o: { modelValues?: number } = {}): Promise<Pointer[]> {
   await store.ensureRepo();

@@ -1,6 +1,6 @@
 // The local Hub's history, branches, PR refs, listings and storage, through the real
 // @huggingface/hub client (L1, L3, L6): what a user of the real Hub can do with a checkpoint repo.
-import { test, describe, before, after } from "node:test";
+import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -8,18 +8,13 @@ import {
   commit, countCommits, createBranch, createRepo, datasetInfo, deleteBranch, deleteRepo, downloadFile, fileExists, listCommits,
   listFiles, modelInfo, pathsInfo, repoExists, whoAmI, HubApiError,
 } from "@huggingface/hub";
-import { startTestHub, type TestHub } from "./helpers/hub";
+import { useTestHub, type TestHub } from "./helpers/hub";
 
 let th: TestHub;
 let n = 0;
 const ANY = "hf_anyTokenTheOpenHubTakes";
 
-before(async () => {
-  th = await startTestHub({ pageSize: 2 });
-});
-after(async () => {
-  await th.close();
-});
+useTestHub({ pageSize: 2 }, (t) => (th = t));
 
 const ds = (name: string) => ({ type: "dataset" as const, name });
 const put = (p: string, content: string | Uint8Array) => ({ operation: "addOrUpdate" as const, path: p, content: new Blob([content]) });

@@ -1,24 +1,18 @@
 // The HubStore interface and the LocalHub protocol, through the real @huggingface/hub client (A6, B6).
-import { test, describe, before, after, beforeEach } from "node:test";
+import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { fileDownloadInfo, pathsInfo } from "@huggingface/hub";
-import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
+import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { createHubStore } from "../src/hub/store";
 
 let th: TestHub;
 let n = 0;
 const sha = (b: Buffer | string) => createHash("sha256").update(b).digest("hex");
 
-before(async () => {
-  th = await startTestHub({ pageSize: 3, lfsThreshold: 1024 });
-});
-after(async () => {
-  await th.close();
-});
-beforeEach(() => th.hub.clearFaults());
+useTestHub({ pageSize: 3, lfsThreshold: 1024 }, (t) => (th = t));
 
 function folder(files: Record<string, string | Buffer>): string {
   const dir = path.join(th.tmp, `local-${++n}`);

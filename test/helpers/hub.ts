@@ -7,6 +7,7 @@ import * as path from "node:path";
 import { encodeSafetensors } from "../../src/model/safetensors";
 import { checkpointRepoPath, type LogEntry, type TrainerState } from "../../src/checkpoint";
 import * as os from "node:os";
+import { before, after, beforeEach } from "node:test";
 import { LocalHub, type LocalHubOptions } from "../../src/hub/server";
 import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "../../src/hub/store";
 
@@ -93,4 +94,20 @@ export async function startTestHub(o: Partial<LocalHubOptions> & { repo?: string
       fs.rmSync(tmp, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * The suite hooks every Hub test file needs: one LocalHub for the file (started before its tests, stopped and its
+ * folder removed after them), with any planted fault cleared before each test. `set` receives the hub once started.
+ */
+export function useTestHub(o: Parameters<typeof startTestHub>[0], set: (th: TestHub) => void): void {
+  let th: TestHub | undefined;
+  before(async () => {
+    th = await startTestHub(o);
+    set(th);
+  });
+  after(async () => {
+    await th?.close();
+  });
+  beforeEach(() => th?.hub.clearFaults());
 }
