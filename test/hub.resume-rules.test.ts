@@ -293,6 +293,16 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     assert.equal(await store.readPointer(), null);
   });
 
+  test("with no latest.json, the R2 refusal counts every folder and names the newest three (R2)", async () => {
+    const store = freshStore();
+    for (const step of [10, 20, 30, 40]) await committedOnly(store, localCheckpoint(step, { manifest: false }));
+    const ck = writeFakeCheckpoint(path.join(th.tmp, `rules${n}`, "final"), { step: 50 });
+    await store.uploadFolder(ck.dir, "final", "final export");
+    const lines: string[] = [];
+    await refusal(resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10 }), "R2", /holds 5 checkpoint folder\(s\) \(ckpt\/checkpoint-30, ckpt\/checkpoint-40, final\)\. The pointer is missing/);
+    assert.equal(lines.length, 4, lines.join("\n"));
+  });
+
   test("with no latest.json, a final/ folder alone is refused: the pointer is missing, not the run (R2)", async () => {
     const store = freshStore();
     await store.ensureRepo();

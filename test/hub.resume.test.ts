@@ -149,6 +149,22 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     assert.match(lines.join("\n"), /checkpoint scan attempt 1 failed: HTTP 503/);
   });
 
+  test("a failed scan's log line cuts the Hub's error to 200 characters; the refusal gives it whole (R3)", async () => {
+    // A long owner and repo name make the client's error (it quotes the URL) longer than 200 characters.
+    const store = th.store({ repo: `${"o".repeat(30)}/${"x".repeat(80)}-${++n}` });
+    await publishSteps(store, [10]);
+    th.hub.setFaults({ status: { list: 500 } });
+    const lines: string[] = [];
+    let full = "";
+    await assert.rejects(resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10 }), (e: Error) => {
+      full = /could not enumerate \S+ \((HTTP 500: .*)\), so it cannot prove/.exec(e.message)?.[1] ?? "";
+      return e.name === "UserError";
+    });
+    assert.ok(full.length > 200, `the Hub's error should be over 200 characters for this test, got ${full.length}: ${full}`);
+    const logged = lines.filter((l) => l.startsWith("resume auto: checkpoint scan attempt "));
+    assert.deepEqual(logged, [1, 2].map((a) => `resume auto: checkpoint scan attempt ${a} failed: ${full.slice(0, 200)}`));
+  });
+
   test("a listing that keeps failing is refused: the pointer cannot be proven newest", async () => {
     const store = freshStore();
     const [p] = await publishSteps(store, [10]);
