@@ -55,6 +55,23 @@ describe("history (L1)", () => {
     await assert.rejects(at("0".repeat(40), "latest.json"), (e: HubApiError) => e.statusCode === 404);
   });
 
+  test("loseCommitAnswer: a commit touching a listed path lands (on main, readable) but is answered 500; failCount clears the fault (K8)", async () => {
+    const r = await newRepo();
+    th.hub.setFaults({ loseCommitAnswer: ["latest.json"], failCount: 1 });
+    const other = await commitOn(r, "weights only", [put("ckpt/checkpoint-1/model.safetensors", "w1")]);
+    await assert.rejects(commitOn(r, "pointer", [put("latest.json", "1")]), (e: HubApiError) => {
+      assert.equal(e.statusCode, 500);
+      assert.match(e.message, /the commit landed but its answer was lost/);
+      return true;
+    });
+    const commits = await all(listCommits({ repo: r, hubUrl: th.url }));
+    assert.equal(commits[0]!.title, "pointer", "the commit whose answer was lost is main's head");
+    assert.equal(commits[1]!.oid, other.commit.oid);
+    assert.equal(await downloadFile({ repo: r, path: "latest.json", hubUrl: th.url }).then(text), "1");
+    const next = await commitOn(r, "pointer again", [put("latest.json", "2")]);
+    assert.equal(next.commit.oid, (await all(listCommits({ repo: r, hubUrl: th.url })))[0]!.oid, "failCount 1: the next commit is answered");
+  });
+
   test("listCommits pages newest first back to the repo's creation, and countCommits counts them", async () => {
     const r = await newRepo();
     const ids = [];

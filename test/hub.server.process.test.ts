@@ -171,6 +171,14 @@ describe("hub-server --faults FILE (L7)", () => {
       assert.match(String(warned.message), /keeping the faults in force/);
       fs.rmSync(faults);
       assert.equal(await read(), "0123456789");
+      writeFaults(faults, { loseCommitAnswer: "m.bin" });
+      assert.equal(await read(), "0123456789", "a request makes the server re-read the file");
+      const bad = await s.waitFor((e) => e.type === "faults" && /loseCommitAnswer must be an array of path suffixes/.test(String(e.message)));
+      assert.match(String(bad.message), /keeping the faults in force/);
+      writeFaults(faults, { loseCommitAnswer: ["m.bin"], failCount: 1 });
+      await assert.rejects(commit({ repo: repo("f/r"), hubUrl: s.url, title: "lost", operations: [put("m.bin", "landed")] }), (e: HubApiError) => e.statusCode === 500);
+      assert.equal(await read(), "landed", "the commit whose answer was lost landed");
+      assert.equal((await listCommits({ repo: repo("f/r"), hubUrl: s.url, batchSize: 1 }).next()).value!.title, "lost");
     } finally {
       await stopServer(s);
     }

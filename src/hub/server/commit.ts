@@ -1,7 +1,7 @@
 /**
  * The commit endpoint: the client's NDJSON body, the parentCommit check and PR refs (history.ts),
  * and the commit-time faults (dropped, corrupted and extra files, a failing pointer write, a pause
- * before the branch moves).
+ * before the branch moves, an answer lost after the commit landed).
  */
 import type * as http from "node:http";
 import * as fsp from "node:fs/promises";
@@ -128,6 +128,10 @@ export async function commitEndpoint(ctx: HubContext, req: http.IncomingMessage,
     beforeRefs: (c) => pauseIfAsked(ctx, r, rev, c),
   });
   ctx.emit({ type: "commit", repo: repoId(r), rev, commit: done.commit.id, pr: done.pr });
+  if (f.loseCommitAnswer.length > 0 && body.ops.some((op) => endsWithAny(op.path, f.loseCommitAnswer))) {
+    ctx.faults.consume();
+    throw new HttpError(500, "injected fault: the commit landed but its answer was lost");
+  }
   const answer: Record<string, unknown> = { success: true, commitOid: done.commit.id, commitUrl: `${repoUrl(ctx, r)}/commit/${done.commit.id}`, hookOutput: "" };
   if (done.pr !== null) answer.pullRequestUrl = `${repoUrl(ctx, r)}/discussions/${done.pr}`;
   sendJson(res, 200, answer);

@@ -42,6 +42,9 @@ export interface HubFaults {
   extraOnCommit: { path: string; content: string | Uint8Array }[];
   /** A commit that adds or deletes latest.json fails with 500 (and stores nothing). */
   failPointerWrite: boolean;
+  /** A commit that adds or deletes a file whose path ends with one of these lands (durable, the branch
+   *  moved) and is then answered 500 instead of its success JSON: the client never learns it landed (K8). */
+  loseCommitAnswer: string[];
   /** Downloads (resolve) of files whose path ends with one of these are truncated, see truncateMode. */
   truncateDownload: string[];
   /** "cut": announce the full length, send half, drop the connection. "short": serve the first half
@@ -57,7 +60,7 @@ export interface HubFaults {
 export function noFaults(): HubFaults {
   return {
     status: {}, delayMs: {}, dropOnCommit: [], corruptOnCommit: [], extraOnCommit: [],
-    failPointerWrite: false, truncateDownload: [], truncateMode: "cut", pauseCommit: false, failCount: null,
+    failPointerWrite: false, loseCommitAnswer: [], truncateDownload: [], truncateMode: "cut", pauseCommit: false, failCount: null,
   };
 }
 
@@ -77,7 +80,7 @@ export function parseFaults(v: unknown, where: string): Partial<HubFaults> {
       if (typeof n !== "number" || !(n >= 0)) throw new Error(`${where}: ${k}.${e} must be a non-negative number`);
     }
   }
-  for (const k of ["dropOnCommit", "corruptOnCommit", "truncateDownload"] as const) {
+  for (const k of ["dropOnCommit", "corruptOnCommit", "loseCommitAnswer", "truncateDownload"] as const) {
     if (o[k] !== undefined && !(Array.isArray(o[k]) && (o[k] as unknown[]).every((s) => typeof s === "string"))) throw new Error(`${where}: ${k} must be an array of path suffixes`);
   }
   if (o.truncateMode !== undefined && o.truncateMode !== "cut" && o.truncateMode !== "short") throw new Error(`${where}: truncateMode must be "cut" or "short"`);
