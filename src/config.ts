@@ -83,6 +83,7 @@ export function checkFlagTable(rows: unknown): FlagSpec[] {
   const seen = new Set<string>();
   for (const r of rows as FlagSpec[]) {
     const where = `config-flags.json: flag ${JSON.stringify(r?.flag)}`;
+    if (r === null || typeof r !== "object" || Array.isArray(r)) throw new Error(`${where}: a row must be an object, got ${JSON.stringify(r)}`);
     if (typeof r.flag !== "string" || !/^[a-z][a-z0-9-]*$/.test(r.flag) || seen.has(r.flag)) throw new Error(`${where}: not a new kebab-case flag name`);
     seen.add(r.flag);
     if (typeof r.key !== "string" || typeof r.help !== "string" || r.help.length === 0) throw new Error(`${where}: needs a key and a help text`);

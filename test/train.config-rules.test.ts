@@ -21,7 +21,12 @@ test("every flag's default is the seed's (G10)", () => {
 test("--demo sets its defaults, an explicit flag wins over them, and the explicit set names only what was given (B6)", () => {
   const d = parseArgs(["--demo"]);
   for (const [k, v] of Object.entries(DEMO_DEFAULTS)) assert.equal((d.config as unknown as Record<string, unknown>)[k], v, k);
-  assert.deepEqual({ world: d.config.world, seqLen: d.config.seqLen, maxSteps: d.config.maxSteps, hubUrl: d.config.hubUrl, demo: d.config.demo }, { world: 2, seqLen: 64, maxSteps: 300, hubUrl: "embedded", demo: true });
+  assert.deepEqual(
+    { world: d.config.world, seqLen: d.config.seqLen, maxSteps: d.config.maxSteps, tokens: d.config.tokens, hubUrl: d.config.hubUrl, demo: d.config.demo },
+    { world: 2, seqLen: 64, maxSteps: 300, tokens: 300 * 4 * 2 * 64, hubUrl: "embedded", demo: true },
+  );
+  // The folders and repo the README's demo section names (`./.demo/data`, `./.demo/run`, the embedded Hub's repo).
+  assert.deepEqual([d.config.root, d.config.out, d.config.hubRepo], ["./.demo/data", "./.demo/run", "local/tstrain-demo"]);
   const w = parseArgs(["--demo", "--world", "1", "--lr=0.001"]);
   assert.equal(w.config.world, 1);
   assert.equal(w.config.lr, 0.001);
@@ -35,6 +40,7 @@ test("--help lists every flag with its values, an explanation and its default", 
   const u = usage();
   assert.ok(u.startsWith("usage: node dist/main.js [flags]\n\nData-parallel Llama training"), u.slice(0, 80));
   assert.ok(u.endsWith("\n\nEnvironment: HF_TOKEN (Hub token; never printed or written)."));
+  assert.ok(u.includes("Defaults are the frozen recipe.\n\n  --"), "a blank line before the flags");
   for (const f of FLAGS) {
     const line = u.split("\n").find((l) => l.startsWith(`  --${f.flag} `) || l.startsWith(`  --${f.flag}\t`));
     assert.ok(line, `--${f.flag} is listed`);
@@ -53,7 +59,7 @@ test("--help lists every flag with its values, an explanation and its default", 
 test("the flags table (src/config-flags.json) is checked when it loads: a malformed row is refused by flag (G10)", () => {
   const ok = { flag: "lr", key: "lr", kind: "float", def: 6e-4, help: "peak learning rate" };
   assert.equal(checkFlagTable([ok]).length, 1);
-  const bad: [object[], RegExp][] = [
+  const bad: [unknown[], RegExp][] = [
     [[ok, ok], /flag "lr": not a new kebab-case flag name/],
     [[{ ...ok, flag: "Learning_rate" }], /flag "Learning_rate": not a new kebab-case/],
     [[{ ...ok, help: "" }], /flag "lr": needs a key and a help text/],
@@ -61,6 +67,13 @@ test("the flags table (src/config-flags.json) is checked when it loads: a malfor
     [[{ ...ok, kind: "decimal" }], /flag "lr": kind decimal/],
     [[{ ...ok, kind: "string", def: "a", choices: ["b", "c"] }], /flag "lr": its choices must include its default/],
     [[{ ...ok, negatable: true }], /flag "lr": only a bool flag is negatable/],
+    [[null], /flag undefined: a row must be an object, got null/],
+    [[["lr"]], /flag undefined: a row must be an object, got \["lr"\]/],
+    [[{ ...ok, flag: ["lr"] }], /flag \["lr"\]: not a new kebab-case/],
+    [[{ ...ok, flag: "lr_peak" }], /flag "lr_peak": not a new kebab-case/],
+    [[{ ...ok, key: undefined }], /flag "lr": needs a key and a help text/],
+    [[{ ...ok, help: 5 }], /flag "lr": needs a key and a help text/],
+    [[{ flag: "sample", key: "sample", kind: "bool", def: true, help: "write samples", negatable: false }], /flag "sample": only a bool flag is negatable/],
   ];
   for (const [rows, re] of bad) assert.throws(() => checkFlagTable(rows), re, JSON.stringify(rows));
   assert.throws(() => checkFlagTable({}), /not an array of flags/);
@@ -81,13 +94,18 @@ test("argument syntax: bare words, unknown flags, missing values, bool values an
   assert.throws(() => parseArgs(["--seq-len"]), userErr("G10", /^--seq-len needs a value/));
   assert.throws(() => parseArgs(["--hub-repo-type", "space"]), userErr("G10", /^--hub-repo-type "space" is not one of dataset, model/));
   assert.equal(parseArgs(["--hub-repo-type", "model"]).config.hubRepoType, "model");
+  assert.throws(() => parseArgs(["--no-such-flag"]), userErr("G10", /^unknown flag --no-such-flag \(see --help/));
+  assert.throws(() => parseArgs(["--xyzgrad-ckpt"]), userErr("G10", /^unknown flag --xyzgrad-ckpt \(see --help/), "only 'no-' negates");
+  assert.throws(() => parseArgs(["--=5"]), userErr("G10", /^unknown flag -- \(see --help/), "'=' at once: an empty flag name");
+  // The refused torch-only flags, given as false, are accepted and set nothing.
+  assert.deepEqual(parseArgs(["--gc-nonreentrant=false", "--torch-compile=false"]).config, parseArgs([]).config);
 });
 
 test("numbers: underscores and spaces allowed, anything else refused with the value; ints must be whole (G10)", () => {
   assert.equal(parseArgs(["--tokens", "1_000_000"]).config.tokens, 1_000_000);
   assert.equal(parseArgs(["--seq-len", " 32 "]).config.seqLen, 32);
   assert.equal(parseArgs(["--lr", "1e-3"]).config.lr, 1e-3);
-  for (const raw of ["", "abc", "Infinity", "1e400"]) assert.throws(() => parseArgs(["--lr", raw]), userErr("G10", new RegExp(`^--lr ${JSON.stringify(raw)} is not a number`)), raw);
+  for (const raw of ["", " ", "abc", "Infinity", "1e400"]) assert.throws(() => parseArgs(["--lr", raw]), userErr("G10", new RegExp(`^--lr ${JSON.stringify(raw)} is not a number`)), raw);
   assert.throws(() => parseArgs(["--seq-len", "16.5"]), userErr("G10", /^--seq-len 16.5 must be a whole number/));
   assert.equal(parseArgs(["--min-free-gb", "0.5"]).config.minFreeGb, 0.5, "a float flag takes fractions");
 });
@@ -164,6 +182,7 @@ test("the step plan: tokens per step, horizon from --tokens or --max-steps, chec
   assert.deepEqual(c(["--tokens", "1920"]), { seqsPerStep: 12, tokensPerStep: 192, stepsPlanned: 10, ckptEvery: 1, warmup: 100, decayStart: 8 });
   assert.throws(() => c(["--tokens", "191"]), userErr("P5", /^--tokens 191 is less than one step of 192 tokens \(micro 2 x world 2 x accum 3 x seq 16\): raise --tokens or set --max-steps/));
   assert.deepEqual(c(["--tokens", "191", "--max-steps", "7"]).stepsPlanned, 7, "--max-steps wins");
+  assert.equal(c(["--tokens", "192"]).stepsPlanned, 1, "exactly one step's tokens plan one step");
   const big = c(["--max-steps", "20000", "--warmup-frac", "0.01", "--decay-frac", "0.5", "--push-every-steps", "7"]);
   assert.deepEqual([big.warmup, big.decayStart, big.ckptEvery], [200, 10000, 7]);
   assert.equal(c(["--max-steps", "25"]).ckptEvery, 2, "steps // 10");
