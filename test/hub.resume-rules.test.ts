@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
+import { listCommits } from "@huggingface/hub";
 import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume, checkpointSteps, type AutoResume } from "../src/hub/resume";
@@ -265,6 +266,20 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     resumedAt(r, ck20);
     assert.deepEqual(await store.readPointer(), pointerOf(ck20));
     assert.ok(lines.some((l) => l.startsWith("resume auto: latest.json was missing, but ckpt/checkpoint-20 proves complete against its manifest (6 files")), lines.join("\n"));
+  });
+
+  test("a roll-forward whose pointer commit lands but loses its answer is retried as a retry and finds its own commit: one pointer commit (R5, K8)", async () => {
+    const store = freshStore();
+    const ck20 = localCheckpoint(20);
+    await committedOnly(store, ck20);
+    th.hub.setFaults({ loseCommitAnswer: ["latest.json"], failCount: 1 });
+    const { r, lines } = await resume(store);
+    resumedAt(r, ck20);
+    assert.deepEqual(await store.readPointer(), pointerOf(ck20));
+    assert.ok(lines.some((l) => /^hub: write of latest\.json -> ckpt\/checkpoint-20 failed \(attempt 1: HTTP 500/.test(l)), lines.join("\n"));
+    const titles: string[] = [];
+    for await (const c of listCommits({ repo: { type: "dataset", name: store.repo }, hubUrl: th.url })) titles.push(c.title);
+    assert.equal(titles.length, 3, `repo creation, the checkpoint, one pointer commit: ${titles.join(" | ")}`);
   });
 
   test("with no latest.json, a newest checkpoint that does not prove complete is passed over for an older one that does (R5)", async () => {
