@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { listCommits } from "@huggingface/hub";
+import { deleteFile, listCommits } from "@huggingface/hub";
 import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
 import type { HubStore, Pointer } from "../src/hub/store";
@@ -229,6 +229,57 @@ describe("verification against the Hub (K4)", () => {
     });
   });
 
+  test("the read-back prefers cursor.json to the smallest file: a corrupted config.json (the smallest) leaves it ok (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const size = (f: string) => fs.statSync(path.join(ck.dir, f)).size;
+    assert.ok(fs.readdirSync(ck.dir).every((f) => f === "config.json" || size(f) > size("config.json")), "config.json is the smallest file");
+    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/config.json"] });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
+      assert.equal(e.verify!.readbackOk, true);
+      assert.ok(e.message.includes("mismatched 1 [ckpt/checkpoint-20/config.json], extra 0, read-back ok ("), e.message);
+      return true;
+    });
+  });
+
+  test("without cursor.json the read-back reads the smallest file by size, not the first by name nor the largest (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    fs.rmSync(path.join(ck.dir, "cursor.json"));
+    fs.writeFileSync(path.join(ck.dir, "a-large.bin"), Buffer.alloc(4096, 7));
+    fs.writeFileSync(path.join(ck.dir, "m-small.txt"), "abc");
+    const names = fs.readdirSync(ck.dir).sort();
+    assert.equal(names[0], "a-large.bin");
+    assert.notEqual(names[names.length - 1], "m-small.txt");
+    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/m-small.txt"] });
+    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
+      assert.equal(e.verify!.readbackOk, false);
+      assert.match(e.message, /read-back FAILED \(.*read-back of ckpt\/checkpoint-20\/m-small\.txt: 3 bytes, sha256 [0-9a-f]{64}; local has 3 bytes, sha256 [0-9a-f]{64}\)/);
+      return true;
+    });
+  });
+
+  test("a read-back file gone from the Hub after the listing is 'not found', a failed read-back, and the re-upload publishes (K4)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const s = Object.create(store) as HubStore;
+    let done = false;
+    s.list = async (...a) => {
+      const r = await store.list(...a);
+      if (!done && a[1] === undefined) {
+        done = true;
+        await deleteFile({ repo: { type: store.repoType, name: store.repo }, path: `${ck.path_in_repo}/cursor.json`, hubUrl: th.url, accessToken: "hf_anyTokenTheOpenHubTakes" });
+      }
+      return r;
+    };
+    const lines: string[] = [];
+    const r = await publishCheckpoint(s, options(ck, lines));
+    assert.equal(r.ok, true);
+    const retried = lines.filter((l) => /did not verify/.test(l));
+    assert.equal(retried.length, 1, lines.join("\n"));
+    assert.ok(retried[0]!.includes("missing 0, mismatched 0, extra 0, read-back FAILED (read-back of ckpt/checkpoint-20/cursor.json: not found)"), retried[0]);
+  });
+
   /** A folder of LFS files only: listing it downloads nothing, so the one download is the read-back. */
   function weightsOnly(): Ck {
     const ck = checkpoint();
@@ -372,6 +423,90 @@ describe("retries and the failure clock (K6)", () => {
   });
 });
 
+describe("a commit whose answer was lost, and another writer's identical commit (K8)", () => {
+  /** Retries that do not give up under load. */
+  const PATIENT = { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 } };
+
+  /** The same real store; before its nth uploadFolder call, `before` runs (another writer's commit). */
+  function beforeUpload(store: HubStore, nth: number, before: () => Promise<unknown>): HubStore {
+    const s = Object.create(store) as HubStore;
+    let calls = 0;
+    s.uploadFolder = async (...a) => {
+      if (++calls === nth) await before();
+      return store.uploadFolder(...a);
+    };
+    return s;
+  }
+
+  test("an upload commit that landed but whose answer was lost is found by the retry as this run's own: published, one commit (K8)", async () => {
+    const store = await freshRepo();
+    await store.followHead();
+    const ck = checkpoint();
+    th.hub.setFaults({ loseCommitAnswer: ["checkpoint-20/config.json"], failCount: 1 });
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines, PATIENT));
+    assert.equal(r.ok, true);
+    assert.ok(lines.some((l) => /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt 1: HTTP 500/.test(l)), lines.join("\n"));
+    assert.equal((await commitTitles(store)).filter((t) => t === "checkpoint step 20").length, 1);
+    assert.deepEqual(await store.readPointer(), pointerOf(ck));
+  });
+
+  test("a pointer commit that landed but whose answer was lost is found by the retry as this run's own: published, one pointer commit (K8)", async () => {
+    const store = await freshRepo();
+    await store.followHead();
+    const ck = checkpoint();
+    th.hub.setFaults({ loseCommitAnswer: ["latest.json"], failCount: 1 });
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines, PATIENT));
+    assert.equal(r.ok, true);
+    assert.ok(lines.some((l) => /^hub: write of latest\.json -> ckpt\/checkpoint-20 failed \(attempt 1: HTTP 500/.test(l)), lines.join("\n"));
+    const titles = await commitTitles(store);
+    assert.equal(titles.filter((t) => t.startsWith("latest.json -> ckpt/checkpoint-20")).length, 1, titles.join(" | "));
+    assert.equal(titles.filter((t) => t === "checkpoint step 20").length, 1, titles.join(" | "));
+    assert.deepEqual(await store.readPointer(), pointerOf(ck));
+  });
+
+  test("another writer's commit of the very same folder before the first upload attempt is another writer's, not adopted (K8)", async () => {
+    const store = await freshRepo();
+    await store.followHead();
+    const ck = checkpoint();
+    const other = th.store({ repo: store.repo });
+    const s = beforeUpload(store, 1, () => other.uploadFolder(ck.dir, ck.path_in_repo, "the same folder, by someone else"));
+    await assert.rejects(publishCheckpoint(s, options(ck, [], PATIENT)), { name: "ConcurrentWriterError" });
+    assert.equal(await store.readPointer(), null);
+    assert.ok(fs.existsSync(ck.dir));
+  });
+
+  test("another writer's commit of the very same folder between a mismatch and the re-upload is another writer's, not adopted (K4, K8)", async () => {
+    const store = await freshRepo();
+    await store.followHead();
+    const ck = checkpoint();
+    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"], failCount: 1 });
+    const other = th.store({ repo: store.repo });
+    const s = beforeUpload(store, 2, () => other.uploadFolder(ck.dir, ck.path_in_repo, "the same folder, by someone else"));
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(s, options(ck, lines, PATIENT)), { name: "ConcurrentWriterError" });
+    assert.equal(lines.filter((l) => /did not verify .* uploading it once more/.test(l)).length, 1, lines.join("\n"));
+    assert.equal(await store.readPointer(), null);
+  });
+
+  test("another writer's identical latest.json before this run's pointer write is another writer's, not adopted (K8)", async () => {
+    const store = await freshRepo();
+    await store.followHead();
+    const ck = checkpoint();
+    const other = th.store({ repo: store.repo });
+    const s = Object.create(store) as HubStore;
+    s.uploadFolder = async (...a) => {
+      const r = await store.uploadFolder(...a);
+      await other.writePointer(pointerOf(ck));
+      return r;
+    };
+    await assert.rejects(publishCheckpoint(s, options(ck, [], PATIENT)), { name: "ConcurrentWriterError" });
+    const titles = await commitTitles(store);
+    assert.equal(titles.filter((t) => t.startsWith("latest.json -> ")).length, 1, titles.join(" | "));
+  });
+});
+
 describe("prune and the disk guard (K3)", () => {
   test("a kept copy names the free disk after pruning and the guard, with the rule (K3)", async () => {
     const store = await freshRepo();
@@ -403,6 +538,58 @@ describe("prune and the disk guard (K3)", () => {
     if (freeGb >= 7) assert.equal(r.pruned, true, r.pruneReason ?? "");
     else if (freeGb < 5) assert.match(r.pruneReason ?? "", /below the 6 GB guard/);
     assert.equal(r.ok, true);
+  });
+
+  /** The bytes of a checkpoint folder, counted here independently of cycle.ts. */
+  const folderBytes = (dir: string) => fs.readdirSync(dir).reduce((a, f) => a + fs.statSync(path.join(dir, f)).size, 0);
+
+  test("the disk guard counts the folder's bytes as freed: free + folder exactly at the guard prunes (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const size = folderBytes(ck.dir);
+    const asked: string[] = [];
+    const diskFree = async (p: string) => (asked.push(p), p === ck.dir ? 2e9 - size : 5.04e9);
+    const lines: string[] = [];
+    const r = await publishCheckpoint(store, options(ck, lines, { prune: true, minFreeGb: 2, diskFree }));
+    assert.equal(r.pruned, true, r.pruneReason ?? "");
+    assert.equal(r.freeGb, 5, "after pruning, the free disk of the parent folder");
+    assert.deepEqual(asked, [ck.dir, path.dirname(ck.dir)]);
+    assert.match(lines[0]!, / ok=true pruned=true free=5\.0GB loss=n\/a$/);
+    assert.equal(fs.existsSync(ck.dir), false);
+  });
+
+  test("the disk guard keeps the copy when free + folder is one byte under the guard, and says by how much (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const size = folderBytes(ck.dir);
+    const r = await publishCheckpoint(store, options(ck, [], { prune: true, minFreeGb: 2, diskFree: async () => 2e9 - size - 1 }));
+    assert.equal(r.pruned, false);
+    assert.equal(r.pruneReason, "kept: free disk after pruning would be 2.0 GB, below the 2 GB guard (K3)");
+    assert.equal(r.freeGb, 2);
+    assert.ok(fs.existsSync(ck.dir));
+    const r2 = await publishCheckpoint(store, options(checkpoint(30), [], { prune: true, minFreeGb: 2, diskFree: async () => 1.2e9 }));
+    assert.equal(r2.pruneReason, "kept: free disk after pruning would be 1.2 GB, below the 2 GB guard (K3)");
+    assert.equal(r2.freeGb, 1.2);
+  });
+
+  test("without --prune the free disk is reported in GB rounded to 0.1, and nothing is deleted (K3)", async () => {
+    const store = await freshRepo();
+    const ck = checkpoint();
+    const r = await publishCheckpoint(store, options(ck, [], { prune: false, minFreeGb: 0, diskFree: async () => 3.26e9 }));
+    assert.equal(r.pruneReason, "--prune not set");
+    assert.equal(r.freeGb, 3.3);
+    assert.ok(fs.existsSync(ck.dir));
+  });
+
+  test("a failed publish reports the free disk too, and 0.0 GB when it cannot be measured, rethrowing the publish error (K3)", async () => {
+    const store = await freshRepo();
+    th.hub.setFaults({ status: { commit: 403 } });
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(20), lines, { ...QUICK, diskFree: async () => 7.77e9 })), { name: "CheckpointPublishError" });
+    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false free=7\.8GB /);
+    const lines2: string[] = [];
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(30), lines2, { ...QUICK, diskFree: async () => { throw new Error("statfs failed"); } })), { name: "CheckpointPublishError" });
+    assert.match(lines2[lines2.length - 1]!, /^CKPT 30 .* ok=false pruned=false free=0\.0GB /);
   });
 
   test("freeBytes of a path that does not exist yet measures its nearest existing parent", async () => {

@@ -48,6 +48,8 @@ export interface PublishOptions {
   abandon?: () => string | null;
   /** Backoff base and cap in ms (tests shorten them). */
   backoff?: { baseMs: number; capMs: number };
+  /** Free bytes on the filesystem holding a path; default freeBytes (tests pin the disk guard to the byte). */
+  diskFree?: (p: string) => Promise<number>;
 }
 
 const GB = 1e9;
@@ -193,7 +195,7 @@ function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FIN
     fail: async (e) => {
       result.pushVerifySeconds = (performance.now() - t0) / 1000;
       result.pruneReason = "not pruned: the checkpoint was not published";
-      result.freeGb = round1((await freeBytes(o.localDir).catch(() => 0)) / GB);
+      result.freeGb = round1((await (o.diskFree ?? freeBytes)(o.localDir).catch(() => 0)) / GB);
       o.log(ckptLine(kind, result, o.pointer, o.loss));
       throw e;
     },
@@ -230,10 +232,12 @@ async function readLocalCopy(p: Publishing): Promise<LocalFile[]> {
  */
 async function uploadAndVerify(p: Publishing, local: LocalFile[]): Promise<void> {
   const { store, o, step, kind } = p;
-  for (let round = 1; round <= 2; round++) {
+  for (const round of [1, 2]) {
     try {
       await withRetry(
-        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1 || round > 1 }),
+        // K8: only a second attempt may find its own earlier attempt landed. Round 2's first attempt names the
+        // head round 1's (answered) commit made, so a 412 there is another writer's, identical bytes or not.
+        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1 }),
         p.retry(`upload of ${o.pathInRepo} (step ${step})`),
       );
     } catch (e) {
@@ -284,7 +288,8 @@ async function movePointer(p: Publishing): Promise<void> {
 /** 4. prune, only if asked and the disk guard allows (K3). */
 async function pruneIfAllowed(p: Publishing): Promise<void> {
   const { o, result } = p;
-  const free = await freeBytes(o.localDir);
+  const diskFree = o.diskFree ?? freeBytes;
+  const free = await diskFree(o.localDir);
   if (!o.prune) {
     result.pruneReason = "--prune not set";
     result.freeGb = round1(free / GB);
@@ -298,7 +303,7 @@ async function pruneIfAllowed(p: Publishing): Promise<void> {
   }
   await fsp.rm(o.localDir, { recursive: true, force: true });
   result.pruned = true;
-  result.freeGb = round1((await freeBytes(path.dirname(path.resolve(o.localDir)))) / GB);
+  result.freeGb = round1((await diskFree(path.dirname(path.resolve(o.localDir)))) / GB);
 }
 
 /** K3: upload → verify → pointer → prune; each stage runs only if the one before it succeeded. */
