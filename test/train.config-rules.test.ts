@@ -68,6 +68,7 @@ test("the flags table (src/config-flags.json) is checked when it loads: a malfor
     [[{ ...ok, kind: "string", def: "a", choices: ["b", "c"] }], /flag "lr": its choices must include its default/],
     [[{ ...ok, negatable: true }], /flag "lr": only a bool flag is negatable/],
     [[null], /flag undefined: a row must be an object, got null/],
+    [["lr"], /flag undefined: a row must be an object, got "lr"/],
     [[["lr"]], /flag undefined: a row must be an object, got \["lr"\]/],
     [[{ ...ok, flag: ["lr"] }], /flag \["lr"\]: not a new kebab-case/],
     [[{ ...ok, flag: "lr_peak" }], /flag "lr_peak": not a new kebab-case/],
