@@ -282,6 +282,23 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     assert.equal(titles.length, 3, `repo creation, the checkpoint, one pointer commit: ${titles.join(" | ")}`);
   });
 
+  test("another writer's identical latest.json, committed after the roll-forward read the head, is another writer's: refused, not adopted (R5, K8)", async () => {
+    const store = freshStore();
+    const ck20 = localCheckpoint(20);
+    await committedOnly(store, ck20);
+    const other = th.store({ repo: store.repo });
+    const s = Object.create(store) as HubStore; // the same real store; another writer commits right after its head read
+    s.followHead = async (...a) => {
+      const head = await store.followHead(...a);
+      await other.writePointer(pointerOf(ck20));
+      return head;
+    };
+    await assert.rejects(resolveAutoResume(s, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), { name: "ConcurrentWriterError" });
+    const titles: string[] = [];
+    for await (const c of listCommits({ repo: { type: "dataset", name: store.repo }, hubUrl: th.url })) titles.push(c.title);
+    assert.equal(titles.filter((t) => t.startsWith("latest.json -> ")).length, 1, titles.join(" | "));
+  });
+
   test("with no latest.json, a newest checkpoint that does not prove complete is passed over for an older one that does (R5)", async () => {
     const store = freshStore();
     const ck10 = localCheckpoint(10);
