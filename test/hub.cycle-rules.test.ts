@@ -374,6 +374,29 @@ describe("retries and the failure clock (K6)", () => {
     assert.equal(lines.filter((l) => /retrying in/.test(l)).length, 0, lines.join("\n"));
   });
 
+  test("without a clock given, the give-up counts from the publish's first failure, also in a later stage (K6)", async () => {
+    const store = await freshRepo();
+    th.hub.setFaults({ status: { commit: 503 }, failCount: 1 });
+    const s = Object.create(store) as HubStore;
+    let calls = 0;
+    s.uploadFolder = async (...a) => {
+      // The retry of the failed commit starts 600 ms after that failure (a lower bound, whatever the load),
+      // past the 400 ms limit; once it lands, the listing fails.
+      if (++calls === 2) await new Promise((r) => setTimeout(r, 600));
+      const r = await store.uploadFolder(...a);
+      th.hub.setFaults({ status: { list: 503 } });
+      return r;
+    };
+    const lines: string[] = [];
+    await assert.rejects(publishCheckpoint(s, options(checkpoint(), lines, QUICK)), (e: Error) => {
+      assert.equal(e.name, "CheckpointVerifyError");
+      assert.match(e.message, /verification of ckpt\/checkpoint-20 \(step 20\) kept failing for/);
+      return true;
+    });
+    assert.equal(calls, 2);
+    assert.equal(lines.filter((l) => /^hub: verification of .*retrying in/.test(l)).length, 0, lines.join("\n"));
+  });
+
   test("an abandoned checkpoint passes its RetryAbandoned through, logged as not published, the pointer unmoved", async () => {
     const store = await freshRepo();
     th.hub.setFaults({ status: { commit: 503 } });
@@ -585,7 +608,7 @@ describe("prune and the disk guard (K3)", () => {
     const store = await freshRepo();
     th.hub.setFaults({ status: { commit: 403 } });
     const lines: string[] = [];
-    await assert.rejects(publishCheckpoint(store, options(checkpoint(20), lines, { ...QUICK, diskFree: async () => 7.77e9 })), { name: "CheckpointPublishError" });
+    await assert.rejects(publishCheckpoint(store, options(checkpoint(20), lines, { ...QUICK, diskFree: async () => 7.77e9 })), { name: "CheckpointPublishError", stage: "upload" });
     assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false free=7\.8GB /);
     const lines2: string[] = [];
     await assert.rejects(publishCheckpoint(store, options(checkpoint(30), lines2, { ...QUICK, diskFree: async () => { throw new Error("statfs failed"); } })), { name: "CheckpointPublishError" });
