@@ -13,7 +13,7 @@ const T = (...names) => names.map((n) => `dist/test/${n}.test.js`);
 const MODULES = {
   "src/actors/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
   "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
-  "src/actors/coordinator.ts": T("train.coordinator-rules", "train.step-decision", "train.runtime", "train.coordinator"),
+  "src/actors/coordinator.ts": T("train.rank-handle", "train.coordinator-uploader", "train.coordinator-rules", "train.step-decision", "train.runtime", "train.coordinator"),
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
   "src/data/sampler.ts": T("data.sampler-rules", "data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),

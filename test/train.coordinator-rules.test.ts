@@ -152,13 +152,17 @@ test("a rank whose thread exits fails the step with a RankFailure giving the exi
   });
 });
 
-test("a rank that cannot start fails spawn with a RankFailure naming the error's class and message (A2, D7)", { timeout: 120_000 }, async () => {
+test("a rank that cannot start fails spawn with a RankFailure naming the error's class and message, and a later request to it fails naming that request's phase (A2, D7)", { timeout: 120_000 }, async () => {
   const c = create({ world: 1, accum: 1, nVal: 1_000_000 });
   try {
     const e = await c.spawn().then(() => null, (x: unknown) => x);
     assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);
     assert.equal(e.phase, "init");
     assert.match(e.message, /^rank 0 failed during init: UserError: validation asks for 1000000 windows/);
+    // The rank's thread lives on without a model: the next request fails on it, named after that request's phase.
+    const later = await c.memory().then(() => null, (x: unknown) => x);
+    assert.ok(later instanceof RankFailure, `a RankFailure, not ${String(later)}`);
+    assert.equal(later.message, "rank 0 failed during memory report: rank received memory before init");
   } finally {
     await c.close();
   }

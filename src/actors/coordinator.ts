@@ -48,13 +48,25 @@ export class RankFailure extends Error {
 
 type Reply<T extends FromRank["type"]> = Extract<FromRank, { type: T }>;
 
-class RankHandle {
+/**
+ * What a RankHandle uses of its rank's thread: a Worker's message, error and exit events, postMessage and terminate.
+ * The coordinator always gives it a Worker running rank.js; the tests also give it scripted Workers (a rank that
+ * misbehaves on purpose).
+ */
+export interface RankThread {
+  on(event: "message", listener: (m: FromRank) => void): unknown;
+  on(event: "error", listener: (e: Error) => void): unknown;
+  on(event: "exit", listener: (code: number) => void): unknown;
+  postMessage(msg: ToRank): void;
+  terminate(): Promise<number>;
+}
+
+/** The coordinator's end of one rank: one request at a time, answered by the reply it expects or a RankFailure. */
+export class RankHandle {
   private pending: { expect: string; phase: string; resolve: (m: FromRank) => void; reject: (e: Error) => void } | null = null;
   private dead: Error | null = null;
-  readonly worker: Worker;
 
-  constructor(readonly rank: number) {
-    this.worker = new Worker(path.join(__dirname, "rank.js"));
+  constructor(readonly rank: number, readonly worker: RankThread = new Worker(path.join(__dirname, "rank.js"))) {
     this.worker.on("message", (m: FromRank) => this.onMessage(m));
     this.worker.on("error", (e: Error) => this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `${e.name}: ${e.message}`)));
     this.worker.on("exit", (code: number) => {
