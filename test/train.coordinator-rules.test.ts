@@ -110,6 +110,10 @@ test("by default the coordinator takes a slice exactly when the ranks leave a co
   }
 });
 
+test("until its ranks have reported, a coordinator names no backend: '?' with an empty detail (A2)", () => {
+  assert.deepEqual(create({ world: 1, accum: 1 }).backendInfo, { backend: "?", detail: "" });
+});
+
 test("a NaN in one rank's gradient skips the step with the coordinator's slice taken: nothing moves, no update time, the scale halves (P2)", { timeout: 120_000 }, async () => {
   await withRuntime({ world: 2, accum: 1, share: true, fault: { rank: 1, step: 0, kind: "nan" } }, async (c) => {
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };

@@ -110,3 +110,27 @@ test("after close the uploader can no longer be called: a drain fails at once in
   await c.close();
   await assert.rejects(c.drainUploads(), /released/);
 });
+
+test("closing the coordinator while a publication is being retried ends the uploader's thread: the Hub hears no more retries (A3, K6)", { timeout: 120_000 }, async () => {
+  const th = await startTestHub();
+  const runDir = tmpDir("coord-upl-closing");
+  const c = create();
+  let closed = false;
+  try {
+    await th.store().ensureRepo();
+    th.hub.setFaults({ status: { commit: 503 } }); // transient: retried with backoff for hubRetryMs (K6)
+    const failedCommits = () => th.hub.requests.filter((r) => r.path.includes("/commit/") && r.status === 503).length;
+    await c.startUploader({ ...local(runDir), hub: { hubUrl: th.url, repo: "tester/run", repoType: "dataset", timeoutMs: 10_000 }, hubRetryMs: 600_000, backoff: { baseMs: 10, capMs: 20 } });
+    await c.stageWrite(job(runDir, 1, true));
+    while (failedCommits() < 3) await new Promise((r) => setTimeout(r, 10)); // the uploader is retrying
+    await c.close();
+    closed = true;
+    const n = failedCommits();
+    // A live uploader would retry every 10-20 ms; give it a second. At most the request in flight at close is logged late.
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.ok(failedCommits() <= n + 1, `${failedCommits() - n} commit attempts after close`);
+  } finally {
+    if (!closed) await c.close();
+    await th.close();
+  }
+});
