@@ -252,6 +252,27 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
     th.hub.clearFaults();
     assert.deepEqual(await store.readPointer(), pointerOf(p10!));
   });
+
+  test("a newer checkpoint whose cursor.json download fails is refused as unchecked, not ignored as a damaged cursor (R3)", async () => {
+    const store = freshStore();
+    const [p10] = await published(store, [10]);
+    await committedOnly(store, localCheckpoint(20));
+    // The listing (which reads cursor.json to hash it) succeeds; the Hub then fails the cursor check's own download.
+    const s = Object.create(store) as HubStore;
+    let reads = 0;
+    s.download = async (p, ...rest) => {
+      if (p.endsWith("checkpoint-20/cursor.json") && ++reads === 2) th.hub.setFaults({ status: { resolve: 503 } });
+      try {
+        return await store.download(p, ...rest);
+      } finally {
+        th.hub.clearFaults();
+      }
+    };
+    await refusal(resume(s), "R3", /could not check ckpt\/checkpoint-20 on tester\/rules-\d+, newer than latest\.json \(step 10\): HTTP 503.*Refusing rather than guess/);
+    assert.equal(reads, 2, "the listing read cursor.json once, the cursor check once");
+    th.hub.clearFaults();
+    assert.deepEqual(await store.readPointer(), pointerOf(p10!));
+  });
 });
 
 describe("R5: a missing pointer is restored from the newest checkpoint that proves complete", () => {
@@ -471,6 +492,16 @@ describe("R6: a local copy equal to the Hub's is reused instead of downloaded", 
       if (c.name.includes("another size")) assert.match(line!, /config\.json is (\d+) bytes locally, (\d+) on the Hub/);
     });
   }
+
+  test("a local copy that cannot be read (a dangling link in it) is not reused, with the reason: the checkpoint is downloaded (R6)", async () => {
+    const { store, root, ck } = await withLocalCopy((d) => {
+      fs.rmSync(path.join(d, "config.json"));
+      fs.symlinkSync(path.join(d, "no-such-file"), path.join(d, "config.json"));
+    });
+    const { r, lines } = await resume(store, { localRoots: [root] });
+    assert.equal(resumedAt(r, ck), path.join(dest(), "checkpoint-10"));
+    assert.ok(lines.some((l) => /is not the Hub's copy \(reading it failed: ENOENT: .*config\.json.*\); downloading instead$/.test(l)), lines.join("\n"));
+  });
 
   test("a local root whose checkpoint name is a file, not a folder, is not reused (R6)", async () => {
     const { store, root, ck } = await withLocalCopy((d) => { fs.rmSync(d, { recursive: true }); fs.writeFileSync(d, "a file"); });
