@@ -35,6 +35,16 @@ function options(ck: Ck, lines: string[], extra: Partial<PublishOptions> = {}): 
   return { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l), ...extra };
 }
 
+/** Publishes ck with `file` corrupted by the Hub at commit time: a K4 refusal with this read-back verdict; check reads its message. */
+async function publishCorrupted(store: HubStore, ck: Ck, file: string, readbackOk: boolean, check: (message: string) => void): Promise<void> {
+  th.hub.setFaults({ corruptOnCommit: [`checkpoint-20/${file}`] });
+  await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
+    assert.equal(e.verify!.readbackOk, readbackOk);
+    check(e.message);
+    return true;
+  });
+}
+
 /** What the repo holds besides the .gitattributes every new repo starts with. */
 async function pushed(store: HubStore): Promise<string[]> {
   return (await store.list()).map((f) => f.path).filter((p) => p !== ".gitattributes");
@@ -206,12 +216,7 @@ describe("verification against the Hub (K4)", () => {
   test("the read-back reads cursor.json when the folder has one: a corrupted weights file leaves the read-back ok (K4)", async () => {
     const store = await freshRepo();
     const ck = checkpoint();
-    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"] });
-    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
-      assert.equal(e.verify!.readbackOk, true);
-      assert.ok(e.message.includes("mismatched 1 [ckpt/checkpoint-20/model.safetensors], extra 0, read-back ok ("), e.message);
-      return true;
-    });
+    await publishCorrupted(store, ck, "model.safetensors", true, (m) => assert.ok(m.includes("mismatched 1 [ckpt/checkpoint-20/model.safetensors], extra 0, read-back ok ("), m));
   });
 
   test("without cursor.json the read-back reads the smallest file, and a corrupted one fails it with both hashes (K4)", async () => {
@@ -221,12 +226,8 @@ describe("verification against the Hub (K4)", () => {
     const sizes = fs.readdirSync(ck.dir).map((f) => ({ f, size: fs.statSync(path.join(ck.dir, f)).size })).sort((a, b) => a.size - b.size);
     const smallest = sizes[0]!.f;
     assert.ok(sizes[0]!.size < sizes[1]!.size, "one file is the smallest");
-    th.hub.setFaults({ corruptOnCommit: [`checkpoint-20/${smallest}`] });
-    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
-      assert.equal(e.verify!.readbackOk, false);
-      assert.match(e.message, new RegExp(`read-back FAILED \\(.*read-back of ckpt/checkpoint-20/${smallest.replace(".", "\\.")}: ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}; local has ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}\\)`));
-      return true;
-    });
+    await publishCorrupted(store, ck, smallest, false, (m) =>
+      assert.match(m, new RegExp(`read-back FAILED \\(.*read-back of ckpt/checkpoint-20/${smallest.replace(".", "\\.")}: ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}; local has ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}\\)`)));
   });
 
   test("the read-back prefers cursor.json to the smallest file: a corrupted config.json (the smallest) leaves it ok (K4)", async () => {
@@ -234,12 +235,7 @@ describe("verification against the Hub (K4)", () => {
     const ck = checkpoint();
     const size = (f: string) => fs.statSync(path.join(ck.dir, f)).size;
     assert.ok(fs.readdirSync(ck.dir).every((f) => f === "config.json" || size(f) > size("config.json")), "config.json is the smallest file");
-    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/config.json"] });
-    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
-      assert.equal(e.verify!.readbackOk, true);
-      assert.ok(e.message.includes("mismatched 1 [ckpt/checkpoint-20/config.json], extra 0, read-back ok ("), e.message);
-      return true;
-    });
+    await publishCorrupted(store, ck, "config.json", true, (m) => assert.ok(m.includes("mismatched 1 [ckpt/checkpoint-20/config.json], extra 0, read-back ok ("), m));
   });
 
   test("without cursor.json the read-back reads the smallest file by size, not the first by name nor the largest (K4)", async () => {
@@ -251,12 +247,8 @@ describe("verification against the Hub (K4)", () => {
     const names = fs.readdirSync(ck.dir).sort();
     assert.equal(names[0], "a-large.bin");
     assert.notEqual(names[names.length - 1], "m-small.txt");
-    th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/m-small.txt"] });
-    await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
-      assert.equal(e.verify!.readbackOk, false);
-      assert.match(e.message, /read-back FAILED \(.*read-back of ckpt\/checkpoint-20\/m-small\.txt: 3 bytes, sha256 [0-9a-f]{64}; local has 3 bytes, sha256 [0-9a-f]{64}\)/);
-      return true;
-    });
+    await publishCorrupted(store, ck, "m-small.txt", false, (m) =>
+      assert.match(m, /read-back FAILED \(.*read-back of ckpt\/checkpoint-20\/m-small\.txt: 3 bytes, sha256 [0-9a-f]{64}; local has 3 bytes, sha256 [0-9a-f]{64}\)/));
   });
 
   test("a read-back file gone from the Hub after the listing is 'not found', a failed read-back, and the re-upload publishes (K4)", async () => {

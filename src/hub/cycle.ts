@@ -166,6 +166,8 @@ interface Publishing {
   t0: number;
   result: PublishResult;
   clock: { failingSince: number | null };
+  /** o.diskFree, or freeBytes. */
+  diskFree: (p: string) => Promise<number>;
   retry(what: string): RetryOptions;
   /** Logs the failed CKPT/FINAL line and throws e. */
   fail(e: Error): Promise<never>;
@@ -183,8 +185,9 @@ function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FIN
     pushVerifySeconds: 0, pruned: false, pruneReason: null, freeGb: 0,
   };
   const clock = o.clock ?? { failingSince: null };
+  const diskFree = o.diskFree ?? freeBytes;
   return {
-    store, o, kind, step, t0, result, clock,
+    store, o, kind, step, t0, result, clock, diskFree,
     where: `${store.repo}/${o.pathInRepo}`,
     kept: `The local copy at ${o.localDir} is kept and latest.json was not moved.`,
     retry: (what) => ({
@@ -195,7 +198,7 @@ function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FIN
     fail: async (e) => {
       result.pushVerifySeconds = (performance.now() - t0) / 1000;
       result.pruneReason = "not pruned: the checkpoint was not published";
-      result.freeGb = round1((await (o.diskFree ?? freeBytes)(o.localDir).catch(() => 0)) / GB);
+      result.freeGb = round1((await diskFree(o.localDir).catch(() => 0)) / GB);
       o.log(ckptLine(kind, result, o.pointer, o.loss));
       throw e;
     },
@@ -287,8 +290,7 @@ async function movePointer(p: Publishing): Promise<void> {
 
 /** 4. prune, only if asked and the disk guard allows (K3). */
 async function pruneIfAllowed(p: Publishing): Promise<void> {
-  const { o, result } = p;
-  const diskFree = o.diskFree ?? freeBytes;
+  const { o, result, diskFree } = p;
   const free = await diskFree(o.localDir);
   if (!o.prune) {
     result.pruneReason = "--prune not set";
