@@ -2,11 +2,11 @@
   "targets": [
     {
       "target_name": "tstrain_native",
-      "sources": ["native/tstrain.c"],
-      "cflags": ["-O3", "-march=native", "-fno-fast-math", "-fno-trapping-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
+      "sources": ["native/tstrain.c", "native/gemm.c"],
+      "cflags": ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
       "libraries": ["-ldl", "-lm", "-lpthread"],
       "xcode_settings": {
-        "OTHER_CFLAGS": ["-O3", "-fno-fast-math", "-std=c11"]
+        "OTHER_CFLAGS": ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c11"]
       }
     }
   ]

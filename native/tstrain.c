@@ -19,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------ BLAS, found at run time */
+#include "gemm.h"
+
+/* ------------------------------------------------------------------ matrix products: the built-in GEMM or a BLAS */
 enum { CblasRowMajor = 101 };
 enum { CblasNoTrans = 111, CblasTrans = 112 };
 typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
@@ -34,10 +36,19 @@ static char blas_path[1024];
 static char blas_config[512];
 static int blas_threads = -1;
 
-static inline void sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
+/* Which GEMM this thread's products run on (setGemm): the built-in one (native/gemm.c) on gemm_kernel, or the
+ * BLAS loaded by loadBlas. Per thread, so each rank (and a test comparing kernels) chooses for itself. */
+enum { GEMM_BUILTIN = 0, GEMM_BLAS = 1 };
+static __thread int gemm_kind = GEMM_BUILTIN;
+static __thread gemm_isa gemm_kernel = GEMM_ISA_AUTO;
+
+/* Returns 0, or -1 when the built-in GEMM could not allocate its packing buffers (C untouched). */
+static inline int sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                        int ldb, float beta, float *c, int ldc) {
+  if (gemm_kind == GEMM_BUILTIN) return gemm_sgemm(gemm_kernel, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   blas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
              b, ldb, beta, c, ldc);
+  return 0;
 }
 
 /* ------------------------------------------------------------------ vectorisable helpers (deterministic) */
@@ -197,10 +208,15 @@ static int get_bool(napi_env env, napi_value v, bool *out, const char *fn, const
   }
 
 #define NEED_BLAS(fn)                                                                                      \
-  if (!blas_sgemm) {                                                                                       \
+  if (gemm_kind == GEMM_BLAS && !blas_sgemm) {                                                             \
     napi_throw_error(env, NULL, "tstrain native " fn ": no BLAS loaded (call loadBlas first)");            \
     return NULL;                                                                                           \
   }
+#define GEMM_OOM(fn)                                                                                       \
+  do {                                                                                                     \
+    napi_throw_error(env, NULL, "tstrain native " fn ": out of memory for the GEMM's packing buffers");    \
+    return NULL;                                                                                           \
+  } while (0)
 
 #define F32(i, ptr, need, name) if (!get_array(env, argv[i], napi_float32_array, (size_t)(need), (void **)&(ptr), FN, name)) return NULL
 #define I32(i, ptr, need, name) if (!get_array(env, argv[i], napi_int32_array, (size_t)(need), (void **)&(ptr), FN, name)) return NULL
@@ -318,6 +334,104 @@ static napi_value Simd(napi_env env, napi_callback_info info) {
   return v;
 }
 
+/* ------------------------------------------------------------------ setGemm(kind, isa) */
+/* Chooses this thread's GEMM: kind "builtin" (native/gemm.c) with isa "auto" | "avx512" | "avx2" | "portable", or
+ * "blas" (the library loadBlas found; isa ignored). Throws a RangeError for an unknown name, an instruction set
+ * this CPU lacks, or "blas" before a BLAS is loaded. Returns { kind, isa, detail, best, supported }. */
+static napi_value SetGemm(napi_env env, napi_callback_info info) {
+  ARGS(2);
+  char kind[32] = {0}, isa[32] = {0};
+  size_t len = 0;
+  if (napi_get_value_string_utf8(env, argv[0], kind, sizeof kind, &len) != napi_ok ||
+      napi_get_value_string_utf8(env, argv[1], isa, sizeof isa, &len) != napi_ok) {
+    napi_throw_type_error(env, NULL, "tstrain native setGemm: expects two strings (kind, isa)");
+    return NULL;
+  }
+  const gemm_isa best = gemm_best_isa();
+  if (strcmp(kind, "blas") == 0) {
+    if (!blas_sgemm) { throw_range(env, "setGemm", "no BLAS loaded (call loadBlas first)"); return NULL; }
+    gemm_kind = GEMM_BLAS;
+  } else if (strcmp(kind, "builtin") == 0) {
+    gemm_isa want;
+    if (strcmp(isa, "auto") == 0) want = best;
+    else if (strcmp(isa, "avx512") == 0) want = GEMM_ISA_AVX512;
+    else if (strcmp(isa, "avx2") == 0) want = GEMM_ISA_AVX2;
+    else if (strcmp(isa, "portable") == 0) want = GEMM_ISA_PORTABLE;
+    else { throw_range(env, "setGemm", "isa must be auto, avx512, avx2 or portable"); return NULL; }
+    if (!gemm_isa_supported(want)) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
+    gemm_kind = GEMM_BUILTIN;
+    gemm_kernel = want;
+  } else {
+    throw_range(env, "setGemm", "kind must be builtin or blas");
+    return NULL;
+  }
+  napi_value obj, sup;
+  CHECK_NAPI(napi_create_object(env, &obj));
+  set_str(env, obj, "kind", gemm_kind == GEMM_BLAS ? "blas" : "builtin");
+  set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : gemm_isa_name(gemm_kernel));
+  set_str(env, obj, "detail", gemm_kind == GEMM_BLAS ? blas_config : gemm_isa_detail(gemm_kernel));
+  set_str(env, obj, "best", gemm_isa_name(best));
+  CHECK_NAPI(napi_create_array(env, &sup));
+  uint32_t n = 0;
+  for (int i = GEMM_ISA_AVX512; i >= GEMM_ISA_PORTABLE; i--)
+    if (gemm_isa_supported((gemm_isa)i)) {
+      napi_value v;
+      napi_create_string_utf8(env, gemm_isa_name((gemm_isa)i), NAPI_AUTO_LENGTH, &v);
+      napi_set_element(env, sup, n++, v);
+    }
+  napi_set_named_property(env, obj, "supported", sup);
+  return obj;
+}
+
+/* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set (bench). */
+static napi_value GemmPeak(napi_env env, napi_callback_info info) {
+  ARGS(2);
+  char isa[32] = {0};
+  size_t len = 0;
+  double iters = 0;
+  if (napi_get_value_string_utf8(env, argv[0], isa, sizeof isa, &len) != napi_ok ||
+      napi_get_value_double(env, argv[1], &iters) != napi_ok || !(iters >= 1)) {
+    napi_throw_type_error(env, NULL, "tstrain native gemmPeak: expects (isa, iters >= 1)");
+    return NULL;
+  }
+  gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
+                  : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
+  napi_value v;
+  CHECK_NAPI(napi_create_double(env, gemm_fma_peak(want, (int64_t)iters), &v));
+  return v;
+}
+
+/* gemm(isa, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): the built-in GEMM on one kernel with
+ * leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it). */
+#undef FN
+#define FN "gemm"
+static napi_value Gemm(napi_env env, napi_callback_info info) {
+  ARGS(14);
+  char isa[32] = {0};
+  size_t len = 0;
+  if (napi_get_value_string_utf8(env, argv[0], isa, sizeof isa, &len) != napi_ok) {
+    napi_throw_type_error(env, NULL, "tstrain native gemm: isa must be a string");
+    return NULL;
+  }
+  const gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
+                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
+  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, FN, "isa must be auto, avx512, avx2 or portable"); return NULL; }
+  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want)) { throw_range(env, FN, "this CPU does not have that instruction set"); return NULL; }
+  BOOL(1, transA); BOOL(2, transB);
+  DIM(3, M); DIM(4, N); DIM(5, K);
+  NUM(6, alpha);
+  DIM(8, lda); DIM(10, ldb); DIM(13, ldc);
+  NUM(11, beta);
+  const int64_t ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
+  if (lda < ac || ldb < bc || ldc < N || lda < 1 || ldb < 1 || ldc < 1) { throw_range(env, FN, "a leading dimension is smaller than its row"); return NULL; }
+  float *A, *Bm, *C;
+  F32(7, A, ar > 0 ? (ar - 1) * lda + ac : 0, "A");
+  F32(9, Bm, br > 0 ? (br - 1) * ldb + bc : 0, "B");
+  F32(12, C, M > 0 ? (M - 1) * ldc + N : 0, "C");
+  if (gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc)) GEMM_OOM(FN);
+  return NULL;
+}
+
 /* ------------------------------------------------------------------ matmul */
 #undef FN
 #define FN "matmul"
@@ -337,8 +451,9 @@ static napi_value Matmul(napi_env env, napi_callback_info info) {
     for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0.0f : (float)beta * C[i];
     return NULL;
   }
-  sgemm(transA, transB, (int)M, (int)N, (int)K, (float)alpha, A, transA ? (int)M : (int)K, Bm,
-        transB ? (int)K : (int)N, (float)beta, C, (int)N);
+  if (sgemm(transA, transB, (int)M, (int)N, (int)K, (float)alpha, A, transA ? (int)M : (int)K, Bm,
+            transB ? (int)K : (int)N, (float)beta, C, (int)N))
+    GEMM_OOM(FN);
   return NULL;
 }
 
@@ -500,6 +615,7 @@ static napi_value AttentionForward(napi_env env, napi_callback_info info) {
   if (T == 0 || E == 0) return NULL;
   const float scale = (float)(1.0 / sqrt((double)E));
   const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  int oom = 0;
   for (int64_t b = 0; b < B; b++)
     for (int64_t hh = 0; hh < H; hh++) {
       const int64_t j = hh * K / H;
@@ -511,7 +627,7 @@ static napi_value AttentionForward(napi_env env, napi_callback_info info) {
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
         const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
         /* scores[t0:t1, 0:t1] = scale * q_rows @ k^T */
-        sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
+        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
         for (int64_t t = t0; t < t1; t++) {
           float *row = ap + t * T;
           const float mx = max_f32(row, t + 1);
@@ -522,9 +638,10 @@ static napi_value AttentionForward(napi_env env, napi_callback_info info) {
           for (int64_t u = t + 1; u < T; u++) row[u] = 0.0f;
         }
         /* out[t0:t1] = att[t0:t1, 0:t1] @ v[0:t1] */
-        sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ap + t0 * T, lda, vp, ldk, 0.0f, op + t0 * ldq, ldq);
+        oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ap + t0 * T, lda, vp, ldk, 0.0f, op + t0 * ldq, ldq);
       }
     }
+  if (oom) GEMM_OOM(FN);
   return NULL;
 }
 
@@ -551,6 +668,7 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
   if (!ds) { napi_throw_error(env, NULL, "tstrain native attentionBackward: out of memory"); return NULL; }
   const float scale = (float)(1.0 / sqrt((double)E));
   const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  int oom = 0;
   for (int64_t b = 0; b < B; b++)
     for (int64_t hh = 0; hh < H; hh++) {
       const int64_t j = hh * K / H;
@@ -561,7 +679,7 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
         const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
         /* datt[t0:t1, 0:t1] = dout_rows @ v^T */
-        sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vp, ldk, 0.0f, ds + t0 * T, lda);
+        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vp, ldk, 0.0f, ds + t0 * T, lda);
         /* dscores = att * (datt - sum_u att*datt) * scale, over u <= t; 0 above the diagonal */
         for (int64_t t = t0; t < t1; t++) {
           const float *ar = ap + t * T;
@@ -571,19 +689,20 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
           for (int64_t u = t + 1; u < t1; u++) dr[u] = 0.0f;
         }
         /* dq[t0:t1] = dscores[t0:t1, 0:t1] @ k[0:t1] */
-        sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ds + t0 * T, lda, kp, ldk, 0.0f, dqp + t0 * ldq, ldq);
+        oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ds + t0 * T, lda, kp, ldk, 0.0f, dqp + t0 * ldq, ldq);
       }
       /* key/value block [u0, u1) gets contributions from query rows t >= u0 only:
        *   dv[u0:u1] += att[u0:T, u0:u1]^T @ dout[u0:T],   dk[u0:u1] += dscores[u0:T, u0:u1]^T @ q[u0:T] */
       for (int64_t u0 = 0; u0 < T; u0 += ATT_BLOCK) {
         const int64_t u1 = u0 + ATT_BLOCK < T ? u0 + ATT_BLOCK : T;
-        sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq, 1.0f,
+        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq, 1.0f,
               dvp + u0 * ldk, ldk);
-        sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ds + u0 * T + u0, lda, qp + u0 * ldq, ldq, 1.0f,
+        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ds + u0 * T + u0, lda, qp + u0 * ldq, ldq, 1.0f,
               dkp + u0 * ldk, ldk);
       }
     }
   free(ds);
+  if (oom) GEMM_OOM(FN);
   return NULL;
 }
 
@@ -674,6 +793,9 @@ NAPI_MODULE_INIT() {
   napi_property_descriptor props[] = {
       {"loadBlas", NULL, LoadBlas, NULL, NULL, NULL, napi_default, NULL},
       {"simd", NULL, Simd, NULL, NULL, NULL, napi_default, NULL},
+      {"setGemm", NULL, SetGemm, NULL, NULL, NULL, napi_default, NULL},
+      {"gemmPeak", NULL, GemmPeak, NULL, NULL, NULL, napi_default, NULL},
+      {"gemm", NULL, Gemm, NULL, NULL, NULL, napi_default, NULL},
       {"matmul", NULL, Matmul, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingForward", NULL, EmbeddingForward, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingBackward", NULL, EmbeddingBackward, NULL, NULL, NULL, napi_default, NULL},

@@ -9,6 +9,10 @@
 import { UserError } from "./errors";
 import flagTable from "./config-flags.json";
 
+/** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
+export type GemmChoice = "builtin" | "openblas";
+/** `--isa`: the built-in GEMM's micro-kernel; auto = the widest this CPU has (every one gives the same bits). */
+export type IsaChoice = "auto" | "avx512" | "avx2" | "portable";
 export type BackendFlag = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
 
 export interface RunConfig {
@@ -45,6 +49,10 @@ export interface RunConfig {
   benchmark: number;
   world: number;
   backend: BackendFlag;
+  /** The native engine's matrix products: the project's own GEMM or the system's OpenBLAS. */
+  gemm: GemmChoice;
+  /** The built-in GEMM's micro-kernel (auto = the widest the CPU has; every one gives the same bits). */
+  isa: IsaChoice;
   demo: boolean;
   /** Variant vocabulary; 0 = the frozen 49,152 (M1), or under --demo the demo tokenizer's size. */
   vocabSize: number;

@@ -36,7 +36,8 @@ export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
  * runs in this process on loopback for the session, its files in --hub-dir or <out>/hub (B6, L8).
  */
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
-  checkEngineRequest(cfg.backend); // an explicit --backend native that cannot load is refused before any work (P1)
+  // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
+  checkEngineRequest(cfg.backend, { gemm: cfg.gemm, isa: cfg.isa });
   if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep);
   if (!cfg.benchmark && !cfg.hubDir) checkOutWritable(cfg.out); // O1 before the embedded Hub makes <out>/hub
   const dir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub")); // under the run's own folder (L8)
@@ -69,7 +70,7 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter): Promise<RunResul
   if (cfg.dryRun) return dryRun(s, rep);
   if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
   const coord = Coordinator.create({
-    world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, fault: faultFromEnv(),
+    world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, fault: faultFromEnv(),
     data: { root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: s.nVal },
   });
   const { pos, history } = startingPoint(s, coord);

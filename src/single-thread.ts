@@ -8,6 +8,7 @@
  */
 import { Llama } from "./model/llama";
 import { initEngine, type BackendName } from "./model/backend";
+import type { NativeOptions } from "./model/engine/native";
 import type { Kernels } from "./model/kernels";
 import { initWeights } from "./model/init";
 import { paramLayout } from "./model/layout";
@@ -26,6 +27,7 @@ export interface SingleThreadSetup {
   model: LlamaConfig;
   gradCkpt: boolean;
   backend: BackendName;
+  native?: NativeOptions;
   root: string;
   seqLen: number;
   dataSeed: number;
@@ -63,7 +65,7 @@ export class SingleThreadTrainer {
   }
 
   static async create(setup: SingleThreadSetup): Promise<SingleThreadTrainer> {
-    const be = await initEngine(setup.backend);
+    const be = await initEngine(setup.backend, setup.native);
     const t = new SingleThreadTrainer(setup, new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }), be.kernels);
     t.backend = be.engine;
     return t;
@@ -119,7 +121,7 @@ export interface BenchmarkPlan {
 export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): Promise<Record<string, unknown>> {
   const { cfg } = s;
   const t = await SingleThreadTrainer.create({
-    model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed,
+    model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed,
     world: cfg.world, accum: cfg.accum, microBatch: cfg.microBatch, seed: cfg.seed,
   });
   rep.say(`benchmark mode: ${n} steps in one thread, no actors, micro=${cfg.microBatch} accum=${cfg.accum} world-share=${cfg.world} seq=${cfg.seqLen} backend=${t.backend}`);

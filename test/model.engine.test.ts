@@ -1,21 +1,26 @@
 /**
- * Engine selection (P1, issue 11): `--backend auto` takes the native engine when its addon loads and a BLAS is
- * found, else tfjs, and says why and how to get the fast path; an explicit `--backend native` that cannot load
- * is refused (UserError, exit 2) with the fix, before any work. The no-BLAS machine is simulated in a child
- * process with TSTRAIN_BLAS pointing at a library that does not exist (the BLAS is process-wide once loaded).
+ * Engine selection (P1): `--backend auto` takes the native engine when its addon loads (its matrix products on the
+ * project's own GEMM, no BLAS needed), else tfjs, and says why and how to get the fast path; an explicit
+ * `--backend native`, `--gemm openblas` or `--isa X` that cannot load is refused (UserError, exit 2) with the fix,
+ * before any work. The no-BLAS machine is simulated in a child process with TSTRAIN_BLAS pointing at a library
+ * that does not exist (the BLAS is process-wide once loaded). TSTRAIN_REQUIRE_OPENBLAS=1 makes the OpenBLAS
+ * tests fail instead of skipping where OpenBLAS cannot load.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { initEngine } from "../src/model/backend";
-import { loadNative } from "../src/model/engine/native";
+import { loadNative, supportedIsas } from "../src/model/engine/native";
 import { parseArgs } from "../src/config";
 
 const DIST = path.join(__dirname, "..");
 const native = loadNative();
 const skipNoNative = "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
   ? `native engine unavailable here: ${native.reason}; fix: ${native.fix}` : false;
+const blas = loadNative({ gemm: "openblas", isa: "auto" });
+const skipNoBlas = "reason" in blas && process.env.TSTRAIN_REQUIRE_OPENBLAS !== "1"
+  ? `OpenBLAS unavailable here: ${blas.reason}; fix: ${blas.fix}` : false;
 
 /** Runs a script in a fresh node process whose BLAS search finds nothing; returns its JSON output. */
 function withoutBlas(script: string): { status: number | null; out: unknown; stderr: string } {
@@ -32,45 +37,63 @@ test("--backend accepts native and refuses an unknown engine naming the choices"
   assert.throws(() => parseArgs(["--backend", "natve"]), /native/);
 });
 
-test("auto picks the native engine when it loads, and its backend line names the BLAS and the thread count", { skip: skipNoNative }, async () => {
+test("auto picks the native engine on its own GEMM, and its backend line names the kernel", { skip: skipNoNative }, async () => {
   const e = await initEngine("auto");
   assert.equal(e.engine, "native");
-  assert.match(e.detail, /^auto: native \(.*from .*1 thread; C kernels/);
+  assert.match(e.detail, /^auto: native \(GEMM: built-in (avx512|avx2|portable), .* micro-kernel; C kernels/);
   const n = await initEngine("native");
   assert.equal(n.engine, "native");
   assert.equal(n.kernels, e.kernels);
 });
 
-test("without a BLAS, auto falls back to tfjs-wasm and the backend line says why and how to get the fast path", () => {
+test("without OpenBLAS the native engine still runs (built-in GEMM): auto and --backend native take it, no BLAS is loaded", { skip: skipNoNative }, () => {
   const r = withoutBlas(`
     const { initEngine } = require("./src/model/backend");
-    initEngine("auto").then((e) => console.log(JSON.stringify({ engine: e.engine, detail: e.detail, name: e.kernels.name })),
+    Promise.all([initEngine("auto"), initEngine("native")]).then(([a, n]) => console.log(JSON.stringify({ a: a.engine, n: n.engine, detail: a.detail })),
       (err) => console.log(JSON.stringify({ error: String(err) })));`);
-  const o = r.out as { engine?: string; detail?: string; error?: string };
+  const o = r.out as { a?: string; n?: string; detail?: string; error?: string };
   assert.equal(o.error, undefined, r.stderr);
-  assert.notEqual(o.engine, "native");
-  assert.match(o.detail!, /native engine passed over: (no BLAS found \(TSTRAIN_BLAS=\/nonexistent\/libopenblas-missing\.so\.0|the addon is not built)/);
-  assert.match(o.detail!, /fast path: (apt-get install libopenblas0-pthread|npm run build:native)/);
+  assert.equal(o.a, "native");
+  assert.equal(o.n, "native");
+  assert.match(o.detail!, /GEMM: built-in/);
+  assert.doesNotMatch(o.detail!, /OpenBLAS|passed over/);
 });
 
-test("without a BLAS, --backend native is a UserError (P1) naming the fix, and the CLI exits 2 before reading any data", () => {
+test("without OpenBLAS, --gemm openblas is a UserError (P1) naming the fix, and the CLI exits 2 before reading any data", { skip: skipNoNative }, () => {
   const r = withoutBlas(`
     const { initEngine } = require("./src/model/backend");
-    initEngine("native").then(() => console.log(JSON.stringify({ ok: true })),
+    initEngine("auto", { gemm: "openblas", isa: "auto" }).then(() => console.log(JSON.stringify({ ok: true })),
       (e) => console.log(JSON.stringify({ name: e.name, rule: e.rule, message: e.message })));`);
   const o = r.out as { name?: string; rule?: string; message?: string; ok?: boolean };
-  assert.equal(o.ok, undefined, "initEngine('native') must refuse without a BLAS");
+  assert.equal(o.ok, undefined, "--gemm openblas must refuse without a BLAS, not fall back to tfjs");
   assert.equal(o.rule, "P1");
-  assert.match(o.message!, /--backend native is not available: .*fix: (apt-get install libopenblas0-pthread|npm run build:native)/);
+  assert.match(o.message!, /--gemm openblas is not available: .*no BLAS found.*fix: apt-get install libopenblas0-pthread.*or pass --gemm builtin/);
 
   // the CLI: a mix root that does not exist, so any data work would fail differently; the refusal comes first
-  const cli = spawnSync(process.execPath, [path.join(DIST, "main.js"), "--backend", "native", "--root", "/nonexistent/mix", "--dry-run"], {
+  const cli = spawnSync(process.execPath, [path.join(DIST, "main.js"), "--gemm", "openblas", "--root", "/nonexistent/mix", "--dry-run"], {
     encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_BLAS: "/nonexistent/libopenblas-missing.so.0" },
   });
   assert.equal(cli.status, 2, cli.stderr);
-  assert.match(cli.stderr + cli.stdout, /--backend native is not available/);
+  assert.match(cli.stderr + cli.stdout, /--gemm openblas is not available/);
   assert.match(cli.stderr + cli.stdout, /TSTRAIN_BLAS=\/nonexistent\/libopenblas-missing\.so\.0/);
   assert.doesNotMatch(cli.stderr + cli.stdout, /nonexistent\/mix/);
+});
+
+test("with OpenBLAS, --gemm openblas runs the products on it and the backend line names it", { skip: skipNoBlas }, async () => {
+  const e = await initEngine("auto", { gemm: "openblas", isa: "auto" });
+  assert.equal(e.engine, "native");
+  assert.match(e.detail, /^auto: native \(GEMM: .*OpenBLAS.* from .*1 thread; C kernels/);
+});
+
+test("an unknown --gemm or --isa is refused naming the choices; an --isa this CPU lacks is refused at start (P1, exit 2)", { skip: skipNoNative }, () => {
+  assert.throws(() => parseArgs(["--gemm", "mkl"]), /--gemm "mkl" is not one of builtin, openblas/);
+  assert.throws(() => parseArgs(["--isa", "neon"]), /--isa "neon" is not one of auto, avx512, avx2, portable/);
+  assert.equal(parseArgs(["--isa", "portable"]).config.isa, "portable");
+  const missing = (["avx512", "avx2"] as const).find((i) => !supportedIsas().includes(i));
+  if (!missing) return; // this CPU runs every kernel: the refusal is tested in model.gemm (loadNative's reason)
+  const cli = spawnSync(process.execPath, [path.join(DIST, "main.js"), "--isa", missing, "--root", "/nonexistent/mix", "--dry-run"], { encoding: "utf8", timeout: 120_000 });
+  assert.equal(cli.status, 2, cli.stderr);
+  assert.match(cli.stderr + cli.stdout, new RegExp(`--isa ${missing} is not available: .*this CPU has no ${missing}.*pass --isa auto`));
 });
 
 test("the addon's build script never fails the install: without a compiler it exits 0 with one line naming the fix", () => {

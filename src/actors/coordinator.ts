@@ -167,7 +167,7 @@ export class Coordinator {
       type: "init",
       init: {
         rank: h.rank, world: this.setup.world, model: this.setup.model, gradCkpt: this.setup.gradCkpt,
-        backend: this.setup.backend, data: this.setup.data, shared: this.shared, decayRanges: this.decayRanges,
+        backend: this.setup.backend, native: this.setup.native, data: this.setup.data, shared: this.shared, decayRanges: this.decayRanges,
         slice: parts[h.rank]!, fault: this.setup.fault,
       },
     }), "ready", "init");

@@ -7,6 +7,7 @@
 import type { SharedBuffers } from "./shm";
 import type { LlamaConfig } from "../model/config";
 import type { BackendName } from "../model/backend";
+import type { NativeOptions } from "../model/engine/native";
 import type { DecayRange } from "./optim";
 import type { CheckpointDocs, Pointer } from "../checkpoint";
 
@@ -35,6 +36,8 @@ export interface RankInit {
   model: LlamaConfig;
   gradCkpt: boolean;
   backend: BackendName;
+  /** The native engine's GEMM (`--gemm`, `--isa`); absent = the built-in GEMM on the widest kernel. */
+  native?: NativeOptions;
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   shared: SharedBuffers;
   decayRanges: DecayRange[];

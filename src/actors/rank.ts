@@ -40,7 +40,7 @@ function send(m: FromRank): void {
 }
 
 async function handleInit(init: RankInit): Promise<FromRank> {
-  const be = await initEngine(init.backend);
+  const be = await initEngine(init.backend, init.native);
   const views = viewShared(init.shared);
   const d = init.data;
   const manifest = readManifest(d.root);

@@ -11,7 +11,7 @@ import * as tf from "@tensorflow/tfjs-core";
 import { UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
-import { loadNative } from "./engine/native";
+import { DEFAULT_NATIVE, loadNative, type NativeOptions } from "./engine/native";
 
 /** What `--backend` accepts: the engines (kernels.ts's EngineName). */
 export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
@@ -118,18 +118,24 @@ export interface Engine {
 }
 
 /** The refusal of an explicit `--backend native` that cannot load (P1), with the command that fixes it. */
-function nativeRefusal(reason: string, fix: string): UserError {
-  return new UserError("P1", `--backend native is not available: ${reason}; fix: ${fix}; or pass --backend auto (it falls back to tfjs-wasm)`);
+function nativeRefusal(requested: BackendName, native: NativeOptions, reason: string, fix: string): UserError {
+  const what = requested === "native" ? "--backend native" : native.gemm !== DEFAULT_NATIVE.gemm ? `--gemm ${native.gemm}` : `--isa ${native.isa}`;
+  return new UserError("P1", `${what} is not available: ${reason}; fix: ${fix}; or pass --backend wasm (tfjs-wasm, slower)`);
+}
+
+/** Whether the native options name something other than the defaults (an explicit --gemm or --isa). */
+function explicitNative(native: NativeOptions): boolean {
+  return native.gemm !== DEFAULT_NATIVE.gemm || native.isa !== DEFAULT_NATIVE.isa;
 }
 
 /**
- * Refuses an explicit `--backend native` that cannot load, in the calling (main) thread, before any work is
- * started (P1). Other requests pass: their engines are chosen in each rank by initEngine.
+ * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, in the calling (main)
+ * thread, before any work is started (P1). Other requests pass: their engines are chosen in each rank by initEngine.
  */
-export function checkEngineRequest(requested: BackendName): void {
-  if (requested !== "native") return;
-  const n = loadNative();
-  if ("reason" in n) throw nativeRefusal(n.reason, n.fix);
+export function checkEngineRequest(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): void {
+  if (requested !== "native" && !(requested === "auto" && explicitNative(native))) return;
+  const n = loadNative(native);
+  if ("reason" in n) throw nativeRefusal(requested, native, n.reason, n.fix);
 }
 
 /**
@@ -138,11 +144,11 @@ export function checkEngineRequest(requested: BackendName): void {
  * fix in the detail. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on
  * that backend, the rest in JS) on top. Each worker thread calls this for itself.
  */
-export async function initEngine(requested: BackendName): Promise<Engine> {
+export async function initEngine(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): Promise<Engine> {
   if (requested === "native" || requested === "auto") {
-    const n = loadNative();
+    const n = loadNative(native);
     if ("kernels" in n) return { kernels: n.kernels, engine: "native", detail: `${requested}: ${n.kernels.name}` };
-    if (requested === "native") throw nativeRefusal(n.reason, n.fix);
+    if (requested === "native" || explicitNative(native)) throw nativeRefusal(requested, native, n.reason, n.fix);
     const be = await initBackend("auto");
     return {
       kernels: createTfjsKernels(), engine: be.backend,

@@ -1,8 +1,10 @@
 /**
- * The native CPU engine (issue 11): the Kernels interface on a Node-API addon built from native/tstrain.c
- * (scripts/build-native.cjs, run by `npm ci`), with every matrix product on the system's OpenBLAS
- * (cblas_sgemm, found at run time with dlopen, pinned to 1 thread per rank). Arrays are read and written in
- * place (ArrayBuffer, SharedArrayBuffer, subarray views): no copies, no per-rank replica.
+ * The native CPU engine: the Kernels interface on a Node-API addon built from native/tstrain.c and native/gemm.c
+ * (scripts/build-native.cjs, run by `npm ci`). Matrix products run on the project's own GEMM (native/gemm.c:
+ * AVX-512, AVX2 or portable micro-kernels chosen at run time, one order of summation, the same bits on each) or,
+ * with `--gemm openblas`, on the system's OpenBLAS (cblas_sgemm, found at run time with dlopen, pinned to 1
+ * thread per rank). Arrays are read and written in place (ArrayBuffer, SharedArrayBuffer, subarray views): no
+ * copies, no per-rank replica.
  *
  * loadNative() never throws: it returns the kernels, or why they cannot load and the command that fixes it.
  * Every worker thread calls it for itself (the addon loads once per thread; the BLAS once per process).
@@ -10,11 +12,17 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import type { Kernels } from "../kernels";
+import type { GemmChoice, IsaChoice } from "../../config";
 
 /** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader. */
 interface Addon {
   loadBlas(paths: string[]): { ok: boolean; path: string; config: string; threads: number; tried: string };
   simd(): string;
+  /** This thread's GEMM from now on; throws a RangeError for an instruction set the CPU lacks. */
+  setGemm(kind: "builtin" | "blas", isa: IsaChoice): { kind: string; isa: string; detail: string; best: string; supported: string[] };
+  gemmPeak(isa: IsaChoice, iters: number): number;
+  gemm(isa: IsaChoice, transA: boolean, transB: boolean, M: number, N: number, K: number, alpha: number, A: Float32Array, lda: number,
+    B: Float32Array, ldb: number, beta: number, C: Float32Array, ldc: number): void;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
   embeddingBackward: Kernels["embeddingBackward"];
@@ -30,6 +38,12 @@ interface Addon {
 }
 
 export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
+
+export type { GemmChoice, IsaChoice };
+export interface NativeOptions { gemm: GemmChoice; isa: IsaChoice }
+export const DEFAULT_NATIVE: NativeOptions = { gemm: "builtin", isa: "auto" };
+export const GEMM_CHOICES: readonly GemmChoice[] = ["builtin", "openblas"];
+export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "avx512", "avx2", "portable"];
 
 /** The command that builds the addon, in any state of the checkout (it never fails; it says what is missing). */
 export const NATIVE_BUILD_FIX = "npm run build:native (needs a C compiler, make and python3: apt-get install build-essential python3)";
@@ -66,16 +80,28 @@ export function blasCandidates(env: NodeJS.ProcessEnv = process.env): string[] {
   ];
 }
 
-let cached: NativeLoad | null = null;
+const cached = new Map<string, NativeLoad>();
+let addonCache: { addon: Addon; file: string } | { reason: string; fix: string } | null = null;
+/** The GEMM this thread's addon runs now (setGemm is per thread): kernels objects switch it when they differ. */
+let current = "";
 
-/** The native kernels, or why not and the fix. Cached per thread. */
-export function loadNative(): NativeLoad {
-  if (cached) return cached;
-  cached = load();
-  return cached;
+/** The native kernels with this GEMM, or why not and the fix. Cached per thread and per choice. */
+export function loadNative(opts: NativeOptions = DEFAULT_NATIVE): NativeLoad {
+  const key = `${opts.gemm}/${opts.isa}`;
+  let n = cached.get(key);
+  if (!n) {
+    n = load(opts);
+    cached.set(key, n);
+  }
+  return n;
 }
 
-function load(): NativeLoad {
+function loadAddon(): { addon: Addon; file: string } | { reason: string; fix: string } {
+  addonCache ??= requireAddon();
+  return addonCache;
+}
+
+function requireAddon(): { addon: Addon; file: string } | { reason: string; fix: string } {
   const root = repoRoot();
   const file = root ? path.join(root, "build", "Release", "tstrain_native.node") : null;
   if (!file || !fs.existsSync(file)) {
@@ -90,30 +116,81 @@ function load(): NativeLoad {
     const m = (e instanceof Error ? e.message : String(e)).split("\n")[0]!.slice(0, 200);
     return { reason: `the addon does not load (${m})`, fix: NATIVE_BUILD_FIX };
   }
-  const candidates = blasCandidates();
-  const b = addon.loadBlas(candidates);
-  if (!b.ok) {
-    const where = process.env.TSTRAIN_BLAS ? `TSTRAIN_BLAS=${process.env.TSTRAIN_BLAS}` : "OpenBLAS";
-    return { reason: `no BLAS found (${where}: ${b.tried || "no candidate"})`, fix: BLAS_FIX };
-  }
-  const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
-  const name = `native (${b.config} from ${b.path}, ${threads}; C kernels ${addon.simd()})`;
-  return { kernels: nativeKernels(addon, name), blas: b.config, addon: file };
+  if (typeof addon.setGemm !== "function") return { reason: "the addon is older than this checkout (no setGemm)", fix: NATIVE_BUILD_FIX };
+  return { addon, file };
 }
 
-function nativeKernels(a: Addon, name: string): Kernels {
-  // The addon's functions do not use `this`: the object hands them out as they are (no wrapper per call).
+function load(opts: NativeOptions): NativeLoad {
+  const got = loadAddon();
+  if ("reason" in got) return got;
+  const { addon, file } = got;
+  if (opts.gemm === "openblas") {
+    const b = addon.loadBlas(blasCandidates());
+    if (!b.ok) {
+      const where = process.env.TSTRAIN_BLAS ? `TSTRAIN_BLAS=${process.env.TSTRAIN_BLAS}` : "OpenBLAS";
+      return { reason: `--gemm openblas: no BLAS found (${where}: ${b.tried || "no candidate"})`, fix: `${BLAS_FIX}, or pass --gemm builtin` };
+    }
+    const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
+    const name = `native (GEMM: ${b.config} from ${b.path}, ${threads}; C kernels ${addon.simd()})`;
+    return { kernels: nativeKernels(addon, name, "blas", "auto"), blas: b.config, addon: file };
+  }
+  let info: ReturnType<Addon["setGemm"]>;
+  try {
+    info = addon.setGemm("builtin", opts.isa);
+    current = "";
+  } catch (e) {
+    const best = addon.setGemm("builtin", "auto");
+    current = "";
+    return { reason: `--isa ${opts.isa}: this CPU has no ${opts.isa} (it runs ${best.supported.join(", ")}: ${(e as Error).message})`, fix: `pass --isa auto (here: ${best.best})` };
+  }
+  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel; C kernels ${addon.simd()})`;
+  return { kernels: nativeKernels(addon, name, "builtin", opts.isa), blas: `built-in ${info.isa}`, addon: file };
+}
+
+/** The built-in GEMM's kernels this CPU runs, widest first (empty when the addon does not load). */
+export function supportedIsas(): Exclude<IsaChoice, "auto">[] {
+  const got = loadAddon();
+  if ("reason" in got) return [];
+  const s = got.addon.setGemm("builtin", "auto").supported as Exclude<IsaChoice, "auto">[];
+  current = "";
+  return s;
+}
+
+/** GFLOP/s of one core on a register-only loop of 12 independent FMA chains of that kernel's instruction set
+ *  (what the bench measures a GEMM against); null when the addon does not load, 0 when the CPU lacks it. */
+export function fmaPeak(isa: Exclude<IsaChoice, "auto">, iters: number): number | null {
+  const got = loadAddon();
+  return "reason" in got ? null : got.addon.gemmPeak(isa, iters);
+}
+
+/** The built-in GEMM on one kernel, with leading dimensions (gemm.h's contract), whatever the thread's --isa; null
+ *  when the addon does not load. For tests and the bench, which compare the kernels. */
+export function builtinGemm(): Addon["gemm"] | null {
+  const got = loadAddon();
+  return "reason" in got ? null : got.addon.gemm;
+}
+
+/** The Kernels over the addon. The products (matmul and attention's) first make this thread's GEMM the one this
+ *  object was loaded with, when another loadNative choice in the same thread switched it. */
+function nativeKernels(a: Addon, name: string, kind: "builtin" | "blas", isa: IsaChoice): Kernels {
+  const key = `${kind}/${isa}`;
+  const use = () => {
+    if (current !== key) {
+      a.setGemm(kind, isa);
+      current = key;
+    }
+  };
   return {
     name,
-    matmul: a.matmul,
+    matmul: (...args) => { use(); a.matmul(...args); },
     embeddingForward: a.embeddingForward,
     embeddingBackward: a.embeddingBackward,
     rmsnormForward: a.rmsnormForward,
     rmsnormBackward: a.rmsnormBackward,
     ropeForward: a.ropeForward,
     ropeBackward: a.ropeBackward,
-    attentionForward: a.attentionForward,
-    attentionBackward: a.attentionBackward,
+    attentionForward: (...args) => { use(); a.attentionForward(...args); },
+    attentionBackward: (...args) => { use(); a.attentionBackward(...args); },
     swigluForward: a.swigluForward,
     swigluBackward: a.swigluBackward,
     crossEntropy: a.crossEntropy,

@@ -1,0 +1,36 @@
+/*
+ * tstrain's own single-precision GEMM (native/gemm.c): row-major C = alpha * op(A) @ op(B) + beta * C, in one
+ * order of summation on every instruction set, so the AVX-512, AVX2 and portable kernels give the same bits.
+ */
+#ifndef TSTRAIN_GEMM_H
+#define TSTRAIN_GEMM_H
+#include <stdint.h>
+
+/* The micro-kernels, widest first. GEMM_ISA_AUTO picks the widest the CPU (and OS) supports. */
+typedef enum { GEMM_ISA_PORTABLE = 0, GEMM_ISA_AVX2 = 1, GEMM_ISA_AVX512 = 2, GEMM_ISA_AUTO = 3 } gemm_isa;
+
+/* The widest kernel this CPU runs (never GEMM_ISA_AUTO). */
+gemm_isa gemm_best_isa(void);
+/* Whether this CPU runs the kernel (portable: always). */
+int gemm_isa_supported(gemm_isa isa);
+/* "avx512", "avx2", "portable" */
+const char *gemm_isa_name(gemm_isa isa);
+/* e.g. "AVX-512F 12x32" (the register tile, rows x columns of C) */
+const char *gemm_isa_detail(gemm_isa isa);
+
+/*
+ * C[M,N] = alpha * op(A) @ op(B) + beta * C, the cblas_sgemm row-major contract: op(A) is [M,K] (A[i*lda+k], or
+ * A[k*lda+i] when ta), op(B) is [K,N] (B[k*ldb+j], or B[j*ldb+k] when tb), C[i*ldc+j]. beta = 0 ignores C's old
+ * contents (even NaN). The order, on every kernel: a = alpha*A[i,k] rounded to float (alpha = 1: A itself),
+ * s = 0, then s = fma(a[i,k], B[k,j], s) for k = 0, 1, ..., K-1, then C = s (beta 0), C + s (beta 1) or
+ * fma(beta, C, s). Returns 0, or -1 when it could not allocate its packing buffers (C untouched).
+ * isa must be supported by the CPU (gemm_isa_supported); GEMM_ISA_AUTO takes gemm_best_isa().
+ */
+int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* GFLOP/s of this core on 12 independent register-only FMA chains of the kernel's instruction set, over iters
+ * rounds (the peak a GEMM on that kernel is measured against); 0 when the CPU lacks it. */
+double gemm_fma_peak(gemm_isa isa, int64_t iters);
+
+#endif
