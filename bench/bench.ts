@@ -32,6 +32,8 @@ import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
 import { kernelTableMarkdown, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
+import type { GemmChoice } from "../src/config";
+import { gemmShapesBench, gemmTableMarkdown, type GemmRow } from "./gemm-shapes";
 
 /** A fingerprint of the compiled runtime (dist/src): rank workers and subprocesses load it when they
  *  start, so a rebuild in the middle of a run (a shared tree) would make cases run different code. */
@@ -48,7 +50,7 @@ function codeFingerprint(): string {
   return h.digest("hex").slice(0, 12);
 }
 
-const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch", "frozen-step"] as const;
+const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch", "frozen-step", "gemm"] as const;
 type CaseName = (typeof ALL_CASES)[number];
 /** frozen-step (issue 7's MFU figure on the 106M model) takes minutes, so it runs only when asked. */
 const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step");
@@ -57,6 +59,8 @@ interface Options {
   model: ModelName; seq: number; microBatch: number; accum: number; steps: number; warmup: number; backend: BackendName;
   cases: Set<CaseName>; worlds: number[]; uploadWorlds: number[]; optimSizes: number[]; optimThreads: number;
   interleave: boolean; gradCkpt: boolean; out: string; ffRuns: number; uploadNice: boolean; waitQuiet: number; rewarm: number;
+  /** The native engine's GEMMs the actor cases run on (each world once per GEMM, interleaved). */
+  gemms: GemmChoice[]; gemmRounds: number; gemmSeqs: number[];
 }
 
 const cores = os.availableParallelism();
@@ -76,6 +80,9 @@ function usage(): string {
     "  --upload-worlds 2,1         actor worlds for the upload-stall case (default 2,1: 2 = spec, 1 = a core left free)",
     "  --optim-sizes 1M,10M,...    parameter counts for the optim case (default 1M,10M,50M,106M)",
     "  --optim-threads N           threads for the split optim case (default 2)",
+    "  --gemms builtin,openblas    the native engine's GEMMs the actor cases run on, each world once per GEMM (default builtin)",
+    "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
+    "  --gemm-seqs 256,1024        gemm case: the sequence lengths whose model shapes are measured (default 256,1024)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
@@ -93,6 +100,7 @@ function defaultOptions(): Options {
     model: "small", seq: 128, microBatch: 4, accum: 1, steps: 8, warmup: 1, backend: "auto", cases: new Set(DEFAULT_CASES),
     worlds: Array.from({ length: Math.max(2, cores) }, (_, i) => i + 1), uploadWorlds: [2, 1], optimSizes: ["1M", "10M", "50M", "106M"].map(parseCount),
     optimThreads: 2, interleave: true, gradCkpt: true, ffRuns: 2, uploadNice: false, waitQuiet: 0, rewarm: 1, out: path.join(REPO_ROOT, "bench-out"),
+    gemms: ["builtin"], gemmRounds: 5, gemmSeqs: [256, 1024],
   };
 }
 
@@ -143,6 +151,12 @@ function parseOptions(argv: string[]): Options {
       case "--upload-worlds": o.uploadWorlds = list(a, v()).map((x) => int(a, x, 1)); break;
       case "--optim-sizes": o.optimSizes = list(a, v()).map(parseCount); break;
       case "--optim-threads": o.optimThreads = int(a, v(), 1); break;
+      case "--gemms": o.gemms = list(a, v()).map((x) => {
+        if (x !== "builtin" && x !== "openblas") throw new Error(`--gemms ${JSON.stringify(x)}: use builtin and/or openblas`);
+        return x;
+      }); break;
+      case "--gemm-rounds": o.gemmRounds = int(a, v(), 1); break;
+      case "--gemm-seqs": o.gemmSeqs = list(a, v()).map((x) => int(a, x, 1)); break;
       case "--sequential": o.interleave = false; break;
       case "--ff-runs": o.ffRuns = int(a, v(), 1); break;
       case "--upload-nice": o.uploadNice = true; break;
@@ -190,6 +204,7 @@ function ratio(rows: BenchRow[], name: string, num: string, den: string, field: 
 /** One bench run's results so far: the rows, the notes, the failed cases, the frozen step's kernel profile. */
 class BenchRun {
   readonly rows: BenchRow[] = [];
+  gemm: { rows: GemmRow[]; peaks: Record<string, number> } | null = null;
   readonly notes: string[] = [];
   failed = 0;
   profiled: { rows: KernelRow[]; stepMs: number; engine: string } | null = null;
@@ -247,7 +262,10 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
       const runners: Runner[] = [];
       try {
         if (o.cases.has("single")) runners.push(await localRunner(s, 1));
-        if (o.cases.has("actor")) for (const w of o.worlds) { log(`spawning actor runtime world ${w}`); runners.push(await actorRunner(s, w)); }
+        if (o.cases.has("actor")) {
+          for (const w of o.worlds)
+            for (const gemm of o.gemms) { log(`spawning actor runtime world ${w}, --gemm ${gemm}`); runners.push(await actorRunner(s, w, gemm)); }
+        }
         log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
         const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
         for (const x of runners) {
@@ -302,6 +320,20 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
     await run.guard("optim", async () => {
       log(`optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`);
       for (const row of await runOptimCase({ sizes: o.optimSizes, world: 2, threads: o.optimThreads, warmup: Math.max(1, o.warmup), steps: o.steps, log })) run.record(row);
+    });
+  }
+
+  // ---- 8: the built-in GEMM on the frozen model's shapes against the core's FMA peak, and OpenBLAS beside it
+  if (o.cases.has("gemm")) {
+    await run.guard("gemm", async () => {
+      log(`gemm: the frozen model's products at seq ${o.gemmSeqs.join(", ")}, one thread, ${o.gemmRounds} rounds, against the FMA peak of the same run`);
+      run.gemm = gemmShapesBench({ seqs: o.gemmSeqs, rounds: o.gemmRounds, log });
+      for (const x of run.gemm.rows) emit({ case: "gemm", ...x });
+      for (const [isa, v] of Object.entries(run.gemm.peaks)) run.record({ case: `fma-peak-${isa}`, gflops: r(v, 1), what: "one core, 12 independent register-only FMA chains" } as unknown as BenchRow);
+      for (const k of [...new Set(run.gemm.rows.map((x) => x.kernel))].filter((k) => k.startsWith("builtin"))) {
+        const mine = run.gemm.rows.filter((x) => x.kernel === k && x.of_peak !== null);
+        run.record({ case: `gemm-${k.replace(" ", "-")}`, min_of_peak: Math.min(...mine.map((x) => x.of_peak!)), median_of_peak: median(mine.map((x) => x.of_peak!)), shapes: mine.length } as unknown as BenchRow);
+      }
     });
   }
 
@@ -379,6 +411,11 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
       const v = r(w1 / t1, 3);
       add({ ratio: "world1_over_torch_1thread", value: v, target: ">= 1", met: v === null ? null : v >= 1, num: "actor-w1 tok_per_s", den: "torch-1thread tok_per_s" });
     }
+  }
+  for (const w of o.worlds) add(ratio(rows, `world ${w}: built-in GEMM / OpenBLAS tok/s`, `actor-w${w}`, `actor-w${w}-openblas`, "tok_per_s", w === 2 ? { op: ">=", v: 1.6 } : null));
+  for (const k of ["builtin-avx512", "builtin-avx2"]) {
+    const g = rows.find((x) => x.case === `gemm-${k}`);
+    if (g && typeof g.min_of_peak === "number") add({ ratio: `gemm ${k}: lowest fraction of its FMA peak over the model's shapes`, value: g.min_of_peak, target: ">= 0.85", met: g.min_of_peak >= 0.85, num: `gemm ${k} GFLOP/s (worst shape)`, den: `fma-peak-${k.split("-")[1]} GFLOP/s` });
   }
   for (const w of worlds) add(ratio(rows, `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`, `actor-w${w}`, "actor-w1", "tok_per_cpu_s", null, "1.0 = world 2 spends no more CPU per token than world 1"));
   add(ratio(rows, "actor/single-thread tok/s (world 1, same work)", "actor-w1", "single-thread", "tok_per_s", null));
@@ -489,6 +526,11 @@ async function main(): Promise<number> {
   fs.writeFileSync(path.join(o.out, "latest.json"), JSON.stringify(result, null, 1) + "\n");
   const md = markdown({ machine: mach, shape: shapeInfo, rows, ratios, notes, wallS, command });
   fs.writeFileSync(path.join(o.out, "latest.md"), md);
+  if (run.gemm) {
+    const mdGemm = gemmTableMarkdown(run.gemm.rows, run.gemm.peaks, `${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start, ${mach.date}`);
+    fs.writeFileSync(path.join(o.out, "gemm-shapes.md"), mdGemm);
+    fs.writeFileSync(path.join(o.out, "gemm-shapes.json"), JSON.stringify({ command, machine: mach, peaks: run.gemm.peaks, rows: run.gemm.rows }, null, 1) + "\n");
+  }
   const kernelProfile = run.profiled;
   if (kernelProfile) {
     const title = `Per-kernel share of one frozen training step (forward + backward), ${kernelProfile.engine}`;

@@ -10,6 +10,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
+import type { GemmChoice } from "../src/config";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { newScaler, type OptimizerPosition } from "../src/actors/optim";
@@ -63,9 +64,9 @@ export async function localRunner(s: Shape, world = 1): Promise<Runner> {
   };
 }
 
-async function spawnCoordinator(s: Shape, world: number): Promise<Coordinator> {
+async function spawnCoordinator(s: Shape, world: number, gemm: GemmChoice = "builtin"): Promise<Coordinator> {
   const coord = Coordinator.create({
-    world, model: s.model, gradCkpt: s.gradCkpt, backend: s.backend, fault: null,
+    world, model: s.model, gradCkpt: s.gradCkpt, backend: s.backend, native: { gemm, isa: "auto" }, fault: null,
     data: { root: s.root, seqLen: s.seqLen, dataSeed: s.dataSeed, microBatch: s.microBatch, accum: s.accum, nVal: 0 },
   });
   initWeights(s.model, s.seed, coord.views.params);
@@ -79,12 +80,12 @@ async function spawnCoordinator(s: Shape, world: number): Promise<Coordinator> {
 }
 
 /** Case 2: the actor runtime, `world` rank workers, the step timed from the coordinator's side. */
-export async function actorRunner(s: Shape, world: number): Promise<Runner> {
-  const coord = await spawnCoordinator(s, world);
+export async function actorRunner(s: Shape, world: number, gemm: GemmChoice = "builtin"): Promise<Runner> {
+  const coord = await spawnCoordinator(s, world, gemm);
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   let i = 0;
   return {
-    name: `actor-w${world}`, world, backend: coord.backendInfo.backend, backendDetail: coord.backendInfo.detail,
+    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}`, world, backend: coord.backendInfo.backend, backendDetail: coord.backendInfo.detail,
     step: () => timed(() => coord.step(i++, pos, s.lr, s.lrShape)),
     memory: async () => memoryFields(await coord.memory()),
     close: () => coord.close(),
