@@ -128,7 +128,7 @@ function load(opts: NativeOptions): NativeLoad {
     const b = addon.loadBlas(blasCandidates());
     if (!b.ok) {
       const where = process.env.TSTRAIN_BLAS ? `TSTRAIN_BLAS=${process.env.TSTRAIN_BLAS}` : "OpenBLAS";
-      return { reason: `--gemm openblas: no BLAS found (${where}: ${b.tried || "no candidate"})`, fix: `${BLAS_FIX}, or pass --gemm builtin` };
+      return { reason: `no BLAS found (${where}: ${b.tried || "no candidate"})`, fix: `${BLAS_FIX}, or pass --gemm builtin` };
     }
     const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
     const name = `native (GEMM: ${b.config} from ${b.path}, ${threads}; C kernels ${addon.simd()})`;
