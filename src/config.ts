@@ -54,6 +54,8 @@ export interface RunConfig {
   hubTimeoutSeconds: number;
   /** R3: --resume auto resumes from the pointer even when newer checkpoint folders without a manifest exist. */
   resumeIgnoreUnproven: boolean;
+  /** K7: --resume DIR accepts a folder without manifest.json (a checkpoint from before manifests existed). */
+  resumeWithoutManifest: boolean;
   /** Log a short greedy sample at every checkpoint and at the end (G11); --no-sample turns it off. */
   sample: boolean;
 }

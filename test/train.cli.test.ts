@@ -72,3 +72,46 @@ test("--stop-after-steps must be a whole number of intervals, beyond the resume 
   await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
   await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])), /--stop-after-steps 4 is not beyond the resume point step 4/);
 });
+
+/** The tiny run of helpers/run.ts's tinyConfig, as command-line flags for dist/main.js. */
+function tinyArgs(root: string, out: string, extra: string[] = []): string[] {
+  return [
+    "--root", root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--micro-batch", "2", "--accum", "1",
+    "--world", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2", "--val-tokens", "256", "--lr", "3e-3",
+    "--vocab-size", "64", "--backend", "wasm", "--no-sample", ...extra,
+  ];
+}
+
+test("--resume DIR checks every file against the checkpoint's manifest.json and refuses a changed byte or a missing manifest (K7)", { timeout: 300_000 }, () => {
+  const out = tmpDir("tstrain-k7-");
+  const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
+  assert.equal(first.status, 0, first.stderr);
+  const ck = path.join(out, "ckpt", "checkpoint-4");
+  const weights = path.join(ck, "model.safetensors");
+  const good = fs.readFileSync(weights);
+  const bad = Buffer.from(good);
+  bad[bad.length - 3] ^= 0x01; // one flipped bit inside the last tensor's data: the file still parses
+  fs.writeFileSync(weights, bad);
+  const flipped = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(flipped.status, 2, flipped.stdout + flipped.stderr);
+  assert.match(flipped.stderr, /^refused: --resume .*checkpoint-4: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}….*\[K7\]\n$/s);
+  assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
+  fs.writeFileSync(weights, good);
+
+  const manifest = path.join(ck, "manifest.json");
+  const saved = fs.readFileSync(manifest);
+  fs.rmSync(manifest);
+  const none = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(none.status, 2, none.stdout + none.stderr);
+  assert.match(none.stderr, /has no manifest\.json.*--resume-without-manifest.*\[K7\]/s);
+  const old = cli(tinyArgs(mix.root, out, ["--resume", ck, "--resume-without-manifest", "--dry-run"]));
+  assert.equal(old.status, 0, old.stderr);
+  assert.match(old.stdout, /has no manifest\.json; reading it unchecked as --resume-without-manifest asks \(K7\)/);
+  fs.writeFileSync(manifest, saved);
+
+  const ok = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /checkpoint-4 matches its manifest\.json \(size and sha256 of every file, K7\)/);
+  assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-8")));
+});
+

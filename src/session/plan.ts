@@ -16,7 +16,7 @@ import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cur
 import { checkNoWrap, valWindowCount } from "../data/plan";
 import { ensureDemoMix } from "../data/demo";
 import {
-  checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
+  MANIFEST_FILE, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
 } from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
@@ -138,7 +138,10 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
 /** --resume auto asks the Hub (R2-R4); --resume DIR names the folder; '' starts fresh. */
 async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter): Promise<StartPoint> {
   const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
-  if (cfg.resume !== "auto") return { ...start, resumeDir: cfg.resume || null };
+  if (cfg.resume !== "auto") {
+    if (cfg.resume) verifyLocalResume(cfg, hub, rep);
+    return { ...start, resumeDir: cfg.resume || null };
+  }
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
     destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
@@ -150,6 +153,18 @@ async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter
   }
   rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
   return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(checkpointRoot(cfg.out)) };
+}
+
+/** K7: a --resume DIR folder proves itself against its manifest before anything in it is read. */
+function verifyLocalResume(cfg: RunConfig, hub: HubStore | null, rep: Reporter): void {
+  const dir = cfg.resume;
+  const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter((c) => path.resolve(c.dir) !== path.resolve(dir));
+  const ways = [...(others.length ? [`--resume ${others[others.length - 1]!.dir}`] : []), ...(hub ? ["--resume auto"] : [])];
+  const advice = ways.length ? `Resume from another checkpoint (${ways.join(" or ")}).` : "Resume from another checkpoint folder, or start fresh with another --out.";
+  const verified = verifyCheckpointFolder(dir, { allowNoManifest: cfg.resumeWithoutManifest, advice });
+  rep.say(verified
+    ? `resume: ${dir} matches its ${MANIFEST_FILE} (size and sha256 of every file, K7)`
+    : `resume: ${dir} has no ${MANIFEST_FILE}; reading it unchecked as --resume-without-manifest asks (K7)`);
 }
 
 /** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
