@@ -22,11 +22,11 @@ import type { RunResult } from "./session/finish";
 
 export type { RunResult } from "./session/finish";
 
-/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge|val"); never set in a real run. */
+/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge|val|refuse"); never set in a real run. */
 export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
   if (!v) return null;
-  const m = /^(\d+):(\d+):(throw|exit|nan|diverge|val)$/.exec(v);
-  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val`);
+  const m = /^(\d+):(\d+):(throw|exit|nan|diverge|val|refuse)$/.exec(v);
+  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val|refuse`);
   return { rank: Number(m[1]), step: Number(m[2]), kind: m[3] as RankFault["kind"] };
 }
 

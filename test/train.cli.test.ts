@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
@@ -115,3 +116,49 @@ test("--resume DIR checks every file against the checkpoint's manifest.json and 
   assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-8")));
 });
 
+function tfjsNodeInstalled(): boolean {
+  for (const pkg of ["@tensorflow/tfjs-node-gpu", "@tensorflow/tfjs-node"]) {
+    try { require.resolve(pkg); return true; } catch { /* not installed */ }
+  }
+  return false;
+}
+
+test("--backend tensorflow without tfjs-node is refused before any work, exit 2 with its own message (P1, A1)", { timeout: 120_000 }, () => {
+  const out = path.join(tmpDir("tstrain-tf-"), "run");
+  const r = cli(tinyArgs(mix.root, out, ["--backend", "tensorflow"]));
+  if (tfjsNodeInstalled()) {
+    // On a machine with tfjs-node the request is valid: the run trains (what this test guards is the refusal's path).
+    assert.equal(r.status, 0, r.stderr);
+    return;
+  }
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /^refused: --backend tensorflow is not available \(@tensorflow\/tfjs-node-gpu: not installed; @tensorflow\/tfjs-node: not installed\); install .* or pass --backend wasm \[P1\]\n$/s);
+  assert.doesNotMatch(r.stderr, /RankFailure/);
+  assert.equal(r.stdout, "", "refused before the plan is printed");
+  assert.ok(!fs.existsSync(out), "nothing was written");
+});
+
+test("a shard holding a token id outside the vocabulary is refused before the ranks start, naming the shard and the id (D1)", { timeout: 120_000 }, () => {
+  const root = tmpDir("tstrain-bigid-");
+  for (const f of fs.readdirSync(mix.root)) fs.copyFileSync(path.join(mix.root, f), path.join(root, f));
+  const manifest = JSON.parse(fs.readFileSync(path.join(root, "manifest.json"), "utf8")) as { shards: { file: string; sha256: string }[] };
+  const shard = manifest.shards[1]!;
+  const bytes = fs.readFileSync(path.join(root, shard.file));
+  bytes.writeUInt16LE(65535, 2 * 1000); // one token id 65535 in a mix whose manifest says 64 ids
+  fs.writeFileSync(path.join(root, shard.file), bytes);
+  shard.sha256 = createHash("sha256").update(bytes).digest("hex"); // the bytes are what prepare wrote, as far as D3 can tell
+  fs.writeFileSync(path.join(root, "manifest.json"), JSON.stringify(manifest));
+  const r = cli(tinyArgs(root, tmpDir("tstrain-bigid-out-")));
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, new RegExp(`^refused: shard ${path.join(root, shard.file).replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} holds token id 65535, outside the model's vocabulary \\[0, 64\\).*--vocab-size 65536.*\\[D1\\]\\n$`, "s"));
+  assert.doesNotMatch(r.stdout, /^precision:|^backend:/m, "no rank was started");
+});
+
+test("a refusal raised inside a rank exits 2 with its own message, not as the rank's failure (A1)", { timeout: 120_000 }, () => {
+  const out = tmpDir("tstrain-rankrefuse-");
+  const r = spawnSync(process.execPath, [MAIN, ...tinyArgs(mix.root, out, ["--world", "2"])], { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_FAULT: "1:5:refuse" } });
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /^refused: injected refusal: rank 1 refuses at step 5 \(TSTRAIN_FAULT\) \[A1\]\n$/);
+  assert.doesNotMatch(r.stderr, /RankFailure|error:/);
+  assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the checkpoint saved before the refusal is kept");
+});

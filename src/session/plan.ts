@@ -10,7 +10,7 @@ import { planSteps, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/config";
 import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/store";
-import { mixFingerprint } from "../data/fingerprint";
+import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerprint";
 import { permSha } from "../data/permutation";
 import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
 import { checkNoWrap, valWindowCount } from "../data/plan";
@@ -48,7 +48,7 @@ export interface SessionPlan {
 }
 
 /** The mix and its identity (D1-D7). */
-interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string }
+interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string; tokenIds: TokenIdScan }
 
 /** The model and what one checkpoint of it takes (M1-M3, O1). */
 interface ModelPlan { model: LlamaConfig; params: SessionPlan["params"]; checkpointBytes: number; roomFor: string }
@@ -58,7 +58,7 @@ interface StartPoint { startStep: number; resumeDir: string | null; priorLoss: n
 
 export async function planSession(cfg: RunConfig, rep: Reporter): Promise<SessionPlan> {
   const data = await planData(cfg, rep);
-  const m = planModel(cfg, data.manifest);
+  const m = planModel(cfg, data);
   const plan = planSteps(cfg);
   const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
   rep.say(`mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
@@ -85,16 +85,21 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
-  const fingerprint = mixFingerprint(root, manifest);
-  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed) };
+  const tokenIds = verifyShards(root, manifest); // D3, and the largest token id in the same pass (D1)
+  const fingerprint = mixFingerprint(root, manifest, { verify: false });
+  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds };
 }
 
-function planModel(cfg: RunConfig, manifest: Manifest): ModelPlan {
+function planModel(cfg: RunConfig, data: DataPlan): ModelPlan {
+  const manifest = data.manifest;
   const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.vocabSize > 0 || cfg.demo;
   const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : 0);
   const model = buildConfig({ seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined, vocabSize: vocab || undefined });
   if (manifest.vocab_size > model.vocabSize) {
     throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
+  }
+  if (data.tokenIds.maxTokenId >= model.vocabSize) {
+    throw new UserError("D1", `shard ${data.tokenIds.file} holds token id ${data.tokenIds.maxTokenId}, outside the model's vocabulary [0, ${model.vocabSize}) (the manifest says its tokenizer has ${manifest.vocab_size} ids): the shards were not written by this mix's tokenizer. Rebuild the mix with node dist/prepare.js, or pass --vocab-size ${data.tokenIds.maxTokenId + 1} or more if the ids are meant`);
   }
   const params = countParams(model);
   const checkpointBytes = estimateCheckpointBytes(params.sum_numel);
