@@ -158,3 +158,22 @@ test("a vocabulary beyond 65,535 ids is stored as little-endian uint32 with the 
   assert.equal(first.length, m.shards[0].tokens * 4);
   assert.deepEqual(streamOf(root, "train"), streamOf(path.join(work, "out-w1"), "train"), "same ids as the uint16 build");
 });
+
+test("a named --input of an unknown format (.json, .csv, no extension) is refused with the accepted formats, never read as text (D2)", () => {
+  const dir = tmpDir("prep-unknown");
+  const cases: Array<[string, string, RegExp]> = [
+    ["docs.json", JSON.stringify(["first document", "second document"]), /jq -c/],
+    ["docs.csv", "id,text\n1,first document\n2,second document\n", /--text-field NAME/],
+    ["README", "plain words", /read when named \.txt/],
+  ];
+  for (const [name, body, hint] of cases) {
+    const f = path.join(dir, name);
+    fs.writeFileSync(f, body);
+    const out = path.join(dir, `out-${name}`);
+    const r = spawnSync(process.execPath, [PREPARE, "--input", f, "--tokenizer", tokenizer, "--out", out], { encoding: "utf8" });
+    assert.equal(r.status, 2, `${name}: ${r.stdout}${r.stderr}`);
+    assert.match(r.stderr, new RegExp(`^prepare: --input ${f.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}: prepare does not read ${name.includes(".") ? name.slice(name.indexOf(".")).replace(".", "\\.") : "\\(no extension\\)"} files\\. Accepted formats: \\.txt, \\.text, \\.md, \\.jsonl, \\.jsonl\\.gz, \\.jsonl\\.zst, \\.parquet`));
+    assert.match(r.stderr, hint);
+    assert.ok(!fs.existsSync(out), `${name}: no mix was written`);
+  }
+});
