@@ -162,3 +162,12 @@ test("a refusal raised inside a rank exits 2 with its own message, not as the ra
   assert.doesNotMatch(r.stderr, /RankFailure|error:/);
   assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the checkpoint saved before the refusal is kept");
 });
+
+test("a file-system error the user causes (--hub-dir under a file) is a refusal naming the path, exit 2, not a bug (O6)", { timeout: 120_000 }, () => {
+  const parent = tmpDir("tstrain-o6-");
+  const file = path.join(parent, "a-file");
+  fs.writeFileSync(file, "x");
+  const r = cli(tinyArgs(mix.root, path.join(parent, "run"), ["--hub-url", "embedded", "--hub-repo", "me/o6", "--hub-dir", path.join(file, "hub")]));
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /^refused: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/);
+});
