@@ -8,6 +8,7 @@ import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
+import { buildConfig, countParams } from "../src/model/config";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -170,4 +171,32 @@ test("a file-system error the user causes (--hub-dir under a file) is a refusal 
   const r = cli(tinyArgs(mix.root, path.join(parent, "run"), ["--hub-url", "embedded", "--hub-repo", "me/o6", "--hub-dir", path.join(file, "hub")]));
   assert.equal(r.status, 2, r.stdout + r.stderr);
   assert.match(r.stderr, /^refused: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/);
+});
+
+test("the vocabulary trap: the frozen shape over a small tokenizer warns with what --vocab-size gives; --layers/--hidden default to the mix's padded vocabulary (M2)", { timeout: 300_000 }, () => {
+  const mix100 = writeSyntheticMix({ vocab: 100, trainTokens: 32 * 1024, valTokens: 512 });
+  const small = ["--root", mix100.root, "--seq-len", "16", "--micro-batch", "1", "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm", "--no-sample"];
+  const paramsOf = (stdout: string) => (JSON.parse(stdout.split("\n").find((l) => l.startsWith("{\"dry_run\""))!) as { params: { sum_numel: number } }).params.sum_numel;
+  const frozen = cli([...small, "--out", tmpDir("tstrain-vocab-frozen-"), "--dry-run"]);
+  assert.equal(frozen.status, 0, frozen.stderr);
+  const padded = countParams(buildConfig({ seqLen: 16, vocabSize: 128 })).sum_numel.toLocaleString("en-US");
+  const warn = frozen.stdout.split("\n").filter((l) => /vocabulary/.test(l));
+  assert.equal(warn.length, 1, frozen.stdout);
+  assert.match(warn[0]!, new RegExp(`^WARNING the mix's tokenizer has 100 ids but the model's vocabulary is 49,152 \\(the frozen default\\): 49,052 embedding rows never see a token, the loss starts near ln\\(49,152\\) = 10\\.80 instead of ln\\(100\\) = 4\\.61, .* --vocab-size 128 trains a ${padded}-parameter model on the same mix \\(M2\\)$`));
+  assert.equal(paramsOf(frozen.stdout), 106_194_240, "the frozen shape itself is unchanged (M1)");
+
+  const variant = cli([...small, "--out", tmpDir("tstrain-vocab-var-"), "--layers", "2", "--hidden", "36", "--dry-run"]);
+  assert.equal(variant.status, 0, variant.stderr);
+  assert.equal(paramsOf(variant.stdout), countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 128 })).sum_numel, "100 ids padded to 128");
+  assert.doesNotMatch(variant.stdout, /WARNING.*vocabulary/);
+  const given = cli([...small, "--out", tmpDir("tstrain-vocab-given-"), "--layers", "2", "--hidden", "36", "--vocab-size", "49152", "--dry-run"]);
+  assert.equal(paramsOf(given.stdout), countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 49152 })).sum_numel, "--vocab-size says otherwise");
+
+  // A checkpoint of another vocabulary (a variant trained before this default) names the flags that rebuild its shape.
+  const out = tmpDir("tstrain-vocab-resume-");
+  const first = cli([...small, "--out", out, "--layers", "2", "--hidden", "36", "--vocab-size", "256", "--stop-after-steps", "4"]);
+  assert.equal(first.status, 0, first.stderr);
+  const again = cli([...small, "--out", out, "--layers", "2", "--hidden", "36", "--resume", path.join(out, "ckpt", "checkpoint-4")]);
+  assert.equal(again.status, 2, again.stdout + again.stderr);
+  assert.match(again.stderr, /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/);
 });

@@ -16,7 +16,7 @@ import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cur
 import { checkNoWrap, valWindowCount } from "../data/plan";
 import { ensureDemoMix } from "../data/demo";
 import {
-  MANIFEST_FILE, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
+  MANIFEST_FILE, readHfConfig, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
 } from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
@@ -58,7 +58,7 @@ interface StartPoint { startStep: number; resumeDir: string | null; priorLoss: n
 
 export async function planSession(cfg: RunConfig, rep: Reporter): Promise<SessionPlan> {
   const data = await planData(cfg, rep);
-  const m = planModel(cfg, data);
+  const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
   const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
   rep.say(`mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
@@ -90,11 +90,35 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds };
 }
 
-function planModel(cfg: RunConfig, data: DataPlan): ModelPlan {
+/** The mix tokenizer's id count rounded up to a multiple of 64: the padded vocabulary a variant defaults to (M2). */
+export function paddedVocab(tokenizerIds: number): number {
+  return Math.ceil(tokenizerIds / VOCAB_PAD) * VOCAB_PAD;
+}
+const VOCAB_PAD = 64;
+
+/**
+ * M2: the model's vocabulary. --vocab-size when given; --demo takes the mix's; a --layers/--hidden variant
+ * takes the mix tokenizer's rounded up to 64; only the frozen shape keeps 49,152 (M1), with a warning line
+ * when the mix's tokenizer is smaller than that by more than the padding (the vocabulary trap).
+ */
+function modelFor(cfg: RunConfig, manifest: Manifest, rep: Reporter): LlamaConfig {
+  const shape = { seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined };
+  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : cfg.layers > 0 || cfg.hidden > 0 ? paddedVocab(manifest.vocab_size) : 0);
+  const model = buildConfig({ ...shape, vocabSize: vocab || undefined });
+  const padded = paddedVocab(manifest.vocab_size);
+  if (!cfg.vocabSize && model.vocabSize > padded) {
+    const small = countParams(buildConfig({ ...shape, vocabSize: padded })).sum_numel;
+    const ln = (n: number) => Math.log(n).toFixed(2);
+    const f = (n: number) => n.toLocaleString("en-US");
+    rep.say(`WARNING the mix's tokenizer has ${f(manifest.vocab_size)} ids but the model's vocabulary is ${f(model.vocabSize)} (the frozen default): ${f(model.vocabSize - manifest.vocab_size)} embedding rows never see a token, the loss starts near ln(${f(model.vocabSize)}) = ${ln(model.vocabSize)} instead of ln(${f(manifest.vocab_size)}) = ${ln(manifest.vocab_size)}, and the LM head does ${(model.vocabSize / padded).toFixed(0)}x the work. --vocab-size ${padded} trains a ${f(small)}-parameter model on the same mix (M2)`);
+  }
+  return model;
+}
+
+function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
   const manifest = data.manifest;
   const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.vocabSize > 0 || cfg.demo;
-  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : 0);
-  const model = buildConfig({ seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined, vocabSize: vocab || undefined });
+  const model = modelFor(cfg, manifest, rep);
   if (manifest.vocab_size > model.vocabSize) {
     throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
   }
@@ -121,6 +145,7 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
     const cur = loadCursor(dir);
     ({ startStep: start.startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: data.permSha, fingerprint: data.fingerprint, seqsPerStep: plan.seqsPerStep }, dir));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
+    checkModelShape(dir, m.model);
     rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
     moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
   }
@@ -170,6 +195,18 @@ function verifyLocalResume(cfg: RunConfig, hub: HubStore | null, rep: Reporter):
   rep.say(verified
     ? `resume: ${dir} matches its ${MANIFEST_FILE} (size and sha256 of every file, K7)`
     : `resume: ${dir} has no ${MANIFEST_FILE}; reading it unchecked as --resume-without-manifest asks (K7)`);
+}
+
+/**
+ * M2: the checkpoint's model (its config.json) has this run's shape. A variant without --vocab-size used to
+ * default to 49,152 ids and now takes the mix's, so a checkpoint from before says which flags rebuild its shape.
+ */
+function checkModelShape(dir: string, model: LlamaConfig): void {
+  const hf = readHfConfig(dir);
+  const want: Array<[string, string, number]> = [["num_hidden_layers", "--layers", model.numLayers], ["hidden_size", "--hidden", model.hiddenSize], ["vocab_size", "--vocab-size", model.vocabSize]];
+  const diff = want.filter(([k, , v]) => hf[k] !== v);
+  if (!diff.length) return;
+  throw new UserError("M2", `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k, , v]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`);
 }
 
 /** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
