@@ -56,6 +56,8 @@ export interface RunConfig {
   resumeIgnoreUnproven: boolean;
   /** K7: --resume DIR accepts a folder without manifest.json (a checkpoint from before manifests existed). */
   resumeWithoutManifest: boolean;
+  /** K5: a checkpoint repo this run creates is private (--no-hub-private: public); an existing one is never changed. */
+  hubPrivate: boolean;
   /** Log a short greedy sample at every checkpoint and at the end (G11); --no-sample turns it off. */
   sample: boolean;
 }
