@@ -200,3 +200,42 @@ test("the vocabulary trap: the frozen shape over a small tokenizer warns with wh
   assert.equal(again.status, 2, again.stdout + again.stderr);
   assert.match(again.stderr, /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/);
 });
+
+test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's constants is refused naming old and new, unless --allow-config-change lists them (P7)", { timeout: 300_000 }, () => {
+  const out = tmpDir("tstrain-p7-");
+  const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
+  assert.equal(first.status, 0, first.stderr);
+  const ck = path.join(out, "ckpt", "checkpoint-4");
+  const lr = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3"]));
+  assert.equal(lr.status, 2, lr.stdout + lr.stderr);
+  assert.match(lr.stderr, /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values \(--lr 0\.003\), or pass --allow-config-change .*\[P7\]\n$/);
+  const sched = cli(tinyArgs(mix.root, out, ["--resume", ck, "--warmup-frac", "0.1", "--decay-frac", "0.5"]));
+  assert.equal(sched.status, 2, sched.stdout + sched.stderr);
+  assert.match(sched.stderr, /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .*\(--warmup-frac 0\.02 --decay-frac 0\.8\).*\[P7\]/);
+  assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
+
+  // A checkpoint of a tstrain whose AdamW beta2 was another: its run_config.json (and, so it still proves itself, its manifest) says so.
+  const rcPath = path.join(ck, "run_config.json");
+  const rcSaved = fs.readFileSync(rcPath);
+  const manPath = path.join(ck, "manifest.json");
+  const manSaved = fs.readFileSync(manPath);
+  const rc = JSON.parse(rcSaved.toString("utf8")) as { update: Record<string, number> };
+  assert.equal(rc.update.beta2, 0.95, "run_config.json records the update's constants");
+  rc.update.beta2 = 0.999;
+  const rcBytes = Buffer.from(JSON.stringify(rc));
+  fs.writeFileSync(rcPath, rcBytes);
+  const man = JSON.parse(manSaved.toString("utf8")) as { files: Record<string, { size: number; sha256: string }> };
+  man.files["run_config.json"] = { size: rcBytes.length, sha256: createHash("sha256").update(rcBytes).digest("hex") };
+  fs.writeFileSync(manPath, JSON.stringify(man));
+  const betas = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(betas.status, 2, betas.stdout + betas.stderr);
+  assert.match(betas.stderr, /: beta2 0\.999 -> 0\.95\. .*Pass --allow-config-change .*\[P7\]/);
+  fs.writeFileSync(rcPath, rcSaved);
+  fs.writeFileSync(manPath, manSaved);
+
+  const allowed = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3", "--warmup-frac", "0.1", "--allow-config-change"]));
+  assert.equal(allowed.status, 0, allowed.stderr);
+  assert.match(allowed.stdout, /^resume from .*checkpoint-4: step 4, .*; changed on purpose \(--allow-config-change\): --lr 0\.003 -> 0\.001, --warmup-frac 0\.02 -> 0\.1$/m);
+  const rc8 = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8")) as { lr: number };
+  assert.equal(rc8.lr, 1e-3, "the checkpoints from there on record the new value");
+});

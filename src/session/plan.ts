@@ -16,13 +16,14 @@ import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cur
 import { checkNoWrap, valWindowCount } from "../data/plan";
 import { ensureDemoMix } from "../data/demo";
 import {
-  MANIFEST_FILE, readHfConfig, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
+  MANIFEST_FILE, readHfConfig, readRunConfigIfAny, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
 } from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
 import { createHubStore, type HubStore } from "../hub/store";
 import { resolveAutoResume } from "../hub/resume";
 import { RunComplete } from "./stop";
+import { checkConfigChanges, describeChanges } from "./resume-config";
 
 export interface SessionPlan {
   cfg: RunConfig;
@@ -146,7 +147,9 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
     ({ startStep: start.startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: data.permSha, fingerprint: data.fingerprint, seqsPerStep: plan.seqsPerStep }, dir));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
     checkModelShape(dir, m.model);
-    rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
+    const changed = checkConfigChanges(dir, readRunConfigIfAny(dir), cfg); // P7
+    const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
+    rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}`);
     moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
   }
   // O1 for a resume: a local copy proven equal to the Hub's verified checkpoint counts as room when
