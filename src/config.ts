@@ -62,6 +62,12 @@ export interface RunConfig {
   hubTimeoutSeconds: number;
   /** R3: --resume auto resumes from the pointer even when newer checkpoint folders without a manifest exist. */
   resumeIgnoreUnproven: boolean;
+  /** K7: --resume DIR accepts a folder without manifest.json (a checkpoint from before manifests existed). */
+  resumeWithoutManifest: boolean;
+  /** K5: a checkpoint repo this run creates is private (--no-hub-private: public); an existing one is never changed. */
+  hubPrivate: boolean;
+  /** P7: a resume may change --lr, --warmup-frac, --decay-frac (and the update's constants); each change is listed. */
+  allowConfigChange: boolean;
   /** Log a short greedy sample at every checkpoint and at the end (G11); --no-sample turns it off. */
   sample: boolean;
 }

@@ -14,7 +14,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
-import { isUserError, UserError } from "./errors";
+import { fsRefusal, isUserError, UserError } from "./errors";
 import { configFromHf, type LlamaConfig } from "./model/config";
 import { readSafetensors, tensorsToFlat } from "./model/safetensors";
 import { paramLayout } from "./model/layout";
@@ -38,9 +38,20 @@ export function loadTokenizerFile(file: string): { tk: Tokenizer; eosText: strin
     throw new UserError("G11", `cannot read the tokenizer ${file} (${(e as Error).message}); ${TOKENIZER_HINT}`);
   }
   const cfgPath = path.join(path.dirname(file), "tokenizer_config.json");
-  const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) as Record<string, unknown> : {};
+  let cfg: Record<string, unknown> = {};
+  try {
+    if (fs.existsSync(cfgPath)) cfg = JSON.parse(fs.readFileSync(cfgPath, "utf8")) as Record<string, unknown>;
+  } catch (e) {
+    throw new UserError("G11", `${cfgPath} beside the tokenizer is not valid JSON (${(e as Error).message}): fix or remove it`);
+  }
   const eos = typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: string } | undefined)?.content ?? null;
-  return { tk: new Tokenizer(json as object, cfg), eosText: eos };
+  try {
+    const tk = new Tokenizer(json as object, cfg);
+    tk.encode("generate self-check: Hello, world! 123", { add_special_tokens: false });
+    return { tk, eosText: eos };
+  } catch (e) {
+    throw new UserError("G11", `the tokenizer ${file} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it is not a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens); ${TOKENIZER_HINT}`);
+  }
 }
 
 /** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
@@ -242,7 +253,8 @@ async function main(): Promise<void> {
     const secs = (performance.now() - t0) / 1000;
     process.stdout.write("\n");
     process.stderr.write(`generate: ${r.ids.length} tokens in ${secs.toFixed(2)} s (${(r.ids.length / Math.max(1e-9, secs)).toFixed(1)} tok/s)${r.ids.length < a.maxNewTokens ? ", stopped at EOS or the model's length" : ""}\n`);
-  } catch (e) {
+  } catch (caught) {
+    const e = fsRefusal(caught, "O6") ?? caught; // O6: a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
       process.stderr.write(`generate: ${(e as Error).message}\n`);
       process.exitCode = 2;

@@ -4,6 +4,7 @@
  * printed. Prints `LocalHub listening on URL`, then one `LocalHub event: {json}` line per event.
  */
 import { LocalHub, loadTokensFile, type HubToken } from "./hub/server";
+import { fsRefusal } from "./errors";
 
 const HELP = `usage: node dist/hub-server.js --dir DIR [--port N] [--host HOST] [--tokens FILE] [--faults FILE]
 
@@ -75,6 +76,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((e) => {
-  process.stderr.write(`hub-server: ${(e as Error).message}\n`);
-  process.exitCode = 1;
+  const refused = fsRefusal(e, "O6"); // O6: an unwritable --dir or a port in use is the user's to fix
+  process.stderr.write(`hub-server: ${(refused ?? (e as Error)).message}\n`);
+  process.exitCode = refused ? 2 : 1;
 });

@@ -4,7 +4,7 @@
  * signal after saving and publishing a checkpoint at the current step: O3) and forwards signals.
  */
 import { parseArgs, usage } from "./config";
-import { isUserError } from "./errors";
+import { fsRefusal, isUserError } from "./errors";
 import { runSession } from "./run";
 import { EXIT_STOPPED, requestStop, RunComplete, RunStopped, setCommandLine } from "./session/stop";
 
@@ -48,7 +48,8 @@ async function main(): Promise<number> {
 
 main().then(
   (code) => { process.exitCode = code; },
-  (e: unknown) => {
+  (caught: unknown) => {
+    const e = fsRefusal(caught, "O6") ?? caught; // O6: a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
       process.stderr.write(`refused: ${(e as Error).message}\n`);
       process.exitCode = 2;

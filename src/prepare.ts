@@ -4,7 +4,7 @@
  * Builds a mix root (SPEC D2). See src/data/prepare-mix.ts for the format and the rules.
  * A refusal prints one line without a stack and exits 2; a bug keeps its stack and exits 1.
  */
-import { isUserError, UserError } from "./errors";
+import { fsRefusal, isUserError, UserError } from "./errors";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, PrepareOptions } from "./data/prepare-mix";
 
 const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name --out ROOT
@@ -66,7 +66,8 @@ async function main(): Promise<void> {
       return;
     }
     await prepareMix({ ...o, progress: "auto" });
-  } catch (e) {
+  } catch (caught) {
+    const e = fsRefusal(caught, "O6") ?? caught; // a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
       process.stderr.write(`prepare: ${e.message}\n`);
       process.exitCode = 2;

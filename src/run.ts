@@ -22,11 +22,11 @@ import type { RunResult } from "./session/finish";
 
 export type { RunResult } from "./session/finish";
 
-/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge|val"); never set in a real run. */
+/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge|val|refuse"); never set in a real run. */
 export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
   if (!v) return null;
-  const m = /^(\d+):(\d+):(throw|exit|nan|diverge|val)$/.exec(v);
-  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val`);
+  const m = /^(\d+):(\d+):(throw|exit|nan|diverge|val|refuse)$/.exec(v);
+  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val|refuse`);
   return { rank: Number(m[1]), step: Number(m[2]), kind: m[3] as RankFault["kind"] };
 }
 
@@ -117,6 +117,20 @@ function startingPoint(s: SessionPlan, coord: Coordinator): { pos: OptimizerPosi
   return { pos, history };
 }
 
+/** K5: what the start line says of the repo's visibility: chosen when created, found (and never changed) when it existed. */
+async function visibilityNote(hub: NonNullable<SessionPlan["hub"]>, created: boolean, wantPrivate: boolean): Promise<string> {
+  const flag = wantPrivate ? "--hub-private" : "--no-hub-private";
+  if (created) return `created ${wantPrivate ? "private" : "public"} (${flag})`;
+  let priv: boolean | null;
+  try {
+    priv = await hub.isPrivate();
+  } catch (e) {
+    return `exists (its visibility could not be read: ${(e as Error).message}; it is left as it is)`; // only a line: never stop a run for it
+  }
+  const is = priv === null ? "of unknown visibility" : priv ? "private" : "public";
+  return priv === wantPrivate ? `exists, ${is}` : `exists, ${is}: left as it is (an existing repo's visibility is never changed; ${flag} applies to a repo this run creates)`;
+}
+
 /** The ranks, the Hub repo and the uploader; returns where the uploader's reports will arrive (K6). */
 async function startActors(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, rep: Reporter): Promise<UploaderEvent[]> {
   const { cfg, plan } = s;
@@ -125,9 +139,9 @@ async function startActors(s: SessionPlan, coord: Coordinator, pos: OptimizerPos
   rep.say(`backend: ${coord.backendInfo.detail}`);
   let head: string | null = null;
   if (s.hub) {
-    const r = await s.hub.ensureRepo();
+    const r = await s.hub.ensureRepo({ private: cfg.hubPrivate }); // K5: created private unless --no-hub-private
     head = await s.hub.followHead(); // K8: every commit from here on names its parent
-    rep.say(`checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${r.created ? "created" : "exists"}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`);
+    rep.say(`checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${await visibilityNote(s.hub, r.created, cfg.hubPrivate)}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`);
   }
   const events: UploaderEvent[] = [];
   await coord.startUploader({

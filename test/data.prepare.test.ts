@@ -158,3 +158,48 @@ test("a vocabulary beyond 65,535 ids is stored as little-endian uint32 with the 
   assert.equal(first.length, m.shards[0].tokens * 4);
   assert.deepEqual(streamOf(root, "train"), streamOf(path.join(work, "out-w1"), "train"), "same ids as the uint16 build");
 });
+
+test("a named --input of an unknown format (.json, .csv, no extension) is refused with the accepted formats, never read as text (D2)", () => {
+  const dir = tmpDir("prep-unknown");
+  const cases: Array<[string, string, RegExp]> = [
+    ["docs.json", JSON.stringify(["first document", "second document"]), /jq -c/],
+    ["docs.csv", "id,text\n1,first document\n2,second document\n", /--text-field NAME/],
+    ["README", "plain words", /read when named \.txt/],
+  ];
+  for (const [name, body, hint] of cases) {
+    const f = path.join(dir, name);
+    fs.writeFileSync(f, body);
+    const out = path.join(dir, `out-${name}`);
+    const r = spawnSync(process.execPath, [PREPARE, "--input", f, "--tokenizer", tokenizer, "--out", out], { encoding: "utf8" });
+    assert.equal(r.status, 2, `${name}: ${r.stdout}${r.stderr}`);
+    assert.match(r.stderr, new RegExp(`^prepare: --input ${f.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}: prepare does not read ${name.includes(".") ? name.slice(name.indexOf(".")).replace(".", "\\.") : "\\(no extension\\)"} files\\. Accepted formats: \\.txt, \\.text, \\.md, \\.jsonl, \\.jsonl\\.gz, \\.jsonl\\.zst, \\.parquet`));
+    assert.match(r.stderr, hint);
+    assert.ok(!fs.existsSync(out), `${name}: no mix was written`);
+  }
+});
+
+test("prepare onto a full disk (a 64 KiB tmpfs) is refused, exit 2, naming the path, and leaves no partial folder (O6)", (t) => {
+  const mnt = tmpDir("prep-full");
+  const m = spawnSync("mount", ["-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt], { encoding: "utf8" });
+  if (m.status !== 0) {
+    const why = `mount -t tmpfs failed (${(m.stderr || "").trim() || m.error?.message || `exit ${m.status}`}); uid ${process.getuid?.()}`;
+    if (process.env.TSTRAIN_REQUIRE_TMPFS === "1") assert.fail(`TSTRAIN_REQUIRE_TMPFS=1 but ${why}`);
+    t.diagnostic(`no tmpfs: ${why}; the full-disk case needs a real small filesystem and was not run`);
+    t.skip(`no tmpfs could be mounted: ${why}`);
+    return;
+  }
+  try {
+    const big = path.join(tmpDir("prep-full-src"), "big.jsonl");
+    const rows: string[] = [];
+    for (let i = 0; i < 3000; i++) rows.push(JSON.stringify({ text: docs[i % docs.length] }));
+    fs.writeFileSync(big, rows.join("\n") + "\n"); // ~500 KB of text: far more tokens than 64 KiB holds
+    const out = path.join(mnt, "mix");
+    const r = spawnSync(process.execPath, [PREPARE, "--input", big, "--tokenizer", tokenizer, "--out", out, "--workers", "1", "--shard-tokens", "4096"], { encoding: "utf8" });
+    assert.equal(r.status, 2, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`^prepare: write ${mnt.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/mix\\.partial-\\d+/\\S+ failed: the disk is full \\(ENOSPC\\): free space there, or write to another disk, then run the same command again \\[O6\\]\\n$`, "m"));
+    assert.doesNotMatch(r.stderr, /internal error|\n\s+at /);
+    assert.deepEqual(fs.readdirSync(mnt), [], "neither the mix nor its partial folder is left");
+  } finally {
+    spawnSync("umount", [mnt]);
+  }
+});

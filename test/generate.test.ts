@@ -122,3 +122,14 @@ test("a model folder whose config.json is damaged is refused naming the file (K2
   fs.writeFileSync(path.join(dir, "model.safetensors"), Buffer.alloc(16));
   assert.throws(() => loadModelDir(dir), (e: unknown) => (e as Error).name === "UserError" && /checkpoint config\.json at .*config\.json is not valid JSON/.test((e as Error).message) && (e as { rule?: string }).rule === "K2");
 });
+
+test("generate --tokenizer with a file that is not a tokenizer is refused, exit 2, naming the path (G11)", () => {
+  const dir = tmpDir("gen-nottok");
+  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
+  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
+  const notTok = path.join(dir, "config.json"); // valid JSON, not a tokenizer: what a slip of the tab key gives
+  const r = spawnSync(process.execPath, [GENERATE, "--model", dir, "--tokenizer", notTok, "--prompt", "The", "--backend", "cpu"], { encoding: "utf8" });
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, new RegExp(`^generate: the tokenizer ${notTok.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} cannot be loaded by @huggingface/tokenizers .*it is not a complete Hugging Face tokenizer\\.json.*\\[G11\\]\\n$`, "s"));
+  assert.doesNotMatch(r.stderr, /internal error|\n\s+at /);
+});

@@ -5,6 +5,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
+import * as net from "node:net";
 import { createHubStore } from "../src/hub/store";
 
 // dist/test/hub.cli.test.js → dist/hub-server.js (the launcher), else dist/src/hub-server.js.
@@ -51,4 +52,27 @@ describe("hub-server CLI (B6)", () => {
     assert.equal(bad.status, 2);
     assert.match(bad.stderr, /--dir is required/);
   });
+});
+
+test("a --dir under a file and a --port in use are refusals naming them, exit 2, not failures (O6)", async () => {
+  const parent = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-hubcli-o6-"));
+  try {
+    const file = path.join(parent, "a-file");
+    fs.writeFileSync(file, "x");
+    const under = spawnSync(process.execPath, [launcher, "--dir", path.join(file, "hub"), "--port", "0"], { encoding: "utf8", timeout: 60_000 });
+    assert.equal(under.status, 2, under.stderr);
+    assert.match(under.stderr, /^hub-server: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/);
+    const busy = net.createServer();
+    await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", resolve));
+    try {
+      const port = (busy.address() as net.AddressInfo).port;
+      const r = spawnSync(process.execPath, [launcher, "--dir", path.join(parent, "hub"), "--port", String(port)], { encoding: "utf8", timeout: 60_000 });
+      assert.equal(r.status, 2, r.stderr);
+      assert.match(r.stderr, /^hub-server: listen .*failed: the address is in use \(EADDRINUSE\): pick another --port, or --port 0 for a free one \[O6\]\n$/);
+    } finally {
+      busy.close();
+    }
+  } finally {
+    fs.rmSync(parent, { recursive: true, force: true });
+  }
 });

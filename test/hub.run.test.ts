@@ -9,6 +9,7 @@ import { spawn } from "node:child_process";
 import { LocalHub } from "../src/hub/server";
 import type { HubEvent } from "../src/hub/server/context";
 import { createHubStore } from "../src/hub/store";
+import { repoExists as hubRepoExists } from "@huggingface/hub";
 import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
@@ -161,5 +162,36 @@ test("HF_TOKEN appears in no output, log or file of a run, also when the Hub rej
     }
     const walk = (d: string): string[] => fs.readdirSync(d, { withFileTypes: true }).flatMap((e) => e.isDirectory() ? walk(path.join(d, e.name)) : [path.join(d, e.name)]);
     for (const f of walk(out)) assert.ok(!fs.readFileSync(f).includes(token), `token in ${f}`);
+  }, token);
+});
+
+test("the checkpoint repo is created private by default, public with --no-hub-private, and an existing repo's visibility is never changed (K5)", { timeout: 300_000 }, async () => {
+  const token = "hf_private_test_token_0001";
+  await withHub(async (_hub, url) => {
+    // what anyone without the token sees, through the real client: a private repo does not exist for them
+    const seenByAnyone = (name: string) => hubRepoExists({ repo: { type: "dataset", name }, hubUrl: url });
+    const owner = (repo: string) => createHubStore({ hubUrl: url, repo, repoType: "dataset", token });
+    const env = { HF_TOKEN: token };
+    const small = ["--max-steps", "4", "--world", "1", "--vocab-size", "64", "--no-sample"];
+
+    const priv = await runCli(cliArgs(tmpDir("tstrain-priv-"), url, "me/private-run", small), env);
+    assert.equal(priv.code, 0, priv.stderr);
+    assert.match(priv.stdout, /^checkpoint hub target me\/private-run \(dataset, created private \(--hub-private\); /m);
+    assert.equal(await owner("me/private-run").isPrivate(), true);
+    assert.equal(await seenByAnyone("me/private-run"), false, "an anonymous caller cannot see a private repo (401 RepoNotFound, as on the Hub)");
+
+    const pub = await runCli(cliArgs(tmpDir("tstrain-pub-"), url, "me/public-run", [...small, "--no-hub-private"]), env);
+    assert.equal(pub.code, 0, pub.stderr);
+    assert.match(pub.stdout, /^checkpoint hub target me\/public-run \(dataset, created public \(--no-hub-private\); /m);
+    assert.equal(await owner("me/public-run").isPrivate(), false);
+    assert.equal(await seenByAnyone("me/public-run"), true);
+
+    // A repo made public by its owner beforehand stays public: the default never flips it, and the line says so.
+    await owner("me/existing").ensureRepo({ private: false });
+    const kept = await runCli(cliArgs(tmpDir("tstrain-kept-"), url, "me/existing", small), env);
+    assert.equal(kept.code, 0, kept.stderr);
+    assert.match(kept.stdout, /^checkpoint hub target me\/existing \(dataset, exists, public: left as it is \(an existing repo's visibility is never changed; --hub-private applies to a repo this run creates\); /m);
+    assert.equal(await owner("me/existing").isPrivate(), false);
+    assert.equal(await seenByAnyone("me/existing"), true);
   }, token);
 });

@@ -4,9 +4,11 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
+import { buildConfig, countParams } from "../src/model/config";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -71,4 +73,169 @@ test("--stop-after-steps must be a whole number of intervals, beyond the resume 
   const out = tmpDir("g1-");
   await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
   await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])), /--stop-after-steps 4 is not beyond the resume point step 4/);
+});
+
+/** The tiny run of helpers/run.ts's tinyConfig, as command-line flags for dist/main.js. */
+function tinyArgs(root: string, out: string, extra: string[] = []): string[] {
+  return [
+    "--root", root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--micro-batch", "2", "--accum", "1",
+    "--world", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2", "--val-tokens", "256", "--lr", "3e-3",
+    "--vocab-size", "64", "--backend", "wasm", "--no-sample", ...extra,
+  ];
+}
+
+test("--resume DIR checks every file against the checkpoint's manifest.json and refuses a changed byte or a missing manifest (K7)", { timeout: 300_000 }, () => {
+  const out = tmpDir("tstrain-k7-");
+  const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
+  assert.equal(first.status, 0, first.stderr);
+  const ck = path.join(out, "ckpt", "checkpoint-4");
+  const weights = path.join(ck, "model.safetensors");
+  const good = fs.readFileSync(weights);
+  const bad = Buffer.from(good);
+  bad[bad.length - 3] ^= 0x01; // one flipped bit inside the last tensor's data: the file still parses
+  fs.writeFileSync(weights, bad);
+  const flipped = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(flipped.status, 2, flipped.stdout + flipped.stderr);
+  assert.match(flipped.stderr, /^refused: --resume .*checkpoint-4: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}….*\[K7\]\n$/s);
+  assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
+  fs.writeFileSync(weights, good);
+
+  const manifest = path.join(ck, "manifest.json");
+  const saved = fs.readFileSync(manifest);
+  fs.rmSync(manifest);
+  const none = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(none.status, 2, none.stdout + none.stderr);
+  assert.match(none.stderr, /has no manifest\.json.*--resume-without-manifest.*\[K7\]/s);
+  const old = cli(tinyArgs(mix.root, out, ["--resume", ck, "--resume-without-manifest", "--dry-run"]));
+  assert.equal(old.status, 0, old.stderr);
+  assert.match(old.stdout, /has no manifest\.json; reading it unchecked as --resume-without-manifest asks \(K7\)/);
+  fs.writeFileSync(manifest, saved);
+
+  const ok = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /checkpoint-4 matches its manifest\.json \(size and sha256 of every file, K7\)/);
+  assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-8")));
+});
+
+function tfjsNodeInstalled(): boolean {
+  for (const pkg of ["@tensorflow/tfjs-node-gpu", "@tensorflow/tfjs-node"]) {
+    try { require.resolve(pkg); return true; } catch { /* not installed */ }
+  }
+  return false;
+}
+
+test("--backend tensorflow without tfjs-node is refused before any work, exit 2 with its own message (P1, A1)", { timeout: 120_000 }, () => {
+  const out = path.join(tmpDir("tstrain-tf-"), "run");
+  const r = cli(tinyArgs(mix.root, out, ["--backend", "tensorflow"]));
+  if (tfjsNodeInstalled()) {
+    // On a machine with tfjs-node the request is valid: the run trains (what this test guards is the refusal's path).
+    assert.equal(r.status, 0, r.stderr);
+    return;
+  }
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /^refused: --backend tensorflow is not available \(@tensorflow\/tfjs-node-gpu: not installed; @tensorflow\/tfjs-node: not installed\); install .* or pass --backend wasm \[P1\]\n$/s);
+  assert.doesNotMatch(r.stderr, /RankFailure/);
+  assert.equal(r.stdout, "", "refused before the plan is printed");
+  assert.ok(!fs.existsSync(out), "nothing was written");
+});
+
+test("a shard holding a token id outside the vocabulary is refused before the ranks start, naming the shard and the id (D1)", { timeout: 120_000 }, () => {
+  const root = tmpDir("tstrain-bigid-");
+  for (const f of fs.readdirSync(mix.root)) fs.copyFileSync(path.join(mix.root, f), path.join(root, f));
+  const manifest = JSON.parse(fs.readFileSync(path.join(root, "manifest.json"), "utf8")) as { shards: { file: string; sha256: string }[] };
+  const shard = manifest.shards[1]!;
+  const bytes = fs.readFileSync(path.join(root, shard.file));
+  bytes.writeUInt16LE(65535, 2 * 1000); // one token id 65535 in a mix whose manifest says 64 ids
+  fs.writeFileSync(path.join(root, shard.file), bytes);
+  shard.sha256 = createHash("sha256").update(bytes).digest("hex"); // the bytes are what prepare wrote, as far as D3 can tell
+  fs.writeFileSync(path.join(root, "manifest.json"), JSON.stringify(manifest));
+  const r = cli(tinyArgs(root, tmpDir("tstrain-bigid-out-")));
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, new RegExp(`^refused: shard ${path.join(root, shard.file).replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} holds token id 65535, outside the model's vocabulary \\[0, 64\\).*--vocab-size 65536.*\\[D1\\]\\n$`, "s"));
+  assert.doesNotMatch(r.stdout, /^precision:|^backend:/m, "no rank was started");
+});
+
+test("a refusal raised inside a rank exits 2 with its own message, not as the rank's failure (A1)", { timeout: 120_000 }, () => {
+  const out = tmpDir("tstrain-rankrefuse-");
+  const r = spawnSync(process.execPath, [MAIN, ...tinyArgs(mix.root, out, ["--world", "2"])], { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_FAULT: "1:5:refuse" } });
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /^refused: injected refusal: rank 1 refuses at step 5 \(TSTRAIN_FAULT\) \[A1\]\n$/);
+  assert.doesNotMatch(r.stderr, /RankFailure|error:/);
+  assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the checkpoint saved before the refusal is kept");
+});
+
+test("a file-system error the user causes (--hub-dir under a file) is a refusal naming the path, exit 2, not a bug (O6)", { timeout: 120_000 }, () => {
+  const parent = tmpDir("tstrain-o6-");
+  const file = path.join(parent, "a-file");
+  fs.writeFileSync(file, "x");
+  const r = cli(tinyArgs(mix.root, path.join(parent, "run"), ["--hub-url", "embedded", "--hub-repo", "me/o6", "--hub-dir", path.join(file, "hub")]));
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /^refused: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/);
+});
+
+test("the vocabulary trap: the frozen shape over a small tokenizer warns with what --vocab-size gives; --layers/--hidden default to the mix's padded vocabulary (M2)", { timeout: 300_000 }, () => {
+  const mix100 = writeSyntheticMix({ vocab: 100, trainTokens: 32 * 1024, valTokens: 512 });
+  const small = ["--root", mix100.root, "--seq-len", "16", "--micro-batch", "1", "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm", "--no-sample"];
+  const paramsOf = (stdout: string) => (JSON.parse(stdout.split("\n").find((l) => l.startsWith("{\"dry_run\""))!) as { params: { sum_numel: number } }).params.sum_numel;
+  const frozen = cli([...small, "--out", tmpDir("tstrain-vocab-frozen-"), "--dry-run"]);
+  assert.equal(frozen.status, 0, frozen.stderr);
+  const padded = countParams(buildConfig({ seqLen: 16, vocabSize: 128 })).sum_numel.toLocaleString("en-US");
+  const warn = frozen.stdout.split("\n").filter((l) => /vocabulary/.test(l));
+  assert.equal(warn.length, 1, frozen.stdout);
+  assert.match(warn[0]!, new RegExp(`^WARNING the mix's tokenizer has 100 ids but the model's vocabulary is 49,152 \\(the frozen default\\): 49,052 embedding rows never see a token, the loss starts near ln\\(49,152\\) = 10\\.80 instead of ln\\(100\\) = 4\\.61, .* --vocab-size 128 trains a ${padded}-parameter model on the same mix \\(M2\\)$`));
+  assert.equal(paramsOf(frozen.stdout), 106_194_240, "the frozen shape itself is unchanged (M1)");
+
+  const variant = cli([...small, "--out", tmpDir("tstrain-vocab-var-"), "--layers", "2", "--hidden", "36", "--dry-run"]);
+  assert.equal(variant.status, 0, variant.stderr);
+  assert.equal(paramsOf(variant.stdout), countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 128 })).sum_numel, "100 ids padded to 128");
+  assert.doesNotMatch(variant.stdout, /WARNING.*vocabulary/);
+  const given = cli([...small, "--out", tmpDir("tstrain-vocab-given-"), "--layers", "2", "--hidden", "36", "--vocab-size", "49152", "--dry-run"]);
+  assert.equal(paramsOf(given.stdout), countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 49152 })).sum_numel, "--vocab-size says otherwise");
+
+  // A checkpoint of another vocabulary (a variant trained before this default) names the flags that rebuild its shape.
+  const out = tmpDir("tstrain-vocab-resume-");
+  const first = cli([...small, "--out", out, "--layers", "2", "--hidden", "36", "--vocab-size", "256", "--stop-after-steps", "4"]);
+  assert.equal(first.status, 0, first.stderr);
+  const again = cli([...small, "--out", out, "--layers", "2", "--hidden", "36", "--resume", path.join(out, "ckpt", "checkpoint-4")]);
+  assert.equal(again.status, 2, again.stdout + again.stderr);
+  assert.match(again.stderr, /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/);
+});
+
+test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's constants is refused naming old and new, unless --allow-config-change lists them (P7)", { timeout: 300_000 }, () => {
+  const out = tmpDir("tstrain-p7-");
+  const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
+  assert.equal(first.status, 0, first.stderr);
+  const ck = path.join(out, "ckpt", "checkpoint-4");
+  const lr = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3"]));
+  assert.equal(lr.status, 2, lr.stdout + lr.stderr);
+  assert.match(lr.stderr, /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values \(--lr 0\.003\), or pass --allow-config-change .*\[P7\]\n$/);
+  const sched = cli(tinyArgs(mix.root, out, ["--resume", ck, "--warmup-frac", "0.1", "--decay-frac", "0.5"]));
+  assert.equal(sched.status, 2, sched.stdout + sched.stderr);
+  assert.match(sched.stderr, /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .*\(--warmup-frac 0\.02 --decay-frac 0\.8\).*\[P7\]/);
+  assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
+
+  // A checkpoint of a tstrain whose AdamW beta2 was another: its run_config.json (and, so it still proves itself, its manifest) says so.
+  const rcPath = path.join(ck, "run_config.json");
+  const rcSaved = fs.readFileSync(rcPath);
+  const manPath = path.join(ck, "manifest.json");
+  const manSaved = fs.readFileSync(manPath);
+  const rc = JSON.parse(rcSaved.toString("utf8")) as { update: Record<string, number> };
+  assert.equal(rc.update.beta2, 0.95, "run_config.json records the update's constants");
+  rc.update.beta2 = 0.999;
+  const rcBytes = Buffer.from(JSON.stringify(rc));
+  fs.writeFileSync(rcPath, rcBytes);
+  const man = JSON.parse(manSaved.toString("utf8")) as { files: Record<string, { size: number; sha256: string }> };
+  man.files["run_config.json"] = { size: rcBytes.length, sha256: createHash("sha256").update(rcBytes).digest("hex") };
+  fs.writeFileSync(manPath, JSON.stringify(man));
+  const betas = cli(tinyArgs(mix.root, out, ["--resume", ck]));
+  assert.equal(betas.status, 2, betas.stdout + betas.stderr);
+  assert.match(betas.stderr, /: beta2 0\.999 -> 0\.95\. .*Pass --allow-config-change .*\[P7\]/);
+  fs.writeFileSync(rcPath, rcSaved);
+  fs.writeFileSync(manPath, manSaved);
+
+  const allowed = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3", "--warmup-frac", "0.1", "--allow-config-change"]));
+  assert.equal(allowed.status, 0, allowed.stderr);
+  assert.match(allowed.stdout, /^resume from .*checkpoint-4: step 4, .*; changed on purpose \(--allow-config-change\): --lr 0\.003 -> 0\.001, --warmup-frac 0\.02 -> 0\.1$/m);
+  const rc8 = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8")) as { lr: number };
+  assert.equal(rc8.lr, 1e-3, "the checkpoints from there on record the new value");
 });

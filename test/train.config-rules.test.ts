@@ -15,6 +15,7 @@ test("every flag's default is the seed's (G10)", () => {
     tokens: 1_000_000_000, maxSteps: 0, warmupFrac: 0.02, decayFrac: 0.8, seed: 20260919, dataSeed: 20260919, resume: "",
     valTokens: 2_000_000, logEvery: 10, pushEverySteps: 0, stopAfterSteps: 0, prune: false, minFreeGb: 6, dryRun: false,
     benchmark: 0, world: 1, backend: "auto", gemm: "builtin", isa: "auto", demo: false, sample: true, hubRetryMinutes: 30, hubTimeoutSeconds: 60, resumeIgnoreUnproven: false,
+    resumeWithoutManifest: false, hubPrivate: true, allowConfigChange: false,
   });
 });
 
@@ -202,6 +203,8 @@ test("every documented flag parses under its own name into its own setting, with
     ["min-free-gb", "1.5", "minFreeGb", 1.5], ["dry-run", null, "dryRun", true], ["benchmark", "3", "benchmark", 3], ["world", "2", "world", 2],
     ["backend", "wasm", "backend", "wasm"], ["demo", null, "demo", true], ["grad-ckpt", null, "gradCkpt", true],
     ["hub-timeout-seconds", "5", "hubTimeoutSeconds", 5], ["hub-retry-minutes", "2", "hubRetryMinutes", 2], ["resume-ignore-unproven", null, "resumeIgnoreUnproven", true],
+    ["resume-without-manifest", null, "resumeWithoutManifest", true], ["no-hub-private", null, "hubPrivate", false],
+    ["allow-config-change", null, "allowConfigChange", true],
   ];
   for (const [flag, value, key, want] of cases) {
     const argv = value === null ? [`--${flag}`] : [`--${flag}`, value];

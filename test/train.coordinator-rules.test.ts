@@ -12,7 +12,8 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { Coordinator, RankFailure, type StepResult } from "../src/actors/coordinator";
+import { Coordinator, RankFailure, RankRefusal, type StepResult } from "../src/actors/coordinator";
+import { isUserError } from "../src/errors";
 import { newScaler, type OptimizerPosition } from "../src/actors/optim";
 import type { RankFault, UploaderEvent } from "../src/actors/protocol";
 import { CTL_ABORT } from "../src/actors/shm";
@@ -156,13 +157,16 @@ test("a rank whose thread exits fails the step with a RankFailure giving the exi
   });
 });
 
-test("a rank that cannot start fails spawn with a RankFailure naming the error's class and message, and a later request to it fails naming that request's phase (A2, D7)", { timeout: 120_000 }, async () => {
+test("a rank that refuses to start fails spawn with a RankRefusal keeping the refusal's message and rule, and a later request to it fails naming that request's phase (A1, A2, D7)", { timeout: 120_000 }, async () => {
   const c = create({ world: 1, accum: 1, nVal: 1_000_000 });
   try {
     const e = await c.spawn().then(() => null, (x: unknown) => x);
-    assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);
+    assert.ok(e instanceof RankRefusal, `a RankRefusal, not ${String(e)}`);
+    assert.ok(isUserError(e), "main prints it as a refusal and exits 2");
     assert.equal(e.phase, "init");
-    assert.match(e.message, /^rank 0 failed during init: UserError: validation asks for 1000000 windows/);
+    assert.equal(e.rank, 0);
+    assert.equal(e.rule, "D7");
+    assert.match(e.message, /^validation asks for 1000000 windows of 16 tokens but the val split holds \d+; use valWindowCount\(\) to size it \[D7\]$/);
     // The rank's thread lives on without a model: the next request fails on it, named after that request's phase.
     const later = await c.memory().then(() => null, (x: unknown) => x);
     assert.ok(later instanceof RankFailure, `a RankFailure, not ${String(later)}`);

@@ -46,6 +46,19 @@ export class RankFailure extends Error {
   }
 }
 
+/**
+ * A refusal (UserError) raised inside a rank: it keeps its own message and rule (name "UserError"), so
+ * main prints it as any refusal and exits 2, not as a rank's failure (A1).
+ */
+export class RankRefusal extends Error {
+  readonly rule: string | undefined;
+  constructor(readonly rank: number, readonly phase: string, message: string, rule?: string) {
+    super(message);
+    this.name = "UserError";
+    this.rule = rule;
+  }
+}
+
 type Reply<T extends FromRank["type"]> = Extract<FromRank, { type: T }>;
 
 /**
@@ -81,6 +94,10 @@ export class RankHandle {
     this.pending = null;
     if (m.type === "failed") {
       const e: WireError = m.error;
+      if (e.name === "UserError") {
+        p.reject(new RankRefusal(this.rank, p.phase, e.message, e.rule));
+        return;
+      }
       p.reject(new RankFailure(this.rank, p.phase, e.name === "Error" ? e.message : `${e.name}: ${e.message}`));
       return;
     }

@@ -24,9 +24,10 @@ export function toWireError(e: unknown): WireError {
 /**
  * A fault a test injects into one rank (TSTRAIN_FAULT, test-only; see rank.ts): `throw` and `exit`
  * at `step`; `nan` puts a NaN in that step's gradient; `diverge` makes loss and gradient NaN from
- * `step` on, as a diverged model would; `val` makes that rank's validation pass throw (G2).
+ * `step` on, as a diverged model would; `val` makes that rank's validation pass throw (G2); `refuse`
+ * raises a refusal (UserError) at `step`, as a check inside a rank would (A1).
  */
-export type FaultKind = "throw" | "exit" | "nan" | "diverge" | "val";
+export type FaultKind = "throw" | "exit" | "nan" | "diverge" | "val" | "refuse";
 export interface RankFault { rank: number; step: number; kind: FaultKind }
 
 /** Everything a rank needs to build its model (which reads the shared master weights in place) and its data stream. */

@@ -9,6 +9,7 @@
  * rank id, and the coordinator stops the run.
  */
 import { parentPort } from "node:worker_threads";
+import { UserError } from "../errors";
 import { Llama } from "../model/llama";
 import { initEngine } from "../model/backend";
 import type { Kernels } from "../model/kernels";
@@ -59,6 +60,7 @@ function checkFault(s: RankState, step: number, at: "compute"): void {
   if (!f || f.rank !== s.init.rank || f.step !== step || at !== "compute") return;
   if (f.kind === "throw") throw new Error(`injected fault: rank ${f.rank} throws at step ${step} (TSTRAIN_FAULT)`);
   if (f.kind === "exit") process.exit(3);
+  if (f.kind === "refuse") throw new UserError("A1", `injected refusal: rank ${f.rank} refuses at step ${step} (TSTRAIN_FAULT)`);
 }
 
 function compute(s: RankState, step: number, gradScale: number): FromRank {

@@ -9,8 +9,9 @@ import { UserError } from "../errors";
 import type { LlamaConfig } from "../model/config";
 import { paramLayout } from "../model/layout";
 import { decodeSafetensors, tensorsToFlat, type StTensor } from "../model/safetensors";
-import { CKPT_FILES, HF_CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, RUN_CONFIG_FILE, TRAINER_STATE_FILE, stepOfCheckpointName } from "./names";
-import { lastLoggedLoss, parseTrainerState, type TrainerState } from "./state";
+import { createHash } from "node:crypto";
+import { CKPT_FILES, HF_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, RUN_CONFIG_FILE, TRAINER_STATE_FILE, stepOfCheckpointName } from "./names";
+import { lastLoggedLoss, parseManifest, parseTrainerState, type TrainerState } from "./state";
 
 export interface LoadedCheckpoint {
   state: TrainerState;
@@ -83,6 +84,65 @@ export function readCheckpointFolder(dir: string, cfg: LlamaConfig, params: Floa
   tensorsToFlat(cfg, pick("exp_avg"), m);
   tensorsToFlat(cfg, pick("exp_avg_sq"), v);
   return { state, runConfig, hfConfig };
+}
+
+/** sha256 of a file, read in 8 MiB pieces (a checkpoint's weights may not fit one Buffer). */
+function sha256OfFile(p: string): string {
+  const h = createHash("sha256");
+  const buf = Buffer.allocUnsafe(8 << 20);
+  const fd = fs.openSync(p, "r");
+  try {
+    for (let n; (n = fs.readSync(fd, buf, 0, buf.length, null)) > 0;) h.update(buf.subarray(0, n));
+  } finally {
+    fs.closeSync(fd);
+  }
+  return h.digest("hex");
+}
+
+/** Every file under `dir`, as paths relative to it with `/` separators. */
+function filesUnder(dir: string, rel = ""): string[] {
+  const out: string[] = [];
+  for (const e of fs.readdirSync(path.join(dir, rel), { withFileTypes: true })) {
+    const r = rel ? `${rel}/${e.name}` : e.name;
+    if (e.isDirectory()) out.push(...filesUnder(dir, r));
+    else out.push(r);
+  }
+  return out;
+}
+
+/**
+ * K7: a local checkpoint folder proves itself against its manifest.json before a resume trusts it: every
+ * listed file present with the manifest's size and sha256, every K2 file listed, nothing unlisted. A
+ * mismatch is a UserError naming the file. A folder without a manifest is refused too, unless
+ * `allowNoManifest` (a checkpoint written before tstrain wrote manifests); then it returns false.
+ */
+export function verifyCheckpointFolder(dir: string, o: { allowNoManifest: boolean; advice: string }): boolean {
+  const refuse = (what: string) => new UserError("K7", `--resume ${dir}: ${what}; the checkpoint cannot be trusted. ${o.advice}`);
+  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw new UserError("R1", `--resume ${dir}: no such checkpoint folder`);
+  const mp = path.join(dir, MANIFEST_FILE);
+  if (!fs.existsSync(mp)) {
+    if (o.allowNoManifest) return false;
+    throw new UserError("K7", `--resume ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`);
+  }
+  let m;
+  try {
+    m = parseManifest(fs.readFileSync(mp), mp);
+  } catch (e) {
+    throw refuse((e as Error).message);
+  }
+  const present = new Set(filesUnder(dir));
+  present.delete(MANIFEST_FILE);
+  for (const name of CKPT_FILES) if (!(name in m.files)) throw refuse(`${MANIFEST_FILE} does not list ${name}`);
+  for (const [rel, want] of Object.entries(m.files)) {
+    const p = path.join(dir, ...rel.split("/"));
+    if (!present.delete(rel)) throw refuse(`${rel} is missing (${MANIFEST_FILE} lists it)`);
+    const size = fs.statSync(p).size;
+    if (size !== want.size) throw refuse(`${rel} is ${size} bytes, ${MANIFEST_FILE} says ${want.size}`);
+    const sha = sha256OfFile(p);
+    if (sha !== want.sha256) throw refuse(`${rel} has sha256 ${sha.slice(0, 12)}…, ${MANIFEST_FILE} says ${want.sha256.slice(0, 12)}… (its bytes changed after it was written)`);
+  }
+  if (present.size) throw refuse(`${[...present][0]} is not listed in ${MANIFEST_FILE}`);
+  return true;
 }
 
 /** Checkpoint folders under `ckptRoot` (`checkpoint-{step}`), oldest first. */

@@ -18,8 +18,8 @@ import { bytesPerToken, Manifest, ShardInfo } from "./manifest";
 
 const CHUNK = 4 << 20;
 
-/** sha256 (hex) of a file, streamed in 4 MiB positioned reads. */
-export function sha256File(file: string): string {
+/** sha256 (hex) of a file, streamed in 4 MiB positioned reads; `onChunk` sees each piece as it is read. */
+export function sha256File(file: string, onChunk?: (b: Buffer) => void): string {
   const h = createHash("sha256");
   const fd = fs.openSync(file, "r");
   try {
@@ -29,6 +29,7 @@ export function sha256File(file: string): string {
       const n = fs.readSync(fd, buf, 0, CHUNK, pos);
       if (n === 0) break;
       h.update(buf.subarray(0, n));
+      onChunk?.(buf.subarray(0, n));
       pos += n;
     }
   } finally {
@@ -37,19 +38,39 @@ export function sha256File(file: string): string {
   return h.digest("hex");
 }
 
+/** The largest little-endian token id in a piece of a shard (`bpt` bytes a token; a piece is whole tokens). */
+function maxIdOf(b: Buffer, bpt: 2 | 4): number {
+  let max = 0;
+  const n = Math.floor(b.length / bpt);
+  if (bpt === 2) for (let i = 0; i < n; i++) { const t = b[2 * i]! | (b[2 * i + 1]! << 8); if (t > max) max = t; }
+  else for (let i = 0; i < n; i++) { const t = b.readUInt32LE(4 * i); if (t > max) max = t; }
+  return max;
+}
+
+/** The largest token id a verified mix holds, and the first shard that holds it (D1). */
+export interface TokenIdScan { maxTokenId: number; file: string }
+
 function allShards(m: Manifest): Array<{ split: "train" | "val"; s: ShardInfo }> {
   return [...m.shards.map((s) => ({ split: "train" as const, s })), ...m.val_shards.map((s) => ({ split: "val" as const, s }))];
 }
 
-/** Read every shard and compare its sha256 with the manifest; a mismatch is a UserError naming the file (D3). */
-export function verifyShards(root: string, m: Manifest): void {
+/**
+ * Read every shard and compare its sha256 with the manifest; a mismatch is a UserError naming the file (D3).
+ * The same pass finds the largest token id (D1: checked against the model's vocabulary before the ranks start).
+ */
+export function verifyShards(root: string, m: Manifest): TokenIdScan {
+  const bpt = bytesPerToken(m.dtype);
+  const scan: TokenIdScan = { maxTokenId: 0, file: "" };
   for (const { s } of allShards(m)) {
     const fp = path.join(root, s.file);
-    const got = sha256File(fp);
+    let max = 0;
+    const got = sha256File(fp, (b) => { max = Math.max(max, maxIdOf(b, bpt)); });
     if (got !== s.sha256) {
       throw new UserError("D3", `shard ${fp} has sha256 ${got} but the manifest records ${s.sha256}: the corpus bytes changed after prepare; restore the shard or rebuild the mix`);
     }
+    if (!scan.file || max > scan.maxTokenId) Object.assign(scan, { maxTokenId: max, file: fp });
   }
+  return scan;
 }
 
 /**

@@ -115,6 +115,15 @@ export function localInputFile(file: string, kind: InputKind, bytes: number): In
   };
 }
 
+/** D2: a named input of no known format, refused with the accepted list (a .json array or a .csv read as text would be one document of syntax). */
+function unknownFormat(inp: string): UserError {
+  const ext = /(\.[^./\\]+)$/.exec(path.basename(inp))?.[1] ?? "(no extension)";
+  const hint = ext === ".json" ? "; a JSON array of documents becomes .jsonl with one {\"text\": ...} object per line (e.g. jq -c '.[] | {text: .}' in.json > in.jsonl)"
+    : ext === ".csv" || ext === ".tsv" ? "; a table becomes .parquet or .jsonl with the text in one column / field (--text-field NAME)"
+    : "; a plain-text file is read when named .txt";
+  return new UserError("D2", `--input ${inp}: prepare does not read ${ext} files. Accepted formats: ${SUPPORTED_FORMATS}${hint}`);
+}
+
 /** Local --input paths -> files in order, plus how many files of other types a walk skipped. */
 export function listLocalInputs(inputs: string[]): { files: InputFile[]; skipped: number } {
   const files: InputFile[] = [];
@@ -140,8 +149,10 @@ export function listLocalInputs(inputs: string[]): { files: InputFile[]; skipped
     }
     if (st.isDirectory()) walk(inp);
     else if (st.isFile()) {
-      // a file named explicitly: its type by name, else plain text (the old behaviour for any named file)
-      files.push(localInputFile(inp, kindOf(inp) ?? "text", st.size));
+      // a file named explicitly is read by its type; one of no known type is refused, never guessed as text (D2)
+      const kind = kindOf(inp);
+      if (!kind) throw unknownFormat(inp);
+      files.push(localInputFile(inp, kind, st.size));
     } else throw new UserError("D2", `--input ${inp} is neither a file nor a directory`);
   }
   return { files, skipped };

@@ -186,13 +186,23 @@ class ShardWriter {
     }
     this.hash.update(bytes);
     let off = 0;
-    while (off < bytes.length) off += fs.writeSync(this.fd, bytes, off, bytes.length - off);
+    try {
+      while (off < bytes.length) off += fs.writeSync(this.fd, bytes, off, bytes.length - off);
+    } catch (e) {
+      (e as NodeJS.ErrnoException).path ??= path.join(this.dir, this.name); // a write by fd names no file: name it (O6)
+      throw e;
+    }
     this.fill = 0;
   }
 
   private closeShard(): void {
     this.flush();
-    fs.fsyncSync(this.fd);
+    try {
+      fs.fsyncSync(this.fd);
+    } catch (e) {
+      (e as NodeJS.ErrnoException).path ??= path.join(this.dir, this.name);
+      throw e;
+    }
     fs.closeSync(this.fd);
     this.shards.push({ file: this.name, tokens: this.inShard, sha256: this.hash.digest("hex") });
     this.fd = -1;
@@ -470,6 +480,9 @@ function writeTokenizerAndManifest(staging: string, tok: LoadedTokenizer, manife
   try {
     fs.writeSync(mfd, manifestBytes(manifest));
     fs.fsyncSync(mfd);
+  } catch (e) {
+    (e as NodeJS.ErrnoException).path ??= path.join(staging, MANIFEST_FILE); // name the file (O6)
+    throw e;
   } finally {
     fs.closeSync(mfd);
   }

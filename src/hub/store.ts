@@ -34,7 +34,13 @@ export interface HubStore {
   readonly repo: string;
   readonly repoType: "dataset" | "model";
   repoExists(): Promise<boolean>;
-  ensureRepo(): Promise<{ created: boolean }>;
+  /**
+   * Creates the repo when it does not exist, private when `private` is true (public when false; the Hub's own
+   * default when absent). An existing repo is left as it is: its visibility is never changed.
+   */
+  ensureRepo(o?: { private?: boolean }): Promise<{ created: boolean }>;
+  /** Whether the repo is private, as the Hub's repo info says (null when it does not say). */
+  isPrivate(): Promise<boolean | null>;
   /** One commit: every file under localDir lands under pathInRepo, and remote files under pathInRepo
    *  that are not in localDir are deleted in the same commit (the folder mirrors the local one). */
   uploadFolder(localDir: string, pathInRepo: string, message: string, o?: CommitOptions): Promise<string | null>;
@@ -284,12 +290,12 @@ class ClientHubStore implements HubStore {
     });
   }
 
-  ensureRepo(): Promise<{ created: boolean }> {
+  ensureRepo(o: { private?: boolean } = {}): Promise<{ created: boolean }> {
     return this.guard(async () => {
       if (await this.repoExists()) return { created: false };
       const t = this.tracker();
       try {
-        await createRepo({ repo: this.designation, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds });
+        await createRepo({ repo: this.designation, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds, ...(o.private === undefined ? {} : { private: o.private }) });
         return { created: true };
       } catch (e) {
         if (e instanceof HubApiError && e.statusCode === 409) return { created: false }; // created meanwhile
@@ -363,6 +369,16 @@ class ClientHubStore implements HubStore {
   async followHead(head?: string | null): Promise<string | null> {
     this.knownHeadValue = head ?? (await this.head());
     return this.knownHeadValue;
+  }
+
+  isPrivate(): Promise<boolean | null> {
+    return this.guard(async () => {
+      const t = this.tracker();
+      const q = { name: this.repo, hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token };
+      const info = this.repoType === "dataset" ? await datasetInfo(q) : await modelInfo(q);
+      const p = (info as { private?: unknown }).private;
+      return typeof p === "boolean" ? p : null;
+    });
   }
 
   head(): Promise<string | null> {

@@ -88,7 +88,7 @@ export async function initBackend(requested: TfjsBackendName): Promise<{ backend
     case "tensorflow": {
       const pkg = await tryTensorflow(tried);
       if (pkg) return done("tensorflow", `using ${pkg}`);
-      throw new UserError("P1", `--backend tensorflow is not available (${tried.join("; ")}); install @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node with network access (it downloads libtensorflow), or pass --backend wasm`);
+      throw tensorflowRefusal(tried);
     }
     case "wasm":
       if (await tryWasm(tried)) return done("wasm", "using @tensorflow/tfjs-backend-wasm");
@@ -128,11 +128,30 @@ function explicitNative(native: NativeOptions): boolean {
   return native.gemm !== DEFAULT_NATIVE.gemm || native.isa !== DEFAULT_NATIVE.isa;
 }
 
+/** The refusal of an explicit `--backend tensorflow` that cannot load (P1); `tried` says why for each package. */
+function tensorflowRefusal(tried: string[]): UserError {
+  return new UserError("P1", `--backend tensorflow is not available (${tried.join("; ")}); install @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node with network access (it downloads libtensorflow), or pass --backend wasm`);
+}
+
 /**
- * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, in the calling (main)
- * thread, before any work is started (P1). Other requests pass: their engines are chosen in each rank by initEngine.
+ * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, or an explicit
+ * `--backend tensorflow` when neither tfjs-node package is installed, in the calling (main) thread, before any work
+ * is started (P1). Other requests pass: their engines are chosen in each rank by initEngine (whose refusals also
+ * exit 2, A1).
  */
 export function checkEngineRequest(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): void {
+  if (requested === "tensorflow") {
+    const tried: string[] = [];
+    for (const pkg of NODE_PACKAGES) {
+      try {
+        require.resolve(pkg);
+        return; // installed: whether its libtensorflow loads is seen by the ranks
+      } catch (e) {
+        tried.push(`${pkg}: ${why(e)}`);
+      }
+    }
+    throw tensorflowRefusal(tried);
+  }
   if (requested !== "native" && !(requested === "auto" && explicitNative(native))) return;
   const n = loadNative(native);
   if ("reason" in n) throw nativeRefusal(requested, native, n.reason, n.fix);

@@ -14,6 +14,7 @@ import { checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, type
 import type { Reporter } from "../report";
 import { cursorAt, pointerAt, type SessionPlan } from "./plan";
 import { resumeCommand } from "./stop";
+import { runConfigDoc } from "./resume-config";
 
 export class CheckpointsInFlight {
   /** Every checkpoint the uploader finished with, by step. */
@@ -105,7 +106,7 @@ export class CheckpointsInFlight {
     const w: Promise<WriteOutcome> = this.coord.stageWrite({
       step: done,
       dir: checkpointDir(s.cfg.out, done),
-      docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: s.cfg }),
+      docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: runConfigDoc(s.cfg) }),
       publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss } : null,
     });
     w.catch((e) => {

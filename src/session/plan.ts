@@ -10,19 +10,20 @@ import { planSteps, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/config";
 import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/store";
-import { mixFingerprint } from "../data/fingerprint";
+import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerprint";
 import { permSha } from "../data/permutation";
 import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
 import { checkNoWrap, valWindowCount } from "../data/plan";
 import { ensureDemoMix } from "../data/demo";
 import {
-  checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
+  MANIFEST_FILE, readHfConfig, readRunConfigIfAny, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
 } from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
 import { createHubStore, type HubStore } from "../hub/store";
 import { resolveAutoResume } from "../hub/resume";
 import { RunComplete } from "./stop";
+import { checkConfigChanges, describeChanges } from "./resume-config";
 
 export interface SessionPlan {
   cfg: RunConfig;
@@ -48,7 +49,7 @@ export interface SessionPlan {
 }
 
 /** The mix and its identity (D1-D7). */
-interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string }
+interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string; tokenIds: TokenIdScan }
 
 /** The model and what one checkpoint of it takes (M1-M3, O1). */
 interface ModelPlan { model: LlamaConfig; params: SessionPlan["params"]; checkpointBytes: number; roomFor: string }
@@ -58,7 +59,7 @@ interface StartPoint { startStep: number; resumeDir: string | null; priorLoss: n
 
 export async function planSession(cfg: RunConfig, rep: Reporter): Promise<SessionPlan> {
   const data = await planData(cfg, rep);
-  const m = planModel(cfg, data.manifest);
+  const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
   const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
   rep.say(`mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
@@ -85,16 +86,45 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
-  const fingerprint = mixFingerprint(root, manifest);
-  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed) };
+  const tokenIds = verifyShards(root, manifest); // D3, and the largest token id in the same pass (D1)
+  const fingerprint = mixFingerprint(root, manifest, { verify: false });
+  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds };
 }
 
-function planModel(cfg: RunConfig, manifest: Manifest): ModelPlan {
+/** The mix tokenizer's id count rounded up to a multiple of 64: the padded vocabulary a variant defaults to (M2). */
+export function paddedVocab(tokenizerIds: number): number {
+  return Math.ceil(tokenizerIds / VOCAB_PAD) * VOCAB_PAD;
+}
+const VOCAB_PAD = 64;
+
+/**
+ * M2: the model's vocabulary. --vocab-size when given; --demo takes the mix's; a --layers/--hidden variant
+ * takes the mix tokenizer's rounded up to 64; only the frozen shape keeps 49,152 (M1), with a warning line
+ * when the mix's tokenizer is smaller than that by more than the padding (the vocabulary trap).
+ */
+function modelFor(cfg: RunConfig, manifest: Manifest, rep: Reporter): LlamaConfig {
+  const shape = { seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined };
+  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : cfg.layers > 0 || cfg.hidden > 0 ? paddedVocab(manifest.vocab_size) : 0);
+  const model = buildConfig({ ...shape, vocabSize: vocab || undefined });
+  const padded = paddedVocab(manifest.vocab_size);
+  if (!cfg.vocabSize && model.vocabSize > padded) {
+    const small = countParams(buildConfig({ ...shape, vocabSize: padded })).sum_numel;
+    const ln = (n: number) => Math.log(n).toFixed(2);
+    const f = (n: number) => n.toLocaleString("en-US");
+    rep.say(`WARNING the mix's tokenizer has ${f(manifest.vocab_size)} ids but the model's vocabulary is ${f(model.vocabSize)} (the frozen default): ${f(model.vocabSize - manifest.vocab_size)} embedding rows never see a token, the loss starts near ln(${f(model.vocabSize)}) = ${ln(model.vocabSize)} instead of ln(${f(manifest.vocab_size)}) = ${ln(manifest.vocab_size)}, and the LM head does ${(model.vocabSize / padded).toFixed(0)}x the work. --vocab-size ${padded} trains a ${f(small)}-parameter model on the same mix (M2)`);
+  }
+  return model;
+}
+
+function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
+  const manifest = data.manifest;
   const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.vocabSize > 0 || cfg.demo;
-  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : 0);
-  const model = buildConfig({ seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined, vocabSize: vocab || undefined });
+  const model = modelFor(cfg, manifest, rep);
   if (manifest.vocab_size > model.vocabSize) {
     throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
+  }
+  if (data.tokenIds.maxTokenId >= model.vocabSize) {
+    throw new UserError("D1", `shard ${data.tokenIds.file} holds token id ${data.tokenIds.maxTokenId}, outside the model's vocabulary [0, ${model.vocabSize}) (the manifest says its tokenizer has ${manifest.vocab_size} ids): the shards were not written by this mix's tokenizer. Rebuild the mix with node dist/prepare.js, or pass --vocab-size ${data.tokenIds.maxTokenId + 1} or more if the ids are meant`);
   }
   const params = countParams(model);
   const checkpointBytes = estimateCheckpointBytes(params.sum_numel);
@@ -116,7 +146,10 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
     const cur = loadCursor(dir);
     ({ startStep: start.startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: data.permSha, fingerprint: data.fingerprint, seqsPerStep: plan.seqsPerStep }, dir));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
-    rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)`);
+    checkModelShape(dir, m.model);
+    const changed = checkConfigChanges(dir, readRunConfigIfAny(dir), cfg); // P7
+    const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
+    rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}`);
     moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
   }
   // O1 for a resume: a local copy proven equal to the Hub's verified checkpoint counts as room when
@@ -138,7 +171,10 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
 /** --resume auto asks the Hub (R2-R4); --resume DIR names the folder; '' starts fresh. */
 async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter): Promise<StartPoint> {
   const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
-  if (cfg.resume !== "auto") return { ...start, resumeDir: cfg.resume || null };
+  if (cfg.resume !== "auto") {
+    if (cfg.resume) verifyLocalResume(cfg, hub, rep);
+    return { ...start, resumeDir: cfg.resume || null };
+  }
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
     destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
@@ -150,6 +186,30 @@ async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter
   }
   rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
   return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(checkpointRoot(cfg.out)) };
+}
+
+/** K7: a --resume DIR folder proves itself against its manifest before anything in it is read. */
+function verifyLocalResume(cfg: RunConfig, hub: HubStore | null, rep: Reporter): void {
+  const dir = cfg.resume;
+  const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter((c) => path.resolve(c.dir) !== path.resolve(dir));
+  const ways = [...(others.length ? [`--resume ${others[others.length - 1]!.dir}`] : []), ...(hub ? ["--resume auto"] : [])];
+  const advice = ways.length ? `Resume from another checkpoint (${ways.join(" or ")}).` : "Resume from another checkpoint folder, or start fresh with another --out.";
+  const verified = verifyCheckpointFolder(dir, { allowNoManifest: cfg.resumeWithoutManifest, advice });
+  rep.say(verified
+    ? `resume: ${dir} matches its ${MANIFEST_FILE} (size and sha256 of every file, K7)`
+    : `resume: ${dir} has no ${MANIFEST_FILE}; reading it unchecked as --resume-without-manifest asks (K7)`);
+}
+
+/**
+ * M2: the checkpoint's model (its config.json) has this run's shape. A variant without --vocab-size used to
+ * default to 49,152 ids and now takes the mix's, so a checkpoint from before says which flags rebuild its shape.
+ */
+function checkModelShape(dir: string, model: LlamaConfig): void {
+  const hf = readHfConfig(dir);
+  const want: Array<[string, string, number]> = [["num_hidden_layers", "--layers", model.numLayers], ["hidden_size", "--hidden", model.hiddenSize], ["vocab_size", "--vocab-size", model.vocabSize]];
+  const diff = want.filter(([k, , v]) => hf[k] !== v);
+  if (!diff.length) return;
+  throw new UserError("M2", `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k, , v]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`);
 }
 
 /** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
