@@ -25,7 +25,8 @@ export function markdown(o: {
   L.push(`| shape | |`, `|---|---|`);
   for (const [k, v] of Object.entries(o.shape)) L.push(`| ${k} | ${fmt(v)} |`);
   L.push("");
-  const steps = o.rows.filter((x) => !String(x.case).startsWith("optim-"));
+  const isGemm = (x: BenchRow) => String(x.case).startsWith("fma-peak-") || String(x.case).startsWith("gemm-");
+  const steps = o.rows.filter((x) => !String(x.case).startsWith("optim-") && !isGemm(x));
   if (steps.length) {
     L.push(`## Step cost (median of timed steps after warm-up)`, "");
     L.push(`| case | backend | world | params | seq | micro | accum | tok/step | step ms (median) | p25–p75 | tok/s | compute / reduce / update / overhead ms | cores busy | tok/CPU-s | n |`);
@@ -46,6 +47,13 @@ export function markdown(o: {
     for (const x of opt) {
       L.push(`| ${x.case} | ${fmt(x.params)} | ${fmt(x.threads)} | ${fmt(x.step_ms_median)} | ${fmt(x.reduce_ms_median)} | ${fmt(x.reduce_gb_per_s)} | ${fmt(x.update_ms_median)} | ${fmt(x.update_gb_per_s)} | ${fmt(x.total_gb_per_s)} | ${fmt(x.steps_timed)} |`);
     }
+    L.push("");
+  }
+  const gemm = o.rows.filter(isGemm);
+  if (gemm.length) {
+    L.push(`## Built-in GEMM against the core's FMA peak (the gemm case; per shape: gemm-shapes.md)`, "");
+    L.push(`| case | GFLOP/s (peak probe) | lowest / median fraction of peak over the model's shapes | shapes |`, `|---|---|---|---|`);
+    for (const x of gemm) L.push(`| ${x.case} | ${fmt(x.gflops)} | ${x.min_of_peak === undefined ? "–" : `${fmt(x.min_of_peak)} / ${fmt(x.median_of_peak)}`} | ${fmt(x.shapes)} |`);
     L.push("");
   }
   if (o.ratios.length) {
