@@ -506,7 +506,9 @@ static void edge_tile(const gemm_kernel *g, int64_t kc, const float *a, const fl
 static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
-  const int64_t kcMax = K < g->kc ? K : g->kc;
+  /* K in equal blocks of at most g->kc (K = 256 on a 192 block: 2 x 128, not 192 + 64), so no block is a short
+   * tail that pays a full tile's load and store for little work. The order of summation does not change. */
+  const int64_t kblocks = (K + g->kc - 1) / g->kc, kcMax = (K + kblocks - 1) / kblocks;
   const int64_t ncMax = ((N < g->nc ? N : g->nc) + nr - 1) / nr * nr;
   const int64_t mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
   const size_t bsize = (size_t)(((ncMax * kcMax) + 15) / 16 * 16);
@@ -515,8 +517,8 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
   float *bp = buf, *ap = buf + bsize;
   for (int64_t jc = 0; jc < N; jc += g->nc) {
     const int64_t nc = N - jc < g->nc ? N - jc : g->nc;
-    for (int64_t pc = 0; pc < K; pc += g->kc) {
-      const int64_t kc = K - pc < g->kc ? K - pc : g->kc;
+    for (int64_t pc = 0; pc < K; pc += kcMax) {
+      const int64_t kc = K - pc < kcMax ? K - pc : kcMax;
       const int load = pc > 0, combine = pc == 0 && pc + kc == K;
       pack_b(nr, tb, B, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < M; ic += g->mc) {
