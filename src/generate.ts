@@ -46,6 +46,13 @@ export function loadTokenizerFile(file: string): { tk: Tokenizer; eosText: strin
 /** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
 export function loadModelDir(dir: string, tokenizerFlag?: string): LoadedModel {
   const cfgFile = path.join(dir, "config.json"), wFile = path.join(dir, "model.safetensors");
+  if (!fs.existsSync(dir)) {
+    const ckpts = path.basename(path.dirname(dir)) === "ckpt" && fs.existsSync(path.dirname(dir))
+      ? fs.readdirSync(path.dirname(dir)).filter((n) => /^checkpoint-\d+$/.test(n)).sort((a, b) => Number(a.slice(11)) - Number(b.slice(11)))
+      : [];
+    const there = ckpts.length ? ` ${path.dirname(dir)} holds ${ckpts.join(", ")} (only the newest checkpoints stay on disk); e.g. --model ${path.join(path.dirname(dir), ckpts[ckpts.length - 1]!)}` : " Name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)";
+    throw new UserError("G11", `--model ${dir} does not exist.${there}`);
+  }
   if (!fs.existsSync(cfgFile) || !fs.existsSync(wFile)) {
     throw new UserError("G11", `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`);
   }

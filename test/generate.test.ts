@@ -111,9 +111,22 @@ test("node dist/generate.js prints the prompt and its continuation from a final/
   const bad = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--top-p", "1.5"], { encoding: "utf8" });
   assert.equal(bad.status, 2);
   assert.match(bad.stderr, /--top-p 1\.5 must be in \(0, 1\] \(1 = off\) \[G11\]/);
-  const none = spawnSync(process.execPath, [GENERATE, "--model", path.join(dir, "nope"), "--prompt", "The"], { encoding: "utf8" });
+  const empty = tmpDir("gen-empty");
+  const none = spawnSync(process.execPath, [GENERATE, "--model", empty, "--prompt", "The"], { encoding: "utf8" });
   assert.equal(none.status, 2);
   assert.match(none.stderr, /holds no config\.json \+ model\.safetensors: name an exported final\/ folder or a checkpoint folder/);
+});
+
+test("generate --model on a path that does not exist says so, and names the checkpoints that do (G11)", () => {
+  const run = tmpDir("gen-missing");
+  const missing = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "final"), "--prompt", "The"], { encoding: "utf8" });
+  assert.equal(missing.status, 2, missing.stderr);
+  assert.match(missing.stderr, /^generate: --model \S+\/final does not exist\. Name an exported final\/ folder or a checkpoint folder/);
+  assert.doesNotMatch(missing.stderr, /holds no config\.json/);
+  for (const n of [270, 300]) fs.mkdirSync(path.join(run, "ckpt", `checkpoint-${n}`), { recursive: true });
+  const pruned = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "ckpt", "checkpoint-150"), "--prompt", "The"], { encoding: "utf8" });
+  assert.equal(pruned.status, 2, pruned.stderr);
+  assert.match(pruned.stderr, /--model \S+checkpoint-150 does not exist\. \S+\/ckpt holds checkpoint-270, checkpoint-300 \(only the newest checkpoints stay on disk\); e\.g\. --model \S+\/ckpt\/checkpoint-300 \[G11\]/);
 });
 
 test("a model folder whose config.json is damaged is refused naming the file (K2), not a parse crash", () => {

@@ -163,3 +163,16 @@ test("HF_TOKEN appears in no output, log or file of a run, also when the Hub rej
     for (const f of walk(out)) assert.ok(!fs.readFileSync(f).includes(token), `token in ${f}`);
   }, token);
 });
+
+test("without HF_TOKEN, a Hub that wants a token is refused saying HF_TOKEN is not set and how to set it, not that a token was rejected (K5)", { timeout: 120_000 }, async () => {
+  const token = "hf_NEEDEDneeded0123456789abcdef";
+  await withHub(async (_hub, url) => {
+    for (const extra of [[], ["--resume", "auto"]]) {
+      const r = await runCli(cliArgs(tmpDir("tstrain-notoken-"), url, "me/needs-token", ["--max-steps", "4", ...extra]), { HF_TOKEN: "" });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, /HF_TOKEN is not set, so no token was sent, and this Hub wants one: export HF_TOKEN=<a token with write access to me\/needs-token> and run again/, extra.join(" "));
+      assert.doesNotMatch(r.stderr, /rejected the token/);
+      if (!extra.length) assert.match(r.stderr, /Fix the token as said, then run the same command again\. \[R2\]/);
+    }
+  }, token);
+});

@@ -190,6 +190,31 @@ test("two runs on one repo: one stops naming the other writer's commit (K8), the
   assert.equal(ptr?.step, 12);
 });
 
+test("SIGTERM while the Hub is down: the refusal resumes from the local checkpoint the stop just kept, not from the Hub's older one, and ends bit-identical (O3, K6)", { timeout: 240_000 }, async () => {
+  const out = tmpDir("tstrain-term-down-");
+  const down = Object.fromEntries(["repoInfo", "revisionInfo", "preupload", "lfsBatch", "upload", "commit", "commits", "list", "pathsInfo", "resolve", "raw", "pointerRead"].map((e) => [e, 503]));
+  let sent = false;
+  const live = startCli(args(out, url, "me/term-down", ["--hub-retry-minutes", "0.05"]), {
+    onLine: (l, c) => {
+      if (/^CKPT 4 .*ok=true/.test(l)) hub.setFaults({ status: down });
+      if (!sent && /^step 6\/12 loss=/.test(l)) { sent = true; c.kill("SIGTERM"); }
+    },
+  });
+  const r = await live.done;
+  hub.clearFaults();
+  assert.ok(sent, show(r));
+  assert.equal(r.code, 2, show(r));
+  const m = /checkpoint (\d+) failed: .*Continue from the local copy of checkpoint \1 with: node dist\/main\.js .* --resume (\S+\/ckpt\/checkpoint-\1) \(--resume auto would restart from the Hub's last verified checkpoint/.exec(r.stderr);
+  assert.ok(m, show(r));
+  const k = Number(m![1]);
+  assert.ok(k >= 6 && k < 12, `stopped at ${k}`);
+  assert.equal((await createHubStore({ hubUrl: url, repo: "me/term-down", repoType: "dataset" }).readPointer())?.step, 4, "the Hub holds checkpoint 4 only");
+  const again = await runCli(adviceAfter(r.stderr, /with:/));
+  assert.equal(again.code, 0, show(again));
+  assert.match(again.stdout, new RegExp(`resume from \\S+checkpoint-${k}: step ${k}`));
+  assert.ok(modelBytes(path.join(out, "final")).equals(straight), "bit-identical");
+});
+
 for (const when of ["training", "an upload"] as const) {
   test(`SIGTERM during ${when}: a published checkpoint at the current step, exit 3, and the printed command resumes bit-identically (O3)`, { timeout: 240_000 }, async () => {
     const out = tmpDir("tstrain-term-");

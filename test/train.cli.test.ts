@@ -72,3 +72,22 @@ test("--stop-after-steps must be a whole number of intervals, beyond the resume 
   await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
   await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])), /--stop-after-steps 4 is not beyond the resume point step 4/);
 });
+
+test("--resume on a path that does not exist says so (not 'no cursor.json'), and names the checkpoints --out holds (C3)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-resume-missing-");
+  const flags = ["--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64", "--micro-batch", "2",
+    "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"];
+  const gone = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-4")]);
+  assert.equal(gone.status, 2, gone.stderr);
+  assert.match(gone.stderr, /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+\/ckpt holds no checkpoint; name a checkpoint folder .* or start fresh without --resume \[C3\]\n$/);
+  assert.doesNotMatch(gone.stderr, /cursor\.json/);
+  const ran = cli(flags);
+  assert.equal(ran.status, 0, ran.stderr);
+  const typo = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-44")]);
+  assert.equal(typo.status, 2, typo.stderr);
+  assert.match(typo.stderr, /--resume \S+checkpoint-44 does not exist\. \S+\/ckpt holds checkpoint-4, checkpoint-8: resume the newest with --resume \S+\/ckpt\/checkpoint-8 \[C3\]/);
+  fs.writeFileSync(path.join(out, "a-file"), "x");
+  const file = cli([...flags, "--resume", path.join(out, "a-file")]);
+  assert.equal(file.status, 2, file.stderr);
+  assert.match(file.stderr, /--resume \S+a-file is a file, not a checkpoint folder\./);
+});

@@ -104,6 +104,8 @@ export function scrubSecret(text: string, secret: string | undefined): string {
   return t.split(secret).join("hf_***");
 }
 
+const NO_TOKEN = "HF_TOKEN is not set, so no token was sent, and this Hub wants one";
+
 function scrubError(e: unknown, secret: string | undefined): unknown {
   if (!(e instanceof Error)) return e;
   e.message = scrubSecret(e.message, secret);
@@ -268,8 +270,16 @@ class ClientHubStore implements HubStore {
     try {
       return await fn();
     } catch (e) {
-      throw scrubError(e, this.token);
+      throw this.withTokenHint(scrubError(e, this.token));
     }
+  }
+
+  /** A 401 while no token was sent is not a rejected token: say that HF_TOKEN is not set and how to set it. */
+  private withTokenHint(e: unknown): unknown {
+    if (this.token || !(e instanceof Error)) return e;
+    const status = e instanceof HubApiError ? e.statusCode : (e as { status?: unknown }).status;
+    if (status === 401 && !e.message.includes(NO_TOKEN)) e.message += ` (${NO_TOKEN}: export HF_TOKEN=<a token with write access to ${this.repo}> and run again)`;
+    return e;
   }
 
   repoExists(): Promise<boolean> {
@@ -278,6 +288,7 @@ class ClientHubStore implements HubStore {
       const ok = await hubRepoExists({ repo: this.designation, hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token });
       // The client maps 401 to "does not exist"; a rejected token proves nothing about the repo.
       if (!ok && t.status === 401) {
+        if (!this.token) throw new HubLookupError(`the Hub answered 401 while checking whether ${this.repo} exists`, 401);
         throw new HubLookupError(`the Hub rejected the token (401) while checking whether ${this.repo} exists; check HF_TOKEN`, 401);
       }
       return ok;

@@ -4,13 +4,14 @@
  * the account: the write in progress (the staging copy is single), what the uploader reported, the first failure
  * and the step it belongs to, and turns a failure into the refusal that says what is saved and what to run next.
  */
+import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
 import { hfConfigJson } from "../model/config";
 import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
-import { checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, type LogEntry, type TrainerState } from "../checkpoint";
+import { MANIFEST_FILE, checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, listCheckpointFolders, type LogEntry, type TrainerState } from "../checkpoint";
 import type { Reporter } from "../report";
 import { cursorAt, pointerAt, type SessionPlan } from "./plan";
 import { resumeCommand } from "./stop";
@@ -132,11 +133,21 @@ export class CheckpointsInFlight {
       (next ? `, then continue with: ${next}` : ", then run the same command again"));
   }
 
+  /** The newest complete local checkpoint of this session that the Hub does not hold verified: the best resume point. */
+  private newerLocalCopy(): { step: number; dir: string } | null {
+    const onHub = Math.max(this.s.startStep, ...this.published);
+    const local = listCheckpointFolders(checkpointRoot(this.s.cfg.out)).filter((c) => c.step > onHub && fs.existsSync(path.join(c.dir, MANIFEST_FILE)));
+    const newest = local[local.length - 1];
+    return newest ? { step: newest.step, dir: newest.dir } : null;
+  }
+
   private uploadRefusal(e: Error): UserError {
     const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "").replace(/\.$/, "");
     const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
-    const advice = e.name === "ConcurrentWriterError" ? "" :
-      ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
+    const local = e.name === "CheckpointVerifyError" ? null : this.newerLocalCopy();
+    const advice = e.name === "ConcurrentWriterError" ? "" : local
+      ? ` Continue from the local copy of checkpoint ${local.step} with: ${resumeCommand(local.dir)} (--resume auto would restart from the Hub's last verified checkpoint and redo the steps since)`
+      : ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
     return new UserError(ruleOf, `checkpoint ${this.failedStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved past verified bytes.${advice}`);
   }
 }

@@ -138,7 +138,7 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
 /** --resume auto asks the Hub (R2-R4); --resume DIR names the folder; '' starts fresh. */
 async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter): Promise<StartPoint> {
   const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
-  if (cfg.resume !== "auto") return { ...start, resumeDir: cfg.resume || null };
+  if (cfg.resume !== "auto") return { ...start, resumeDir: cfg.resume ? existingResumeDir(cfg) : null };
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
     destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
@@ -150,6 +150,23 @@ async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter
   }
   rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
   return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(checkpointRoot(cfg.out)) };
+}
+
+/** C3: --resume DIR names a folder that is there; if not, say so and name the checkpoints that are. */
+function existingResumeDir(cfg: RunConfig): string {
+  const dir = cfg.resume;
+  let isDir: boolean | null = null;
+  try {
+    isDir = fs.statSync(dir).isDirectory();
+  } catch {
+    isDir = null;
+  }
+  if (isDir) return dir;
+  const local = listCheckpointFolders(checkpointRoot(cfg.out));
+  const there = local.length
+    ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest with --resume ${local[local.length - 1]!.dir}`
+    : ` ${checkpointRoot(cfg.out)} holds no checkpoint; name a checkpoint folder (RUN/ckpt/checkpoint-N)${cfg.hubRepo ? ", pass --resume auto to continue from the Hub," : ""} or start fresh without --resume`;
+  throw new UserError("C3", `resume refused: --resume ${dir} ${isDir === false ? "is a file, not a checkpoint folder" : "does not exist"}.${there}`);
 }
 
 /** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
@@ -187,7 +204,9 @@ async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null):
     if (!(await hub.repoExists())) return;
     ptr = await hub.readPointer();
   } catch (e) {
-    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". Retry, or pass --resume auto.`);
+    const status = (e as { status?: unknown; statusCode?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;
+    const advice = status === 401 || status === 403 ? "Fix the token as said, then run the same command again." : "Retry, or pass --resume auto.";
+    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". ${advice}`);
   }
   if (ptr) {
     throw new UserError("R1", `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`);
