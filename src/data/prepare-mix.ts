@@ -31,6 +31,7 @@ import { UserError } from "../errors";
 import { dtypeForVocab, Manifest, MANIFEST_FILE, manifestBytes, ShardInfo } from "./manifest";
 import type { TokenizeTask } from "./tokenize-worker";
 import { DEFAULT_CHUNK_BYTES, DEFAULT_PIECE_CHARS, type DocPiece, docsOf, type InputFile, listLocalInputs, type ParquetPlan, planParquet, type ReadOptions, SUPPORTED_FORMATS } from "./inputs";
+import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
 import { DEFAULT_HUB_URL, fetchHubTokenizer, isHubTokenizer, isHubUrl, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
@@ -475,10 +476,12 @@ function writeTokenizerAndManifest(staging: string, tok: LoadedTokenizer, manife
   }
 }
 
-/** The sibling folder the build happens in (`<out>.partial-<pid>`), created empty. */
-function freshStaging(out: string): string {
+/** The sibling folder the build happens in (`<out>.partial-<pid>`), created empty, after removing stale ones. */
+function freshStaging(out: string, log: (s: string) => void): string {
   fs.mkdirSync(path.dirname(out), { recursive: true });
-  const staging = `${out}.partial-${process.pid}`;
+  removeStalePartials(out, log);
+  const staging = stagingDirOf(out);
+  trackScratch(staging);
   fs.rmSync(staging, { recursive: true, force: true });
   fs.mkdirSync(staging);
   return staging;
@@ -495,6 +498,7 @@ function moveIntoPlace(staging: string, out: string, outExists: boolean, log: (s
     fs.rmdirSync(out); // empty directory
   }
   fs.renameSync(staging, out);
+  untrackScratch(staging);
   return movedAside;
 }
 
@@ -508,6 +512,7 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
   let hubTok: HubTokenizer | null = null;
   if (isHubTokenizer(o.tokenizer)) {
     hubTok = await fetchHubTokenizer(o.tokenizer, opts.hubUrl);
+    trackScratch(hubTok.dir);
     log(`prepare: tokenizer ${hubTok.source.repo}@${hubTok.source.revision.slice(0, 12)} from the Hub`);
   }
   let pool: Piscina | null = null;
@@ -520,7 +525,7 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     const totalBytes = files.reduce((a, f) => a + f.bytes, 0);
     const dtype = dtypeForVocab(tok.vocabSize);
 
-    staging = freshStaging(out);
+    staging = freshStaging(out, log);
     pool = new Piscina({ filename: path.join(__dirname, "tokenize-worker.js"), minThreads: workers, maxThreads: workers, idleTimeout: 1000 });
     const mode = o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
     const progress = new Progress(mode, totalBytes, t0);
@@ -549,7 +554,10 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     log(`prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${documents} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`);
     return result;
   } catch (e) {
-    if (staging) fs.rmSync(staging, { recursive: true, force: true });
+    if (staging) {
+      fs.rmSync(staging, { recursive: true, force: true });
+      untrackScratch(staging);
+    }
     throw e;
   } finally {
     if (pool) await pool.destroy();
