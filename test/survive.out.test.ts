@@ -208,3 +208,15 @@ for (const mode of ["manifest-fails", "die-in-manifest", "die-before-rename"] as
     assert.ok(after.includes("checkpoint-8") && !after.some((n) => n.includes(".partial-")), after.join(", "));
   });
 }
+
+test("a slow checkpoint write makes the ranks wait: the first wait says why and how long, each later one is one short line with its time (K1, B5)", { timeout: 180_000 }, async () => {
+  const out = tmpDir("tstrain-slow-write-");
+  const r = await runCli(["--require", CKPT_FAULT, ...args(out, ["--push-every-steps", "2"])], { env: { TSTRAIN_TEST_CKPT_FAULT: "slow-write:1500" } });
+  assert.equal(r.code, 0, show(r));
+  const waits = r.stdout.split("\n").filter((l) => /the ranks waited/.test(l));
+  assert.ok(waits.length >= 2, show(r));
+  assert.match(waits[0]!, /^checkpoint \d+: the ranks waited \d+\.\ds for checkpoint \d+ to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk/);
+  for (const l of waits.slice(1)) assert.match(l, /^checkpoint \d+: the ranks waited \d+\.\ds for the previous checkpoint's write$/);
+  assert.ok(waits.every((l) => Number(/waited (\d+\.\d)s/.exec(l)![1]) > 0), waits.join("\n"));
+  assert.doesNotMatch(r.stdout, /waiting for checkpoint \d+ to be written/);
+});

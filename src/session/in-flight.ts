@@ -26,6 +26,9 @@ export class CheckpointsInFlight {
   private writeError: unknown = null;
   private uploadError: unknown = null;
   private failedStep = -1;
+  /** The write in progress has settled (this.writing is kept until waited on). */
+  private written = true;
+  private waitsSaid = 0;
 
   constructor(
     private readonly s: SessionPlan, private readonly coord: Coordinator, private readonly pos: OptimizerPosition,
@@ -47,9 +50,14 @@ export class CheckpointsInFlight {
 
   /** K1: the checkpoint of step `done`, after the previous write has finished; false when something failed meanwhile. */
   async checkpoint(done: number, loss: number): Promise<boolean> {
-    if (this.writing) {
-      this.rep.say(`waiting for checkpoint ${[...this.staged].pop()} to be written (the staging copy is single)`);
+    if (this.writing && !this.written) {
+      // The ranks stand still until the previous folder is on disk: say why once, and each time how long.
+      const t = performance.now();
       await this.waitWrite();
+      const secs = ((performance.now() - t) / 1000).toFixed(1);
+      this.rep.say(this.waitsSaid++ === 0
+        ? `checkpoint ${done}: the ranks waited ${secs}s for checkpoint ${[...this.staged].pop()} to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk (a slow disk makes training wait here; later waits are one short line each)`
+        : `checkpoint ${done}: the ranks waited ${secs}s for the previous checkpoint's write`);
     }
     this.absorb();
     if (this.failed) return false;
@@ -115,6 +123,8 @@ export class CheckpointsInFlight {
       else if (!this.uploadError) { this.uploadError = e; this.failedStep = done; }
     });
     this.writing = w;
+    this.written = false;
+    w.then(() => { this.written = true; }, () => { this.written = true; });
   }
 
   private writeRefusal(e: Error & { code?: string }): UserError {

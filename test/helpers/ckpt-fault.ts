@@ -4,6 +4,8 @@
  *   manifest-fails     writing manifest.json fails with EIO after its first half is on disk
  *   die-in-manifest    the process is SIGKILLed with half of manifest.json written
  *   die-before-rename  the process is SIGKILLed after the manifest, as the folder is renamed into place
+ *   slow-write         (TSTRAIN_TEST_CKPT_FAULT=slow-write:<ms>) every checkpoint folder's write takes <ms>
+ *                      longer: the uploader's thread sleeps before renaming it into place
  * Test-only: the trainer knows nothing of it (issue #24, item 15).
  */
 import * as path from "node:path";
@@ -36,6 +38,7 @@ if (spec) {
   };
   (fs as { renameSync: unknown }).renameSync = (from: import("node:fs").PathLike, to: import("node:fs").PathLike): void => {
     if (mode === "die-before-rename" && partial.test(String(from))) process.kill(process.pid, "SIGKILL");
+    if (mode === "slow-write" && /[/\\]checkpoint-\d+\.partial-\d+$/.test(String(from))) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(step));
     rename(from, to);
   };
 }
