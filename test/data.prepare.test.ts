@@ -202,3 +202,18 @@ test("a prepare removes the partial folders of interrupted prepares whose proces
   assert.ok(r.stdout.includes(`prepare: leaving ${out}.partial-${process.pid} alone: pid ${process.pid} is still running`), r.stdout);
   assert.deepEqual(fs.readdirSync(path.dirname(out)).sort(), ["mix", `mix.partial-${process.pid}`]);
 });
+
+test("prepare's progress lines (to a file) give the share of the work done, not of the bytes read ahead, with rate and ETA (D2, B5)", { timeout: 120_000 }, () => {
+  const { input, tok } = bigInput(8);
+  const out = path.join(tmpDir("prep-progress"), "mix");
+  const r = spawnSync(process.execPath, [PREPARE, "--input", input, "--tokenizer", tok, "--out", out, "--workers", "1"], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  const lines = [...r.stderr.matchAll(/^prepare: +(\d+)% ([\d.]+)\/([\d.]+) MB, ([\d,]+) tokens, [\d,]+ tok\/s, [\d.]+ MB\/s, ETA (\S+)$/gm)];
+  assert.ok(lines.length >= 8, r.stderr);
+  const total = Number(lines[lines.length - 1]![4]!.replace(/,/g, ""));
+  for (const m of lines) {
+    const done = (100 * Number(m[4]!.replace(/,/g, ""))) / total;
+    assert.ok(Math.abs(Number(m[1]) - done) <= 6, `"${m[0]}": ${m[1]}% shown with ${done.toFixed(1)}% of the tokens written`);
+  }
+  assert.ok(lines.slice(1).every((m) => /^(\d+h)?(\d+m)?\d+s$/.test(m[5]!)), "an ETA on every line once a rate is known");
+});

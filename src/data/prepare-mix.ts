@@ -262,9 +262,9 @@ class Progress {
       const filled = Math.round((w * pct) / 100);
       process.stderr.write(`\r[${"#".repeat(filled)}${".".repeat(w - filled)}] ${line}${final ? "\n" : ""}`);
     } else {
-      // plain lines: every 10 % and at least every 30 s on long work
+      // plain lines (a file, a pipe): every 10 % and at least every 10 s on long work
       const decile = Math.floor(pct / 10);
-      if (!final && decile === this.lastPct && now - this.lastLine < 30_000) return;
+      if (!final && decile === this.lastPct && now - this.lastLine < 10_000) return;
       this.lastPct = decile;
       this.lastLine = now;
       process.stderr.write(line + "\n");
@@ -406,19 +406,47 @@ class TokenizeBatches {
   }
 }
 
+/**
+ * Where in its file a piece ends, in input bytes, for the progress line. Readers report the bytes read so far,
+ * which run a whole chunk ahead of the pieces cut from it (a compressed chunk holds many times its size in
+ * text), so a piece's place inside the current chunk is interpolated by characters at the bytes-per-character
+ * of the chunk before it; within the first chunk, before any such figure exists, it counts as the chunk's start.
+ */
+export class WorkMeter {
+  private chunkStart = 0;
+  private chunkEnd = 0;
+  private charsAtChunkStart = 0;
+  private chars = 0;
+  private bytesPerChar = 0;
+
+  at(bytesRead: number, pieceChars: number): number {
+    if (bytesRead > this.chunkEnd) {
+      if (this.chars > this.charsAtChunkStart) this.bytesPerChar = (this.chunkEnd - this.chunkStart) / (this.chars - this.charsAtChunkStart);
+      this.chunkStart = this.chunkEnd;
+      this.chunkEnd = bytesRead;
+      this.charsAtChunkStart = this.chars;
+    }
+    this.chars += pieceChars;
+    const est = this.chunkStart + (this.chars - this.charsAtChunkStart) * this.bytesPerChar;
+    return Math.min(this.chunkEnd, est);
+  }
+}
+
 /** Every input's pieces through `batches`, hashing the corpus on the way; returns the number of documents. */
 async function tokenizeInputs(files: InputFile[], plans: Map<InputFile, ParquetPlan>, rd: ReadOptions, batches: TokenizeBatches, corpusHash: Hash): Promise<number> {
   let docIndex = 0; // documents started so far (the index of the next new document)
   let bytesBefore = 0;
   for (const f of files) {
     let open = false; // a document has pieces out and is not closed yet
+    const meter = new WorkMeter();
     for await (const piece of docsOf(f, rd, plans.get(f))) {
       // corpus_sha256: "<len>:" + text per whole document (a last piece), "<len>+" + text per earlier piece
       corpusHash.update(`${piece.text.length}${piece.last ? ":" : "+"}`).update(piece.text);
       batches.add(piece, docIndex);
       open = !piece.last;
       if (piece.last) docIndex++;
-      if (batches.full) await batches.submit(bytesBefore + Math.min(piece.bytesDone, f.bytes));
+      const at = meter.at(piece.bytesDone, piece.text.length);
+      if (batches.full) await batches.submit(bytesBefore + Math.min(at, f.bytes));
     }
     if (open) throw new Error(`${f.name}: a document was left open at the end of the file (a reader bug)`);
     bytesBefore += f.bytes;
