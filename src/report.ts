@@ -13,8 +13,16 @@ export interface Reporter {
   curve(history: readonly LogEntry[]): void;
 }
 
+/** Seconds between progress lines when the output is a file or a pipe (TSTRAIN_PROGRESS_SECONDS, default 30). */
+export function progressEverySeconds(v = process.env.TSTRAIN_PROGRESS_SECONDS): number {
+  const n = v === undefined || v === "" ? 30 : Number(v);
+  return Number.isFinite(n) && n >= 0 ? n : 30;
+}
+
 export function createReporter(outDir: string, stream: NodeJS.WriteStream = process.stdout): Reporter {
   const tty = Boolean(stream.isTTY);
+  const everyMs = progressEverySeconds() * 1000;
+  let lastProgress = performance.now();
   let progressShown = false;
   const clear = () => {
     if (progressShown) { stream.write("\r\x1b[2K"); progressShown = false; }
@@ -25,7 +33,14 @@ export function createReporter(outDir: string, stream: NodeJS.WriteStream = proc
       stream.write(line + "\n");
     },
     progress(line: string) {
-      if (!tty) return;
+      if (!tty) {
+        // A file or a pipe: no line rewritten in place, but one line every N seconds, ETA included.
+        const now = performance.now();
+        if (now - lastProgress < everyMs) return;
+        lastProgress = now;
+        stream.write(`progress: ${line}\n`);
+        return;
+      }
       stream.write("\r\x1b[2K" + line.slice(0, (stream.columns || 120) - 1));
       progressShown = true;
     },

@@ -91,3 +91,17 @@ test("--resume on a path that does not exist says so (not 'no cursor.json'), and
   assert.equal(file.status, 2, file.stderr);
   assert.match(file.stderr, /--resume \S+a-file is a file, not a checkpoint folder\./);
 });
+
+test("output to a file or pipe gets progress lines with done/total, rate, elapsed and ETA every TSTRAIN_PROGRESS_SECONDS, and the log lines carry the ETA (B5, G9)", { timeout: 120_000 }, () => {
+  const out = tmpDir("tstrain-progress-");
+  const r = spawnSync(process.execPath, [MAIN, "--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64",
+    "--micro-batch", "2", "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "4", "--val-tokens", "256", "--backend", "wasm"],
+  { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } });
+  assert.equal(r.status, 0, r.stderr);
+  const progress = r.stdout.split("\n").filter((l) => l.startsWith("progress: "));
+  assert.equal(progress.length, 8, r.stdout);
+  progress.forEach((l, i) => assert.match(l, new RegExp(`^progress: step ${i + 1}/8 \\(${Math.floor((100 * (i + 1)) / 8)}% of this session\\) loss \\d+\\.\\d{4} lr \\S+ scale \\d+ \\| \\d+ tok/s \\| elapsed \\S+ \\| ETA (\\d+h)?(\\d+m)?\\d+s$`)));
+  const logs = r.stdout.split("\n").filter((l) => /^step \d+\/8 loss=/.test(l));
+  assert.equal(logs.length, 2);
+  for (const l of logs) assert.match(l, / tok\/s=\d+ elapsed=\S+ eta=(\d+h)?(\d+m)?\d+s$/);
+});
