@@ -77,7 +77,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
 }
 
 async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
-  const root = cfg.demo ? await ensureDemoMix(cfg.root) : cfg.root;
+  const root = cfg.demo ? await ensureDemoMix(cfg.root, { log: rep.say }) : cfg.root;
   const manifest = readManifest(root);
   if (manifest.total_tokens < cfg.tokens) {
     rep.say(`WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`);
