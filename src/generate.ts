@@ -244,7 +244,7 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
   const store = createHubStore({ hubUrl, repo: m[2]!, repoType: m[1] === "datasets" ? "dataset" : "model" });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {
-    await store.downloadFolder(m[3]!.replace(/\/+$/, ""), dest);
+    await store.downloadFolder(m[3]!.replace(/\/+$/, ""), dest, { progress: (l) => process.stderr.write(`generate: ${l}\n`) });
   } catch (e) {
     fs.rmSync(dest, { recursive: true, force: true });
     if (isUserError(e)) throw e;

@@ -5,18 +5,13 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import type { LogEntry } from "./checkpoint";
+import { progressEverySeconds } from "./config";
 
 export interface Reporter {
   say(line: string): void;
   progress(line: string): void;
   metric(entry: LogEntry): void;
   curve(history: readonly LogEntry[]): void;
-}
-
-/** Seconds between progress lines when the output is a file or a pipe (TSTRAIN_PROGRESS_SECONDS, default 30). */
-export function progressEverySeconds(v = process.env.TSTRAIN_PROGRESS_SECONDS): number {
-  const n = v === undefined || v === "" ? 30 : Number(v);
-  return Number.isFinite(n) && n >= 0 ? n : 30;
 }
 
 export function createReporter(outDir: string, stream: NodeJS.WriteStream = process.stdout): Reporter {

@@ -246,7 +246,7 @@ async function uploadAndVerify(p: Publishing, local: LocalFile[]): Promise<void>
       await withRetry(
         // K8: only a second attempt may find its own earlier attempt landed. Round 2's first attempt names the
         // head round 1's (answered) commit made, so a 412 there is another writer's, identical bytes or not.
-        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1 }),
+        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1, progress: o.log }),
         p.retry(`upload of ${o.pathInRepo} (step ${step})`),
       );
     } catch (e) {
