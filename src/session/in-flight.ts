@@ -154,7 +154,11 @@ export class CheckpointsInFlight {
   private uploadRefusal(e: Error): UserError {
     const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "").replace(/\.$/, "");
     const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
-    const local = e.name === "CheckpointVerifyError" ? null : this.newerLocalCopy();
+    // The local copy is the better resume point only when the Hub does not hold that checkpoint verified: not
+    // after a mismatch (K4: the advised --resume auto ignores the failed folder), not when only the pointer
+    // failed (--resume auto rolls forward onto the verified folder, on any machine, R5).
+    const pointerOnly = / is verified on the Hub at .* but latest\.json could not be moved to it/.test(e.message);
+    const local = e.name === "CheckpointVerifyError" || pointerOnly ? null : this.newerLocalCopy();
     const advice = e.name === "ConcurrentWriterError" ? "" : local
       ? ` Continue from the local copy of checkpoint ${local.step} with: ${resumeCommand(local.dir)} (--resume auto would restart from the Hub's last verified checkpoint and redo the steps since)`
       : ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
