@@ -105,3 +105,16 @@ test("output to a file or pipe gets progress lines with done/total, rate, elapse
   assert.equal(logs.length, 2);
   for (const l of logs) assert.match(l, / tok\/s=\d+ elapsed=\S+ eta=(\d+h)?(\d+m)?\d+s$/);
 });
+
+test("the phases before and after training say what they do: hashing a large mix shows its progress, validation says what it covers (B5, D3, G2)", { timeout: 120_000 }, () => {
+  const big = writeSyntheticMix({ vocab: 64, trainTokens: 6 * 1024 * 1024, valTokens: 1024 });
+  const r = spawnSync(process.execPath, [MAIN, "--root", big.root, "--out", tmpDir("tstrain-phases-"), "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64",
+    "--micro-batch", "2", "--accum", "1", "--max-steps", "4", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"],
+  { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } });
+  assert.equal(r.status, 0, r.stderr);
+  const hashing = [...r.stdout.matchAll(/^data: verifying the mix: (\d+)\/(\d+) MB of shards hashed \((\d+)%\), \d+ MB\/s, ETA \d+s$/gm)];
+  assert.ok(hashing.length >= 2, r.stdout.slice(0, 3000));
+  assert.ok(hashing.every((m) => Number(m[2]) === 13 && Number(m[1]) <= 13), "12.6 MB of shards, rounded");
+  assert.match(r.stdout, /^validation: 16 held-out windows of 16 tokens on 1 rank\(s\)$/m);
+  assert.ok(r.stdout.indexOf("validation: 16 held-out") < r.stdout.indexOf("validation loss="), "said before the pass");
+});

@@ -6,7 +6,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { planSteps, type RunConfig, type StepPlan } from "../config";
+import { planSteps, progressEverySeconds, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/config";
 import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/store";
@@ -85,7 +85,7 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
-  const fingerprint = mixFingerprint(root, manifest);
+  const fingerprint = mixFingerprint(root, manifest, { progress: { log: rep.say, everyMs: Math.min(5, progressEverySeconds()) * 1000 } });
   return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed) };
 }
 
