@@ -25,6 +25,7 @@ import { Llama } from "./model/llama";
 import { createHubStore } from "./hub/store";
 import { readHfConfig, readRunConfigIfAny } from "./checkpoint";
 import { recordSample } from "./report";
+import { vocabSha256 } from "./data/vocab-hash";
 
 export interface LoadedModel { cfg: LlamaConfig; params: Float32Array; tokenizer: Tokenizer; eosId: number | null; dir: string }
 
@@ -55,8 +56,34 @@ export function loadTokenizerFile(file: string): { tk: Tokenizer; eosText: strin
 }
 
 /** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
-export function loadModelDir(dir: string, tokenizerFlag?: string): LoadedModel {
+/** G11: --model names a path that is not there: say so, and name the checkpoints still on disk beside it. */
+function refuseMissingModelDir(dir: string): never {
+  const ckpts = path.basename(path.dirname(dir)) === "ckpt" && fs.existsSync(path.dirname(dir))
+    ? fs.readdirSync(path.dirname(dir)).filter((n) => /^checkpoint-\d+$/.test(n)).sort((a, b) => Number(a.slice(11)) - Number(b.slice(11)))
+    : [];
+  const there = ckpts.length ? ` ${path.dirname(dir)} holds ${ckpts.join(", ")} (only the newest checkpoints stay on disk); e.g. --model ${path.join(path.dirname(dir), ckpts[ckpts.length - 1]!)}` : " Name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)";
+  throw new UserError("G11", `--model ${dir} does not exist.${there}`);
+}
+
+/** G11: a tokenizer whose ids differ from the ones the export recorded would print garbage: refused unless allowed. */
+function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, allowOther: boolean): void {
+  const summaryFile = path.join(dir, "run_summary.json");
+  if (!fs.existsSync(summaryFile)) return; // a checkpoint folder: nothing was recorded
+  let recorded: unknown;
+  try {
+    recorded = (JSON.parse(fs.readFileSync(summaryFile, "utf8")) as Record<string, unknown>).tokenizer_vocab_sha256;
+  } catch (e) {
+    throw new UserError("G11", `${summaryFile} is not valid JSON (${(e as Error).message}); restore it from the Hub's copy of the export`);
+  }
+  if (typeof recorded !== "string") return; // exported before the hash was recorded, or without a tokenizer
+  const got = vocabSha256(tk.get_vocab(true));
+  if (got === recorded || allowOther) return;
+  throw new UserError("G11", `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, run_summary.json records ${recorded.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage). Use the export's own tokenizer (${path.join(dir, "tokenizer.json")}, or the mix root's), or pass --allow-other-tokenizer if its ids are known to match`);
+}
+
+export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherTokenizer = false): LoadedModel {
   const cfgFile = path.join(dir, "config.json"), wFile = path.join(dir, "model.safetensors");
+  if (!fs.existsSync(dir)) refuseMissingModelDir(dir);
   if (!fs.existsSync(cfgFile) || !fs.existsSync(wFile)) {
     throw new UserError("G11", `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`);
   }
@@ -73,6 +100,7 @@ export function loadModelDir(dir: string, tokenizerFlag?: string): LoadedModel {
     else throw new UserError("G11", `no tokenizer.json in ${dir}${root ? ` nor in the run's mix root ${root}` : ""}; ${TOKENIZER_HINT}`);
   }
   const { tk, eosText } = loadTokenizerFile(tokFile);
+  checkTokenizerIdentity(dir, tokFile, tk, allowOtherTokenizer);
   const vocab = tk.get_vocab(true);
   let maxId = -1;
   for (const id of vocab.values()) if (id > maxId) maxId = id;
@@ -170,13 +198,14 @@ const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name
   [--seed S]            sampling seed (default 0): the same seed gives the same text
   [--backend NAME]      auto (default), native, wasm, cpu, tensorflow
   [--tokenizer FILE]    tokenizer.json when DIR has none
+  [--allow-other-tokenizer]  use a tokenizer whose vocabulary differs from the one the export recorded
   [--hub-url URL]       for hf:// models (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
   [--no-cache]          recompute the whole sequence per token (the reference path; slow)`;
 
-interface CliArgs extends GenerateRequest { model: string; backend: BackendName; tokenizer?: string; hubUrl: string }
+interface CliArgs extends GenerateRequest { model: string; backend: BackendName; tokenizer?: string; hubUrl: string; allowOtherTokenizer: boolean }
 
 export function parseGenerateArgs(argv: string[]): CliArgs | null {
-  const o: CliArgs = { model: "", prompt: "", maxNewTokens: 64, temperature: 0, topK: 0, topP: 1, seed: 0, cache: true, backend: "auto", hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co" };
+  const o: CliArgs = { model: "", prompt: "", maxNewTokens: 64, temperature: 0, topK: 0, topP: 1, seed: 0, cache: true, backend: "auto", hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co", allowOtherTokenizer: false };
   let havePrompt = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
@@ -209,6 +238,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
       case "--tokenizer": o.tokenizer = val(); break;
       case "--hub-url": o.hubUrl = val(); break;
       case "--no-cache": o.cache = false; break;
+      case "--allow-other-tokenizer": o.allowOtherTokenizer = true; break;
       default: throw new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
     }
   }
@@ -225,7 +255,7 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
   const store = createHubStore({ hubUrl, repo: m[2]!, repoType: m[1] === "datasets" ? "dataset" : "model" });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {
-    await store.downloadFolder(m[3]!.replace(/\/+$/, ""), dest);
+    await store.downloadFolder(m[3]!.replace(/\/+$/, ""), dest, { progress: (l) => process.stderr.write(`generate: ${l}\n`) });
   } catch (e) {
     fs.rmSync(dest, { recursive: true, force: true });
     if (isUserError(e)) throw e;
@@ -244,7 +274,7 @@ async function main(): Promise<void> {
     }
     let dir = a.model;
     if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl);
-    const m = loadModelDir(dir, a.tokenizer);
+    const m = loadModelDir(dir, a.tokenizer, a.allowOtherTokenizer);
     const engine = await initEngine(a.backend);
     process.stderr.write(`generate: ${a.model} (${m.cfg.numLayers} layers, width ${m.cfg.hiddenSize}, vocab ${m.cfg.vocabSize}) on ${engine.detail}; ${a.temperature === 0 ? "greedy" : `temperature ${a.temperature}, top-k ${a.topK}, top-p ${a.topP}, seed ${a.seed}`}${a.cache ? "" : ", no KV cache"}\n`);
     process.stdout.write(a.prompt);

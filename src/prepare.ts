@@ -4,7 +4,10 @@
  * Builds a mix root (SPEC D2). See src/data/prepare-mix.ts for the format and the rules.
  * A refusal prints one line without a stack and exits 2; a bug keeps its stack and exits 1.
  */
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
+import { removeScratchNow } from "./data/prepare-scratch";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, PrepareOptions } from "./data/prepare-mix";
 
 const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name --out ROOT
@@ -58,6 +61,19 @@ export function parsePrepareArgs(argv: string[]): PrepareOptions | null {
   return o;
 }
 
+/** D2: SIGINT/SIGTERM stops the build, removes its partial folder and says what it removed and what it left. */
+function onSignals(out: string): void {
+  const handler = (sig: NodeJS.Signals) => {
+    const removed = removeScratchNow();
+    const root = path.resolve(out);
+    const left = fs.existsSync(root) ? `${root} is unchanged` : `nothing was written at ${root}`;
+    process.stderr.write(`\nprepare: ${sig}: stopped; ${removed.length ? `removed ${removed.join(" and ")} (the partial build)` : "there was no partial build to remove"}; ${left}. Run the same command again to build the mix from the start.\n`);
+    process.exit(sig === "SIGINT" ? 130 : 143);
+  };
+  process.once("SIGINT", handler);
+  process.once("SIGTERM", handler);
+}
+
 async function main(): Promise<void> {
   try {
     const o = parsePrepareArgs(process.argv.slice(2));
@@ -65,6 +81,7 @@ async function main(): Promise<void> {
       process.stdout.write(USAGE + "\n");
       return;
     }
+    onSignals(o.out);
     await prepareMix({ ...o, progress: "auto" });
   } catch (caught) {
     const e = fsRefusal(caught, "O6") ?? caught; // a full disk or a bad path is the user's to fix, not a bug

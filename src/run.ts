@@ -19,6 +19,7 @@ import { runBenchmark } from "./single-thread";
 import { planSession, type SessionPlan } from "./session/plan";
 import { trainLoop } from "./session/loop";
 import type { RunResult } from "./session/finish";
+import { recordSessionStart } from "./session/record";
 
 export type { RunResult } from "./session/finish";
 
@@ -69,6 +70,7 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter): Promise<RunResul
   const s = await planSession(cfg, rep);
   if (cfg.dryRun) return dryRun(s, rep);
   if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
+  recordSessionStart(s);
   const coord = Coordinator.create({
     world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, fault: faultFromEnv(),
     data: { root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: s.nVal },

@@ -9,6 +9,7 @@ import { readManifest } from "../src/data/manifest";
 import { PackedTokenStore } from "../src/data/store";
 import { readTree } from "./fixtures/data-synth";
 import { tmpDir } from "./helpers/tmp";
+import { spawnSync } from "node:child_process";
 
 const dirA = tmpDir("demoA");
 const dirB = tmpDir("demoB");
@@ -77,4 +78,18 @@ test("the demo mix is deterministic (a second build gives the same bytes) and is
   bytes[100] ^= 0xff;
   fs.writeFileSync(shard, bytes);
   assert.equal(demoMixIsReusable(dirB), false);
+});
+
+test("building the demo data says what it does and shows progress: the tokenizer's share and ETA, the tokenizing's percentage (CLI, B5, D2)", { timeout: 300_000 }, () => {
+  const work = tmpDir("demo-cli");
+  const r = spawnSync(process.execPath, [path.join(__dirname, "..", "main.js"), "--demo", "--root", path.join(work, "data"), "--out", path.join(work, "run"), "--dry-run"],
+    { encoding: "utf8", timeout: 280_000 });
+  assert.equal(r.status, 0, r.stderr + r.stdout);
+  assert.match(r.stdout, /^demo data: building the demo mix in \S+data from the bundled Brown corpus \(once; about 20-40 s on 2 cores, then reused\)$/m);
+  assert.match(r.stdout, /^demo data: training the demo tokenizer \(byte-level BPE, 4,096 ids\) on 500 documents$/m);
+  assert.match(r.stdout, /^demo data: tokenizer trained in \d+\.\ds$/m);
+  for (const l of r.stdout.split("\n").filter((x) => /^demo data: tokenizer [\d,]+\//.test(x))) assert.match(l, /^demo data: tokenizer [\d,]+\/4,094 ids \(\d+%\), \d+s, ETA \d+s$/);
+  const pct = [...r.stderr.matchAll(/^prepare: +(\d+)% .* ETA \S+$/gm)].map((m) => Number(m[1]));
+  assert.ok(pct.length >= 3 && pct[pct.length - 1] === 100, r.stderr);
+  assert.match(r.stdout, /"dry_run":true/);
 });

@@ -106,6 +106,36 @@ test("the CLI reads a Parquet column named by --text-field and refuses a missing
   assertSameShards(a, b, "--text-field content");
 });
 
+/** A Zstandard frame of raw (stored) blocks: what any decoder reads, written without a compressor. */
+function zstdRawFrame(data: Buffer): Buffer {
+  const parts: Buffer[] = [Buffer.from([0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x38])]; // magic; no checksum, no size; window 128 KiB
+  for (let off = 0; off === 0 || off < data.length; off += 65536) {
+    const block = data.subarray(off, off + 65536);
+    const last = off + 65536 >= data.length ? 1 : 0;
+    const h = (block.length << 3) | last; // block type 0: raw
+    parts.push(Buffer.from([h & 0xff, (h >> 8) & 0xff, (h >> 16) & 0xff]), block);
+  }
+  return Buffer.concat(parts);
+}
+
+test("the last document of a .jsonl, .jsonl.gz and .jsonl.zst without a trailing newline is read like any other (CLI, D2)", async () => {
+  const body = corpusJsonl().replace(/\n$/, "");
+  assert.ok(!body.endsWith("\n") && JSON.parse(body.slice(body.lastIndexOf("\n") + 1)).text.length > 0, "the last line is a real document");
+  const cli = (input: string, out: string) => {
+    const r = spawnSync(process.execPath, [PREPARE, "--input", input, "--tokenizer", tokenizer, "--out", out, "--workers", "1", "--val-fraction", "0.05", "--shard-tokens", "5000"], { encoding: "utf8" });
+    assert.equal(r.status, 0, r.stderr);
+  };
+  const withNl = path.join(work, "out-cli-nl");
+  cli(write("nl.jsonl", corpusJsonl()), withNl);
+  assert.equal(zstdDecompress(zstdRawFrame(Buffer.from(body))).length, Buffer.byteLength(body), "the raw zstd frame decodes");
+  for (const [name, data] of [["nonl.jsonl", body], ["nonl.jsonl.gz", zlib.gzipSync(body)], ["nonl.jsonl.zst", zstdRawFrame(Buffer.from(body))]] as const) {
+    const out = path.join(work, `out-cli-${name}`);
+    cli(write(name, data), out);
+    assert.equal(readManifest(out).prepare?.documents, docs.filter((d) => d.length > 0).length, `${name}: every document, the last one too`);
+    assertSameShards(withNl, out, name);
+  }
+});
+
 test("the long-document rule cuts after the last newline within a piece, else at the size without splitting a surrogate pair", () => {
   assert.equal(pieceEnd("abcdef", 0, 10), 6);
   assert.equal(pieceEnd("ab\ncd\nefgh", 0, 8), 6);

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
@@ -9,6 +9,7 @@ import { isValDoc, prepareMix, valPpm } from "../src/data/prepare-mix";
 import { PackedTokenStore } from "../src/data/store";
 import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";
 import { tmpDir } from "./helpers/tmp";
+import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 
 const PREPARE = path.join(__dirname, "..", "prepare.js");
 const quiet = { progress: "none" as const, log: () => undefined };
@@ -202,4 +203,62 @@ test("prepare onto a full disk (a 64 KiB tmpfs) is refused, exit 2, naming the p
   } finally {
     spawnSync("umount", [mnt]);
   }
+});
+
+/** A .jsonl of about `mb` MB (the corpus fixture repeated) and a tokenizer for it. */
+function bigInput(mb: number): { input: string; tok: string } {
+  const dir = tmpDir("prep-big");
+  const tok = writeTinyTokenizer(path.join(dir, "tok"), corpusDocs().filter((d) => d.length > 0));
+  const one = corpusJsonl();
+  const input = path.join(dir, "big.jsonl");
+  fs.writeFileSync(input, one.repeat(Math.ceil((mb * 1e6) / one.length)));
+  return { input, tok };
+}
+
+test("an interrupted prepare (SIGINT) removes its partial folder and says what it removed and what it left, exit 130 (D2)", { timeout: 120_000 }, async () => {
+  const { input, tok } = bigInput(8);
+  const out = path.join(tmpDir("prep-int"), "mix");
+  const cp = spawn(process.execPath, [PREPARE, "--input", input, "--tokenizer", tok, "--out", out, "--workers", "1"], { stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "", stdout = "", sent = false;
+  cp.stdout.on("data", (d: Buffer) => { stdout += d; });
+  cp.stderr.on("data", (d: Buffer) => {
+    stderr += d;
+    // The first progress line: the build is under way in its partial folder.
+    if (!sent && /prepare: +\d+%/.test(stderr)) { sent = true; cp.kill("SIGINT"); }
+  });
+  const code = await new Promise<number | null>((resolve) => cp.on("close", (c) => resolve(c)));
+  assert.ok(sent, `no progress line came: ${stderr}`);
+  assert.equal(code, 130, stderr + stdout);
+  const partial = `${out}.partial-${cp.pid}`;
+  assert.ok(stderr.includes(`prepare: SIGINT: stopped; removed ${partial} (the partial build); nothing was written at ${out}. Run the same command again to build the mix from the start.`), stderr);
+  assert.deepEqual(fs.readdirSync(path.dirname(out)), [], "no partial folder left, no mix");
+});
+
+test("a prepare removes the partial folders of interrupted prepares whose process is gone, and leaves a running one's alone (D2)", () => {
+  const out = path.join(tmpDir("prep-stale"), "mix");
+  const dead = Number(spawnSync(process.execPath, ["-e", "process.stdout.write(String(process.pid))"], { encoding: "utf8" }).stdout);
+  for (const pid of [dead, process.pid]) {
+    fs.mkdirSync(`${out}.partial-${pid}`, { recursive: true });
+    fs.writeFileSync(`${out}.partial-${pid}/train-00000.bin`, "half");
+  }
+  const r = spawnSync(process.execPath, [PREPARE, "--input", corpus, "--tokenizer", tokenizer, "--out", out, "--workers", "1"], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  assert.ok(r.stdout.includes(`prepare: removed ${out}.partial-${dead}, the partial build of an interrupted prepare (pid ${dead} is not running)`), r.stdout);
+  assert.ok(r.stdout.includes(`prepare: leaving ${out}.partial-${process.pid} alone: pid ${process.pid} is still running`), r.stdout);
+  assert.deepEqual(fs.readdirSync(path.dirname(out)).sort(), ["mix", `mix.partial-${process.pid}`]);
+});
+
+test("prepare's progress lines (to a file) give the share of the work done, not of the bytes read ahead, with rate and ETA (D2, B5)", { timeout: 120_000 }, () => {
+  const { input, tok } = bigInput(8);
+  const out = path.join(tmpDir("prep-progress"), "mix");
+  const r = spawnSync(process.execPath, [PREPARE, "--input", input, "--tokenizer", tok, "--out", out, "--workers", "1"], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  const lines = [...r.stderr.matchAll(/^prepare: +(\d+)% ([\d.]+)\/([\d.]+) MB, ([\d,]+) tokens, [\d,]+ tok\/s, [\d.]+ MB\/s, ETA (\S+)$/gm)];
+  assert.ok(lines.length >= 8, r.stderr);
+  const total = Number(lines[lines.length - 1]![4]!.replace(/,/g, ""));
+  for (const m of lines) {
+    const done = (100 * Number(m[4]!.replace(/,/g, ""))) / total;
+    assert.ok(Math.abs(Number(m[1]) - done) <= 6, `"${m[0]}": ${m[1]}% shown with ${done.toFixed(1)}% of the tokens written`);
+  }
+  assert.ok(lines.slice(1).every((m) => /^(\d+h)?(\d+m)?\d+s$/.test(m[5]!)), "an ETA on every line once a rate is known");
 });

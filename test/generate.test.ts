@@ -15,7 +15,7 @@ import { ENGINES, useEngine } from "./helpers/engines";
 import { maxAbs, maxAbsDiff } from "./helpers/numeric";
 import { tmpDir } from "./helpers/tmp";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
-import { corpusDocs } from "./fixtures/corpus-docs";
+import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 
 const GENERATE = path.join(__dirname, "..", "generate.js");
 // a small model (hidden 144: 9 query heads over 3 kv heads, as buildConfig derives them as buildConfig derives them), 3 layers, vocab 300
@@ -111,9 +111,22 @@ test("node dist/generate.js prints the prompt and its continuation from a final/
   const bad = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--top-p", "1.5"], { encoding: "utf8" });
   assert.equal(bad.status, 2);
   assert.match(bad.stderr, /--top-p 1\.5 must be in \(0, 1\] \(1 = off\) \[G11\]/);
-  const none = spawnSync(process.execPath, [GENERATE, "--model", path.join(dir, "nope"), "--prompt", "The"], { encoding: "utf8" });
+  const empty = tmpDir("gen-empty");
+  const none = spawnSync(process.execPath, [GENERATE, "--model", empty, "--prompt", "The"], { encoding: "utf8" });
   assert.equal(none.status, 2);
   assert.match(none.stderr, /holds no config\.json \+ model\.safetensors: name an exported final\/ folder or a checkpoint folder/);
+});
+
+test("generate --model on a path that does not exist says so, and names the checkpoints that do (G11)", () => {
+  const run = tmpDir("gen-missing");
+  const missing = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "final"), "--prompt", "The"], { encoding: "utf8" });
+  assert.equal(missing.status, 2, missing.stderr);
+  assert.match(missing.stderr, /^generate: --model \S+\/final does not exist\. Name an exported final\/ folder or a checkpoint folder/);
+  assert.doesNotMatch(missing.stderr, /holds no config\.json/);
+  for (const n of [270, 300]) fs.mkdirSync(path.join(run, "ckpt", `checkpoint-${n}`), { recursive: true });
+  const pruned = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "ckpt", "checkpoint-150"), "--prompt", "The"], { encoding: "utf8" });
+  assert.equal(pruned.status, 2, pruned.stderr);
+  assert.match(pruned.stderr, /--model \S+checkpoint-150 does not exist\. \S+\/ckpt holds checkpoint-270, checkpoint-300 \(only the newest checkpoints stay on disk\); e\.g\. --model \S+\/ckpt\/checkpoint-300 \[G11\]/);
 });
 
 test("a model folder whose config.json is damaged is refused naming the file (K2), not a parse crash", () => {
@@ -132,4 +145,45 @@ test("generate --tokenizer with a file that is not a tokenizer is refused, exit 
   assert.equal(r.status, 2, r.stderr);
   assert.match(r.stderr, new RegExp(`^generate: the tokenizer ${notTok.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} cannot be loaded by @huggingface/tokenizers .*it is not a complete Hugging Face tokenizer\\.json.*\\[G11\\]\\n$`, "s"));
   assert.doesNotMatch(r.stderr, /internal error|\n\s+at /);
+});
+
+test("the export records its tokenizer's vocabulary hash, and generate refuses a tokenizer with other ids (same size, shuffled) unless --allow-other-tokenizer (G11)", { timeout: 180_000 }, () => {
+  const work = tmpDir("gen-tokid");
+  const tok = writeTinyTokenizer(path.join(work, "tok"), corpusDocs().filter((d) => d.length > 0));
+  fs.writeFileSync(path.join(work, "c.jsonl"), corpusJsonl());
+  const run = (file: string, args: string[]) => spawnSync(process.execPath, [path.join(__dirname, "..", file), ...args], { encoding: "utf8", timeout: 150_000 });
+  const mix = path.join(work, "mix");
+  const p = run("prepare.js", ["--input", path.join(work, "c.jsonl"), "--tokenizer", tok, "--out", mix, "--workers", "1", "--val-fraction", "0.05"]);
+  assert.equal(p.status, 0, p.stderr);
+  const t = run("main.js", ["--root", mix, "--out", path.join(work, "run"), "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "320",
+    "--micro-batch", "2", "--accum", "1", "--max-steps", "4", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"]);
+  assert.equal(t.status, 0, t.stderr);
+  const final = path.join(work, "run", "final");
+  const recorded = JSON.parse(fs.readFileSync(path.join(final, "run_summary.json"), "utf8")).tokenizer_vocab_sha256;
+  assert.match(recorded, /^[0-9a-f]{64}$/);
+  const gen = (extra: string[]) => run("generate.js", ["--model", final, "--prompt", "The", "--max-new-tokens", "4", "--backend", "cpu", ...extra]);
+  assert.equal(gen([]).status, 0, "its own tokenizer");
+  // The same tokenizer written differently (indented, keys in another order) is the same vocabulary.
+  const j = JSON.parse(fs.readFileSync(tok, "utf8"));
+  const same = path.join(work, "same", "tokenizer.json");
+  fs.mkdirSync(path.dirname(same));
+  fs.writeFileSync(same, JSON.stringify({ model: j.model, ...j }, null, 2));
+  assert.equal(gen(["--tokenizer", same]).status, 0, "the same vocabulary, formatted otherwise");
+  // Same tokens, same size, ids shuffled among the ordinary tokens (the added tokens keep theirs).
+  const special = new Set((j.added_tokens as { id: number }[]).map((a) => a.id));
+  const ids = Object.values(j.model.vocab as Record<string, number>).filter((id) => !special.has(id)).sort((a, b) => a - b);
+  const shuffledId = new Map(ids.map((id, i) => [id, ids[ids.length - 1 - i]!]));
+  for (const k of Object.keys(j.model.vocab)) if (shuffledId.has(j.model.vocab[k])) j.model.vocab[k] = shuffledId.get(j.model.vocab[k]);
+  const other = path.join(work, "shuffled", "tokenizer.json");
+  fs.mkdirSync(path.dirname(other));
+  fs.writeFileSync(other, JSON.stringify(j));
+  const refused = gen(["--tokenizer", other]);
+  assert.equal(refused.status, 2, refused.stderr);
+  assert.match(refused.stderr, new RegExp(`the tokenizer \\S+shuffled/tokenizer\\.json is not the one \\S+final was trained with: its vocabulary hash is [0-9a-f]{16}…, run_summary\\.json records ${recorded.slice(0, 16)}… .*pass --allow-other-tokenizer if its ids are known to match \\[G11\\]`));
+  assert.equal(refused.stdout, "", "nothing generated");
+  // A shuffled tokenizer put into the export itself is refused the same way.
+  fs.copyFileSync(other, path.join(final, "tokenizer.json"));
+  assert.equal(gen([]).status, 2);
+  const told = gen(["--allow-other-tokenizer"]);
+  assert.equal(told.status, 0, told.stderr);
 });

@@ -195,3 +195,44 @@ test("the checkpoint repo is created private by default, public with --no-hub-pr
     assert.equal(await seenByAnyone("me/existing"), true);
   }, token);
 });
+
+test("without HF_TOKEN, a Hub that wants a token is refused saying HF_TOKEN is not set and how to set it, not that a token was rejected (K5)", { timeout: 120_000 }, async () => {
+  const token = "hf_NEEDEDneeded0123456789abcdef";
+  await withHub(async (_hub, url) => {
+    for (const extra of [[], ["--resume", "auto"]]) {
+      const r = await runCli(cliArgs(tmpDir("tstrain-notoken-"), url, "me/needs-token", ["--max-steps", "4", ...extra]), { HF_TOKEN: "" });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, /HF_TOKEN is not set, so no token was sent, and this Hub wants one: export HF_TOKEN=<a token with write access to me\/needs-token> and run again/, extra.join(" "));
+      assert.doesNotMatch(r.stderr, /rejected the token/);
+      if (!extra.length) assert.match(r.stderr, /Fix the token as said, then run the same command again\. \[R2\]/);
+    }
+  }, token);
+});
+
+test("a slow checkpoint upload and a slow resume download print progress lines (done/total MB, share, rate, ETA) every TSTRAIN_PROGRESS_SECONDS (K3, R4, B5)", { timeout: 180_000 }, async () => {
+  await withHub(async (hub, url) => {
+    const out = tmpDir("tstrain-transfer-");
+    const env = { TSTRAIN_PROGRESS_SECONDS: "0.2" };
+    const line = (verb: string, folder: string) => new RegExp(`^hub: ${verb} ${folder}/ \\(\\d+ files\\): (\\d+\\.\\d)/(\\d+\\.\\d) MB \\((\\d+)%\\), \\d+\\.\\d\\d MB/s, \\d+s so far, ETA (\\?|\\d+s)$`, "gm");
+    hub.setFaults({ delayMs: { upload: 1500 } }); // every LFS upload of this session waits 1.5 s
+    const first = await runCli(cliArgs(out, url, "me/transfer", ["--max-steps", "8", "--stop-after-steps", "4"]), env);
+    hub.clearFaults();
+    assert.equal(first.code, 0, first.stderr);
+    const up = [...first.stdout.matchAll(line("uploading", "ckpt/checkpoint-4"))];
+    assert.ok(up.length >= 2, first.stdout);
+    const total = Number(up[0]![2]);
+    assert.ok(total > 0 && up.every((m) => Number(m[2]) === total), "one total");
+    // An upload's bytes count once its request (a file, or one part of it) has gone through: never backwards.
+    for (let i = 1; i < up.length; i++) assert.ok(Number(up[i]![1]) >= Number(up[i - 1]![1]), "never backwards");
+    fs.rmSync(path.join(out, "ckpt", "checkpoint-4"), { recursive: true, force: true }); // the resume must download it
+    hub.setFaults({ delayMs: { resolve: 700 } });
+    const second = await runCli(cliArgs(out, url, "me/transfer", ["--max-steps", "8", "--resume", "auto"]), env);
+    hub.clearFaults();
+    assert.equal(second.code, 0, second.stderr);
+    const down = [...second.stdout.matchAll(line("downloading", "ckpt/checkpoint-4"))];
+    assert.ok(down.length >= 2, second.stdout);
+    assert.ok(down.some((m) => Number(m[1]) > 0 && Number(m[1]) < Number(m[2])), "a download counts its bytes as they arrive");
+    for (let i = 1; i < down.length; i++) assert.ok(Number(down[i]![1]) >= Number(down[i - 1]![1]), "never backwards");
+    assert.match(second.stdout, /^downloaded \d+ files, [\d.]+ MB in [\d.]+s$/m);
+  });
+});

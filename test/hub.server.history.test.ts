@@ -149,6 +149,15 @@ describe("repos (L3)", () => {
     assert.deepEqual(info.cardData, { license: "mit" });
   });
 
+  test("createRepo with a license and no README.md writes the card the real Hub writes: the license in its front matter", async () => {
+    const r = ds(`hist/licensed-${++n}`);
+    await createRepo({ repo: r, hubUrl: th.url, accessToken: ANY, license: "apache-2.0" });
+    assert.equal(await text(await downloadFile({ repo: r, path: "README.md", hubUrl: th.url })), "---\nlicense: apache-2.0\n---\n");
+    const bare = ds(`hist/unlicensed-${++n}`);
+    await createRepo({ repo: bare, hubUrl: th.url, accessToken: ANY });
+    assert.equal(await fileExists({ repo: bare, path: "README.md", hubUrl: th.url }), false, "no license, no card");
+  });
+
   test("whoAmI names the caller and its token's role", async () => {
     const me = await whoAmI({ hubUrl: th.url, accessToken: ANY });
     assert.equal(me.type, "user");

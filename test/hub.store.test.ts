@@ -205,10 +205,27 @@ describe("HubStore", () => {
   });
 
   test("a list that times out fails as a lookup failure, not as an empty repo", async () => {
-    const store = th.store({ repo: `tester/store-${++n}`, timeoutMs: 200 });
-    await store.ensureRepo();
+    const repo = `tester/store-${++n}`;
+    await th.store({ repo }).ensureRepo(); // set-up with the default timeout; only the request under test is short
+    const store = th.store({ repo, timeoutMs: 200 });
     th.hub.setFaults({ delayMs: { list: 2000 } });
     await assert.rejects(store.list(), (e: Error) => e.name === "HubLookupError" && /timed out after 200 ms: GET .*\/tree\/main/.test(e.message));
+  });
+
+  test("a delayed request whose client gave up does not spend a fault set after it arrived: faults are matched per request as written", async () => {
+    const repo = `tester/store-${++n}`;
+    const store = th.store({ repo });
+    await store.ensureRepo();
+    th.hub.setFaults({ delayMs: { list: 1500 }, failCount: 1 });
+    await assert.rejects(th.store({ repo, timeoutMs: 200 }).list(), /timed out after 200 ms/);
+    // The client gave up; the server still holds the listing. The next fault is set now, and the held
+    // request is answered (in this process, its timer fires first) before the upload below starts.
+    th.hub.setFaults({ dropOnCommit: ["b.txt"], failCount: 1 });
+    await new Promise((r) => setTimeout(r, 1600));
+    await store.uploadFolder(folder({ "a.txt": "a", "b.txt": "b" }), "one", "first");
+    await store.uploadFolder(folder({ "a.txt": "a", "b.txt": "b" }), "two", "second");
+    const paths = (await store.list()).map((f) => f.path).filter((p) => p.endsWith(".txt")).sort();
+    assert.deepEqual(paths, ["one/a.txt", "two/a.txt", "two/b.txt"], "the drop fault hit the first commit only, the listing was not delayed again");
   });
 
   test("failCount lets a fault apply N times and then clear", async () => {

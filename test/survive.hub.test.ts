@@ -95,13 +95,15 @@ test("the Hub killed and restarted mid-upload: the run retries, completes, and e
 test("500s, a timeout and dropped connections for a few attempts are retried, one line each, and the run completes bit-identical (K6)", { timeout: 240_000 }, async () => {
   // The final publication meets them in turn, each fault set when the run reports the one before:
   // two 503s on the commit, then a connection cut mid-download during verification, then a timeout.
+  // The run's request limit (5 s) is far above what any set-up request needs on a loaded machine, so only
+  // the delayed request times out and the attempt numbers the phases wait for are the faults' own.
   const out = tmpDir("tstrain-flaky-");
   let phase = 0;
-  const r = await runCli(args(out, url, "me/flaky", ["--hub-timeout-seconds", "1.5"]), {
+  const r = await runCli(args(out, url, "me/flaky", ["--hub-timeout-seconds", "5"]), {
     onLine: (l) => {
       if (phase === 0 && /^CKPT 12 .*ok=true/.test(l)) { phase = 1; hub.setFaults({ status: { commit: 503 }, failCount: 2 }); }
       else if (phase === 1 && /^hub: .* failed \(attempt 2: HTTP 503/.test(l)) { phase = 2; hub.setFaults({ truncateDownload: ["cursor.json"], truncateMode: "cut", failCount: 1 }); }
-      else if (phase === 2 && /^hub: verification of final .* failed \(attempt 1: /.test(l)) { phase = 3; hub.setFaults({ delayMs: { preupload: 4_000 }, failCount: 1 }); }
+      else if (phase === 2 && /^hub: verification of final .* failed \(attempt 1: /.test(l)) { phase = 3; hub.setFaults({ delayMs: { preupload: 20_000 }, failCount: 1 }); }
     },
   });
   hub.clearFaults();
@@ -186,6 +188,31 @@ test("two runs on one repo: one stops naming the other writer's commit (K8), the
   const ptr = await store.readPointer();
   assert.equal(ptr?.path_in_repo, "final");
   assert.equal(ptr?.step, 12);
+});
+
+test("SIGTERM while the Hub is down: the refusal resumes from the local checkpoint the stop just kept, not from the Hub's older one, and ends bit-identical (O3, K6)", { timeout: 240_000 }, async () => {
+  const out = tmpDir("tstrain-term-down-");
+  const down = Object.fromEntries(["repoInfo", "revisionInfo", "preupload", "lfsBatch", "upload", "commit", "commits", "list", "pathsInfo", "resolve", "raw", "pointerRead"].map((e) => [e, 503]));
+  let sent = false;
+  const live = startCli(args(out, url, "me/term-down", ["--hub-retry-minutes", "0.05"]), {
+    onLine: (l, c) => {
+      if (/^CKPT 4 .*ok=true/.test(l)) hub.setFaults({ status: down });
+      if (!sent && /^step 6\/12 loss=/.test(l)) { sent = true; c.kill("SIGTERM"); }
+    },
+  });
+  const r = await live.done;
+  hub.clearFaults();
+  assert.ok(sent, show(r));
+  assert.equal(r.code, 2, show(r));
+  const m = /checkpoint (\d+) failed: .*Continue from the local copy of checkpoint \1 with: node dist\/main\.js .* --resume (\S+\/ckpt\/checkpoint-\1) \(--resume auto would restart from the Hub's last verified checkpoint/.exec(r.stderr);
+  assert.ok(m, show(r));
+  const k = Number(m![1]);
+  assert.ok(k >= 6 && k < 12, `stopped at ${k}`);
+  assert.equal((await createHubStore({ hubUrl: url, repo: "me/term-down", repoType: "dataset" }).readPointer())?.step, 4, "the Hub holds checkpoint 4 only");
+  const again = await runCli(adviceAfter(r.stderr, /with:/));
+  assert.equal(again.code, 0, show(again));
+  assert.match(again.stdout, new RegExp(`resume from \\S+checkpoint-${k}: step ${k}`));
+  assert.ok(modelBytes(path.join(out, "final")).equals(straight), "bit-identical");
 });
 
 for (const when of ["training", "an upload"] as const) {

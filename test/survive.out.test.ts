@@ -11,6 +11,8 @@ import { createHubStore } from "../src/hub/store";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 import { MAIN, adviceAfter, modelBytes, runCli, type Child } from "./helpers/survive";
+import { createHash } from "node:crypto";
+import { parseManifest } from "../src/checkpoint";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
 const show = (c: Child) => `exit ${c.code} ${c.signal ?? ""}\n--- stdout\n${c.stdout.slice(-4000)}\n--- stderr\n${c.stderr.slice(-3000)}`;
@@ -162,3 +164,59 @@ test("a 20 MB tmpfs as --out: refused before step 1 when one checkpoint cannot f
   }
 });
 
+
+// ---- K2: a checkpoint folder never appears under its final name without its complete manifest -----
+
+const CKPT_FAULT = path.join(__dirname, "helpers", "ckpt-fault.js");
+
+/** Every ckpt/checkpoint-N folder holds a manifest.json listing every other file in it, sizes and sha256 right. */
+function assertEveryCheckpointComplete(out: string, what: string): string[] {
+  const names = fs.readdirSync(path.join(out, "ckpt")).sort();
+  for (const name of names.filter((n) => /^checkpoint-\d+$/.test(n))) {
+    const dir = path.join(out, "ckpt", name);
+    assert.ok(fs.existsSync(path.join(dir, "manifest.json")), `${what}: ${name} has no manifest.json`);
+    const m = parseManifest(fs.readFileSync(path.join(dir, "manifest.json")), `${name}/manifest.json`);
+    assert.deepEqual(fs.readdirSync(dir).filter((f) => f !== "manifest.json").sort(), Object.keys(m.files).sort(), `${what}: ${name}'s files are the manifest's`);
+    for (const [f, e] of Object.entries(m.files)) {
+      const b = fs.readFileSync(path.join(dir, f));
+      assert.deepEqual({ size: b.length, sha256: createHash("sha256").update(b).digest("hex") }, e, `${what}: ${name}/${f}`);
+    }
+  }
+  return names;
+}
+
+for (const mode of ["manifest-fails", "die-in-manifest", "die-before-rename"] as const) {
+  test(`checkpoint 8's write struck (${mode}): no checkpoint-8 folder without its complete manifest; a rerun from checkpoint 4 clears what is left and completes (K2, O4)`, { timeout: 180_000 }, async () => {
+    const out = tmpDir("tstrain-manifest-");
+    const r = await runCli(["--require", CKPT_FAULT, ...args(out)], { env: { TSTRAIN_TEST_CKPT_FAULT: `${mode}:8` } });
+    if (mode === "manifest-fails") {
+      assert.equal(r.code, 2, show(r));
+      assert.match(r.stderr, /writing checkpoint folder .*checkpoint-8 failed: EIO .*injected.*; the partial folder was removed/);
+    } else {
+      assert.equal(r.signal, "SIGKILL", show(r));
+    }
+    assert.match(r.stdout, /^CKPT 4 /m, show(r));
+    const names = assertEveryCheckpointComplete(out, mode);
+    assert.ok(names.includes("checkpoint-4"), names.join(", "));
+    assert.ok(!names.includes("checkpoint-8"), `${mode}: checkpoint-8 appeared: ${names.join(", ")}`);
+    if (mode === "manifest-fails") assert.deepEqual(names, ["checkpoint-4"], "the partial folder was removed");
+
+    const again = await runCli(args(out, ["--resume", path.join(out, "ckpt", "checkpoint-4")]));
+    assert.equal(again.code, 0, show(again));
+    if (mode !== "manifest-fails") assert.match(again.stdout, /removed .*checkpoint-8\.partial-\d+: left by an interrupted write \(O4\)/);
+    const after = assertEveryCheckpointComplete(out, `${mode}, rerun`);
+    assert.ok(after.includes("checkpoint-8") && !after.some((n) => n.includes(".partial-")), after.join(", "));
+  });
+}
+
+test("a slow checkpoint write makes the ranks wait: the first wait says why and how long, each later one is one short line with its time (K1, B5)", { timeout: 180_000 }, async () => {
+  const out = tmpDir("tstrain-slow-write-");
+  const r = await runCli(["--require", CKPT_FAULT, ...args(out, ["--push-every-steps", "2"])], { env: { TSTRAIN_TEST_CKPT_FAULT: "slow-write:1500" } });
+  assert.equal(r.code, 0, show(r));
+  const waits = r.stdout.split("\n").filter((l) => /the ranks waited/.test(l));
+  assert.ok(waits.length >= 2, show(r));
+  assert.match(waits[0]!, /^checkpoint \d+: the ranks waited \d+\.\ds for checkpoint \d+ to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk/);
+  for (const l of waits.slice(1)) assert.match(l, /^checkpoint \d+: the ranks waited \d+\.\ds for the previous checkpoint's write$/);
+  assert.ok(waits.every((l) => Number(/waited (\d+\.\d)s/.exec(l)![1]) > 0), waits.join("\n"));
+  assert.doesNotMatch(r.stdout, /waiting for checkpoint \d+ to be written/);
+});

@@ -239,3 +239,49 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
   const rc8 = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8")) as { lr: number };
   assert.equal(rc8.lr, 1e-3, "the checkpoints from there on record the new value");
 });
+
+test("--resume on a path that does not exist says so (not 'no cursor.json'), and names the checkpoints --out holds (C3)", { timeout: 120_000 }, async () => {
+  const out = tmpDir("tstrain-resume-missing-");
+  const flags = ["--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64", "--micro-batch", "2",
+    "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"];
+  const gone = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-4")]);
+  assert.equal(gone.status, 2, gone.stderr);
+  assert.match(gone.stderr, /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+\/ckpt holds no checkpoint; name a checkpoint folder .* or start fresh without --resume \[C3\]\n$/);
+  assert.doesNotMatch(gone.stderr, /cursor\.json/);
+  const ran = cli(flags);
+  assert.equal(ran.status, 0, ran.stderr);
+  const typo = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-44")]);
+  assert.equal(typo.status, 2, typo.stderr);
+  assert.match(typo.stderr, /--resume \S+checkpoint-44 does not exist\. \S+\/ckpt holds checkpoint-4, checkpoint-8: resume the newest with --resume \S+\/ckpt\/checkpoint-8 \[C3\]/);
+  fs.writeFileSync(path.join(out, "a-file"), "x");
+  const file = cli([...flags, "--resume", path.join(out, "a-file")]);
+  assert.equal(file.status, 2, file.stderr);
+  assert.match(file.stderr, /--resume \S+a-file is a file, not a checkpoint folder\./);
+});
+
+test("output to a file or pipe gets progress lines with done/total, rate, elapsed and ETA every TSTRAIN_PROGRESS_SECONDS, and the log lines carry the ETA (B5, G9)", { timeout: 120_000 }, () => {
+  const out = tmpDir("tstrain-progress-");
+  const r = spawnSync(process.execPath, [MAIN, "--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64",
+    "--micro-batch", "2", "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "4", "--val-tokens", "256", "--backend", "wasm"],
+  { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } });
+  assert.equal(r.status, 0, r.stderr);
+  const progress = r.stdout.split("\n").filter((l) => l.startsWith("progress: "));
+  assert.equal(progress.length, 8, r.stdout);
+  progress.forEach((l, i) => assert.match(l, new RegExp(`^progress: step ${i + 1}/8 \\(${Math.floor((100 * (i + 1)) / 8)}% of this session\\) loss \\d+\\.\\d{4} lr \\S+ scale \\d+ \\| \\d+ tok/s \\| elapsed \\S+ \\| ETA (\\d+h)?(\\d+m)?\\d+s$`)));
+  const logs = r.stdout.split("\n").filter((l) => /^step \d+\/8 loss=/.test(l));
+  assert.equal(logs.length, 2);
+  for (const l of logs) assert.match(l, / tok\/s=\d+ elapsed=\S+ eta=(\d+h)?(\d+m)?\d+s$/);
+});
+
+test("the phases before and after training say what they do: hashing a large mix shows its progress, validation says what it covers (B5, D3, G2)", { timeout: 120_000 }, () => {
+  const big = writeSyntheticMix({ vocab: 64, trainTokens: 6 * 1024 * 1024, valTokens: 1024 });
+  const r = spawnSync(process.execPath, [MAIN, "--root", big.root, "--out", tmpDir("tstrain-phases-"), "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64",
+    "--micro-batch", "2", "--accum", "1", "--max-steps", "4", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"],
+  { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } });
+  assert.equal(r.status, 0, r.stderr);
+  const hashing = [...r.stdout.matchAll(/^data: verifying the mix: (\d+)\/(\d+) MB of shards hashed \((\d+)%\), \d+ MB\/s, ETA \d+s$/gm)];
+  assert.ok(hashing.length >= 2, r.stdout.slice(0, 3000));
+  assert.ok(hashing.every((m) => Number(m[2]) === 13 && Number(m[1]) <= 13), "12.6 MB of shards, rounded");
+  assert.match(r.stdout, /^validation: 16 held-out windows of 16 tokens on 1 rank\(s\)$/m);
+  assert.ok(r.stdout.indexOf("validation: 16 held-out") < r.stdout.indexOf("validation loss="), "said before the pass");
+});

@@ -3,6 +3,8 @@
 // StrykerJS found surviving in src/config.ts (test/MUTATION.md).
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { DEMO_DEFAULTS, FLAGS, checkFlagTable, parseArgs, planSteps, usage, validate, type RunConfig } from "../src/config";
 
 const userErr = (rule: string, re: RegExp) => (e: unknown) => (e as Error).name === "UserError" && (e as Error).message.endsWith(`[${rule}]`) && re.test((e as Error).message);
@@ -35,6 +37,16 @@ test("--demo sets its defaults, an explicit flag wins over them, and the explici
   assert.equal(parseArgs([]).help, false);
   assert.equal(parseArgs(["-h"]).help, true);
   assert.equal(parseArgs(["--seq-len", "16", "--help"]).help, true);
+});
+
+test("the README's generate example names a checkpoint the demo keeps on disk: one of the two newest (K1, G11)", () => {
+  const readme = fs.readFileSync(path.join(__dirname, "..", "..", "README.md"), "utf8");
+  const named = [...readme.matchAll(/--model \.demo\/run\/ckpt\/checkpoint-(\d+)/g)].map((m) => Number(m[1]));
+  assert.ok(named.length > 0, "the README has a checkpoint example");
+  const plan = planSteps(parseArgs(["--demo"]).config);
+  const all = Array.from({ length: Math.floor(plan.stepsPlanned / plan.ckptEvery) }, (_, i) => (i + 1) * plan.ckptEvery);
+  const kept = all.slice(-2); // the uploader keeps the checkpoint it writes and one before it (train.run.test.ts checks the folders)
+  for (const n of named) assert.ok(kept.includes(n), `README names checkpoint-${n}, but the demo keeps only ${kept.map((k) => `checkpoint-${k}`).join(", ")}`);
 });
 
 test("--help lists every flag with its values, an explanation and its default", () => {

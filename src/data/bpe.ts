@@ -165,7 +165,9 @@ class PairIndex {
   }
 }
 
-export function trainByteLevelBpe(texts: Iterable<string>, vocabSize: number, eos = "<|endoftext|>", pad = "<|pad|>"): BpeResult {
+export function trainByteLevelBpe(
+  texts: Iterable<string>, vocabSize: number, eos = "<|endoftext|>", pad = "<|pad|>", onProgress?: (ids: number, of: number) => void,
+): BpeResult {
   if (!Number.isSafeInteger(vocabSize) || vocabSize < 258 || vocabSize > 1 << 20) throw new RangeError(`vocabSize ${vocabSize} must be in [258, 2^20]`);
   const b2u = bytesToUnicode();
   const enc = new TextEncoder();
@@ -194,6 +196,7 @@ export function trainByteLevelBpe(texts: Iterable<string>, vocabSize: number, eo
     }
     merges.push([vocab[a], vocab[b]]);
     pairs.merge(k, a, b, nid);
+    if (onProgress && merges.length % 64 === 0) onProgress(vocab.length, limit);
   }
   if (vocab.length < limit) throw new Error(`BPE training ran out of pairs at ${vocab.length} ids; the corpus is too small for vocab ${vocabSize}`);
   vocab.push(pad);

@@ -31,6 +31,7 @@ import { UserError } from "../errors";
 import { dtypeForVocab, Manifest, MANIFEST_FILE, manifestBytes, ShardInfo } from "./manifest";
 import type { TokenizeTask } from "./tokenize-worker";
 import { DEFAULT_CHUNK_BYTES, DEFAULT_PIECE_CHARS, type DocPiece, docsOf, type InputFile, listLocalInputs, type ParquetPlan, planParquet, type ReadOptions, SUPPORTED_FORMATS } from "./inputs";
+import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
 import { DEFAULT_HUB_URL, fetchHubTokenizer, isHubTokenizer, isHubUrl, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
@@ -271,9 +272,9 @@ class Progress {
       const filled = Math.round((w * pct) / 100);
       process.stderr.write(`\r[${"#".repeat(filled)}${".".repeat(w - filled)}] ${line}${final ? "\n" : ""}`);
     } else {
-      // plain lines: every 10 % and at least every 30 s on long work
+      // plain lines (a file, a pipe): every 10 % and at least every 10 s on long work
       const decile = Math.floor(pct / 10);
-      if (!final && decile === this.lastPct && now - this.lastLine < 30_000) return;
+      if (!final && decile === this.lastPct && now - this.lastLine < 10_000) return;
       this.lastPct = decile;
       this.lastLine = now;
       process.stderr.write(line + "\n");
@@ -415,19 +416,47 @@ class TokenizeBatches {
   }
 }
 
+/**
+ * Where in its file a piece ends, in input bytes, for the progress line. Readers report the bytes read so far,
+ * which run a whole chunk ahead of the pieces cut from it (a compressed chunk holds many times its size in
+ * text), so a piece's place inside the current chunk is interpolated by characters at the bytes-per-character
+ * of the chunk before it; within the first chunk, before any such figure exists, it counts as the chunk's start.
+ */
+export class WorkMeter {
+  private chunkStart = 0;
+  private chunkEnd = 0;
+  private charsAtChunkStart = 0;
+  private chars = 0;
+  private bytesPerChar = 0;
+
+  at(bytesRead: number, pieceChars: number): number {
+    if (bytesRead > this.chunkEnd) {
+      if (this.chars > this.charsAtChunkStart) this.bytesPerChar = (this.chunkEnd - this.chunkStart) / (this.chars - this.charsAtChunkStart);
+      this.chunkStart = this.chunkEnd;
+      this.chunkEnd = bytesRead;
+      this.charsAtChunkStart = this.chars;
+    }
+    this.chars += pieceChars;
+    const est = this.chunkStart + (this.chars - this.charsAtChunkStart) * this.bytesPerChar;
+    return Math.min(this.chunkEnd, est);
+  }
+}
+
 /** Every input's pieces through `batches`, hashing the corpus on the way; returns the number of documents. */
 async function tokenizeInputs(files: InputFile[], plans: Map<InputFile, ParquetPlan>, rd: ReadOptions, batches: TokenizeBatches, corpusHash: Hash): Promise<number> {
   let docIndex = 0; // documents started so far (the index of the next new document)
   let bytesBefore = 0;
   for (const f of files) {
     let open = false; // a document has pieces out and is not closed yet
+    const meter = new WorkMeter();
     for await (const piece of docsOf(f, rd, plans.get(f))) {
       // corpus_sha256: "<len>:" + text per whole document (a last piece), "<len>+" + text per earlier piece
       corpusHash.update(`${piece.text.length}${piece.last ? ":" : "+"}`).update(piece.text);
       batches.add(piece, docIndex);
       open = !piece.last;
       if (piece.last) docIndex++;
-      if (batches.full) await batches.submit(bytesBefore + Math.min(piece.bytesDone, f.bytes));
+      const at = meter.at(piece.bytesDone, piece.text.length);
+      if (batches.full) await batches.submit(bytesBefore + Math.min(at, f.bytes));
     }
     if (open) throw new Error(`${f.name}: a document was left open at the end of the file (a reader bug)`);
     bytesBefore += f.bytes;
@@ -488,10 +517,12 @@ function writeTokenizerAndManifest(staging: string, tok: LoadedTokenizer, manife
   }
 }
 
-/** The sibling folder the build happens in (`<out>.partial-<pid>`), created empty. */
-function freshStaging(out: string): string {
+/** The sibling folder the build happens in (`<out>.partial-<pid>`), created empty, after removing stale ones. */
+function freshStaging(out: string, log: (s: string) => void): string {
   fs.mkdirSync(path.dirname(out), { recursive: true });
-  const staging = `${out}.partial-${process.pid}`;
+  removeStalePartials(out, log);
+  const staging = stagingDirOf(out);
+  trackScratch(staging);
   fs.rmSync(staging, { recursive: true, force: true });
   fs.mkdirSync(staging);
   return staging;
@@ -508,7 +539,17 @@ function moveIntoPlace(staging: string, out: string, outExists: boolean, log: (s
     fs.rmdirSync(out); // empty directory
   }
   fs.renameSync(staging, out);
+  untrackScratch(staging);
   return movedAside;
+}
+
+/** A `--tokenizer owner/name` fetched from the Hub into a scratch folder (removed on a signal), or null for a file. */
+async function hubTokenizerOf(tokenizer: string, hubUrl: string, log: (m: string) => void): Promise<HubTokenizer | null> {
+  if (!isHubTokenizer(tokenizer)) return null;
+  const hubTok = await fetchHubTokenizer(tokenizer, hubUrl);
+  trackScratch(hubTok.dir);
+  log(`prepare: tokenizer ${hubTok.source.repo}@${hubTok.source.revision.slice(0, 12)} from the Hub`);
+  return hubTok;
 }
 
 export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
@@ -518,11 +559,7 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
   const out = path.resolve(o.out);
   const outExists = checkOut(out, o.force ?? false);
   // ---- everything that can be refused is checked before any tokenizing (D2)
-  let hubTok: HubTokenizer | null = null;
-  if (isHubTokenizer(o.tokenizer)) {
-    hubTok = await fetchHubTokenizer(o.tokenizer, opts.hubUrl);
-    log(`prepare: tokenizer ${hubTok.source.repo}@${hubTok.source.revision.slice(0, 12)} from the Hub`);
-  }
+  const hubTok = await hubTokenizerOf(o.tokenizer, opts.hubUrl, log);
   let pool: Piscina | null = null;
   let staging: string | null = null;
   try {
@@ -533,7 +570,7 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     const totalBytes = files.reduce((a, f) => a + f.bytes, 0);
     const dtype = dtypeForVocab(tok.vocabSize);
 
-    staging = freshStaging(out);
+    staging = freshStaging(out, log);
     pool = new Piscina({ filename: path.join(__dirname, "tokenize-worker.js"), minThreads: workers, maxThreads: workers, idleTimeout: 1000 });
     const mode = o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
     const progress = new Progress(mode, totalBytes, t0);
@@ -562,7 +599,10 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     log(`prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${documents} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`);
     return result;
   } catch (e) {
-    if (staging) fs.rmSync(staging, { recursive: true, force: true });
+    if (staging) {
+      fs.rmSync(staging, { recursive: true, force: true });
+      untrackScratch(staging);
+    }
     throw e;
   } finally {
     if (pool) await pool.destroy();

@@ -22,6 +22,11 @@ export interface PublishResult {
   ok: boolean;
   verify: VerifyReport;
   pushVerifySeconds: number;
+  /** Seconds spent in the upload stage and in verification (retries and waits included), for the report. */
+  uploadSeconds: number;
+  verifySeconds: number;
+  /** Failed attempts that were retried, over every stage (K6). */
+  retries: number;
   pruned: boolean;
   pruneReason: string | null;
   freeGb: number;
@@ -182,7 +187,7 @@ function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FIN
   const t0 = performance.now();
   const result: PublishResult = {
     step, pathInRepo: o.pathInRepo, ok: false, verify: { missing: [], mismatch: [], extra: [], readbackOk: false },
-    pushVerifySeconds: 0, pruned: false, pruneReason: null, freeGb: 0,
+    pushVerifySeconds: 0, uploadSeconds: 0, verifySeconds: 0, retries: 0, pruned: false, pruneReason: null, freeGb: 0,
   };
   const clock = o.clock ?? { failingSince: null };
   const diskFree = o.diskFree ?? freeBytes;
@@ -191,7 +196,7 @@ function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FIN
     where: `${store.repo}/${o.pathInRepo}`,
     kept: `The local copy at ${o.localDir} is kept and latest.json was not moved.`,
     retry: (what) => ({
-      what, log: o.log, giveUpMs: o.giveUpMs ?? 30 * 60_000, abandon: o.abandon,
+      what, log: (line) => { result.retries++; o.log(line); }, giveUpMs: o.giveUpMs ?? 30 * 60_000, abandon: o.abandon,
       since: () => clock.failingSince, onFirstFailure: (t) => { if (clock.failingSince === null) clock.failingSince = t; },
       baseMs: o.backoff?.baseMs, capMs: o.backoff?.capMs,
     }),
@@ -236,19 +241,23 @@ async function readLocalCopy(p: Publishing): Promise<LocalFile[]> {
 async function uploadAndVerify(p: Publishing, local: LocalFile[]): Promise<void> {
   const { store, o, step, kind } = p;
   for (const round of [1, 2]) {
+    const tUp = performance.now();
     try {
       await withRetry(
         // K8: only a second attempt may find its own earlier attempt landed. Round 2's first attempt names the
         // head round 1's (answered) commit made, so a 412 there is another writer's, identical bytes or not.
-        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1 }),
+        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1, progress: o.log }),
         p.retry(`upload of ${o.pathInRepo} (step ${step})`),
       );
     } catch (e) {
       await stageFailed(p, e, () => new CheckpointPublishError(`checkpoint ${step}: upload to ${p.where} failed: ${retryReason(e)}. ${p.kept}`, "upload", o.pathInRepo, o.localDir));
     }
+    const tVerify = performance.now();
+    p.result.uploadSeconds += (tVerify - tUp) / 1000;
     let v: Awaited<ReturnType<typeof verifyRemote>>;
     try {
       v = await withRetry(() => verifyRemote(store, local, o.pathInRepo), p.retry(`verification of ${o.pathInRepo} (step ${step})`));
+      p.result.verifySeconds += (performance.now() - tVerify) / 1000;
     } catch (e) {
       return stageFailed(p, e, () => new CheckpointVerifyError(`checkpoint ${step}: could not verify ${p.where}: listing it failed (${retryReason(e)}). ${p.kept}`, o.pathInRepo, o.localDir, p.result.verify));
     }

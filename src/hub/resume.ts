@@ -247,7 +247,7 @@ async function bringDown(store: HubStore, ptr: Pointer, pointed: RemoteFile[], o
   await fsp.rm(dir, { recursive: true, force: true });
   let got: { files: number; bytes: number; seconds: number };
   try {
-    got = await store.downloadFolder(ptr.path_in_repo, dir);
+    got = await store.downloadFolder(ptr.path_in_repo, dir, { progress: o.log });
   } catch (e) {
     throw new UserError("R4", `--resume auto could not download ${ptr.path_in_repo} from ${store.repo}: ${describeHubError(e)}. Refusing to resume from a partial checkpoint; retry`);
   }

@@ -186,18 +186,19 @@ export class LocalHub {
   /** Delay and status faults; false when the server stopped while the request waited. */
   private async injectFaults(req: http.IncomingMessage, endpoint: HubEndpoint): Promise<boolean> {
     const f = this.faultSwitch.current;
-    const delay = f.delayMs[endpoint];
-    if (delay && delay > 0) {
+    const delay = f.delayMs[endpoint] ?? 0;
+    const forced = f.status[endpoint];
+    // Counted when it matches, not when it is answered: a delayed request whose client gave up long
+    // ago must not spend a fault set after it arrived.
+    if (delay > 0 || forced) this.faultSwitch.consume(f);
+    if (delay > 0) {
       await this.sleep(delay);
       if (!this.server) return false;
     }
-    const forced = f.status[endpoint];
     if (forced) {
       await readBody(req);
-      this.faultSwitch.consume();
       throw new HttpError(forced, `injected fault: ${endpoint} answers ${forced}`);
     }
-    if (delay && delay > 0) this.faultSwitch.consume();
     return true;
   }
 

@@ -15,6 +15,7 @@ import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { commit, createRepo, datasetInfo, downloadFile, fileDownloadInfo, HubApiError, listFiles, modelInfo, repoExists as hubRepoExists } from "@huggingface/hub";
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
+import { progressEverySeconds } from "../config";
 import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./errors";
 import { POINTER_FILE } from "../checkpoint/names";
 import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
@@ -50,7 +51,7 @@ export interface HubStore {
   list(prefix?: string, o?: { hashRegular?: boolean }): Promise<RemoteFile[]>;
   /** null ONLY for EntryNotFound; RepoMissingError for RepoNotFound; anything else throws. */
   download(pathInRepo: string): Promise<Buffer | null>;
-  downloadFolder(pathInRepo: string, destDir: string): Promise<{ files: number; bytes: number; seconds: number }>;
+  downloadFolder(pathInRepo: string, destDir: string, o?: { progress?: (line: string) => void }): Promise<{ files: number; bytes: number; seconds: number }>;
   /** latest.json; null only when the file is missing (EntryNotFound); RepoMissingError when the repo is. */
   readPointer(): Promise<Pointer | null>;
   /** Commit latest.json, read it back and compare; a mismatch throws. Returns the commit oid. */
@@ -74,6 +75,8 @@ export interface CommitOptions {
    * head is adopted as this run's own commit instead of being reported as another writer's.
    */
   retry?: boolean;
+  /** Where a progress line goes, every TSTRAIN_PROGRESS_SECONDS while the upload runs (none for a quick one). */
+  progress?: (line: string) => void;
 }
 
 interface LandedCheck {
@@ -95,6 +98,33 @@ export interface HubStoreOptions {
 const MIN_UPLOAD_BYTES_PER_MS = 1024 * 1024 / 1000; // 1 MiB/s budget for request bodies
 
 /** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
+/** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) every interval while it runs. */
+class TransferProgress {
+  private done = 0;
+  private readonly t0 = performance.now();
+  private readonly timer: NodeJS.Timeout | null = null;
+  constructor(private readonly what: string, private readonly total: number, log?: (line: string) => void) {
+    const every = progressEverySeconds() * 1000;
+    if (log) {
+      this.timer = setInterval(() => log(this.line()), Math.max(100, every));
+      this.timer.unref();
+    }
+  }
+  add(n: number): void {
+    this.done = Math.min(this.total, this.done + n);
+  }
+  private line(): string {
+    const secs = (performance.now() - this.t0) / 1000;
+    const rate = this.done / Math.max(1e-9, secs);
+    const eta = this.done > 0 ? `${Math.ceil((this.total - this.done) / rate)}s` : "?";
+    const mb = (b: number) => (b / 1e6).toFixed(1);
+    return `hub: ${this.what}: ${mb(this.done)}/${mb(this.total)} MB (${Math.floor((100 * this.done) / Math.max(1, this.total))}%), ${(rate / 1e6).toFixed(2)} MB/s, ${secs.toFixed(0)}s so far, ETA ${eta}`;
+  }
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+  }
+}
+
 interface Tracker {
   fetch: typeof fetch;
   status: number | null;
@@ -109,6 +139,8 @@ export function scrubSecret(text: string, secret: string | undefined): string {
   if (!secret) return t;
   return t.split(secret).join("hf_***");
 }
+
+const NO_TOKEN = "HF_TOKEN is not set, so no token was sent, and this Hub wants one";
 
 function scrubError(e: unknown, secret: string | undefined): unknown {
   if (!(e instanceof Error)) return e;
@@ -209,7 +241,7 @@ class ClientHubStore implements HubStore {
   }
 
   /** A fetch for one client call: timeouts, and the status / X-Error-Code of the last answer. */
-  private tracker(): Tracker {
+  private tracker(onSent?: (bytes: number) => void): Tracker {
     const t: Tracker = { fetch: undefined as unknown as typeof fetch, status: null, errorCode: null, repoCommit: null };
     const base = this.baseFetch;
     const timeoutMs = this.timeoutMs;
@@ -237,6 +269,7 @@ class ClientHubStore implements HubStore {
         clearTimeout(timer);
       }
       t.status = res.status;
+      if (res.ok && body instanceof Blob) onSent?.(sent); // an LFS upload (or one part of it) went through
       t.errorCode = res.headers.get("x-error-code");
       t.repoCommit = res.headers.get("x-repo-commit") ?? t.repoCommit;
       if (!res.body) return res;
@@ -274,8 +307,16 @@ class ClientHubStore implements HubStore {
     try {
       return await fn();
     } catch (e) {
-      throw scrubError(e, this.token);
+      throw this.withTokenHint(scrubError(e, this.token));
     }
+  }
+
+  /** A 401 while no token was sent is not a rejected token: say that HF_TOKEN is not set and how to set it. */
+  private withTokenHint(e: unknown): unknown {
+    if (this.token || !(e instanceof Error)) return e;
+    const status = e instanceof HubApiError ? e.statusCode : (e as { status?: unknown }).status;
+    if (status === 401 && !e.message.includes(NO_TOKEN)) e.message += ` (${NO_TOKEN}: export HF_TOKEN=<a token with write access to ${this.repo}> and run again)`;
+    return e;
   }
 
   repoExists(): Promise<boolean> {
@@ -284,6 +325,7 @@ class ClientHubStore implements HubStore {
       const ok = await hubRepoExists({ repo: this.designation, hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token });
       // The client maps 401 to "does not exist"; a rejected token proves nothing about the repo.
       if (!ok && t.status === 401) {
+        if (!this.token) throw new HubLookupError(`the Hub answered 401 while checking whether ${this.repo} exists`, 401);
         throw new HubLookupError(`the Hub rejected the token (401) while checking whether ${this.repo} exists; check HF_TOKEN`, 401);
       }
       return ok;
@@ -333,7 +375,14 @@ class ClientHubStore implements HubStore {
         }
         return true;
       };
-      return this.commitOps(ops, message, `the commit of ${prefix}/`, o.retry ? { alreadyLanded: landed } : {});
+      let total = 0;
+      for (const r of rels) total += (await fsp.stat(path.join(localDir, r))).size;
+      const progress = new TransferProgress(`uploading ${prefix}/ (${rels.length} files)`, total, o.progress);
+      try {
+        return await this.commitOps(ops, message, `the commit of ${prefix}/`, o.retry ? { alreadyLanded: landed } : {}, (n) => progress.add(n));
+      } finally {
+        progress.stop();
+      }
     });
   }
 
@@ -343,9 +392,9 @@ class ClientHubStore implements HubStore {
   }
 
   /** One commit, naming the known head as its parent (K8); 412 -> ConcurrentWriterError. */
-  private async commitOps(ops: CommitOperation[], title: string, what: string, o: LandedCheck): Promise<string | null> {
+  private async commitOps(ops: CommitOperation[], title: string, what: string, o: LandedCheck, onSent?: (bytes: number) => void): Promise<string | null> {
     const parent = this.knownHeadValue;
-    const t = this.tracker();
+    const t = this.tracker(onSent);
     try {
       const r = await commit({
         repo: this.designation, operations: ops, title, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds,
@@ -453,13 +502,16 @@ class ClientHubStore implements HubStore {
     });
   }
 
-  downloadFolder(pathInRepo: string, destDir: string): Promise<{ files: number; bytes: number; seconds: number }> {
+  downloadFolder(pathInRepo: string, destDir: string, o: { progress?: (line: string) => void } = {}): Promise<{ files: number; bytes: number; seconds: number }> {
+    let progress: TransferProgress | null = null;
     return this.guard(async () => {
       const t0 = performance.now();
       const prefix = normRepoPath(pathInRepo, "pathInRepo");
       const files = await this.list(prefix, { hashRegular: false });
       if (files.length === 0) throw new Error(`nothing to download: ${this.repo} holds no files under ${prefix}/`);
       await fsp.mkdir(destDir, { recursive: true });
+      progress = new TransferProgress(`downloading ${prefix}/ (${files.length} files)`, files.reduce((a, f) => a + f.size, 0), o.progress);
+      const moved = progress;
       let bytes = 0;
       for (const f of files) {
         const rel = normRepoPath(f.path.slice(prefix.length + 1), "file path");
@@ -476,6 +528,7 @@ class ClientHubStore implements HubStore {
             sha256.update(chunk);
             git.update(chunk);
             n += chunk.length;
+            moved.add(chunk.length);
             cb(null, chunk);
           },
         });
@@ -500,7 +553,7 @@ class ClientHubStore implements HubStore {
         bytes += n;
       }
       return { files: files.length, bytes, seconds: (performance.now() - t0) / 1000 };
-    });
+    }).finally(() => progress?.stop());
   }
 
   readPointer(): Promise<Pointer | null> {

@@ -8,6 +8,8 @@ import type { Coordinator } from "../actors/coordinator";
 import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../actors/optim";
 import type { Reporter } from "../report";
 import { FINAL_DIR } from "../checkpoint";
+import { loadTokenizerFile } from "../generate";
+import { vocabSha256 } from "../data/vocab-hash";
 import { cursorAt, type SessionPlan } from "./plan";
 
 export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
@@ -33,10 +35,16 @@ export function exportFinal(s: SessionPlan, coord: Coordinator, figures: Record<
   }
   rep.say(`tokenizer files shipped with the export: ${shipped.length ? shipped.join(", ") : "NONE: the mix root has no tokenizer files"}`);
   saveCursor(tmp, cursorAt(s, s.endStep));
-  fs.writeFileSync(path.join(tmp, "run_summary.json"), JSON.stringify(runSummary(s, coord, figures, shipped), null, 1) + "\n");
+  const summary = { ...runSummary(s, coord, figures, shipped), tokenizer_vocab_sha256: shippedVocabSha(tmp, shipped) };
+  fs.writeFileSync(path.join(tmp, "run_summary.json"), JSON.stringify(summary, null, 1) + "\n");
   fs.renameSync(tmp, exp);
   rep.say(`exported ${exp}`);
   return exp;
+}
+
+/** G11: the vocabulary hash of the shipped tokenizer.json (generate checks a tokenizer against it); null when none is shipped. */
+function shippedVocabSha(dir: string, shipped: string[]): string | null {
+  return shipped.includes("tokenizer.json") ? vocabSha256(loadTokenizerFile(path.join(dir, "tokenizer.json")).tk.get_vocab(true)) : null;
 }
 
 /** run_summary.json: the session's figures, the data identity and the whole recipe, optimizer constants included. */

@@ -8,7 +8,8 @@ import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import { FINAL_DIR, type LogEntry } from "../checkpoint";
 import { fmtDuration, writeRunReport, type Reporter } from "../report";
-import { publishFinal } from "../hub/cycle";
+import { publishFinal, type PublishResult } from "../hub/cycle";
+import { recordSessionEnd } from "./record";
 import { pointerAt, type SessionPlan } from "./plan";
 import { memoryReport, sampleNow, type MemoryReport, type MetricWindow } from "./metrics";
 import type { CheckpointsInFlight } from "./in-flight";
@@ -42,15 +43,17 @@ export async function finishSession(s: SessionPlan, coord: Coordinator, l: LoopS
   const val = await validate(s, coord, segment, rep);
   const memJson = await memoryReport(coord, rep);
   const timing = { session_seconds: Math.round(sessionSec * 10) / 10, tok_per_s: Math.round(tokThisRun / Math.max(1e-9, trainSec)) };
-  const exported = segment ? null : await exportAndPublish(s, coord, {
+  const pushed = segment ? null : await exportAndPublish(s, coord, {
     step, start_step: s.startStep, tokens_consumed: step * plan.tokensPerStep, tokens_this_run: tokThisRun, session_seconds: timing.session_seconds,
     tok_per_s: timing.tok_per_s, final_loss: finalLoss, prior_loss: s.priorLoss, val_loss: val.valLoss, val_ppl: val.ppl,
     val_error: val.valError, val_windows: s.nVal, memory: memJson,
   }, rep);
+  const exported = pushed?.exported ?? null;
   if (segment) rep.say(`segment boundary reached at step ${step} of ${plan.stepsPlanned}: the verified checkpoint is the resume point, so no separate final push`);
   const runJson = runJsonOf(s, coord, l, { finalLoss, segment, val, timing, memJson, exported });
   if (cfg.sample) rep.say(`final ${l.lastSample.startsWith(`sample @ step ${step}:`) ? l.lastSample : await sampleNow(s, coord, step)}`);
   rep.say("RUN_JSON " + JSON.stringify(runJson));
+  recordSessionEnd(s, { ended: segment ? "segment" : "complete", finalStep: step, seconds: sessionSec, outcomes: l.checkpoints.outcomes, final: pushed?.final ?? null });
   rep.say(`report: file://${path.resolve(writeRunReport(cfg.out, runJson))} (chart: ${path.resolve(cfg.out, "loss.svg")})`);
   return { runJson, exported };
 }
@@ -67,15 +70,17 @@ function checkSegmentEnd(s: SessionPlan, ckpts: CheckpointsInFlight, segment: bo
 }
 
 /** G4: final/ written locally, then (with a Hub) published, verified and named by latest.json. */
-async function exportAndPublish(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): Promise<string> {
+async function exportAndPublish(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): Promise<{ exported: string; final: PublishResult | null }> {
   const exported = exportFinal(s, coord, figures, rep);
+  let final: PublishResult | null = null;
   if (s.hub) {
     const step = s.endStep;
     const r = await publishFinal(s.hub, { localDir: exported, pathInRepo: FINAL_DIR, pointer: pointerAt(s, step, FINAL_DIR), log: rep.say, giveUpMs: s.cfg.hubRetryMinutes * 60_000 });
     if (!r.ok) throw new UserError("K4", `final/ did not verify on the Hub: ${JSON.stringify(r.verify)}; the local export is kept at ${exported}`);
     rep.say(`latest.json rolled to the completed run: final at step ${step}`);
+    final = r;
   }
-  return exported;
+  return { exported, final };
 }
 
 interface EndFigures {

@@ -4,13 +4,14 @@
  * the account: the write in progress (the staging copy is single), what the uploader reported, the first failure
  * and the step it belongs to, and turns a failure into the refusal that says what is saved and what to run next.
  */
+import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
 import { hfConfigJson } from "../model/config";
 import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
-import { checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, type LogEntry, type TrainerState } from "../checkpoint";
+import { MANIFEST_FILE, checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, listCheckpointFolders, type LogEntry, type TrainerState } from "../checkpoint";
 import type { Reporter } from "../report";
 import { cursorAt, pointerAt, type SessionPlan } from "./plan";
 import { resumeCommand } from "./stop";
@@ -26,6 +27,9 @@ export class CheckpointsInFlight {
   private writeError: unknown = null;
   private uploadError: unknown = null;
   private failedStep = -1;
+  /** The write in progress has settled (this.writing is kept until waited on). */
+  private written = true;
+  private waitsSaid = 0;
 
   constructor(
     private readonly s: SessionPlan, private readonly coord: Coordinator, private readonly pos: OptimizerPosition,
@@ -47,9 +51,14 @@ export class CheckpointsInFlight {
 
   /** K1: the checkpoint of step `done`, after the previous write has finished; false when something failed meanwhile. */
   async checkpoint(done: number, loss: number): Promise<boolean> {
-    if (this.writing) {
-      this.rep.say(`waiting for checkpoint ${[...this.staged].pop()} to be written (the staging copy is single)`);
+    if (this.writing && !this.written) {
+      // The ranks stand still until the previous folder is on disk: say why once, and each time how long.
+      const t = performance.now();
       await this.waitWrite();
+      const secs = ((performance.now() - t) / 1000).toFixed(1);
+      this.rep.say(this.waitsSaid++ === 0
+        ? `checkpoint ${done}: the ranks waited ${secs}s for checkpoint ${[...this.staged].pop()} to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk (a slow disk makes training wait here; later waits are one short line each)`
+        : `checkpoint ${done}: the ranks waited ${secs}s for the previous checkpoint's write`);
     }
     this.absorb();
     if (this.failed) return false;
@@ -115,6 +124,8 @@ export class CheckpointsInFlight {
       else if (!this.uploadError) { this.uploadError = e; this.failedStep = done; }
     });
     this.writing = w;
+    this.written = false;
+    w.then(() => { this.written = true; }, () => { this.written = true; });
   }
 
   private writeRefusal(e: Error & { code?: string }): UserError {
@@ -133,11 +144,25 @@ export class CheckpointsInFlight {
       (next ? `, then continue with: ${next}` : ", then run the same command again"));
   }
 
+  /** The newest complete local checkpoint of this session that the Hub does not hold verified: the best resume point. */
+  private newerLocalCopy(): { step: number; dir: string } | null {
+    const onHub = Math.max(this.s.startStep, ...this.published);
+    const local = listCheckpointFolders(checkpointRoot(this.s.cfg.out)).filter((c) => c.step > onHub && fs.existsSync(path.join(c.dir, MANIFEST_FILE)));
+    const newest = local[local.length - 1];
+    return newest ? { step: newest.step, dir: newest.dir } : null;
+  }
+
   private uploadRefusal(e: Error): UserError {
     const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "").replace(/\.$/, "");
     const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
-    const advice = e.name === "ConcurrentWriterError" ? "" :
-      ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
+    // The local copy is the better resume point only when the Hub does not hold that checkpoint verified: not
+    // after a mismatch (K4: the advised --resume auto ignores the failed folder), not when only the pointer
+    // failed (--resume auto rolls forward onto the verified folder, on any machine, R5).
+    const pointerOnly = / is verified on the Hub at .* but latest\.json could not be moved to it/.test(e.message);
+    const local = e.name === "CheckpointVerifyError" || pointerOnly ? null : this.newerLocalCopy();
+    const advice = e.name === "ConcurrentWriterError" ? "" : local
+      ? ` Continue from the local copy of checkpoint ${local.step} with: ${resumeCommand(local.dir)} (--resume auto would restart from the Hub's last verified checkpoint and redo the steps since)`
+      : ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
     return new UserError(ruleOf, `checkpoint ${this.failedStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved past verified bytes.${advice}`);
   }
 }

@@ -12,6 +12,7 @@ import { MetricWindow, sampleNow } from "./metrics";
 import { CheckpointsInFlight } from "./in-flight";
 import { finishSession, type RunResult } from "./finish";
 import { resumeCommand, RunStopped, stopRequested } from "./stop";
+import { recordSessionEnd } from "./record";
 
 /** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
 export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
@@ -20,6 +21,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
   const metrics = new MetricWindow(s, history, rep);
   let lastSample = "";
   let stoppedAt = -1;
+  let lastDone = s.startStep;
   for (let step = s.startStep; step < s.endStep; step++) {
     checkpoints.absorb();
     if (checkpoints.failed) break;
@@ -31,12 +33,16 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
     const r = await stepOrDrain(coord, checkpoints, step, pos, s);
     const done = step + 1;
     metrics.record(done, r, pos);
+    lastDone = done;
     if (done % plan.ckptEvery === 0) {
       if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
       if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
     }
   }
   await checkpoints.drain("end of the session");
+  if (checkpoints.failed || stoppedAt >= 0) {
+    recordSessionEnd(s, { ended: checkpoints.failed ? "failed" : "stopped", finalStep: lastDone, seconds: (performance.now() - t0) / 1000, outcomes: checkpoints.outcomes });
+  }
   checkpoints.throwIfFailed();
   if (stoppedAt >= 0) throw stoppedBySignal(s, stoppedAt);
   return finishSession(s, coord, { t0, pos, history, metrics, checkpoints, lastSample }, rep);

@@ -36,11 +36,13 @@ export class MetricWindow {
     this.loss += r.loss; this.steps++; this.tokens += tokensPerStep;
     const elapsedTrain = this.trainSeconds();
     const tokS = ((done - s.startStep) * tokensPerStep) / Math.max(1e-9, elapsedTrain);
-    rep.progress(`step ${done}/${s.plan.stepsPlanned} loss ${r.loss.toFixed(4)} lr ${r.lr.toExponential(2)} scale ${pos.scaler.scale} | ${tokS.toFixed(0)} tok/s | ETA ${fmtDuration((s.endStep - done) * tokensPerStep / Math.max(1e-9, tokS))}`);
-    if (done % s.cfg.logEvery === 0 || done === s.endStep) this.log(done, r, pos, elapsedTrain);
+    const eta = fmtDuration((s.endStep - done) * tokensPerStep / Math.max(1e-9, tokS));
+    const pct = Math.floor((100 * (done - s.startStep)) / Math.max(1, s.endStep - s.startStep));
+    rep.progress(`step ${done}/${s.plan.stepsPlanned} (${pct}% of this session) loss ${r.loss.toFixed(4)} lr ${r.lr.toExponential(2)} scale ${pos.scaler.scale} | ${tokS.toFixed(0)} tok/s | elapsed ${fmtDuration(elapsedTrain)} | ETA ${eta}`);
+    if (done % s.cfg.logEvery === 0 || done === s.endStep) this.log(done, r, pos, elapsedTrain, eta);
   }
 
-  private log(done: number, r: StepResult, pos: OptimizerPosition, elapsedTrain: number): void {
+  private log(done: number, r: StepResult, pos: OptimizerPosition, elapsedTrain: number, eta: string): void {
     const winSec = (performance.now() - this.t0) / 1000;
     const e: LogEntry = {
       step: done, loss: this.loss / this.steps, lr: r.lr, grad_norm: r.gradNorm, loss_scale: pos.scaler.scale,
@@ -49,7 +51,7 @@ export class MetricWindow {
     this.history.push(e);
     this.rep.metric(e);
     this.rep.curve(this.history);
-    this.rep.say(`step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}`);
+    this.rep.say(`step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`);
     this.loss = 0; this.steps = 0; this.tokens = 0; this.t0 = performance.now();
   }
 }

@@ -6,7 +6,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { planSteps, type RunConfig, type StepPlan } from "../config";
+import { planSteps, progressEverySeconds, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/config";
 import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/store";
@@ -78,7 +78,7 @@ export async function planSession(cfg: RunConfig, rep: Reporter): Promise<Sessio
 }
 
 async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
-  const root = cfg.demo ? await ensureDemoMix(cfg.root) : cfg.root;
+  const root = cfg.demo ? await ensureDemoMix(cfg.root, { log: rep.say }) : cfg.root;
   const manifest = readManifest(root);
   if (manifest.total_tokens < cfg.tokens) {
     rep.say(`WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`);
@@ -86,7 +86,8 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
-  const tokenIds = verifyShards(root, manifest); // D3, and the largest token id in the same pass (D1)
+  // D3 with progress while the user waits, and the largest token id in the same pass (D1)
+  const tokenIds = verifyShards(root, manifest, { log: rep.say, everyMs: Math.min(5, progressEverySeconds()) * 1000 });
   const fingerprint = mixFingerprint(root, manifest, { verify: false });
   return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds };
 }
@@ -172,8 +173,10 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
 async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter): Promise<StartPoint> {
   const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
   if (cfg.resume !== "auto") {
-    if (cfg.resume) verifyLocalResume(cfg, hub, rep);
-    return { ...start, resumeDir: cfg.resume || null };
+    if (!cfg.resume) return start;
+    const dir = existingResumeDir(cfg);
+    verifyLocalResume(cfg, hub, rep);
+    return { ...start, resumeDir: dir };
   }
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
@@ -212,6 +215,23 @@ function checkModelShape(dir: string, model: LlamaConfig): void {
   throw new UserError("M2", `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k, , v]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`);
 }
 
+/** C3: --resume DIR names a folder that is there; if not, say so and name the checkpoints that are. */
+function existingResumeDir(cfg: RunConfig): string {
+  const dir = cfg.resume;
+  let isDir: boolean | null = null;
+  try {
+    isDir = fs.statSync(dir).isDirectory();
+  } catch {
+    isDir = null;
+  }
+  if (isDir) return dir;
+  const local = listCheckpointFolders(checkpointRoot(cfg.out));
+  const there = local.length
+    ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest with --resume ${local[local.length - 1]!.dir}`
+    : ` ${checkpointRoot(cfg.out)} holds no checkpoint; name a checkpoint folder (RUN/ckpt/checkpoint-N)${cfg.hubRepo ? ", pass --resume auto to continue from the Hub," : ""} or start fresh without --resume`;
+  throw new UserError("C3", `resume refused: --resume ${dir} ${isDir === false ? "is a file, not a checkpoint folder" : "does not exist"}.${there}`);
+}
+
 /** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
 function checkTrainerState(resumeDir: string, startStep: number, plan: StepPlan, priorLoss: number | null): number | null {
   const st = readTrainerState(resumeDir);
@@ -247,7 +267,9 @@ async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null):
     if (!(await hub.repoExists())) return;
     ptr = await hub.readPointer();
   } catch (e) {
-    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". Retry, or pass --resume auto.`);
+    const status = (e as { status?: unknown; statusCode?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;
+    const advice = status === 401 || status === 403 ? "Fix the token as said, then run the same command again." : "Retry, or pass --resume auto.";
+    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". ${advice}`);
   }
   if (ptr) {
     throw new UserError("R1", `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`);

@@ -2,6 +2,7 @@
 import type { Coordinator } from "../actors/coordinator";
 import type { Reporter } from "../report";
 import type { SessionPlan } from "./plan";
+import { progressEverySeconds } from "../config";
 
 export interface Validation { valLoss: number | null; ppl: number | null; valError: string | null }
 
@@ -10,6 +11,11 @@ export async function validate(s: SessionPlan, coord: Coordinator, segment: bool
     rep.say(`validation skipped: segment ended at step ${s.endStep} of ${s.plan.stepsPlanned} (G1)`);
     return { valLoss: null, ppl: null, valError: null };
   }
+  // The pass is one request to the ranks: say what it covers, and that it is still running.
+  rep.say(`validation: ${s.nVal.toLocaleString("en-US")} held-out windows of ${s.cfg.seqLen} tokens on ${s.cfg.world} rank(s)`);
+  const t0 = performance.now();
+  const beat = setInterval(() => rep.say(`validation: still running, ${((performance.now() - t0) / 1000).toFixed(0)}s so far`), Math.max(100, progressEverySeconds() * 1000));
+  beat.unref();
   try {
     const valLoss = await coord.evaluate(s.nVal);
     if (!Number.isFinite(valLoss)) throw new Error(`validation loss is ${valLoss}`);
@@ -20,5 +26,7 @@ export async function validate(s: SessionPlan, coord: Coordinator, segment: bool
     const valError = `${(e as Error).name}: ${String((e as Error).message).slice(0, 300)}`;
     rep.say(`validation failed: ${valError}`);
     return { valLoss: null, ppl: null, valError };
+  } finally {
+    clearInterval(beat);
   }
 }

@@ -99,7 +99,7 @@ async function buildTree(ctx: HubContext, r: RepoRef, files: FileMap, ops: Op[],
     faulted = true;
     files[checkRepoPath(x.path)] = await ctx.store.putObject(r, Buffer.from(x.content));
   }
-  if (faulted) ctx.faults.consume();
+  if (faulted) ctx.faults.consume(f);
   return files;
 }
 
@@ -119,7 +119,7 @@ export async function commitEndpoint(ctx: HubContext, req: http.IncomingMessage,
   const createPr = ["1", "true"].includes(u.searchParams.get("create_pr") ?? "");
   const f = ctx.faults.current;
   if (f.failPointerWrite && body.ops.some((op) => op.path === POINTER_PATH)) {
-    ctx.faults.consume();
+    ctx.faults.consume(f);
     throw new HttpError(500, "injected fault: the commit touching latest.json failed");
   }
   const done = await applyCommit(ctx.store, r, {
@@ -129,7 +129,7 @@ export async function commitEndpoint(ctx: HubContext, req: http.IncomingMessage,
   });
   ctx.emit({ type: "commit", repo: repoId(r), rev, commit: done.commit.id, pr: done.pr });
   if (f.loseCommitAnswer.length > 0 && body.ops.some((op) => endsWithAny(op.path, f.loseCommitAnswer))) {
-    ctx.faults.consume();
+    ctx.faults.consume(f);
     throw new HttpError(500, "injected fault: the commit landed but its answer was lost");
   }
   const answer: Record<string, unknown> = { success: true, commitOid: done.commit.id, commitUrl: `${repoUrl(ctx, r)}/commit/${done.commit.id}`, hookOutput: "" };

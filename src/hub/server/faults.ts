@@ -108,9 +108,13 @@ export class FaultSwitch {
     this.faults = noFaults();
   }
 
-  /** One request took a fault: count it, and clear everything once failCount requests have. */
-  consume(): void {
-    if (this.faults.failCount === null) return;
+  /**
+   * One request took a fault of the set `matched` (what `current` gave it when it arrived): count it,
+   * and clear everything once failCount requests have. A set replaced or cleared since then is not
+   * counted against the one in force now: faults are matched per request as they were written.
+   */
+  consume(matched: HubFaults): void {
+    if (matched !== this.faults || this.faults.failCount === null) return;
     this.faults.failCount -= 1;
     if (this.faults.failCount <= 0) this.clear();
   }

@@ -146,7 +146,7 @@ export async function resolveEndpoint(ctx: HubContext, req: http.IncomingMessage
   }
   // A one-byte probe (bytes=0-0) is what the client sizes the file with; a cut applies to real reads.
   const probe = s.status === 206 && s.start === 0 && s.end === 0;
-  if (trunc && (faults.truncateMode === "short" || !probe)) ctx.faults.consume();
+  if (trunc && (faults.truncateMode === "short" || !probe)) ctx.faults.consume(faults);
   res.writeHead(s.status, fileHeaders(f, raw, commit.id, s, req.headers.range !== undefined));
   if (req.method === "HEAD" || s.end < s.start) {
     res.end();

@@ -37,6 +37,8 @@ export async function createRepoEndpoint(ctx: HubContext, req: http.IncomingMess
     files[checkRepoPath(f.path)] = await ctx.store.putObject(r, Buffer.from(f.content, "base64"));
   }
   const license = typeof body.license === "string" ? body.license : undefined;
+  // The real Hub writes a model card holding the license in its front matter, unless one was given.
+  if (license !== undefined && !files["README.md"]) files["README.md"] = await ctx.store.putObject(r, Buffer.from(`---\nlicense: ${license}\n---\n`));
   await ctx.store.create(r, { files, private: visibility === "private", license });
   sendJson(res, 200, { url: repoUrl(ctx, r), id: repoId(r), name: repoId(r) });
 }
