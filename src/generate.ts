@@ -65,20 +65,31 @@ function refuseMissingModelDir(dir: string): never {
   throw new UserError("G11", `--model ${dir} does not exist.${there}`);
 }
 
-/** G11: a tokenizer whose ids differ from the ones the export recorded would print garbage: refused unless allowed. */
-function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, allowOther: boolean): void {
+/** The vocabulary hash `dir` was trained with, and where it is recorded: the export's run_summary.json, else
+ *  (a checkpoint folder) the tokenizer.json of the mix root its run_config.json names; null when neither is there. */
+function recordedVocab(dir: string): { sha: string; where: string } | null {
   const summaryFile = path.join(dir, "run_summary.json");
-  if (!fs.existsSync(summaryFile)) return; // a checkpoint folder: nothing was recorded
-  let recorded: unknown;
-  try {
-    recorded = (JSON.parse(fs.readFileSync(summaryFile, "utf8")) as Record<string, unknown>).tokenizer_vocab_sha256;
-  } catch (e) {
-    throw new UserError("G11", `${summaryFile} is not valid JSON (${(e as Error).message}); restore it from the Hub's copy of the export`);
+  if (fs.existsSync(summaryFile)) {
+    let recorded: unknown;
+    try {
+      recorded = (JSON.parse(fs.readFileSync(summaryFile, "utf8")) as Record<string, unknown>).tokenizer_vocab_sha256;
+    } catch (e) {
+      throw new UserError("G11", `${summaryFile} is not valid JSON (${(e as Error).message}); restore it from the Hub's copy of the export`);
+    }
+    return typeof recorded === "string" ? { sha: recorded, where: "run_summary.json records" } : null; // older exports record none
   }
-  if (typeof recorded !== "string") return; // exported before the hash was recorded, or without a tokenizer
+  const root = readRunConfigIfAny(dir)?.root;
+  const mixTok = typeof root === "string" ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f)) : undefined;
+  return mixTok ? { sha: vocabSha256(loadTokenizerFile(mixTok).tk.get_vocab(true)), where: `the run's mix root (${mixTok}) has` } : null;
+}
+
+/** G11: a tokenizer whose ids differ from the ones the model was trained with would print garbage: refused unless allowed. */
+function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, allowOther: boolean): void {
+  const recorded = allowOther ? null : recordedVocab(dir);
+  if (!recorded) return;
   const got = vocabSha256(tk.get_vocab(true));
-  if (got === recorded || allowOther) return;
-  throw new UserError("G11", `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, run_summary.json records ${recorded.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage). Use the export's own tokenizer (${path.join(dir, "tokenizer.json")}, or the mix root's), or pass --allow-other-tokenizer if its ids are known to match`);
+  if (got === recorded.sha) return;
+  throw new UserError("G11", `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, ${recorded.where} ${recorded.sha.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage). Use the model's own tokenizer (drop --tokenizer: the export's tokenizer.json, or the mix root's), or pass --allow-other-tokenizer if its ids are known to match`);
 }
 
 export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherTokenizer = false): LoadedModel {

@@ -181,6 +181,14 @@ test("the export records its tokenizer's vocabulary hash, and generate refuses a
   assert.equal(refused.status, 2, refused.stderr);
   assert.match(refused.stderr, new RegExp(`the tokenizer \\S+shuffled/tokenizer\\.json is not the one \\S+final was trained with: its vocabulary hash is [0-9a-f]{16}…, run_summary\\.json records ${recorded.slice(0, 16)}… .*pass --allow-other-tokenizer if its ids are known to match \\[G11\\]`));
   assert.equal(refused.stdout, "", "nothing generated");
+  // A checkpoint folder records nothing itself: the tokenizer of the mix root its run_config.json names is the record.
+  const ckpt = path.join(work, "run", "ckpt", "checkpoint-4");
+  const genCk = (extra: string[]) => run("generate.js", ["--model", ckpt, "--prompt", "The", "--max-new-tokens", "4", "--backend", "cpu", ...extra]);
+  assert.equal(genCk([]).status, 0, "the mix root's tokenizer");
+  const ckRefused = genCk(["--tokenizer", other]);
+  assert.equal(ckRefused.status, 2, ckRefused.stderr);
+  assert.match(ckRefused.stderr, /is not the one \S+checkpoint-4 was trained with: its vocabulary hash is [0-9a-f]{16}…, the run's mix root \(\S+mix\/tokenizer\.json\) has [0-9a-f]{16}…/);
+  assert.equal(genCk(["--tokenizer", other, "--allow-other-tokenizer"]).status, 0);
   // A shuffled tokenizer put into the export itself is refused the same way.
   fs.copyFileSync(other, path.join(final, "tokenizer.json"));
   assert.equal(gen([]).status, 2);
