@@ -68,6 +68,7 @@ function checkSegmentEnd(s: SessionPlan, ckpts: CheckpointsInFlight, segment: bo
 
 /** G4: final/ written locally, then (with a Hub) published, verified and named by latest.json. */
 async function exportAndPublish(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): Promise<string> {
+  await s.dist?.verify(s.endStep, coord); // A11
   const exported = exportFinal(s, coord, figures, rep);
   if (s.hub) {
     const step = s.endStep;

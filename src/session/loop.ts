@@ -25,6 +25,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
     if (checkpoints.failed) break;
     if (stopRequested()) {
       stoppedAt = step;
+      await s.dist?.verify(step, coord);
       await checkpointOnSignal(s, checkpoints, step, metrics.lastLoss, rep);
       break;
     }
@@ -32,6 +33,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
     const done = step + 1;
     metrics.record(done, r, pos);
     if (done % plan.ckptEvery === 0) {
+      if (s.dist) rep.say(`step ${done}: weights and moments identical on all ${s.dist.mpi.size} processes (sha256 ${await s.dist.verify(done, coord)}) (A11)`);
       if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
       if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
     }
@@ -45,7 +47,12 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
 /** One optimizer step. When a rank fails, the checkpoints handed over hold the last good steps: let them land, then stop. */
 async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight, step: number, pos: OptimizerPosition, s: SessionPlan): Promise<StepResult> {
   try {
-    return await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    if (!s.dist) return await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    await s.dist.step(step); // A9: every process runs this step with its ranks
+    s.dist.inStep = true;
+    const r = await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    s.dist.inStep = false;
+    return r;
   } catch (e) {
     await checkpoints.drain(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
     throw e;

@@ -1,0 +1,156 @@
+// Data parallel across processes over MPI (issue 21): every test goes through the real CLI, under the real
+// `mpirun` on loopback where one is needed. Without Open MPI (mpirun, libmpi.so.40) those tests say why they skip;
+// with TSTRAIN_REQUIRE_MPI=1 (CI, .ci/run) they fail instead. The refusals that need no MPI always run.
+import { test, type TestContext } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { spawn, spawnSync } from "node:child_process";
+import { writeSyntheticMix } from "./helpers/mix";
+import { tmpDir } from "./helpers/tmp";
+import { loadMpi } from "../src/mpi/world";
+
+const MAIN = path.join(__dirname, "..", "main.js");
+const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
+
+/** A tiny model on the synthetic mix: 8 steps, checkpoints at 4 and 8 (as test/helpers/run.ts's tinyConfig). */
+function tiny(out: string, extra: string[] = []): string[] {
+  return [
+    "--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64", "--micro-batch", "2", "--accum", "1",
+    "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2", "--val-tokens", "256", "--lr", "3e-3", "--no-sample", ...extra,
+  ];
+}
+
+/** Why MPI tests cannot run here, or null. */
+function mpiMissing(): string | null {
+  const v = spawnSync("mpirun", ["--version"], { encoding: "utf8", timeout: 30_000 });
+  if (v.error || v.status !== 0) return `no mpirun on PATH (${v.error?.message ?? `exit ${v.status}`}); install with: apt-get install openmpi-bin`;
+  try { loadMpi(); } catch (e) { return (e as Error).message; }
+  return null;
+}
+const missing = mpiMissing();
+
+/** True when MPI is here; otherwise the test is skipped saying why, or fails under TSTRAIN_REQUIRE_MPI=1. */
+function needMpi(t: TestContext): boolean {
+  if (!missing) return true;
+  if (process.env.TSTRAIN_REQUIRE_MPI === "1") throw new Error(`TSTRAIN_REQUIRE_MPI=1 but MPI is unavailable: ${missing}`);
+  t.skip(`MPI unavailable: ${missing}`);
+  return false;
+}
+
+interface Ran { status: number | null; signal: NodeJS.Signals | null; out: string; ms: number }
+
+/** Run a command to its end (or `timeoutMs`), with stdout+stderr together; `during` may act on the child. */
+function run(cmd: string, args: string[], o: { timeoutMs?: number; env?: NodeJS.ProcessEnv; during?: (pid: number, out: () => string) => void } = {}): Promise<Ran> {
+  return new Promise((resolve) => {
+    const t0 = Date.now();
+    const child = spawn(cmd, args, { env: { ...process.env, ...o.env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    let out = "";
+    child.stdout.on("data", (b: Buffer) => { out += b.toString(); });
+    child.stderr.on("data", (b: Buffer) => { out += b.toString(); });
+    const timer = setTimeout(() => { try { process.kill(-child.pid!, "SIGKILL"); } catch { /* gone */ } }, o.timeoutMs ?? 300_000);
+    o.during?.(child.pid!, () => out);
+    child.on("close", (status, signal) => { clearTimeout(timer); resolve({ status, signal, out, ms: Date.now() - t0 }); });
+  });
+}
+
+const MPIRUN_FLAGS = [...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--oversubscribe", "--mca", "btl", "self,vader,tcp"];
+
+function mpirun(np: number, args: string[], o: Parameters<typeof run>[2] = {}): Promise<Ran> {
+  return run("mpirun", [...MPIRUN_FLAGS, "-np", String(np), process.execPath, MAIN, ...args], o);
+}
+
+function one(args: string[], o: Parameters<typeof run>[2] = {}): Promise<Ran> {
+  return run(process.execPath, [MAIN, ...args], o);
+}
+
+function finalWeights(out: string): Buffer {
+  return fs.readFileSync(path.join(out, "final", "model.safetensors"));
+}
+
+function ok(r: Ran, what: string): void {
+  assert.equal(r.status, 0, `${what} exited ${r.status} (signal ${r.signal}):\n${r.out.slice(-3000)}`);
+}
+
+// ------------------------------------------------------------------ refusals (A9)
+
+test("a process of an MPI job started without --dist mpi is refused with exit 2 naming the flag, before any work (A9)", { timeout: 120_000 }, async (t) => {
+  const out = tmpDir("tstrain-nodist-");
+  const sim = await one(tiny(out), { env: { OMPI_COMM_WORLD_SIZE: "2" } });
+  assert.equal(sim.status, 2, sim.out);
+  assert.match(sim.out, /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi .*\[A9\]/s);
+  assert.deepEqual(fs.readdirSync(out), [], "nothing was written to --out");
+  if (!needMpi(t)) return;
+  const real = await mpirun(2, tiny(tmpDir("tstrain-nodist-real-")));
+  assert.equal(real.status, 2, real.out);
+  assert.match(real.out, /refused: this process is one of 2 started by an MPI launcher .*--dist mpi/s);
+});
+
+test("--dist mpi with no MPI library is refused with exit 2 and the command that installs one (A9)", { timeout: 60_000 }, async () => {
+  const out = tmpDir("tstrain-nolib-");
+  const r = await one(tiny(out, ["--dist", "mpi"]), { env: { TSTRAIN_MPI_LIB: path.join(out, "no-such-libmpi.so.40") } });
+  assert.equal(r.status, 2, r.out);
+  assert.match(r.out, /refused: --dist mpi needs an MPI library, .*no-such-libmpi\.so\.40.* Install Open MPI with: apt-get install openmpi-bin.*\[A9\]/s);
+  assert.deepEqual(fs.readdirSync(out), [], "nothing was written to --out");
+});
+
+// ------------------------------------------------------------------ the same bits for any split (A9, A10, A11)
+
+test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors byte-identical to one process at --world 2 (A9, A10)", { timeout: 600_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const root = path.join(tmpDir("tstrain-demo-mix-"), "data");
+  const short = ["--max-steps", "40", "--push-every-steps", "20", "--no-sample", "--root", root];
+  const single = tmpDir("tstrain-demo-w2-"), multi = tmpDir("tstrain-demo-np2-");
+  const a = await one(["--demo", ...short, "--out", single, "--world", "2"]);
+  ok(a, "--world 2");
+  const b = await mpirun(2, ["--demo", "--dist", "mpi", ...short, "--out", multi, "--world", "1"]);
+  ok(b, "mpirun -np 2 --world 1");
+  assert.match(b.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
+  assert.equal(b.out.match(/^RUN_JSON /gm)?.length, 1, "process 0 alone reports (and writes) the run");
+  assert.ok(finalWeights(multi).equals(finalWeights(single)), "final/model.safetensors byte-identical");
+});
+
+test("-np 3 --world 1, one process at --world 3 and at --world 1 --accum 3 end byte-identical; the processes agree at every checkpoint (A10, A11)", { timeout: 600_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const w3 = tmpDir("tstrain-w3-"), a3 = tmpDir("tstrain-a3-"), np3 = tmpDir("tstrain-np3-");
+  ok(await one(tiny(w3, ["--world", "3"])), "--world 3");
+  ok(await one(tiny(a3, ["--world", "1", "--accum", "3"])), "--world 1 --accum 3");
+  const m = await mpirun(3, tiny(np3, ["--dist", "mpi", "--world", "1"]));
+  ok(m, "mpirun -np 3 --world 1");
+  for (const step of [4, 8]) assert.match(m.out, new RegExp(`step ${step}: weights and moments identical on all 3 processes \\(sha256 [0-9a-f]{32}\\)`), `checkpoint ${step} compared`);
+  assert.ok(finalWeights(w3).equals(finalWeights(a3)), "--world 3 == --world 1 --accum 3");
+  assert.ok(finalWeights(np3).equals(finalWeights(w3)), "-np 3 --world 1 == --world 3");
+});
+
+test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --world 4 (A9, A10)", { timeout: 600_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const w4 = tmpDir("tstrain-w4-"), np2 = tmpDir("tstrain-np2w2-");
+  ok(await one(tiny(w4, ["--world", "4"])), "--world 4");
+  const m = await mpirun(2, tiny(np2, ["--dist", "mpi", "--world", "2"]));
+  ok(m, "mpirun -np 2 --world 2");
+  assert.match(m.out, /MPI: 2 processes x 2 ranks = 4 global ranks/);
+  assert.ok(finalWeights(np2).equals(finalWeights(w4)), "-np 2 --world 2 == --world 4");
+});
+
+// ------------------------------------------------------------------ agreement (A11)
+
+test("a process started with a different --lr is refused at start, naming the setting and the process (A11)", { timeout: 300_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const out = tmpDir("tstrain-disagree-");
+  const base = tiny(out, ["--dist", "mpi"]).filter((a, i, all) => a !== "--lr" && all[i - 1] !== "--lr");
+  const r = await run("mpirun", [...MPIRUN_FLAGS, "-np", "1", process.execPath, MAIN, ...base, "--lr", "3e-3", ":", "-np", "1", process.execPath, MAIN, ...base, "--lr", "1e-3"]);
+  assert.equal(r.status, 2, r.out);
+  assert.match(r.out, /refused: process 1 of 2 disagrees with process 0 on the run config: --lr 0\.001 \(process 0: 0\.003\).*\[A11\]/s);
+  assert.deepEqual(fs.readdirSync(out), [], "refused before any work: nothing in --out");
+});
+
+test("a process whose weights differ at a checkpoint stops the run with exit 1 before that checkpoint is written (A11)", { timeout: 300_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const out = tmpDir("tstrain-diverge-");
+  const r = await mpirun(2, tiny(out, ["--dist", "mpi", "--world", "1"]), { env: { TSTRAIN_MPI_FAULT: "1:8:checksum" } });
+  assert.equal(r.status, 1, r.out);
+  assert.match(r.out, /at step 8 the weights of process 1 \(checksum corrupted-by-TSTRAIN_MPI_FAULT\) differ from process 0's/);
+  assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the agreed checkpoint 4 was written");
+  assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing of step 8 is written");
+  assert.ok(!fs.existsSync(path.join(out, "final")), "nothing exported");
+});
