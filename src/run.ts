@@ -11,7 +11,7 @@ import { checkEngineRequest } from "./model/backend";
 import { initMpi, refuseLaunchWithoutDist } from "./mpi/world";
 import { isUserError } from "./errors";
 import { DistLink } from "./session/dist";
-import { RunComplete, RunStopped, EXIT_STOPPED } from "./session/stop";
+import { RunComplete, RunStopped, EXIT_STOPPED, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
 import { newScaler, SCALER_DEFAULTS, type OptimizerPosition } from "./actors/optim";
 import type { RankFault, UploaderEvent } from "./actors/protocol";
@@ -70,6 +70,8 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
       process.exit(code);
     }
     rep.say(`MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`);
+    const kill = sigkillWarning();
+    if (kill) rep.say(kill);
     const r = await runHere(here, rep, link);
     await link.end(0);
     mpi.finalize();
@@ -84,6 +86,17 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     mpi.finalize();
     throw e;
   }
+}
+
+/**
+ * O3 under Open MPI's mpirun: on SIGTERM it signals the processes one at a time and SIGKILLs each
+ * odls_base_sigkill_timeout seconds later (default 1): too soon for the checkpoint a stop saves.
+ */
+function sigkillWarning(env: NodeJS.ProcessEnv = process.env): string | null {
+  if (!env.OMPI_COMM_WORLD_SIZE) return null;
+  const t = Number(env.OMPI_MCA_odls_base_sigkill_timeout ?? 1);
+  if (t >= 60) return null;
+  return `WARNING mpirun kills a signalled process ${t} s after SIGTERM (odls_base_sigkill_timeout), too soon to save the checkpoint a stop saves (O3): launch with mpirun --mca odls_base_sigkill_timeout 600 ...`;
 }
 
 /** This process's session: the embedded Hub when asked, then the run folder and the training. */
@@ -121,6 +134,7 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | 
   if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
   const coord = Coordinator.create({
     world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, fault: faultFromEnv(), mpi: link?.mpi,
+    stopAsked: () => stopRequested() !== null,
     data: { root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: s.nVal },
   });
   const { pos, history } = startingPoint(s, coord);

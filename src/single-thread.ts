@@ -102,7 +102,7 @@ export class SingleThreadTrainer {
     const d = decideStep(pos, totalSquares(this.sq), baseLr, shape);
     const res: StepResult = {
       step, loss: meanLossInOrder(losses, world, accum), applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
-      computeMs: t1 - t0, reduceMs: t2 - t1, allreduceMs: 0, updateMs: 0,
+      computeMs: t1 - t0, reduceMs: t2 - t1, allreduceMs: 0, updateMs: 0, stopAsked: false,
     };
     if (d.apply) {
       adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr: d.lr, ...ADAMW_DEFAULTS }, d.coef, d.t);

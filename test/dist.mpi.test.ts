@@ -154,3 +154,92 @@ test("a process whose weights differ at a checkpoint stops the run with exit 1 b
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing of step 8 is written");
   assert.ok(!fs.existsSync(path.join(out, "final")), "nothing exported");
 });
+
+// ------------------------------------------------------------------ faults (A12, O3)
+
+/** The demo-sized model on a bigger synthetic mix: slow enough (about 0.1 s a step) to be hit mid-run. */
+const bigMix = writeSyntheticMix({ vocab: 64, trainTokens: 256 * 1024, valTokens: 2048 });
+function slow(out: string, extra: string[] = []): string[] {
+  return [
+    "--root", bigMix.root, "--out", out, "--seq-len", "64", "--layers", "4", "--hidden", "144", "--vocab-size", "64", "--micro-batch", "2",
+    "--accum", "1", "--max-steps", "100", "--push-every-steps", "20", "--log-every", "10", "--val-tokens", "256", "--lr", "3e-3", "--no-sample",
+    "--hub-url", "embedded", "--hub-repo", "local/faults", ...extra,
+  ];
+}
+
+/** The PIDs of the job's processes (children of mpirun), by MPI rank. */
+function jobPids(mpirunPid: number): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const d of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const ppid = Number(fs.readFileSync(`/proc/${d}/stat`, "utf8").replace(/^.*\) /s, "").split(" ")[1]);
+      if (ppid !== mpirunPid) continue;
+      const m = /(?:^|\0)OMPI_COMM_WORLD_RANK=(\d+)\0/.exec(fs.readFileSync(`/proc/${d}/environ`, "latin1"));
+      if (m) out.set(Number(m[1]), Number(d));
+    } catch { /* gone */ }
+  }
+  return out;
+}
+
+/** Calls `act` once `pattern` has appeared in the output (polling), with the job's processes. */
+function when(pattern: RegExp, act: (pids: Map<number, number>) => void): (pid: number, out: () => string) => void {
+  return (pid, out) => {
+    const poll = setInterval(() => {
+      if (!pattern.test(out())) return;
+      clearInterval(poll);
+      act(jobPids(pid));
+    }, 100);
+    poll.unref();
+  };
+}
+
+test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same command with --resume auto ends byte-identical to an uninterrupted run (A12)", { timeout: 900_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const ref = tmpDir("tstrain-ref-"), out = tmpDir("tstrain-killed-");
+  ok(await one(slow(ref, ["--world", "2"])), "the uninterrupted run (one process, --world 2)");
+  let killedAt = 0;
+  let job = new Map<number, number>();
+  const killed = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
+    during: when(/step 40: weights and moments identical/, (pids) => {
+      job = pids;
+      killedAt = Date.now();
+      process.kill(pids.get(1)!, "SIGKILL");
+    }),
+  });
+  assert.ok(killedAt > 0 && job.size === 2, `process 1 was killed mid-run:\n${killed.out.slice(-2000)}`);
+  assert.notEqual(killed.status, 0, "the job failed");
+  assert.match(killed.out, /process rank 1 .*exited on signal 9/, "the launcher names the process that died");
+  // mpirun may return while the survivor is still being killed: the job has ended when no process of it is left.
+  const alive = () => [...job.values()].filter((pid) => fs.existsSync(`/proc/${pid}`) && !/^\S+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, "utf8")));
+  while (alive().length && Date.now() - killedAt < 60_000) await new Promise((r) => setTimeout(r, 100));
+  assert.deepEqual(alive(), [], "no process of the job is left");
+  const ended = Date.now() - killedAt;
+  assert.ok(ended < 60_000, `the job ended ${ended} ms after the kill`);
+  assert.ok(!fs.existsSync(path.join(out, "final")), "the killed run exported nothing");
+  const resumed = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1", "--resume", "auto"]));
+  ok(resumed, "the same command with --resume auto");
+  assert.match(resumed.out, /auto-resume: hub says step (40|60|80)/);
+  assert.ok(finalWeights(out).equals(finalWeights(ref)), "resumed run byte-identical to the uninterrupted one");
+});
+
+test("SIGTERM to every process of the job (as Slurm sends it) saves a checkpoint, exits 3, and --resume auto ends byte-identical (O3, A12)", { timeout: 900_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const ref = tmpDir("tstrain-ref-term-"), out = tmpDir("tstrain-term-");
+  ok(await one(slow(ref, ["--world", "2"])), "the uninterrupted run (one process, --world 2)");
+  let signalled = false;
+  const stopped = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
+    during: when(/step 20: weights and moments identical/, (pids) => {
+      signalled = pids.size === 2;
+      for (const pid of pids.values()) process.kill(pid, "SIGTERM");
+    }),
+  });
+  assert.ok(signalled, "both processes were signalled mid-run");
+  assert.equal(stopped.status, 3, stopped.out.slice(-3000));
+  const m = /stopped by SIGTERM at step (\d+): checkpoint \1 is published and verified on the Hub/.exec(stopped.out);
+  assert.ok(m, stopped.out.slice(-3000));
+  const resumed = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1", "--resume", "auto"]));
+  ok(resumed, "the same command with --resume auto");
+  assert.match(resumed.out, new RegExp(`auto-resume: hub says step ${m[1]}`));
+  assert.ok(finalWeights(out).equals(finalWeights(ref)), "resumed run byte-identical to the uninterrupted one");
+});

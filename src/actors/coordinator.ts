@@ -41,6 +41,8 @@ export type RankSetup = Omit<RankInit, "rank" | "shared" | "decayRanges" | "slic
   coordinatorShare?: boolean;
   /** --dist mpi (A9): this process's MPI world; its ranks are global ranks mpi.rank x world + r of mpi.size x world. */
   mpi?: MpiWorld | null;
+  /** --dist mpi (O3): whether this process has been asked to stop (a signal); every process learns it with the step. */
+  stopAsked?: () => boolean;
 };
 
 /** A rank that threw, exited or reported a failure; the message names the rank and the error. */
@@ -131,6 +133,8 @@ export interface StepResult {
   reduceMs: number;
   /** --dist mpi: the time of the combine across processes (reduce-scatter + allgather); 0 in one process. */
   allreduceMs: number;
+  /** --dist mpi (O3): some process of the job has been asked to stop (mpirun signals one process at a time). */
+  stopAsked: boolean;
   updateMs: number;
 }
 
@@ -214,13 +218,14 @@ export class Coordinator {
     const accum = this.setup.data.accum;
     const scale = pos.scaler.scale;
     const computed = await this.all(() => ({ type: "compute", step, gradScale: scale }), "computed", `step ${step} compute`);
-    const loss = meanLossInOrder(await this.jobLosses(computed), this.dataWorld, accum);
+    const { losses, stopAsked } = await this.jobLosses(computed);
+    const loss = meanLossInOrder(losses, this.dataWorld, accum);
     const invScale = unscaleFactor(this.dataWorld, accum, scale);
     const { reduceMs, allreduceMs } = await this.reduce(step, invScale);
     const d = decideStep(pos, totalSquares(this.views.sq), baseLr, shape); // A10: chunk sums added in chunk order
     const res: StepResult = {
       step, loss, applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
-      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs, allreduceMs, updateMs: 0,
+      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs, allreduceMs, updateMs: 0, stopAsked,
     };
     if (d.apply) {
       const { lr, coef, t } = d;
@@ -235,16 +240,25 @@ export class Coordinator {
 
   /**
    * Every global rank's micro-batch losses, `losses[g * accum + m]` (A10): this process's, and with --dist mpi
-   * every process's (MPI_Allgather), so every process reports the same loss.
+   * every process's (MPI_Allgather), so every process reports the same loss; and whether any process has been
+   * asked to stop (one more number per process in the same allgather).
    */
-  private async jobLosses(computed: Reply<"computed">[]): Promise<Float64Array> {
+  private async jobLosses(computed: Reply<"computed">[]): Promise<{ losses: Float64Array; stopAsked: boolean }> {
     const A = this.setup.data.accum;
-    const mine = new Float64Array(this.setup.world * A).fill(Number.NaN);
+    const n = this.setup.world * A;
+    const mine = new Float64Array(n + 1).fill(Number.NaN);
     computed.forEach((m, t) => m.losses.forEach((l, i) => { mine[t * A + i] = l; }));
-    if (!this.mpi) return mine;
+    mine[n] = this.setup.stopAsked?.() ? 1 : 0;
+    if (!this.mpi) return { losses: mine.subarray(0, n), stopAsked: false };
     const all = new Float64Array(mine.length * this.mpi.size);
     await this.mpi.allgather(mine, all);
-    return all;
+    const losses = new Float64Array(n * this.mpi.size);
+    let stopAsked = false;
+    for (let p = 0; p < this.mpi.size; p++) {
+      losses.set(all.subarray(p * (n + 1), p * (n + 1) + n), p * n);
+      stopAsked = stopAsked || all[p * (n + 1) + n] === 1;
+    }
+    return { losses, stopAsked };
   }
 
   /**

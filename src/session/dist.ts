@@ -22,6 +22,7 @@ import { mixFingerprint } from "../data/fingerprint";
 import { Coordinator } from "../actors/coordinator";
 import type { LrShape, OptimizerPosition } from "../actors/optim";
 import type { BackendName } from "../model/backend";
+import { stopRequested } from "./stop";
 
 /**
  * Test-only fault injection for the checksum round (TSTRAIN_MPI_FAULT="process:step:checksum": that process
@@ -212,6 +213,7 @@ export class DistLink {
   private async followerRanks(cfg: RunConfig, backend: BackendName, doc: StartDoc): Promise<Coordinator> {
     const coord = Coordinator.create({
       world: cfg.world, model: doc.model, gradCkpt: cfg.gradCkpt, backend, fault: null, mpi: this.mpi,
+      stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step
       data: { root: doc.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: 0 },
     });
     for (const v of [coord.views.params, coord.views.m, coord.views.v]) await this.mpi.bcast(v, 0);

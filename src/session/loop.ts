@@ -11,7 +11,7 @@ import type { SessionPlan } from "./plan";
 import { MetricWindow, sampleNow } from "./metrics";
 import { CheckpointsInFlight } from "./in-flight";
 import { finishSession, type RunResult } from "./finish";
-import { resumeCommand, RunStopped, stopRequested } from "./stop";
+import { requestStop, resumeCommand, RunStopped, stopRequested } from "./stop";
 
 /** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
 export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
@@ -30,6 +30,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
       break;
     }
     const r = await stepOrDrain(coord, checkpoints, step, pos, s);
+    if (r.stopAsked && !stopRequested()) requestStop("a signal to another process of the job"); // O3 under mpirun
     const done = step + 1;
     metrics.record(done, r, pos);
     if (done % plan.ckptEvery === 0) {
