@@ -243,3 +243,21 @@ test("SIGTERM to every process of the job (as Slurm sends it) saves a checkpoint
   assert.match(resumed.out, new RegExp(`auto-resume: hub says step ${m[1]}`));
   assert.ok(finalWeights(out).equals(finalWeights(ref)), "resumed run byte-identical to the uninterrupted one");
 });
+
+test("SIGTERM to process 1 alone stops the whole job on a checkpoint written by process 0, exit 3 (O3, A12)", { timeout: 600_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const out = tmpDir("tstrain-term1-");
+  let signalled = false;
+  const stopped = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
+    during: when(/step 20: weights and moments identical/, (pids) => {
+      signalled = pids.has(1);
+      process.kill(pids.get(1)!, "SIGTERM");
+    }),
+  });
+  assert.ok(signalled, "process 1 was signalled mid-run");
+  assert.equal(stopped.status, 3, stopped.out.slice(-3000));
+  const m = /stopped by a signal to another process of the job at step (\d+): checkpoint \1 is published and verified on the Hub/.exec(stopped.out);
+  assert.ok(m, stopped.out.slice(-3000));
+  assert.ok(Number(m[1]) < 100, "stopped before the horizon");
+  assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${m[1]}`)), "process 0 wrote the checkpoint");
+});
