@@ -122,7 +122,7 @@ test("-np 3 --world 1, one process at --world 3 and at --world 1 --accum 3 end b
   assert.ok(finalWeights(np3).equals(finalWeights(w3)), "-np 3 --world 1 == --world 3");
 });
 
-test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --world 4 (A9, A10)", { timeout: 600_000 }, async (t) => {
+test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --world 4, logging allreduce_ms per step (A9, A10)", { timeout: 600_000 }, async (t) => {
   if (!needMpi(t)) return;
   const w4 = tmpDir("tstrain-w4-"), np2 = tmpDir("tstrain-np2w2-");
   ok(await one(tiny(w4, ["--world", "4"])), "--world 4");
@@ -130,6 +130,10 @@ test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --w
   ok(m, "mpirun -np 2 --world 2");
   assert.match(m.out, /MPI: 2 processes x 2 ranks = 4 global ranks/);
   assert.ok(finalWeights(np2).equals(finalWeights(w4)), "-np 2 --world 2 == --world 4");
+  assert.match(m.out, /step 8\/8 loss=.* allreduce_ms=\d+(\.\d)? \(\d+\.\d % of the step\)/, "the log line gives the combine's time");
+  const metrics = (dir: string) => fs.readFileSync(path.join(dir, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { allreduce_ms?: unknown });
+  assert.ok(metrics(np2).length === 4 && metrics(np2).every((e) => typeof e.allreduce_ms === "number" && e.allreduce_ms >= 0), "metrics.jsonl: allreduce_ms on every entry");
+  assert.ok(metrics(w4).every((e) => !("allreduce_ms" in e)), "one process: no allreduce_ms");
 });
 
 // ------------------------------------------------------------------ agreement (A11)
