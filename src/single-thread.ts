@@ -84,14 +84,12 @@ export class SingleThreadTrainer {
     const { world, accum, microBatch, seqLen } = this.setup;
     const t0 = performance.now();
     const scale = pos.scaler.scale;
-    this.sum.fill(0);
     const losses = new Float64Array(world * accum);
     for (let micro = 0; micro < accum; micro++) {
       for (let rank = 0; rank < world; rank++) {
         this.stream.readMicroBatch(step, rank, micro, this.ids);
-        this.micro.fill(0);
         losses[rank * accum + micro] = this.llama.lossAndGrads(this.ids, microBatch, seqLen, scale, this.micro);
-        foldMicro(this.sum, this.micro);
+        foldMicro(this.sum, this.micro, micro === 0 && rank === 0);
       }
     }
     const t1 = performance.now();

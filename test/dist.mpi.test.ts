@@ -265,3 +265,58 @@ test("SIGTERM to process 1 alone stops the whole job on a checkpoint written by 
   assert.ok(Number(m[1]) < 100, "stopped before the horizon");
   assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${m[1]}`)), "process 0 wrote the checkpoint");
 });
+
+// ------------------------------------------------------------------ two hosts (A9)
+
+/** Why two network namespaces cannot be made here, or null (root and `ip netns` are needed). */
+function netnsMissing(): string | null {
+  if (process.getuid?.() !== 0) return "not root: network namespaces need CAP_NET_ADMIN";
+  const probe = `tsmprobe${process.pid}`;
+  const r = spawnSync("ip", ["netns", "add", probe], { encoding: "utf8", timeout: 30_000 });
+  if (r.error || r.status !== 0) return `ip netns add failed: ${r.error?.message ?? r.stderr.trim()}`;
+  spawnSync("ip", ["netns", "del", probe], { timeout: 30_000 });
+  return null;
+}
+
+test("the demo across two network namespaces, MPI over TCP between addresses that exist only inside them, equals the one-machine result (A9)", { timeout: 600_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  const why = netnsMissing();
+  if (why) {
+    if (process.env.TSTRAIN_REQUIRE_MPI === "1" && process.getuid?.() === 0) throw new Error(`TSTRAIN_REQUIRE_MPI=1 as root but ${why}`);
+    t.skip(why);
+    return;
+  }
+  const dir = tmpDir("tstrain-2hosts-");
+  const [nsA, nsB] = [`tsmA${process.pid}`, `tsmB${process.pid}`];
+  const [vA, vB] = [`tsa${process.pid % 100000}`, `tsb${process.pid % 100000}`];
+  const [ipA, ipB] = ["10.231.0.1", "10.231.0.2"];
+  const sh = (cmd: string) => {
+    const r = spawnSync("sh", ["-c", cmd], { encoding: "utf8", timeout: 30_000 });
+    assert.equal(r.status, 0, `${cmd}: ${r.stderr}`);
+  };
+  try {
+    sh(`ip netns add ${nsA} && ip netns add ${nsB} && ip link add ${vA} type veth peer name ${vB}`);
+    sh(`ip link set ${vA} netns ${nsA} && ip link set ${vB} netns ${nsB}`);
+    sh(`ip -n ${nsA} addr add ${ipA}/24 dev ${vA} && ip -n ${nsB} addr add ${ipB}/24 dev ${vB}`);
+    sh(`ip -n ${nsA} link set ${vA} up && ip -n ${nsB} link set ${vB} up && ip -n ${nsA} link set lo up && ip -n ${nsB} link set lo up`);
+    // mpirun runs in namespace A and starts the process of "host" B through this agent instead of ssh.
+    const agent = path.join(dir, "agent.sh");
+    fs.writeFileSync(agent, `#!/bin/sh\nhost="$1"; shift\ncase "$host" in ${ipA}) ns=${nsA};; ${ipB}) ns=${nsB};; *) echo "agent: unknown host $host" >&2; exit 1;; esac\nexec ip netns exec "$ns" sh -c "$*"\n`, { mode: 0o755 });
+    fs.writeFileSync(path.join(dir, "hosts"), `${ipA} slots=1\n${ipB} slots=1\n`);
+    const root = path.join(dir, "demo-data");
+    const short = ["--demo", "--max-steps", "40", "--push-every-steps", "20", "--no-sample", "--root", root];
+    const single = path.join(dir, "one"), two = path.join(dir, "two");
+    ok(await one([...short, "--out", single, "--world", "2"]), "one process at --world 2");
+    const r = await run("ip", [
+      "netns", "exec", nsA, "mpirun", ...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--hostfile", path.join(dir, "hosts"), "-np", "2",
+      "--map-by", "node", "--mca", "plm_rsh_agent", agent, "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "10.231.0.0/24",
+      "--mca", "oob_tcp_if_include", "10.231.0.0/24", process.execPath, MAIN, ...short, "--dist", "mpi", "--world", "1", "--out", two,
+    ], { timeoutMs: 400_000 });
+    ok(r, "mpirun across the two namespaces");
+    assert.match(r.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
+    assert.ok(finalWeights(two).equals(finalWeights(single)), "final/model.safetensors byte-identical to one machine");
+  } finally {
+    spawnSync("ip", ["netns", "del", nsA], { timeout: 30_000 });
+    spawnSync("ip", ["netns", "del", nsB], { timeout: 30_000 });
+  }
+});

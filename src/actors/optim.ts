@@ -197,13 +197,17 @@ export function chunkCount(P: number): number {
 }
 
 /**
- * A10: one micro-batch's float32 gradient added into a rank's float64 accumulator. The sum of float32 values in
+ * A10: one micro-batch's float32 gradient added into a rank's float64 accumulator (`first`: the rank's first
+ * micro-batch of the step, which sets it). The sum of float32 values in
  * float64 is exact while an element's terms lie within 2^(29 - log2 terms) of each other, so the accumulated sum
  * is the same whichever rank, process or micro-batch each term came from, and in whichever order they are added.
  */
-export function foldMicro(acc: Float64Array, g: Float32Array): void {
+export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean): void {
   const n = g.length;
-  for (let i = 0; i < n; i++) acc[i] += g[i]!;
+  // Every sum starts from its first term (never from 0 + it), here, in sumSlots64/reduceSlots64 and in MPI's sum, so a
+  // -0 term sums alike in every split. `g` is left zeroed for the next micro-batch's += (lossAndGrads).
+  if (first) for (let i = 0; i < n; i++) { acc[i] = g[i]!; g[i] = 0; }
+  else for (let i = 0; i < n; i++) { acc[i] += g[i]!; g[i] = 0; }
 }
 
 /** out[i] = slots[0][i] + slots[1][i] + ... over [lo, hi), in float64 (out may be slots[0]). */

@@ -67,7 +67,6 @@ function checkFault(s: RankState, step: number, at: "compute"): void {
 function compute(s: RankState, step: number, gradScale: number): FromRank {
   const t0 = performance.now();
   const slot = s.views.slots[s.init.rank]!;
-  slot.fill(0);
   const d = s.init.data;
   const losses: number[] = [];
   let micro = 0;
@@ -75,9 +74,8 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
     if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;
     checkFault(s, step, "compute");
     s.stream.readMicroBatch(step, s.init.dataRank, micro, s.ids);
-    s.micro.fill(0);
     losses.push(s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, s.micro));
-    foldMicro(slot, s.micro); // A10: each micro-batch's gradient on its own, added in float64
+    foldMicro(slot, s.micro, micro === 0); // A10: each micro-batch's gradient on its own, added in float64; s.micro back to 0
     s.mem.sample();
   }
   const f = s.init.fault;
