@@ -15,7 +15,7 @@
  * committed bench/results/ move only with an explicit --out bench/results/...
  *
  *   node dist/bench/bench.js [--model small|demo|frozen] [--seq N] [--micro-batch N] [--accum N]
- *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch]
+ *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,mpi]
  *     [--worlds 1,2] [--upload-worlds 2,1] [--optim-sizes 1M,10M,50M,106M] [--sequential] [--no-grad-ckpt] [--out DIR]
  */
 import * as fs from "node:fs";
