@@ -129,6 +129,7 @@ test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --w
   const m = await mpirun(2, tiny(np2, ["--dist", "mpi", "--world", "2"]));
   ok(m, "mpirun -np 2 --world 2");
   assert.match(m.out, /MPI: 2 processes x 2 ranks = 4 global ranks/);
+  assert.match(m.out, /^RUN_JSON .*"world":2,"processes":2,/m, "RUN_JSON: ranks per process and processes");
   assert.ok(finalWeights(np2).equals(finalWeights(w4)), "-np 2 --world 2 == --world 4");
   assert.match(m.out, /step 8\/8 loss=.* allreduce_ms=\d+(\.\d)? \(\d+\.\d % of the step\)/, "the log line gives the combine's time");
   const metrics = (dir: string) => fs.readFileSync(path.join(dir, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { allreduce_ms?: unknown });
