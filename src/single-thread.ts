@@ -17,7 +17,7 @@ import { PackedTokenStore } from "./data/store";
 import { WindowPermutation } from "./data/permutation";
 import { TrainStream } from "./data/sampler";
 import {
-  chunkCount, chunkSquares, decideStep, foldMicro, meanLossInOrder, newScaler, reduceSlots64, totalSquares, unscaleFactor, ADAMW_DEFAULTS,
+  chunkCount, decideStep, foldMicro, meanLossInOrder, newScaler, reduceChunks64, totalSquares, unscaleFactor, ADAMW_DEFAULTS,
   type DecayRange, type LrShape, type OptimizerPosition,
 } from "./actors/optim";
 import { adamwSliceSimd } from "./actors/optim-simd";
@@ -94,8 +94,7 @@ export class SingleThreadTrainer {
     }
     const t1 = performance.now();
     const P = this.grad.length;
-    reduceSlots64([this.sum], this.grad, unscaleFactor(world, accum, scale), 0, P);
-    chunkSquares(this.grad, P, this.sq, 0, this.sq.length);
+    reduceChunks64([this.sum], this.grad, unscaleFactor(world, accum, scale), P, this.sq, 0, this.sq.length);
     const t2 = performance.now();
     const d = decideStep(pos, totalSquares(this.sq), baseLr, shape);
     const res: StepResult = {

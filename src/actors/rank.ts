@@ -18,7 +18,7 @@ import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
 import { CTL_ABORT, viewShared, type SharedViews } from "./shm";
 import { updateSlice } from "./optim-simd";
-import { chunkSquares, foldMicro, reduceSlots64, SQ_CHUNK, sumSlots64 } from "./optim";
+import { chunkSquares, foldMicro, reduceChunks64, SQ_CHUNK, sumSlots64 } from "./optim";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 
@@ -97,10 +97,7 @@ function reduce(s: RankState, step: number, invScale: number, mode: "final" | "s
   const [lo, hi] = chunkRange(s);
   const v = s.views;
   if (mode === "sum") sumSlots64(v.slots, v.slots[0]!, lo, hi);
-  else {
-    reduceSlots64(v.slots, v.grad, invScale, lo, hi);
-    chunkSquares(v.grad, s.init.shared.P, v.sq, ...s.init.chunks);
-  }
+  else reduceChunks64(v.slots, v.grad, invScale, s.init.shared.P, v.sq, ...s.init.chunks);
   return { type: "reduced", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
