@@ -15,7 +15,7 @@
  * committed bench/results/ move only with an explicit --out bench/results/...
  *
  *   node dist/bench/bench.js [--model small|demo|frozen] [--seq N] [--micro-batch N] [--accum N]
- *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch]
+ *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,mpi]
  *     [--worlds 1,2] [--upload-worlds 2,1] [--optim-sizes 1M,10M,50M,106M] [--sequential] [--no-grad-ckpt] [--out DIR]
  */
 import * as fs from "node:fs";
@@ -25,7 +25,7 @@ import type { BackendName } from "../src/model/backend";
 import { buildShape, MODELS, scratchDir, tokensPerStep, type ModelName, type Shape } from "./shape";
 import { actorRunner, localRunner, runSteps, runUploadCase, stepRow, type BenchRow, type Runner } from "./steps";
 import { parseCount, runOptimCase } from "./optim";
-import { REPO_ROOT, runFrameworkFree, runTorch, torchVersion } from "./subproc";
+import { REPO_ROOT, runFrameworkFree, runMpiCase, runTorch, torchVersion } from "./subproc";
 import { markdown, type Machine, type Ratio } from "./report";
 import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
@@ -50,10 +50,10 @@ function codeFingerprint(): string {
   return h.digest("hex").slice(0, 12);
 }
 
-const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch", "frozen-step", "gemm"] as const;
+const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch", "frozen-step", "gemm", "mpi"] as const;
 type CaseName = (typeof ALL_CASES)[number];
 /** frozen-step (issue 7's MFU figure on the 106M model) takes minutes, so it runs only when asked. */
-const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step");
+const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" && c !== "mpi");
 
 interface Options {
   model: ModelName; seq: number; microBatch: number; accum: number; steps: number; warmup: number; backend: BackendName;
@@ -226,6 +226,17 @@ class BenchRun {
       process.stdout.write("BENCH_ERROR " + JSON.stringify({ case: what, error: (e as Error).message ?? String(e) }) + "\n");
     }
   }
+}
+
+/** Case `mpi` (issue 21): two MPI processes x world 1 against one process at world 2, same steps. */
+async function runMpi(run: BenchRun, o: Options, shape: Shape, scratch: string): Promise<void> {
+  await run.guard("mpi", async () => {
+    log(`mpi: mpirun -np 2 --dist mpi --world 1 against one process at --world 2, ${o.warmup} warm-up + ${o.steps} timed steps each`);
+    for (const row of await runMpiCase(shape, { steps: o.steps, warmup: o.warmup, scratch, timeoutMs: 3_600_000, log })) {
+      run.record(row);
+      log(`  ${row.case}: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s${row.allreduce_ms_median === null ? "" : `, allreduce ${String(row.allreduce_ms_median)} ms (${(100 * Number(row.allreduce_share)).toFixed(1)} % of the step)`}`);
+    }
+  });
 }
 
 /** Probes the free cores; waits (up to --wait-quiet seconds) while fewer than 90% are free. */
@@ -418,6 +429,7 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
     if (g && typeof g.min_of_peak === "number") add({ ratio: `gemm ${k}: lowest fraction of its FMA peak over the model's shapes`, value: g.min_of_peak, target: ">= 0.85", met: g.min_of_peak >= 0.85, num: `gemm ${k} GFLOP/s (worst shape)`, den: `fma-peak-${k.split("-")[1]} GFLOP/s` });
   }
   for (const w of worlds) add(ratio(rows, `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`, `actor-w${w}`, "actor-w1", "tok_per_cpu_s", null, "1.0 = world 2 spends no more CPU per token than world 1"));
+  add(ratio(rows, "mpi: 2 processes x world 1 / one process x world 2, tok/s (issue 21)", "mpi-np2-w1", "mpi-ref-w2", "tok_per_s", { op: ">=", v: 0.9 }));
   add(ratio(rows, "actor/single-thread tok/s (world 1, same work)", "actor-w1", "single-thread", "tok_per_s", null));
   const wMax = Math.max(...o.worlds);
   if (wMax > 1) add(ratio(rows, `actor world ${wMax}/single-thread tok/s (speed-up)`, `actor-w${wMax}`, "single-thread", "tok_per_s", null));
@@ -489,8 +501,8 @@ async function main(): Promise<number> {
   const codeStart = codeFingerprint();
   log(`bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`);
 
-  const stepCases = o.cases.has("single") || o.cases.has("actor") || o.cases.has("framework-free") || o.cases.has("upload") || o.cases.has("torch");
-  const maxWorld = Math.max(1, ...(o.cases.has("actor") ? o.worlds : []), ...(o.cases.has("upload") ? o.uploadWorlds : []));
+  const stepCases = o.cases.has("single") || o.cases.has("actor") || o.cases.has("framework-free") || o.cases.has("upload") || o.cases.has("torch") || o.cases.has("mpi");
+  const maxWorld = Math.max(1, ...(o.cases.has("actor") ? o.worlds : []), ...(o.cases.has("upload") ? o.uploadWorlds : []), o.cases.has("mpi") ? 2 : 1);
   // enough windows for the longest step counter: the upload case runs the most steps
   const windowsNeeded = (o.warmup + Math.max(8, 1 + o.rewarm) * o.steps + 8) * o.microBatch * maxWorld * o.accum;
   let shape: Shape | null = null;
@@ -500,6 +512,7 @@ async function main(): Promise<number> {
       log(`shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`);
       await runStepCases(run, o, shape, scratch);
       await runUploadCases(run, o, shape, scratch);
+      if (o.cases.has("mpi")) await runMpi(run, o, shape, scratch);
     }
     await runOtherCases(run, o, shape);
   } finally {

@@ -114,3 +114,59 @@ export async function runTorch(s: Shape, o: { steps: number; threads: number; ti
     steps_timed: o.steps, threads: o.threads, loss_last: j.loss, model: s.modelName, source: "bench/anchors/torch_llama.py",
   };
 }
+
+/** The argv of a short training run (`dist/main.js`, not --benchmark) on this bench's model and data: a log line per step. */
+function trainArgv(s: Shape, steps: number, outDir: string): string[] {
+  const a = benchmarkArgv(s, steps, outDir);
+  const i = a.indexOf("--benchmark");
+  a.splice(i, 2); // a real session: the actors, the step loop, metrics.jsonl
+  const j = a.indexOf("--max-steps");
+  a[j + 1] = String(steps);
+  a.splice(a.indexOf("--world"), 2);
+  return [...a, "--log-every", "1", "--push-every-steps", String(steps), "--no-sample"];
+}
+
+/** Median step ms, tok/s and allreduce ms of one training run's metrics.jsonl, from step `from` on. */
+function stepFigures(outDir: string, tokensPerStep: number, from: number): { stepMs: number; allreduceMs: number | null; n: number } {
+  const es = fs.readFileSync(path.join(outDir, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { step: number; tok_per_s: number; allreduce_ms?: number })
+    .filter((e) => e.step > from && e.tok_per_s > 0);
+  if (!es.length) throw new Error(`${outDir}/metrics.jsonl has no step after ${from}`);
+  const med = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
+  const ar = es.filter((e) => typeof e.allreduce_ms === "number").map((e) => e.allreduce_ms!);
+  return { stepMs: med(es.map((e) => (tokensPerStep / e.tok_per_s) * 1000)), allreduceMs: ar.length ? med(ar) : null, n: es.length };
+}
+
+/**
+ * Case `mpi` (issue 21): the same training steps as `mpirun -np 2 ... --dist mpi --world 1` (two processes, the
+ * gradient combined over MPI every step) and as one process at `--world 2`, one after the other; their tok/s, and
+ * the per-step allreduce time and its share of the step. Needs Open MPI (mpirun, libmpi.so.40).
+ */
+export async function runMpiCase(s: Shape, o: { steps: number; warmup: number; scratch: string; timeoutMs: number; log: (s: string) => void }): Promise<BenchRow[]> {
+  const main = path.join(REPO_ROOT, "dist", "main.js");
+  const total = o.warmup + o.steps;
+  const tps = tokensPerStep(s, 2);
+  const rows: BenchRow[] = [];
+  const variants: Array<{ name: string; cmd: string; pre: string[]; args: string[] }> = [
+    { name: "mpi-ref-w2", cmd: process.execPath, pre: [main], args: ["--world", "2"] },
+    {
+      name: "mpi-np2-w1", cmd: "mpirun",
+      pre: [...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--oversubscribe", "-np", "2", process.execPath, main], args: ["--dist", "mpi", "--world", "1"],
+    },
+  ];
+  for (const v of variants) {
+    const outDir = fs.mkdtempSync(path.join(o.scratch, `${v.name}-`));
+    const argv = [...v.pre, ...trainArgv(s, total, outDir), ...v.args];
+    o.log(`  $ ${v.cmd === process.execPath ? "node" : v.cmd} ${argv.map((x) => (x === "" ? "''" : x)).join(" ")}`);
+    const res = await run(v.cmd, argv, { cwd: REPO_ROOT, timeoutMs: o.timeoutMs, log: o.log, echo: /^(MPI:|refused|error|TRAIN DONE)/ });
+    if (res.code !== 0) throw new Error(`${v.name} exited ${res.code}: ${(res.err || res.out).trim().split("\n").slice(-5).join(" | ")}`);
+    const f = stepFigures(outDir, tps, o.warmup);
+    rows.push({
+      case: v.name, backend: s.backend, world: 2, params: s.params, seq_len: s.seqLen, micro_batch: s.microBatch, accum: s.accum,
+      tokens_per_step: tps, step_ms_median: r(f.stepMs), tok_per_s: r((tps / f.stepMs) * 1000), steps_timed: f.n,
+      allreduce_ms_median: f.allreduceMs === null ? null : r(f.allreduceMs), allreduce_share: f.allreduceMs === null ? null : r(f.allreduceMs / f.stepMs, 4),
+      model: s.modelName, subprocess_wall_s: r(res.ms / 1000), source: `${v.cmd === "mpirun" ? "mpirun -np 2 " : ""}dist/main.js ${v.args.join(" ")} (metrics.jsonl, --log-every 1)`,
+    });
+    fs.rmSync(outDir, { recursive: true, force: true });
+  }
+  return rows;
+}

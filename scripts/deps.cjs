@@ -44,7 +44,8 @@ const LAYERS = [
     // same-layer import. The checkpoint's formats (checkpoint/names.ts: the layout's names;
     // checkpoint/state.ts: the documents' types and their one parser each, latest.json included) are
     // pure and read only errors.ts and data/cursor.ts: the Hub client reads and writes latest.json with
-    // them, and the run folder's rules (outdir.ts) know the checkpoint folder's names.
+    // them, and the run folder's rules (outdir.ts) know the checkpoint folder's names. The MPI binding's
+    // wrapper (mpi/**) loads libmpi and runs collectives on buffers; it knows nothing of the model or the run.
     patterns: [
       "outdir.ts",
       "checkpoint/{names,state}.ts",
@@ -53,6 +54,7 @@ const LAYERS = [
       "hub/server/**",
       "hub/server.ts",
       "hub/{store,errors,retry,safetensors-check}.ts",
+      "mpi/**",
     ],
   },
   {

@@ -48,6 +48,13 @@ export interface RunConfig {
   dryRun: boolean;
   benchmark: number;
   world: number;
+  /** A9: "mpi" = one process of an MPI job (H processes x `world` rank threads); "none" = this process alone. */
+  dist: "none" | "mpi";
+  /**
+   * Not a flag: the number of processes of the MPI job (A9), set once MPI is up; 1 otherwise. Every step is
+   * split among hosts x world ranks.
+   */
+  hosts: number;
   backend: BackendFlag;
   /** The native engine's matrix products: the project's own GEMM or the system's OpenBLAS. */
   gemm: GemmChoice;
@@ -232,6 +239,7 @@ function configFrom(values: ReadonlyMap<string, string | number | boolean>, byFl
     if (f.flag === "gc-nonreentrant" || f.flag === "torch-compile") continue;
     cfg[f.key] = f.def;
   }
+  cfg.hosts = 1;
   const demo = values.get("demo") === true;
   if (demo) for (const [k, v] of Object.entries(DEMO_DEFAULTS)) cfg[k] = v;
   for (const [flag, v] of values) cfg[byFlag.get(flag)!.key] = v;
@@ -251,6 +259,8 @@ export function validate(c: RunConfig): RunConfig {
   must(pos(c.accum), "accum", `${c.accum} must be a positive whole number`);
   must(pos(c.world), "world", `${c.world} must be a positive whole number of ranks`);
   must(c.world <= 64, "world", `${c.world} ranks is more than this trainer supports (64)`);
+  c = { ...c, hosts: c.hosts ?? 1 };
+  if (!(Number.isSafeInteger(c.hosts) && c.hosts >= 1)) throw new Error(`config: hosts ${c.hosts} must be a whole number >= 1 (set from the MPI world)`);
   must(nonneg(c.layers), "layers", `${c.layers} must be 0 (frozen) or a positive layer count`);
   must(nonneg(c.hidden), "hidden", `${c.hidden} must be 0 (frozen) or a positive width`);
   must(nonneg(c.vocabSize) && (c.vocabSize === 0 || c.vocabSize >= 2), "vocab-size", `${c.vocabSize} must be 0 (frozen 49,152) or at least 2`);
@@ -294,11 +304,11 @@ export interface StepPlan {
 }
 
 export function planSteps(c: RunConfig): StepPlan {
-  const seqsPerStep = c.microBatch * c.world * c.accum;
+  const seqsPerStep = c.microBatch * c.world * c.hosts * c.accum; // A9: every rank of every process
   const tokensPerStep = seqsPerStep * c.seqLen;
   const stepsPlanned = c.maxSteps || Math.floor(c.tokens / tokensPerStep);
   if (stepsPlanned < 1) {
-    throw new UserError("P5", `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world} x accum ${c.accum} x seq ${c.seqLen}): raise --tokens or set --max-steps`);
+    throw new UserError("P5", `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): raise --tokens or set --max-steps`);
   }
   const ckptEvery = c.pushEverySteps || Math.max(1, Math.floor(stepsPlanned / 10));
   return {

@@ -88,9 +88,21 @@ export function checkOutRoom(out: string, bytes: number, what: string): void {
 function pidAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (e) {
     return errno(e) === "EPERM"; // exists, owned by someone else
+  }
+  return !zombie(pid);
+}
+
+/**
+ * A process that has exited but is not yet reaped (Linux state Z) holds its pid but runs nothing: e.g. the process
+ * 0 of an MPI job whose launcher was gone before its parent collected it. Elsewhere (no /proc) it counts as running.
+ */
+function zombie(pid: number): boolean {
+  try {
+    return /^\S+ \(.*\) Z /s.test(fs.readFileSync(`/proc/${pid}/stat`, "utf8"));
+  } catch {
+    return false;
   }
 }
 

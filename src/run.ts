@@ -5,9 +5,13 @@
  */
 import * as path from "node:path";
 import { UserError } from "./errors";
-import { EMBEDDED_HUB, type RunConfig } from "./config";
+import { EMBEDDED_HUB, validate, type RunConfig } from "./config";
 import { initWeights } from "./model/init";
 import { checkEngineRequest } from "./model/backend";
+import { initMpi, refuseLaunchWithoutDist } from "./mpi/world";
+import { isUserError } from "./errors";
+import { DistLink } from "./session/dist";
+import { RunComplete, RunStopped, EXIT_STOPPED, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
 import { newScaler, SCALER_DEFAULTS, type OptimizerPosition } from "./actors/optim";
 import type { RankFault, UploaderEvent } from "./actors/protocol";
@@ -37,48 +41,111 @@ export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
  * runs in this process on loopback for the session, its files in --hub-dir or <out>/hub (B6, L8).
  */
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
+  refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, { gemm: cfg.gemm, isa: cfg.isa });
-  if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep);
+  if (cfg.dist === "mpi") return runMpi(cfg, rep);
+  return runHere(cfg, rep, null);
+}
+
+/** The exit code main gives `e` (0 done, 2 refused, 3 stopped by a signal, 1 failed): the leader ends the MPI job with it. */
+function exitCodeOf(e: unknown): number {
+  if (e instanceof RunStopped) return EXIT_STOPPED;
+  if (e instanceof RunComplete) return 0;
+  return isUserError(e) ? 2 : 1;
+}
+
+/**
+ * --dist mpi (A9): MPI up (refused with the install command when no library loads), the agreement on the config
+ * (A11), then process 0 runs the session and the others follow it (session/dist.ts). Every way out ends the job
+ * on every process: the leader's end command, a round every process saw fail, or MPI_Abort mid-step.
+ */
+async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
+  const mpi = initMpi();
+  const link = new DistLink(mpi);
+  const here = validate({ ...cfg, hosts: mpi.size });
+  try {
+    await link.agreeOnConfig(here);
+    if (!link.leader) {
+      const code = await link.follow(here, here.backend);
+      mpi.finalize();
+      process.exit(code);
+    }
+    rep.say(`MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`);
+    const kill = sigkillWarning();
+    if (kill) rep.say(kill);
+    const r = await runHere(here, rep, link);
+    await link.end(0);
+    mpi.finalize();
+    return r;
+  } catch (e) {
+    if (link.allKnow) { mpi.finalize(); throw e; }
+    if (link.inStep || !link.leader) {
+      process.stderr.write(`error: process ${mpi.rank} of ${mpi.size}: ${e instanceof Error ? e.message : String(e)}; ending every process of the job\n`);
+      mpi.abort(1);
+    }
+    await link.end(exitCodeOf(e));
+    mpi.finalize();
+    throw e;
+  }
+}
+
+/**
+ * O3 under Open MPI's mpirun: on SIGTERM it signals the processes one at a time and SIGKILLs each
+ * odls_base_sigkill_timeout seconds later (default 1): too soon for the checkpoint a stop saves.
+ */
+function sigkillWarning(env: NodeJS.ProcessEnv = process.env): string | null {
+  if (!env.OMPI_COMM_WORLD_SIZE) return null;
+  const t = Number(env.OMPI_MCA_odls_base_sigkill_timeout ?? 1);
+  if (t >= 60) return null;
+  return `WARNING mpirun kills a signalled process ${t} s after SIGTERM (odls_base_sigkill_timeout), too soon to save the checkpoint a stop saves (O3): launch with mpirun --mca odls_base_sigkill_timeout 600 ...`;
+}
+
+/** This process's session: the embedded Hub when asked, then the run folder and the training. */
+async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
+  if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep, link);
   if (!cfg.benchmark && !cfg.hubDir) checkOutWritable(cfg.out); // O1 before the embedded Hub makes <out>/hub
   const dir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub")); // under the run's own folder (L8)
   const hub = new LocalHub({ dir });
   const url = await hub.start();
   rep.say(`embedded local Hub at ${url} storing ${dir} (B6)`);
   try {
-    return await runSessionOn({ ...cfg, hubUrl: url }, rep);
+    return await runSessionOn({ ...cfg, hubUrl: url }, rep, link);
   } finally {
     await hub.stop();
   }
 }
 
-async function runSessionOn(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
-  if (cfg.benchmark) return runSessionLocked(cfg, rep);
+async function runSessionOn(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
+  if (cfg.benchmark) return runSessionLocked(cfg, rep, link);
   // O1, O2, O4: the run folder is checked, claimed and cleaned before anything else happens.
   checkOutWritable(cfg.out);
   const lock: OutLock = lockOut(cfg.out, rep.say);
   try {
     for (const l of cleanOut(cfg.out)) rep.say(l);
-    return await runSessionLocked(cfg, rep);
+    return await runSessionLocked(cfg, rep, link);
   } finally {
     lock.release();
   }
 }
 
-async function runSessionLocked(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
+async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
   const t0 = performance.now();
-  const s = await planSession(cfg, rep);
+  const s: SessionPlan = { ...(await planSession(cfg, rep)), dist: link };
   if (cfg.dryRun) return dryRun(s, rep);
   if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
   recordSessionStart(s);
   const coord = Coordinator.create({
-    world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, fault: faultFromEnv(),
+    world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, fault: faultFromEnv(), mpi: link?.mpi,
+    stopAsked: () => stopRequested() !== null,
     data: { root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: s.nVal },
   });
   const { pos, history } = startingPoint(s, coord);
   let failure: unknown = null;
   let result: RunResult | null = null;
   try {
+    // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
+    await link?.start({ model: s.model, root: s.root, fingerprint: s.fingerprint, lrShape: s.lrShape, startStep: s.startStep, pos }, coord);
     const events = await startActors(s, coord, pos, rep);
     result = await trainLoop(s, coord, pos, history, rep, t0, events);
   } catch (e) {

@@ -17,8 +17,11 @@ import { readManifest } from "./data/manifest";
 import { PackedTokenStore } from "./data/store";
 import { WindowPermutation } from "./data/permutation";
 import { TrainStream } from "./data/sampler";
-import { decideStep, newScaler, unscaleFactor, ADAMW_DEFAULTS, type DecayRange, type LrShape, type OptimizerPosition } from "./actors/optim";
-import { adamwSliceSimd, reduceSliceSimd } from "./actors/optim-simd";
+import {
+  chunkCount, decideStep, foldMicro, meanLossInOrder, newScaler, reduceChunks64, totalSquares, unscaleFactor, ADAMW_DEFAULTS,
+  type DecayRange, type LrShape, type OptimizerPosition,
+} from "./actors/optim";
+import { adamwSliceSimd } from "./actors/optim-simd";
 import type { StepResult } from "./actors/coordinator";
 import type { RunConfig } from "./config";
 import type { Reporter } from "./report";
@@ -41,8 +44,12 @@ export class SingleThreadTrainer {
   readonly params: Float32Array;
   readonly m: Float32Array;
   readonly v: Float32Array;
-  /** The summed micro-batch gradients, then (after the reduce) the averaged, unscaled gradient. */
+  /** The averaged, unscaled gradient (after the reduce). */
   readonly grad: Float32Array;
+  /** One micro-batch's gradient, and their sum in float64 (A10, as the ranks do). */
+  private readonly micro: Float32Array;
+  private readonly sum: Float64Array;
+  private readonly sq: Float64Array;
   private readonly ranges: DecayRange[];
   private readonly stream: TrainStream;
   private readonly ids: Int32Array;
@@ -54,6 +61,9 @@ export class SingleThreadTrainer {
     this.m = new Float32Array(layout.total);
     this.v = new Float32Array(layout.total);
     this.grad = new Float32Array(layout.total);
+    this.micro = new Float32Array(layout.total);
+    this.sum = new Float64Array(layout.total);
+    this.sq = new Float64Array(chunkCount(layout.total));
     this.ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
     const manifest = readManifest(setup.root);
     const store = PackedTokenStore.open(setup.root, manifest, "train");
@@ -76,21 +86,22 @@ export class SingleThreadTrainer {
     const { world, accum, microBatch, seqLen } = this.setup;
     const t0 = performance.now();
     const scale = pos.scaler.scale;
-    this.grad.fill(0);
-    let lossSum = 0;
+    const losses = new Float64Array(world * accum);
     for (let micro = 0; micro < accum; micro++) {
       for (let rank = 0; rank < world; rank++) {
         this.stream.readMicroBatch(step, rank, micro, this.ids);
-        lossSum += this.llama.lossAndGrads(this.ids, microBatch, seqLen, scale, this.grad);
+        losses[rank * accum + micro] = this.llama.lossAndGrads(this.ids, microBatch, seqLen, scale, this.micro);
+        foldMicro(this.sum, this.micro, micro === 0 && rank === 0);
       }
     }
     const t1 = performance.now();
-    const reduced = reduceSliceSimd([this.grad], this.grad, unscaleFactor(world, accum, scale), 0, this.grad.length);
+    const P = this.grad.length;
+    reduceChunks64([this.sum], this.grad, unscaleFactor(world, accum, scale), P, this.sq, 0, this.sq.length);
     const t2 = performance.now();
-    const d = decideStep(pos, reduced, baseLr, shape);
+    const d = decideStep(pos, totalSquares(this.sq), baseLr, shape);
     const res: StepResult = {
-      step, loss: lossSum / (world * accum), applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
-      computeMs: t1 - t0, reduceMs: t2 - t1, updateMs: 0,
+      step, loss: meanLossInOrder(losses, world, accum), applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
+      computeMs: t1 - t0, reduceMs: t2 - t1, allreduceMs: 0, updateMs: 0, stopAsked: false,
     };
     if (d.apply) {
       adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr: d.lr, ...ADAMW_DEFAULTS }, d.coef, d.t);

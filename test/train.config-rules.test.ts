@@ -16,7 +16,7 @@ test("every flag's default is the seed's (G10)", () => {
     attn: "eager", gradCkpt: true, layers: 0, hidden: 0, vocabSize: 0, microBatch: 4, accum: 32, lr: 6e-4, optim: "adamw_torch",
     tokens: 1_000_000_000, maxSteps: 0, warmupFrac: 0.02, decayFrac: 0.8, seed: 20260919, dataSeed: 20260919, resume: "",
     valTokens: 2_000_000, logEvery: 10, pushEverySteps: 0, stopAfterSteps: 0, prune: false, minFreeGb: 6, dryRun: false,
-    benchmark: 0, world: 1, backend: "auto", gemm: "builtin", isa: "auto", demo: false, sample: true, hubRetryMinutes: 30, hubTimeoutSeconds: 60, resumeIgnoreUnproven: false,
+    benchmark: 0, world: 1, dist: "none", hosts: 1, backend: "auto", gemm: "builtin", isa: "auto", demo: false, sample: true, hubRetryMinutes: 30, hubTimeoutSeconds: 60, resumeIgnoreUnproven: false,
     resumeWithoutManifest: false, hubPrivate: true, allowConfigChange: false,
   });
 });

@@ -1,7 +1,8 @@
 // The coordinator's step math: LR (P5), loss scaler (P2), clipping (P4), reduce.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { lrFactor, newScaler, scalerUpdate, clipCoef, reduceSlice as reduceRef, slices, adamwSlice as adamwRef, validScaler, ADAMW_DEFAULTS } from "../src/actors/optim";
+import { lrFactor, newScaler, scalerUpdate, clipCoef, reduceSlice as reduceRef, slices, adamwSlice as adamwRef, validScaler, ADAMW_DEFAULTS,
+  chunkCount, chunkSquares, reduceChunks64, SQ_CHUNK, sumSlots64, totalSquares, unscaleInto } from "../src/actors/optim";
 import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 
 test("the trapezoid LR equals the seed's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
@@ -138,4 +139,25 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   let moved = 0;
   for (let i = 7; i < P - 2; i++) if (Math.abs(B.p[i]! - p0[i]!) > 1e-3) moved++;
   assert.ok(moved > 0.5 * (P - 9), `only ${moved} of ${P - 9} weights in the slice moved by more than 1e-3`);
+});
+
+test("reduceChunks64 (one process) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)", () => {
+  const P = 3 * SQ_CHUNK + 123;
+  let seed = 12345;
+  const rnd = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 - 0.5; };
+  for (const k of [1, 2, 3]) {
+    // float64 slots holding sums of float32 micro-batch gradients, as foldMicro leaves them
+    const slots = Array.from({ length: k }, () => Float64Array.from({ length: P }, () => Math.fround(rnd() * 1e-3) + Math.fround(rnd() * 1e-6)));
+    const inv = 1 / (3 * k * 65536);
+    const grad = new Float32Array(P), sq = new Float64Array(chunkCount(P));
+    reduceChunks64(slots, grad, inv, P, sq, 0, sq.length);
+    const sum = new Float64Array(P);
+    sumSlots64(slots, sum, 0, P);
+    const grad2 = new Float32Array(P), sq2 = new Float64Array(chunkCount(P));
+    unscaleInto(sum, grad2, 0, P, inv);
+    chunkSquares(grad2, P, sq2, 0, sq2.length);
+    assert.ok(Buffer.from(grad.buffer).equals(Buffer.from(grad2.buffer)), `${k} slots: the same gradient bits`);
+    assert.ok(Buffer.from(sq.buffer).equals(Buffer.from(sq2.buffer)), `${k} slots: the same chunk sums`);
+    assert.equal(totalSquares(sq).sumSq, totalSquares(sq2).sumSq);
+  }
 });

@@ -57,7 +57,7 @@ test("a request is answered by the reply of the type it expects; a second reques
 });
 
 test("a reply of another type than the one asked for fails the request with a RankFailure naming the rank, the phase and both types (A2)", { timeout: 30_000 }, async () => {
-  const h = new RankHandle(2, answering({ compute: { type: "reduced", rank: 2, step: 4, sumSq: 1, finite: true, ms: 1 }, memory: MEMORY }));
+  const h = new RankHandle(2, answering({ compute: { type: "reduced", rank: 2, step: 4, ms: 1 }, memory: MEMORY }));
   try {
     const e = await rejection(h.request(COMPUTE, "computed", "step 4 compute"));
     assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);

@@ -111,7 +111,7 @@ async function checkAgainstReference(o: { world: number; accum: number; share: b
         }
         assert.equal(r.applied, true, `${tag}: applied`);
         const g = referenceGradient(local, before.p, s, scale);
-        assertClose(`${tag} reduced gradient (slot 0) vs the one-thread gradient`, c.views.slots[0]!, g);
+        assertClose(`${tag} reduced gradient (grad) vs the one-thread gradient`, c.views.grad, g);
         let sumSq = 0;
         for (let i = 0; i < g.length; i++) sumSq += g[i]! * g[i]!;
         const norm = Math.sqrt(sumSq);

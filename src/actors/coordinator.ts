@@ -8,8 +8,11 @@
  * the optimizer runs on two threads instead of one.
  *
  * One step, as messages (every phase is a barrier: all ranks answer before the next phase):
- *   compute(step, scale) -> each rank sums its accum micro-batch gradients into its slot
- *   reduce(1/(world*accum*scale)) -> slot 0 = averaged, unscaled gradient; per-slice sum of squares
+ *   compute(step, scale) -> each rank adds its accum micro-batch gradients into its float64 slot (A10)
+ *   reduce(1/(world*accum*scale)) -> grad = averaged, unscaled gradient; its squares per fixed chunk (A10)
+ *   (--dist mpi, A9: reduce(sum) -> slot 0 = the process's sum; across processes MPI_Reduce_scatter_block of
+ *    slot 0 (float64), each process unscales its block, MPI_Allgather of the float32 blocks -> grad, the
+ *    same bits on every process; then squares -> grad's squares per chunk)
  *   skip (non-finite) | update(lr, clip coef, t) -> AdamW on each rank's slice of the master weights, which the
  *                                                 ranks' models read directly in the next compute (shm.ts)
  */
@@ -20,22 +23,26 @@ import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
 import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
-import { decideStep, slices, unscaleFactor, type DecayRange, type OptimizerPosition } from "./optim";
+import { chunkSlices, decideStep, meanLossInOrder, slices, totalSquares, unscaleFactor, unscaleInto, type DecayRange, type OptimizerPosition } from "./optim";
+import type { MpiWorld } from "../mpi/world";
 import type { LrShape } from "../checkpoint";
-import { reduceSliceSimd, updateSlice } from "./optim-simd";
+import { updateSlice } from "./optim-simd";
 import { type CheckpointJob, type FromRank, type RankInit, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
 
 /**
  * What the coordinator is given to start its ranks: each rank's RankInit less what the coordinator works out
  * itself (the rank number, the shared buffers, the decay ranges and the rank's slice).
  */
-export type RankSetup = Omit<RankInit, "rank" | "shared" | "decayRanges" | "slice"> & {
+export type RankSetup = Omit<RankInit, "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld"> & {
   /**
-   * Whether the coordinator thread takes a slice of the reduce and the update (see the header). Default:
-   * when world < os.availableParallelism(). The results do not depend on it beyond the order in which the
-   * slices' sums of squares are added (the clip coefficient's last bits).
+   * Whether the coordinator thread takes a slice of the update (see the header). Default: when world <
+   * os.availableParallelism(). The results do not depend on it (A10).
    */
   coordinatorShare?: boolean;
+  /** --dist mpi (A9): this process's MPI world; its ranks are global ranks mpi.rank x world + r of mpi.size x world. */
+  mpi?: MpiWorld | null;
+  /** --dist mpi (O3): whether this process has been asked to stop (a signal); every process learns it with the step. */
+  stopAsked?: () => boolean;
 };
 
 /** A rank that threw, exited or reported a failure; the message names the rank and the error. */
@@ -141,6 +148,10 @@ export interface StepResult {
   scaleUsed: number;
   computeMs: number;
   reduceMs: number;
+  /** --dist mpi: the time of the combine across processes (reduce-scatter + allgather); 0 in one process. */
+  allreduceMs: number;
+  /** --dist mpi (O3): some process of the job has been asked to stop (mpirun signals one process at a time). */
+  stopAsked: boolean;
   updateMs: number;
 }
 
@@ -153,6 +164,11 @@ export class Coordinator {
   /** The coordinator's own [lo, hi) of the reduce and update, or null (see RankSetup.coordinatorShare). */
   readonly ownSlice: [number, number] | null;
   private readonly rankSlices: Array<[number, number]>;
+  private readonly rankChunks: Array<[number, number]>;
+  /** Ranks in the whole job (processes x world) and this process's first global rank (A9). */
+  readonly dataWorld: number;
+  private readonly dataRank0: number;
+  private readonly mpi: MpiWorld | null;
   private ranks: RankHandle[] = [];
   private uploaderWorker: Worker | null = null;
   private uploader: Comlink.Remote<UploaderApi> | null = null;
@@ -167,7 +183,12 @@ export class Coordinator {
     const parts = slices(this.P, setup.world + (share ? 1 : 0));
     this.rankSlices = parts.slice(0, setup.world);
     this.ownSlice = share ? parts[setup.world]! : null;
-    this.shared = allocShared(this.P, setup.world);
+    this.rankChunks = chunkSlices(this.P, setup.world);
+    this.mpi = setup.mpi ?? null;
+    const hosts = this.mpi?.size ?? 1;
+    this.dataWorld = setup.world * hosts;
+    this.dataRank0 = (this.mpi?.rank ?? 0) * setup.world;
+    this.shared = allocShared(this.P, setup.world, hosts);
     this.views = viewShared(this.shared);
   }
 
@@ -183,9 +204,9 @@ export class Coordinator {
     const ready = await this.all((h) => ({
       type: "init",
       init: {
-        rank: h.rank, world: this.setup.world, model: this.setup.model, gradCkpt: this.setup.gradCkpt,
-        backend: this.setup.backend, native: this.setup.native, data: this.setup.data, shared: this.shared, decayRanges: this.decayRanges,
-        slice: parts[h.rank]!, fault: this.setup.fault,
+        rank: h.rank, world: this.setup.world, dataRank: this.dataRank0 + h.rank, dataWorld: this.dataWorld,
+        model: this.setup.model, gradCkpt: this.setup.gradCkpt, backend: this.setup.backend, native: this.setup.native, data: this.setup.data,
+        shared: this.shared, decayRanges: this.decayRanges, slice: parts[h.rank]!, chunks: this.rankChunks[h.rank]!, fault: this.setup.fault,
       },
     }), "ready", "init");
     const names = new Set(ready.map((m) => m.backend));
@@ -211,25 +232,17 @@ export class Coordinator {
    * moved to where the decision leaves it. Does not touch the data position: the step number is the position.
    */
   async step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): Promise<StepResult> {
-    const world = this.setup.world;
     const accum = this.setup.data.accum;
     const scale = pos.scaler.scale;
     const computed = await this.all(() => ({ type: "compute", step, gradScale: scale }), "computed", `step ${step} compute`);
-    const lossSum = computed.reduce((a, m) => a + m.lossSum, 0);
-    const loss = lossSum / (world * accum);
-    const invScale = unscaleFactor(world, accum, scale);
-    const { ranks: reduced, ...own } = await this.withOwn(
-      this.all(() => ({ type: "reduce", step, invScale }), "reduced", `step ${step} reduce`),
-      () => reduceSliceSimd(this.views.slots, this.views.slots[0]!, invScale, ...this.ownSlice!));
-    // Sum the slices' squares in slice order: the same figure whatever the timing.
-    let sumSq = 0;
-    let finite = true;
-    for (const m of reduced) { sumSq += m.sumSq; finite = finite && m.finite; }
-    if (own.r) { sumSq += own.r.sumSq; finite = finite && own.r.finite; }
-    const d = decideStep(pos, { sumSq, finite }, baseLr, shape);
+    const { losses, stopAsked } = await this.jobLosses(computed);
+    const loss = meanLossInOrder(losses, this.dataWorld, accum);
+    const invScale = unscaleFactor(this.dataWorld, accum, scale);
+    const { reduceMs, allreduceMs } = await this.reduce(step, invScale);
+    const d = decideStep(pos, totalSquares(this.views.sq), baseLr, shape); // A10: chunk sums added in chunk order
     const res: StepResult = {
       step, loss, applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
-      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs: Math.max(own.ms, ...reduced.map((m) => m.ms)), updateMs: 0,
+      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs, allreduceMs, updateMs: 0, stopAsked,
     };
     if (d.apply) {
       const { lr, coef, t } = d;
@@ -241,6 +254,57 @@ export class Coordinator {
     Object.assign(pos, d.next);
     return res;
   }
+
+  /**
+   * Every global rank's micro-batch losses, `losses[g * accum + m]` (A10): this process's, and with --dist mpi
+   * every process's (MPI_Allgather), so every process reports the same loss; and whether any process has been
+   * asked to stop (one more number per process in the same allgather).
+   */
+  private async jobLosses(computed: Reply<"computed">[]): Promise<{ losses: Float64Array; stopAsked: boolean }> {
+    const A = this.setup.data.accum;
+    const n = this.setup.world * A;
+    const mine = new Float64Array(n + 1).fill(Number.NaN);
+    computed.forEach((m, t) => m.losses.forEach((l, i) => { mine[t * A + i] = l; }));
+    mine[n] = this.setup.stopAsked?.() ? 1 : 0;
+    if (!this.mpi) return { losses: mine.subarray(0, n), stopAsked: false };
+    const all = new Float64Array(mine.length * this.mpi.size);
+    await this.mpi.allgather(mine, all);
+    const losses = new Float64Array(n * this.mpi.size);
+    let stopAsked = false;
+    for (let p = 0; p < this.mpi.size; p++) {
+      losses.set(all.subarray(p * (n + 1), p * (n + 1) + n), p * n);
+      stopAsked = stopAsked || all[p * (n + 1) + n] === 1;
+    }
+    return { losses, stopAsked };
+  }
+
+  /**
+   * The averaged, unscaled gradient into `grad` and its squares per chunk into `sq` (A10). In one process the
+   * ranks do it in one phase; with --dist mpi (A9) the processes combine their slot sums in float64 with a
+   * reduce-scatter (each element summed once, by its block's owner) and an allgather of the float32 blocks, so
+   * every process holds the same bits, and the ranks then take the squares.
+   */
+  private async reduce(step: number, invScale: number): Promise<{ reduceMs: number; allreduceMs: number }> {
+    const mpi = this.mpi;
+    if (!mpi) {
+      const r = await this.all(() => ({ type: "reduce", step, invScale, mode: "final" }), "reduced", `step ${step} reduce`);
+      return { reduceMs: Math.max(...r.map((m) => m.ms)), allreduceMs: 0 };
+    }
+    const local = this.setup.world > 1
+      ? await this.all(() => ({ type: "reduce", step, invScale, mode: "sum" }), "reduced", `step ${step} reduce`) : [];
+    const t0 = performance.now();
+    const blk = this.shared.Pp / mpi.size;
+    this.recv ??= { sum: new Float64Array(blk), mine: new Float32Array(blk), grad: new Float32Array(this.shared.grad) };
+    await mpi.reduceScatterSum(this.views.slots[0]!, this.recv.sum);
+    unscaleInto(this.recv.sum, this.recv.mine, 0, blk, invScale);
+    await mpi.allgather(this.recv.mine, this.recv.grad);
+    const allreduceMs = performance.now() - t0;
+    const sq = await this.all(() => ({ type: "squares", step }), "squared", `step ${step} squares`);
+    return { reduceMs: Math.max(0, ...local.map((m) => m.ms)) + Math.max(...sq.map((m) => m.ms)), allreduceMs };
+  }
+
+  /** The combine's buffers (--dist mpi): this process's block of the sum, its float32 block, the whole padded grad. */
+  private recv: { sum: Float64Array; mine: Float32Array; grad: Float32Array } | null = null;
 
   /**
    * The coordinator's own slice of a phase, run on this thread while the ranks run theirs (`pending`: their

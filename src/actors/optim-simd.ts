@@ -222,12 +222,12 @@ export function adamwSliceSimd(
 
 /**
  * One owner's share of the update phase (a rank's slice, or the coordinator's): AdamW over [lo, hi) of the shared
- * weights and moments (`shared`: the views of shm.ts) with the averaged gradient in slot 0, as decideStep decided
+ * weights and moments (`shared`: the views of shm.ts) with the averaged gradient in `grad`, as decideStep decided
  * (lr, the clip coefficient, t). The ranks multiply against these weights directly: nothing else to write.
  */
 export function updateSlice(
-  shared: Pick<SharedViews, "params" | "m" | "v" | "slots">,
+  shared: Pick<SharedViews, "params" | "m" | "v" | "grad">,
   ranges: readonly DecayRange[], lo: number, hi: number, lr: number, coef: number, t: number,
 ): void {
-  adamwSliceSimd(shared.params, shared.m, shared.v, shared.slots[0]!, ranges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
+  adamwSliceSimd(shared.params, shared.m, shared.v, shared.grad, ranges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
 }

@@ -181,3 +181,111 @@ export function slices(total: number, parts: number): Array<[number, number]> {
   for (let p = 0; p < parts; p++) out.push([Math.floor((total * p) / parts), Math.floor((total * (p + 1)) / parts)]);
   return out;
 }
+
+// ---------------------------------------------------------------- sums in an order fixed by the data (A10)
+
+/**
+ * A10: the sum of squares behind the clip is taken over chunks of this many parameters, each summed in index
+ * order in float64, and the chunks' sums added in chunk order: a figure of the gradient alone, whatever slices
+ * the threads or processes work on.
+ */
+export const SQ_CHUNK = 4096;
+
+/** The number of SQ_CHUNK chunks of a vector of P parameters. */
+export function chunkCount(P: number): number {
+  return Math.ceil(P / SQ_CHUNK);
+}
+
+/**
+ * A10: one micro-batch's float32 gradient added into a rank's float64 accumulator (`first`: the rank's first
+ * micro-batch of the step, which sets it). The sum of float32 values in
+ * float64 is exact while an element's terms lie within 2^(29 - log2 terms) of each other, so the accumulated sum
+ * is the same whichever rank, process or micro-batch each term came from, and in whichever order they are added.
+ */
+export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean): void {
+  const n = g.length;
+  // Every sum starts from its first term (never from 0 + it), here, in sumSlots64/reduceChunks64 and in MPI's sum, so a
+  // -0 term sums alike in every split. `g` is left zeroed for the next micro-batch's += (lossAndGrads).
+  if (first) for (let i = 0; i < n; i++) { acc[i] = g[i]!; g[i] = 0; }
+  else for (let i = 0; i < n; i++) { acc[i] += g[i]!; g[i] = 0; }
+}
+
+/** out[i] = slots[0][i] + slots[1][i] + ... over [lo, hi), in float64 (out may be slots[0]). */
+export function sumSlots64(slots: readonly Float64Array[], out: Float64Array, lo: number, hi: number): void {
+  const k = slots.length;
+  if (k === 2) {
+    const a = slots[0]!, b = slots[1]!;
+    for (let i = lo; i < hi; i++) out[i] = a[i]! + b[i]!;
+    return;
+  }
+  for (let i = lo; i < hi; i++) {
+    let acc = slots[0]![i]!;
+    for (let s = 1; s < k; s++) acc += slots[s]![i]!;
+    out[i] = acc;
+  }
+}
+
+/** grad[at + i] = fround(sum[i] * invScale) for i in [0, n): the averaged, unscaled float32 gradient. */
+export function unscaleInto(sum: Float64Array, grad: Float32Array, at: number, n: number, invScale: number): void {
+  for (let i = 0; i < n; i++) grad[at + i] = sum[i]! * invScale;
+}
+
+/**
+ * The whole-process reduce over chunks [c0, c1) of a P-vector (one process, A10): grad[i] = fround((slots[0][i] +
+ * ...) * invScale), and sq[c] = the chunk's sum of squares as chunkSquares takes it, in the same pass. Bit-identical
+ * to sumSlots64 across processes, unscaleInto and chunkSquares (the float64 sums are exact, see foldMicro). One and
+ * two slots have their own loops (about twice the generic loop's speed over 106M parameters).
+ */
+export function reduceChunks64(slots: readonly Float64Array[], grad: Float32Array, invScale: number, P: number, sq: Float64Array, c0: number, c1: number): void {
+  const k = slots.length, a = slots[0]!, b = k > 1 ? slots[1]! : a;
+  for (let c = c0; c < c1; c++) {
+    const lo = c * SQ_CHUNK, hi = Math.min(P, lo + SQ_CHUNK);
+    let s = 0;
+    if (k === 1) {
+      for (let i = lo; i < hi; i++) { const x = Math.fround(a[i]! * invScale); grad[i] = x; s += x * x; }
+    } else if (k === 2) {
+      for (let i = lo; i < hi; i++) { const x = Math.fround((a[i]! + b[i]!) * invScale); grad[i] = x; s += x * x; }
+    } else {
+      for (let i = lo; i < hi; i++) {
+        let acc = a[i]!;
+        for (let r = 1; r < k; r++) acc += slots[r]![i]!;
+        const x = Math.fround(acc * invScale);
+        grad[i] = x;
+        s += x * x;
+      }
+    }
+    sq[c] = s;
+  }
+}
+
+/** sq[c] = the sum of g[i]^2 over chunk c (index order, float64) for chunks [c0, c1) of a P-vector. */
+export function chunkSquares(g: Float32Array, P: number, sq: Float64Array, c0: number, c1: number): void {
+  for (let c = c0; c < c1; c++) {
+    const hi = Math.min(P, (c + 1) * SQ_CHUNK);
+    let s = 0;
+    for (let i = c * SQ_CHUNK; i < hi; i++) { const x = g[i]!; s += x * x; }
+    sq[c] = s;
+  }
+}
+
+/** The chunks' sums added in chunk order: the gradient's sum of squares and whether it is all finite. */
+export function totalSquares(sq: Float64Array): ReduceResult {
+  let sumSq = 0;
+  for (let c = 0; c < sq.length; c++) sumSq += sq[c]!;
+  return { sumSq, finite: Number.isFinite(sumSq) };
+}
+
+/** Split the chunks of a P-vector among `parts` owners: each owner's [c0, c1) chunk range. */
+export function chunkSlices(P: number, parts: number): Array<[number, number]> {
+  return slices(chunkCount(P), parts);
+}
+
+/**
+ * A10: the step's mean loss from every rank's micro-batch losses, added in global micro-batch order (micro-batch
+ * `m` of global rank `g` is number m * world + g). `losses[g * accum + m]`: global rank g's loss of micro-batch m.
+ */
+export function meanLossInOrder(losses: ArrayLike<number>, world: number, accum: number): number {
+  let s = 0;
+  for (let m = 0; m < accum; m++) for (let g = 0; g < world; g++) s += losses[g * accum + m]!;
+  return s / (world * accum);
+}

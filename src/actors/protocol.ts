@@ -32,8 +32,14 @@ export interface RankFault { rank: number; step: number; kind: FaultKind }
 
 /** Everything a rank needs to build its model (which reads the shared master weights in place) and its data stream. */
 export interface RankInit {
+  /** This rank's thread number in its process: its gradient slot. */
   rank: number;
+  /** Rank threads in this process. */
   world: number;
+  /** The global rank whose windows this rank reads: process rank x world + rank (A9); = rank in one process. */
+  dataRank: number;
+  /** Ranks in the whole job: processes x world; the sampler splits each step among them (D6). */
+  dataWorld: number;
   model: LlamaConfig;
   gradCkpt: boolean;
   backend: BackendName;
@@ -42,8 +48,10 @@ export interface RankInit {
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   shared: SharedBuffers;
   decayRanges: DecayRange[];
-  /** This rank's [lo, hi) share of the parameter vector for reduce and update. */
+  /** This rank's [lo, hi) share of the parameter vector for the update. */
   slice: [number, number];
+  /** This rank's [c0, c1) share of the SQ_CHUNK chunks for the reduce and the sum of squares (A10). */
+  chunks: [number, number];
   fault: RankFault | null;
 }
 
@@ -51,10 +59,15 @@ export interface RankInit {
 
 export type ToRank =
   | { type: "init"; init: RankInit }
-  /** Forward+backward over this rank's `accum` micro-batches of `step`; sum the grads into its slot. */
+  /** Forward+backward over this rank's `accum` micro-batches of `step`; add each one's grads into its float64 slot (A10). */
   | { type: "compute"; step: number; gradScale: number }
-  /** Average + unscale every slot over this rank's slice into slot 0; report sum of squares and finiteness. */
-  | { type: "reduce"; step: number; invScale: number }
+  /**
+   * Over this rank's chunks: `final`: the averaged, unscaled gradient (grad) and its squares per chunk (sq);
+   * `sum`: slot 0 = the sum of the process's slots, for the combine across processes (A9).
+   */
+  | { type: "reduce"; step: number; invScale: number; mode: "final" | "sum" }
+  /** The squares per chunk of grad over this rank's chunks (after a combine across processes). */
+  | { type: "squares"; step: number }
   /** AdamW over this rank's slice. `t` is the 1-based optimizer step. */
   | { type: "update"; step: number; lr: number; coef: number; t: number }
   /** Validation loss over val windows [from, to) (D7). */
@@ -72,8 +85,10 @@ export interface RankMemory { rank: number; heapPeakBytes: number; tfPeakBytes: 
 
 export type FromRank =
   | { type: "ready"; rank: number; backend: string; detail: string }
-  | { type: "computed"; rank: number; step: number; lossSum: number; micro: number; ms: number }
-  | { type: "reduced"; rank: number; step: number; sumSq: number; finite: boolean; ms: number }
+  /** losses[m]: the loss of micro-batch m (A10: the coordinator adds them in global micro-batch order). */
+  | { type: "computed"; rank: number; step: number; losses: number[]; micro: number; ms: number }
+  | { type: "reduced"; rank: number; step: number; ms: number }
+  | { type: "squared"; rank: number; step: number; ms: number }
   | { type: "updated"; rank: number; step: number; ms: number }
   | { type: "evaluated"; rank: number; lossSum: number; count: number }
   | { type: "memory"; memory: RankMemory }

@@ -18,7 +18,8 @@ import { PackedTokenStore } from "../data/store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
 import { CTL_ABORT, viewShared, type SharedViews } from "./shm";
-import { reduceSliceSimd, updateSlice } from "./optim-simd";
+import { updateSlice } from "./optim-simd";
+import { chunkSquares, foldMicro, reduceChunks64, SQ_CHUNK, sumSlots64 } from "./optim";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 
@@ -30,6 +31,8 @@ interface RankState {
   stream: TrainStream;
   val: ValStream | null;
   ids: Int32Array;
+  /** One micro-batch's float32 gradient, before foldMicro adds it into the slot (A10). */
+  micro: Float32Array;
   mem: ReturnType<typeof memorySampler>;
 }
 
@@ -47,11 +50,11 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   const manifest = readManifest(d.root);
   const store = PackedTokenStore.open(d.root, manifest, "train");
   const perm = new WindowPermutation(store.numWindows(d.seqLen), d.dataSeed);
-  const stream = new TrainStream(store, perm, { world: init.world, accum: d.accum, microBatch: d.microBatch, seqLen: d.seqLen });
+  const stream = new TrainStream(store, perm, { world: init.dataWorld, accum: d.accum, microBatch: d.microBatch, seqLen: d.seqLen });
   const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
   const model = new Llama(init.model, be.kernels, { gradCkpt: init.gradCkpt });
   model.bindParams(views.params); // the shared master weights themselves
-  state = { init, model, kernels: be.kernels, views, stream, val, ids: new Int32Array(d.microBatch * d.seqLen), mem: memorySampler(() => model.arenaBytes()) };
+  state = { init, model, kernels: be.kernels, views, stream, val, ids: new Int32Array(d.microBatch * d.seqLen), micro: new Float32Array(init.shared.P), mem: memorySampler(() => model.arenaBytes()) };
   return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
 }
 
@@ -66,30 +69,44 @@ function checkFault(s: RankState, step: number, at: "compute"): void {
 function compute(s: RankState, step: number, gradScale: number): FromRank {
   const t0 = performance.now();
   const slot = s.views.slots[s.init.rank]!;
-  slot.fill(0);
   const d = s.init.data;
-  let lossSum = 0;
+  const losses: number[] = [];
   let micro = 0;
   for (; micro < d.accum; micro++) {
     if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;
     checkFault(s, step, "compute");
-    s.stream.readMicroBatch(step, s.init.rank, micro, s.ids);
-    lossSum += s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, slot);
+    s.stream.readMicroBatch(step, s.init.dataRank, micro, s.ids);
+    losses.push(s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, s.micro));
+    foldMicro(slot, s.micro, micro === 0); // A10: each micro-batch's gradient on its own, added in float64; s.micro back to 0
     s.mem.sample();
   }
   const f = s.init.fault;
   if (f && f.rank === s.init.rank && ((f.kind === "nan" && f.step === step) || (f.kind === "diverge" && step >= f.step))) {
     slot[0] = Number.NaN;
-    if (f.kind === "diverge") lossSum = Number.NaN;
+    if (f.kind === "diverge") losses.fill(Number.NaN);
   }
-  return { type: "computed", rank: s.init.rank, step, lossSum, micro, ms: performance.now() - t0 };
+  return { type: "computed", rank: s.init.rank, step, losses, micro, ms: performance.now() - t0 };
 }
 
-function reduce(s: RankState, step: number, invScale: number): FromRank {
+/** This rank's chunks as a parameter range [lo, hi) of the P-vector. */
+function chunkRange(s: RankState): [number, number] {
+  const [c0, c1] = s.init.chunks;
+  return [Math.min(s.init.shared.P, c0 * SQ_CHUNK), Math.min(s.init.shared.P, c1 * SQ_CHUNK)];
+}
+
+function reduce(s: RankState, step: number, invScale: number, mode: "final" | "sum"): FromRank {
   const t0 = performance.now();
-  const [lo, hi] = s.init.slice;
-  const r = reduceSliceSimd(s.views.slots, s.views.slots[0]!, invScale, lo, hi);
-  return { type: "reduced", rank: s.init.rank, step, sumSq: r.sumSq, finite: r.finite, ms: performance.now() - t0 };
+  const [lo, hi] = chunkRange(s);
+  const v = s.views;
+  if (mode === "sum") sumSlots64(v.slots, v.slots[0]!, lo, hi);
+  else reduceChunks64(v.slots, v.grad, invScale, s.init.shared.P, v.sq, ...s.init.chunks);
+  return { type: "reduced", rank: s.init.rank, step, ms: performance.now() - t0 };
+}
+
+function squares(s: RankState, step: number): FromRank {
+  const t0 = performance.now();
+  chunkSquares(s.views.grad, s.init.shared.P, s.views.sq, ...s.init.chunks);
+  return { type: "squared", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
 function update(s: RankState, step: number, lr: number, coef: number, t: number): FromRank {
@@ -121,7 +138,8 @@ async function handle(msg: ToRank): Promise<FromRank | null> {
   if (!s) throw new Error(`rank received ${msg.type} before init`);
   switch (msg.type) {
     case "compute": return compute(s, msg.step, msg.gradScale);
-    case "reduce": return reduce(s, msg.step, msg.invScale);
+    case "reduce": return reduce(s, msg.step, msg.invScale, msg.mode);
+    case "squares": return squares(s, msg.step);
     case "update": return update(s, msg.step, msg.lr, msg.coef, msg.t);
     case "eval": return evaluate(s, msg.from, msg.to);
     case "memory": return { type: "memory", memory: s.mem.report(s.init.rank) };

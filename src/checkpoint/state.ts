@@ -15,7 +15,11 @@ export interface ScalerState { scale: number; growthTracker: number }
 /** The trapezoid LR schedule's shape in optimizer steps (P5). */
 export interface LrShape { warmup: number; decayStart: number; total: number }
 
-export interface LogEntry { step: number; loss: number; lr: number; grad_norm: number | null; loss_scale: number; skipped_steps: number; tok_per_s: number; elapsed_s: number }
+export interface LogEntry {
+  step: number; loss: number; lr: number; grad_norm: number | null; loss_scale: number; skipped_steps: number; tok_per_s: number; elapsed_s: number;
+  /** --dist mpi (A9): the mean time per step of the gradient's combine across processes, in ms. */
+  allreduce_ms?: number;
+}
 
 export const TRAINER_STATE_FORMAT = "tstrain-trainer-state/1";
 

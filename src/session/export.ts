@@ -53,7 +53,7 @@ function runSummary(s: SessionPlan, coord: Coordinator, figures: Record<string, 
   return {
     ...figures, params: s.params, params_total: s.params.sum_numel, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,
     samples_consumed: s.endStep * s.plan.seqsPerStep, steps_planned: s.plan.stepsPlanned, seq_len: cfg.seqLen, micro_batch: cfg.microBatch,
-    accum: cfg.accum, world: cfg.world, tokens_per_step: s.plan.tokensPerStep, backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt,
+    accum: cfg.accum, world: cfg.world, processes: cfg.hosts, tokens_per_step: s.plan.tokensPerStep, backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt,
     optim: cfg.optim, lr: cfg.lr, betas: [ADAMW_DEFAULTS.beta1, ADAMW_DEFAULTS.beta2], eps: ADAMW_DEFAULTS.eps,
     weight_decay: ADAMW_DEFAULTS.weightDecay, max_grad_norm: MAX_GRAD_NORM, warmup_frac: cfg.warmupFrac,
     decay_frac: cfg.decayFrac, warmup_steps: s.lrShape.warmup, decay_start: s.lrShape.decayStart, seed: cfg.seed, data_seed: cfg.dataSeed,

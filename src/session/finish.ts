@@ -71,6 +71,7 @@ function checkSegmentEnd(s: SessionPlan, ckpts: CheckpointsInFlight, segment: bo
 
 /** G4: final/ written locally, then (with a Hub) published, verified and named by latest.json. */
 async function exportAndPublish(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): Promise<{ exported: string; final: PublishResult | null }> {
+  await s.dist?.verify(s.endStep, coord); // A11
   const exported = exportFinal(s, coord, figures, rep);
   let final: PublishResult | null = null;
   if (s.hub) {
@@ -100,7 +101,7 @@ function runJsonOf(s: SessionPlan, coord: Coordinator, l: LoopState, f: EndFigur
     final_step: step, steps_planned: plan.stepsPlanned, start_step: s.startStep, segment_stop: f.segment, final_loss: f.finalLoss, prior_loss: s.priorLoss,
     val_loss: f.val.valLoss, val_ppl: f.val.ppl, val_error: f.val.valError, val_skipped: f.segment, val_windows: s.nVal,
     tokens_consumed: step * plan.tokensPerStep, tok_per_s: f.timing.tok_per_s, session_seconds: f.timing.session_seconds,
-    world: cfg.world, micro_batch: cfg.microBatch, accum: cfg.accum, seq_len: cfg.seqLen, params: s.params.sum_numel,
+    world: cfg.world, processes: cfg.hosts, micro_batch: cfg.microBatch, accum: cfg.accum, seq_len: cfg.seqLen, params: s.params.sum_numel,
     backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt, skipped_steps: l.pos.skipped, loss_scale: l.pos.scaler.scale,
     checkpoints: l.checkpoints.outcomes.map((o) => o.step), memory: f.memJson, exported: f.exported,
   };

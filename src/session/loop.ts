@@ -11,7 +11,7 @@ import type { SessionPlan } from "./plan";
 import { MetricWindow, sampleNow } from "./metrics";
 import { CheckpointsInFlight } from "./in-flight";
 import { finishSession, type RunResult } from "./finish";
-import { resumeCommand, RunStopped, stopRequested } from "./stop";
+import { requestStop, resumeCommand, RunStopped, stopRequested } from "./stop";
 import { recordSessionEnd } from "./record";
 
 /** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
@@ -27,14 +27,17 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
     if (checkpoints.failed) break;
     if (stopRequested()) {
       stoppedAt = step;
+      await s.dist?.verify(step, coord);
       await checkpointOnSignal(s, checkpoints, step, metrics.lastLoss, rep);
       break;
     }
     const r = await stepOrDrain(coord, checkpoints, step, pos, s);
+    if (r.stopAsked && !stopRequested()) requestStop("a signal to another process of the job"); // O3 under mpirun
     const done = step + 1;
     metrics.record(done, r, pos);
     lastDone = done;
     if (done % plan.ckptEvery === 0) {
+      if (s.dist) rep.say(`step ${done}: weights and moments identical on all ${s.dist.mpi.size} processes (sha256 ${await s.dist.verify(done, coord)}) (A11)`);
       if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
       if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
     }
@@ -51,7 +54,12 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
 /** One optimizer step. When a rank fails, the checkpoints handed over hold the last good steps: let them land, then stop. */
 async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight, step: number, pos: OptimizerPosition, s: SessionPlan): Promise<StepResult> {
   try {
-    return await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    if (!s.dist) return await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    await s.dist.step(step); // A9: every process runs this step with its ranks
+    s.dist.inStep = true;
+    const r = await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    s.dist.inStep = false;
+    return r;
   } catch (e) {
     await checkpoints.drain(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
     throw e;

@@ -16,6 +16,7 @@ export class MetricWindow {
   readonly trainT0 = performance.now();
   lastLoss = Number.NaN;
   private loss = 0;
+  private allreduceMs = 0;
   private steps = 0;
   private tokens = 0;
   private t0 = performance.now();
@@ -33,7 +34,7 @@ export class MetricWindow {
     const tokensPerStep = s.plan.tokensPerStep;
     this.lastLoss = r.loss;
     if (!r.applied) rep.say(`step ${done}: non-finite gradient -> step skipped (P2), ${pos.skipped} skipped so far, loss scale now ${pos.scaler.scale}`);
-    this.loss += r.loss; this.steps++; this.tokens += tokensPerStep;
+    this.loss += r.loss; this.allreduceMs += r.allreduceMs; this.steps++; this.tokens += tokensPerStep;
     const elapsedTrain = this.trainSeconds();
     const tokS = ((done - s.startStep) * tokensPerStep) / Math.max(1e-9, elapsedTrain);
     const eta = fmtDuration((s.endStep - done) * tokensPerStep / Math.max(1e-9, tokS));
@@ -48,11 +49,14 @@ export class MetricWindow {
       step: done, loss: this.loss / this.steps, lr: r.lr, grad_norm: r.gradNorm, loss_scale: pos.scaler.scale,
       skipped_steps: pos.skipped, tok_per_s: Math.round(this.tokens / Math.max(1e-9, winSec)), elapsed_s: Math.round(elapsedTrain * 10) / 10,
     };
+    // A9: the combine across processes, per step, and its share of the window's wall time
+    if (this.s.dist) e.allreduce_ms = Math.round((this.allreduceMs / this.steps) * 10) / 10;
+    const share = e.allreduce_ms === undefined ? "" : ` allreduce_ms=${e.allreduce_ms} (${((100 * this.allreduceMs) / Math.max(1e-9, winSec * 1000)).toFixed(1)} % of the step)`;
     this.history.push(e);
     this.rep.metric(e);
     this.rep.curve(this.history);
-    this.rep.say(`step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`);
-    this.loss = 0; this.steps = 0; this.tokens = 0; this.t0 = performance.now();
+    this.rep.say(`step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}${share} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`);
+    this.loss = 0; this.allreduceMs = 0; this.steps = 0; this.tokens = 0; this.t0 = performance.now();
   }
 }
 

@@ -24,6 +24,7 @@ import { createHubStore, type HubStore } from "../hub/store";
 import { resolveAutoResume } from "../hub/resume";
 import { RunComplete } from "./stop";
 import { checkConfigChanges, describeChanges } from "./resume-config";
+import type { DistLink } from "./dist";
 
 export interface SessionPlan {
   cfg: RunConfig;
@@ -46,6 +47,8 @@ export interface SessionPlan {
   resumeVerifiedLocal: boolean;
   /** Bytes one checkpoint takes (O1, K6). */
   checkpointBytes: number;
+  /** --dist mpi (A9): this process leads the job's other processes; null in a run of one process. */
+  dist?: DistLink | null;
 }
 
 /** The mix and its identity (D1-D7). */
