@@ -88,7 +88,7 @@ test("building the demo data says what it does and shows progress: the tokenizer
   assert.match(r.stdout, /^demo data: building the demo mix in \S+data from the bundled Brown corpus \(once; about 20-40 s on 2 cores, then reused\)$/m);
   assert.match(r.stdout, /^demo data: training the demo tokenizer \(byte-level BPE, 4,096 ids\) on 500 documents$/m);
   assert.match(r.stdout, /^demo data: tokenizer trained in \d+\.\ds$/m);
-  for (const l of r.stdout.split("\n").filter((x) => /^demo data: tokenizer [\d,]+\//.test(x))) assert.match(l, /^demo data: tokenizer [\d,]+\/4,094 ids \(\d+%\), \d+s, ETA \d+s$/);
+  for (const l of r.stdout.split("\n").filter((x) => /^demo data: tokenizer [\d,]+\//.test(x))) assert.match(l, /^demo data: tokenizer [\d,]+\/4,095 ids \(\d+%\), \d+s, ETA \d+s$/);
   const pct = [...r.stderr.matchAll(/^prepare: +(\d+)% .* ETA \S+$/gm)].map((m) => Number(m[1]));
   assert.ok(pct.length >= 3 && pct[pct.length - 1] === 100, r.stderr);
   assert.match(r.stdout, /"dry_run":true/);
