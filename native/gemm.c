@@ -406,31 +406,26 @@ const char *gemm_isa_name(gemm_isa isa) { return isa <= GEMM_ISA_AVX512 ? KERNEL
 const char *gemm_isa_detail(gemm_isa isa) { return isa <= GEMM_ISA_AVX512 ? KERNELS[isa].detail : "auto"; }
 
 /* ------------------------------------------------------------------ per-thread packing buffers */
-static pthread_key_t buf_key;
-static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
-typedef struct { float *p; size_t cap; } gemm_buf;
-static void buf_free(void *v) {
-  gemm_buf *b = (gemm_buf *)v;
-  free(b->p);
-  free(b);
-}
-static void buf_init(void) { pthread_key_create(&buf_key, buf_free); }
+/* A thread-local buffer, freed by gemm_thread_release (the addon calls it when the thread's Node environment is
+ * torn down). No pthread key destructor: Node unloads an addon when the last environment that loaded it ends,
+ * and a destructor left behind in unloaded code crashes the next thread that exits. */
+static __thread float *buf_p = NULL;
+static __thread size_t buf_cap = 0;
 
-/* n floats, 64-byte aligned, kept for the thread's next call (freed when the thread ends). */
+void gemm_thread_release(void) {
+  free(buf_p);
+  buf_p = NULL;
+  buf_cap = 0;
+}
+
+/* n floats, 64-byte aligned, kept for the thread's next call. */
 static float *scratch(size_t n) {
-  pthread_once(&buf_once, buf_init);
-  gemm_buf *b = (gemm_buf *)pthread_getspecific(buf_key);
-  if (!b) {
-    b = (gemm_buf *)calloc(1, sizeof *b);
-    if (!b) return NULL;
-    pthread_setspecific(buf_key, b);
+  if (buf_cap < n) {
+    free(buf_p);
+    buf_p = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+    buf_cap = buf_p ? n : 0;
   }
-  if (b->cap < n) {
-    free(b->p);
-    b->p = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
-    b->cap = b->p ? n : 0;
-  }
-  return b->p;
+  return buf_p;
 }
 
 /* ------------------------------------------------------------------ packing (the same on every kernel) */

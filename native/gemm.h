@@ -29,6 +29,9 @@ const char *gemm_isa_detail(gemm_isa isa);
 int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* Frees this thread's packing buffers (the next call allocates them again). */
+void gemm_thread_release(void);
+
 /* GFLOP/s of this core on 12 independent register-only FMA chains of the kernel's instruction set, over iters
  * rounds (the peak a GEMM on that kernel is measured against); 0 when the CPU lacks it. */
 double gemm_fma_peak(gemm_isa isa, int64_t iters);

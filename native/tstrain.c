@@ -789,7 +789,14 @@ static napi_value CrossEntropy(napi_env env, napi_callback_info info) {
 }
 
 /* ------------------------------------------------------------------ module */
+/* When this thread's Node environment ends (a worker thread exits), its GEMM buffers go with it. */
+static void release_thread_buffers(void *arg) {
+  (void)arg;
+  gemm_thread_release();
+}
+
 NAPI_MODULE_INIT() {
+  if (napi_add_env_cleanup_hook(env, release_thread_buffers, NULL) != napi_ok) return NULL;
   napi_property_descriptor props[] = {
       {"loadBlas", NULL, LoadBlas, NULL, NULL, NULL, napi_default, NULL},
       {"simd", NULL, Simd, NULL, NULL, NULL, napi_default, NULL},

@@ -7,6 +7,7 @@
  * With TSTRAIN_REQUIRE_NATIVE=1 an addon that does not load fails these tests instead of skipping them.
  */
 import { test } from "node:test";
+import { spawnSync } from "node:child_process";
 import assert from "node:assert/strict";
 import { builtinGemm, loadNative, supportedIsas } from "../src/model/engine/native";
 
@@ -194,4 +195,25 @@ test("a kernel this CPU lacks is refused by name with the fix, and a bad name is
     const n = loadNative({ gemm: "builtin", isa });
     assert.ok("reason" in n && /this CPU has no/.test(n.reason) && /--isa auto/.test(n.fix), JSON.stringify(n));
   }
+});
+
+test("worker threads that multiply and exit leave a process that exits cleanly (the addon loaded only in workers)", { skip, timeout: 120_000 }, () => {
+  // Node unloads an addon when the last environment that loaded it ends; per-thread GEMM buffers must not leave
+  // a destructor behind in unloaded code (it crashed the next exiting thread: SIGSEGV at the end of a run whose
+  // main thread never multiplied, e.g. --no-sample).
+  const native = require.resolve("../src/model/engine/native");
+  const script = `
+    const { Worker } = require("node:worker_threads");
+    const body = ${JSON.stringify(`
+      const n = require(${JSON.stringify(native)}).loadNative();
+      const a = new Float32Array(64 * 64).fill(1), c = new Float32Array(64 * 64);
+      n.kernels.matmul(false, false, 64, 64, 64, 1, a, a, 0, c);
+      if (c[0] !== 64) throw new Error("matmul gave " + c[0]);
+    `)};
+    const run = () => new Promise((res, rej) => { const w = new Worker(body, { eval: true }); w.on("error", rej); w.on("exit", res); });
+    (async () => { await Promise.all([run(), run()]); await run(); await Promise.all([run(), run(), run()]); console.log("done"); })();`;
+  const r = spawnSync(process.execPath, ["-e", script], { encoding: "utf8", timeout: 100_000 });
+  assert.equal(r.signal, null, `the process died of ${r.signal}: ${r.stderr}`);
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /done/);
 });
