@@ -27,7 +27,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
     if (checkpoints.failed) break;
     if (stopRequested()) {
       stoppedAt = step;
-      await s.dist?.verify(step, coord);
+      if (s.dist) await verifyOrDrain(s, coord, checkpoints, step);
       await checkpointOnSignal(s, checkpoints, step, metrics.lastLoss, rep);
       break;
     }
@@ -37,7 +37,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
     metrics.record(done, r, pos);
     lastDone = done;
     if (done % plan.ckptEvery === 0) {
-      if (s.dist) rep.say(`step ${done}: weights and moments identical on all ${s.dist.mpi.size} processes (sha256 ${await s.dist.verify(done, coord)}) (A11)`);
+      if (s.dist) rep.say(`step ${done}: weights and moments identical on all ${s.dist.mpi.size} processes (sha256 ${await verifyOrDrain(s, coord, checkpoints, done)}) (A11)`);
       if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
       if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
     }
@@ -62,6 +62,19 @@ async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight,
     return r;
   } catch (e) {
     await checkpoints.drain(`step ${step + 1} failed: ${e instanceof Error ? e.message : String(e)}`);
+    throw e;
+  }
+}
+
+/**
+ * A11: every process holds the same weights and moments at `step` (the checksum they agree on), or the run stops; the
+ * checkpoints already handed over (agreed at their own step) land first.
+ */
+async function verifyOrDrain(s: SessionPlan, coord: Coordinator, checkpoints: CheckpointsInFlight, step: number): Promise<string> {
+  try {
+    return await s.dist!.verify(step, coord);
+  } catch (e) {
+    await checkpoints.drain(`the processes disagree at step ${step}`);
     throw e;
   }
 }
