@@ -5,7 +5,8 @@
 // as `npm run build:native`. It NEVER fails the install: without a C toolchain, Node headers or node-gyp it prints
 // one line saying how to get the fast path and exits 0 (the trainer then runs on tfjs). No network: node-gyp
 // is never allowed to download headers (--nodedir points at headers on disk, or the build is skipped).
-// BLAS is not linked: the addon finds OpenBLAS at run time (dlopen), so this builds without OpenBLAS installed.
+// BLAS is not linked: the matrix products run on the project's own GEMM (native/gemm.c); OpenBLAS, only for
+// `--gemm openblas`, is found at run time (dlopen), so this builds without OpenBLAS installed.
 "use strict";
 const fs = require("node:fs");
 const path = require("node:path");
@@ -13,7 +14,7 @@ const { spawnSync } = require("node:child_process");
 
 const root = path.join(__dirname, "..");
 const logFile = path.join(root, "build", "native-build.log");
-const FIX = "apt-get install build-essential python3 (and libopenblas0-pthread), then `npm run build:native`";
+const FIX = "apt-get install build-essential python3 (a C toolchain), then `npm run build:native`";
 
 function skip(reason) {
   process.stdout.write(`tstrain: native engine not built (${reason}); the tfjs engine will be used. Fast path: ${FIX}\n`);
@@ -59,4 +60,4 @@ if (r.status !== 0 || !fs.existsSync(built)) {
 // The MPI binding (issue 21) is a second target of binding.gyp: libmpi is dlopened at run time, so it builds without MPI.
 const mpiBuilt = path.join(root, "build", "Release", "tstrain_mpi.node");
 if (!fs.existsSync(mpiBuilt)) process.stdout.write(`tstrain: the MPI binding was not built (see ${path.relative(process.cwd(), logFile)}); --dist mpi will be refused\n`);
-process.stdout.write(`tstrain: native engine built (${path.relative(root, built)}); it uses OpenBLAS when one is found at run time\n`);
+process.stdout.write(`tstrain: native engine built (${path.relative(root, built)}); matrix products on its own GEMM (OpenBLAS only with --gemm openblas)\n`);
