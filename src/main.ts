@@ -3,12 +3,16 @@
  * actors; this file only maps outcomes to exit codes (0 done, 2 refused, 1 failed, 3 stopped by a
  * signal after saving and publishing a checkpoint at the current step: O3) and forwards signals.
  */
+import * as os from "node:os";
 import { parseArgs, usage } from "./config";
 import { fsRefusal, isUserError } from "./errors";
 import { runSession } from "./run";
 import { EXIT_STOPPED, requestStop, RunComplete, RunStopped, setCommandLine } from "./session/stop";
 
-/** O3: the first SIGINT/SIGTERM finishes the step, saves, publishes and exits 3; a second exits at once. */
+/**
+ * O3: the first SIGINT, SIGTERM or SIGUSR2 finishes the step, saves, publishes and exits 3; a second exits at
+ * once. SIGUSR2 is the one Open MPI's mpirun passes on to every process at once (A12).
+ */
 function onSignals(): void {
   let seen = 0;
   const handler = (sig: NodeJS.Signals) => {
@@ -19,10 +23,9 @@ function onSignals(): void {
       return;
     }
     process.stderr.write(`${sig} again: exiting at once; the last published checkpoint is the resume point\n`);
-    process.exit(sig === "SIGINT" ? 130 : 143);
+    process.exit(128 + os.constants.signals[sig]);
   };
-  process.on("SIGINT", handler);
-  process.on("SIGTERM", handler);
+  for (const sig of ["SIGINT", "SIGTERM", "SIGUSR2"] as const) process.on(sig, handler);
 }
 
 async function main(): Promise<number> {

@@ -8,10 +8,10 @@ import { UserError } from "./errors";
 import { EMBEDDED_HUB, validate, type RunConfig } from "./config";
 import { initWeights } from "./model/init";
 import { checkEngineRequest } from "./model/backend";
-import { initMpi, refuseLaunchWithoutDist } from "./mpi/world";
+import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
 import { isUserError } from "./errors";
 import { DistLink } from "./session/dist";
-import { RunComplete, RunStopped, EXIT_STOPPED, stopRequested } from "./session/stop";
+import { RunComplete, RunStopped, EXIT_STOPPED, setLauncher, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
 import { newScaler, SCALER_DEFAULTS, type OptimizerPosition } from "./actors/optim";
 import type { RankFault, UploaderEvent } from "./actors/protocol";
@@ -64,11 +64,14 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   const mpi = initMpi();
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
+  setLauncher(launchPrefix(mpi.size)); // the resume command relaunches the job, not one process
   try {
     await link.agreeOnConfig(here);
     if (!link.leader) {
       const code = await link.follow(here, here.backend);
       mpi.finalize();
+      // mpirun does not report its processes' codes once it was signalled itself: each says its own
+      if (code !== 0) process.stderr.write(`process ${mpi.rank} of ${mpi.size} exits ${code} (the code process 0 ended the job with)\n`);
       process.exit(code);
     }
     rep.say(`MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`);
@@ -91,14 +94,15 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
 }
 
 /**
- * O3 under Open MPI's mpirun: on SIGTERM it signals the processes one at a time and SIGKILLs each
- * odls_base_sigkill_timeout seconds later (default 1): too soon for the checkpoint a stop saves.
+ * O3 under Open MPI's mpirun: signalled itself, mpirun sends its processes SIGCONT at once, SIGTERM
+ * T = odls_base_sigkill_timeout seconds later (default 1) and SIGKILL T seconds after that: the
+ * processes have T seconds to finish the step and save. SIGUSR2 to mpirun reaches them at once.
  */
 function sigkillWarning(env: NodeJS.ProcessEnv = process.env): string | null {
   if (!env.OMPI_COMM_WORLD_SIZE) return null;
   const t = Number(env.OMPI_MCA_odls_base_sigkill_timeout ?? 1);
   if (t >= 60) return null;
-  return `WARNING mpirun kills a signalled process ${t} s after SIGTERM (odls_base_sigkill_timeout), too soon to save the checkpoint a stop saves (O3): launch with mpirun --mca odls_base_sigkill_timeout 600 ...`;
+  return `WARNING a SIGTERM to mpirun reaches the processes ${t} s later and is followed by SIGKILL ${t} s after that (odls_base_sigkill_timeout=${t}), too soon to finish the step and save the checkpoint a stop saves (O3): launch with mpirun --mca odls_base_sigkill_timeout 600 ..., and stop a job with kill -USR2 <mpirun's pid>, which mpirun passes on at once`;
 }
 
 /** This process's session: the embedded Hub when asked, then the run folder and the training. */

@@ -26,6 +26,12 @@ export function launcherSize(env: NodeJS.ProcessEnv = process.env): { size: numb
   return null;
 }
 
+/** The launch a resume command needs in front of `node dist/main.js`: Slurm's srun, or else Open MPI's mpirun. */
+export function launchPrefix(size: number, env: NodeJS.ProcessEnv = process.env): string[] {
+  const slurm = env.SLURM_STEP_ID !== undefined && env.OMPI_MCA_orte_hnp_uri === undefined;
+  return slurm ? ["srun", "-n", String(size)] : ["mpirun", "-np", String(size)];
+}
+
 /**
  * A9: a process of a multi-process MPI job without `--dist mpi` would be one of H independent runs writing one
  * run folder and one Hub repo: refused before any work, naming the flag.

@@ -6,16 +6,23 @@
 // ---- the command line, for advice that must be a command that works ------------------------------
 
 let commandLine: string[] | null = null;
+let launcher: string[] = [];
 
 /** main.ts records the arguments it was started with, so advice can repeat them. */
 export function setCommandLine(argv: readonly string[]): void {
   commandLine = [...argv];
 }
 
+/** Under an MPI launcher (A9): the launch that the resume command needs in front of `node dist/main.js`. */
+export function setLauncher(prefix: readonly string[]): void {
+  launcher = [...prefix];
+}
+
 /** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */
 export function resumeCommand(resume: string, extra: string[] = []): string {
   const q = (a: string) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`);
-  if (!commandLine) return `node dist/main.js <the same flags> --resume ${resume}${extra.length ? " " + extra.join(" ") : ""}`;
+  const head = [...launcher, "node", "dist/main.js"].join(" ");
+  if (!commandLine) return `${head} <the same flags> --resume ${resume}${extra.length ? " " + extra.join(" ") : ""}`;
   const out: string[] = [];
   for (let i = 0; i < commandLine.length; i++) {
     const a = commandLine[i]!;
@@ -24,14 +31,14 @@ export function resumeCommand(resume: string, extra: string[] = []): string {
     if (extra.includes(a)) continue;
     out.push(a);
   }
-  return ["node", "dist/main.js", ...out, "--resume", resume, ...extra].map(q).join(" ");
+  return [...launcher, "node", "dist/main.js", ...out, "--resume", resume, ...extra].map(q).join(" ");
 }
 
 // ---- signals (O3) --------------------------------------------------------------------------------
 
 let stopSignal: string | null = null;
 
-/** O3: the first SIGINT/SIGTERM asks the run to finish its step, save and publish, and exit. */
+/** O3: the first SIGINT/SIGTERM/SIGUSR2 asks the run to finish its step, save and publish, and exit. */
 export function requestStop(signal: string): void {
   stopSignal = stopSignal ?? signal;
 }
