@@ -6,6 +6,8 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { DEMO_SHA256 } from "./helpers/demo";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 import { loadMpi } from "../src/mpi/world";
@@ -41,10 +43,10 @@ function needMpi(t: TestContext): boolean {
 interface Ran { status: number | null; signal: NodeJS.Signals | null; out: string; ms: number }
 
 /** Run a command to its end (or `timeoutMs`), with stdout+stderr together; `during` may act on the child. */
-function run(cmd: string, args: string[], o: { timeoutMs?: number; env?: NodeJS.ProcessEnv; during?: (pid: number, out: () => string) => void } = {}): Promise<Ran> {
+function run(cmd: string, args: string[], o: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cwd?: string; during?: (pid: number, out: () => string) => void } = {}): Promise<Ran> {
   return new Promise((resolve) => {
     const t0 = Date.now();
-    const child = spawn(cmd, args, { env: { ...process.env, ...o.env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const child = spawn(cmd, args, { env: { ...process.env, ...o.env }, cwd: o.cwd, stdio: ["ignore", "pipe", "pipe"], detached: true });
     let out = "";
     child.stdout.on("data", (b: Buffer) => { out += b.toString(); });
     child.stderr.on("data", (b: Buffer) => { out += b.toString(); });
@@ -56,8 +58,8 @@ function run(cmd: string, args: string[], o: { timeoutMs?: number; env?: NodeJS.
 
 const MPIRUN_FLAGS = [...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--oversubscribe", "--mca", "btl", "self,vader,tcp"];
 
-function mpirun(np: number, args: string[], o: Parameters<typeof run>[2] = {}): Promise<Ran> {
-  return run("mpirun", [...MPIRUN_FLAGS, "-np", String(np), process.execPath, MAIN, ...args], o);
+function mpirun(np: number, args: string[], o: Parameters<typeof run>[2] & { mca?: string[] } = {}): Promise<Ran> {
+  return run("mpirun", [...MPIRUN_FLAGS, ...(o.mca ?? []), "-np", String(np), process.execPath, MAIN, ...args], o);
 }
 
 function one(args: string[], o: Parameters<typeof run>[2] = {}): Promise<Ran> {
@@ -66,6 +68,10 @@ function one(args: string[], o: Parameters<typeof run>[2] = {}): Promise<Ran> {
 
 function finalWeights(out: string): Buffer {
   return fs.readFileSync(path.join(out, "final", "model.safetensors"));
+}
+
+function sha256(b: Buffer): string {
+  return createHash("sha256").update(b).digest("hex");
 }
 
 function ok(r: Ran, what: string): void {
@@ -96,18 +102,17 @@ test("--dist mpi with no MPI library is refused with exit 2 and the command that
 
 // ------------------------------------------------------------------ the same bits for any split (A9, A10, A11)
 
-test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors byte-identical to one process at --world 2 (A9, A10)", { timeout: 600_000 }, async (t) => {
+test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors byte-identical to one process at --world 2 --demo (A9, A10)", { timeout: 1_800_000 }, async (t) => {
   if (!needMpi(t)) return;
-  const root = path.join(tmpDir("tstrain-demo-mix-"), "data");
-  const short = ["--max-steps", "40", "--push-every-steps", "20", "--no-sample", "--root", root];
-  const single = tmpDir("tstrain-demo-w2-"), multi = tmpDir("tstrain-demo-np2-");
-  const a = await one(["--demo", ...short, "--out", single, "--world", "2"]);
-  ok(a, "--world 2");
-  const b = await mpirun(2, ["--demo", "--dist", "mpi", ...short, "--out", multi, "--world", "1"]);
-  ok(b, "mpirun -np 2 --world 1");
+  // The whole demo, every default, in a folder of its own (the demo prepares its data under ./.demo there). One process
+  // at --world 2 --demo ends with DEMO_SHA256: train.isa.test.ts runs exactly that and checks the same constant.
+  const cwd = tmpDir("tstrain-demo-np2-");
+  const b = await mpirun(2, ["--demo", "--dist", "mpi", "--world", "1", "--out", "run"], { cwd, timeoutMs: 1_700_000 });
+  ok(b, "mpirun -np 2 --world 1 --demo");
   assert.match(b.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
   assert.equal(b.out.match(/^RUN_JSON /gm)?.length, 1, "process 0 alone reports (and writes) the run");
-  assert.ok(finalWeights(multi).equals(finalWeights(single)), "final/model.safetensors byte-identical");
+  assert.match(b.out, /^RUN_JSON .*"final_step":300,/m, "the whole demo ran");
+  assert.equal(sha256(finalWeights(path.join(cwd, "run"))), DEMO_SHA256, "final/model.safetensors byte-identical to --world 2 --demo's");
 });
 
 test("-np 3 --world 1, one process at --world 3 and at --world 1 --accum 3 end byte-identical; the processes agree at every checkpoint (A10, A11)", { timeout: 600_000 }, async (t) => {
@@ -164,12 +169,26 @@ test("a process whose weights differ at a checkpoint stops the run with exit 1 b
 
 /** The demo-sized model on a bigger synthetic mix: slow enough (about 0.1 s a step) to be hit mid-run. */
 const bigMix = writeSyntheticMix({ vocab: 64, trainTokens: 256 * 1024, valTokens: 2048 });
-function slow(out: string, extra: string[] = []): string[] {
+function slow(out: string, extra: string[] = [], steps = 100, seq = 64): string[] {
   return [
-    "--root", bigMix.root, "--out", out, "--seq-len", "64", "--layers", "4", "--hidden", "144", "--vocab-size", "64", "--micro-batch", "2",
-    "--accum", "1", "--max-steps", "100", "--push-every-steps", "20", "--log-every", "10", "--val-tokens", "256", "--lr", "3e-3", "--no-sample",
+    "--root", bigMix.root, "--out", out, "--seq-len", String(seq), "--layers", "4", "--hidden", "144", "--vocab-size", "64", "--micro-batch", "2",
+    "--accum", "1", "--max-steps", String(steps), "--push-every-steps", "20", "--log-every", "10", "--val-tokens", "256", "--lr", "3e-3", "--no-sample",
     "--hub-url", "embedded", "--hub-repo", "local/faults", ...extra,
   ];
+}
+
+/** The uninterrupted run (one process, --world 2) that a stopped or killed job resumed to its end must equal, run once. */
+const references = new Map<string, Promise<string>>();
+function reference(steps = 100, seq = 64): Promise<string> {
+  const key = `${steps}x${seq}`;
+  if (!references.has(key)) {
+    references.set(key, (async () => {
+      const ref = tmpDir(`tstrain-ref${key}-`);
+      ok(await one(slow(ref, ["--world", "2"], steps, seq)), `the uninterrupted run (one process, --world 2, ${steps} steps of seq ${seq})`);
+      return ref;
+    })());
+  }
+  return references.get(key)!;
 }
 
 /** The PIDs of the job's processes (children of mpirun), by MPI rank. */
@@ -201,8 +220,7 @@ function when(pattern: RegExp, act: (pids: Map<number, number>) => void): (pid: 
 
 test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same command with --resume auto ends byte-identical to an uninterrupted run (A12)", { timeout: 900_000 }, async (t) => {
   if (!needMpi(t)) return;
-  const ref = tmpDir("tstrain-ref-"), out = tmpDir("tstrain-killed-");
-  ok(await one(slow(ref, ["--world", "2"])), "the uninterrupted run (one process, --world 2)");
+  const ref = await reference(), out = tmpDir("tstrain-killed-");
   let killedAt = 0;
   let job = new Map<number, number>();
   const killed = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
@@ -230,8 +248,7 @@ test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same c
 
 test("SIGTERM to every process of the job (as Slurm sends it) saves a checkpoint, exits 3, and --resume auto ends byte-identical (O3, A12)", { timeout: 900_000 }, async (t) => {
   if (!needMpi(t)) return;
-  const ref = tmpDir("tstrain-ref-term-"), out = tmpDir("tstrain-term-");
-  ok(await one(slow(ref, ["--world", "2"])), "the uninterrupted run (one process, --world 2)");
+  const ref = await reference(), out = tmpDir("tstrain-term-");
   let signalled = false;
   const stopped = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
     during: when(/step 20: weights and moments identical/, (pids) => {
@@ -267,6 +284,43 @@ test("SIGTERM to process 1 alone stops the whole job on a checkpoint written by 
   assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${m[1]}`)), "process 0 wrote the checkpoint");
 });
 
+test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s later: checkpoint, each exits 3; SIGUSR2 to mpirun stops at once with mpirun exiting 3; both resume byte-identical (O3, A12)", { timeout: 1_200_000 }, async (t) => {
+  if (!needMpi(t)) return;
+  // 300 steps of seq 128 (about 40 s on a quiet 2-core machine): the SIGTERM reaches the processes 10 s after
+  // mpirun gets it, and the run must still be going then; 10 s is ample to finish a step and save under load.
+  const ref = await reference(300, 128), out = tmpDir("tstrain-term-mpirun-");
+  const job = (extra: string[]) => slow(out, ["--dist", "mpi", "--world", "1", ...extra], 300, 128);
+  const signal = (pattern: RegExp, sig: NodeJS.Signals, sent: { at: number }) => (pid: number, output: () => string) =>
+    when(pattern, () => { sent.at = Date.now(); process.kill(pid, sig); })(pid, output);
+  const stopLine = (sig: string) => new RegExp(`stopped by ${sig} at step (\\d+): checkpoint \\1 is published and verified on the Hub\\. Resume with: mpirun -np 2 node dist/main\\.js .*--max-steps 300 .*--dist mpi --world 1 --resume auto\\n`);
+
+  // Open MPI's mpirun, signalled itself, sends SIGCONT at once, SIGTERM T s later and SIGKILL T s after that; it
+  // exits 1 whatever its processes return, so each process says its own exit code.
+  const term = { at: 0 };
+  const a = await mpirun(2, job([]), { mca: ["--mca", "odls_base_sigkill_timeout", "10"], during: signal(/step 20: weights and moments identical/, "SIGTERM", term) });
+  assert.ok(term.at > 0, `mpirun was signalled mid-run:\n${a.out.slice(-2000)}`);
+  assert.equal(a.status, 1, `mpirun exits 1 once it was signalled:\n${a.out.slice(-3000)}`);
+  const k1 = Number(stopLine("SIGTERM").exec(a.out)?.[1]);
+  assert.ok(k1 > 20 && k1 < 300, `process 0 stopped on a published checkpoint mid-run:\n${a.out.slice(-3000)}`);
+  assert.match(a.out, /process 1 of 2 exits 3 \(the code process 0 ended the job with\)/, "process 1 exits 3 too");
+  assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${k1}`)), "the stop's checkpoint is on disk");
+
+  // SIGUSR2 is one of the signals mpirun passes on to every process at once: the job stops and mpirun exits 3.
+  const usr2 = { at: 0 };
+  const b = await mpirun(2, job(["--resume", "auto"]), { during: signal(/weights and moments identical/, "SIGUSR2", usr2) });
+  assert.ok(usr2.at > 0, `mpirun was signalled mid-run:\n${b.out.slice(-2000)}`);
+  assert.match(b.out, new RegExp(`auto-resume: hub says step ${k1}`));
+  assert.equal(b.status, 3, `mpirun exits 3 after SIGUSR2:\n${b.out.slice(-3000)}`);
+  const k2 = Number(stopLine("SIGUSR2").exec(b.out)?.[1]);
+  assert.ok(k2 > k1 && k2 < 300, `stopped on a published checkpoint after step ${k1}:\n${b.out.slice(-3000)}`);
+  assert.match(b.out, /process 1 of 2 exits 3/);
+
+  const c = await mpirun(2, job(["--resume", "auto"]));
+  ok(c, "the printed command, --resume auto");
+  assert.match(c.out, new RegExp(`auto-resume: hub says step ${k2}`));
+  assert.ok(finalWeights(out).equals(finalWeights(ref)), "stopped twice and resumed: byte-identical to the uninterrupted run");
+});
+
 // ------------------------------------------------------------------ two hosts (A9)
 
 /** Why two network namespaces cannot be made here, or null (root and `ip netns` are needed). */
@@ -279,7 +333,7 @@ function netnsMissing(): string | null {
   return null;
 }
 
-test("the demo across two network namespaces, MPI over TCP between addresses that exist only inside them, equals the one-machine result (A9)", { timeout: 600_000 }, async (t) => {
+test("the demo across two network namespaces, MPI over TCP between addresses that exist only inside them, equals the one-machine result (A9)", { timeout: 1_800_000 }, async (t) => {
   if (!needMpi(t)) return;
   const why = netnsMissing();
   if (why) {
@@ -305,17 +359,17 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
     fs.writeFileSync(agent, `#!/bin/sh\nhost="$1"; shift\ncase "$host" in ${ipA}) ns=${nsA};; ${ipB}) ns=${nsB};; *) echo "agent: unknown host $host" >&2; exit 1;; esac\nexec ip netns exec "$ns" sh -c "$*"\n`, { mode: 0o755 });
     fs.writeFileSync(path.join(dir, "hosts"), `${ipA} slots=1\n${ipB} slots=1\n`);
     const root = path.join(dir, "demo-data");
-    const short = ["--demo", "--max-steps", "40", "--push-every-steps", "20", "--no-sample", "--root", root];
-    const single = path.join(dir, "one"), two = path.join(dir, "two");
-    ok(await one([...short, "--out", single, "--world", "2"]), "one process at --world 2");
+    const two = path.join(dir, "two");
     const r = await run("ip", [
       "netns", "exec", nsA, "mpirun", ...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--hostfile", path.join(dir, "hosts"), "-np", "2",
       "--map-by", "node", "--mca", "plm_rsh_agent", agent, "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "10.231.0.0/24",
-      "--mca", "oob_tcp_if_include", "10.231.0.0/24", process.execPath, MAIN, ...short, "--dist", "mpi", "--world", "1", "--out", two,
-    ], { timeoutMs: 400_000 });
+      "--mca", "oob_tcp_if_include", "10.231.0.0/24", process.execPath, MAIN, "--demo", "--root", root, "--dist", "mpi", "--world", "1", "--out", two,
+    ], { timeoutMs: 1_700_000 });
     ok(r, "mpirun across the two namespaces");
     assert.match(r.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
-    assert.ok(finalWeights(two).equals(finalWeights(single)), "final/model.safetensors byte-identical to one machine");
+    assert.match(r.out, /^RUN_JSON .*"final_step":300,/m, "the whole demo ran");
+    // one process at --world 2 --demo ends with DEMO_SHA256 (train.isa.test.ts), as does mpirun -np 2 on loopback (above)
+    assert.equal(sha256(finalWeights(two)), DEMO_SHA256, "final/model.safetensors byte-identical to one machine");
   } finally {
     // The namespaces (and the veth pair and addresses inside them) go with the test; a busy one is retried.
     for (let k = 0; k < 10 && listNetns().some((n) => n === nsA || n === nsB); k++) {

@@ -14,9 +14,8 @@ import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
+import { DEMO_SHA256 } from "./helpers/demo";
 
-/** sha256 of the demo's final/model.safetensors (world 2, every default), on every kernel and machine. */
-export const DEMO_SHA256 = "0e405c69cb876df4091472b0d56084e65f47eacb351fe6d6b6eb4db3a5256c9b";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const native = loadNative();
