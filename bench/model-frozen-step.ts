@@ -21,7 +21,7 @@
 import * as tf from "@tensorflow/tfjs-core";
 import { initEngine, type BackendName } from "../src/model/backend";
 import type { Kernels } from "../src/model/kernels";
-import { buildConfig, countParams } from "../src/model/config";
+import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";

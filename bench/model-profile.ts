@@ -7,7 +7,7 @@
  */
 import * as tf from "@tensorflow/tfjs-core";
 import { initEngine } from "../src/model/backend";
-import { buildConfig } from "../src/model/config";
+import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";

@@ -12,7 +12,7 @@
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
 import { slices, ADAMW_DEFAULTS, type DecayRange } from "../src/actors/optim";
-import { buildConfig } from "../src/model/config";
+import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import type { OptimCmd, OptimReply } from "./optim-worker";
 import type { BenchRow } from "./steps";

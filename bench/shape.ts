@@ -6,14 +6,14 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { buildConfig, countParams, type LlamaConfig } from "../src/model/config";
+import { buildConfig, countParams, type LlamaConfig } from "../src/model/llama-config";
 import type { BackendName } from "../src/model/backend";
 import { ensureDemoMix } from "../src/data/demo";
 import { readManifest } from "../src/data/manifest";
 import { mixFingerprint } from "../src/data/fingerprint";
-import { PackedTokenStore } from "../src/data/store";
+import { PackedTokenStore } from "../src/data/token-store";
 import { permSha } from "../src/data/permutation";
-import { writeSyntheticMix } from "../test/helpers/mix";
+import { writeSyntheticMix } from "../src/data/synthetic";
 import type { LrShape } from "../src/actors/optim";
 
 export type ModelName = "small" | "demo" | "frozen";

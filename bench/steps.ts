@@ -16,11 +16,11 @@ import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { newScaler, type OptimizerPosition } from "../src/actors/optim";
 import type { CheckpointOutcome, RankMemory } from "../src/actors/protocol";
 import { initWeights } from "../src/model/init";
-import { hfConfigJson } from "../src/model/config";
+import { hfConfigJson } from "../src/model/llama-config";
 import { checkpointDir, checkpointDocs, checkpointRepoPath, makePointer, type TrainerState } from "../src/checkpoint";
 import { makeCursor } from "../src/data/cursor";
 import { LocalHub } from "../src/hub/server";
-import { createHubStore } from "../src/hub/store";
+import { createHubClient } from "../src/hub/client";
 import { permShaOf, tokensPerStep, type Shape } from "./shape";
 import { median, r, summarize } from "./stats";
 
@@ -188,7 +188,7 @@ export async function runUploadCase(s: Shape, world: number, o: { warmup: number
   let coord: Coordinator | null = null;
   const inFlight: Promise<unknown>[] = [];
   try {
-    await createHubStore({ hubUrl: url, repo, repoType: "dataset" }).ensureRepo();
+    await createHubClient({ hubUrl: url, repo, repoType: "dataset" }).ensureRepo();
     coord = await spawnCoordinator(s, world);
     const runDir = path.join(dir, "run");
     const before = threadIds();

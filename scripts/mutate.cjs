@@ -17,14 +17,14 @@ const MODULES = {
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
   "src/data/sampler.ts": T("data.sampler-rules", "data.sampler", "data.guards"),
   "src/data/cursor.ts": T("data.cursor-rules", "data.guards", "data.sampler"),
-  "src/data/plan.ts": T("data.plan-rules", "data.guards", "data.sampler", "train.config"),
+  "src/data/budget.ts": T("data.plan-rules", "data.guards", "data.sampler", "train.config"),
   "src/config.ts": T("train.config-rules", "train.config", "data.guards"),
   "src/hub/resume.ts": T("hub.resume-rules", "hub.resume"),
   "src/hub/cycle.ts": T("hub.cycle-rules", "hub.cycle"),
   "src/checkpoint/names.ts": T("checkpoint.names", "checkpoint.write"),
   "src/checkpoint/state.ts": T("checkpoint.state", "checkpoint.write"),
-  "src/checkpoint/write.ts": T("checkpoint.write"),
-  "src/checkpoint/read.ts": T("checkpoint.write", "checkpoint.state"),
+  "src/checkpoint/save.ts": T("checkpoint.write"),
+  "src/checkpoint/load.ts": T("checkpoint.write", "checkpoint.state"),
 };
 
 const root = path.join(__dirname, "..");

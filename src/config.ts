@@ -13,7 +13,8 @@ import flagTable from "./config-flags.json";
 export type GemmChoice = "builtin" | "openblas";
 /** `--isa`: the built-in GEMM's micro-kernel; auto = the widest this CPU has (every one gives the same bits). */
 export type IsaChoice = "auto" | "avx512" | "avx2" | "portable";
-export type BackendFlag = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
+/** `--backend`: the compute engine; auto = native when its addon loads, else the best tfjs backend that loads. */
+export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
 
 export interface RunConfig {
   root: string;
@@ -55,7 +56,7 @@ export interface RunConfig {
    * split among hosts x world ranks.
    */
   hosts: number;
-  backend: BackendFlag;
+  backend: BackendName;
   /** The native engine's matrix products: the project's own GEMM or the system's OpenBLAS. */
   gemm: GemmChoice;
   /** The built-in GEMM's micro-kernel (auto = the widest the CPU has; every one gives the same bits). */

@@ -1,6 +1,6 @@
 /**
  * A training session, top to bottom: the embedded Hub (when asked), the run folder's lock, the plan
- * (session/plan.ts: data, model, resume point; every refusal happens there, before step 1), the actors,
+ * (session/setup.ts: data, model, resume point; every refusal happens there, before step 1), the actors,
  * the step loop (session/loop.ts) and its end (session/finish.ts: validation, export, RUN_JSON).
  */
 import * as path from "node:path";
@@ -20,7 +20,7 @@ import { checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
 import { createReporter, type Reporter } from "./report";
 import { LocalHub } from "./hub/server";
 import { runBenchmark } from "./single-thread";
-import { planSession, type SessionPlan } from "./session/plan";
+import { setupSession, type Session } from "./session/setup";
 import { trainLoop } from "./session/loop";
 import type { RunResult } from "./session/finish";
 import { recordSessionStart } from "./session/record";
@@ -135,7 +135,7 @@ async function runSessionOn(cfg: RunConfig, rep: Reporter, link: DistLink | null
 
 async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
   const t0 = performance.now();
-  const s: SessionPlan = { ...(await planSession(cfg, rep)), dist: link };
+  const s: Session = { ...(await setupSession(cfg, rep)), dist: link };
   if (cfg.dryRun) return dryRun(s, rep);
   if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
   recordSessionStart(s);
@@ -162,7 +162,7 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | 
 }
 
 /** G7: everything built and checked, nothing trained; one JSON line. */
-function dryRun(s: SessionPlan, rep: Reporter): RunResult {
+function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
   const j = {
     dry_run: true, train_samples: s.nWindows, val_samples: s.nVal, steps_planned: plan.stepsPlanned, start_step: s.startStep,
@@ -174,7 +174,7 @@ function dryRun(s: SessionPlan, rep: Reporter): RunResult {
 }
 
 /** The weights, moments and optimizer position to start from: the resume checkpoint's, or a fresh init (M5). */
-function startingPoint(s: SessionPlan, coord: Coordinator): { pos: OptimizerPosition; history: LogEntry[] } {
+function startingPoint(s: Session, coord: Coordinator): { pos: OptimizerPosition; history: LogEntry[] } {
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   let history: LogEntry[] = [];
   if (s.resumeDir) {
@@ -191,7 +191,7 @@ function startingPoint(s: SessionPlan, coord: Coordinator): { pos: OptimizerPosi
 }
 
 /** K5: what the start line says of the repo's visibility: chosen when created, found (and never changed) when it existed. */
-async function visibilityNote(hub: NonNullable<SessionPlan["hub"]>, created: boolean, wantPrivate: boolean): Promise<string> {
+async function visibilityNote(hub: NonNullable<Session["hub"]>, created: boolean, wantPrivate: boolean): Promise<string> {
   const flag = wantPrivate ? "--hub-private" : "--no-hub-private";
   if (created) return `created ${wantPrivate ? "private" : "public"} (${flag})`;
   let priv: boolean | null;
@@ -205,7 +205,7 @@ async function visibilityNote(hub: NonNullable<SessionPlan["hub"]>, created: boo
 }
 
 /** The ranks, the Hub repo and the uploader; returns where the uploader's reports will arrive (K6). */
-async function startActors(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, rep: Reporter): Promise<UploaderEvent[]> {
+async function startActors(s: Session, coord: Coordinator, pos: OptimizerPosition, rep: Reporter): Promise<UploaderEvent[]> {
   const { cfg, plan } = s;
   await coord.spawn();
   rep.say(`precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x${SCALER_DEFAULTS.growthFactor}/${SCALER_DEFAULTS.growthInterval} clean, x${SCALER_DEFAULTS.backoffFactor} on inf/NaN) grad_ckpt=${cfg.gradCkpt}`);

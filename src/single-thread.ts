@@ -12,9 +12,9 @@ import type { NativeOptions } from "./model/engine/native";
 import type { Kernels } from "./model/kernels";
 import { initWeights } from "./model/init";
 import { paramLayout } from "./model/layout";
-import type { LlamaConfig } from "./model/config";
+import type { LlamaConfig } from "./model/llama-config";
 import { readManifest } from "./data/manifest";
-import { PackedTokenStore } from "./data/store";
+import { PackedTokenStore } from "./data/token-store";
 import { WindowPermutation } from "./data/permutation";
 import { TrainStream } from "./data/sampler";
 import {
@@ -117,7 +117,7 @@ export class SingleThreadTrainer {
   }
 }
 
-/** What the benchmark needs of the session's plan (session/plan.ts's SessionPlan has it all). */
+/** What the benchmark needs of the session's plan (session/setup.ts's Session has it all). */
 export interface BenchmarkPlan {
   cfg: RunConfig;
   model: LlamaConfig;

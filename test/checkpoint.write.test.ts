@@ -1,4 +1,4 @@
-// Writing and reading a checkpoint folder (src/checkpoint/write.ts, read.ts; K2, K7): the write is atomic (a
+// Writing and reading a checkpoint folder (src/checkpoint/save.ts, read.ts; K2, K7): the write is atomic (a
 // failure part way leaves neither the folder nor its partial copy), the manifest lists every other file, and the
 // read gives back bit-identical tensors and the same documents, refusing a damaged folder naming the file.
 import { test } from "node:test";
@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
-import { buildConfig, hfConfigJson } from "../src/model/config";
+import { buildConfig, hfConfigJson } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import { decodeSafetensors } from "../src/model/safetensors";
 import { makeCursor } from "../src/data/cursor";

@@ -6,7 +6,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { DEMO_VOCAB, demoMixIsReusable, ensureDemoMix } from "../src/data/demo";
 import { mixFingerprint } from "../src/data/fingerprint";
 import { readManifest } from "../src/data/manifest";
-import { PackedTokenStore } from "../src/data/store";
+import { PackedTokenStore } from "../src/data/token-store";
 import { readTree } from "./fixtures/data-synth";
 import { tmpDir } from "./helpers/tmp";
 import { spawnSync } from "node:child_process";

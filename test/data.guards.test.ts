@@ -5,8 +5,8 @@ import * as path from "node:path";
 import { CURSOR_FILE, Cursor, loadCursor, makeCursor, samplesAt, saveCursor, validateResume } from "../src/data/cursor";
 import { mixFingerprint, verifyShards } from "../src/data/fingerprint";
 import { readManifest } from "../src/data/manifest";
-import { mixTokenWarning, valWindowCount } from "../src/data/plan";
-import { PackedTokenStore } from "../src/data/store";
+import { mixTokenWarning, valWindowCount } from "../src/data/budget";
+import { PackedTokenStore } from "../src/data/token-store";
 import { editManifest, writePositionalMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 

@@ -1,8 +1,8 @@
 // The data plan's own rules (D1, D6, D7), argument by argument. Written to kill the mutants StrykerJS found
-// surviving in src/data/plan.ts (test/MUTATION.md).
+// surviving in src/data/budget.ts (test/MUTATION.md).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { checkNoWrap, mixTokenWarning, valWindowCount } from "../src/data/plan";
+import { checkNoWrap, mixTokenWarning, valWindowCount } from "../src/data/budget";
 
 const plan = { nWindows: 100, startStep: 0, stepsPlanned: 10, seqsPerStep: 8, seqLen: 16 };
 const rangeErr = (re: RegExp) => (e: unknown) => e instanceof RangeError && re.test((e as Error).message);

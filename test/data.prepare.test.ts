@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { readManifest } from "../src/data/manifest";
 import { isValDoc, prepareMix, valPpm } from "../src/data/prepare-mix";
-import { PackedTokenStore } from "../src/data/store";
+import { PackedTokenStore } from "../src/data/token-store";
 import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";
 import { tmpDir } from "./helpers/tmp";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";

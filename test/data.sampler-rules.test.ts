@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { readManifest } from "../src/data/manifest";
 import { WindowPermutation } from "../src/data/permutation";
 import { checkGeometry, permIndex, seqsPerStep, TrainStream, ValStream, type Geometry } from "../src/data/sampler";
-import { PackedTokenStore } from "../src/data/store";
+import { PackedTokenStore } from "../src/data/token-store";
 import { writePositionalMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 

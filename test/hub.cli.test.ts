@@ -6,7 +6,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import * as net from "node:net";
-import { createHubStore } from "../src/hub/store";
+import { createHubClient } from "../src/hub/client";
 
 // dist/test/hub.cli.test.js → dist/hub-server.js (the launcher), else dist/src/hub-server.js.
 const launcher = [path.join(__dirname, "..", "hub-server.js"), path.join(__dirname, "..", "src", "hub-server.js")].find((p) => fs.existsSync(p))!;
@@ -31,7 +31,7 @@ describe("hub-server CLI (B6)", () => {
         });
         child.once("exit", (code) => reject(new Error(`hub-server exited with ${code} before printing its URL`)));
       });
-      const store = createHubStore({ hubUrl: url, repo: "cli/check", repoType: "dataset", token: "" });
+      const store = createHubClient({ hubUrl: url, repo: "cli/check", repoType: "dataset", token: "" });
       assert.equal(await store.repoExists(), false);
       assert.deepEqual(await store.ensureRepo(), { created: true });
       assert.equal(await store.repoExists(), true);

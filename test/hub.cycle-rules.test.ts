@@ -9,7 +9,7 @@ import * as path from "node:path";
 import { deleteFile, listCommits } from "@huggingface/hub";
 import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
-import type { HubStore, Pointer } from "../src/hub/store";
+import type { HubClient, Pointer } from "../src/hub/client";
 
 let th: TestHub;
 let n = 0;
@@ -21,7 +21,7 @@ const QUICK = { giveUpMs: 400, backoff: { baseMs: 20, capMs: 50 } };
 
 type Ck = Pointer & { dir: string };
 
-async function freshRepo(): Promise<HubStore> {
+async function freshRepo(): Promise<HubClient> {
   const store = th.store({ repo: `tester/cycle-rules-${++n}` });
   await store.ensureRepo();
   return store;
@@ -36,7 +36,7 @@ function options(ck: Ck, lines: string[], extra: Partial<PublishOptions> = {}): 
 }
 
 /** Publishes ck with `file` corrupted by the Hub at commit time: a K4 refusal with this read-back verdict; check reads its message. */
-async function publishCorrupted(store: HubStore, ck: Ck, file: string, readbackOk: boolean, check: (message: string) => void): Promise<void> {
+async function publishCorrupted(store: HubClient, ck: Ck, file: string, readbackOk: boolean, check: (message: string) => void): Promise<void> {
   th.hub.setFaults({ corruptOnCommit: [`checkpoint-20/${file}`] });
   await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { readbackOk: boolean } }) => {
     assert.equal(e.verify!.readbackOk, readbackOk);
@@ -46,13 +46,13 @@ async function publishCorrupted(store: HubStore, ck: Ck, file: string, readbackO
 }
 
 /** What the repo holds besides the .gitattributes every new repo starts with. */
-async function pushed(store: HubStore): Promise<string[]> {
+async function pushed(store: HubClient): Promise<string[]> {
   return (await store.list()).map((f) => f.path).filter((p) => p !== ".gitattributes");
 }
 
 /** The same real store, with a Hub fault switched on the moment its upload (the commit) has landed. */
-function faultAfterUpload(store: HubStore, faults: Parameters<TestHub["hub"]["setFaults"]>[0]): HubStore {
-  const s = Object.create(store) as HubStore;
+function faultAfterUpload(store: HubClient, faults: Parameters<TestHub["hub"]["setFaults"]>[0]): HubClient {
+  const s = Object.create(store) as HubClient;
   s.uploadFolder = async (...a) => {
     const r = await store.uploadFolder(...a);
     th.hub.setFaults(faults);
@@ -61,7 +61,7 @@ function faultAfterUpload(store: HubStore, faults: Parameters<TestHub["hub"]["se
   return s;
 }
 
-async function commitTitles(store: HubStore): Promise<string[]> {
+async function commitTitles(store: HubClient): Promise<string[]> {
   const out: string[] = [];
   for await (const c of listCommits({ repo: { type: store.repoType, name: store.repo }, hubUrl: th.url })) out.push(c.title);
   return out;
@@ -254,7 +254,7 @@ describe("verification against the Hub (K4)", () => {
   test("a read-back file gone from the Hub after the listing is 'not found', a failed read-back, and the re-upload publishes (K4)", async () => {
     const store = await freshRepo();
     const ck = checkpoint();
-    const s = Object.create(store) as HubStore;
+    const s = Object.create(store) as HubClient;
     let done = false;
     s.list = async (...a) => {
       const r = await store.list(...a);
@@ -369,7 +369,7 @@ describe("retries and the failure clock (K6)", () => {
   test("without a clock given, the give-up counts from the publish's first failure, also in a later stage (K6)", async () => {
     const store = await freshRepo();
     th.hub.setFaults({ status: { commit: 503 }, failCount: 1 });
-    const s = Object.create(store) as HubStore;
+    const s = Object.create(store) as HubClient;
     let calls = 0;
     s.uploadFolder = async (...a) => {
       // The retry of the failed commit starts 600 ms after that failure (a lower bound, whatever the load),
@@ -443,8 +443,8 @@ describe("a commit whose answer was lost, and another writer's identical commit 
   const PATIENT = { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 } };
 
   /** The same real store; before its nth uploadFolder call, `before` runs (another writer's commit). */
-  function beforeUpload(store: HubStore, nth: number, before: () => Promise<unknown>): HubStore {
-    const s = Object.create(store) as HubStore;
+  function beforeUpload(store: HubClient, nth: number, before: () => Promise<unknown>): HubClient {
+    const s = Object.create(store) as HubClient;
     let calls = 0;
     s.uploadFolder = async (...a) => {
       if (++calls === nth) await before();
@@ -510,7 +510,7 @@ describe("a commit whose answer was lost, and another writer's identical commit 
     await store.followHead();
     const ck = checkpoint();
     const other = th.store({ repo: store.repo });
-    const s = Object.create(store) as HubStore;
+    const s = Object.create(store) as HubClient;
     s.uploadFolder = async (...a) => {
       const r = await store.uploadFolder(...a);
       await other.writePointer(pointerOf(ck));

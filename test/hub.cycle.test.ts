@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
-import type { HubStore, Pointer } from "../src/hub/store";
+import type { HubClient, Pointer } from "../src/hub/client";
 
 let th: TestHub;
 let n = 0;
@@ -14,7 +14,7 @@ let n = 0;
 useTestHub({ pageSize: 4 }, (t) => (th = t));
 
 /** A fresh repo, one verified checkpoint at step 10 already published (the pointer's prior position). */
-async function repoWithFirstCheckpoint(): Promise<{ store: HubStore; first: Pointer; lines: string[] }> {
+async function repoWithFirstCheckpoint(): Promise<{ store: HubClient; first: Pointer; lines: string[] }> {
   const store = th.store({ repo: `tester/cycle-${++n}` });
   await store.ensureRepo();
   const ck = writeFakeCheckpoint(path.join(th.tmp, `r${n}`, "checkpoint-10"), { step: 10 });
@@ -27,7 +27,7 @@ function nextCheckpoint(step = 20) {
   return writeFakeCheckpoint(path.join(th.tmp, `r${n}`, `checkpoint-${step}`), { step, loss: 2.5 });
 }
 
-async function assertKeptAndUnmoved(store: HubStore, dir: string, first: Pointer): Promise<void> {
+async function assertKeptAndUnmoved(store: HubClient, dir: string, first: Pointer): Promise<void> {
   assert.ok(fs.existsSync(path.join(dir, "model.safetensors")), "the local copy must still exist");
   th.hub.clearFaults();
   assert.deepEqual(await store.readPointer(), first, "latest.json must still point at the previous checkpoint");

@@ -11,7 +11,7 @@ import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./help
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume, checkpointSteps, type AutoResume } from "../src/hub/resume";
 import { priorLossOf } from "../src/checkpoint";
-import type { HubStore, Pointer, RemoteFile } from "../src/hub/store";
+import type { HubClient, Pointer, RemoteFile } from "../src/hub/client";
 
 let th: TestHub;
 let n = 0;
@@ -32,7 +32,7 @@ function addManifest(dir: string, step: number, edit: (files: Record<string, { s
   fs.writeFileSync(path.join(dir, "manifest.json"), JSON.stringify({ format: "tstrain-manifest/1", step, files }));
 }
 
-function freshStore(): HubStore {
+function freshStore(): HubClient {
   return th.store({ repo: `tester/rules-${++n}` });
 }
 
@@ -44,7 +44,7 @@ function localCheckpoint(step: number, o: { manifest?: boolean; loss?: number; s
 }
 
 /** Publishes checkpoints through the K3 cycle: each one moves latest.json. */
-async function published(store: HubStore, steps: number[]): Promise<Ck[]> {
+async function published(store: HubClient, steps: number[]): Promise<Ck[]> {
   await store.ensureRepo();
   const out: Ck[] = [];
   for (const step of steps) {
@@ -56,14 +56,14 @@ async function published(store: HubStore, steps: number[]): Promise<Ck[]> {
 }
 
 /** A checkpoint folder committed without moving latest.json (what a lost pointer commit leaves). */
-async function committedOnly(store: HubStore, ck: Ck): Promise<void> {
+async function committedOnly(store: HubClient, ck: Ck): Promise<void> {
   await store.ensureRepo();
   await store.uploadFolder(ck.dir, ck.path_in_repo, `checkpoint ${ck.step} without its pointer`);
 }
 
 const dest = () => path.join(th.tmp, `dest-${n}`);
 
-async function resume(store: HubStore, o: { ignoreUnproven?: boolean; localRoots?: string[]; minBytes?: number } = {}): Promise<{ r: AutoResume; lines: string[] }> {
+async function resume(store: HubClient, o: { ignoreUnproven?: boolean; localRoots?: string[]; minBytes?: number } = {}): Promise<{ r: AutoResume; lines: string[] }> {
   const lines: string[] = [];
   const r = await resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10, ...o });
   return { r, lines };
@@ -258,7 +258,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
     const [p10] = await published(store, [10]);
     await committedOnly(store, localCheckpoint(20));
     // The listing (which reads cursor.json to hash it) succeeds; the Hub then fails the cursor check's own download.
-    const s = Object.create(store) as HubStore;
+    const s = Object.create(store) as HubClient;
     let reads = 0;
     s.download = async (p, ...rest) => {
       if (p.endsWith("checkpoint-20/cursor.json") && ++reads === 2) th.hub.setFaults({ status: { resolve: 503 } });
@@ -308,7 +308,7 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     const ck20 = localCheckpoint(20);
     await committedOnly(store, ck20);
     const other = th.store({ repo: store.repo });
-    const s = Object.create(store) as HubStore; // the same real store; another writer commits right after its head read
+    const s = Object.create(store) as HubClient; // the same real store; another writer commits right after its head read
     s.followHead = async (...a) => {
       const head = await store.followHead(...a);
       await other.writePointer(pointerOf(ck20));
@@ -456,7 +456,7 @@ describe("R4: what is brought down must be real weights", () => {
 
 describe("R6: a local copy equal to the Hub's is reused instead of downloaded", () => {
   /** The pointed checkpoint on the Hub, and a local root holding a copy of it under the same name. */
-  async function withLocalCopy(edit: (dir: string) => void = () => {}): Promise<{ store: HubStore; root: string; ck: Ck }> {
+  async function withLocalCopy(edit: (dir: string) => void = () => {}): Promise<{ store: HubClient; root: string; ck: Ck }> {
     const store = freshStore();
     const [ck] = await published(store, [10]);
     const root = path.join(th.tmp, `local-${n}`);

@@ -7,14 +7,14 @@ import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./help
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
 import { LocalHub } from "../src/hub/server";
-import type { HubStore, Pointer } from "../src/hub/store";
+import type { HubClient, Pointer } from "../src/hub/client";
 
 let th: TestHub;
 let n = 0;
 
 useTestHub({}, (t) => (th = t));
 
-async function publishSteps(store: HubStore, steps: number[], o: { modelValues?: number } = {}): Promise<Pointer[]> {
+async function publishSteps(store: HubClient, steps: number[], o: { modelValues?: number } = {}): Promise<Pointer[]> {
   await store.ensureRepo();
   const out: Pointer[] = [];
   for (const step of steps) {
@@ -25,7 +25,7 @@ async function publishSteps(store: HubStore, steps: number[], o: { modelValues?:
   return out;
 }
 
-function freshStore(): HubStore {
+function freshStore(): HubClient {
   return th.store({ repo: `tester/resume-${++n}` });
 }
 
@@ -40,7 +40,7 @@ async function refusal(p: Promise<unknown>, rule: string, re: RegExp): Promise<v
   });
 }
 
-async function assertPointer(store: HubStore, want: Pointer | null): Promise<void> {
+async function assertPointer(store: HubClient, want: Pointer | null): Promise<void> {
   th.hub.clearFaults();
   assert.deepEqual(await store.readPointer(), want, "latest.json is unmoved");
 }

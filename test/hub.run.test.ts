@@ -8,7 +8,7 @@ import * as path from "node:path";
 import { spawn } from "node:child_process";
 import { LocalHub } from "../src/hub/server";
 import type { HubEvent } from "../src/hub/server/context";
-import { createHubStore } from "../src/hub/store";
+import { createHubClient } from "../src/hub/client";
 import { repoExists as hubRepoExists } from "@huggingface/hub";
 import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
@@ -64,7 +64,7 @@ test("a run with a Hub pushes every checkpoint verified, reads the pointer back,
     const out = tmpDir("tstrain-hubrun-");
     const r = await runTiny({ ...tinyConfig(mix.root, out, ["--world", "2"]), hubUrl: url, hubRepo: "me/run" });
     assert.deepEqual(r.runJson.checkpoints, [4, 8]);
-    const store = createHubStore({ hubUrl: url, repo: "me/run", repoType: "dataset" });
+    const store = createHubClient({ hubUrl: url, repo: "me/run", repoType: "dataset" });
     const files = (await store.list()).map((f) => f.path);
     for (const s of [4, 8]) for (const f of ["model.safetensors", "optimizer.safetensors", "trainer_state.json", "cursor.json", "config.json"]) {
       assert.ok(files.includes(`ckpt/checkpoint-${s}/${f}`), `ckpt/checkpoint-${s}/${f} on the Hub`);
@@ -86,7 +86,7 @@ test("a checkpoint that fails verification stops the run, keeps the local copy a
       /checkpoint 8 failed: .*missing.*optimizer\.safetensors.*\[K4\]/s,
     );
     assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-8", "optimizer.safetensors")), "local copy kept");
-    const ptr = await createHubStore({ hubUrl: url, repo: "me/k4", repoType: "dataset" }).readPointer();
+    const ptr = await createHubClient({ hubUrl: url, repo: "me/k4", repoType: "dataset" }).readPointer();
     assert.equal(ptr?.path_in_repo, "ckpt/checkpoint-4", "pointer unmoved");
     assert.ok(!fs.existsSync(path.join(out, "final")));
   });
@@ -128,7 +128,7 @@ test("a run killed with SIGKILL during an upload continues with --resume auto fr
     assert.match(killed.stdout, /CKPT 4 .*ok=true/);
     assert.doesNotMatch(killed.stdout, /CKPT 8 /, "checkpoint 8 never finished");
     hub.clearFaults();
-    const store = createHubStore({ hubUrl: url, repo: "me/killed", repoType: "dataset" });
+    const store = createHubClient({ hubUrl: url, repo: "me/killed", repoType: "dataset" });
     assert.equal((await store.readPointer())?.step, 4, "the pointer still names the last verified checkpoint");
 
     // A new machine: empty disk, --resume auto.
@@ -170,7 +170,7 @@ test("the checkpoint repo is created private by default, public with --no-hub-pr
   await withHub(async (_hub, url) => {
     // what anyone without the token sees, through the real client: a private repo does not exist for them
     const seenByAnyone = (name: string) => hubRepoExists({ repo: { type: "dataset", name }, hubUrl: url });
-    const owner = (repo: string) => createHubStore({ hubUrl: url, repo, repoType: "dataset", token });
+    const owner = (repo: string) => createHubClient({ hubUrl: url, repo, repoType: "dataset", token });
     const env = { HF_TOKEN: token };
     const small = ["--max-steps", "4", "--world", "1", "--vocab-size", "64", "--no-sample"];
 

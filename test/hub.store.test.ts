@@ -1,4 +1,4 @@
-// The HubStore interface and the LocalHub protocol, through the real @huggingface/hub client (A6, B6).
+// The HubClient interface and the LocalHub protocol, through the real @huggingface/hub client (A6, B6).
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { fileDownloadInfo, pathsInfo } from "@huggingface/hub";
 import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
-import { createHubStore } from "../src/hub/store";
+import { createHubClient } from "../src/hub/client";
 
 let th: TestHub;
 let n = 0;
@@ -79,7 +79,7 @@ describe("LocalHub", () => {
       }
       return fetch(input, init);
     };
-    const bad = createHubStore({ hubUrl: th.url, repo: store.repo, repoType: "dataset", fetch: tamper });
+    const bad = createHubClient({ hubUrl: th.url, repo: store.repo, repoType: "dataset", fetch: tamper });
     await assert.rejects(bad.uploadFolder(folder({ "m.safetensors": Buffer.alloc(2048, 3) }), "c", "tampered"), /Api error with status 400|hash to sha256/);
     assert.deepEqual(await store.list("c"), []);
   });
@@ -91,7 +91,7 @@ describe("LocalHub", () => {
     // the commit then references an oid the store never received.
     const skipPut: typeof fetch = async (input, init) =>
       init?.method === "PUT" ? fetch(`${th.url}/api/datasets/${store.repo}`) : fetch(input, init);
-    const bad = createHubStore({ hubUrl: th.url, repo: store.repo, repoType: "dataset", fetch: skipPut });
+    const bad = createHubClient({ hubUrl: th.url, repo: store.repo, repoType: "dataset", fetch: skipPut });
     await assert.rejects(bad.uploadFolder(folder({ "m.safetensors": Buffer.alloc(2048, 4) }), "c", "no bytes"), /was never uploaded/);
     assert.deepEqual(await store.list("c"), []);
   });
@@ -113,7 +113,7 @@ describe("LocalHub", () => {
   });
 });
 
-describe("HubStore", () => {
+describe("HubClient", () => {
   test("ensureRepo creates a missing repo once and then reports it exists (K5)", async () => {
     const store = th.store({ repo: `tester/store-${++n}` });
     assert.equal(await store.repoExists(), false);

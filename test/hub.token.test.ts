@@ -5,7 +5,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { createRepo } from "@huggingface/hub";
 import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
-import { createHubStore, scrubSecret } from "../src/hub/store";
+import { createHubClient, scrubSecret } from "../src/hub/client";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
 
@@ -42,7 +42,7 @@ function filesUnder(dir: string): string[] {
 
 describe("Hub token (K5)", () => {
   test("the right token from HF_TOKEN works end to end and is written nowhere", async () => {
-    const store = createHubStore({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset" }); // token from the environment
+    const store = createHubClient({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset" }); // token from the environment
     const logs: string[] = [];
     assert.deepEqual(await store.ensureRepo(), { created: true });
     const ck = writeFakeCheckpoint(path.join(th.tmp, "checkpoint-10"), { step: 10 });
@@ -72,7 +72,7 @@ describe("Hub token (K5)", () => {
   });
 
   test("a wrong token gets a clear 401 error that does not contain the token", async () => {
-    const store = createHubStore({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset", token: WRONG });
+    const store = createHubClient({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset", token: WRONG });
     const errors: unknown[] = [];
     await assert.rejects(store.repoExists(), (e: Error) => {
       errors.push(e);
@@ -104,7 +104,7 @@ describe("Hub token (K5)", () => {
 
   test("a token that does not start with hf_ is refused without showing it", () => {
     assert.throws(
-      () => createHubStore({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset", token: "ghp_notahftoken123" }),
+      () => createHubClient({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset", token: "ghp_notahftoken123" }),
       (e: Error & { rule?: string }) => {
         assert.equal(e.name, "UserError");
         assert.equal(e.rule, "K5");

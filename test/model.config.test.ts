@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../src/errors";
-import { buildConfig, configFromHf, countParams, FROZEN, hfConfigJson } from "../src/model/config";
+import { buildConfig, configFromHf, countParams, FROZEN, hfConfigJson } from "../src/model/llama-config";
 import { initWeights, NormalStream, Xoshiro128 } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 

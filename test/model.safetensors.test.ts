@@ -5,7 +5,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { UserError } from "../src/errors";
-import { buildConfig, configFromHf } from "../src/model/config";
+import { buildConfig, configFromHf } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import {

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { LocalHub } from "../src/hub/server";
-import { createHubStore } from "../src/hub/store";
+import { createHubClient } from "../src/hub/client";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 import { MAIN, RestartableHub, adviceAfter, modelBytes, runCli, startCli, type Child } from "./helpers/survive";
@@ -85,7 +85,7 @@ test("the Hub killed and restarted mid-upload: the run retries, completes, and e
     assert.equal(r.code, 0, show(r));
     assert.ok(retries(r, /network error/) >= 1, show(r));
     assert.ok(modelBytes(path.join(out, "final")).equals(straight), "bit-identical to the uninterrupted run");
-    const ptr = await createHubStore({ hubUrl: u, repo: "me/restart", repoType: "dataset" }).readPointer();
+    const ptr = await createHubClient({ hubUrl: u, repo: "me/restart", repoType: "dataset" }).readPointer();
     assert.equal(ptr?.path_in_repo, "final");
   } finally {
     await rh.stop();
@@ -113,7 +113,7 @@ test("500s, a timeout and dropped connections for a few attempts are retried, on
   assert.ok(retries(r, /^hub: verification of final .*(network error|terminated|closed)/) >= 1, show(r));
   assert.ok(retries(r, /timed out/) >= 1, show(r));
   assert.ok(modelBytes(path.join(out, "final")).equals(straight), "bit-identical");
-  const ptr = await createHubStore({ hubUrl: url, repo: "me/flaky", repoType: "dataset" }).readPointer();
+  const ptr = await createHubClient({ hubUrl: url, repo: "me/flaky", repoType: "dataset" }).readPointer();
   assert.equal(ptr?.path_in_repo, "final");
 });
 
@@ -125,7 +125,7 @@ test("a corrupt newer checkpoint on the Hub: the run stops (K4), and the advised
   assert.equal(r.code, 2, show(r));
   assert.match(r.stderr, /checkpoint 8 failed: checkpoint 8 did not verify .*also after one re-upload.*mismatched 1 \[ckpt\/checkpoint-8\/optimizer\.safetensors\]/);
   assert.match(r.stdout, /checkpoint 8 did not verify .*uploading it once more/);
-  assert.equal((await createHubStore({ hubUrl: url, repo: "me/corrupt", repoType: "dataset" }).readPointer())?.step, 4);
+  assert.equal((await createHubClient({ hubUrl: url, repo: "me/corrupt", repoType: "dataset" }).readPointer())?.step, 4);
   const again = await runCli(adviceAfter(r.stderr, /Continue with:/));
   assert.equal(again.code, 0, show(again));
   assert.match(again.stdout, /ignoring ckpt\/checkpoint-8 \(newer than latest\.json's step 4\): it does not match its manifest: optimizer\.safetensors has sha256/);
@@ -145,7 +145,7 @@ test("a pointer write that failed after a verified upload: --resume auto rolls f
   const m = /checkpoint (\d+) is verified on the Hub .* but latest\.json could not be moved to it: .*kept failing/.exec(r.stderr);
   assert.ok(m, show(r));
   const lagged = Number(m![1]);
-  assert.equal((await createHubStore({ hubUrl: url, repo: "me/lag", repoType: "dataset" }).readPointer())?.step, 4);
+  assert.equal((await createHubClient({ hubUrl: url, repo: "me/lag", repoType: "dataset" }).readPointer())?.step, 4);
   // A new machine (empty --out): the checkpoint comes from the Hub, not from a local copy.
   const argv = adviceAfter(r.stderr, /Continue with:/);
   argv[argv.indexOf("--out") + 1] = tmpDir("tstrain-lag-b-");
@@ -157,7 +157,7 @@ test("a pointer write that failed after a verified upload: --resume auto rolls f
 });
 
 test("two runs on one repo: one stops naming the other writer's commit (K8), the other completes; the pointer never names an unverified checkpoint", { timeout: 240_000 }, async () => {
-  const store = createHubStore({ hubUrl: url, repo: "me/two", repoType: "dataset" });
+  const store = createHubClient({ hubUrl: url, repo: "me/two", repoType: "dataset" });
   const bad: string[] = [];
   const checks: Promise<void>[] = [];
   // After every checkpoint either run reports, the folder latest.json names must verify against its manifest.
@@ -208,7 +208,7 @@ test("SIGTERM while the Hub is down: the refusal resumes from the local checkpoi
   assert.ok(m, show(r));
   const k = Number(m![1]);
   assert.ok(k >= 6 && k < 12, `stopped at ${k}`);
-  assert.equal((await createHubStore({ hubUrl: url, repo: "me/term-down", repoType: "dataset" }).readPointer())?.step, 4, "the Hub holds checkpoint 4 only");
+  assert.equal((await createHubClient({ hubUrl: url, repo: "me/term-down", repoType: "dataset" }).readPointer())?.step, 4, "the Hub holds checkpoint 4 only");
   const again = await runCli(adviceAfter(r.stderr, /with:/));
   assert.equal(again.code, 0, show(again));
   assert.match(again.stdout, new RegExp(`resume from \\S+checkpoint-${k}: step ${k}`));
@@ -243,7 +243,7 @@ for (const when of ["training", "an upload"] as const) {
     assert.ok(m, show(r));
     const k = Number(m![1]);
     assert.ok(k >= (when === "training" ? 6 : 8) && k < steps, `stopped at ${k}`);
-    const ptr = await createHubStore({ hubUrl: url, repo, repoType: "dataset" }).readPointer();
+    const ptr = await createHubClient({ hubUrl: url, repo, repoType: "dataset" }).readPointer();
     assert.equal(ptr?.step, k, "the pointer names the checkpoint at the step the run stopped");
     assert.ok(!fs.existsSync(path.join(out, ".tstrain.lock")), "the lock is released");
     const again = await runCli(adviceAfter(r.stdout, /Resume with:/));

@@ -7,7 +7,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { LocalHub } from "../src/hub/server";
-import { createHubStore } from "../src/hub/store";
+import { createHubClient } from "../src/hub/client";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 import { MAIN, adviceAfter, modelBytes, runCli, type Child } from "./helpers/survive";
@@ -151,7 +151,7 @@ test("a 20 MB tmpfs as --out: refused before step 1 when one checkpoint cannot f
     assert.match(r.stdout, /^CKPT 4 .*ok=true/m);
     assert.match(r.stderr, /writing checkpoint folder .*checkpoint-8 failed: the disk is full \(ENOSPC\); the partial folder was removed\. Training stopped at step 8; checkpoint 4 is verified on the Hub.*\[O5\]/);
     assert.deepEqual(fs.readdirSync(path.join(out, "ckpt")), ["checkpoint-4"], "no partial folder left");
-    assert.equal((await createHubStore({ hubUrl: url, repo, repoType: "dataset" }).readPointer())?.step, 4);
+    assert.equal((await createHubClient({ hubUrl: url, repo, repoType: "dataset" }).readPointer())?.step, 4);
 
     const again = await runCli(adviceAfter(r.stderr, /then continue with:/));
     assert.equal(again.code, 0, show(again));

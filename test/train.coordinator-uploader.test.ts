@@ -11,7 +11,7 @@ import * as path from "node:path";
 import { Coordinator } from "../src/actors/coordinator";
 import type { UploaderEvent } from "../src/actors/protocol";
 import { checkpointDocs, checkpointRepoPath, type TrainerState } from "../src/checkpoint";
-import { buildConfig } from "../src/model/config";
+import { buildConfig } from "../src/model/llama-config";
 import { writeSyntheticMix } from "./helpers/mix";
 import { startTestHub } from "./helpers/hub";
 import { tmpDir } from "./helpers/tmp";

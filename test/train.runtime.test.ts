@@ -21,7 +21,7 @@ import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { adamwSlice, newScaler, type DecayRange, type OptimizerPosition } from "../src/actors/optim";
 import type { RankFault } from "../src/actors/protocol";
-import { buildConfig } from "../src/model/config";
+import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { writeSyntheticMix } from "./helpers/mix";

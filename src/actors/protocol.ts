@@ -5,7 +5,7 @@
  * (`WireError`), so callers branch on `name`, never on `instanceof`.
  */
 import type { SharedBuffers } from "./shm";
-import type { LlamaConfig } from "../model/config";
+import type { LlamaConfig } from "../model/llama-config";
 import type { BackendName } from "../model/backend";
 import type { NativeOptions } from "../model/engine/native";
 import type { DecayRange } from "./optim";

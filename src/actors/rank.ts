@@ -14,7 +14,7 @@ import { Llama } from "../model/llama";
 import { initEngine } from "../model/backend";
 import type { Kernels } from "../model/kernels";
 import { readManifest } from "../data/manifest";
-import { PackedTokenStore } from "../data/store";
+import { PackedTokenStore } from "../data/token-store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
 import { CTL_ABORT, viewShared, type SharedViews } from "./shm";

@@ -19,13 +19,13 @@ import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
 import { checkpointRoot, listCheckpointFolders, writeCheckpointFolder } from "../checkpoint";
-import { createHubStore, type HubStore } from "../hub/store";
+import { createHubClient, type HubClient } from "../hub/client";
 import { freeBytes, publishCheckpoint } from "../hub/cycle";
 import { toWireError, type CheckpointJob, type CheckpointOutcome, type UploaderApi, type UploaderEvent, type UploaderInit, type WriteOutcome, type DrainResult } from "./protocol";
 import * as path from "node:path";
 
 let opts: UploaderInit | null = null;
-let store: HubStore | null = null;
+let store: HubClient | null = null;
 let emit: (e: UploaderEvent) => void = () => undefined;
 
 /** The newest written, not yet published checkpoint, and the one being published now. */
@@ -92,7 +92,7 @@ const api: UploaderApi = {
     // The uploader runs at the process's own priority. It used to renice itself to 19 so its hashing
     // could not take CPU from the ranks; on a loaded machine that starved it (an upload took 55 s
     // instead of 4 s, and requests timed out), and its CPU use is small next to a training step.
-    store = o.hub ? createHubStore({ hubUrl: o.hub.hubUrl, repo: o.hub.repo, repoType: o.hub.repoType, timeoutMs: o.hub.timeoutMs }) : null;
+    store = o.hub ? createHubClient({ hubUrl: o.hub.hubUrl, repo: o.hub.repo, repoType: o.hub.repoType, timeoutMs: o.hub.timeoutMs }) : null;
     if (store) await store.followHead(o.head);
   },
 

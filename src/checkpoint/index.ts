@@ -14,5 +14,5 @@
  */
 export * from "./names";
 export * from "./state";
-export * from "./write";
-export * from "./read";
+export * from "./save";
+export * from "./load";

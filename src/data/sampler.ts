@@ -13,7 +13,7 @@
  */
 import { UserError } from "../errors";
 import { WindowPermutation } from "./permutation";
-import { PackedTokenStore } from "./store";
+import { PackedTokenStore } from "./token-store";
 
 export interface Geometry { world: number; accum: number; microBatch: number; seqLen: number }
 

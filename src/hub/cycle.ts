@@ -11,9 +11,9 @@ import * as fs from "node:fs";
 import * as fsp from "node:fs/promises";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
-import type { HubStore, Pointer, RemoteFile } from "./store";
-import { describeHubError, walkFiles } from "./store";
-import { CheckpointPublishError, CheckpointVerifyError, type VerifyReport } from "./errors";
+import type { HubClient, Pointer, RemoteFile } from "./client";
+import { describeHubError, walkFiles } from "./client";
+import { CheckpointPublishError, CheckpointVerifyError, type VerifyReport } from "./hub-errors";
 import { isTransient, withRetry, RetryExhausted, type RetryOptions } from "./retry";
 
 export interface PublishResult {
@@ -108,7 +108,7 @@ const round1 = (x: number) => Math.round(x * 10) / 10;
  * Compares the local folder with what the Hub lists under pathInRepo, and reads one file back.
  * The read-back file is cursor.json when present (the run's identity), else the smallest file.
  */
-export async function verifyRemote(store: HubStore, local: LocalFile[], pathInRepo: string): Promise<VerifyReport & { detail: string[] }> {
+export async function verifyRemote(store: HubClient, local: LocalFile[], pathInRepo: string): Promise<VerifyReport & { detail: string[] }> {
   const remote: RemoteFile[] = await store.list(pathInRepo);
   const byPath = new Map(remote.map((f) => [f.path, f]));
   const missing: string[] = [];
@@ -160,7 +160,7 @@ function ckptLine(kind: string, r: PublishResult, pointer: Pointer, loss: number
 
 /** One publish in progress: its options, the result it fills in, and how a stage retries and fails. */
 interface Publishing {
-  store: HubStore;
+  store: HubClient;
   o: PublishOptions;
   kind: "CKPT" | "FINAL";
   step: number;
@@ -178,7 +178,7 @@ interface Publishing {
   fail(e: Error): Promise<never>;
 }
 
-function startPublishing(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL"): Publishing {
+function startPublishing(store: HubClient, o: PublishOptions, kind: "CKPT" | "FINAL"): Publishing {
   if (o.pointer.path_in_repo !== o.pathInRepo) {
     throw new TypeError(`publish: pointer.path_in_repo ${JSON.stringify(o.pointer.path_in_repo)} differs from pathInRepo ${JSON.stringify(o.pathInRepo)}`);
   }
@@ -318,7 +318,7 @@ async function pruneIfAllowed(p: Publishing): Promise<void> {
 }
 
 /** K3: upload → verify → pointer → prune; each stage runs only if the one before it succeeded. */
-async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL"): Promise<PublishResult> {
+async function publish(store: HubClient, o: PublishOptions, kind: "CKPT" | "FINAL"): Promise<PublishResult> {
   const p = startPublishing(store, o, kind);
   const local = await readLocalCopy(p);
   await uploadAndVerify(p, local);
@@ -333,13 +333,13 @@ async function publish(store: HubStore, o: PublishOptions, kind: "CKPT" | "FINAL
 
 /** K3 for ckpt/checkpoint-N: upload → verify → pointer → prune. Throws CheckpointVerifyError (K4) or
  *  CheckpointPublishError (K3); in both cases the local copy exists and the pointer was not moved. */
-export function publishCheckpoint(store: HubStore, o: PublishOptions): Promise<PublishResult> {
+export function publishCheckpoint(store: HubClient, o: PublishOptions): Promise<PublishResult> {
   return publish(store, o, "CKPT");
 }
 
 /** G4: push final/ with the same verification, then roll latest.json to it. */
 export function publishFinal(
-  store: HubStore,
+  store: HubClient,
   o: Omit<PublishOptions, "prune" | "minFreeGb" | "pathInRepo"> & { pathInRepo?: string; prune?: boolean; minFreeGb?: number },
 ): Promise<PublishResult> {
   const pathInRepo = o.pathInRepo ?? "final";

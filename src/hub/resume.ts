@@ -8,8 +8,8 @@ import * as fs from "node:fs";
 import * as fsp from "node:fs/promises";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import type { HubStore, Pointer, RemoteFile } from "./store";
-import { describeHubError } from "./store";
+import type { HubClient, Pointer, RemoteFile } from "./client";
+import { describeHubError } from "./client";
 import { checkSafetensorsFile } from "./safetensors-check";
 import { withRetry } from "./retry";
 import { MANIFEST_FILE, CURSOR_FILE, FINAL_DIR, MODEL_FILE, OPTIMIZER_FILE, checkpointRepoPath, parseManifest, priorLossOf, stepOfRepoFile } from "../checkpoint";
@@ -42,7 +42,7 @@ type Proof = { ok: true; pointer: Pointer; files: number } | { ok: false; noMani
  * present with the manifest's size and sha256, nothing else), with a cursor at step N that belongs
  * to this run (same fingerprint and seed, and the samples-per-step the pointer implies)?
  */
-async function proveCheckpoint(store: HubStore, step: number, ref: Pointer | null): Promise<Proof> {
+async function proveCheckpoint(store: HubClient, step: number, ref: Pointer | null): Promise<Proof> {
   const prefix = checkpointRepoPath(step);
   const raw = await store.download(`${prefix}/${MANIFEST_FILE}`);
   if (raw === null) return { ok: false, noManifest: true, reason: `it has no ${MANIFEST_FILE}` };
@@ -87,7 +87,7 @@ async function proveCheckpoint(store: HubStore, step: number, ref: Pointer | nul
 }
 
 /** R5: move latest.json onto a checkpoint that proved complete (parent revision named, K8). */
-async function rollForward(store: HubStore, from: Pointer | null, to: Pointer, files: number, log: (l: string) => void): Promise<void> {
+async function rollForward(store: HubClient, from: Pointer | null, to: Pointer, files: number, log: (l: string) => void): Promise<void> {
   await store.followHead();
   await withRetry((attempt) => store.writePointer(to, { retry: attempt > 1 }), { what: `write of latest.json -> ${to.path_in_repo}`, log, giveUpMs: 120_000 });
   log(`resume auto: latest.json ${from ? `pointed at step ${from.step} (${from.path_in_repo})` : "was missing"}, but ${to.path_in_repo} proves complete against its manifest (${files} files, sizes and sha256 equal) with a consistent cursor: rolled forward, latest.json now points at step ${to.step} (R5)`);
@@ -136,7 +136,7 @@ export function checkpointSteps(files: RemoteFile[]): number[] {
 }
 
 /** R2–R6, top to bottom: the pointer, the newest state, then the pointed checkpoint brought down. */
-export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): Promise<AutoResume> {
+export async function resolveAutoResume(store: HubClient, o: AutoResumeOptions): Promise<AutoResume> {
   const ptr = await readPointerOrMissing(store);
   if (ptr === null) return resumeWithoutPointer(store, o);
   const listed = await listForNewest(store, ptr, o);
@@ -153,7 +153,7 @@ export async function resolveAutoResume(store: HubStore, o: AutoResumeOptions): 
 }
 
 /** R2: latest.json, or null when it (or the repo) is missing; any other failure refuses. */
-async function readPointerOrMissing(store: HubStore): Promise<Pointer | null> {
+async function readPointerOrMissing(store: HubClient): Promise<Pointer | null> {
   try {
     return await store.readPointer();
   } catch (e) {
@@ -166,7 +166,7 @@ async function readPointerOrMissing(store: HubStore): Promise<Pointer | null> {
  * R2, R5: a missing pointer is a fact only if nothing was ever pushed: list the repo before believing
  * it. The newest checkpoint that proves complete against its manifest restores the pointer.
  */
-async function resumeWithoutPointer(store: HubStore, o: AutoResumeOptions): Promise<AutoResume> {
+async function resumeWithoutPointer(store: HubClient, o: AutoResumeOptions): Promise<AutoResume> {
   const repo = store.repo;
   let listed: RemoteFile[];
   try {
@@ -198,7 +198,7 @@ function startFresh(reason: string, o: AutoResumeOptions): AutoResume {
 }
 
 /** R3: the whole repo's listing (retried once after retryDelayMs), without which the pointer cannot be proven newest. */
-async function listForNewest(store: HubStore, ptr: Pointer, o: AutoResumeOptions): Promise<RemoteFile[]> {
+async function listForNewest(store: HubClient, ptr: Pointer, o: AutoResumeOptions): Promise<RemoteFile[]> {
   let lastErr: unknown = null;
   for (let attempt = 1; attempt <= 2; attempt++) {
     try {
@@ -217,7 +217,7 @@ async function listForNewest(store: HubStore, ptr: Pointer, o: AutoResumeOptions
  * onto (true); one that does not is reported and ignored (the run overwrites it when it commits that
  * step again); one without a manifest cannot be judged and is refused (R3) unless ignoreUnproven.
  */
-async function rolledOntoNewer(store: HubStore, ptr: Pointer, steps: number[], o: AutoResumeOptions): Promise<boolean> {
+async function rolledOntoNewer(store: HubClient, ptr: Pointer, steps: number[], o: AutoResumeOptions): Promise<boolean> {
   const repo = store.repo;
   for (const n of steps.filter((x) => x > ptr.step).reverse()) {
     let proof: Proof;
@@ -239,7 +239,7 @@ async function rolledOntoNewer(store: HubStore, ptr: Pointer, steps: number[], o
 }
 
 /** R6 then R4: reuse a local copy equal to the Hub's, else download the pointed folder; then check the weights. */
-async function bringDown(store: HubStore, ptr: Pointer, pointed: RemoteFile[], o: AutoResumeOptions): Promise<AutoResume> {
+async function bringDown(store: HubClient, ptr: Pointer, pointed: RemoteFile[], o: AutoResumeOptions): Promise<AutoResume> {
   o.log(`auto-resume: hub says step ${ptr.step} at ${ptr.path_in_repo}`);
   const local = await equalLocalCopy(ptr, pointed, o);
   if (local !== null) return checkWeights(store, ptr, local, o.log);
@@ -277,7 +277,7 @@ async function equalLocalCopy(ptr: Pointer, pointed: RemoteFile[], o: AutoResume
   return null;
 }
 
-async function checkWeights(store: HubStore, ptr: Pointer, dir: string, log: (l: string) => void): Promise<AutoResume> {
+async function checkWeights(store: HubClient, ptr: Pointer, dir: string, log: (l: string) => void): Promise<AutoResume> {
   const repo = store.repo;
   for (const name of [MODEL_FILE, OPTIMIZER_FILE]) {
     const p = path.join(dir, name);

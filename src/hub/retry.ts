@@ -6,7 +6,7 @@
  * and surfaces at once.
  */
 import { HubApiError } from "@huggingface/hub";
-import { describeHubError } from "./store";
+import { describeHubError } from "./client";
 
 const TRANSIENT_CODES = new Set([
   "ECONNREFUSED", "ECONNRESET", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENETDOWN", "EAI_AGAIN", "ENOTFOUND",

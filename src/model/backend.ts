@@ -8,13 +8,14 @@
  */
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
+import type { BackendName } from "../config";
 import { UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
 import { DEFAULT_NATIVE, loadNative, type NativeOptions } from "./engine/native";
 
-/** What `--backend` accepts: the engines (kernels.ts's EngineName). */
-export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
+/** What `--backend` accepts: defined once, with the config. */
+export type { BackendName };
 /** The tfjs backends (initBackend). */
 export type TfjsBackendName = Exclude<BackendName, "native">;
 

@@ -12,7 +12,7 @@
  *  - the stream walks the flat layout in order, skipping the norm weights (which take 1.0).
  *  Values are std * z rounded to float32.
  */
-import type { LlamaConfig } from "./config";
+import type { LlamaConfig } from "./llama-config";
 import { paramLayout } from "./layout";
 
 const MASK64 = (1n << 64n) - 1n;

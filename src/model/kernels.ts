@@ -86,6 +86,3 @@ export interface Kernels {
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;
 }
-
-/** What `--backend` can ask for. `auto` = native when its addon loads and a BLAS is found, else tfjs. */
-export type EngineName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";

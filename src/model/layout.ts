@@ -5,7 +5,7 @@
  * gate, up, down; then model.norm. Shapes are HF's ([out, in] for projections). No lm_head (tied).
  * q,k,v and gate,up are adjacent on purpose: the model reads them as one fused matrix each.
  */
-import type { LlamaConfig } from "./config";
+import type { LlamaConfig } from "./llama-config";
 
 export interface ParamEntry {
   name: string;

@@ -17,7 +17,7 @@
  * the big per-block tensors ([B,H,T,T] attention, [N,F]); otherwise whole blocks (minus the down projection).
  */
 import { UserError } from "../errors";
-import type { LlamaConfig } from "./config";
+import type { LlamaConfig } from "./llama-config";
 import type { Kernels } from "./kernels";
 import { paramLayout } from "./layout";
 

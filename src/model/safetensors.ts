@@ -7,7 +7,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import { UserError } from "../errors";
-import type { LlamaConfig } from "./config";
+import type { LlamaConfig } from "./llama-config";
 import { paramLayout } from "./layout";
 
 export type StDtype = "F32" | "F64" | "I32" | "I64" | "U8";

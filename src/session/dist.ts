@@ -16,7 +16,7 @@ import * as path from "node:path";
 import { UserError } from "../errors";
 import type { RunConfig } from "../config";
 import type { MpiWorld } from "../mpi/world";
-import type { LlamaConfig } from "../model/config";
+import type { LlamaConfig } from "../model/llama-config";
 import { readManifest } from "../data/manifest";
 import { mixFingerprint } from "../data/fingerprint";
 import { Coordinator } from "../actors/coordinator";

@@ -1,21 +1,21 @@
 /** G4, M7: final/ = HF model folder + tokenizer files + cursor + run_summary.json, written aside and renamed. */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { hfConfigJson } from "../model/config";
+import { hfConfigJson } from "../model/llama-config";
 import { writeSafetensors, flatToTensors } from "../model/safetensors";
 import { saveCursor } from "../data/cursor";
 import type { Coordinator } from "../actors/coordinator";
 import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../actors/optim";
 import type { Reporter } from "../report";
 import { FINAL_DIR } from "../checkpoint";
-import { loadTokenizerFile } from "../generate";
+import { loadTokenizerFile } from "./generation";
 import { vocabSha256 } from "../data/vocab-hash";
-import { cursorAt, type SessionPlan } from "./plan";
+import { cursorAt, type Session } from "./setup";
 
 export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
 
 /** G4: the export of the weights as they are now. Never overwrites: an earlier final/ is moved aside. */
-export function exportFinal(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): string {
+export function exportFinal(s: Session, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): string {
   const { cfg } = s;
   const exp = path.join(cfg.out, FINAL_DIR);
   if (fs.existsSync(exp)) {
@@ -48,7 +48,7 @@ function shippedVocabSha(dir: string, shipped: string[]): string | null {
 }
 
 /** run_summary.json: the session's figures, the data identity and the whole recipe, optimizer constants included. */
-function runSummary(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, shipped: string[]): Record<string, unknown> {
+function runSummary(s: Session, coord: Coordinator, figures: Record<string, unknown>, shipped: string[]): Record<string, unknown> {
   const { cfg } = s;
   return {
     ...figures, params: s.params, params_total: s.params.sum_numel, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,

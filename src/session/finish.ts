@@ -10,7 +10,7 @@ import { FINAL_DIR, type LogEntry } from "../checkpoint";
 import { fmtDuration, writeRunReport, type Reporter } from "../report";
 import { publishFinal, type PublishResult } from "../hub/cycle";
 import { recordSessionEnd } from "./record";
-import { pointerAt, type SessionPlan } from "./plan";
+import { pointerAt, type Session } from "./setup";
 import { memoryReport, sampleNow, type MemoryReport, type MetricWindow } from "./metrics";
 import type { CheckpointsInFlight } from "./in-flight";
 import { validate, type Validation } from "./validate";
@@ -29,7 +29,7 @@ export interface LoopState {
   lastSample: string;
 }
 
-export async function finishSession(s: SessionPlan, coord: Coordinator, l: LoopState, rep: Reporter): Promise<RunResult> {
+export async function finishSession(s: Session, coord: Coordinator, l: LoopState, rep: Reporter): Promise<RunResult> {
   const { cfg, plan } = s;
   const step = s.endStep;
   const sessionSec = (performance.now() - l.t0) / 1000;
@@ -59,7 +59,7 @@ export async function finishSession(s: SessionPlan, coord: Coordinator, l: LoopS
 }
 
 /** G1: a segment (a session that stops before the horizon) must end on a checkpoint, verified on the Hub when there is one. */
-function checkSegmentEnd(s: SessionPlan, ckpts: CheckpointsInFlight, segment: boolean): void {
+function checkSegmentEnd(s: Session, ckpts: CheckpointsInFlight, segment: boolean): void {
   const step = s.endStep;
   if (segment && s.hub && !ckpts.published.has(step)) {
     throw new UserError("G1", `segment ended at step ${step} but no checkpoint was pushed and verified for it (pushed: ${[...ckpts.published].sort((a, b) => a - b).join(", ") || "none"}); the next session would re-read this interval`);
@@ -70,7 +70,7 @@ function checkSegmentEnd(s: SessionPlan, ckpts: CheckpointsInFlight, segment: bo
 }
 
 /** G4: final/ written locally, then (with a Hub) published, verified and named by latest.json. */
-async function exportAndPublish(s: SessionPlan, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): Promise<{ exported: string; final: PublishResult | null }> {
+async function exportAndPublish(s: Session, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): Promise<{ exported: string; final: PublishResult | null }> {
   await s.dist?.verify(s.endStep, coord); // A11
   const exported = exportFinal(s, coord, figures, rep);
   let final: PublishResult | null = null;
@@ -94,7 +94,7 @@ interface EndFigures {
 }
 
 /** G5: the one RUN_JSON line. */
-function runJsonOf(s: SessionPlan, coord: Coordinator, l: LoopState, f: EndFigures): Record<string, unknown> {
+function runJsonOf(s: Session, coord: Coordinator, l: LoopState, f: EndFigures): Record<string, unknown> {
   const { cfg, plan } = s;
   const step = s.endStep;
   return {

@@ -7,13 +7,13 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { hfConfigJson } from "../model/config";
+import { hfConfigJson } from "../model/llama-config";
 import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
 import { MANIFEST_FILE, checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, listCheckpointFolders, type LogEntry, type TrainerState } from "../checkpoint";
 import type { Reporter } from "../report";
-import { cursorAt, pointerAt, type SessionPlan } from "./plan";
+import { cursorAt, pointerAt, type Session } from "./setup";
 import { resumeCommand } from "./stop";
 import { runConfigDoc } from "./resume-config";
 
@@ -32,7 +32,7 @@ export class CheckpointsInFlight {
   private waitsSaid = 0;
 
   constructor(
-    private readonly s: SessionPlan, private readonly coord: Coordinator, private readonly pos: OptimizerPosition,
+    private readonly s: Session, private readonly coord: Coordinator, private readonly pos: OptimizerPosition,
     private readonly history: LogEntry[], private readonly events: UploaderEvent[], private readonly rep: Reporter,
   ) {}
 

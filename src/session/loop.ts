@@ -7,7 +7,7 @@ import type { OptimizerPosition } from "../actors/optim";
 import type { UploaderEvent } from "../actors/protocol";
 import { checkpointDir, checkpointRoot, type LogEntry } from "../checkpoint";
 import type { Reporter } from "../report";
-import type { SessionPlan } from "./plan";
+import type { Session } from "./setup";
 import { MetricWindow, sampleNow } from "./metrics";
 import { CheckpointsInFlight } from "./in-flight";
 import { finishSession, type RunResult } from "./finish";
@@ -15,7 +15,7 @@ import { requestStop, resumeCommand, RunStopped, stopRequested } from "./stop";
 import { recordSessionEnd } from "./record";
 
 /** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
-export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
+export async function trainLoop(s: Session, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
   const { cfg, plan } = s;
   const checkpoints = new CheckpointsInFlight(s, coord, pos, history, events, rep);
   const metrics = new MetricWindow(s, history, rep);
@@ -52,7 +52,7 @@ export async function trainLoop(s: SessionPlan, coord: Coordinator, pos: Optimiz
 }
 
 /** One optimizer step. When a rank fails, the checkpoints handed over hold the last good steps: let them land, then stop. */
-async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight, step: number, pos: OptimizerPosition, s: SessionPlan): Promise<StepResult> {
+async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight, step: number, pos: OptimizerPosition, s: Session): Promise<StepResult> {
   try {
     if (!s.dist) return await coord.step(step, pos, s.cfg.lr, s.lrShape);
     await s.dist.step(step); // A9: every process runs this step with its ranks
@@ -70,7 +70,7 @@ async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight,
  * A11: every process holds the same weights and moments at `step` (the checksum they agree on), or the run stops; the
  * checkpoints already handed over (agreed at their own step) land first.
  */
-async function verifyOrDrain(s: SessionPlan, coord: Coordinator, checkpoints: CheckpointsInFlight, step: number): Promise<string> {
+async function verifyOrDrain(s: Session, coord: Coordinator, checkpoints: CheckpointsInFlight, step: number): Promise<string> {
   try {
     return await s.dist!.verify(step, coord);
   } catch (e) {
@@ -80,13 +80,13 @@ async function verifyOrDrain(s: SessionPlan, coord: Coordinator, checkpoints: Ch
 }
 
 /** O3: the step in progress has finished; save it and publish it, then stop. */
-async function checkpointOnSignal(s: SessionPlan, checkpoints: CheckpointsInFlight, step: number, loss: number, rep: Reporter): Promise<void> {
+async function checkpointOnSignal(s: Session, checkpoints: CheckpointsInFlight, step: number, loss: number, rep: Reporter): Promise<void> {
   rep.say(`${stopRequested()}: stopping after step ${step}; writing${s.hub ? " and publishing" : ""} a checkpoint at step ${step} first (a second signal exits at once)`);
   await checkpoints.checkpointOnStop(step, loss);
 }
 
 /** O3: what a signal's stop leaves, and the command that resumes. */
-function stoppedBySignal(s: SessionPlan, stoppedAt: number): RunStopped {
+function stoppedBySignal(s: Session, stoppedAt: number): RunStopped {
   const saved = stoppedAt > s.startStep;
   const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(checkpointDir(s.cfg.out, stoppedAt))) : null;
   return new RunStopped(saved

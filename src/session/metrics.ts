@@ -7,8 +7,8 @@ import type { Coordinator, StepResult } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { RankMemory } from "../actors/protocol";
 import { fmtDuration, type Reporter } from "../report";
-import { sampleAtCheckpoint } from "../generate";
-import type { SessionPlan } from "./plan";
+import { sampleAtCheckpoint } from "./generation";
+import type { Session } from "./setup";
 
 /** The figures of the steps since the last log line, and the loss of the last step. */
 export class MetricWindow {
@@ -21,7 +21,7 @@ export class MetricWindow {
   private tokens = 0;
   private t0 = performance.now();
 
-  constructor(private readonly s: SessionPlan, private readonly history: LogEntry[], private readonly rep: Reporter) {}
+  constructor(private readonly s: Session, private readonly history: LogEntry[], private readonly rep: Reporter) {}
 
   /** Seconds since training began. */
   trainSeconds(): number {
@@ -85,6 +85,6 @@ function megabytes(n: number): number {
 }
 
 /** G11: a short greedy sample from the current weights (read between steps), logged and kept for the report. */
-export function sampleNow(s: SessionPlan, coord: Coordinator, step: number): Promise<string> {
+export function sampleNow(s: Session, coord: Coordinator, step: number): Promise<string> {
   return sampleAtCheckpoint({ out: s.cfg.out, root: s.root, cfg: s.model, params: coord.views.params, step, backend: s.cfg.backend });
 }

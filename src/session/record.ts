@@ -6,11 +6,11 @@
 import type { CheckpointOutcome } from "../actors/protocol";
 import type { PublishResult } from "../hub/cycle";
 import { recordSessionEvent, type HubPublication, type SessionEvent } from "../report";
-import type { SessionPlan } from "./plan";
+import type { Session } from "./setup";
 
 let current: string | null = null;
 
-export function recordSessionStart(s: SessionPlan): void {
+export function recordSessionStart(s: Session): void {
   current = `${process.pid}-${Date.now()}`;
   recordSessionEvent(s.cfg.out, {
     event: "start", session: current, at: new Date().toISOString(), start_step: s.startStep, steps_planned: s.plan.stepsPlanned, resumed_from: s.resumeDir,
@@ -23,7 +23,7 @@ function publication(r: PublishResult): HubPublication {
 }
 
 export function recordSessionEnd(
-  s: SessionPlan, o: { ended: Extract<SessionEvent, { event: "end" }>["ended"]; finalStep: number; seconds: number; outcomes: CheckpointOutcome[]; final?: PublishResult | null },
+  s: Session, o: { ended: Extract<SessionEvent, { event: "end" }>["ended"]; finalStep: number; seconds: number; outcomes: CheckpointOutcome[]; final?: PublishResult | null },
 ): void {
   if (!current) return;
   const hub = o.outcomes.filter((c) => c.published).map((c) => publication(c.published!));

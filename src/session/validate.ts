@@ -1,12 +1,12 @@
 /** G2: the validation pass at the horizon; a failure is recorded in RUN_JSON, not thrown. Segments skip it (G1). */
 import type { Coordinator } from "../actors/coordinator";
 import type { Reporter } from "../report";
-import type { SessionPlan } from "./plan";
+import type { Session } from "./setup";
 import { progressEverySeconds } from "../config";
 
 export interface Validation { valLoss: number | null; ppl: number | null; valError: string | null }
 
-export async function validate(s: SessionPlan, coord: Coordinator, segment: boolean, rep: Reporter): Promise<Validation> {
+export async function validate(s: Session, coord: Coordinator, segment: boolean, rep: Reporter): Promise<Validation> {
   if (segment) {
     rep.say(`validation skipped: segment ended at step ${s.endStep} of ${s.plan.stepsPlanned} (G1)`);
     return { valLoss: null, ppl: null, valError: null };

@@ -1,7 +1,7 @@
 // The llama-tiny float64 reference (test/fixtures/llama-tiny), loaded once by HF names (M4, M7).
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { configFromHf, type LlamaConfig } from "../../src/model/config";
+import { configFromHf, type LlamaConfig } from "../../src/model/llama-config";
 import { paramLayout } from "../../src/model/layout";
 import { readSafetensors, tensorsToFlat } from "../../src/model/safetensors";
 

@@ -9,7 +9,7 @@ import { checkpointRepoPath, type LogEntry, type TrainerState } from "../../src/
 import * as os from "node:os";
 import { before, after, beforeEach } from "node:test";
 import { LocalHub, type LocalHubOptions } from "../../src/hub/server";
-import { createHubStore, type HubStore, type HubStoreOptions, type Pointer } from "../../src/hub/store";
+import { createHubClient, type HubClient, type HubClientOptions, type Pointer } from "../../src/hub/client";
 
 export interface FakeCheckpointOptions {
   step: number;
@@ -76,7 +76,7 @@ export interface TestHub {
   url: string;
   /** A scratch directory for local checkpoints; removed by close(). */
   tmp: string;
-  store(o?: Partial<HubStoreOptions>): HubStore;
+  store(o?: Partial<HubClientOptions>): HubClient;
   close(): Promise<void>;
 }
 
@@ -88,7 +88,7 @@ export async function startTestHub(o: Partial<LocalHubOptions> & { repo?: string
     hub,
     url,
     tmp,
-    store: (s = {}) => createHubStore({ hubUrl: url, repo: o.repo ?? "tester/run", repoType: o.repoType ?? "dataset", timeoutMs: 10_000, ...s }),
+    store: (s = {}) => createHubClient({ hubUrl: url, repo: o.repo ?? "tester/run", repoType: o.repoType ?? "dataset", timeoutMs: 10_000, ...s }),
     close: async () => {
       await hub.stop();
       fs.rmSync(tmp, { recursive: true, force: true });

@@ -2,12 +2,14 @@
 import type { Access } from "./auth";
 import type { HubEndpoint } from "./faults";
 import type { RepoRef, RepoType } from "./repo";
-import { POINTER_FILE } from "../../checkpoint/names";
 
 export interface Route { endpoint: HubEndpoint | null; repo?: RepoRef; rest: string[]; access: Access }
 
-/** The trainer's pointer file (latest.json), which the pointer faults single out. */
-export const POINTER_PATH = POINTER_FILE;
+/**
+ * The pointer file a checkpointing client moves last (HUB-PROTOCOL.md: latest.json), which the pointer faults
+ * single out. The server knows the name, not the trainer: hub.server tests check it equals checkpoint/names.ts's.
+ */
+export const POINTER_PATH = "latest.json";
 const NONE: Route = { endpoint: null, rest: [], access: "none" };
 
 const typeOf = (s: string): RepoType | null => (s === "models" ? "model" : s === "datasets" ? "dataset" : null);

@@ -7,26 +7,26 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
 import { planSteps, progressEverySeconds, type RunConfig, type StepPlan } from "../config";
-import { buildConfig, countParams, type LlamaConfig } from "../model/config";
+import { buildConfig, countParams, type LlamaConfig } from "../model/llama-config";
 import { readManifest, type Manifest } from "../data/manifest";
-import { PackedTokenStore } from "../data/store";
+import { PackedTokenStore } from "../data/token-store";
 import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerprint";
 import { permSha } from "../data/permutation";
 import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
-import { checkNoWrap, valWindowCount } from "../data/plan";
+import { checkNoWrap, valWindowCount } from "../data/budget";
 import { ensureDemoMix } from "../data/demo";
 import {
   MANIFEST_FILE, readHfConfig, readRunConfigIfAny, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
 } from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
-import { createHubStore, type HubStore } from "../hub/store";
+import { createHubClient, type HubClient } from "../hub/client";
 import { resolveAutoResume } from "../hub/resume";
 import { RunComplete } from "./stop";
 import { checkConfigChanges, describeChanges } from "./resume-config";
 import type { DistLink } from "./dist";
 
-export interface SessionPlan {
+export interface Session {
   cfg: RunConfig;
   root: string;
   manifest: Manifest;
@@ -42,7 +42,7 @@ export interface SessionPlan {
   endStep: number;
   resumeDir: string | null;
   priorLoss: number | null;
-  hub: HubStore | null;
+  hub: HubClient | null;
   /** The resume folder is a local copy proven equal to the Hub's verified checkpoint (R6). */
   resumeVerifiedLocal: boolean;
   /** Bytes one checkpoint takes (O1, K6). */
@@ -55,19 +55,19 @@ export interface SessionPlan {
 interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string; tokenIds: TokenIdScan }
 
 /** The model and what one checkpoint of it takes (M1-M3, O1). */
-interface ModelPlan { model: LlamaConfig; params: SessionPlan["params"]; checkpointBytes: number; roomFor: string }
+interface ModelPlan { model: LlamaConfig; params: Session["params"]; checkpointBytes: number; roomFor: string }
 
 /** Where this session starts (R1-R6, C3). */
 interface StartPoint { startStep: number; resumeDir: string | null; priorLoss: number | null; resumeVerifiedLocal: boolean }
 
-export async function planSession(cfg: RunConfig, rep: Reporter): Promise<SessionPlan> {
+export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Session> {
   const data = await planData(cfg, rep);
   const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
   const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
   rep.say(`mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
   rep.say(`params: ${JSON.stringify(m.params)}`);
-  const hub = cfg.hubRepo ? createHubStore({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }) : null;
+  const hub = cfg.hubRepo ? createHubClient({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }) : null;
   const start = await planStart(cfg, hub, data, plan, m, rep);
   const room = checkNoWrap({ nWindows: data.nWindows, startStep: start.startStep, stepsPlanned: plan.stepsPlanned, seqsPerStep: plan.seqsPerStep, seqLen: cfg.seqLen });
   const nVal = valWindowCount(cfg.valTokens, data.manifest.val_total_tokens, cfg.seqLen);
@@ -142,7 +142,7 @@ function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
 }
 
 /** The resume point: the checkpoint to start from (or none), checked against this plan, and room for the next one. */
-async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, plan: StepPlan, m: ModelPlan, rep: Reporter): Promise<StartPoint> {
+async function planStart(cfg: RunConfig, hub: HubClient | null, data: DataPlan, plan: StepPlan, m: ModelPlan, rep: Reporter): Promise<StartPoint> {
   const start = await findResumeDir(cfg, hub, rep);
   if (!start.resumeDir) await refuseFreshOverExistingRun(cfg, hub);
   if (start.resumeDir) {
@@ -173,7 +173,7 @@ async function planStart(cfg: RunConfig, hub: HubStore | null, data: DataPlan, p
 }
 
 /** --resume auto asks the Hub (R2-R4); --resume DIR names the folder; '' starts fresh. */
-async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter): Promise<StartPoint> {
+async function findResumeDir(cfg: RunConfig, hub: HubClient | null, rep: Reporter): Promise<StartPoint> {
   const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
   if (cfg.resume !== "auto") {
     if (!cfg.resume) return start;
@@ -195,7 +195,7 @@ async function findResumeDir(cfg: RunConfig, hub: HubStore | null, rep: Reporter
 }
 
 /** K7: a --resume DIR folder proves itself against its manifest before anything in it is read. */
-function verifyLocalResume(cfg: RunConfig, hub: HubStore | null, rep: Reporter): void {
+function verifyLocalResume(cfg: RunConfig, hub: HubClient | null, rep: Reporter): void {
   const dir = cfg.resume;
   const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter((c) => path.resolve(c.dir) !== path.resolve(dir));
   const ways = [...(others.length ? [`--resume ${others[others.length - 1]!.dir}`] : []), ...(hub ? ["--resume auto"] : [])];
@@ -259,7 +259,7 @@ function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): numb
  * A fresh start (no --resume) must not write over an earlier run: local checkpoint folders in
  * --out, or a Hub repo whose latest.json already points somewhere, are refused with what to do.
  */
-async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubStore | null): Promise<void> {
+async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubClient | null): Promise<void> {
   const local = listCheckpointFolders(checkpointRoot(cfg.out));
   if (local.length) {
     throw new UserError("R1", `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1]!.dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
@@ -300,11 +300,11 @@ function dirBytesSync(d: string): number {
 }
 
 /** The data position after `step` steps (C1, C2). */
-export function cursorAt(s: SessionPlan, step: number): Cursor {
+export function cursorAt(s: Session, step: number): Cursor {
   return makeCursor({ step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, seed: s.cfg.dataSeed, fingerprint: s.fingerprint, permSha: s.permSha });
 }
 
 /** The latest.json pointer for the checkpoint of `step` at `pathInRepo`. */
-export function pointerAt(s: SessionPlan, step: number, pathInRepo: string): Pointer {
+export function pointerAt(s: Session, step: number, pathInRepo: string): Pointer {
   return makePointer({ pathInRepo, step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, fingerprint: s.fingerprint, seed: s.cfg.dataSeed });
 }

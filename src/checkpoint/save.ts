@@ -8,7 +8,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { UserError } from "../errors";
-import type { LlamaConfig } from "../model/config";
+import type { LlamaConfig } from "../model/llama-config";
 import { encodeSafetensors, flatToTensors, type StTensor } from "../model/safetensors";
 import { MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, partialDirOf } from "./names";
 import { MANIFEST_FORMAT, type CheckpointDocs, type CheckpointManifest } from "./state";

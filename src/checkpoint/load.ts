@@ -6,7 +6,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import type { LlamaConfig } from "../model/config";
+import type { LlamaConfig } from "../model/llama-config";
 import { paramLayout } from "../model/layout";
 import { decodeSafetensors, tensorsToFlat, type StTensor } from "../model/safetensors";
 import { createHash } from "node:crypto";

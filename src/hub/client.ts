@@ -1,5 +1,5 @@
 /**
- * HubStore — everything the trainer needs from a Hub, behind one small interface, implemented with
+ * HubClient — everything the trainer needs from a Hub, behind one small interface, implemented with
  * `@huggingface/hub` only (no hand-written Hub HTTP). The one piece of HTTP plumbing here is the
  * `fetch` every client call is given: it adds per-request timeouts and remembers the status and
  * `X-Error-Code` of the last answer, because the client's `HubApiError` drops the header that tells
@@ -16,7 +16,7 @@ import { commit, createRepo, datasetInfo, downloadFile, fileDownloadInfo, HubApi
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { progressEverySeconds } from "../config";
-import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./errors";
+import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./hub-errors";
 import { POINTER_FILE } from "../checkpoint/names";
 import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
 export type { Pointer };
@@ -31,7 +31,7 @@ export interface RemoteFile {
   lfs?: boolean;
 }
 
-export interface HubStore {
+export interface HubClient {
   readonly repo: string;
   readonly repoType: "dataset" | "model";
   repoExists(): Promise<boolean>;
@@ -83,7 +83,7 @@ interface LandedCheck {
   alreadyLanded?: () => Promise<boolean>;
 }
 
-export interface HubStoreOptions {
+export interface HubClientOptions {
   hubUrl: string;
   repo: string;
   repoType: "dataset" | "model";
@@ -205,7 +205,7 @@ export async function walkFiles(dir: string): Promise<string[]> {
   return out.sort();
 }
 
-class ClientHubStore implements HubStore {
+class ClientHubStore implements HubClient {
   readonly repo: string;
   readonly repoType: "dataset" | "model";
   private readonly hubUrl: string;
@@ -214,8 +214,8 @@ class ClientHubStore implements HubStore {
   private readonly timeoutMs: number;
   private readonly designation: RepoDesignation;
 
-  constructor(o: HubStoreOptions) {
-    if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl)) throw new TypeError(`createHubStore: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
+  constructor(o: HubClientOptions) {
+    if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl)) throw new TypeError(`createHubClient: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
     if (typeof o.repo !== "string" || !/^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(o.repo)) {
       throw new UserError("K5", `--hub-repo ${JSON.stringify(o.repo)} is not of the form owner/name; pass e.g. --hub-repo my-user/my-run-ckpts`);
     }
@@ -231,7 +231,7 @@ class ClientHubStore implements HubStore {
     this.repoType = o.repoType;
     this.baseFetch = o.fetch ?? fetch;
     this.timeoutMs = o.timeoutMs ?? 60_000;
-    if (!(this.timeoutMs > 0)) throw new TypeError(`createHubStore: timeoutMs must be > 0, got ${o.timeoutMs}`);
+    if (!(this.timeoutMs > 0)) throw new TypeError(`createHubClient: timeoutMs must be > 0, got ${o.timeoutMs}`);
     this.designation = { type: this.repoType, name: this.repo };
   }
 
@@ -584,6 +584,6 @@ class ClientHubStore implements HubStore {
   }
 }
 
-export function createHubStore(o: HubStoreOptions): HubStore {
+export function createHubClient(o: HubClientOptions): HubClient {
   return new ClientHubStore(o);
 }

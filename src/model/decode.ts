@@ -14,7 +14,7 @@
  * Shape legend: D hidden, H query heads, K kv heads, E head_dim, F ffn width, V vocab, S cache length.
  */
 import { UserError } from "../errors";
-import type { LlamaConfig } from "./config";
+import type { LlamaConfig } from "./llama-config";
 import type { Kernels } from "./kernels";
 import { paramLayout } from "./layout";
 import { ropeTables } from "./llama";
