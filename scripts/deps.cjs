@@ -4,14 +4,16 @@
 //
 // Imports are read with the TypeScript parser (the `typescript` devDependency), not a regex: every
 // `import ... from`, `export ... from`, `import x = require()`, `require("...")`, `import("...")`
-// (also in type position: `import("../hub/store").Pointer` is a dependency of the module that writes
+// (also in type position: `import("../hub/client").Pointer` is a dependency of the module that writes
 // it) and `new Worker(path.join(__dirname, "x.js"))` (a worker file is started by its parent, so the
 // parent depends on it). Only relative specifiers that resolve to a file under src/ are edges; npm
 // packages and node: builtins are not part of the graph.
 //
 // Exit status: 1 on a cycle, an upward import, or a module that no layer claims (a new file must be
-// placed in the table, or it would escape the check); 0 otherwise. Long functions are reported, not
-// fatal (issue #16 allows one to stay whole when the closing note says why).
+// placed in the table, or it would escape the check), a fenced import (the local Hub server imports only
+// from hub/ and errors.ts), two files of src/ with the same name, or bench/ importing from test/; 0
+// otherwise. Long functions are reported, not fatal (issue #16 allows one to stay whole when the closing
+// note says why).
 //
 // test/structure.test.ts requires this file and runs `analyze` on src/ (so `npm test` fails on a cycle
 // or an upward import) and on planted trees (so the checks themselves are shown to catch them).
@@ -39,7 +41,7 @@ const LAYERS = [
     name: "model, data, Hub client and local Hub",
     // Independent libraries: the model (kernels, engines, safetensors), the data pipeline (mix,
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
-    // client's building blocks (store, errors, retry, safetensors-check). None of them knows about
+    // client's building blocks (client, hub-errors, retry, safetensors-check). None of them knows about
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
     // same-layer import. The checkpoint's formats (checkpoint/names.ts: the layout's names;
     // checkpoint/state.ts: the documents' types and their one parser each, latest.json included) are
@@ -53,7 +55,7 @@ const LAYERS = [
       "data/**",
       "hub/server/**",
       "hub/server.ts",
-      "hub/{store,errors,retry,safetensors-check}.ts",
+      "hub/{client,hub-errors,retry,safetensors-check}.ts",
       "mpi/**",
     ],
   },
@@ -61,7 +63,7 @@ const LAYERS = [
     layer: 3,
     name: "checkpoint",
     // A checkpoint is model weights + optimizer state + the data cursor: writing and reading a folder
-    // (checkpoint/{write,read}.ts, and index.ts, the module's public face) builds on layer 2 only.
+    // (checkpoint/{save,load}.ts, and index.ts, the module's public face) builds on layer 2 only.
     patterns: ["checkpoint/**"],
   },
   {
@@ -91,6 +93,10 @@ const LAYERS = [
     patterns: ["main.ts", "hub-server.ts"],
   },
 ];
+
+// Fences, whatever the layers say: the local Hub server is a stand-in for huggingface.co and shares nothing
+// with the trainer but the error types; it may import only from hub/ and errors.ts.
+const FENCES = [{ name: "the local Hub server", patterns: ["hub/server.ts", "hub/server/**"], allowed: ["hub/**", "errors.ts"] }];
 
 /** Mini-glob to RegExp: `**` (any folders), `*` (within one name), `{a,b}` (alternatives). */
 function globToRegExp(glob) {
@@ -306,7 +312,33 @@ function analyze(srcDir, layers = LAYERS) {
     .map((e) => ({ ...e, fromLayer: layerOfModule.get(e.from).layer, toLayer: layerOfModule.get(e.to).layer }));
   const cycles = findCycles(modules, edges);
   longFunctions.sort((x, y) => y.lines - x.lines);
-  return { modules, edges, layerOfModule, unlayered, upward, cycles, longFunctions };
+  const matches = (patterns, rel) => patterns.some((p) => globToRegExp(p).test(rel));
+  const fenced = edges
+    .map((e) => ({ ...e, fence: FENCES.find((f) => matches(f.patterns, e.from)) }))
+    .filter((e) => e.fence && !matches(e.fence.allowed, e.to))
+    .map((e) => ({ from: e.from, to: e.to, kind: e.kind, fence: e.fence.name }));
+  const byName = new Map();
+  for (const m of modules) byName.set(path.posix.basename(m), [...(byName.get(path.posix.basename(m)) ?? []), m]);
+  const sameNames = [...byName.values()].filter((ms) => ms.length > 1);
+  // bench/ (a sibling of src/) may use src/ but never test/: what a benchmark needs lives where both may import it.
+  const root = path.dirname(srcDir);
+  const benchIntoTest = path.basename(srcDir) === "src" ? importsInto(path.join(root, "bench"), path.join(root, "test"), root) : [];
+  return { modules, edges, layerOfModule, unlayered, upward, cycles, longFunctions, fenced, sameNames, benchIntoTest };
+}
+
+/** Relative imports of the .ts files under `fromDir` that resolve into `intoDir`: {from, to} paths relative to `root`. */
+function importsInto(fromDir, intoDir, root) {
+  if (!fs.existsSync(fromDir)) return [];
+  const out = [];
+  for (const file of listTsFiles(fromDir)) {
+    const sourceFile = ts.createSourceFile(file, fs.readFileSync(file, "utf8"), ts.ScriptTarget.ES2022, true, ts.ScriptKind.TS);
+    for (const { spec } of importsOf(sourceFile)) {
+      if (!spec.startsWith(".")) continue;
+      const target = path.resolve(path.dirname(file), spec);
+      if (!path.relative(intoDir, target).startsWith("..")) out.push({ from: toRel(root, file), to: toRel(root, target) });
+    }
+  }
+  return out;
 }
 
 /** The report `npm run deps` prints: layers with each module's imports, then the verdicts. */
@@ -333,17 +365,21 @@ function format(result, layers = LAYERS) {
   lines.push(`upward imports: ${result.upward.length === 0 ? "none" : result.upward.length}`);
   for (const u of result.upward) lines.push(`  ${u.from} (layer ${u.fromLayer}) -> ${u.to} (layer ${u.toLayer})${u.kind === "import" ? "" : ` [${u.kind}]`}`);
   lines.push(`modules in no layer: ${result.unlayered.length === 0 ? "none" : result.unlayered.join(", ")}`);
+  lines.push(`fenced imports: ${result.fenced.length === 0 ? "none" : result.fenced.length}`);
+  for (const f of result.fenced) lines.push(`  ${f.from} -> ${f.to} (${f.fence} imports only from hub/ and errors.ts)`);
+  lines.push(`file names used twice in src/: ${result.sameNames.length === 0 ? "none" : result.sameNames.map((ms) => ms.join(" and ")).join("; ")}`);
+  lines.push(`bench/ importing test/: ${result.benchIntoTest.length === 0 ? "none" : result.benchIntoTest.map((e) => `${e.from} -> ${e.to}`).join(", ")}`);
   lines.push(`functions over ${LONG_FUNCTION_LINES} lines: ${result.longFunctions.length === 0 ? "none" : result.longFunctions.length}`);
   for (const f of result.longFunctions) lines.push(`  ${f.lines} ${f.file}:${f.start} ${f.name}`);
   return lines.join("\n");
 }
 
-/** True when the graph breaks a rule (cycle, upward import, unlayered module). */
+/** True when the tree breaks a rule (cycle, upward or fenced import, unlayered module, a name used twice, bench/ using test/). */
 function failed(result) {
-  return result.cycles.length > 0 || result.upward.length > 0 || result.unlayered.length > 0;
+  return [result.cycles, result.upward, result.unlayered, result.fenced, result.sameNames, result.benchIntoTest].some((l) => l.length > 0);
 }
 
-module.exports = { LAYERS, LONG_FUNCTION_LINES, analyze, format, failed, layerOf, globToRegExp };
+module.exports = { LAYERS, FENCES, LONG_FUNCTION_LINES, analyze, format, failed, layerOf, globToRegExp };
 
 if (require.main === module) {
   const srcDir = path.resolve(process.argv[2] ?? path.join(__dirname, "..", "src"));

@@ -9,6 +9,8 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
+import { POINTER_PATH } from "../src/hub/server/routes";
+import { POINTER_FILE } from "../src/checkpoint/names";
 
 const ROOT = path.join(__dirname, "..", "..");
 const SCRIPT = path.join(ROOT, "scripts", "deps.cjs");
@@ -30,6 +32,9 @@ interface Result {
   upward: (Edge & { fromLayer: number; toLayer: number })[];
   unlayered: string[];
   longFunctions: { file: string; name: string; start: number; end: number; lines: number }[];
+  fenced: { from: string; to: string; fence: string }[];
+  sameNames: string[][];
+  benchIntoTest: { from: string; to: string }[];
 }
 interface Deps {
   LAYERS: Layer[];
@@ -70,6 +75,56 @@ test("src/ imports only its own layer or a lower one (the table in scripts/deps.
 test("every module of src/ has a layer in the table", () => {
   const r = deps.analyze(path.join(ROOT, "src"));
   assert.deepEqual(r.unlayered, [], describe(r));
+});
+
+test("the local Hub server imports only from hub/ and errors.ts; no two files of src/ share a name; bench/ never imports test/", () => {
+  const r = deps.analyze(path.join(ROOT, "src"));
+  assert.ok(r.modules.some((m) => m.startsWith("hub/server/")), "hub/server/ was read");
+  assert.deepEqual(r.fenced, [], describe(r));
+  assert.deepEqual(r.sameNames, [], describe(r));
+  assert.deepEqual(r.benchIntoTest, [], describe(r));
+});
+
+test("the local Hub's pointer file is the one the trainer writes (the server does not import the trainer's names)", () => {
+  assert.equal(POINTER_PATH, POINTER_FILE);
+});
+
+test("a planted fenced import, a planted name used twice and a planted bench -> test import each fail `npm run deps`", () => {
+  const dir = plant({
+    "src/errors.ts": "export class UserError extends Error {}\n",
+    "src/checkpoint/names.ts": 'export const POINTER_FILE = "latest.json";\n',
+    "src/hub/server/routes.ts": 'import { UserError } from "../../errors";\nexport const r = UserError;\n',
+    "src/hub/server.ts": 'import { r } from "./server/routes";\nexport const s = r;\n',
+    "src/main.ts": 'import { s } from "./hub/server";\nconsole.log(s);\n',
+    "test/helpers/mix.ts": "export const mix = 1;\n",
+    "bench/bench.ts": 'import { s } from "../src/hub/server";\nconsole.log(s);\n',
+  });
+  const src = path.join(dir, "src");
+  const runDeps = () => spawnSync(process.execPath, [SCRIPT, src], { encoding: "utf8" });
+  try {
+    const clean = runDeps();
+    assert.equal(clean.status, 0, clean.stdout + clean.stderr);
+    fs.writeFileSync(path.join(src, "hub", "server", "routes.ts"), 'import { POINTER_FILE } from "../../checkpoint/names";\nexport const r = POINTER_FILE;\n');
+    let r = deps.analyze(src);
+    assert.deepEqual(r.fenced.map((f) => `${f.from} -> ${f.to}`), ["hub/server/routes.ts -> checkpoint/names.ts"]);
+    const fenced = runDeps();
+    assert.equal(fenced.status, 1, fenced.stdout);
+    assert.match(fenced.stdout, /fenced imports: 1\n {2}hub\/server\/routes\.ts -> checkpoint\/names\.ts/);
+    fs.writeFileSync(path.join(src, "hub", "server", "routes.ts"), 'import { UserError } from "../../errors";\nexport const r = UserError;\n');
+    fs.writeFileSync(path.join(src, "hub", "errors.ts"), "export {};\n");
+    r = deps.analyze(src);
+    assert.deepEqual(r.sameNames, [["errors.ts", "hub/errors.ts"]]);
+    assert.equal(runDeps().status, 1);
+    fs.rmSync(path.join(src, "hub", "errors.ts"));
+    fs.writeFileSync(path.join(dir, "bench", "bench.ts"), 'import { mix } from "../test/helpers/mix";\nconsole.log(mix);\n');
+    r = deps.analyze(src);
+    assert.deepEqual(r.benchIntoTest, [{ from: "bench/bench.ts", to: "test/helpers/mix" }]);
+    const bench = runDeps();
+    assert.equal(bench.status, 1, bench.stdout);
+    assert.match(bench.stdout, /bench\/ importing test\/: bench\/bench\.ts -> test\/helpers\/mix/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test("a planted import cycle is found, through type-only imports and worker files too", () => {
