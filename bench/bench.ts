@@ -120,7 +120,7 @@ function list(flag: string, v: string | undefined): string[] {
 function parseOptions(argv: string[]): Options {
   const o = defaultOptions();
   for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
+    const a = argv[i];
     const v = () => argv[++i];
     switch (a) {
       case "--help": case "-h": process.stdout.write(usage() + "\n"); process.exit(0); break;
@@ -184,7 +184,7 @@ function machine(): Machine {
   const cpus = os.cpus();
   return {
     cpu: cpus[0]?.model.trim() ?? "unknown", cores: cpus.length, available_parallelism: cores, total_mem_gb: r(os.totalmem() / 1e9, 1)!,
-    node: process.version, platform: `${os.platform()} ${os.arch()}`, date: new Date().toISOString(), load_avg_1m_start: r(os.loadavg()[0]!, 2)!,
+    node: process.version, platform: `${os.platform()} ${os.arch()}`, date: new Date().toISOString(), load_avg_1m_start: r(os.loadavg()[0], 2)!,
   };
 }
 
@@ -295,9 +295,9 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
     if (ffRuns.length) {
       const meds = ffRuns.map((x) => Number(x.step_ms_median));
       const med = meds.reduce((a, b) => a + b, 0) / meds.length;
-      const tps = Number(ffRuns[0]!.tokens_per_step);
+      const tps = Number(ffRuns[0].tokens_per_step);
       run.record({
-        ...ffRuns[0]!, step_ms_median: r(med), tok_per_s: r((tps / med) * 1000), steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
+        ...ffRuns[0], step_ms_median: r(med), tok_per_s: r((tps / med) * 1000), steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
         step_ms_min: null, runs: ffRuns.map((x) => ({ step_ms_median: x.step_ms_median, tok_per_s: x.tok_per_s, wall_s: x.subprocess_wall_s })),
         combine: ffRuns.length > 1 ? "mean of the runs' medians (runs before and after the interleaved cases)" : "one run",
       });
@@ -474,7 +474,7 @@ function addReadingNotes(run: BenchRun, o: Options, shape: Shape | null): Set<un
     const idx = o.warmup + o.steps * (o.interleave ? 1 + o.rewarm : 1) - 1;
     run.notes.push(`last timed loss (step index ${idx}): single-thread ${String(lossSingle)}, actor world 1 ${String(lossActor)}${lossFf !== undefined ? `; framework-free at step index ${o.steps}: ${String(lossFf)}${idx === o.steps ? "" : " (a different step: compare only single vs actor)"}` : ""} (same windows, init and LR: equal when the runtimes agree)`);
   }
-  run.notes.push(`load average (1 min) at the end: ${r(os.loadavg()[0]!, 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`);
+  run.notes.push(`load average (1 min) at the end: ${r(os.loadavg()[0], 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`);
   return backends;
 }
 

@@ -59,7 +59,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   for (let round = 0; round < opts.rounds; round++) {
     for (let probe = 0; probe < 10; probe++) for (const isa of isas) peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
     shapes.forEach((sh, i) => {
-      const d = data[i]!;
+      const d = data[i];
       for (const k of kernels) {
         k.run(sh, d.A, d.B, d.C); // untimed: caches and packing buffers warm
         // each call timed alone on the process's CPU clock (this thread is the only busy one), the fastest kept:
@@ -83,7 +83,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   shapes.forEach((sh, i) => {
     for (const k of kernels) {
       const gf = best.get(`${i}|${k.name}`)!;
-      const peak = k.peakOf ? peaks[k.peakOf]! : null;
+      const peak = k.peakOf ? peaks[k.peakOf] : null;
       rows.push({
         shape: `${sh.ta ? "T" : "N"}${sh.tb ? "T" : "N"} ${sh.M}x${sh.N}x${sh.K}`, what: sh.name, seq: sh.seq, kernel: k.name,
         gflops: Math.round(gf * 10) / 10, peak_gflops: peak === null ? null : Math.round(peak * 10) / 10, of_peak: peak ? Math.round((gf / peak) * 1000) / 1000 : null,

@@ -13,7 +13,7 @@ import type { Kernels } from "../src/model/kernels";
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
 }
 
 function rand(n: number, seed: number): Float32Array {

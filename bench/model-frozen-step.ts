@@ -29,7 +29,7 @@ import { profiledKernels, type KernelRow } from "./kernel-profile";
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : dflt;
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
 }
 
 function wasmHeapBytes(): number | null {
@@ -43,7 +43,7 @@ function wasmHeapBytes(): number | null {
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b), n = s.length;
-  return n % 2 ? s[(n - 1) / 2]! : (s[n / 2 - 1]! + s[n / 2]!) / 2;
+  return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
 export interface MatmulShape { name: string; tA: boolean; tB: boolean; M: number; N: number; K: number; reps: number }
@@ -111,7 +111,7 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
       const dt = performance.now() - t0;
       const cu = process.cpuUsage(c0);
       stepMs.push(dt); cpuMs.push((cu.user + cu.system) / 1000);
-      log(`call ${i + 1}: ${dt.toFixed(0)} ms wall (${(tok / dt * 1000).toFixed(1)} tok/s), ${cpuMs[i]!.toFixed(0)} ms CPU`);
+      log(`call ${i + 1}: ${dt.toFixed(0)} ms wall (${(tok / dt * 1000).toFixed(1)} tok/s), ${cpuMs[i].toFixed(0)} ms CPU`);
     }
     const mmAfter = shapes.map((sh) => matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
@@ -122,8 +122,8 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     const profMs = performance.now() - t0;
     Object.assign(k, be.kernels);
     const kernelRows = prof.rows(profMs);
-    const perShape = shapes.map((sh, i) => ({ shape: sh.name, gflops: +median([...mmBefore[i]!, ...mmAfter[i]!]).toFixed(2),
-      before: +median(mmBefore[i]!).toFixed(2), after: +median(mmAfter[i]!).toFixed(2) }));
+    const perShape = shapes.map((sh, i) => ({ shape: sh.name, gflops: +median([...mmBefore[i], ...mmAfter[i]]).toFixed(2),
+      before: +median(mmBefore[i]).toFixed(2), after: +median(mmAfter[i]).toFixed(2) }));
     const stepMedian = median(stepMs);
     const tokPerS = tok / (stepMedian / 1000);
     const gflops = Math.max(...perShape.map((x) => x.gflops));
@@ -137,7 +137,7 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
       tok_per_s: +tokPerS.toFixed(2),
       tok_per_cpu_s: +(tok / (median(cpuMs) / 1000)).toFixed(2),
       matmul_gflops: +gflops.toFixed(2), matmul_rates: perShape,
-      sgemm_2048_gflops: perShape[perShape.length - 1]!.gflops,
+      sgemm_2048_gflops: perShape[perShape.length - 1].gflops,
       matmul_rate_what: `the ${be.engine} engine's kernels.matmul, one thread, best of the shapes (median per shape)`,
       model_flops_per_token: flopsPerTok, model_flops_formula: "6*params + 12*layers*seq*hidden",
       mfu: +mfu.toFixed(3),

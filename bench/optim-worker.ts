@@ -25,10 +25,10 @@ parentPort!.on("message", (c: OptimCmd) => {
   } else if (c.op === "reduce") {
     const w = views!;
     const slots = w.slots.map((s) => s.subarray(0, c.P));
-    sumSq = reduceSliceSimd(slots, slots[0]!, c.invScale, c.lo, c.hi).sumSq;
+    sumSq = reduceSliceSimd(slots, slots[0], c.invScale, c.lo, c.hi).sumSq;
   } else {
     const w = views!;
-    adamwSliceSimd(w.params.subarray(0, c.P), w.m.subarray(0, c.P), w.v.subarray(0, c.P), w.slots[0]!.subarray(0, c.P), c.ranges, c.lo, c.hi, { lr: c.lr, ...ADAMW_DEFAULTS }, c.coef, c.t);
+    adamwSliceSimd(w.params.subarray(0, c.P), w.m.subarray(0, c.P), w.v.subarray(0, c.P), w.slots[0].subarray(0, c.P), c.ranges, c.lo, c.hi, { lr: c.lr, ...ADAMW_DEFAULTS }, c.coef, c.t);
   }
   parentPort!.postMessage({ op: c.op, ms: performance.now() - t0, sumSq } satisfies OptimReply);
 });

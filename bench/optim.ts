@@ -21,7 +21,7 @@ import { median, r, summarize } from "./stats";
 export function parseCount(s: string): number {
   const m = /^(\d+(?:\.\d+)?)([kKmM]?)$/.exec(s.trim());
   if (!m) throw new Error(`--optim-sizes: ${JSON.stringify(s)} is not a count like 1M, 10M, 106M or 250000`);
-  const mul = m[2]!.toLowerCase() === "m" ? 1e6 : m[2]!.toLowerCase() === "k" ? 1e3 : 1;
+  const mul = m[2].toLowerCase() === "m" ? 1e6 : m[2].toLowerCase() === "k" ? 1e3 : 1;
   return Math.round(Number(m[1]) * mul);
 }
 
@@ -62,7 +62,7 @@ export async function runOptimCase(o: { sizes: number[]; world: number; threads:
   for (let i = 0; i < maxP; i++) {
     const u = ((i * 2654435761) >>> 0) / 4294967296 - 0.5;
     params[i] = 0.04 * u; m[i] = 1e-4 * u; v[i] = 1e-8 * (1 + u);
-    for (let s = 0; s < o.world; s++) slots[s]![i] = 65536 * 1e-3 * (u + 0.01 * s);
+    for (let s = 0; s < o.world; s++) slots[s][i] = 65536 * 1e-3 * (u + 0.01 * s);
   }
   // Both modes run in worker threads of their own (a fresh isolate each, as a rank is), so the JIT
   // state of this thread (which also ran SingleThreadTrainer on plain arrays) cannot colour either figure.
@@ -84,10 +84,10 @@ export async function runOptimCase(o: { sizes: number[]; world: number; threads:
       const step = async (p: Pool, acc: typeof one, keep: boolean) => {
         const parts = slices(P, p.size);
         const a = performance.now();
-        const rr = await p.all((i) => ({ op: "reduce", P, lo: parts[i]![0], hi: parts[i]![1], invScale }));
+        const rr = await p.all((i) => ({ op: "reduce", P, lo: parts[i][0], hi: parts[i][1], invScale }));
         const b = performance.now();
         const norm = Math.sqrt(rr.reduce((x, y) => x + y.sumSq, 0));
-        await p.all((i) => ({ op: "update", P, lo: parts[i]![0], hi: parts[i]![1], ranges, lr: hyper.lr, coef: Math.min(1, 1 / (norm + 1e-6)), t: t++ }));
+        await p.all((i) => ({ op: "update", P, lo: parts[i][0], hi: parts[i][1], ranges, lr: hyper.lr, coef: Math.min(1, 1 / (norm + 1e-6)), t: t++ }));
         const c = performance.now();
         if (keep) { acc.reduce.push(b - a); acc.update.push(c - b); acc.total.push(c - a); }
       };

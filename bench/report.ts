@@ -40,7 +40,7 @@ export function markdown(o: {
   }
   const opt = o.rows.filter((x) => String(x.case).startsWith("optim-"));
   if (opt.length) {
-    L.push(`## Gradient average + AdamW alone (reduce over ${fmt(opt[0]!.world)} slots, then AdamW; float32 in SharedArrayBuffers)`, "");
+    L.push(`## Gradient average + AdamW alone (reduce over ${fmt(opt[0].world)} slots, then AdamW; float32 in SharedArrayBuffers)`, "");
     L.push(`Bytes per element: reduce (world+1)×4 (reads every slot, writes slot 0), AdamW 7×4 (reads params, m, v, g; writes params, m, v).`, "");
     L.push(`| case | params | threads | step ms (median) | reduce ms | reduce GB/s | AdamW ms | AdamW GB/s | total GB/s | n |`);
     L.push(`|---|---|---|---|---|---|---|---|---|---|`);

@@ -5,7 +5,7 @@ export function quantile(xs: readonly number[], q: number): number {
   const s = [...xs].sort((a, b) => a - b);
   const pos = (s.length - 1) * q;
   const lo = Math.floor(pos), hi = Math.ceil(pos);
-  return s[lo]! + (s[hi]! - s[lo]!) * (pos - lo);
+  return s[lo] + (s[hi] - s[lo]) * (pos - lo);
 }
 
 export function median(xs: readonly number[]): number {

@@ -117,7 +117,7 @@ export async function runSteps(runners: Runner[], warmup: number, steps: number,
   if (interleave) {
     for (let k = 0; k < warmup + steps; k++) {
       for (let j = 0; j < runners.length; j++) {
-        const x = runners[(j + k) % runners.length]!;
+        const x = runners[(j + k) % runners.length];
         if (k >= warmup) for (let w = 0; w < rewarm; w++) await one(x, `re-warm before timed step ${k - warmup + 1}/${steps}`, false);
         await one(x, k < warmup ? `warm-up ${k + 1}/${warmup}` : `timed step ${k - warmup + 1}/${steps}`, k >= warmup);
       }
@@ -155,7 +155,7 @@ export function stepRow(s: Shape, caseName: string, world: number, backend: stri
     tok_per_cpu_s: r((tps * xs.length) / (xs.reduce((a, x) => a + x.cpuMs, 0) / 1000)),
     tok_per_s_best: r((tps / ms.min) * 1000),
     // what the step cost beyond the ranks' own compute/reduce/update: messages, barriers, scheduling
-    overhead_ms_median: r(median(xs.map((x) => x.ms - x.computeMs - x.reduceMs - x.updateMs))), loss_last: xs.length ? r(xs[xs.length - 1]!.loss, 4) : null,
+    overhead_ms_median: r(median(xs.map((x) => x.ms - x.computeMs - x.reduceMs - x.updateMs))), loss_last: xs.length ? r(xs[xs.length - 1].loss, 4) : null,
     model: s.modelName, grad_ckpt: s.gradCkpt, ...extra,
   };
 }

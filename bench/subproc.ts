@@ -131,7 +131,7 @@ function stepFigures(outDir: string, tokensPerStep: number, from: number): { ste
   const es = fs.readFileSync(path.join(outDir, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { step: number; tok_per_s: number; allreduce_ms?: number })
     .filter((e) => e.step > from && e.tok_per_s > 0);
   if (!es.length) throw new Error(`${outDir}/metrics.jsonl has no step after ${from}`);
-  const med = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
+  const med = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
   const ar = es.filter((e) => typeof e.allreduce_ms === "number").map((e) => e.allreduce_ms!);
   return { stepMs: med(es.map((e) => (tokensPerStep / e.tok_per_s) * 1000)), allreduceMs: ar.length ? med(ar) : null, n: es.length };
 }

@@ -180,7 +180,7 @@ function readFlagValues(argv: readonly string[], byFlag: ReadonlyMap<string, Fla
   const values = new Map<string, string | number | boolean>();
   let help = false;
   for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
+    const a = argv[i];
     if (a === "--help" || a === "-h") { help = true; continue; }
     if (!a.startsWith("--")) throw new UserError("G10", `unexpected argument ${JSON.stringify(a)}: flags start with -- (see --help)`);
     let name = a.slice(2);

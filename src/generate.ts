@@ -38,7 +38,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   const o: CliArgs = { model: "", prompt: "", maxNewTokens: 64, temperature: 0, topK: 0, topP: 1, seed: 0, cache: true, backend: "auto", hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co", allowOtherTokenizer: false };
   let havePrompt = false;
   for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
+    const a = argv[i];
     const val = (): string => {
       const v = argv[++i];
       if (v === undefined) throw new UserError("G11", `${a} needs a value\n${USAGE}`);
@@ -82,10 +82,10 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
 async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
   const m = /^hf:\/\/(datasets|models)\/([^/@]+\/[^/@]+)\/(.+)$/.exec(url);
   if (!m) throw new UserError("G11", `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`);
-  const store = createHubClient({ hubUrl, repo: m[2]!, repoType: m[1] === "datasets" ? "dataset" : "model" });
+  const store = createHubClient({ hubUrl, repo: m[2], repoType: m[1] === "datasets" ? "dataset" : "model" });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {
-    await store.downloadFolder(m[3]!.replace(/\/+$/, ""), dest, { progress: (l) => process.stderr.write(`generate: ${l}\n`) });
+    await store.downloadFolder(m[3].replace(/\/+$/, ""), dest, { progress: (l) => process.stderr.write(`generate: ${l}\n`) });
   } catch (e) {
     fs.rmSync(dest, { recursive: true, force: true });
     if (isUserError(e)) throw e;

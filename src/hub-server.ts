@@ -25,7 +25,7 @@ interface CliOptions { dir: string; port: number; host: string; tokensFile: stri
 function parse(argv: string[]): CliOptions | null {
   const o: CliOptions = { dir: "", port: 0, host: "127.0.0.1", tokensFile: "", faultsFile: "" };
   for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
+    const a = argv[i];
     const [flag, inline] = a.includes("=") ? [a.slice(0, a.indexOf("=")), a.slice(a.indexOf("=") + 1)] : [a, undefined];
     const value = (): string => {
       const v = inline ?? argv[++i];

@@ -64,7 +64,7 @@ export function niceTicks(lo: number, hi: number, n = 4, minStep = 0): { lo: num
   const a = Math.floor(lo / step + 1e-9) * step;
   const count = Math.max(1, Math.ceil((hi - a) / step - 1e-9));
   const ticks = Array.from({ length: count + 1 }, (_, i) => Number((a + i * step).toFixed(decimals + 2)));
-  return { lo: ticks[0]!, hi: ticks[ticks.length - 1]!, ticks, decimals };
+  return { lo: ticks[0], hi: ticks[ticks.length - 1], ticks, decimals };
 }
 
 function esc(s: string): string {

@@ -146,7 +146,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
   }
   t.dispose();
   const sorted = [...times].sort((a, b) => a - b);
-  const med = sorted.length ? sorted[Math.floor(sorted.length / 2)]! : Number.NaN;
+  const med = sorted.length ? sorted[Math.floor(sorted.length / 2)] : Number.NaN;
   const tokensPerStep = s.plan.tokensPerStep;
   const j = {
     case: "framework-free", benchmark_steps: n, backend: t.backend, world: cfg.world, params: s.params.sum_numel, seq_len: cfg.seqLen,

@@ -79,7 +79,7 @@ test("a Parquet dataset on the local Hub prepares to the same shards as its loca
     const m = readManifest(fromHub);
     assert.deepEqual(m.shards, readManifest(fromLocal).shards);
     assert.equal(m.sources?.length, 1);
-    const src = m.sources![0]!;
+    const src = m.sources[0];
     assert.equal(src.repo, "tester/corpus");
     assert.equal(src.requested_revision, "main");
     assert.equal(src.revision, commit, "the branch was resolved to the commit it pointed at");
@@ -107,10 +107,10 @@ test("a Parquet dataset on the local Hub prepares to the same shards as its loca
     const pinned = path.join(work, "out-pinned");
     await prepareMix({ inputs: [`hf://datasets/tester/corpus@${commit}/data/*.parquet`], tokenizer, hubUrl: th.url, out: pinned, workers: 1, ...opts });
     for (const [k, v] of a) assert.ok(v.equals(shardBytes(pinned).get(k)!), `pinned: ${k}`);
-    assert.equal(readManifest(pinned).sources![0]!.revision, commit);
+    assert.equal(readManifest(pinned).sources![0].revision, commit);
     const moved = path.join(work, "out-moved");
     await prepareMix({ inputs: ["hf://datasets/tester/corpus/data/*.parquet"], tokenizer, hubUrl: th.url, out: moved, workers: 1, ...opts });
-    assert.equal(readManifest(moved).sources![0]!.revision, await head());
+    assert.equal(readManifest(moved).sources![0].revision, await head());
     assert.notDeepEqual(readManifest(moved).shards, m.shards);
     // a glob that matches nothing is refused before any work
     await assert.rejects(prepareMix({ inputs: ["hf://datasets/tester/corpus/data/*.jsonl"], tokenizer, hubUrl: th.url, out: path.join(work, "out-none"), ...opts }),

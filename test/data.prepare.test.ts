@@ -131,7 +131,7 @@ test("prepare never overwrites a root that holds a mix unless --force, and --for
   assert.deepEqual([...readTree(root).keys()], [...before.keys()], "untouched");
   const res = await prepareMix({ inputs: [corpus], tokenizer, out: root, valFraction: 0.2, force: true, ...quiet });
   assert.ok(res.movedAside && fs.existsSync(path.join(res.movedAside, "manifest.json")), "the old root is moved aside, not deleted");
-  assert.ok(readTree(res.movedAside!).get("manifest.json")!.equals(before.get("manifest.json")!));
+  assert.ok(readTree(res.movedAside).get("manifest.json")!.equals(before.get("manifest.json")!));
   const other = path.join(work, "not-a-mix");
   fs.mkdirSync(other);
   fs.writeFileSync(path.join(other, "notes.txt"), "mine");
@@ -255,10 +255,10 @@ test("prepare's progress lines (to a file) give the share of the work done, not 
   assert.equal(r.status, 0, r.stderr);
   const lines = [...r.stderr.matchAll(/^prepare: +(\d+)% ([\d.]+)\/([\d.]+) MB, ([\d,]+) tokens, [\d,]+ tok\/s, [\d.]+ MB\/s, ETA (\S+)$/gm)];
   assert.ok(lines.length >= 8, r.stderr);
-  const total = Number(lines[lines.length - 1]![4]!.replace(/,/g, ""));
+  const total = Number(lines[lines.length - 1][4].replace(/,/g, ""));
   for (const m of lines) {
-    const done = (100 * Number(m[4]!.replace(/,/g, ""))) / total;
+    const done = (100 * Number(m[4].replace(/,/g, ""))) / total;
     assert.ok(Math.abs(Number(m[1]) - done) <= 6, `"${m[0]}": ${m[1]}% shown with ${done.toFixed(1)}% of the tokens written`);
   }
-  assert.ok(lines.slice(1).every((m) => /^(\d+h)?(\d+m)?\d+s$/.test(m[5]!)), "an ETA on every line once a rate is known");
+  assert.ok(lines.slice(1).every((m) => /^(\d+h)?(\d+m)?\d+s$/.test(m[5])), "an ETA on every line once a rate is known");
 });

@@ -382,5 +382,5 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
 
 function listNetns(): string[] {
   const r = spawnSync("ip", ["netns", "list"], { encoding: "utf8", timeout: 30_000 });
-  return (r.stdout ?? "").split("\n").map((l) => l.split(" ")[0]!).filter(Boolean);
+  return (r.stdout ?? "").split("\n").map((l) => l.split(" ")[0]).filter(Boolean);
 }

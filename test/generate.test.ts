@@ -25,7 +25,7 @@ initWeights(cfg, 1234, params);
 // sharpen the model: init weights (std 0.02) give near-uniform logits, where a 1e-7 rounding could flip an
 // argmax, and a greedy loop on one token; x6 on the embedding and every projection gives varied continuations
 for (const e of paramLayout(cfg).entries) {
-  if (e.name.endsWith("embed_tokens.weight") || e.name.includes("_proj.")) for (let i = e.offset; i < e.offset + e.size; i++) params[i]! *= 6;
+  if (e.name.endsWith("embed_tokens.weight") || e.name.includes("_proj.")) for (let i = e.offset; i < e.offset + e.size; i++) params[i] *= 6;
 }
 const prompt = [5, 17, 42, 7, 99];
 
@@ -43,7 +43,7 @@ for (const engine of ENGINES) {
     const scale = maxAbs(full);
     assert.ok(scale > 1, `logits are not flat (max |logit| ${scale})`);
     for (let p = 0; p < T; p++) {
-      const got = dec.step(ids[p]!);
+      const got = dec.step(ids[p]);
       const { diff, at } = maxAbsDiff(got, full.subarray(p * V, (p + 1) * V));
       assert.ok(diff <= 1e-5 * scale, `position ${p}: max |diff| ${diff} at vocab ${at} (scale ${scale})`);
     }
@@ -89,7 +89,7 @@ test("decoding: greedy is the argmax, top-k 1 is greedy, a seed repeats, EOS sto
   const e = await useEngine({ skip: () => undefined } as never, "cpu");
   const dec = new KvDecoder(cfg, e!.kernels, params, 40);
   const free = generateWithCache(dec, prompt, { ...GREEDY, maxNewTokens: 20, eosId: null });
-  const stopAt = free[4]!;
+  const stopAt = free[4];
   const stopped = generateWithCache(dec, prompt, { ...GREEDY, maxNewTokens: 20, eosId: stopAt });
   assert.deepEqual(stopped, free.slice(0, free.indexOf(stopAt)));
 });
@@ -172,7 +172,7 @@ test("the export records its tokenizer's vocabulary hash, and generate refuses a
   // Same tokens, same size, ids shuffled among the ordinary tokens (the added tokens keep theirs).
   const special = new Set((j.added_tokens as { id: number }[]).map((a) => a.id));
   const ids = Object.values(j.model.vocab as Record<string, number>).filter((id) => !special.has(id)).sort((a, b) => a - b);
-  const shuffledId = new Map(ids.map((id, i) => [id, ids[ids.length - 1 - i]!]));
+  const shuffledId = new Map(ids.map((id, i) => [id, ids[ids.length - 1 - i]]));
   for (const k of Object.keys(j.model.vocab)) if (shuffledId.has(j.model.vocab[k])) j.model.vocab[k] = shuffledId.get(j.model.vocab[k]);
   const other = path.join(work, "shuffled", "tokenizer.json");
   fs.mkdirSync(path.dirname(other));

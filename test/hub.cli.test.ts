@@ -26,7 +26,7 @@ describe("hub-server CLI (B6)", () => {
           const m = /LocalHub listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(out);
           if (m) {
             clearTimeout(timer);
-            resolve(m[1]!);
+            resolve(m[1]);
           }
         });
         child.once("exit", (code) => reject(new Error(`hub-server exited with ${code} before printing its URL`)));

@@ -103,9 +103,9 @@ describe("publish refuses inconsistent options before any work (K3)", () => {
     });
     const callSeconds = (performance.now() - t0) / 1000;
     assert.equal(lines.length, 1);
-    assert.match(lines[0]!, /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=false pruned=false free=\d+\.\dGB loss=n\/a \(not pruned: the checkpoint was not published\)$/);
-    assert.doesNotMatch(lines[0]!, / free=0\.0GB/, "free disk is measured on the failure line too");
-    const [, secs, free] = /push\+verify=([\d.]+)s .* free=([\d.]+)GB/.exec(lines[0]!)!;
+    assert.match(lines[0], /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=false pruned=false free=\d+\.\dGB loss=n\/a \(not pruned: the checkpoint was not published\)$/);
+    assert.doesNotMatch(lines[0], / free=0\.0GB/, "free disk is measured on the failure line too");
+    const [, secs, free] = /push\+verify=([\d.]+)s .* free=([\d.]+)GB/.exec(lines[0])!;
     assert.ok(Number(secs) <= callSeconds + 0.05, `push+verify ${secs} s is measured within the call`);
     assert.ok(Math.abs(Number(free) - (await freeBytes(th.tmp)) / 1e9) < 2, `free=${free} GB is the free disk in GB`);
     assert.deepEqual(await pushed(store), []);
@@ -173,8 +173,8 @@ describe("verification against the Hub (K4)", () => {
     const r = await publishCheckpoint(store, options(ck, lines));
     assert.equal(r.ok, true);
     assert.deepEqual(r.verify, { missing: [], mismatch: [], extra: [], readbackOk: true });
-    assert.match(lines[0]!, /^hub: checkpoint 20 did not verify at tester\/cycle-rules-\d+\/ckpt\/checkpoint-20: missing 0, mismatched 1 \[ckpt\/checkpoint-20\/model\.safetensors\], extra 0, read-back ok \(ckpt\/checkpoint-20\/model\.safetensors: sha256 [0-9a-f]{64} on the Hub, [0-9a-f]{64} locally\); uploading it once more \(K4 stops only on a second mismatch\)$/);
-    assert.match(lines[1]!, /^CKPT 20 .* ok=true/);
+    assert.match(lines[0], /^hub: checkpoint 20 did not verify at tester\/cycle-rules-\d+\/ckpt\/checkpoint-20: missing 0, mismatched 1 \[ckpt\/checkpoint-20\/model\.safetensors\], extra 0, read-back ok \(ckpt\/checkpoint-20\/model\.safetensors: sha256 [0-9a-f]{64} on the Hub, [0-9a-f]{64} locally\); uploading it once more \(K4 stops only on a second mismatch\)$/);
+    assert.match(lines[1], /^CKPT 20 .* ok=true/);
     assert.deepEqual(await store.readPointer(), pointerOf(ck));
   });
 
@@ -224,10 +224,10 @@ describe("verification against the Hub (K4)", () => {
     const ck = checkpoint();
     fs.rmSync(path.join(ck.dir, "cursor.json"));
     const sizes = fs.readdirSync(ck.dir).map((f) => ({ f, size: fs.statSync(path.join(ck.dir, f)).size })).sort((a, b) => a.size - b.size);
-    const smallest = sizes[0]!.f;
-    assert.ok(sizes[0]!.size < sizes[1]!.size, "one file is the smallest");
+    const smallest = sizes[0].f;
+    assert.ok(sizes[0].size < sizes[1].size, "one file is the smallest");
     await publishCorrupted(store, ck, smallest, false, (m) =>
-      assert.match(m, new RegExp(`read-back FAILED \\(.*read-back of ckpt/checkpoint-20/${smallest.replace(".", "\\.")}: ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}; local has ${sizes[0]!.size} bytes, sha256 [0-9a-f]{64}\\)`)));
+      assert.match(m, new RegExp(`read-back FAILED \\(.*read-back of ckpt/checkpoint-20/${smallest.replace(".", "\\.")}: ${sizes[0].size} bytes, sha256 [0-9a-f]{64}; local has ${sizes[0].size} bytes, sha256 [0-9a-f]{64}\\)`)));
   });
 
   test("the read-back prefers cursor.json to the smallest file: a corrupted config.json (the smallest) leaves it ok (K4)", async () => {
@@ -269,7 +269,7 @@ describe("verification against the Hub (K4)", () => {
     assert.equal(r.ok, true);
     const retried = lines.filter((l) => /did not verify/.test(l));
     assert.equal(retried.length, 1, lines.join("\n"));
-    assert.ok(retried[0]!.includes("missing 0, mismatched 0, extra 0, read-back FAILED (read-back of ckpt/checkpoint-20/cursor.json: not found)"), retried[0]);
+    assert.ok(retried[0].includes("missing 0, mismatched 0, extra 0, read-back FAILED (read-back of ckpt/checkpoint-20/cursor.json: not found)"), retried[0]);
   });
 
   /** A folder of LFS files only: listing it downloads nothing, so the one download is the read-back. */
@@ -324,7 +324,7 @@ describe("verification against the Hub (K4)", () => {
     const store = await freshRepo();
     const lines: string[] = [];
     await assert.rejects(publishCheckpoint(faultAfterUpload(store, { status: { list: 503 } }), options(checkpoint(), lines, { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, abandon: () => "newer" })), { name: "RetryAbandoned" });
-    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false/);
+    assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false/);
     th.hub.clearFaults();
     assert.equal(await store.readPointer(), null);
   });
@@ -398,7 +398,7 @@ describe("retries and the failure clock (K6)", () => {
       assert.equal(e.message, "a newer checkpoint is waiting");
       return true;
     });
-    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false .*\(not pruned: the checkpoint was not published\)$/);
+    assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false pruned=false .*\(not pruned: the checkpoint was not published\)$/);
     th.hub.clearFaults();
     assert.equal(await store.readPointer(), null);
   });
@@ -433,7 +433,7 @@ describe("retries and the failure clock (K6)", () => {
     const lines: string[] = [];
     const ck = checkpoint();
     await assert.rejects(publishCheckpoint(store, options(ck, lines, QUICK)), { name: "ConcurrentWriterError" });
-    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false/);
+    assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false/);
     assert.ok(fs.existsSync(ck.dir));
   });
 });
@@ -538,7 +538,7 @@ describe("prune and the disk guard (K3)", () => {
     const lines: string[] = [];
     const r = await publishCheckpoint(store, options(ck, lines, { prune: true, minFreeGb: 0 }));
     assert.equal(r.pruned, true);
-    assert.match(lines[0]!, /^CKPT 20 .* ok=true pruned=true free=\d+\.\dGB loss=n\/a$/);
+    assert.match(lines[0], /^CKPT 20 .* ok=true pruned=true free=\d+\.\dGB loss=n\/a$/);
     assert.ok(Math.abs(r.freeGb - (await freeBytes(path.dirname(ck.dir))) / 1e9) < 2, `free=${r.freeGb} GB is the free disk in GB`);
     assert.equal(fs.existsSync(ck.dir), false);
     assert.ok(fs.existsSync(path.dirname(ck.dir)), "only the checkpoint folder is removed");
@@ -569,7 +569,7 @@ describe("prune and the disk guard (K3)", () => {
     assert.equal(r.pruned, true, r.pruneReason ?? "");
     assert.equal(r.freeGb, 5, "after pruning, the free disk of the parent folder");
     assert.deepEqual(asked, [ck.dir, path.dirname(ck.dir)]);
-    assert.match(lines[0]!, / ok=true pruned=true free=5\.0GB loss=n\/a$/);
+    assert.match(lines[0], / ok=true pruned=true free=5\.0GB loss=n\/a$/);
     assert.equal(fs.existsSync(ck.dir), false);
   });
 
@@ -601,10 +601,10 @@ describe("prune and the disk guard (K3)", () => {
     th.hub.setFaults({ status: { commit: 403 } });
     const lines: string[] = [];
     await assert.rejects(publishCheckpoint(store, options(checkpoint(20), lines, { ...QUICK, diskFree: async () => 7.77e9 })), { name: "CheckpointPublishError", stage: "upload" });
-    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false free=7\.8GB /);
+    assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false pruned=false free=7\.8GB /);
     const lines2: string[] = [];
     await assert.rejects(publishCheckpoint(store, options(checkpoint(30), lines2, { ...QUICK, diskFree: async () => { throw new Error("statfs failed"); } })), { name: "CheckpointPublishError" });
-    assert.match(lines2[lines2.length - 1]!, /^CKPT 30 .* ok=false pruned=false free=0\.0GB /);
+    assert.match(lines2[lines2.length - 1], /^CKPT 30 .* ok=false pruned=false free=0\.0GB /);
   });
 
   test("freeBytes of a path that does not exist yet measures its nearest existing parent", async () => {

@@ -50,8 +50,8 @@ describe("publishCheckpoint (K3)", () => {
     assert.match(r.pruneReason ?? "", /--prune not set/);
     assert.deepEqual(await store.readPointer(), pointerOf(ck));
     assert.equal(out.length, 1);
-    assert.match(out[0]!, /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=true pruned=false free=\d+\.\dGB loss=2\.5 \(--prune not set\)$/);
-    assert.match(lines[0]!, /^CKPT 10 /);
+    assert.match(out[0], /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=true pruned=false free=\d+\.\dGB loss=2\.5 \(--prune not set\)$/);
+    assert.match(lines[0], /^CKPT 10 /);
     // The listing shows the files with sha256 — LFS oids and hashes of regular files alike.
     const files = await store.list("ckpt/checkpoint-20");
     assert.deepEqual(files.map((f) => f.path.split("/").pop()), ["config.json", "cursor.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]);
@@ -80,7 +80,7 @@ describe("publishCheckpoint (K3)", () => {
     // 400 ms limit depends on the machine's load (one, under heavy load), so only the first is required.
     const attempts = lines.filter((l) => /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt \d+: HTTP 500.*retrying in/.test(l));
     assert.ok(attempts.length >= 1 && attempts.every((l, i) => l.includes(`(attempt ${i + 1}: `)), lines.join("\n"));
-    assert.match(lines[lines.length - 1]!, /^CKPT 20 .* ok=false pruned=false/);
+    assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false pruned=false/);
     await assertKeptAndUnmoved(store, ck.dir, first);
   });
 
@@ -212,7 +212,7 @@ describe("publishCheckpoint (K3)", () => {
     assert.equal(r.pruned, false);
     assert.match(r.pruneReason!, /kept: free disk after pruning would be [\d.]+ GB, below the 1000000000 GB guard/);
     assert.ok(fs.existsSync(ck.dir));
-    assert.match(lines[0]!, /pruned=false free=[\d.]+GB loss=n\/a \(kept: free disk/);
+    assert.match(lines[0], /pruned=false free=[\d.]+GB loss=n\/a \(kept: free disk/);
   });
 
   test("re-publishing a step replaces stale remote files in the same commit (K3)", async () => {
@@ -240,7 +240,7 @@ describe("publishFinal (G4)", () => {
     const r = await publishFinal(store, { localDir: dir, pointer, log: (l) => lines.push(l) });
     assert.equal(r.ok, true);
     assert.equal(r.pathInRepo, "final");
-    assert.match(lines[0]!, /^FINAL 30 .* ok=true/);
+    assert.match(lines[0], /^FINAL 30 .* ok=true/);
     assert.deepEqual(await store.readPointer(), pointer);
     const got = await resolveAutoResume(store, { destDir: path.join(th.tmp, "resume-final"), log: () => {}, retryDelayMs: 10 });
     assert.equal(got.kind, "complete");

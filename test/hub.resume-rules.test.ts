@@ -96,12 +96,12 @@ const UNPROVEN: { name: string; make: (ck: Ck) => void; reason: RegExp }[] = [
   },
   {
     name: "a file whose size differs from the manifest",
-    make: (ck) => addManifest(ck.dir, 20, (f) => (f["config.json"]!.size += 1)),
+    make: (ck) => addManifest(ck.dir, 20, (f) => (f["config.json"].size += 1)),
     reason: /it does not match its manifest: config\.json is (\d+) bytes, the manifest says (\d+)$/,
   },
   {
     name: "a file whose sha256 differs from the manifest",
-    make: (ck) => addManifest(ck.dir, 20, (f) => (f["model.safetensors"]!.sha256 = "0123456789ab" + "c".repeat(52))),
+    make: (ck) => addManifest(ck.dir, 20, (f) => (f["model.safetensors"].sha256 = "0123456789ab" + "c".repeat(52))),
     reason: /it does not match its manifest: model\.safetensors has sha256 [0-9a-f]{12}…, the manifest says 0123456789ab…$/,
   },
   {
@@ -210,7 +210,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
       u.make(ck20);
       await committedOnly(store, ck20);
       const { r, lines } = await resume(store);
-      resumedAt(r, p10!);
+      resumedAt(r, p10);
       const line = lines.find((l) => l.startsWith("resume auto: ignoring ckpt/checkpoint-20 (newer than latest.json's step 10): "));
       assert.ok(line, lines.join("\n"));
       const reason = line.slice("resume auto: ignoring ckpt/checkpoint-20 (newer than latest.json's step 10): ".length).replace(/; resuming from the pointer, and the next commit of step 20 overwrites that folder \(R5\)$/, "");
@@ -219,7 +219,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
         const [, got, want] = u.reason.exec(reason)!;
         assert.equal(Number(want), Number(got) + 1);
       }
-      assert.deepEqual(await store.readPointer(), pointerOf(p10!), "latest.json is unmoved");
+      assert.deepEqual(await store.readPointer(), pointerOf(p10), "latest.json is unmoved");
     });
   }
 
@@ -229,7 +229,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
     await committedOnly(store, localCheckpoint(20, { manifest: false }));
     await refusal(resume(store), "R3", /points at step 10 \(ckpt\/checkpoint-10\) but the repo also holds ckpt\/checkpoint-20, which has no manifest\.json to prove it complete.*--resume-ignore-unproven added \[R3\]$/);
     const { r, lines } = await resume(store, { ignoreUnproven: true });
-    resumedAt(r, p10!);
+    resumedAt(r, p10);
     assert.ok(lines.includes("resume auto: ignoring ckpt/checkpoint-20 (newer than latest.json's step 10): it has no manifest.json; resuming from the pointer, and the next commit of step 20 overwrites that folder (R5)"), lines.join("\n"));
   });
 
@@ -239,7 +239,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
     await committedOnly(store, localCheckpoint(5, { manifest: false }));
     const [p10] = await published(store, [10]);
     const { r, lines } = await resume(store);
-    resumedAt(r, p10!);
+    resumedAt(r, p10);
     assert.equal(lines.filter((l) => /checkpoint-5/.test(l)).length, 0, lines.join("\n"));
   });
 
@@ -250,7 +250,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
     th.hub.setFaults({ status: { resolve: 403 } });
     await refusal(resume(store), "R3", /could not check ckpt\/checkpoint-20 on tester\/rules-\d+, newer than latest\.json \(step 10\): HTTP 403.*Refusing rather than guess/);
     th.hub.clearFaults();
-    assert.deepEqual(await store.readPointer(), pointerOf(p10!));
+    assert.deepEqual(await store.readPointer(), pointerOf(p10));
   });
 
   test("a newer checkpoint whose cursor.json download fails is refused as unchecked, not ignored as a damaged cursor (R3)", async () => {
@@ -271,7 +271,7 @@ describe("R5: a newer checkpoint that proves complete against its manifest moves
     await refusal(resume(s), "R3", /could not check ckpt\/checkpoint-20 on tester\/rules-\d+, newer than latest\.json \(step 10\): HTTP 503.*Refusing rather than guess/);
     assert.equal(reads, 2, "the listing read cursor.json once, the cursor check once");
     th.hub.clearFaults();
-    assert.deepEqual(await store.readPointer(), pointerOf(p10!));
+    assert.deepEqual(await store.readPointer(), pointerOf(p10));
   });
 });
 
@@ -324,7 +324,7 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     const store = freshStore();
     const ck10 = localCheckpoint(10);
     const ck20 = localCheckpoint(20);
-    addManifest(ck20.dir, 20, (f) => (f["config.json"]!.size += 1));
+    addManifest(ck20.dir, 20, (f) => (f["config.json"].size += 1));
     await committedOnly(store, ck10);
     await committedOnly(store, ck20);
     const { r, lines } = await resume(store);
@@ -341,7 +341,7 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     const lines: string[] = [];
     await refusal(resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10 }), "R2", /holds 2 checkpoint folder\(s\) \(ckpt\/checkpoint-10, ckpt\/checkpoint-20\)\. The pointer is missing, not the run/);
     assert.equal(lines.length, 2, lines.join("\n"));
-    assert.match(lines[0]!, /^resume auto: ckpt\/checkpoint-20 cannot restore the missing pointer: it does not match its manifest: cursor\.json is 8 bytes/);
+    assert.match(lines[0], /^resume auto: ckpt\/checkpoint-20 cannot restore the missing pointer: it does not match its manifest: cursor\.json is 8 bytes/);
     assert.equal(lines[1], "resume auto: ckpt/checkpoint-10 cannot restore the missing pointer: it has no manifest.json");
     assert.equal(await store.readPointer(), null);
   });
@@ -371,7 +371,7 @@ describe("R5: a missing pointer is restored from the newest checkpoint that prov
     const lines: string[] = [];
     await refusal(resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10 }), "R2", /holds 1 checkpoint folder/);
     assert.equal(lines.length, 1, lines.join("\n"));
-    assert.match(lines[0]!, /^resume auto: ckpt\/checkpoint-10 cannot restore the missing pointer: checking it failed: HTTP 403/);
+    assert.match(lines[0], /^resume auto: ckpt\/checkpoint-10 cannot restore the missing pointer: checking it failed: HTTP 403/);
   });
 });
 
@@ -405,9 +405,9 @@ describe("R4: what is brought down must be real weights", () => {
     const [p10] = await published(store, [10]);
     const bytes = (await store.list("ckpt/checkpoint-10")).reduce((s, f) => s + f.size, 0);
     const { r, lines } = await resume(store, { minBytes: bytes });
-    resumedAt(r, p10!);
+    resumedAt(r, p10);
     assert.equal(lines[0], "auto-resume: hub says step 10 at ckpt/checkpoint-10");
-    assert.match(lines[1]!, new RegExp(`^downloaded 6 files, ${(bytes / 1e6).toFixed(1)} MB in \\d+\\.\\ds$`));
+    assert.match(lines[1], new RegExp(`^downloaded 6 files, ${(bytes / 1e6).toFixed(1)} MB in \\d+\\.\\ds$`));
     await refusal(resume(store, { minBytes: bytes + 1 }), "R4", new RegExp(`downloaded ${bytes} bytes for ckpt/checkpoint-10, under the ${bytes + 1} bytes a real checkpoint holds`));
   });
 
@@ -460,9 +460,9 @@ describe("R6: a local copy equal to the Hub's is reused instead of downloaded", 
     const store = freshStore();
     const [ck] = await published(store, [10]);
     const root = path.join(th.tmp, `local-${n}`);
-    fs.cpSync(ck!.dir, path.join(root, "checkpoint-10"), { recursive: true });
+    fs.cpSync(ck.dir, path.join(root, "checkpoint-10"), { recursive: true });
     edit(path.join(root, "checkpoint-10"));
-    return { store, root, ck: ck! };
+    return { store, root, ck: ck };
   }
 
   test("an equal local copy is used as is: nothing is downloaded (R6)", async () => {

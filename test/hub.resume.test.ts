@@ -87,7 +87,7 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     const [p] = await publishSteps(store, [10]);
     th.hub.setFaults({ status: { pointerRead: 401 } });
     await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json on tester\/resume-\d+: HTTP 401.*A failed lookup is never "nothing there"/);
-    await assertPointer(store, p!);
+    await assertPointer(store, p);
   });
 
   test("a pointer read that times out is refused", async () => {
@@ -99,7 +99,7 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     th.hub.setFaults({ delayMs: { pointerRead: 3000 } });
     // The message is the client-side timeout's (the server's delayed answer would have been a success).
     await refusal(resolveAutoResume(impatient, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json .*timed out after 300 ms.*A failed lookup is never "nothing there"/);
-    await assertPointer(store, p!);
+    await assertPointer(store, p);
   });
 
   test("a 500 on the pointer read is refused", async () => {
@@ -139,7 +139,7 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-20"), { step: 20 });
     await store.uploadFolder(ck.dir, ck.path_in_repo, "checkpoint 20 whose pointer write never happened");
     await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R3", /latest\.json on tester\/resume-\d+ points at step 10 .* also holds ckpt\/checkpoint-20, which has no manifest\.json to prove it complete: the pointer is behind the run.*--resume-ignore-unproven/);
-    await assertPointer(store, p10!);
+    await assertPointer(store, p10);
   });
 
   test("a listing that fails once is retried once and then succeeds", async () => {
@@ -173,7 +173,7 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const [p] = await publishSteps(store, [10]);
     th.hub.setFaults({ status: { list: 500 } });
     await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R3", /could not enumerate tester\/resume-\d+ \(HTTP 500.*cannot prove latest\.json \(step 10\) is the newest state/);
-    await assertPointer(store, p!);
+    await assertPointer(store, p);
   });
 
   test("a download cut short mid-body is refused", async () => {
@@ -181,7 +181,7 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const [p] = await publishSteps(store, [10], { modelValues: 4096 });
     th.hub.setFaults({ truncateDownload: ["model.safetensors"], truncateMode: "cut" });
     await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R4", /could not download ckpt\/checkpoint-10 from tester\/resume-\d+: .*Refusing to resume from a partial checkpoint/);
-    await assertPointer(store, p!);
+    await assertPointer(store, p);
   });
 
   test("a download whose content is short but self-consistent is refused", async () => {
@@ -189,7 +189,7 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const [p] = await publishSteps(store, [10], { modelValues: 4096 });
     th.hub.setFaults({ truncateDownload: ["model.safetensors"], truncateMode: "short" });
     await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R4", /could not download .*model\.safetensors .* is not what the Hub lists: \d+ bytes where the listing says 16\d{3}/);
-    await assertPointer(store, p!);
+    await assertPointer(store, p);
   });
 
   test("a checkpoint whose model.safetensors is not real weights is refused", async () => {

@@ -112,7 +112,7 @@ test("a run killed with SIGKILL during an upload continues with --resume auto fr
   await withHubOn(tmpDir("tstrain-hubdir-"), async (url, hub) => {
     const straight = await runCli(cliArgs(tmpDir("tstrain-straight-"), url, "me/straight"));
     assert.equal(straight.code, 0, straight.stderr);
-    const straightFinal = path.join(straight.stdout.match(/exported (\S+)/)![1]!);
+    const straightFinal = path.join(straight.stdout.match(/exported (\S+)/)![1]);
 
     const log = hub.requests;
     const push = log.push.bind(log);
@@ -220,10 +220,10 @@ test("a slow checkpoint upload and a slow resume download print progress lines (
     assert.equal(first.code, 0, first.stderr);
     const up = [...first.stdout.matchAll(line("uploading", "ckpt/checkpoint-4"))];
     assert.ok(up.length >= 2, first.stdout);
-    const total = Number(up[0]![2]);
+    const total = Number(up[0][2]);
     assert.ok(total > 0 && up.every((m) => Number(m[2]) === total), "one total");
     // An upload's bytes count once its request (a file, or one part of it) has gone through: never backwards.
-    for (let i = 1; i < up.length; i++) assert.ok(Number(up[i]![1]) >= Number(up[i - 1]![1]), "never backwards");
+    for (let i = 1; i < up.length; i++) assert.ok(Number(up[i][1]) >= Number(up[i - 1][1]), "never backwards");
     fs.rmSync(path.join(out, "ckpt", "checkpoint-4"), { recursive: true, force: true }); // the resume must download it
     hub.setFaults({ delayMs: { resolve: 700 } });
     const second = await runCli(cliArgs(out, url, "me/transfer", ["--max-steps", "8", "--resume", "auto"]), env);
@@ -232,7 +232,7 @@ test("a slow checkpoint upload and a slow resume download print progress lines (
     const down = [...second.stdout.matchAll(line("downloading", "ckpt/checkpoint-4"))];
     assert.ok(down.length >= 2, second.stdout);
     assert.ok(down.some((m) => Number(m[1]) > 0 && Number(m[1]) < Number(m[2])), "a download counts its bytes as they arrive");
-    for (let i = 1; i < down.length; i++) assert.ok(Number(down[i]![1]) >= Number(down[i - 1]![1]), "never backwards");
+    for (let i = 1; i < down.length; i++) assert.ok(Number(down[i][1]) >= Number(down[i - 1][1]), "never backwards");
     assert.match(second.stdout, /^downloaded \d+ files, [\d.]+ MB in [\d.]+s$/m);
   });
 });

@@ -65,11 +65,11 @@ describe("history (L1)", () => {
       return true;
     });
     const commits = await all(listCommits({ repo: r, hubUrl: th.url }));
-    assert.equal(commits[0]!.title, "pointer", "the commit whose answer was lost is main's head");
-    assert.equal(commits[1]!.oid, other.commit.oid);
+    assert.equal(commits[0].title, "pointer", "the commit whose answer was lost is main's head");
+    assert.equal(commits[1].oid, other.commit.oid);
     assert.equal(await downloadFile({ repo: r, path: "latest.json", hubUrl: th.url }).then(text), "1");
     const next = await commitOn(r, "pointer again", [put("latest.json", "2")]);
-    assert.equal(next.commit.oid, (await all(listCommits({ repo: r, hubUrl: th.url })))[0]!.oid, "failCount 1: the next commit is answered");
+    assert.equal(next.commit.oid, (await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid, "failCount 1: the next commit is answered");
   });
 
   test("listCommits pages newest first back to the repo's creation, and countCommits counts them", async () => {
@@ -81,7 +81,7 @@ describe("history (L1)", () => {
     assert.deepEqual(listed.slice(0, 4).map((c) => c.oid), ids.reverse());
     assert.ok(listed.every((c) => c.date instanceof Date && !isNaN(c.date.getTime())));
     assert.equal(await countCommits({ repo: r, hubUrl: th.url }), 5);
-    assert.equal(await countCommits({ repo: r, revision: listed[2]!.oid, hubUrl: th.url }), 3);
+    assert.equal(await countCommits({ repo: r, revision: listed[2].oid, hubUrl: th.url }), 3);
   });
 
   test("modelInfo / datasetInfo answer at revision HEAD and at an old commit, with the commit's sha", async () => {
@@ -107,7 +107,7 @@ describe("branches and pull requests (L1)", () => {
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", revision: "exp", hubUrl: th.url })), "exp");
     assert.deepEqual((await all(listFiles({ repo: r, revision: "refs/heads/exp", hubUrl: th.url }))).map((f) => f.path), [".gitattributes", "a.txt"]);
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "main");
-    assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0]!.oid, base.commit.oid);
+    assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid, base.commit.oid);
     await assert.rejects(createBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY }), (e: HubApiError) => e.statusCode === 409);
     await deleteBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY });
     await assert.rejects(downloadFile({ repo: r, path: "a.txt", revision: "exp", hubUrl: th.url }), (e: HubApiError) => e.statusCode === 404);
@@ -119,7 +119,7 @@ describe("branches and pull requests (L1)", () => {
     const pr = await commitOn(r, "proposal", [put("a.txt", "pr")], { isPullRequest: true });
     assert.match(pr.pullRequestUrl ?? "", /\/datasets\/hist\/r\d+\/discussions\/1$/);
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "main");
-    assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0]!.oid, base.commit.oid);
+    assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid, base.commit.oid);
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", revision: "refs/pr/1", hubUrl: th.url })), "pr");
     assert.deepEqual((await all(listFiles({ repo: r, revision: "refs/pr/1", hubUrl: th.url }))).map((f) => f.path), [".gitattributes", "a.txt"]);
     const second = await commitOn(r, "another", [put("b.txt", "x")], { isPullRequest: true });
@@ -178,7 +178,7 @@ describe("expand (L3)", () => {
     ]);
     const info = await pathsInfo({ repo: r, paths: ["d", "d/a.txt"], expand: true, hubUrl: th.url });
     assert.deepEqual(info.map((i) => [i.path, i.lastCommit?.id]), [["d", c2.commit.oid], ["d/a.txt", c1.commit.oid]]);
-    assert.ok(info[1]!.lastCommit!.date instanceof Date);
+    assert.ok(info[1].lastCommit.date instanceof Date);
   });
 });
 
@@ -208,7 +208,7 @@ describe("storage (L6)", () => {
     await commitOn(r, "drop a", [del("a.bin")]);
     const stray = path.join(objectsDir(r.name), "f".repeat(64));
     fs.writeFileSync(stray, "an upload in flight");
-    const got = await th.hub.collectGarbage({ type: "dataset", owner: r.name.split("/")[0]!, name: r.name.split("/")[1]! });
+    const got = await th.hub.collectGarbage({ type: "dataset", owner: r.name.split("/")[0], name: r.name.split("/")[1] });
     assert.deepEqual(got, { commits: 0, objects: 0, bytes: 0 }, "history still reaches a.bin; the fresh upload is not garbage");
     assert.ok(fs.existsSync(stray));
   });

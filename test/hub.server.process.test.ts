@@ -33,16 +33,16 @@ async function startServer(dir: string, extra: string[] = []): Promise<Server> {
     resolveUrl = resolve;
     child.once("exit", (code) => reject(new Error(`hub-server exited with ${code} before printing its URL`)));
   });
-  child.stdout!.on("data", (c: Buffer) => {
+  child.stdout.on("data", (c: Buffer) => {
     buf += c.toString();
     for (let i = buf.indexOf("\n"); i >= 0; i = buf.indexOf("\n")) {
       const line = buf.slice(0, i);
       buf = buf.slice(i + 1);
       const m = /^LocalHub listening on (\S+)/.exec(line);
-      if (m) resolveUrl(m[1]!);
+      if (m) resolveUrl(m[1]);
       const ev = /^LocalHub event: (.*)$/.exec(line);
       if (!ev) continue;
-      const e = JSON.parse(ev[1]!) as Record<string, unknown>;
+      const e = JSON.parse(ev[1]) as Record<string, unknown>;
       events.push(e);
       for (const w of waiters.splice(0)) (w.pred(e) ? w.resolve(e) : waiters.push(w));
     }

@@ -53,7 +53,7 @@ describe("LocalHub", () => {
     await store.uploadFolder(folder({ "w.bin": big }), "d", "one file");
     const info = await pathsInfo({ repo: { type: "dataset", name: store.repo }, paths: ["d/w.bin", "d/missing", "d"], hubUrl: th.url });
     assert.deepEqual(info.map((i) => [i.path, i.type]), [["d/w.bin", "file"], ["d", "directory"]]);
-    assert.equal(info[0]!.lfs!.oid, sha(big));
+    assert.equal(info[0].lfs!.oid, sha(big));
   });
 
   test("sends RepoNotFound, EntryNotFound and RevisionNotFound as X-Error-Code", async () => {

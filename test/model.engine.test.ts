@@ -103,6 +103,6 @@ test("the addon's build script never fails the install: without a compiler it ex
     assert.equal(r.status, 0, r.stderr);
     const lines = r.stdout.trim().split("\n");
     assert.equal(lines.length, 1, r.stdout);
-    assert.match(lines[0]!, /^tstrain: native engine not built \((no C compiler \(\/nonexistent\/cc\)|TSTRAIN_SKIP_NATIVE=1)\); the tfjs engine will be used\. Fast path: apt-get install build-essential python3 .*npm run build:native/);
+    assert.match(lines[0], /^tstrain: native engine not built \((no C compiler \(\/nonexistent\/cc\)|TSTRAIN_SKIP_NATIVE=1)\); the tfjs engine will be used\. Fast path: apt-get install build-essential python3 .*npm run build:native/);
   }
 });

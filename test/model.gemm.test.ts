@@ -20,9 +20,9 @@ const u32 = new Uint32Array(f32.buffer);
 /** The next float32 above x (x a finite float32). */
 function nextUp(x: number): number {
   f32[0] = x;
-  if (x === 0) { u32[0] = 1; return f32[0]!; }
-  u32[0] = x > 0 ? u32[0]! + 1 : u32[0]! - 1;
-  return f32[0]!;
+  if (x === 0) { u32[0] = 1; return f32[0]; }
+  u32[0] = x > 0 ? u32[0] + 1 : u32[0] - 1;
+  return f32[0];
 }
 /**
  * fmaf(a, b, c) for float32 a, b, c, correctly rounded: a*b is exact in float64 (48 bits); s + e = a*b + c exactly
@@ -52,11 +52,11 @@ function reference(c: Case, A: Float32Array, B: Float32Array, C0: Float32Array, 
   const alpha = Math.fround(c.alpha), beta = Math.fround(c.beta);
   let s = 0;
   for (let k = 0; k < c.K; k++) {
-    const a = c.ta ? A[k * c.lda + i]! : A[i * c.lda + k]!;
-    const b = c.tb ? B[j * c.ldb + k]! : B[k * c.ldb + j]!;
+    const a = c.ta ? A[k * c.lda + i] : A[i * c.lda + k];
+    const b = c.tb ? B[j * c.ldb + k] : B[k * c.ldb + j];
     s = fmaf(alpha === 1 ? a : Math.fround(alpha * a), b, s);
   }
-  const old = C0[i * c.ldc + j]!;
+  const old = C0[i * c.ldc + j];
   return beta === 0 ? s : fmaf(beta, old, s);
 }
 
@@ -79,7 +79,7 @@ function check(c: Case, seed: number, samples = 0): void {
     return { isa, C };
   });
   const label = `${c.ta ? "T" : "N"}${c.tb ? "T" : "N"} M=${c.M} N=${c.N} K=${c.K} alpha=${c.alpha} beta=${c.beta} ld=${c.lda}/${c.ldb}/${c.ldc}`;
-  const first = outs[0]!;
+  const first = outs[0];
   for (const o of outs.slice(1)) {
     const a = new Uint32Array(first.C.buffer), b = new Uint32Array(o.C.buffer);
     const at = a.findIndex((x, k) => x !== b[k]);
@@ -89,7 +89,7 @@ function check(c: Case, seed: number, samples = 0): void {
   const picks = samples > 0 && samples < n ? Array.from({ length: samples }, (_, k) => Math.floor(((k * 2654435761) >>> 0) / 4294967296 * n)) : Array.from({ length: n }, (_, k) => k);
   for (const p of picks) {
     const i = Math.floor(p / c.N), j = p % c.N;
-    const want = reference(c, A, B, C0, i, j), got = first.C[i * c.ldc + j]!;
+    const want = reference(c, A, B, C0, i, j), got = first.C[i * c.ldc + j];
     assert.ok(Object.is(got, want), `${label}: C[${i},${j}] = ${got}, the documented order gives ${want}`);
   }
   // what lies between rows (ldc > N) is never written
@@ -181,7 +181,7 @@ test("the kernels' matmul (the engine's entry point) runs the same GEMM: --isa f
     n.kernels.matmul(c.ta, c.tb, c.M, c.N, c.K, 1, A, B, 1, C);
     return C;
   });
-  for (const o of outs.slice(1)) assert.deepEqual(new Uint32Array(o.buffer), new Uint32Array(outs[0]!.buffer));
+  for (const o of outs.slice(1)) assert.deepEqual(new Uint32Array(o.buffer), new Uint32Array(outs[0].buffer));
   assert.ok(supportedIsas().length >= 1);
 });
 

@@ -68,9 +68,9 @@ function close(got: ArrayLike<number>, want: ArrayLike<number>, tol: number, wha
   assert.equal(got.length, want.length, `${what}: length`);
   let err = 0, mag = 1;
   for (let i = 0; i < want.length; i++) {
-    const d = Math.abs(got[i]! - want[i]!);
+    const d = Math.abs(got[i] - want[i]);
     if (!(d <= err)) err = Number.isNaN(d) ? Infinity : Math.max(err, d);
-    mag = Math.max(mag, Math.abs(want[i]!));
+    mag = Math.max(mag, Math.abs(want[i]));
   }
   assert.ok(err / mag <= tol, `${what}: scaled error ${err / mag} > ${tol}`);
 }
@@ -86,8 +86,8 @@ function refMatmul(tA: boolean, tB: boolean, M: number, N: number, Kd: number, a
   for (let i = 0; i < M; i++)
     for (let j = 0; j < N; j++) {
       let s = 0;
-      for (let k = 0; k < Kd; k++) s += (tA ? A[k * M + i]! : A[i * Kd + k]!) * (tB ? B[j * Kd + k]! : B[k * N + j]!);
-      out[i * N + j] = alpha * s + (beta === 0 ? 0 : beta * C[i * N + j]!);
+      for (let k = 0; k < Kd; k++) s += (tA ? A[k * M + i] : A[i * Kd + k]) * (tB ? B[j * Kd + k] : B[k * N + j]);
+      out[i * N + j] = alpha * s + (beta === 0 ? 0 : beta * C[i * N + j]);
     }
   return out;
 }
@@ -126,13 +126,13 @@ test("embedding: gather rows; scatter-add accumulates, repeated ids add up, in p
   const out = filled(N * D, NaN, true);
   k.embeddingForward(out, ids, E, N, D);
   const want = new Float64Array(N * D);
-  for (let n = 0; n < N; n++) for (let i = 0; i < D; i++) want[n * D + i] = E[ids[n]! * D + i]!;
+  for (let n = 0; n < N; n++) for (let i = 0; i < D; i++) want[n * D + i] = E[ids[n] * D + i];
   close(out, want, 0, "embeddingForward");
 
   const dout = rand(N * D, 6, true);
   const dE = rand(V * D, 7, true);
   const wantE = Float64Array.from(dE);
-  for (let n = 0; n < N; n++) for (let i = 0; i < D; i++) wantE[ids[n]! * D + i] += dout[n * D + i]!;
+  for (let n = 0; n < N; n++) for (let i = 0; i < D; i++) wantE[ids[n] * D + i] += dout[n * D + i];
   k.embeddingBackward(dE, ids, dout, N, D);
   close(dE, wantE, TOL, "embeddingBackward (+=)");
   assert.throws(() => k.embeddingForward(out, new Int32Array(N).fill(V), E, N, D), /outside the embedding/);
@@ -144,16 +144,16 @@ test("rmsnorm: forward (out, rstd) and backward (dx +=, dw +=) against float64",
   const k = K!;
   const N = 7, D = 37, eps = 1e-5;
   const x = rand(N * D, 11, true, 3), w = rand(D, 12, false, 2);
-  for (let i = 2 * D; i < 3 * D; i++) x[i] = x[i]! * 1e-3; // a row where eps matters (mean square ~ 3e-6 vs eps 1e-5)
+  for (let i = 2 * D; i < 3 * D; i++) x[i] = x[i] * 1e-3; // a row where eps matters (mean square ~ 3e-6 vs eps 1e-5)
   const out = filled(N * D, NaN, true), rstd = filled(N, NaN, true);
   k.rmsnormForward(out, rstd, x, w, N, D, eps);
   const wantOut = new Float64Array(N * D), wantR = new Float64Array(N);
   for (let n = 0; n < N; n++) {
     let ss = 0;
-    for (let i = 0; i < D; i++) ss += x[n * D + i]! ** 2;
+    for (let i = 0; i < D; i++) ss += x[n * D + i] ** 2;
     const r = 1 / Math.sqrt(ss / D + eps);
     wantR[n] = r;
-    for (let i = 0; i < D; i++) wantOut[n * D + i] = x[n * D + i]! * r * w[i]!;
+    for (let i = 0; i < D; i++) wantOut[n * D + i] = x[n * D + i] * r * w[i];
   }
   close(out, wantOut, TOL, "rmsnormForward out");
   close(rstd, wantR, TOL, "rmsnormForward rstd");
@@ -162,12 +162,12 @@ test("rmsnorm: forward (out, rstd) and backward (dx +=, dw +=) against float64",
   const dx = rand(N * D, 14, true), dw = rand(D, 15, true);
   const wantDx = Float64Array.from(dx), wantDw = Float64Array.from(dw);
   for (let n = 0; n < N; n++) {
-    const r = wantR[n]!;
+    const r = wantR[n];
     let dot = 0;
-    for (let i = 0; i < D; i++) dot += dout[n * D + i]! * w[i]! * x[n * D + i]!;
+    for (let i = 0; i < D; i++) dot += dout[n * D + i] * w[i] * x[n * D + i];
     for (let i = 0; i < D; i++) {
-      wantDx[n * D + i] += r * dout[n * D + i]! * w[i]! - x[n * D + i]! * r ** 3 * dot / D;
-      wantDw[i] += dout[n * D + i]! * x[n * D + i]! * r;
+      wantDx[n * D + i] += r * dout[n * D + i] * w[i] - x[n * D + i] * r ** 3 * dot / D;
+      wantDw[i] += dout[n * D + i] * x[n * D + i] * r;
     }
   }
   k.rmsnormBackward(dx, dw, dout, x, w, rstd, N, D);
@@ -196,9 +196,9 @@ test("rope: forward rotates each (i, i+h) pair in place; backward is its adjoint
   for (let b = 0; b < B; b++) for (let t = 0; t < T; t++) for (let j = 0; j < nh; j++) {
     const o = ((b * T + t) * nh + j) * E;
     for (let i = 0; i < h; i++) {
-      const c = cos[t * h + i]!, s = sin[t * h + i]!;
-      want[o + i] = x0[o + i]! * c - x0[o + i + h]! * s;
-      want[o + i + h] = x0[o + i + h]! * c + x0[o + i]! * s;
+      const c = cos[t * h + i], s = sin[t * h + i];
+      want[o + i] = x0[o + i] * c - x0[o + i + h] * s;
+      want[o + i + h] = x0[o + i + h] * c + x0[o + i] * s;
     }
   }
   close(x, want, TOL, "ropeForward");
@@ -206,7 +206,7 @@ test("rope: forward rotates each (i, i+h) pair in place; backward is its adjoint
   const y = copy(y0);
   k.ropeBackward(y, cos, sin, B, T, nh, E);
   let lhs = 0, rhs = 0;
-  for (let i = 0; i < x0.length; i++) { lhs += want[i]! * y0[i]!; rhs += x0[i]! * y[i]!; }
+  for (let i = 0; i < x0.length; i++) { lhs += want[i] * y0[i]; rhs += x0[i] * y[i]; }
   assert.ok(Math.abs(lhs - rhs) <= 1e-5 * (1 + Math.abs(lhs)), `adjoint: <Rx,y> ${lhs} vs <x,R^T y> ${rhs}`);
   // and backward undoes forward (a rotation's adjoint is its inverse)
   const z = copy(x);
@@ -230,13 +230,13 @@ function refAttention(q: Float32Array, kk: Float32Array, v: Float32Array, dout: 
       const s = new Float64Array(t + 1);
       for (let u = 0; u <= t; u++) {
         let d = 0;
-        for (let e = 0; e < E; e++) d += q[qi(b, t, h) + e]! * kk[ki(b, u, j) + e]!;
-        s[u] = d * scale; mx = Math.max(mx, s[u]!);
+        for (let e = 0; e < E; e++) d += q[qi(b, t, h) + e] * kk[ki(b, u, j) + e];
+        s[u] = d * scale; mx = Math.max(mx, s[u]);
       }
       let z = 0;
-      for (let u = 0; u <= t; u++) z += Math.exp(s[u]! - mx);
-      for (let u = 0; u <= t; u++) p[t * T + u] = Math.exp(s[u]! - mx) / z;
-      for (let u = 0; u <= t; u++) for (let e = 0; e < E; e++) out[qi(b, t, h) + e] += p[t * T + u]! * v[ki(b, u, j) + e]!;
+      for (let u = 0; u <= t; u++) z += Math.exp(s[u] - mx);
+      for (let u = 0; u <= t; u++) p[t * T + u] = Math.exp(s[u] - mx) / z;
+      for (let u = 0; u <= t; u++) for (let e = 0; e < E; e++) out[qi(b, t, h) + e] += p[t * T + u] * v[ki(b, u, j) + e];
     }
     att.set(p, (b * H + h) * T * T);
     for (let t = 0; t < T; t++) {
@@ -244,15 +244,15 @@ function refAttention(q: Float32Array, kk: Float32Array, v: Float32Array, dout: 
       let sum = 0;
       for (let u = 0; u <= t; u++) {
         let d = 0;
-        for (let e = 0; e < E; e++) d += dout[qi(b, t, h) + e]! * v[ki(b, u, j) + e]!;
-        dp[u] = d; sum += p[t * T + u]! * d;
+        for (let e = 0; e < E; e++) d += dout[qi(b, t, h) + e] * v[ki(b, u, j) + e];
+        dp[u] = d; sum += p[t * T + u] * d;
       }
       for (let u = 0; u <= t; u++) {
-        const ds = p[t * T + u]! * (dp[u]! - sum) * scale;
+        const ds = p[t * T + u] * (dp[u] - sum) * scale;
         for (let e = 0; e < E; e++) {
-          dq[qi(b, t, h) + e] += ds * kk[ki(b, u, j) + e]!;
-          dk[ki(b, u, j) + e] += ds * q[qi(b, t, h) + e]!;
-          dv[ki(b, u, j) + e] += p[t * T + u]! * dout[qi(b, t, h) + e]!;
+          dq[qi(b, t, h) + e] += ds * kk[ki(b, u, j) + e];
+          dk[ki(b, u, j) + e] += ds * q[qi(b, t, h) + e];
+          dv[ki(b, u, j) + e] += p[t * T + u] * dout[qi(b, t, h) + e];
         }
       }
     }
@@ -290,10 +290,10 @@ test("swiglu: forward and backward (dgate, dup overwritten) against float64", { 
   k.swigluForward(out, g, u, n);
   const wo = new Float64Array(n), wg = new Float64Array(n), wu = new Float64Array(n);
   for (let i = 0; i < n; i++) {
-    const x = g[i]!, s = 1 / (1 + Math.exp(-x));
-    wo[i] = x * s * u[i]!;
-    wu[i] = dout[i]! * x * s;
-    wg[i] = dout[i]! * u[i]! * s * (1 + x * (1 - s));
+    const x = g[i], s = 1 / (1 + Math.exp(-x));
+    wo[i] = x * s * u[i];
+    wu[i] = dout[i] * x * s;
+    wg[i] = dout[i] * u[i] * s * (1 + x * (1 - s));
   }
   close(out, wo, TOL, "swigluForward");
   const dg = filled(n, NaN, true), du = filled(n, NaN);
@@ -315,13 +315,13 @@ test("crossEntropy: float64 loss over targeted rows, gradient in place (scaled),
   const wantG = new Float64Array(rows * V);
   const scale = 0.37;
   for (let r = 0; r < rows; r++) {
-    if (targets[r]! < 0) continue;
+    if (targets[r] < 0) continue;
     let mx = -Infinity;
-    for (let i = 0; i < V; i++) mx = Math.max(mx, logits0[r * V + i]!);
+    for (let i = 0; i < V; i++) mx = Math.max(mx, logits0[r * V + i]);
     let z = 0;
-    for (let i = 0; i < V; i++) z += Math.exp(logits0[r * V + i]! - mx);
-    wantLoss += mx + Math.log(z) - logits0[r * V + targets[r]!]!;
-    for (let i = 0; i < V; i++) wantG[r * V + i] = (Math.exp(logits0[r * V + i]! - mx) / z - (i === targets[r] ? 1 : 0)) * scale;
+    for (let i = 0; i < V; i++) z += Math.exp(logits0[r * V + i] - mx);
+    wantLoss += mx + Math.log(z) - logits0[r * V + targets[r]];
+    for (let i = 0; i < V; i++) wantG[r * V + i] = (Math.exp(logits0[r * V + i] - mx) / z - (i === targets[r] ? 1 : 0)) * scale;
   }
   const ev = copy(logits0, true);
   const lossEval = k.crossEntropy(ev, targets, rows, V, 0);
@@ -369,8 +369,8 @@ test("every kernel is bit-identical run to run, and on ArrayBuffer vs SharedArra
   };
   const a = runOnce(false), b = runOnce(false), c = runOnce(true);
   for (let i = 0; i < a.length; i++) {
-    assert.ok(bytesEqual(a[i]!, b[i]!), `output ${i} differs between two runs`);
-    assert.ok(bytesEqual(a[i]!, c[i]!), `output ${i} differs between ArrayBuffer and SharedArrayBuffer operands`);
+    assert.ok(bytesEqual(a[i], b[i]), `output ${i} differs between two runs`);
+    assert.ok(bytesEqual(a[i], c[i]), `output ${i} differs between ArrayBuffer and SharedArrayBuffer operands`);
   }
 });
 
@@ -413,7 +413,7 @@ test("native agrees with the plain-JS reference kernels (src/model/engine/js.ts)
       assert.ok(Math.abs(Number(a) - Number(b)) <= tol * (1 + Math.abs(Number(b))), `${what}: ${String(a)} vs ${String(b)}`);
       return;
     }
-    for (let i = 0; i < a.length; i++) close(a[i]!, b[i]!, tol, `${what} output ${i}`);
+    for (let i = 0; i < a.length; i++) close(a[i], b[i], tol, `${what} output ${i}`);
   };
   both((kk, sh) => { const o = filled(N * D, NaN, sh), r = filled(N, NaN, sh); kk.rmsnormForward(o, r, rand(N * D, 1, sh), rand(D, 2, sh), N, D, 1e-6); return [o, r]; }, "rmsnormForward");
   both((kk, sh) => {

@@ -68,7 +68,7 @@ for (const engine of ENGINES) {
     const l2 = m.lossAndGrads(ids, B, T, 65536, g2);
     assert.equal(l1, l2, "the returned loss is unscaled");
     let mismatches = 0;
-    for (let i = 0; i < g1.length; i++) if (g2[i] !== 65536 * g1[i]!) mismatches++;
+    for (let i = 0; i < g1.length; i++) if (g2[i] !== 65536 * g1[i]) mismatches++;
     assert.equal(mismatches, 0, "scaled gradients differ from 65536 x unscaled");
     // a second call adds into the same buffer
     m.lossAndGrads(ids, B, T, 1, g1);
@@ -138,7 +138,7 @@ test("the plain-JS attention kernels (js.ts, the readable reference) match the f
 test("the loss stays exact when fp32 probabilities underflow: it equals log-sum-exp minus the label logit in float64 (M4)", async (t) => {
   const e = (await useEngine(t, "wasm"))!;
   const big = weights.slice();
-  const en = layout.entries[0]!;
+  const en = layout.entries[0];
   for (let i = en.offset; i < en.offset + en.size; i++) big[i] *= 300; // logits in the tens of thousands
   const m = new Llama(cfg, e.kernels, { gradCkpt: true });
   m.bindParams(big);
@@ -150,7 +150,7 @@ test("the loss stays exact when fp32 probabilities underflow: it equals log-sum-
       const mx = Math.max(...row);
       let se = 0;
       for (const x of row) se += Math.exp(x - mx);
-      const nll = mx + Math.log(se) - row[ids[b * T + s + 1]!]!;
+      const nll = mx + Math.log(se) - row[ids[b * T + s + 1]];
       if (nll > 69) underflows++; // p < 1e-30
       want += nll;
     }

@@ -25,9 +25,9 @@ function ref(tA: boolean, tB: boolean, M: number, N: number, K: number, alpha: n
   for (let m = 0; m < M; m++) {
     for (let n = 0; n < N; n++) {
       let s = 0, a = 0;
-      for (let k = 0; k < K; k++) { const p = A[tA ? k * M + m : m * K + k]! * B[tB ? n * K + k : k * N + n]!; s += p; a += Math.abs(p); }
-      out[m * N + n] = alpha * s + (beta === 0 ? 0 : beta * C[m * N + n]!);
-      mag[m * N + n] = Math.abs(alpha) * a + (beta === 0 ? 0 : Math.abs(beta * C[m * N + n]!));
+      for (let k = 0; k < K; k++) { const p = A[tA ? k * M + m : m * K + k] * B[tB ? n * K + k : k * N + n]; s += p; a += Math.abs(p); }
+      out[m * N + n] = alpha * s + (beta === 0 ? 0 : beta * C[m * N + n]);
+      mag[m * N + n] = Math.abs(alpha) * a + (beta === 0 ? 0 : Math.abs(beta * C[m * N + n]));
     }
   }
   return { out, mag };
@@ -52,7 +52,7 @@ for (const backend of ["wasm", "cpu"] as const) {
             k.matmul(tA, tB, M, N, K, alpha, A, B, beta, C);
             // float32 rounding: well within K * 2^-24 of each element's magnitude (a transposed or misplaced operand is O(1) off)
             let worst = 0;
-            for (let i = 0; i < M * N; i++) worst = Math.max(worst, Math.abs(C[i]! - want.out[i]!) / (want.mag[i]! * K * 2 ** -24 + 1e-30));
+            for (let i = 0; i < M * N; i++) worst = Math.max(worst, Math.abs(C[i] - want.out[i]) / (want.mag[i] * K * 2 ** -24 + 1e-30));
             assert.ok(worst < 1, `M=${M} N=${N} K=${K} transA=${tA} transB=${tB} alpha=${alpha} beta=${beta}: error ${worst}`);
             assert.deepEqual(A, A0, "A is not written");
             assert.deepEqual(B, B0, "B is not written");
@@ -66,7 +66,7 @@ for (const backend of ["wasm", "cpu"] as const) {
     const A = rand(6, 1), B = rand(6, 2), C = new Float32Array(4);
     k.matmul(false, false, 2, 2, 3, 1, A, B, 0, C);
     const first = C.slice();
-    A[0] = A[0]! + 1;
+    A[0] = A[0] + 1;
     k.matmul(false, false, 2, 2, 3, 1, A, B, 0, C);
     assert.notDeepEqual(C, first);
     assert.throws(() => k.matmul(false, false, 2, 2, 3, 1, A.subarray(1), B, 0, C), /matmul: A 5, B 6, C 4 floats for M=2 N=2 K=3/);

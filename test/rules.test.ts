@@ -93,7 +93,7 @@ function citationsIn(file: string, source: string): Citation[] {
   const sf = ts.createSourceFile(file, source, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
   const found = new Map<number, string>(); // source offset -> id
   for (const r of citableRanges(sf)) {
-    for (const m of r.text.matchAll(ID_PATTERN)) found.set(r.start + m.index!, m[0]);
+    for (const m of r.text.matchAll(ID_PATTERN)) found.set(r.start + m.index, m[0]);
   }
   for (const lit of ruleArguments(sf)) found.set(lit.getStart(sf) + 1, lit.text); // the same offset as the pattern's match
   return [...found].sort((a, b) => a[0] - b[0]).map(([pos, id]) => ({ file, line: sf.getLineAndCharacterOfPosition(pos).line + 1, id }));
@@ -141,7 +141,7 @@ function definitionsIn(md: string): Definition[] {
   let cur: Definition | null = null;
   md.split("\n").forEach((l, i) => {
     const m = DEF_HEADING.exec(l);
-    if (m) { cur = { id: m[1]!, line: i + 1, body: [] }; defs.push(cur); return; }
+    if (m) { cur = { id: m[1], line: i + 1, body: [] }; defs.push(cur); return; }
     if (/^#{1,6} /.test(l)) { cur = null; return; }
     cur?.body.push(l);
   });
@@ -223,11 +223,11 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
     const parts = text.split(/`([^`]+\.test\.ts)`/);
     if (parts.length < 3) { bad.push(`${d.id}: the Tests paragraph names no test file and does not start with "none"`); continue; }
     for (let i = 1; i < parts.length; i += 2) {
-      const file = path.join(ROOT, "test", parts[i]!.replace(/^test\//, ""));
+      const file = path.join(ROOT, "test", parts[i].replace(/^test\//, ""));
       if (!fs.existsSync(file)) { bad.push(`${d.id}: ${parts[i]} does not exist`); continue; }
       const known = testNamesIn(file, fs.readFileSync(file, "utf8"));
       // A name ends at a quote followed by ";", "." or "," and a space (or the end): a name may hold quotes itself.
-      const names = [...parts[i + 1]!.matchAll(/"(.+?)"(?=[;.,]?(?:\s|$))/g)].map((m) => m[1]!);
+      const names = [...parts[i + 1].matchAll(/"(.+?)"(?=[;.,]?(?:\s|$))/g)].map((m) => m[1]);
       if (names.length === 0) bad.push(`${d.id}: no test name quoted after ${parts[i]}`);
       for (const n of names) {
         named++;

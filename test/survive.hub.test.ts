@@ -144,7 +144,7 @@ test("a pointer write that failed after a verified upload: --resume auto rolls f
   // checkpoint may supersede it (K6): the one that gave up is named.
   const m = /checkpoint (\d+) is verified on the Hub .* but latest\.json could not be moved to it: .*kept failing/.exec(r.stderr);
   assert.ok(m, show(r));
-  const lagged = Number(m![1]);
+  const lagged = Number(m[1]);
   assert.equal((await createHubClient({ hubUrl: url, repo: "me/lag", repoType: "dataset" }).readPointer())?.step, 4);
   // A new machine (empty --out): the checkpoint comes from the Hub, not from a local copy.
   const argv = adviceAfter(r.stderr, /Continue with:/);
@@ -153,7 +153,7 @@ test("a pointer write that failed after a verified upload: --resume auto rolls f
   assert.equal(again.code, 0, show(again));
   assert.match(again.stdout, new RegExp(`latest\\.json pointed at step 4 .* but ckpt/checkpoint-${lagged} proves complete against its manifest \\(7 files, sizes and sha256 equal\\) with a consistent cursor: rolled forward, latest\\.json now points at step ${lagged} \\(R5\\)`));
   assert.match(again.stdout, new RegExp(`auto-resume: hub says step ${lagged}`));
-  assert.ok(modelBytes(path.join(argv[argv.indexOf("--out") + 1]!, "final")).equals(straight), "bit-identical");
+  assert.ok(modelBytes(path.join(argv[argv.indexOf("--out") + 1], "final")).equals(straight), "bit-identical");
 });
 
 test("two runs on one repo: one stops naming the other writer's commit (K8), the other completes; the pointer never names an unverified checkpoint", { timeout: 240_000 }, async () => {
@@ -206,7 +206,7 @@ test("SIGTERM while the Hub is down: the refusal resumes from the local checkpoi
   assert.equal(r.code, 2, show(r));
   const m = /checkpoint (\d+) failed: .*Continue from the local copy of checkpoint \1 with: node dist\/main\.js .* --resume (\S+\/ckpt\/checkpoint-\1) \(--resume auto would restart from the Hub's last verified checkpoint/.exec(r.stderr);
   assert.ok(m, show(r));
-  const k = Number(m![1]);
+  const k = Number(m[1]);
   assert.ok(k >= 6 && k < 12, `stopped at ${k}`);
   assert.equal((await createHubClient({ hubUrl: url, repo: "me/term-down", repoType: "dataset" }).readPointer())?.step, 4, "the Hub holds checkpoint 4 only");
   const again = await runCli(adviceAfter(r.stderr, /with:/));
@@ -241,7 +241,7 @@ for (const when of ["training", "an upload"] as const) {
     const m = /stopped by SIGTERM at step (\d+): checkpoint \1 is published and verified on the Hub\. Resume with: node dist\/main\.js .* --resume auto$/m.exec(r.stdout);
     if (when === "an upload") assert.match(r.stdout, /^CKPT 8 .*ok=true/m, "checkpoint 8, in flight at the signal, was published too");
     assert.ok(m, show(r));
-    const k = Number(m![1]);
+    const k = Number(m[1]);
     assert.ok(k >= (when === "training" ? 6 : 8) && k < steps, `stopped at ${k}`);
     const ptr = await createHubClient({ hubUrl: url, repo, repoType: "dataset" }).readPointer();
     assert.equal(ptr?.step, k, "the pointer names the checkpoint at the step the run stopped");

@@ -215,7 +215,7 @@ test("a slow checkpoint write makes the ranks wait: the first wait says why and 
   assert.equal(r.code, 0, show(r));
   const waits = r.stdout.split("\n").filter((l) => /the ranks waited/.test(l));
   assert.ok(waits.length >= 2, show(r));
-  assert.match(waits[0]!, /^checkpoint \d+: the ranks waited \d+\.\ds for checkpoint \d+ to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk/);
+  assert.match(waits[0], /^checkpoint \d+: the ranks waited \d+\.\ds for checkpoint \d+ to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk/);
   for (const l of waits.slice(1)) assert.match(l, /^checkpoint \d+: the ranks waited \d+\.\ds for the previous checkpoint's write$/);
   assert.ok(waits.every((l) => Number(/waited (\d+\.\d)s/.exec(l)![1]) > 0), waits.join("\n"));
   assert.doesNotMatch(r.stdout, /waiting for checkpoint \d+ to be written/);

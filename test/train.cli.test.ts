@@ -143,7 +143,7 @@ test("a shard holding a token id outside the vocabulary is refused before the ra
   const root = tmpDir("tstrain-bigid-");
   for (const f of fs.readdirSync(mix.root)) fs.copyFileSync(path.join(mix.root, f), path.join(root, f));
   const manifest = JSON.parse(fs.readFileSync(path.join(root, "manifest.json"), "utf8")) as { shards: { file: string; sha256: string }[] };
-  const shard = manifest.shards[1]!;
+  const shard = manifest.shards[1];
   const bytes = fs.readFileSync(path.join(root, shard.file));
   bytes.writeUInt16LE(65535, 2 * 1000); // one token id 65535 in a mix whose manifest says 64 ids
   fs.writeFileSync(path.join(root, shard.file), bytes);
@@ -182,7 +182,7 @@ test("the vocabulary trap: the frozen shape over a small tokenizer warns with wh
   const padded = countParams(buildConfig({ seqLen: 16, vocabSize: 128 })).sum_numel.toLocaleString("en-US");
   const warn = frozen.stdout.split("\n").filter((l) => /vocabulary/.test(l));
   assert.equal(warn.length, 1, frozen.stdout);
-  assert.match(warn[0]!, new RegExp(`^WARNING the mix's tokenizer has 100 ids but the model's vocabulary is 49,152 \\(the frozen default\\): 49,052 embedding rows never see a token, the loss starts near ln\\(49,152\\) = 10\\.80 instead of ln\\(100\\) = 4\\.61, .* --vocab-size 128 trains a ${padded}-parameter model on the same mix \\(M2\\)$`));
+  assert.match(warn[0], new RegExp(`^WARNING the mix's tokenizer has 100 ids but the model's vocabulary is 49,152 \\(the frozen default\\): 49,052 embedding rows never see a token, the loss starts near ln\\(49,152\\) = 10\\.80 instead of ln\\(100\\) = 4\\.61, .* --vocab-size 128 trains a ${padded}-parameter model on the same mix \\(M2\\)$`));
   assert.equal(paramsOf(frozen.stdout), 106_194_240, "the frozen shape itself is unchanged (M1)");
 
   const variant = cli([...small, "--out", tmpDir("tstrain-vocab-var-"), "--layers", "2", "--hidden", "36", "--dry-run"]);

@@ -58,13 +58,13 @@ test("--help lists every flag with its values, an explanation and its default", 
     const line = u.split("\n").find((l) => l.startsWith(`  --${f.flag} `) || l.startsWith(`  --${f.flag}\t`));
     assert.ok(line, `--${f.flag} is listed`);
     const def = f.kind === "bool" ? (f.def ? "on" : "off") : JSON.stringify(f.def);
-    assert.ok(line!.endsWith(`(default ${def})`), `--${f.flag}: ${line}`);
-    const text = line!.slice(42, line!.length - `(default ${def})`.length).trim();
+    assert.ok(line.endsWith(`(default ${def})`), `--${f.flag}: ${line}`);
+    const text = line.slice(42, line.length - `(default ${def})`.length).trim();
     assert.ok(text.length >= 15, `--${f.flag} is explained: ${JSON.stringify(text)}`);
-    if (f.choices) assert.ok(line!.includes(f.choices.join("|")), `--${f.flag} lists its values`);
-    else if (f.kind === "string") assert.ok(line!.startsWith(`  --${f.flag} S `));
-    else if (f.kind !== "bool") assert.ok(line!.startsWith(`  --${f.flag} N `));
-    if (f.negatable) assert.ok(line!.startsWith(`  --${f.flag} / --no-${f.flag} `));
+    if (f.choices) assert.ok(line.includes(f.choices.join("|")), `--${f.flag} lists its values`);
+    else if (f.kind === "string") assert.ok(line.startsWith(`  --${f.flag} S `));
+    else if (f.kind !== "bool") assert.ok(line.startsWith(`  --${f.flag} N `));
+    if (f.negatable) assert.ok(line.startsWith(`  --${f.flag} / --no-${f.flag} `));
   }
   assert.equal(new Set(FLAGS.map((f) => f.flag)).size, FLAGS.length, "no flag twice");
 });

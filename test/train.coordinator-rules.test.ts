@@ -123,7 +123,7 @@ test("a NaN in one rank's gradient skips the step with the coordinator's slice t
     assert.equal(r.applied, false);
     assert.equal(r.gradNorm, null);
     assert.equal(r.updateMs, 0, "no update ran");
-    [c.views.params, c.views.m, c.views.v].forEach((a, i) => assert.ok(sameBits(a, before[i]!), `array ${i} untouched`));
+    [c.views.params, c.views.m, c.views.v].forEach((a, i) => assert.ok(sameBits(a, before[i]), `array ${i} untouched`));
     assert.deepEqual(pos, { optSteps: 0, scaler: { scale: 32768, growthTracker: 0 }, skipped: 1 });
   });
 });
@@ -241,9 +241,9 @@ test("a checkpoint captures the weights and both moments of the step it is taken
     for (let s = 0; s < 2; s++) {
       const got = [new Float32Array(P), new Float32Array(P), new Float32Array(P)];
       const dir = path.join(runDir, "ckpt", `checkpoint-${s + 1}`);
-      const docs = readCheckpointFolder(dir, model, got[0]!, got[1]!, got[2]!);
-      got.forEach((a, i) => assert.ok(sameBits(a, saved[s]![i]!), `checkpoint ${s + 1}: ${["weights", "m", "v"][i]} are those after step ${s}`));
-      assert.ok(!sameBits(got[0]!, c.views.params), "and not the live weights");
+      const docs = readCheckpointFolder(dir, model, got[0], got[1], got[2]);
+      got.forEach((a, i) => assert.ok(sameBits(a, saved[s][i]), `checkpoint ${s + 1}: ${["weights", "m", "v"][i]} are those after step ${s}`));
+      assert.ok(!sameBits(got[0], c.views.params), "and not the live weights");
       assert.equal(docs.state.step, s + 1);
       assert.deepEqual(docs.hfConfig, { model_type: "llama", s });
       assert.deepEqual(docs.runConfig, { lr: 1e-3, s });

@@ -85,7 +85,7 @@ test("a publication that fails for good rejects the checkpoint waiting on it wit
     await c.startUploader({ ...local(runDir), hub: { hubUrl: th.url, repo: "tester/run", repoType: "dataset", timeoutMs: 10_000 }, hubRetryMs: 60_000 }, (e) => events.push(e));
     const e = await c.stageCheckpoint(job(runDir, 1, true)).then(() => assert.fail("the checkpoint was published"), (x: unknown) => x as Error & { rule?: string });
     assert.equal(events.length, 1);
-    const ev = events[0]!;
+    const ev = events[0];
     assert.ok(ev.type === "failed", `a failure event, not ${JSON.stringify(ev)}`);
     assert.equal(ev.step, 1);
     assert.match(ev.error.message, /HTTP 403/);

@@ -44,8 +44,8 @@ test("the coordinator's optimizer slice changes nothing but the clip coefficient
   assert.ok(ranksOnly.norms.some((n) => n > 1), `the clip is active in some step (norms ${ranksOnly.norms.map((n) => n.toFixed(3))}), so the slice order matters there`);
   let worst = 0;
   for (const r of [shared, w2]) {
-    for (let i = 0; i < r.params.length; i++) worst = Math.max(worst, Math.abs(r.params[i]! - ranksOnly.params[i]!));
-    r.norms.forEach((n, i) => assert.ok(Math.abs(n - ranksOnly.norms[i]!) <= 1e-5 * n, `step ${i} norm ${n} vs ${ranksOnly.norms[i]}`));
+    for (let i = 0; i < r.params.length; i++) worst = Math.max(worst, Math.abs(r.params[i] - ranksOnly.params[i]));
+    r.norms.forEach((n, i) => assert.ok(Math.abs(n - ranksOnly.norms[i]) <= 1e-5 * n, `step ${i} norm ${n} vs ${ranksOnly.norms[i]}`));
   }
   assert.ok(worst <= 1e-5, `largest weight difference ${worst}`);
   // The comparison above means something only if the weights moved: AdamW moves each weight by about lr per step
@@ -54,7 +54,7 @@ test("the coordinator's optimizer slice changes nothing but the clip coefficient
   initWeights(model, 11, init);
   for (const r of [ranksOnly, shared, w2]) {
     let moved = 0;
-    for (let i = 0; i < init.length; i++) if (Math.abs(r.params[i]! - init[i]!) > 1e-3) moved++;
+    for (let i = 0; i < init.length; i++) if (Math.abs(r.params[i] - init[i]) > 1e-3) moved++;
     assert.ok(moved > 0.5 * init.length, `only ${moved} of ${init.length} weights moved by more than 1e-3 from their init`);
   }
 });

@@ -45,8 +45,8 @@ for (const backend of ENGINES) {
     for (const e of layout.entries) {
       const g = gref.get(e.name)!.data as Float64Array;
       for (let i = 0; i < e.size; i++) {
-        const d = Math.abs(params[e.offset + i]! - after[e.offset + i]!);
-        if (Math.abs(g[i]! * coef) < 10 * ref.adamw.eps) { ill++; illWorst = Math.max(illWorst, d); continue; }
+        const d = Math.abs(params[e.offset + i] - after[e.offset + i]);
+        if (Math.abs(g[i] * coef) < 10 * ref.adamw.eps) { ill++; illWorst = Math.max(illWorst, d); continue; }
         if (d > worst) { worst = d; at = e.name; }
       }
     }

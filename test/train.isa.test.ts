@@ -50,8 +50,8 @@ test("the demo ends with the same final weights, byte for byte, on every GEMM ke
       hashes[isa] = createHash("sha256").update(fs.readFileSync(path.join(out, "final", "model.safetensors"))).digest("hex");
       console.log(`# --isa ${isa}: final/model.safetensors sha256 ${hashes[isa]}`);
     }
-    for (const isa of isas) assert.equal(hashes[isa], hashes[isas[0]!], `--isa ${isa} differs from --isa ${isas[0]}`);
-    assert.equal(hashes[isas[0]!], DEMO_SHA256, "the demo's weights differ from the pinned hash (DEMO_SHA256)");
+    for (const isa of isas) assert.equal(hashes[isa], hashes[isas[0]], `--isa ${isa} differs from --isa ${isas[0]}`);
+    assert.equal(hashes[isas[0]], DEMO_SHA256, "the demo's weights differ from the pinned hash (DEMO_SHA256)");
   } finally {
     fs.rmSync(cwd, { recursive: true, force: true });
   }

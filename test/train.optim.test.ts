@@ -82,9 +82,9 @@ for (const [impl, reduceSlice] of [["reference", reduceRef], ["simd", reduceSlic
 test("slices cover [0, total) without gaps or overlaps", () => {
   for (const [total, parts] of [[10, 3], [7, 7], [5, 1], [106194240, 2]] as const) {
     const s = slices(total, parts);
-    assert.equal(s[0]![0], 0);
-    assert.equal(s[s.length - 1]![1], total);
-    for (let i = 1; i < s.length; i++) assert.equal(s[i]![0], s[i - 1]![1]);
+    assert.equal(s[0][0], 0);
+    assert.equal(s[s.length - 1][1], total);
+    for (let i = 1; i < s.length; i++) assert.equal(s[i][0], s[i - 1][1]);
   }
 });
 
@@ -93,10 +93,10 @@ for (const [impl, adamwSlice] of [["reference", adamwRef], ["simd", adamwSliceSi
   const m = new Float32Array(4), v = new Float32Array(4);
   const g = new Float32Array([0.5, -0.5, 0.5, -0.5]);
   adamwSlice(p, m, v, g, [{ lo: 0, hi: 2, decay: true }, { lo: 2, hi: 4, decay: false }], 0, 4, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 }, 1, 1);
-  assert.ok(Math.abs(p[0]! - (1 * (1 - 1e-4) - 1e-3)) < 1e-7);
-  assert.ok(Math.abs(p[1]! - (1 * (1 - 1e-4) + 1e-3)) < 1e-7);
-  assert.ok(Math.abs(p[2]! - (1 - 1e-3)) < 1e-7);
-  assert.ok(Math.abs(p[3]! - (1 + 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[0] - (1 * (1 - 1e-4) - 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[1] - (1 * (1 - 1e-4) + 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[2] - (1 - 1e-3)) < 1e-7);
+  assert.ok(Math.abs(p[3] - (1 + 1e-3)) < 1e-7);
 });
 
 test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW within float32 rounding, on odd slices", () => {
@@ -108,15 +108,15 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
     const slots = Array.from({ length: k }, () => fill(1000));
     const a = slots.map((x) => Float32Array.from(x)), b = slots.map((x) => Float32Array.from(x));
     const lo = 5, hi = P - 3, inv = 1 / (k * 65536); // inv a float32 value when k is a power of two
-    const ra = reduceRef(a, a[0]!, Math.fround(inv), lo, hi), rb = reduceSliceSimd(b, b[0]!, Math.fround(inv), lo, hi);
+    const ra = reduceRef(a, a[0], Math.fround(inv), lo, hi), rb = reduceSliceSimd(b, b[0], Math.fround(inv), lo, hi);
     assert.deepEqual(b[0], a[0], `${k} slots: identical averaged gradients (and [0, lo), [hi, P) untouched)`);
     assert.ok(Math.abs(rb.sumSq - ra.sumSq) <= 1e-12 * ra.sumSq, `${k} slots: sum of squares ${rb.sumSq} vs ${ra.sumSq}`);
     assert.equal(rb.finite, true);
-    b[k - 1]![P - 4] = Number.NaN;
-    assert.equal(reduceSliceSimd(b, b[0]!, 1, lo, hi).finite, false, `${k} slots: a NaN in the last slot is found`);
-    b[k - 1]![P - 4] = 0;
-    b[0]![lo] = Number.POSITIVE_INFINITY;
-    assert.equal(reduceSliceSimd(b, b[0]!, 1, lo, hi).finite, false, `${k} slots: an inf is found`);
+    b[k - 1][P - 4] = Number.NaN;
+    assert.equal(reduceSliceSimd(b, b[0], 1, lo, hi).finite, false, `${k} slots: a NaN in the last slot is found`);
+    b[k - 1][P - 4] = 0;
+    b[0][lo] = Number.POSITIVE_INFINITY;
+    assert.equal(reduceSliceSimd(b, b[0], 1, lo, hi).finite, false, `${k} slots: an inf is found`);
   }
   const g = fill(2e-3);
   const ranges = [{ lo: 0, hi: 5000, decay: true }, { lo: 5000, hi: 5577, decay: false }, { lo: 5577, hi: P, decay: true }];
@@ -130,14 +130,14 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   for (const key of ["p", "m", "v"] as const) {
     const x = A[key], y = B[key];
     let worst = 0, mag = 0;
-    for (let i = 0; i < P; i++) { worst = Math.max(worst, Math.abs(x[i]! - y[i]!)); mag = Math.max(mag, Math.abs(x[i]!)); }
+    for (let i = 0; i < P; i++) { worst = Math.max(worst, Math.abs(x[i] - y[i])); mag = Math.max(mag, Math.abs(x[i])); }
     assert.ok(worst <= 1e-6 * mag, `${key}: max difference ${worst} against magnitude ${mag}`);
     assert.equal(y[0], x[0], `${key}: below the slice untouched`);
     assert.equal(y[P - 1], x[P - 1], `${key}: above the slice untouched`);
   }
   // Both moved from the common start (the comparison above is not between two unmoved copies): 3 steps of ~lr each.
   let moved = 0;
-  for (let i = 7; i < P - 2; i++) if (Math.abs(B.p[i]! - p0[i]!) > 1e-3) moved++;
+  for (let i = 7; i < P - 2; i++) if (Math.abs(B.p[i] - p0[i]) > 1e-3) moved++;
   assert.ok(moved > 0.5 * (P - 9), `only ${moved} of ${P - 9} weights in the slice moved by more than 1e-3`);
 });
 

@@ -21,7 +21,7 @@ function checkWellFormed(doc: string): string[] {
   const body = doc.replace(/^<!doctype html>\s*/i, "");
   for (const m of body.matchAll(/<(\/?)([a-zA-Z][a-zA-Z0-9]*)((?:[^>"]|"[^"]*")*?)(\/?)>/g)) {
     const [, close, name, , self] = m;
-    const n = name!.toLowerCase();
+    const n = name.toLowerCase();
     seen.push(n);
     if (close) {
       const top = stack.pop();
@@ -37,14 +37,14 @@ test("the chart draws train loss, validation points and the LR on a second axis 
   const hist = [entry(10, 5, 1e-4), entry(20, 4, 6e-4), entry(30, 3.5, 3e-4)];
   const svg = lossCurveSvg(hist, [{ step: 30, loss: 3.8 }]);
   checkWellFormed(svg);
-  const pointsOf = (cls: string) => /points="([^"]+)"/.exec(new RegExp(`<polyline class="${cls}"[^>]*>`).exec(svg)![0])![1]!.split(" ").map((p) => p.split(",").map(Number));
+  const pointsOf = (cls: string) => /points="([^"]+)"/.exec(new RegExp(`<polyline class="${cls}"[^>]*>`).exec(svg)![0])![1].split(" ").map((p) => p.split(",").map(Number));
   const train = pointsOf("train"), lr = pointsOf("lr");
   assert.equal(train.length, 3);
   assert.equal(lr.length, 3);
-  assert.ok(lr[1]![1]! < lr[0]![1]! && lr[1]![1]! < lr[2]![1]!, "the LR peak at step 20 is the highest point of its line");
+  assert.ok(lr[1][1] < lr[0][1] && lr[1][1] < lr[2][1], "the LR peak at step 20 is the highest point of its line");
   const dot = /<circle class="val" cx="([\d.]+)" cy="([\d.]+)"/.exec(svg)!;
-  assert.equal(Number(dot[1]), train[2]![0], "the val point sits at its step");
-  assert.ok(Number(dot[2]) < train[2]![1]! && Number(dot[2]) > train[1]![1]!, "3.8 is drawn between 4 and 3.5 on the loss axis");
+  assert.equal(Number(dot[1]), train[2][0], "the val point sits at its step");
+  assert.ok(Number(dot[2]) < train[2][1] && Number(dot[2]) > train[1][1], "3.8 is drawn between 4 and 3.5 on the loss axis");
   assert.match(svg, /6\.0e-4/, "the LR axis is labelled up to the peak LR");
   assert.match(svg, />learning rate \(right axis\)</);
 });
@@ -77,10 +77,10 @@ test("report.html holds the chart, the run summary figures and the samples, esca
 /** Every label is a multiple of one round step (1, 2 or 5 x 10^k), evenly spaced. */
 function assertRoundTicks(labels: number[], what: string): void {
   assert.ok(labels.length >= 3, `${what}: ${labels.join(", ")}`);
-  const step = labels[1]! - labels[0]!;
+  const step = labels[1] - labels[0];
   const mant = step / 10 ** Math.floor(Math.log10(step) + 1e-9);
   assert.ok([1, 2, 5].some((m) => Math.abs(mant - m) < 1e-6), `${what}: step ${step} is not 1, 2 or 5 x 10^k (${labels.join(", ")})`);
-  for (let i = 1; i < labels.length; i++) assert.ok(Math.abs(labels[i]! - labels[i - 1]! - step) < step * 1e-6, `${what}: uneven ${labels.join(", ")}`);
+  for (let i = 1; i < labels.length; i++) assert.ok(Math.abs(labels[i] - labels[i - 1] - step) < step * 1e-6, `${what}: uneven ${labels.join(", ")}`);
   for (const v of labels) assert.ok(Math.abs(v / step - Math.round(v / step)) < 1e-6, `${what}: ${v} is not a multiple of ${step}`);
 }
 
@@ -105,19 +105,19 @@ test("after a resume the report shows every session (the resumed one marked), th
     checkWellFormed(html);
     const sessions = /<table class="sessions">([\s\S]*?)<\/table>/.exec(html);
     assert.ok(sessions, "a sessions table");
-    const rows = [...sessions![1]!.matchAll(/<tr><td>(.*?)<\/tr>/g)].map((m) => m[1]!.split("</td><td>").map((c) => c.replace(/<\/?[a-z]+[^>]*>/g, "")));
-    assert.equal(rows.length, 2, sessions![1]);
+    const rows = [...sessions[1].matchAll(/<tr><td>(.*?)<\/tr>/g)].map((m) => m[1].split("</td><td>").map((c) => c.replace(/<\/?[a-z]+[^>]*>/g, "")));
+    assert.equal(rows.length, 2, sessions[1]);
     assert.deepEqual(rows.map((r) => r.slice(0, 2)), [["1", "0 → 4"], ["2", "4 → 8"]]);
-    assert.equal(rows[0]![2], "fresh start");
-    assert.match(rows[1]![2]!, /^resumed from \S+checkpoint-4$/);
+    assert.equal(rows[0][2], "fresh start");
+    assert.match(rows[1][2], /^resumed from \S+checkpoint-4$/);
     assert.deepEqual(rows.map((r) => r[3]), ["ended at its segment boundary", "completed the run"]);
     assert.deepEqual(rows.map((r) => r[5]), ["4", "8"]);
     assert.match(html, /<th>sessions<\/th><td>2 \(resumed 1×\)<\/td>/);
     assert.match(html, /<th>checkpoints \(all sessions\)<\/th><td>\[4,8\]<\/td>/);
     assert.match(html, /<th>session_seconds \(this session\)<\/th>/);
-    const hubRows = [...(/<table class="hub">([\s\S]*?)<\/table>/.exec(html)?.[1] ?? "").matchAll(/<tr><td>(.*?)<\/td><\/tr>/g)].map((m) => m[1]!.split("</td><td>"));
+    const hubRows = [...(/<table class="hub">([\s\S]*?)<\/table>/.exec(html)?.[1] ?? "").matchAll(/<tr><td>(.*?)<\/td><\/tr>/g)].map((m) => m[1].split("</td><td>"));
     assert.deepEqual(hubRows.map((r) => [r[0], r[1], r[2]]), [["1", "ckpt/checkpoint-4", "yes"], ["2", "ckpt/checkpoint-8", "yes"], ["2", "final", "yes"]]);
-    for (const r of hubRows) for (const c of [r[3], r[4], r[5]]) assert.match(c!, /^\d+\.\d s$/);
+    for (const r of hubRows) for (const c of [r[3], r[4], r[5]]) assert.match(c, /^\d+\.\d s$/);
     assert.deepEqual(hubRows.map((r) => r[6]), ["0", "1", "0"], "the 503 on checkpoint 8's commit is one retry");
     assert.match(html, /3 publications, 3 verified, 1 retried attempt\(s\), \d+\.\d s verifying\./);
     assert.match(html, /<b>The<\/b><span class="ws">···<\/span><\/pre>/, "spaces only are shown as dots");

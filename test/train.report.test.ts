@@ -9,10 +9,10 @@ const entry = (step: number, loss: number): LogEntry => ({ step, loss, lr: 1e-3,
 test("the loss curve is an SVG polyline with one point per finite logged loss (B5)", () => {
   const svg = lossCurveSvg([entry(10, 5), entry(20, 4), entry(30, Number.NaN), entry(40, 3)]);
   assert.match(svg, /^<svg xmlns="http:\/\/www.w3.org\/2000\/svg"/);
-  const pts = /<polyline[^>]*points="([^"]+)"/.exec(svg)![1]!.split(" ");
+  const pts = /<polyline[^>]*points="([^"]+)"/.exec(svg)![1].split(" ");
   assert.equal(pts.length, 3);
   const ys = pts.map((p) => Number(p.split(",")[1]));
-  assert.ok(ys[0]! < ys[1]! && ys[1]! < ys[2]!, "a falling loss is drawn from the top down (SVG y grows downward)");
+  assert.ok(ys[0] < ys[1] && ys[1] < ys[2], "a falling loss is drawn from the top down (SVG y grows downward)");
   assert.match(lossCurveSvg([]), /no finite loss logged yet/);
 });
 

@@ -71,7 +71,7 @@ for (const engine of RUN_ENGINES) {
     const mem = JSON.parse(ra.rep.lines.find((l) => l.startsWith("memory: "))!.slice("memory: ".length)) as { per_rank: { tf_tensors_mb: number; wasm_heap_mb: number; arena_mb: number }[] };
     assert.equal(mem.per_rank.length, 1);
     if (engine !== "wasm") assert.deepEqual(mem.per_rank.map((m) => [m.tf_tensors_mb, m.wasm_heap_mb]), [[0, 0]]);
-    else assert.ok(mem.per_rank[0]!.wasm_heap_mb > 0, "the wasm heap is reported");
+    else assert.ok(mem.per_rank[0].wasm_heap_mb > 0, "the wasm heap is reported");
     await runTiny(tinyConfig(mix.root, b, be));
     assert.ok(bitIdentical(weights(path.join(a, "final")), weights(path.join(b, "final"))));
   });
@@ -86,8 +86,8 @@ for (const engine of RUN_ENGINES) {
       assert.equal(r.runJson.backend, backendOf(engine), "the run used the engine under test");
       files.push(fs.readFileSync(path.join(out, "final", "model.safetensors")));
     }
-    assert.ok(files[0]!.equals(files[1]!), "world 2 x accum 2 ends byte-identical to world 1 x accum 4 (A10)");
-    assert.ok(files[0]!.equals(files[2]!), "world 4 x accum 1 ends byte-identical to world 1 x accum 4 (A10)");
+    assert.ok(files[0].equals(files[1]), "world 2 x accum 2 ends byte-identical to world 1 x accum 4 (A10)");
+    assert.ok(files[0].equals(files[2]), "world 4 x accum 1 ends byte-identical to world 1 x accum 4 (A10)");
   });
 
   test(`on ${engine}, a run stopped at step S and resumed with --resume PATH ends bit-identical to the same run done straight (B1, C3)`, { timeout: 180_000 }, async (t) => {

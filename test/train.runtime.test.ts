@@ -71,8 +71,8 @@ function assertClose(name: string, got: Float32Array, want: Float32Array): void 
   const tol = ABS * maxAbs(want);
   let worst = 0, at = -1;
   for (let i = 0; i < want.length; i++) {
-    const d = Math.abs(got[i]! - want[i]!);
-    const excess = d - (REL * Math.abs(want[i]!) + tol);
+    const d = Math.abs(got[i] - want[i]);
+    const excess = d - (REL * Math.abs(want[i]) + tol);
     if (!(excess <= worst)) { worst = excess; at = i; }
   }
   assert.ok(at < 0, `${name}: element ${at} is ${got[at]} but the reference gives ${want[at]} (tolerance ${REL} rel + ${tol} abs)`);
@@ -98,7 +98,7 @@ async function checkAgainstReference(o: { world: number; accum: number; share: b
         const r = await c.step(s, pos, BASE_LR, SHAPE);
         results.push(r);
         const tag = `world ${o.world} step ${s}`;
-        assert.equal(r.lr, BASE_LR * FACTOR[applied]!, `${tag}: the LR of optimizer step ${applied} (P5)`);
+        assert.equal(r.lr, BASE_LR * FACTOR[applied], `${tag}: the LR of optimizer step ${applied} (P5)`);
         if (skip) {
           assert.equal(r.applied, false, `${tag}: a non-finite gradient is not applied (P2)`);
           assert.equal(r.gradNorm, null);
@@ -113,12 +113,12 @@ async function checkAgainstReference(o: { world: number; accum: number; share: b
         const g = referenceGradient(local, before.p, s, scale);
         assertClose(`${tag} reduced gradient (grad) vs the one-thread gradient`, c.views.grad, g);
         let sumSq = 0;
-        for (let i = 0; i < g.length; i++) sumSq += g[i]! * g[i]!;
+        for (let i = 0; i < g.length; i++) sumSq += g[i] * g[i];
         const norm = Math.sqrt(sumSq);
         assert.ok(Math.abs(r.gradNorm! - norm) <= 1e-5 * norm, `${tag}: grad norm ${r.gradNorm} vs ${norm} (P4)`);
         const coef = Math.min(1, 1 / (norm + 1e-6));
         const want: Snap = { p: Float32Array.from(before.p), m: Float32Array.from(before.m), v: Float32Array.from(before.v) };
-        adamwSlice(want.p, want.m, want.v, g, ranges, 0, g.length, { lr: BASE_LR * FACTOR[applied]!, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 }, coef, applied + 1);
+        adamwSlice(want.p, want.m, want.v, g, ranges, 0, g.length, { lr: BASE_LR * FACTOR[applied], beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 }, coef, applied + 1);
         const after = snap(c);
         assertClose(`${tag} m (clip coef ${coef.toFixed(4)})`, after.m, want.m);
         assertClose(`${tag} v (clip coef ${coef.toFixed(4)})`, after.v, want.v);
@@ -166,8 +166,8 @@ test("the loss on one fixed batch goes down step after step when the runtime tra
     for (let k = 0; k < 6; k++) losses.push((await c.step(0, pos, 3e-3, flat)).loss);
     const last = (await c.step(0, pos, 0, flat)).loss; // lr 0 applies nothing: the loss after the sixth update
     losses.push(last);
-    for (let k = 1; k < losses.length; k++) assert.ok(losses[k]! < losses[k - 1]!, `loss on the fixed batch after update ${k}: ${losses[k]} not below ${losses[k - 1]} (all: ${losses.map((x) => x.toFixed(4))})`);
-    assert.ok(losses[0]! - last > 0.05, `the fixed batch's loss fell by ${losses[0]! - last}`);
+    for (let k = 1; k < losses.length; k++) assert.ok(losses[k] < losses[k - 1], `loss on the fixed batch after update ${k}: ${losses[k]} not below ${losses[k - 1]} (all: ${losses.map((x) => x.toFixed(4))})`);
+    assert.ok(losses[0] - last > 0.05, `the fixed batch's loss fell by ${losses[0] - last}`);
     const val1 = await c.evaluate(8);
     assert.ok(val1 < val0, `held-out loss on the same 8 windows: ${val0} before, ${val1} after`);
   });

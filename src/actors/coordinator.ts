@@ -182,7 +182,7 @@ export class Coordinator {
     const share = setup.coordinatorShare ?? setup.world < os.availableParallelism();
     const parts = slices(this.P, setup.world + (share ? 1 : 0));
     this.rankSlices = parts.slice(0, setup.world);
-    this.ownSlice = share ? parts[setup.world]! : null;
+    this.ownSlice = share ? parts[setup.world] : null;
     this.rankChunks = chunkSlices(this.P, setup.world);
     this.mpi = setup.mpi ?? null;
     const hosts = this.mpi?.size ?? 1;
@@ -206,12 +206,12 @@ export class Coordinator {
       init: {
         rank: h.rank, world: this.setup.world, dataRank: this.dataRank0 + h.rank, dataWorld: this.dataWorld,
         model: this.setup.model, gradCkpt: this.setup.gradCkpt, backend: this.setup.backend, native: this.setup.native, data: this.setup.data,
-        shared: this.shared, decayRanges: this.decayRanges, slice: parts[h.rank]!, chunks: this.rankChunks[h.rank]!, fault: this.setup.fault,
+        shared: this.shared, decayRanges: this.decayRanges, slice: parts[h.rank], chunks: this.rankChunks[h.rank], fault: this.setup.fault,
       },
     }), "ready", "init");
     const names = new Set(ready.map((m) => m.backend));
     if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
-    this.backendInfo = { backend: ready[0]!.backend, detail: ready[0]!.detail };
+    this.backendInfo = { backend: ready[0].backend, detail: ready[0].detail };
   }
 
   private async all<T extends FromRank["type"]>(make: (h: RankHandle) => ToRank, expect: T, phase: string): Promise<Reply<T>[]> {
@@ -295,7 +295,7 @@ export class Coordinator {
     const t0 = performance.now();
     const blk = this.shared.Pp / mpi.size;
     this.recv ??= { sum: new Float64Array(blk), mine: new Float32Array(blk), grad: new Float32Array(this.shared.grad) };
-    await mpi.reduceScatterSum(this.views.slots[0]!, this.recv.sum);
+    await mpi.reduceScatterSum(this.views.slots[0], this.recv.sum);
     unscaleInto(this.recv.sum, this.recv.mine, 0, blk, invScale);
     await mpi.allgather(this.recv.mine, this.recv.grad);
     const allreduceMs = performance.now() - t0;
@@ -331,7 +331,7 @@ export class Coordinator {
   /** Mean validation loss over windows [0, nVal), split across ranks by contiguous ranges (D7). */
   async evaluate(nVal: number): Promise<number> {
     const parts = slices(nVal, this.setup.world);
-    const got = await this.all((h) => ({ type: "eval", from: parts[h.rank]![0], to: parts[h.rank]![1] }), "evaluated", "validation");
+    const got = await this.all((h) => ({ type: "eval", from: parts[h.rank][0], to: parts[h.rank][1] }), "evaluated", "validation");
     const count = got.reduce((a, m) => a + m.count, 0);
     if (count !== nVal) throw new Error(`validation covered ${count} of ${nVal} windows`);
     return got.reduce((a, m) => a + m.lossSum, 0) / count;

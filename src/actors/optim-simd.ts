@@ -184,7 +184,7 @@ export function reduceSliceSimd(slots: readonly Float32Array[], out: Float32Arra
   for (let a = lo; a < hi; a += CHUNK) {
     const n = Math.min(CHUNK, hi - a), n4 = up4(n);
     for (let s = 0; s < k; s++) {
-      H.set(slots[s]!.subarray(a, a + n), s * CHUNK);
+      H.set(slots[s].subarray(a, a + n), s * CHUNK);
       if (n4 !== n) H.fill(0, s * CHUNK + n, s * CHUNK + n4); // zero pad lanes: they enter the sum of squares
     }
     sumSq += K.reduce(n4, k, invScale);

@@ -106,25 +106,25 @@ export interface ReduceResult { sumSq: number; finite: boolean }
 export function reduceSlice(slots: readonly Float32Array[], out: Float32Array, invScale: number, lo: number, hi: number): ReduceResult {
   const n = slots.length;
   let sumSq = 0;
-  const s0 = slots[0]!;
+  const s0 = slots[0];
   if (n === 1) {
     for (let i = lo; i < hi; i++) {
-      const g = Math.fround(s0[i]! * invScale);
+      const g = Math.fround(s0[i] * invScale);
       out[i] = g;
       sumSq += g * g;
     }
   } else if (n === 2) {
     // The common world-2 case, unrolled: ~2x the generic loop's bandwidth (bench/optim.ts).
-    const s1 = slots[1]!;
+    const s1 = slots[1];
     for (let i = lo; i < hi; i++) {
-      const g = Math.fround(Math.fround(s0[i]! + s1[i]!) * invScale);
+      const g = Math.fround(Math.fround(s0[i] + s1[i]) * invScale);
       out[i] = g;
       sumSq += g * g;
     }
   } else {
     for (let i = lo; i < hi; i++) {
-      let acc = s0[i]!;
-      for (let s = 1; s < n; s++) acc = Math.fround(acc + slots[s]![i]!);
+      let acc = s0[i];
+      for (let s = 1; s < n; s++) acc = Math.fround(acc + slots[s][i]);
       const g = Math.fround(acc * invScale);
       out[i] = g;
       sumSq += g * g;
@@ -164,13 +164,13 @@ export function adamwSlice(
     if (a >= b) continue;
     const decayMul = r.decay ? 1 - lr * weightDecay : 1;
     for (let i = a; i < b; i++) {
-      const gi = g[i]! * coef;
-      const mi = beta1 * m[i]! + b1c * gi;
-      const vi = beta2 * v[i]! + b2c * gi * gi;
+      const gi = g[i] * coef;
+      const mi = beta1 * m[i] + b1c * gi;
+      const vi = beta2 * v[i] + b2c * gi * gi;
       m[i] = mi;
       v[i] = vi;
       const denom = Math.sqrt(vi) / bc2Sqrt + eps;
-      params[i] = params[i]! * decayMul - stepSize * (mi / denom);
+      params[i] = params[i] * decayMul - stepSize * (mi / denom);
     }
   }
 }
@@ -206,28 +206,28 @@ export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean): v
   const n = g.length;
   // Every sum starts from its first term (never from 0 + it), here, in sumSlots64/reduceChunks64 and in MPI's sum, so a
   // -0 term sums alike in every split. `g` is left zeroed for the next micro-batch's += (lossAndGrads).
-  if (first) for (let i = 0; i < n; i++) { acc[i] = g[i]!; g[i] = 0; }
-  else for (let i = 0; i < n; i++) { acc[i] += g[i]!; g[i] = 0; }
+  if (first) for (let i = 0; i < n; i++) { acc[i] = g[i]; g[i] = 0; }
+  else for (let i = 0; i < n; i++) { acc[i] += g[i]; g[i] = 0; }
 }
 
 /** out[i] = slots[0][i] + slots[1][i] + ... over [lo, hi), in float64 (out may be slots[0]). */
 export function sumSlots64(slots: readonly Float64Array[], out: Float64Array, lo: number, hi: number): void {
   const k = slots.length;
   if (k === 2) {
-    const a = slots[0]!, b = slots[1]!;
-    for (let i = lo; i < hi; i++) out[i] = a[i]! + b[i]!;
+    const a = slots[0], b = slots[1];
+    for (let i = lo; i < hi; i++) out[i] = a[i] + b[i];
     return;
   }
   for (let i = lo; i < hi; i++) {
-    let acc = slots[0]![i]!;
-    for (let s = 1; s < k; s++) acc += slots[s]![i]!;
+    let acc = slots[0][i];
+    for (let s = 1; s < k; s++) acc += slots[s][i];
     out[i] = acc;
   }
 }
 
 /** grad[at + i] = fround(sum[i] * invScale) for i in [0, n): the averaged, unscaled float32 gradient. */
 export function unscaleInto(sum: Float64Array, grad: Float32Array, at: number, n: number, invScale: number): void {
-  for (let i = 0; i < n; i++) grad[at + i] = sum[i]! * invScale;
+  for (let i = 0; i < n; i++) grad[at + i] = sum[i] * invScale;
 }
 
 /**
@@ -237,18 +237,18 @@ export function unscaleInto(sum: Float64Array, grad: Float32Array, at: number, n
  * two slots have their own loops (about twice the generic loop's speed over 106M parameters).
  */
 export function reduceChunks64(slots: readonly Float64Array[], grad: Float32Array, invScale: number, P: number, sq: Float64Array, c0: number, c1: number): void {
-  const k = slots.length, a = slots[0]!, b = k > 1 ? slots[1]! : a;
+  const k = slots.length, a = slots[0], b = k > 1 ? slots[1] : a;
   for (let c = c0; c < c1; c++) {
     const lo = c * SQ_CHUNK, hi = Math.min(P, lo + SQ_CHUNK);
     let s = 0;
     if (k === 1) {
-      for (let i = lo; i < hi; i++) { const x = Math.fround(a[i]! * invScale); grad[i] = x; s += x * x; }
+      for (let i = lo; i < hi; i++) { const x = Math.fround(a[i] * invScale); grad[i] = x; s += x * x; }
     } else if (k === 2) {
-      for (let i = lo; i < hi; i++) { const x = Math.fround((a[i]! + b[i]!) * invScale); grad[i] = x; s += x * x; }
+      for (let i = lo; i < hi; i++) { const x = Math.fround((a[i] + b[i]) * invScale); grad[i] = x; s += x * x; }
     } else {
       for (let i = lo; i < hi; i++) {
-        let acc = a[i]!;
-        for (let r = 1; r < k; r++) acc += slots[r]![i]!;
+        let acc = a[i];
+        for (let r = 1; r < k; r++) acc += slots[r][i];
         const x = Math.fround(acc * invScale);
         grad[i] = x;
         s += x * x;
@@ -263,7 +263,7 @@ export function chunkSquares(g: Float32Array, P: number, sq: Float64Array, c0: n
   for (let c = c0; c < c1; c++) {
     const hi = Math.min(P, (c + 1) * SQ_CHUNK);
     let s = 0;
-    for (let i = c * SQ_CHUNK; i < hi; i++) { const x = g[i]!; s += x * x; }
+    for (let i = c * SQ_CHUNK; i < hi; i++) { const x = g[i]; s += x * x; }
     sq[c] = s;
   }
 }
@@ -271,7 +271,7 @@ export function chunkSquares(g: Float32Array, P: number, sq: Float64Array, c0: n
 /** The chunks' sums added in chunk order: the gradient's sum of squares and whether it is all finite. */
 export function totalSquares(sq: Float64Array): ReduceResult {
   let sumSq = 0;
-  for (let c = 0; c < sq.length; c++) sumSq += sq[c]!;
+  for (let c = 0; c < sq.length; c++) sumSq += sq[c];
   return { sumSq, finite: Number.isFinite(sumSq) };
 }
 
@@ -286,6 +286,6 @@ export function chunkSlices(P: number, parts: number): Array<[number, number]> {
  */
 export function meanLossInOrder(losses: ArrayLike<number>, world: number, accum: number): number {
   let s = 0;
-  for (let m = 0; m < accum; m++) for (let g = 0; g < world; g++) s += losses[g * accum + m]!;
+  for (let m = 0; m < accum; m++) for (let g = 0; g < world; g++) s += losses[g * accum + m];
   return s / (world * accum);
 }

@@ -68,7 +68,7 @@ function checkFault(s: RankState, step: number, at: "compute"): void {
 
 function compute(s: RankState, step: number, gradScale: number): FromRank {
   const t0 = performance.now();
-  const slot = s.views.slots[s.init.rank]!;
+  const slot = s.views.slots[s.init.rank];
   const d = s.init.data;
   const losses: number[] = [];
   let micro = 0;
@@ -98,7 +98,7 @@ function reduce(s: RankState, step: number, invScale: number, mode: "final" | "s
   const t0 = performance.now();
   const [lo, hi] = chunkRange(s);
   const v = s.views;
-  if (mode === "sum") sumSlots64(v.slots, v.slots[0]!, lo, hi);
+  if (mode === "sum") sumSlots64(v.slots, v.slots[0], lo, hi);
   else reduceChunks64(v.slots, v.grad, invScale, s.init.shared.P, v.sq, ...s.init.chunks);
   return { type: "reduced", rank: s.init.rank, step, ms: performance.now() - t0 };
 }

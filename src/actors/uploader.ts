@@ -49,7 +49,7 @@ function pruneOldLocal(runDir: string, current: string, keepLocal: number): void
   const keep = new Set([current, pending?.dir, publishing?.dir].filter((x): x is string => !!x));
   const all = listCheckpointFolders(checkpointRoot(runDir)).filter((c) => !keep.has(c.dir));
   const excess = all.length - keepLocal;
-  for (let i = 0; i < excess; i++) fs.rmSync(all[i]!.dir, { recursive: true, force: true });
+  for (let i = 0; i < excess; i++) fs.rmSync(all[i].dir, { recursive: true, force: true });
 }
 
 async function publishLoop(): Promise<void> {

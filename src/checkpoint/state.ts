@@ -72,7 +72,7 @@ export function parseTrainerState(raw: string | Uint8Array, where: string): Trai
 /** The loss of the last log_history entry that has a finite one (the seed's "prior loss"), else null. */
 export function lastLoggedLoss(state: TrainerState): number | null {
   const h = state.log_history.filter((x) => typeof x.loss === "number" && Number.isFinite(x.loss));
-  return h.length ? h[h.length - 1]!.loss : null;
+  return h.length ? h[h.length - 1].loss : null;
 }
 
 // ---------------------------------------------------------------- the JSON documents of a folder (K2)

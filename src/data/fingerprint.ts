@@ -42,7 +42,7 @@ export function sha256File(file: string, onChunk?: (b: Buffer) => void): string 
 function maxIdOf(b: Buffer, bpt: 2 | 4): number {
   let max = 0;
   const n = Math.floor(b.length / bpt);
-  if (bpt === 2) for (let i = 0; i < n; i++) { const t = b[2 * i]! | (b[2 * i + 1]! << 8); if (t > max) max = t; }
+  if (bpt === 2) for (let i = 0; i < n; i++) { const t = b[2 * i] | (b[2 * i + 1] << 8); if (t > max) max = t; }
   else for (let i = 0; i < n; i++) { const t = b.readUInt32LE(4 * i); if (t > max) max = t; }
   return max;
 }

@@ -63,7 +63,7 @@ export function parseHubUrl(s: string, what: string): HubSpec {
 export function globRegExp(glob: string): RegExp {
   let re = "";
   for (let i = 0; i < glob.length; i++) {
-    const c = glob[i]!;
+    const c = glob[i];
     if (c === "*" && glob[i + 1] === "*") {
       i++;
       if (glob[i + 1] === "/") { i++; re += "(?:.*/)?"; } else re += ".*";
@@ -224,7 +224,7 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
     if (first.length === 0) {
       throw new UserError("D2", `--input ${url} matches no ${SUPPORTED_FORMATS} file on ${spec.repo} at ${spec.revision}; check the path-glob (e.g. hf://${spec.repoType}s/${spec.repo}/data/*.parquet)`);
     }
-    const revision = /^[0-9a-f]{40}$/.test(spec.revision) ? spec.revision : await resolveRevision(c, spec.revision, first[0]!.path, () => new Error(`${first[0]!.path} was listed at ${spec.revision} but its probe says it is missing`));
+    const revision = /^[0-9a-f]{40}$/.test(spec.revision) ? spec.revision : await resolveRevision(c, spec.revision, first[0].path, () => new Error(`${first[0].path} was listed at ${spec.revision} but its probe says it is missing`));
     const listed = revision === spec.revision ? first : pick(await listAt(c, revision, dir || undefined));
     const files: InputFile[] = [];
     const recorded: HubSource["files"] = [];

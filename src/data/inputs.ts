@@ -484,7 +484,7 @@ async function* parquetRows(f: InputFile, o: ReadOptions, plan: ParquetPlan, fil
     bytes += rg.columns.reduce((a, c) => a + Number(c.meta_data?.total_compressed_size ?? 0), 0);
     const done = Math.min(f.bytes, bytes);
     for (let i = 0; i < rows.length; i++) {
-      const v = rows[i]![o.textField];
+      const v = rows[i][o.textField];
       const where = `${f.name}:row ${row + i}`;
       if (v === null || v === undefined) continue;
       if (typeof v !== "string") throw new UserError("D2", `${where}: "${o.textField}" is ${typeof v}, not a string: pick the text column with --text-field NAME`);

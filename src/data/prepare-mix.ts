@@ -374,7 +374,7 @@ class TokenizeBatches {
   async submit(bytesAfter: number): Promise<void> {
     if (this.texts.length === 0) return;
     const tok = this.tok;
-    const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts: this.texts, firstDoc: this.docs[0]! };
+    const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts: this.texts, firstDoc: this.docs[0] };
     const result = this.pool.run(task) as Promise<Uint32Array>;
     result.catch(() => undefined); // observed in drainOne, in order
     this.inflight.push({ docs: this.docs, last: this.lasts, wheres: this.wheres, bytesAfter, result });
@@ -398,11 +398,11 @@ class TokenizeBatches {
     } catch (e) {
       throw new UserError("D2", `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`);
     }
-    const n = res[0]!;
+    const n = res[0];
     let p = 1 + n;
     for (let d = 0; d < n; d++) {
-      const len = res[1 + d]!;
-      const w = isValDoc(b.docs[d]!, this.ppm) ? this.shards.val : this.shards.train;
+      const len = res[1 + d];
+      const w = isValDoc(b.docs[d], this.ppm) ? this.shards.val : this.shards.train;
       w.pushRange(res, p, p + len);
       p += len;
       this.tokensDone += len;

@@ -214,7 +214,7 @@ export class LocalHub {
       case "revisionInfo": return repoInfoEndpoint(ctx, res, r, rt.rest);
       case "preupload": return preuploadEndpoint(ctx, req, res, r, rt.rest);
       case "lfsBatch": return lfsBatch(req, res, ctx.store, r, ctx.signer, this.base);
-      case "upload": return lfsUpload(req, res, ctx.store, r, ctx.signer, rt.rest[0]!, u.searchParams);
+      case "upload": return lfsUpload(req, res, ctx.store, r, ctx.signer, rt.rest[0], u.searchParams);
       case "commit": return commitEndpoint(ctx, req, res, r, rt.rest, u);
       case "commits": return commitsEndpoint(ctx, res, r, rt.rest, u);
       case "createBranch": return createBranchEndpoint(ctx, req, res, r, rt.rest);

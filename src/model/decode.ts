@@ -90,8 +90,8 @@ export class KvDecoder {
     this.ids[0] = id;
     k.embeddingForward(this.x, this.ids, this.emb, 1, D);
     for (let l = 0; l < c.numLayers; l++) {
-      const W = this.layers[l]!;
-      const kp = this.kc[l]!.subarray(p * K * E, (p + 1) * K * E), vp = this.vc[l]!.subarray(p * K * E, (p + 1) * K * E);
+      const W = this.layers[l];
+      const kp = this.kc[l].subarray(p * K * E, (p + 1) * K * E), vp = this.vc[l].subarray(p * K * E, (p + 1) * K * E);
       // ---- attention: x += o_proj(attn(rope(qkv(norm1(x)))))
       k.rmsnormForward(this.h, this.rstd, this.x, W.inputNorm, 1, D, c.rmsNormEps);
       k.matmul(false, true, 1, H * E, D, 1, this.h, W.wq, 0, this.q);
@@ -99,7 +99,7 @@ export class KvDecoder {
       k.matmul(false, true, 1, K * E, D, 1, this.h, W.wv, 0, vp);
       k.ropeForward(this.q, cos, sin, 1, 1, H, E);
       k.ropeForward(kp, cos, sin, 1, 1, K, E);
-      this.attendOne(this.kc[l]!, this.vc[l]!, p);
+      this.attendOne(this.kc[l], this.vc[l], p);
       k.matmul(false, true, 1, D, H * E, 1, this.o, W.wo, 1, this.x);
       // ---- MLP: x += down(silu(gate(h)) * up(h)), h = norm2(x)
       k.rmsnormForward(this.h, this.rstd, this.x, W.postAttnNorm, 1, D, c.rmsNormEps);
@@ -123,20 +123,20 @@ export class KvDecoder {
       for (let u = 0; u <= p; u++) {
         const ko = (u * K + j) * E;
         let s = 0;
-        for (let e = 0; e < E; e++) s += this.q[qo + e]! * kc[ko + e]!;
+        for (let e = 0; e < E; e++) s += this.q[qo + e] * kc[ko + e];
         s *= scale;
         sc[u] = s;
-        if (sc[u]! > mx) mx = sc[u]!;
+        if (sc[u] > mx) mx = sc[u];
       }
       let sum = 0;
-      for (let u = 0; u <= p; u++) sum += Math.exp(sc[u]! - mx);
-      for (let u = 0; u <= p; u++) sc[u] = Math.exp(sc[u]! - mx) / sum;
+      for (let u = 0; u <= p; u++) sum += Math.exp(sc[u] - mx);
+      for (let u = 0; u <= p; u++) sc[u] = Math.exp(sc[u] - mx) / sum;
       acc.fill(0);
       for (let u = 0; u <= p; u++) {
-        const pr = sc[u]!, vo = (u * K + j) * E;
-        for (let e = 0; e < E; e++) acc[e] += pr * vc[vo + e]!;
+        const pr = sc[u], vo = (u * K + j) * E;
+        for (let e = 0; e < E; e++) acc[e] += pr * vc[vo + e];
       }
-      for (let e = 0; e < E; e++) this.o[qo + e] = acc[e]!;
+      for (let e = 0; e < E; e++) this.o[qo + e] = acc[e];
     }
   }
 }
@@ -180,29 +180,29 @@ export function pickToken(logits: Float32Array, o: SamplingOptions, rand: () => 
   const V = logits.length;
   if (o.temperature === 0) {
     let best = 0;
-    for (let i = 1; i < V; i++) if (logits[i]! > logits[best]!) best = i;
+    for (let i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
     return best;
   }
   // candidates by descending logit (ties: lower id first), cut by top-k
-  let idx = Array.from({ length: V }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b);
+  let idx = Array.from({ length: V }, (_, i) => i).sort((a, b) => logits[b] - logits[a] || a - b);
   if (o.topK > 0 && o.topK < V) idx = idx.slice(0, o.topK);
-  const mx = logits[idx[0]!]!;
-  const w = idx.map((i) => Math.exp((logits[i]! - mx) / o.temperature));
+  const mx = logits[idx[0]];
+  const w = idx.map((i) => Math.exp((logits[i] - mx) / o.temperature));
   let total = w.reduce((a, b) => a + b, 0);
   if (o.topP < 1) {
     // nucleus: the smallest prefix whose probability reaches top_p
     let cum = 0, n = 0;
-    while (n < w.length) { cum += w[n]! / total; n++; if (cum >= o.topP) break; }
+    while (n < w.length) { cum += w[n] / total; n++; if (cum >= o.topP) break; }
     idx = idx.slice(0, n);
     w.length = n;
     total = w.reduce((a, b) => a + b, 0);
   }
   let r = rand() * total;
   for (let i = 0; i < idx.length; i++) {
-    r -= w[i]!;
-    if (r < 0) return idx[i]!;
+    r -= w[i];
+    if (r < 0) return idx[i];
   }
-  return idx[idx.length - 1]!;
+  return idx[idx.length - 1];
 }
 
 export interface GenerateOptions extends SamplingOptions {

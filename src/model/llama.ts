@@ -136,17 +136,17 @@ export class Llama {
     if (!Number.isFinite(gradScale) || gradScale <= 0) throw new RangeError(`lossAndGrads: gradScale ${gradScale} must be a positive finite number`);
     const a = this.arena(B, T, true), grads = a.grads!, L = this.cfg.numLayers;
     // ---- forward: keep every block's input; its activations too unless checkpointing
-    this.k.embeddingForward(a.xs[0]!, ids, this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize), B * T, this.cfg.hiddenSize);
-    for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l]!, "forward");
+    this.k.embeddingForward(a.xs[0], ids, this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize), B * T, this.cfg.hiddenSize);
+    for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l], "forward");
     // ---- final norm, LM head + cross-entropy (dhF lands in grads.dh), final norm backward into dx
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
     const N = B * T, D = this.cfg.hiddenSize;
     grads.dx.fill(0);
-    this.k.rmsnormBackward(grads.dx, this.w(gradOut, this.off.norm, D), grads.dh, a.xs[L]!, this.w(P, this.off.norm, D), a.rF, N, D);
+    this.k.rmsnormBackward(grads.dx, this.w(gradOut, this.off.norm, D), grads.dh, a.xs[L], this.w(P, this.off.norm, D), a.rF, N, D);
     // ---- blocks in reverse (M6: recompute the block's activations from its input first)
     for (let l = L - 1; l >= 0; l--) {
-      if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l]!, "recompute");
-      this.blockBackward(P, l, a, a.acts[l]!, gradOut);
+      if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l], "recompute");
+      this.blockBackward(P, l, a, a.acts[l], gradOut);
     }
     this.k.embeddingBackward(this.w(gradOut, this.off.embed, this.cfg.vocabSize * D), ids, grads.dx, N, D);
     return loss;
@@ -178,15 +178,15 @@ export class Llama {
    */
   private blockForward(P: Float32Array, l: number, a: Arena, s: Acts, pass: "forward" | "recompute"): void {
     const W = this.blockParams(P, l), mm = pass === "forward" || a.recompute === "whole";
-    this.attentionForward(W, a, s, a.xs[l]!, mm);
-    this.mlpForward(W, a, s, mm, pass === "forward" ? a.xs[l + 1]! : null);
+    this.attentionForward(W, a, s, a.xs[l], mm);
+    this.mlpForward(W, a, s, mm, pass === "forward" ? a.xs[l + 1] : null);
   }
 
   /** In: grads.dx = dL/d(block output). Out: grads.dx = dL/d(block input); weight gradients += into gradOut. */
   private blockBackward(P: Float32Array, l: number, a: Arena, s: Acts, gradOut: Float32Array): void {
     const W = this.blockParams(P, l), dW = this.blockParams(gradOut, l);
     this.mlpBackward(W, dW, a, s);
-    this.attentionBackward(W, dW, a, s, a.xs[l]!);
+    this.attentionBackward(W, dW, a, s, a.xs[l]);
   }
 
   // ---------------------------------------------------------------- attention: x1 = x + o_proj(attn(rope(qkv(norm1(x)))))
@@ -269,7 +269,7 @@ export class Llama {
   private headForwardBackward(P: Float32Array, a: Arena, gradScale: number, gradOut: Float32Array): number {
     const c = this.cfg, N = a.B * a.T, D = c.hiddenSize, V = c.vocabSize, L = c.numLayers;
     const E = this.w(P, this.off.embed, V * D), dE = this.w(gradOut, this.off.embed, V * D), dh = a.grads!.dh;
-    this.k.rmsnormForward(a.hF, a.rF, a.xs[L]!, this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
+    this.k.rmsnormForward(a.hF, a.rF, a.xs[L], this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
     const coef = gradScale / (a.B * (a.T - 1)); // d(mean loss * gradScale)/d(logits) = (softmax - onehot) * coef
     let sum = 0;
     this.headChunks(P, a, (c0, len, logits) => {
@@ -286,9 +286,9 @@ export class Llama {
   /** Embedding, the blocks and the final norm, activations of one block at a time (loss / logits). */
   private forwardHidden(P: Float32Array, ids: Int32Array, B: number, T: number): Arena {
     const c = this.cfg, a = this.arena(B, T, false), D = c.hiddenSize, N = B * T;
-    this.k.embeddingForward(a.xs[0]!, ids, this.w(P, this.off.embed, c.vocabSize * D), N, D);
-    for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0]!, "forward");
-    this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers]!, this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
+    this.k.embeddingForward(a.xs[0], ids, this.w(P, this.off.embed, c.vocabSize * D), N, D);
+    for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0], "forward");
+    this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers], this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
     return a;
   }
 
@@ -297,7 +297,7 @@ export class Llama {
   }
 
   private blockParams(flat: Float32Array, l: number): BlockParams {
-    const c = this.cfg, o = this.off.layers[l]!, D = c.hiddenSize, F = c.intermediateSize;
+    const c = this.cfg, o = this.off.layers[l], D = c.hiddenSize, F = c.intermediateSize;
     const qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim;
     return {
       inputNorm: this.w(flat, o.inputNorm, D), wq: this.w(flat, o.wq, qd * D), wk: this.w(flat, o.wk, kvd * D), wv: this.w(flat, o.wv, kvd * D),
@@ -312,11 +312,11 @@ export class Llama {
     if (ids.length !== B * T) throw new RangeError(`Llama: ${ids.length} token ids for batch ${B} x seqLen ${T}`);
     const V = this.cfg.vocabSize;
     for (let i = 0; i < ids.length; i++) {
-      const t = ids[i]!;
+      const t = ids[i];
       if (t < 0 || t >= V) throw new UserError("M4", `token id ${t} at position ${i} is outside the vocabulary [0, ${V}); the data was tokenized with another tokenizer or the model's vocab_size is wrong`);
     }
     const a = this.arena(B, T, false);
-    for (let n = 0; n < B * T; n++) a.targets[n] = n % T === T - 1 ? -1 : ids[n + 1]!;
+    for (let n = 0; n < B * T; n++) a.targets[n] = n % T === T - 1 ? -1 : ids[n + 1];
     return this.params;
   }
 
@@ -342,7 +342,7 @@ export class Llama {
       // M6 policy for this shape: keep the matmul outputs when all layers' fit in the budget
       const kept = L * N * (2 * H * E + 2 * K * E + D + 2 * F) * 4;
       a.recompute = !this.gradCkpt ? "none" : kept <= this.ckptKeepBytes ? "kept" : "whole";
-      const s = a.acts[0]!;
+      const s = a.acts[0];
       for (let l = 1; l < L; l++) {
         if (a.recompute === "none") a.acts.push(newActs());
         else if (a.recompute === "kept") a.acts.push({ ...s, q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), o: f32(N * H * E), x1: f32(N * D), gate: f32(N * F), up: f32(N * F) });

@@ -102,7 +102,7 @@ export class DistLink {
   private async bcastBytes(data: Uint8Array | null): Promise<Uint8Array> {
     const n = new Int32Array([data?.length ?? 0]);
     await this.mpi.bcast(n, 0);
-    const buf = this.leader ? data! : new Uint8Array(n[0]!);
+    const buf = this.leader ? data! : new Uint8Array(n[0]);
     await this.mpi.bcast(buf, 0);
     return buf;
   }
@@ -169,7 +169,7 @@ export class DistLink {
     const mine = stateChecksum(coord);
     const all = await this.allStatuses(fault.corrupt === step && this.mpi.rank === fault.process ? "corrupted-by-TSTRAIN_MPI_FAULT" : mine);
     const p = all.findIndex((s) => s !== all[0]);
-    if (p < 0) return all[0]!;
+    if (p < 0) return all[0];
     this.allKnow = true;
     throw new Error(`at step ${step} the weights of process ${p} (checksum ${all[p]}) differ from process 0's (${all[0]}): the processes have diverged; nothing of step ${step} is written or published (A11)`);
   }
@@ -189,7 +189,7 @@ export class DistLink {
     try {
       for (;;) {
         await this.mpi.bcast(this.cmd, 0);
-        const [op, arg] = [this.cmd[0]!, this.cmd[1]!];
+        const [op, arg] = [this.cmd[0], this.cmd[1]];
         if (op === CMD_END) return arg;
         if (op === CMD_START) {
           const doc = JSON.parse(dec.decode(await this.bcastBytes(null))) as StartDoc;

@@ -35,7 +35,7 @@ export async function finishSession(s: Session, coord: Coordinator, l: LoopState
   const sessionSec = (performance.now() - l.t0) / 1000;
   const trainSec = l.metrics.trainSeconds();
   const tokThisRun = (step - s.startStep) * plan.tokensPerStep;
-  const finalLoss = l.history.length ? l.history[l.history.length - 1]!.loss : l.metrics.lastLoss;
+  const finalLoss = l.history.length ? l.history[l.history.length - 1].loss : l.metrics.lastLoss;
   const segment = step < plan.stepsPlanned;
   checkSegmentEnd(s, l.checkpoints, segment);
   rep.say(`TRAIN DONE step=${step}/${plan.stepsPlanned} elapsed=${fmtDuration(trainSec)} tokens_this_run=${tokThisRun.toLocaleString("en-US")} last_loss=${finalLoss}`);

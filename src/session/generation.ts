@@ -54,7 +54,7 @@ function refuseMissingModelDir(dir: string): never {
   const ckpts = path.basename(path.dirname(dir)) === "ckpt" && fs.existsSync(path.dirname(dir))
     ? fs.readdirSync(path.dirname(dir)).filter((n) => /^checkpoint-\d+$/.test(n)).sort((a, b) => Number(a.slice(11)) - Number(b.slice(11)))
     : [];
-  const there = ckpts.length ? ` ${path.dirname(dir)} holds ${ckpts.join(", ")} (only the newest checkpoints stay on disk); e.g. --model ${path.join(path.dirname(dir), ckpts[ckpts.length - 1]!)}` : " Name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)";
+  const there = ckpts.length ? ` ${path.dirname(dir)} holds ${ckpts.join(", ")} (only the newest checkpoints stay on disk); e.g. --model ${path.join(path.dirname(dir), ckpts[ckpts.length - 1])}` : " Name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)";
   throw new UserError("G11", `--model ${dir} does not exist.${there}`);
 }
 
@@ -157,7 +157,7 @@ export function generateText(m: LoadedModel, kernels: Kernels, r: GenerateReques
  *  is run as two tokens (the forward needs T >= 2); causality makes row 0 the same. */
 export function lastLogits(model: Llama, seq: number[], V: number): Float32Array {
   const T = Math.max(2, seq.length);
-  const ids = Int32Array.from(seq.length >= 2 ? seq : [seq[0]!, 0]);
+  const ids = Int32Array.from(seq.length >= 2 ? seq : [seq[0], 0]);
   const all = model.logits(ids, 1, T);
   const row = seq.length - 1;
   return all.slice(row * V, (row + 1) * V);

@@ -198,7 +198,7 @@ async function findResumeDir(cfg: RunConfig, hub: HubClient | null, rep: Reporte
 function verifyLocalResume(cfg: RunConfig, hub: HubClient | null, rep: Reporter): void {
   const dir = cfg.resume;
   const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter((c) => path.resolve(c.dir) !== path.resolve(dir));
-  const ways = [...(others.length ? [`--resume ${others[others.length - 1]!.dir}`] : []), ...(hub ? ["--resume auto"] : [])];
+  const ways = [...(others.length ? [`--resume ${others[others.length - 1].dir}`] : []), ...(hub ? ["--resume auto"] : [])];
   const advice = ways.length ? `Resume from another checkpoint (${ways.join(" or ")}).` : "Resume from another checkpoint folder, or start fresh with another --out.";
   const verified = verifyCheckpointFolder(dir, { allowNoManifest: cfg.resumeWithoutManifest, advice });
   rep.say(verified
@@ -230,7 +230,7 @@ function existingResumeDir(cfg: RunConfig): string {
   if (isDir) return dir;
   const local = listCheckpointFolders(checkpointRoot(cfg.out));
   const there = local.length
-    ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest with --resume ${local[local.length - 1]!.dir}`
+    ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest with --resume ${local[local.length - 1].dir}`
     : ` ${checkpointRoot(cfg.out)} holds no checkpoint; name a checkpoint folder (RUN/ckpt/checkpoint-N)${cfg.hubRepo ? ", pass --resume auto to continue from the Hub," : ""} or start fresh without --resume`;
   throw new UserError("C3", `resume refused: --resume ${dir} ${isDir === false ? "is a file, not a checkpoint folder" : "does not exist"}.${there}`);
 }
@@ -262,7 +262,7 @@ function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): numb
 async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubClient | null): Promise<void> {
   const local = listCheckpointFolders(checkpointRoot(cfg.out));
   if (local.length) {
-    throw new UserError("R1", `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1]!.dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
+    throw new UserError("R1", `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1].dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
   }
   if (!hub) return;
   let ptr: Pointer | null;

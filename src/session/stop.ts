@@ -25,7 +25,7 @@ export function resumeCommand(resume: string, extra: string[] = []): string {
   if (!commandLine) return `${head} <the same flags> --resume ${resume}${extra.length ? " " + extra.join(" ") : ""}`;
   const out: string[] = [];
   for (let i = 0; i < commandLine.length; i++) {
-    const a = commandLine[i]!;
+    const a = commandLine[i];
     if (a === "--resume") { i++; continue; }
     if (a.startsWith("--resume=")) continue;
     if (extra.includes(a)) continue;

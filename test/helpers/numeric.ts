@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 export function relErr(a: ArrayLike<number>, b: ArrayLike<number>): number {
   assert.equal(a.length, b.length, "relErr: lengths differ");
   let num = 0, den = 0;
-  for (let i = 0; i < a.length; i++) { const d = a[i]! - b[i]!; num += d * d; den += b[i]! * b[i]!; }
+  for (let i = 0; i < a.length; i++) { const d = a[i] - b[i]; num += d * d; den += b[i] * b[i]; }
   return Math.sqrt(num) / Math.sqrt(den);
 }
 
@@ -14,7 +14,7 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): { diff: 
   assert.equal(a.length, b.length, "maxAbsDiff: lengths differ");
   let diff = 0, at = -1;
   for (let i = 0; i < a.length; i++) {
-    const d = Math.abs(a[i]! - b[i]!);
+    const d = Math.abs(a[i] - b[i]);
     if (!(d <= diff)) { diff = d; at = i; } // a NaN difference wins
   }
   return { diff, at };
@@ -23,7 +23,7 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): { diff: 
 /** max |a[i]| */
 export function maxAbs(a: ArrayLike<number>): number {
   let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]));
   return m;
 }
 

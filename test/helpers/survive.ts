@@ -36,8 +36,8 @@ export function startCli(args: string[], o: { env?: Record<string, string>; cwd?
       }
     };
   };
-  cp.stdout!.on("data", lines("out"));
-  cp.stderr!.on("data", lines("err"));
+  cp.stdout.on("data", lines("out"));
+  cp.stderr.on("data", lines("err"));
   const done = new Promise<Child>((resolve) => cp.on("close", (code, signal) => resolve({ code, signal, stdout, stderr })));
   return { done, child: cp };
 }
@@ -51,7 +51,7 @@ export function adviceArgv(cmd: string): string[] {
   const out: string[] = [];
   const re = /'((?:[^']|'\\'')*)'|(\S+)/g;
   let m;
-  while ((m = re.exec(cmd))) out.push(m[1] !== undefined ? m[1].replace(/'\\''/g, "'") : m[2]!);
+  while ((m = re.exec(cmd))) out.push(m[1] !== undefined ? m[1].replace(/'\\''/g, "'") : m[2]);
   return out;
 }
 
@@ -59,7 +59,7 @@ export function adviceArgv(cmd: string): string[] {
 export function adviceAfter(text: string, label: RegExp): string[] {
   const m = new RegExp(label.source + "\\s*(node dist/main\\.js[^\\n]*?)(?: \\(|\\s*\\[|\\s*$)", "m").exec(text);
   if (!m) throw new Error(`no advice after ${label} in:\n${text}`);
-  const argv = adviceArgv(m[1]!.trim());
+  const argv = adviceArgv(m[1].trim());
   if (argv[0] !== "node") throw new Error(`advice is not a node command: ${m[1]}`);
   return argv.slice(1);
 }

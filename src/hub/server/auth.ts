@@ -47,8 +47,8 @@ export class Auth {
   identify(authorization: string | undefined): HubToken | null {
     const m = /^Bearer (.+)$/.exec(authorization ?? "");
     if (!m) return null;
-    if (this.open) return { token: m[1]!, role: "write", name: "local" };
-    const t = this.byToken.get(m[1]!);
+    if (this.open) return { token: m[1], role: "write", name: "local" };
+    const t = this.byToken.get(m[1]);
     if (!t) throw new HttpError(401, "Invalid credentials in Authorization header");
     return t;
   }

@@ -27,14 +27,14 @@ const BRANCH_RE = /^[A-Za-z0-9][A-Za-z0-9._\-/]*$/;
 /** The commit the new one goes on top of; a stale or unknown parentCommit is the real Hub's 412. */
 function pickParent(refs: RefsState, q: CommitRequest): { parent: string; set: (refs: RefsState, id: string) => number | null } {
   const pr = /^refs\/pr\/(\d+)$/.exec(q.rev);
-  const head = pr ? refs.prs[pr[1]!] : refs.branches[q.rev === "HEAD" ? "main" : q.rev];
+  const head = pr ? refs.prs[pr[1]] : refs.branches[q.rev === "HEAD" ? "main" : q.rev];
   if (!head) throw revisionNotFound(q.rev);
   if (q.createPr) {
     const n = Math.max(0, ...Object.keys(refs.prs).map(Number)) + 1;
     return { parent: q.parentCommit ?? head, set: (s, id) => ((s.prs[String(n)] = id), n) };
   }
   if (q.parentCommit !== undefined && q.parentCommit !== head) throw new HttpError(412, STALE_PARENT);
-  if (pr) return { parent: head, set: (s, id) => ((s.prs[pr[1]!] = id), null) };
+  if (pr) return { parent: head, set: (s, id) => ((s.prs[pr[1]] = id), null) };
   const branch = q.rev === "HEAD" ? "main" : q.rev;
   return { parent: head, set: (s, id) => ((s.branches[branch] = id), null) };
 }

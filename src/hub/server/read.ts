@@ -88,7 +88,7 @@ export async function pathsInfoEndpoint(ctx: HubContext, req: http.IncomingMessa
   const out: TreeEntry[] = [];
   for (const raw of body.paths) {
     const p = String(raw).replace(/\/+$/, "");
-    const e = commit.files[p] ? fileEntry(p, commit.files[p]!) : isDir(commit.files, p) ? dirEntry(p, commit.files) : null;
+    const e = commit.files[p] ? fileEntry(p, commit.files[p]) : isDir(commit.files, p) ? dirEntry(p, commit.files) : null;
     if (e) out.push(chain ? withLastCommit(e, chain) : e);
   }
   sendJson(res, 200, out);
@@ -130,7 +130,7 @@ function fileHeaders(f: StoredFile, raw: boolean, commit: string, s: Span, range
 /** GET/HEAD …/resolve|raw/{rev}/{path} at any revision, with Range and the truncation faults. */
 export async function resolveEndpoint(ctx: HubContext, req: http.IncomingMessage, res: http.ServerResponse, r: RepoRef, rest: string[]): Promise<void> {
   const [kind, rev, ...p] = rest;
-  const { commit } = await ctx.store.resolve(r, rev!);
+  const { commit } = await ctx.store.resolve(r, rev);
   const filePath = p.join("/");
   const f = commit.files[filePath];
   if (!f) throw new HttpError(404, `Entry not found: ${filePath}`, "EntryNotFound");

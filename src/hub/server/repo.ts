@@ -51,9 +51,9 @@ export function repoId(r: RepoRef): string {
 /** The commit a revision names: a branch, HEAD (= main), refs/heads/X, refs/pr/N or a full commit id. */
 function refTarget(refs: RefsState, rev: string): { id: string; branch: string | null } | null {
   const name = rev === "HEAD" ? "main" : rev.startsWith("refs/heads/") ? rev.slice("refs/heads/".length) : rev;
-  if (refs.branches[name]) return { id: refs.branches[name]!, branch: name };
+  if (refs.branches[name]) return { id: refs.branches[name], branch: name };
   const pr = /^refs\/pr\/(\d+)$/.exec(rev);
-  if (pr && refs.prs[pr[1]!]) return { id: refs.prs[pr[1]!]!, branch: null };
+  if (pr && refs.prs[pr[1]]) return { id: refs.prs[pr[1]], branch: null };
   return HEX40.test(rev) ? { id: rev, branch: null } : null;
 }
 

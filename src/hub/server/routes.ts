@@ -39,24 +39,24 @@ function api(method: string, segs: string[]): Route {
   if (segs[1] === "whoami-v2" && segs.length === 2 && method === "GET") return { endpoint: "whoami", rest: [], access: "none" };
   const t = typeOf(segs[1] ?? "");
   if (!t || segs.length < 4) return NONE;
-  return repoApi(method, { type: t, owner: segs[2]!, name: segs[3]! }, segs[4], segs.slice(5));
+  return repoApi(method, { type: t, owner: segs[2], name: segs[3] }, segs[4], segs.slice(5));
 }
 
 /** Non-API paths: signed LFS uploads, the LFS batch, and file reads (resolve / raw). */
 function files(method: string, segs: string[]): Route {
   if (segs[0] === "__lfs" && segs[1] === "upload" && segs.length === 6 && method === "PUT") {
     const t = segs[2] === "model" || segs[2] === "dataset" ? (segs[2] as RepoType) : null;
-    return t ? { endpoint: "upload", repo: { type: t, owner: segs[3]!, name: segs[4]! }, rest: [segs[5]!], access: "none" } : NONE;
+    return t ? { endpoint: "upload", repo: { type: t, owner: segs[3], name: segs[4] }, rest: [segs[5]], access: "none" } : NONE;
   }
   const type: RepoType = segs[0] === "datasets" ? "dataset" : "model";
   const s = type === "dataset" ? segs.slice(1) : segs;
-  if (s.length === 6 && s[1]!.endsWith(".git") && s.slice(2).join("/") === "info/lfs/objects/batch" && method === "POST") {
-    return { endpoint: "lfsBatch", repo: { type, owner: s[0]!, name: s[1]!.slice(0, -4) }, rest: [], access: "write" };
+  if (s.length === 6 && s[1].endsWith(".git") && s.slice(2).join("/") === "info/lfs/objects/batch" && method === "POST") {
+    return { endpoint: "lfsBatch", repo: { type, owner: s[0], name: s[1].slice(0, -4) }, rest: [], access: "write" };
   }
   if (s.length >= 5 && (s[2] === "resolve" || s[2] === "raw") && (method === "GET" || method === "HEAD")) {
     const filePath = s.slice(4).join("/");
     const endpoint: HubEndpoint = filePath === POINTER_PATH ? "pointerRead" : s[2] === "raw" ? "raw" : "resolve";
-    return { endpoint, repo: { type, owner: s[0]!, name: s[1]! }, rest: [s[2], s[3]!, ...s.slice(4)], access: "read" };
+    return { endpoint, repo: { type, owner: s[0], name: s[1] }, rest: [s[2], s[3], ...s.slice(4)], access: "read" };
   }
   return NONE;
 }

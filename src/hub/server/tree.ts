@@ -46,7 +46,7 @@ export function entries(files: FileMap, under: string, recursive: boolean): Tree
 
 /** What a path is in a tree: a file's oid, a folder's list of (path, oid), or "" when absent. */
 function dirSignature(files: FileMap, p: string): string {
-  return Object.keys(files).filter((k) => k.startsWith(p + "/")).sort().map((k) => `${k}:${files[k]!.gitOid}`).join("\n");
+  return Object.keys(files).filter((k) => k.startsWith(p + "/")).sort().map((k) => `${k}:${files[k].gitOid}`).join("\n");
 }
 function signature(files: FileMap, p: string): string {
   const f = files[p];
@@ -56,8 +56,8 @@ function signature(files: FileMap, p: string): string {
 /** The newest commit on the first-parent chain (newest first) after which `p` no longer changed. */
 export function lastCommit(chain: CommitRecord[], p: string): { id: string; title: string; date: string } | undefined {
   if (!chain.length) return undefined;
-  const want = signature(chain[0]!.files, p);
-  let last = chain[0]!;
+  const want = signature(chain[0].files, p);
+  let last = chain[0];
   for (const c of chain.slice(1)) {
     if (signature(c.files, p) !== want) break;
     last = c;

@@ -14,13 +14,13 @@ export type NonMatmulKernels = Omit<Kernels, "name" | "matmul" | "dispose">;
 // ------------------------------------------------------------------ embedding
 
 function embeddingForward(out: Float32Array, ids: Int32Array, E: Float32Array, N: number, D: number): void {
-  for (let n = 0; n < N; n++) out.set(E.subarray(ids[n]! * D, (ids[n]! + 1) * D), n * D);
+  for (let n = 0; n < N; n++) out.set(E.subarray(ids[n] * D, (ids[n] + 1) * D), n * D);
 }
 
 function embeddingBackward(dE: Float32Array, ids: Int32Array, dout: Float32Array, N: number, D: number): void {
   for (let n = 0; n < N; n++) {
-    const dst = ids[n]! * D, src = n * D;
-    for (let d = 0; d < D; d++) dE[dst + d] += dout[src + d]!;
+    const dst = ids[n] * D, src = n * D;
+    for (let d = 0; d < D; d++) dE[dst + d] += dout[src + d];
   }
 }
 
@@ -30,10 +30,10 @@ function rmsnormForward(out: Float32Array, rstd: Float32Array, x: Float32Array, 
   for (let n = 0; n < N; n++) {
     const o = n * D;
     let ss = 0;
-    for (let d = 0; d < D; d++) ss += x[o + d]! * x[o + d]!;
+    for (let d = 0; d < D; d++) ss += x[o + d] * x[o + d];
     const r = 1 / Math.sqrt(ss / D + eps);
     rstd[n] = r;
-    for (let d = 0; d < D; d++) out[o + d] = x[o + d]! * r * w[d]!;
+    for (let d = 0; d < D; d++) out[o + d] = x[o + d] * r * w[d];
   }
 }
 
@@ -42,17 +42,17 @@ function rmsnormBackward(dx: Float32Array, dw: Float32Array, dout: Float32Array,
   rstd: Float32Array, N: number, D: number): void {
   const dwAcc = new Float64Array(D);
   for (let n = 0; n < N; n++) {
-    const o = n * D, r = rstd[n]!;
+    const o = n * D, r = rstd[n];
     let dot = 0; // sum_d dxhat * xhat
     for (let d = 0; d < D; d++) {
-      const xh = x[o + d]! * r;
-      dot += dout[o + d]! * w[d]! * xh;
-      dwAcc[d] += dout[o + d]! * xh;
+      const xh = x[o + d] * r;
+      dot += dout[o + d] * w[d] * xh;
+      dwAcc[d] += dout[o + d] * xh;
     }
     const mean = dot / D;
-    for (let d = 0; d < D; d++) dx[o + d] += r * (dout[o + d]! * w[d]! - x[o + d]! * r * mean);
+    for (let d = 0; d < D; d++) dx[o + d] += r * (dout[o + d] * w[d] - x[o + d] * r * mean);
   }
-  for (let d = 0; d < D; d++) dw[d] += dwAcc[d]!;
+  for (let d = 0; d < D; d++) dw[d] += dwAcc[d];
 }
 
 // ------------------------------------------------------------------ RoPE
@@ -65,8 +65,8 @@ function ropeApply(x: Float32Array, cos: Float32Array, sin: Float32Array, B: num
       for (let j = 0; j < nh; j++) {
         const o = ((b * T + t) * nh + j) * E;
         for (let i = 0; i < h; i++) {
-          const c = cos[tab + i]!, s = sign * sin[tab + i]!;
-          const a = x[o + i]!, z = x[o + i + h]!;
+          const c = cos[tab + i], s = sign * sin[tab + i];
+          const a = x[o + i], z = x[o + i + h];
           x[o + i] = a * c - z * s;
           x[o + i + h] = z * c + a * s;
         }
@@ -101,23 +101,23 @@ function attentionForward(out: Float32Array, att: Float32Array, q: Float32Array,
         for (let u = 0; u <= t; u++) {
           const ko = ((b * T + u) * K + j) * E;
           let s = 0;
-          for (let e = 0; e < E; e++) s += q[qo + e]! * k[ko + e]!;
+          for (let e = 0; e < E; e++) s += q[qo + e] * k[ko + e];
           s *= scale;
           att[row + u] = s;
           if (s > mx) mx = s;
         }
         // softmax over u <= t (exp and sum in float64 from the float32 scores)
         let sum = 0;
-        for (let u = 0; u <= t; u++) sum += Math.exp(att[row + u]! - mx);
-        for (let u = 0; u <= t; u++) att[row + u] = Math.exp(att[row + u]! - mx) / sum;
+        for (let u = 0; u <= t; u++) sum += Math.exp(att[row + u] - mx);
+        for (let u = 0; u <= t; u++) att[row + u] = Math.exp(att[row + u] - mx) / sum;
         for (let u = t + 1; u < T; u++) att[row + u] = 0;
         // out = att @ v
         acc.fill(0);
         for (let u = 0; u <= t; u++) {
-          const p = att[row + u]!, vo = ((b * T + u) * K + j) * E;
-          for (let e = 0; e < E; e++) acc[e] += p * v[vo + e]!;
+          const p = att[row + u], vo = ((b * T + u) * K + j) * E;
+          for (let e = 0; e < E; e++) acc[e] += p * v[vo + e];
         }
-        for (let e = 0; e < E; e++) out[qo + e] = acc[e]!;
+        for (let e = 0; e < E; e++) out[qo + e] = acc[e];
       }
     }
   }
@@ -145,26 +145,26 @@ function attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array,
         for (let u = 0; u <= t; u++) {
           const vo = ((b * T + u) * K + j) * E;
           let dp = 0;
-          for (let e = 0; e < E; e++) dp += dout[qo + e]! * v[vo + e]!;
+          for (let e = 0; e < E; e++) dp += dout[qo + e] * v[vo + e];
           dS[u] = dp;
-          dot += att[row + u]! * dp;
+          dot += att[row + u] * dp;
         }
         acc.fill(0);
         for (let u = 0; u <= t; u++) {
-          const p = att[row + u]!;
-          const ds = p * (dS[u]! - dot) * scale;
+          const p = att[row + u];
+          const ds = p * (dS[u] - dot) * scale;
           const ko = ((b * T + u) * K + j) * E, lo = (u * K + j) * E;
           for (let e = 0; e < E; e++) {
-            acc[e] += ds * k[ko + e]!;
-            dkAcc[lo + e] += ds * q[qo + e]!;
-            dvAcc[lo + e] += p * dout[qo + e]!;
+            acc[e] += ds * k[ko + e];
+            dkAcc[lo + e] += ds * q[qo + e];
+            dvAcc[lo + e] += p * dout[qo + e];
           }
         }
-        for (let e = 0; e < E; e++) dq[qo + e] = acc[e]!;
+        for (let e = 0; e < E; e++) dq[qo + e] = acc[e];
       }
     }
     const o = b * T * K * E;
-    for (let i = 0; i < T * K * E; i++) { dk[o + i] = dkAcc[i]!; dv[o + i] = dvAcc[i]!; }
+    for (let i = 0; i < T * K * E; i++) { dk[o + i] = dkAcc[i]; dv[o + i] = dvAcc[i]; }
   }
 }
 
@@ -172,17 +172,17 @@ function attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array,
 
 function swigluForward(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void {
   for (let i = 0; i < n; i++) {
-    const g = gate[i]!;
-    out[i] = (g / (1 + Math.exp(-g))) * up[i]!;
+    const g = gate[i];
+    out[i] = (g / (1 + Math.exp(-g))) * up[i];
   }
 }
 
 /** silu'(g) = sg * (1 + g * (1 - sg)), sg = sigmoid(g). */
 function swigluBackward(dgate: Float32Array, dup: Float32Array, dout: Float32Array, gate: Float32Array, up: Float32Array, n: number): void {
   for (let i = 0; i < n; i++) {
-    const g = gate[i]!, sg = 1 / (1 + Math.exp(-g)), d = dout[i]!;
+    const g = gate[i], sg = 1 / (1 + Math.exp(-g)), d = dout[i];
     dup[i] = d * g * sg;
-    dgate[i] = d * up[i]! * sg * (1 + g * (1 - sg));
+    dgate[i] = d * up[i] * sg * (1 + g * (1 - sg));
   }
 }
 
@@ -191,20 +191,20 @@ function swigluBackward(dgate: Float32Array, dup: Float32Array, dout: Float32Arr
 function crossEntropy(logits: Float32Array, targets: Int32Array, rows: number, V: number, gradScale: number): number {
   let loss = 0;
   for (let r = 0; r < rows; r++) {
-    const o = r * V, y = targets[r]!;
+    const o = r * V, y = targets[r];
     if (y < 0) { if (gradScale > 0) logits.fill(0, o, o + V); continue; }
-    const xy = logits[o + y]!;
+    const xy = logits[o + y];
     let mx = -Infinity;
-    for (let i = 0; i < V; i++) if (logits[o + i]! > mx) mx = logits[o + i]!;
+    for (let i = 0; i < V; i++) if (logits[o + i] > mx) mx = logits[o + i];
     let sum = 0;
     if (gradScale > 0) {
       // exp once per logit: kept in place (float32) for the gradient
-      for (let i = 0; i < V; i++) { const e = Math.exp(logits[o + i]! - mx); logits[o + i] = e; sum += e; }
+      for (let i = 0; i < V; i++) { const e = Math.exp(logits[o + i] - mx); logits[o + i] = e; sum += e; }
       const inv = 1 / sum;
-      for (let i = 0; i < V; i++) logits[o + i] = logits[o + i]! * inv * gradScale;
+      for (let i = 0; i < V; i++) logits[o + i] = logits[o + i] * inv * gradScale;
       logits[o + y] = (Math.exp(xy - mx) * inv - 1) * gradScale;
     } else {
-      for (let i = 0; i < V; i++) sum += Math.exp(logits[o + i]! - mx);
+      for (let i = 0; i < V; i++) sum += Math.exp(logits[o + i] - mx);
     }
     loss += mx + Math.log(sum) - xy;
   }

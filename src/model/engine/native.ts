@@ -113,7 +113,7 @@ function requireAddon(): { addon: Addon; file: string } | { reason: string; fix:
     const req: (id: string) => unknown = require;
     addon = req(file) as Addon;
   } catch (e) {
-    const m = (e instanceof Error ? e.message : String(e)).split("\n")[0]!.slice(0, 200);
+    const m = (e instanceof Error ? e.message : String(e)).split("\n")[0].slice(0, 200);
     return { reason: `the addon does not load (${m})`, fix: NATIVE_BUILD_FIX };
   }
   if (typeof addon.setGemm !== "function") return { reason: "the addon is older than this checkout (no setGemm)", fix: NATIVE_BUILD_FIX };

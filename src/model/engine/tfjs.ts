@@ -43,7 +43,7 @@ export function transposeInto(src: Float32Array, rows: number, cols: number, out
   forEachTile(cols, rows, (c0, c1, r0, r1) => {
     for (let c = c0; c < c1; c++) {
       const o = c * rows;
-      for (let r = r0; r < r1; r++) out[o + r] = src[r * cols + c]!;
+      for (let r = r0; r < r1; r++) out[o + r] = src[r * cols + c];
     }
   });
   return out;
@@ -188,11 +188,11 @@ function causalSoftmaxRows(P: Float32Array, rows: number, T: number): void {
   for (let r = 0; r < rows; r++) {
     const t = r % T, o = r * T;
     let mx = -Infinity;
-    for (let u = 0; u <= t; u++) if (P[o + u]! > mx) mx = P[o + u]!;
+    for (let u = 0; u <= t; u++) if (P[o + u] > mx) mx = P[o + u];
     let sum = 0;
-    for (let u = 0; u <= t; u++) { const e = Math.exp(P[o + u]! - mx); P[o + u] = e; sum += e; }
+    for (let u = 0; u <= t; u++) { const e = Math.exp(P[o + u] - mx); P[o + u] = e; sum += e; }
     const inv = 1 / sum;
-    for (let u = 0; u <= t; u++) P[o + u] = P[o + u]! * inv;
+    for (let u = 0; u <= t; u++) P[o + u] = P[o + u] * inv;
     P.fill(0, o + t + 1, o + T);
   }
 }
@@ -202,8 +202,8 @@ function softmaxBackwardRows(P: Float32Array, dS: Float32Array, rows: number, T:
   for (let r = 0; r < rows; r++) {
     const o = r * T;
     let dot = 0;
-    for (let u = 0; u < T; u++) dot += P[o + u]! * dS[o + u]!;
-    for (let u = 0; u < T; u++) dS[o + u] = P[o + u]! * (dS[o + u]! - dot) * scale;
+    for (let u = 0; u < T; u++) dot += P[o + u] * dS[o + u];
+    for (let u = 0; u < T; u++) dS[o + u] = P[o + u] * (dS[o + u] - dot) * scale;
   }
 }
 
@@ -258,18 +258,18 @@ function matmulAttention(mm: Matmul): Pick<Kernels, "attentionForward" | "attent
 /** C = beta * C (beta 0: zeros, whatever C held). */
 function scaleC(C: Float32Array, n: number, beta: number): void {
   if (beta === 0) C.fill(0, 0, n);
-  else if (beta !== 1) for (let i = 0; i < n; i++) C[i] = beta * C[i]!;
+  else if (beta !== 1) for (let i = 0; i < n; i++) C[i] = beta * C[i];
 }
 
 /** C[i] = alpha * P[i] + beta * C[i]; beta 0 ignores C's old contents. */
 function combine(C: Float32Array, P: Float32Array, n: number, alpha: number, beta: number): void {
   if (beta === 0) {
     if (alpha === 1) C.set(P.subarray(0, n));
-    else for (let i = 0; i < n; i++) C[i] = alpha * P[i]!;
+    else for (let i = 0; i < n; i++) C[i] = alpha * P[i];
   } else if (alpha === 1 && beta === 1) {
-    for (let i = 0; i < n; i++) C[i] += P[i]!;
+    for (let i = 0; i < n; i++) C[i] += P[i];
   } else {
-    for (let i = 0; i < n; i++) C[i] = alpha * P[i]! + beta * C[i]!;
+    for (let i = 0; i < n; i++) C[i] = alpha * P[i] + beta * C[i];
   }
 }
 
@@ -278,8 +278,8 @@ function combineTransposed(C: Float32Array, P: Float32Array, M: number, N: numbe
   forEachTile(M, N, (m0, m1, n0, n1) => {
     for (let m = m0; m < m1; m++) {
       const o = m * N;
-      if (beta === 0) for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]!;
-      else for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m]! + beta * C[o + n]!;
+      if (beta === 0) for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m];
+      else for (let n = n0; n < n1; n++) C[o + n] = alpha * P[n * M + m] + beta * C[o + n];
     }
   });
 }
