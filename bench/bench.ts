@@ -46,21 +46,53 @@ function codeFingerprint(): string {
       else if (e.name.endsWith(".js")) h.update(e.name).update(fs.readFileSync(p));
     }
   };
-  try { walk(path.join(REPO_ROOT, "dist", "src")); } catch { return "?"; }
+  try {
+    walk(path.join(REPO_ROOT, "dist", "src"));
+  } catch {
+    return "?";
+  }
   return h.digest("hex").slice(0, 12);
 }
 
-const ALL_CASES = ["single", "actor", "framework-free", "optim", "upload", "torch", "frozen-step", "gemm", "mpi"] as const;
+const ALL_CASES = [
+  "single",
+  "actor",
+  "framework-free",
+  "optim",
+  "upload",
+  "torch",
+  "frozen-step",
+  "gemm",
+  "mpi",
+] as const;
 type CaseName = (typeof ALL_CASES)[number];
 /** frozen-step (issue 7's MFU figure on the 106M model) takes minutes, so it runs only when asked. */
 const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" && c !== "mpi");
 
 interface Options {
-  model: ModelName; seq: number; microBatch: number; accum: number; steps: number; warmup: number; backend: BackendName;
-  cases: Set<CaseName>; worlds: number[]; uploadWorlds: number[]; optimSizes: number[]; optimThreads: number;
-  interleave: boolean; gradCkpt: boolean; out: string; ffRuns: number; uploadNice: boolean; waitQuiet: number; rewarm: number;
+  model: ModelName;
+  seq: number;
+  microBatch: number;
+  accum: number;
+  steps: number;
+  warmup: number;
+  backend: BackendName;
+  cases: Set<CaseName>;
+  worlds: number[];
+  uploadWorlds: number[];
+  optimSizes: number[];
+  optimThreads: number;
+  interleave: boolean;
+  gradCkpt: boolean;
+  out: string;
+  ffRuns: number;
+  uploadNice: boolean;
+  waitQuiet: number;
+  rewarm: number;
   /** The native engine's GEMMs the actor cases run on (each world once per GEMM, interleaved). */
-  gemms: GemmChoice[]; gemmRounds: number; gemmSeqs: number[];
+  gemms: GemmChoice[];
+  gemmRounds: number;
+  gemmSeqs: number[];
 }
 
 const cores = os.availableParallelism();
@@ -97,24 +129,46 @@ function usage(): string {
 /** The bench's defaults (a 2.9M-parameter model, seq 128, every case but frozen-step). */
 function defaultOptions(): Options {
   return {
-    model: "small", seq: 128, microBatch: 4, accum: 1, steps: 8, warmup: 1, backend: "auto", cases: new Set(DEFAULT_CASES),
-    worlds: Array.from({ length: Math.max(2, cores) }, (_, i) => i + 1), uploadWorlds: [2, 1], optimSizes: ["1M", "10M", "50M", "106M"].map(parseCount),
-    optimThreads: 2, interleave: true, gradCkpt: true, ffRuns: 2, uploadNice: false, waitQuiet: 0, rewarm: 1, out: path.join(REPO_ROOT, "bench-out"),
-    gemms: ["builtin"], gemmRounds: 5, gemmSeqs: [256, 1024],
+    model: "small",
+    seq: 128,
+    microBatch: 4,
+    accum: 1,
+    steps: 8,
+    warmup: 1,
+    backend: "auto",
+    cases: new Set(DEFAULT_CASES),
+    worlds: Array.from({ length: Math.max(2, cores) }, (_, i) => i + 1),
+    uploadWorlds: [2, 1],
+    optimSizes: ["1M", "10M", "50M", "106M"].map(parseCount),
+    optimThreads: 2,
+    interleave: true,
+    gradCkpt: true,
+    ffRuns: 2,
+    uploadNice: false,
+    waitQuiet: 0,
+    rewarm: 1,
+    out: path.join(REPO_ROOT, "bench-out"),
+    gemms: ["builtin"],
+    gemmRounds: 5,
+    gemmSeqs: [256, 1024],
   };
 }
 
 /** A flag's value as a whole number >= min, or an error naming the flag. */
 function int(flag: string, v: string | undefined, min: number): number {
   const n = Number(v);
-  if (v === undefined || !Number.isSafeInteger(n) || n < min) throw new Error(`${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
+  if (v === undefined || !Number.isSafeInteger(n) || n < min)
+    throw new Error(`${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
   return n;
 }
 
 /** A flag's comma-separated value, trimmed, empty items dropped. */
 function list(flag: string, v: string | undefined): string[] {
   if (!v) throw new Error(`${flag} needs a comma-separated list`);
-  return v.split(",").map((x) => x.trim()).filter(Boolean);
+  return v
+    .split(",")
+    .map((x) => x.trim())
+    .filter(Boolean);
 }
 
 function parseOptions(argv: string[]): Options {
@@ -123,49 +177,100 @@ function parseOptions(argv: string[]): Options {
     const a = argv[i];
     const v = () => argv[++i];
     switch (a) {
-      case "--help": case "-h": process.stdout.write(usage() + "\n"); process.exit(0); break;
+      case "--help":
+      case "-h":
+        process.stdout.write(usage() + "\n");
+        process.exit(0);
+        break;
       case "--model": {
         const m = v();
-        if (m !== "small" && m !== "demo" && m !== "frozen") throw new Error(`--model ${JSON.stringify(m)}: use small, demo or frozen`);
+        if (m !== "small" && m !== "demo" && m !== "frozen")
+          throw new Error(`--model ${JSON.stringify(m)}: use small, demo or frozen`);
         o.model = m;
         break;
       }
-      case "--seq": case "--seq-len": o.seq = int(a, v(), 2); break;
-      case "--micro-batch": o.microBatch = int(a, v(), 1); break;
-      case "--accum": o.accum = int(a, v(), 1); break;
-      case "--steps": o.steps = int(a, v(), 1); break;
-      case "--warmup": o.warmup = int(a, v(), 0); break;
+      case "--seq":
+      case "--seq-len":
+        o.seq = int(a, v(), 2);
+        break;
+      case "--micro-batch":
+        o.microBatch = int(a, v(), 1);
+        break;
+      case "--accum":
+        o.accum = int(a, v(), 1);
+        break;
+      case "--steps":
+        o.steps = int(a, v(), 1);
+        break;
+      case "--warmup":
+        o.warmup = int(a, v(), 0);
+        break;
       case "--backend": {
         const b = v();
-        if (b !== "auto" && b !== "native" && b !== "wasm" && b !== "cpu" && b !== "tensorflow") throw new Error(`--backend ${JSON.stringify(b)}: use auto, native, wasm, cpu or tensorflow`);
+        if (b !== "auto" && b !== "native" && b !== "wasm" && b !== "cpu" && b !== "tensorflow")
+          throw new Error(`--backend ${JSON.stringify(b)}: use auto, native, wasm, cpu or tensorflow`);
         o.backend = b;
         break;
       }
       case "--cases": {
         const cs = list(a, v());
-        for (const c of cs) if (!(ALL_CASES as readonly string[]).includes(c)) throw new Error(`--cases: unknown case ${JSON.stringify(c)} (known: ${ALL_CASES.join(", ")})`);
+        for (const c of cs)
+          if (!(ALL_CASES as readonly string[]).includes(c))
+            throw new Error(`--cases: unknown case ${JSON.stringify(c)} (known: ${ALL_CASES.join(", ")})`);
         o.cases = new Set(cs as CaseName[]);
         break;
       }
-      case "--worlds": o.worlds = list(a, v()).map((x) => int(a, x, 1)); break;
-      case "--upload-worlds": o.uploadWorlds = list(a, v()).map((x) => int(a, x, 1)); break;
-      case "--optim-sizes": o.optimSizes = list(a, v()).map(parseCount); break;
-      case "--optim-threads": o.optimThreads = int(a, v(), 1); break;
-      case "--gemms": o.gemms = list(a, v()).map((x) => {
-        if (x !== "builtin" && x !== "openblas") throw new Error(`--gemms ${JSON.stringify(x)}: use builtin and/or openblas`);
-        return x;
-      }); break;
-      case "--gemm-rounds": o.gemmRounds = int(a, v(), 1); break;
-      case "--gemm-seqs": o.gemmSeqs = list(a, v()).map((x) => int(a, x, 1)); break;
-      case "--sequential": o.interleave = false; break;
-      case "--ff-runs": o.ffRuns = int(a, v(), 1); break;
-      case "--upload-nice": o.uploadNice = true; break;
-      case "--wait-quiet": o.waitQuiet = int(a, v(), 0); break;
-      case "--rewarm": o.rewarm = int(a, v(), 0); break;
-      case "--no-grad-ckpt": o.gradCkpt = false; break;
-      case "--grad-ckpt": o.gradCkpt = true; break;
-      case "--out": o.out = path.resolve(v() ?? ""); break;
-      default: throw new Error(`unknown flag ${a}\n${usage()}`);
+      case "--worlds":
+        o.worlds = list(a, v()).map((x) => int(a, x, 1));
+        break;
+      case "--upload-worlds":
+        o.uploadWorlds = list(a, v()).map((x) => int(a, x, 1));
+        break;
+      case "--optim-sizes":
+        o.optimSizes = list(a, v()).map(parseCount);
+        break;
+      case "--optim-threads":
+        o.optimThreads = int(a, v(), 1);
+        break;
+      case "--gemms":
+        o.gemms = list(a, v()).map((x) => {
+          if (x !== "builtin" && x !== "openblas")
+            throw new Error(`--gemms ${JSON.stringify(x)}: use builtin and/or openblas`);
+          return x;
+        });
+        break;
+      case "--gemm-rounds":
+        o.gemmRounds = int(a, v(), 1);
+        break;
+      case "--gemm-seqs":
+        o.gemmSeqs = list(a, v()).map((x) => int(a, x, 1));
+        break;
+      case "--sequential":
+        o.interleave = false;
+        break;
+      case "--ff-runs":
+        o.ffRuns = int(a, v(), 1);
+        break;
+      case "--upload-nice":
+        o.uploadNice = true;
+        break;
+      case "--wait-quiet":
+        o.waitQuiet = int(a, v(), 0);
+        break;
+      case "--rewarm":
+        o.rewarm = int(a, v(), 0);
+        break;
+      case "--no-grad-ckpt":
+        o.gradCkpt = false;
+        break;
+      case "--grad-ckpt":
+        o.gradCkpt = true;
+        break;
+      case "--out":
+        o.out = path.resolve(v() ?? "");
+        break;
+      default:
+        throw new Error(`unknown flag ${a}\n${usage()}`);
     }
   }
   if (o.steps < 5) process.stderr.write(`warning: --steps ${o.steps} < 5: medians of fewer than 5 steps are noisy\n`);
@@ -183,22 +288,48 @@ function emit(x: object): void {
 function machine(): Machine {
   const cpus = os.cpus();
   return {
-    cpu: cpus[0]?.model.trim() ?? "unknown", cores: cpus.length, available_parallelism: cores, total_mem_gb: r(os.totalmem() / 1e9, 1)!,
-    node: process.version, platform: `${os.platform()} ${os.arch()}`, date: new Date().toISOString(), load_avg_1m_start: r(os.loadavg()[0], 2)!,
+    cpu: cpus[0]?.model.trim() ?? "unknown",
+    cores: cpus.length,
+    available_parallelism: cores,
+    total_mem_gb: r(os.totalmem() / 1e9, 1)!,
+    node: process.version,
+    platform: `${os.platform()} ${os.arch()}`,
+    date: new Date().toISOString(),
+    load_avg_1m_start: r(os.loadavg()[0], 2)!,
   };
 }
 
-function ratio(rows: BenchRow[], name: string, num: string, den: string, field: "tok_per_s" | "step_ms_median" | "tok_per_cpu_s", target: { op: ">=" | "<="; v: number } | null, note?: string): Ratio | null {
-  const a = rows.find((x) => x.case === num), b = rows.find((x) => x.case === den);
-  const av = a?.[field], bv = b?.[field];
+function ratio(
+  rows: BenchRow[],
+  name: string,
+  num: string,
+  den: string,
+  field: "tok_per_s" | "step_ms_median" | "tok_per_cpu_s",
+  target: { op: ">=" | "<="; v: number } | null,
+  note?: string,
+): Ratio | null {
+  const a = rows.find((x) => x.case === num),
+    b = rows.find((x) => x.case === den);
+  const av = a?.[field],
+    bv = b?.[field];
   if (typeof av !== "number" || typeof bv !== "number" || bv === 0) return null;
   const value = r(av / bv, 3);
   const met = target === null || value === null ? null : target.op === ">=" ? value >= target.v : value <= target.v;
   // the same ratio from each case's fastest step: what the code can do when the machine leaves it alone
   const bestField = field === "tok_per_s" ? "tok_per_s_best" : field === "step_ms_median" ? "step_ms_min" : null;
-  const ab = bestField ? a?.[bestField] : null, bb = bestField ? b?.[bestField] : null;
+  const ab = bestField ? a?.[bestField] : null,
+    bb = bestField ? b?.[bestField] : null;
   const best = typeof ab === "number" && typeof bb === "number" && bb !== 0 ? r(ab / bb, 3) : null;
-  return { ratio: name, value, target: target ? `${target.op} ${target.v}` : null, met, num: `${num} ${field}`, den: `${den} ${field}`, value_best_steps: best, ...(note ? { note } : {}) };
+  return {
+    ratio: name,
+    value,
+    target: target ? `${target.op} ${target.v}` : null,
+    met,
+    num: `${num} ${field}`,
+    den: `${den} ${field}`,
+    value_best_steps: best,
+    ...(note ? { note } : {}),
+  };
 }
 
 /** One bench run's results so far: the rows, the notes, the failed cases, the frozen step's kernel profile. */
@@ -223,7 +354,9 @@ class BenchRun {
       const msg = `${what} failed: ${(e as Error).message ?? String(e)}`;
       this.notes.push(msg);
       log(`!! ${msg}`);
-      process.stdout.write("BENCH_ERROR " + JSON.stringify({ case: what, error: (e as Error).message ?? String(e) }) + "\n");
+      process.stdout.write(
+        "BENCH_ERROR " + JSON.stringify({ case: what, error: (e as Error).message ?? String(e) }) + "\n",
+      );
     }
   }
 }
@@ -231,10 +364,20 @@ class BenchRun {
 /** Case `mpi` (issue 21): two MPI processes x world 1 against one process at world 2, same steps. */
 async function runMpi(run: BenchRun, o: Options, shape: Shape, scratch: string): Promise<void> {
   await run.guard("mpi", async () => {
-    log(`mpi: mpirun -np 2 --dist mpi --world 1 against one process at --world 2, ${o.warmup} warm-up + ${o.steps} timed steps each`);
-    for (const row of await runMpiCase(shape, { steps: o.steps, warmup: o.warmup, scratch, timeoutMs: 3_600_000, log })) {
+    log(
+      `mpi: mpirun -np 2 --dist mpi --world 1 against one process at --world 2, ${o.warmup} warm-up + ${o.steps} timed steps each`,
+    );
+    for (const row of await runMpiCase(shape, {
+      steps: o.steps,
+      warmup: o.warmup,
+      scratch,
+      timeoutMs: 3_600_000,
+      log,
+    })) {
       run.record(row);
-      log(`  ${row.case}: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s${row.allreduce_ms_median === null ? "" : `, allreduce ${String(row.allreduce_ms_median)} ms (${(100 * Number(row.allreduce_share)).toFixed(1)} % of the step)`}`);
+      log(
+        `  ${row.case}: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s${row.allreduce_ms_median === null ? "" : `, allreduce ${String(row.allreduce_ms_median)} ms (${(100 * Number(row.allreduce_share)).toFixed(1)} % of the step)`}`,
+      );
     }
   });
 }
@@ -244,7 +387,9 @@ async function waitForQuietMachine(mach: Machine, o: Options): Promise<void> {
   mach.cores_available_start = await coresAvailable(cores);
   const waitUntil = performance.now() + o.waitQuiet * 1000;
   while (mach.cores_available_start < 0.9 * cores && performance.now() < waitUntil) {
-    log(`waiting for a quiet machine: the spin probe got ${mach.cores_available_start} of ${cores} cores (--wait-quiet ${o.waitQuiet})`);
+    log(
+      `waiting for a quiet machine: the spin probe got ${mach.cores_available_start} of ${cores} cores (--wait-quiet ${o.waitQuiet})`,
+    );
     await new Promise((res) => setTimeout(res, 10_000));
     mach.cores_available_start = await coresAvailable(cores);
   }
@@ -258,7 +403,9 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
   const ffRuns: BenchRow[] = [];
   const frameworkFree = async (k: number) => {
     await run.guard("framework-free", async () => {
-      log(`framework-free run ${k + 1}/${o.ffRuns}: dist/main.js --benchmark ${o.steps} (its first step is its warm-up)`);
+      log(
+        `framework-free run ${k + 1}/${o.ffRuns}: dist/main.js --benchmark ${o.steps} (its first step is its warm-up)`,
+      );
       const row = await runFrameworkFree(s, { steps: o.steps, scratch, timeoutMs: 8 * 60_000, log });
       log(`  framework-free: ${row.step_ms_median} ms/step, ${row.tok_per_s} tok/s`);
       ffRuns.push(row);
@@ -275,13 +422,23 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
         if (o.cases.has("single")) runners.push(await localRunner(s, 1));
         if (o.cases.has("actor")) {
           for (const w of o.worlds)
-            for (const gemm of o.gemms) { log(`spawning actor runtime world ${w}, --gemm ${gemm}`); runners.push(await actorRunner(s, w, gemm)); }
+            for (const gemm of o.gemms) {
+              log(`spawning actor runtime world ${w}, --gemm ${gemm}`);
+              runners.push(await actorRunner(s, w, gemm));
+            }
         }
         log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
         const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
         for (const x of runners) {
           const mem = x.memory ? await x.memory() : {};
-          run.record(stepRow(s, x.name, x.world, x.backend, got.get(x)!, { backend_detail: x.backendDetail, interleaved: o.interleave, rewarm_steps_per_turn: o.interleave ? o.rewarm : 0, ...mem }));
+          run.record(
+            stepRow(s, x.name, x.world, x.backend, got.get(x)!, {
+              backend_detail: x.backendDetail,
+              interleaved: o.interleave,
+              rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
+              ...mem,
+            }),
+          );
         }
       } finally {
         for (const x of runners) await x.close();
@@ -297,9 +454,18 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
       const med = meds.reduce((a, b) => a + b, 0) / meds.length;
       const tps = Number(ffRuns[0].tokens_per_step);
       run.record({
-        ...ffRuns[0], step_ms_median: r(med), tok_per_s: r((tps / med) * 1000), steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
-        step_ms_min: null, runs: ffRuns.map((x) => ({ step_ms_median: x.step_ms_median, tok_per_s: x.tok_per_s, wall_s: x.subprocess_wall_s })),
-        combine: ffRuns.length > 1 ? "mean of the runs' medians (runs before and after the interleaved cases)" : "one run",
+        ...ffRuns[0],
+        step_ms_median: r(med),
+        tok_per_s: r((tps / med) * 1000),
+        steps_timed: ffRuns.reduce((a, x) => a + Number(x.steps_timed), 0),
+        step_ms_min: null,
+        runs: ffRuns.map((x) => ({
+          step_ms_median: x.step_ms_median,
+          tok_per_s: x.tok_per_s,
+          wall_s: x.subprocess_wall_s,
+        })),
+        combine:
+          ffRuns.length > 1 ? "mean of the runs' medians (runs before and after the interleaved cases)" : "one run",
       });
     }
   }
@@ -310,13 +476,25 @@ async function runUploadCases(run: BenchRun, o: Options, s: Shape, scratch: stri
   // ---- 5: upload stall (B3)
   if (o.cases.has("upload")) {
     const variants: Array<{ w: number; nice: boolean }> = [];
-    for (const w of o.uploadWorlds) { variants.push({ w, nice: false }); if (o.uploadNice) variants.push({ w, nice: true }); }
+    for (const w of o.uploadWorlds) {
+      variants.push({ w, nice: false });
+      if (o.uploadNice) variants.push({ w, nice: true });
+    }
     for (const { w, nice } of variants) {
       const tag = `upload-w${w}${nice ? "-nice" : ""}`;
       await run.guard(tag, async () => {
-        log(`upload stall: actor world ${w}, embedded LocalHub on loopback${nice ? ", uploader thread reniced to 19" : ""}`);
+        log(
+          `upload stall: actor world ${w}, embedded LocalHub on loopback${nice ? ", uploader thread reniced to 19" : ""}`,
+        );
         const u = await runUploadCase(s, w, { warmup: o.warmup, steps: o.steps, scratch, niceUploader: nice, log });
-        const up = { uploads: u.uploads.length, upload_s_median: r(median(u.uploads.map((x) => x.seconds)), 2), push_verify_s_median: r(median(u.uploads.map((x) => x.pushVerifySeconds ?? Number.NaN)), 2), stage_ms_median: r(median(u.stageMs)), uploader_niced: nice, backend_detail: u.detail };
+        const up = {
+          uploads: u.uploads.length,
+          upload_s_median: r(median(u.uploads.map((x) => x.seconds)), 2),
+          push_verify_s_median: r(median(u.uploads.map((x) => x.pushVerifySeconds ?? Number.NaN)), 2),
+          stage_ms_median: r(median(u.stageMs)),
+          uploader_niced: nice,
+          backend_detail: u.detail,
+        };
         run.record(stepRow(s, `${tag}-quiet`, w, u.backend, u.quiet, up));
         run.record(stepRow(s, `${tag}-overlap`, w, u.backend, u.overlap, up));
       });
@@ -329,21 +507,43 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
   // ---- 4: gradient averaging + AdamW alone
   if (o.cases.has("optim")) {
     await run.guard("optim", async () => {
-      log(`optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`);
-      for (const row of await runOptimCase({ sizes: o.optimSizes, world: 2, threads: o.optimThreads, warmup: Math.max(1, o.warmup), steps: o.steps, log })) run.record(row);
+      log(
+        `optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`,
+      );
+      for (const row of await runOptimCase({
+        sizes: o.optimSizes,
+        world: 2,
+        threads: o.optimThreads,
+        warmup: Math.max(1, o.warmup),
+        steps: o.steps,
+        log,
+      }))
+        run.record(row);
     });
   }
 
   // ---- 8: the built-in GEMM on the frozen model's shapes against the core's FMA peak, and OpenBLAS beside it
   if (o.cases.has("gemm")) {
     await run.guard("gemm", async () => {
-      log(`gemm: the frozen model's products at seq ${o.gemmSeqs.join(", ")}, one thread, ${o.gemmRounds} rounds, against the FMA peak of the same run`);
+      log(
+        `gemm: the frozen model's products at seq ${o.gemmSeqs.join(", ")}, one thread, ${o.gemmRounds} rounds, against the FMA peak of the same run`,
+      );
       run.gemm = gemmShapesBench({ seqs: o.gemmSeqs, rounds: o.gemmRounds, log });
       for (const x of run.gemm.rows) emit({ case: "gemm", ...x });
-      for (const [isa, v] of Object.entries(run.gemm.peaks)) run.record({ case: `fma-peak-${isa}`, gflops: r(v, 1), what: "one core, 12 independent register-only FMA chains" } as unknown as BenchRow);
+      for (const [isa, v] of Object.entries(run.gemm.peaks))
+        run.record({
+          case: `fma-peak-${isa}`,
+          gflops: r(v, 1),
+          what: "one core, 12 independent register-only FMA chains",
+        } as unknown as BenchRow);
       for (const k of [...new Set(run.gemm.rows.map((x) => x.kernel))].filter((k) => k.startsWith("builtin"))) {
         const mine = run.gemm.rows.filter((x) => x.kernel === k && x.of_peak !== null);
-        run.record({ case: `gemm-${k.replace(" ", "-")}`, min_of_peak: Math.min(...mine.map((x) => x.of_peak!)), median_of_peak: median(mine.map((x) => x.of_peak!)), shapes: mine.length } as unknown as BenchRow);
+        run.record({
+          case: `gemm-${k.replace(" ", "-")}`,
+          min_of_peak: Math.min(...mine.map((x) => x.of_peak!)),
+          median_of_peak: median(mine.map((x) => x.of_peak!)),
+          shapes: mine.length,
+        } as unknown as BenchRow);
       }
     });
   }
@@ -351,8 +551,17 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
   // ---- 7: the frozen 106M model's forward+backward and its MFU (issue 7), whatever --model says
   if (o.cases.has("frozen-step")) {
     await run.guard("frozen-step", async () => {
-      log(`frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${Math.max(3, o.steps)} warm calls`);
-      const { kernel_profile: kp, ...j } = await frozenStepBench({ seq: o.seq, microBatch: o.microBatch, gradCkpt: o.gradCkpt, calls: Math.max(3, o.steps), backend: o.backend, log });
+      log(
+        `frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${Math.max(3, o.steps)} warm calls`,
+      );
+      const { kernel_profile: kp, ...j } = await frozenStepBench({
+        seq: o.seq,
+        microBatch: o.microBatch,
+        gradCkpt: o.gradCkpt,
+        calls: Math.max(3, o.steps),
+        backend: o.backend,
+        log,
+      });
       run.profiled = { rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name) };
       run.record(j as unknown as BenchRow);
     });
@@ -389,9 +598,19 @@ function addTrainingMfu(rows: BenchRow[]): void {
       x.mfu_note = `per rank, against the single-thread matmul rate of the frozen-step case's engine (${String(fz.backend)}) in this run`;
       // the case's own line was printed before the rate was known: one more line with the training step's MFU
       emit({
-        case: x.case, mfu: x.mfu, world: x.world, backend: x.backend, params: x.params, seq_len: x.seq_len, micro_batch: x.micro_batch,
-        tok_per_s: x.tok_per_s, matmul_gflops: fz.matmul_gflops, model_flops_per_token: fz.model_flops_per_token,
-        what: String(x.case).startsWith("torch") ? "PyTorch's training step (forward, backward, clip, AdamW)" : "the whole training step (forward, backward, reduce, AdamW, weight refresh) per rank",
+        case: x.case,
+        mfu: x.mfu,
+        world: x.world,
+        backend: x.backend,
+        params: x.params,
+        seq_len: x.seq_len,
+        micro_batch: x.micro_batch,
+        tok_per_s: x.tok_per_s,
+        matmul_gflops: fz.matmul_gflops,
+        model_flops_per_token: fz.model_flops_per_token,
+        what: String(x.case).startsWith("torch")
+          ? "PyTorch's training step (forward, backward, clip, AdamW)"
+          : "the whole training step (forward, backward, reduce, AdamW, weight refresh) per rank",
       });
     }
   }
@@ -401,55 +620,218 @@ function addTrainingMfu(rows: BenchRow[]): void {
 function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
   // ---- ratios, all from this run
   const ratios: Ratio[] = [];
-  const add = (x: Ratio | null) => { if (x) { ratios.push(x); emit(x); } };
+  const add = (x: Ratio | null) => {
+    if (x) {
+      ratios.push(x);
+      emit(x);
+    }
+  };
   for (const x of rows) {
     if (typeof x.mfu !== "number") continue;
-    add({ ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`, value: x.mfu, target: x.case === "actor-w1" ? ">= 0.6" : null, met: x.case === "actor-w1" ? x.mfu >= 0.6 : null, num: `${x.case} tok_per_s`, den: "frozen-step matmul_gflops" });
+    add({
+      ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`,
+      value: x.mfu,
+      target: x.case === "actor-w1" ? ">= 0.6" : null,
+      met: x.case === "actor-w1" ? x.mfu >= 0.6 : null,
+      num: `${x.case} tok_per_s`,
+      den: "frozen-step matmul_gflops",
+    });
   }
   const worlds = o.worlds.filter((w) => w > 1);
-  for (const w of worlds) add(ratio(rows, `world${w}/world1 tok/s`, `actor-w${w}`, "actor-w1", "tok_per_s", w === 2 ? { op: ">=", v: 1.85 } : null));
+  for (const w of worlds)
+    add(
+      ratio(
+        rows,
+        `world${w}/world1 tok/s`,
+        `actor-w${w}`,
+        "actor-w1",
+        "tok_per_s",
+        w === 2 ? { op: ">=", v: 1.85 } : null,
+      ),
+    );
   // issue 11's targets against PyTorch on the same machine, same shape, same run
   {
     const tok = (c: string) => rows.find((x) => x.case === c)?.tok_per_s;
     const torchRows = rows.filter((x) => String(x.case).startsWith("torch-") && typeof x.tok_per_s === "number");
-    const torchBest = torchRows.length ? torchRows.reduce((a, b) => (Number(b.tok_per_s) > Number(a.tok_per_s) ? b : a)) : null;
-    const w2 = tok("actor-w2"), w1 = tok("actor-w1"), t1 = tok("torch-1thread");
+    const torchBest = torchRows.length
+      ? torchRows.reduce((a, b) => (Number(b.tok_per_s) > Number(a.tok_per_s) ? b : a))
+      : null;
+    const w2 = tok("actor-w2"),
+      w1 = tok("actor-w1"),
+      t1 = tok("torch-1thread");
     if (typeof w2 === "number" && torchBest) {
       const v = r(w2 / Number(torchBest.tok_per_s), 3);
-      add({ ratio: "world2_over_torch_best", value: v, target: ">= 2", met: v === null ? null : v >= 2, num: "actor-w2 tok_per_s", den: `${String(torchBest.case)} tok_per_s (PyTorch's best of ${torchRows.map((x) => x.case).join(", ")})` });
+      add({
+        ratio: "world2_over_torch_best",
+        value: v,
+        target: ">= 2",
+        met: v === null ? null : v >= 2,
+        num: "actor-w2 tok_per_s",
+        den: `${String(torchBest.case)} tok_per_s (PyTorch's best of ${torchRows.map((x) => x.case).join(", ")})`,
+      });
     }
     if (typeof w1 === "number" && typeof t1 === "number" && t1 > 0) {
       const v = r(w1 / t1, 3);
-      add({ ratio: "world1_over_torch_1thread", value: v, target: ">= 1", met: v === null ? null : v >= 1, num: "actor-w1 tok_per_s", den: "torch-1thread tok_per_s" });
+      add({
+        ratio: "world1_over_torch_1thread",
+        value: v,
+        target: ">= 1",
+        met: v === null ? null : v >= 1,
+        num: "actor-w1 tok_per_s",
+        den: "torch-1thread tok_per_s",
+      });
     }
   }
-  for (const w of o.worlds) add(ratio(rows, `world ${w}: built-in GEMM / OpenBLAS tok/s`, `actor-w${w}`, `actor-w${w}-openblas`, "tok_per_s", w === 2 ? { op: ">=", v: 1.6 } : null));
+  for (const w of o.worlds)
+    add(
+      ratio(
+        rows,
+        `world ${w}: built-in GEMM / OpenBLAS tok/s`,
+        `actor-w${w}`,
+        `actor-w${w}-openblas`,
+        "tok_per_s",
+        w === 2 ? { op: ">=", v: 1.6 } : null,
+      ),
+    );
   for (const k of ["builtin-avx512", "builtin-avx2"]) {
     const g = rows.find((x) => x.case === `gemm-${k}`);
-    if (g && typeof g.min_of_peak === "number") add({ ratio: `gemm ${k}: lowest fraction of its FMA peak over the model's shapes`, value: g.min_of_peak, target: ">= 0.85", met: g.min_of_peak >= 0.85, num: `gemm ${k} GFLOP/s (worst shape)`, den: `fma-peak-${k.split("-")[1]} GFLOP/s` });
+    if (g && typeof g.min_of_peak === "number")
+      add({
+        ratio: `gemm ${k}: lowest fraction of its FMA peak over the model's shapes`,
+        value: g.min_of_peak,
+        target: ">= 0.85",
+        met: g.min_of_peak >= 0.85,
+        num: `gemm ${k} GFLOP/s (worst shape)`,
+        den: `fma-peak-${k.split("-")[1]} GFLOP/s`,
+      });
   }
-  for (const w of worlds) add(ratio(rows, `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`, `actor-w${w}`, "actor-w1", "tok_per_cpu_s", null, "1.0 = world 2 spends no more CPU per token than world 1"));
-  add(ratio(rows, "mpi: 2 processes x world 1 / one process x world 2, tok/s (issue 21)", "mpi-np2-w1", "mpi-ref-w2", "tok_per_s", { op: ">=", v: 0.9 }));
+  for (const w of worlds)
+    add(
+      ratio(
+        rows,
+        `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`,
+        `actor-w${w}`,
+        "actor-w1",
+        "tok_per_cpu_s",
+        null,
+        "1.0 = world 2 spends no more CPU per token than world 1",
+      ),
+    );
+  add(
+    ratio(
+      rows,
+      "mpi: 2 processes x world 1 / one process x world 2, tok/s (issue 21)",
+      "mpi-np2-w1",
+      "mpi-ref-w2",
+      "tok_per_s",
+      { op: ">=", v: 0.9 },
+    ),
+  );
   add(ratio(rows, "actor/single-thread tok/s (world 1, same work)", "actor-w1", "single-thread", "tok_per_s", null));
   const wMax = Math.max(...o.worlds);
-  if (wMax > 1) add(ratio(rows, `actor world ${wMax}/single-thread tok/s (speed-up)`, `actor-w${wMax}`, "single-thread", "tok_per_s", null));
-  add(ratio(rows, "actor/framework-free tok/s (world 1, same work)", "actor-w1", "framework-free", "tok_per_s", { op: ">=", v: 0.95 }));
-  if (wMax > 1) add(ratio(rows, `actor world ${wMax}/framework-free tok/s (speed-up)`, `actor-w${wMax}`, "framework-free", "tok_per_s", null));
-  add(ratio(rows, "single-thread (in-process)/framework-free (subprocess) tok/s", "single-thread", "framework-free", "tok_per_s", null, "same loop, two processes: a consistency check"));
+  if (wMax > 1)
+    add(
+      ratio(
+        rows,
+        `actor world ${wMax}/single-thread tok/s (speed-up)`,
+        `actor-w${wMax}`,
+        "single-thread",
+        "tok_per_s",
+        null,
+      ),
+    );
+  add(
+    ratio(rows, "actor/framework-free tok/s (world 1, same work)", "actor-w1", "framework-free", "tok_per_s", {
+      op: ">=",
+      v: 0.95,
+    }),
+  );
+  if (wMax > 1)
+    add(
+      ratio(
+        rows,
+        `actor world ${wMax}/framework-free tok/s (speed-up)`,
+        `actor-w${wMax}`,
+        "framework-free",
+        "tok_per_s",
+        null,
+      ),
+    );
+  add(
+    ratio(
+      rows,
+      "single-thread (in-process)/framework-free (subprocess) tok/s",
+      "single-thread",
+      "framework-free",
+      "tok_per_s",
+      null,
+      "same loop, two processes: a consistency check",
+    ),
+  );
   for (const w of o.uploadWorlds) {
-    add(ratio(rows, `upload stall world ${w} (step ms overlapping an upload / not)`, `upload-w${w}-overlap`, `upload-w${w}-quiet`, "step_ms_median", w === 2 ? { op: "<=", v: 1.05 } : null, w === 2 ? "B3" : "control: a core is free for the uploader"));
-    if (o.uploadNice) add(ratio(rows, `upload stall world ${w}, uploader niced (experiment)`, `upload-w${w}-nice-overlap`, `upload-w${w}-nice-quiet`, "step_ms_median", null, "uploader thread at nice 19"));
+    add(
+      ratio(
+        rows,
+        `upload stall world ${w} (step ms overlapping an upload / not)`,
+        `upload-w${w}-overlap`,
+        `upload-w${w}-quiet`,
+        "step_ms_median",
+        w === 2 ? { op: "<=", v: 1.05 } : null,
+        w === 2 ? "B3" : "control: a core is free for the uploader",
+      ),
+    );
+    if (o.uploadNice)
+      add(
+        ratio(
+          rows,
+          `upload stall world ${w}, uploader niced (experiment)`,
+          `upload-w${w}-nice-overlap`,
+          `upload-w${w}-nice-quiet`,
+          "step_ms_median",
+          null,
+          "uploader thread at nice 19",
+        ),
+      );
   }
   for (const p of o.optimSizes) {
-    const one = rows.find((x) => x.case === "optim-1thread" && x.params === p), two = rows.find((x) => x.case === `optim-${o.optimThreads}threads` && x.params === p);
+    const one = rows.find((x) => x.case === "optim-1thread" && x.params === p),
+      two = rows.find((x) => x.case === `optim-${o.optimThreads}threads` && x.params === p);
     if (one && two && typeof one.step_ms_median === "number" && typeof two.step_ms_median === "number") {
-      const x: Ratio = { ratio: `optim ${(p / 1e6).toFixed(0)}M: 1 thread / ${o.optimThreads} threads step ms (speed-up)`, value: r(one.step_ms_median / two.step_ms_median, 3), target: null, met: null, num: "optim-1thread step_ms_median", den: `optim-${o.optimThreads}threads step_ms_median` };
-      ratios.push(x); emit(x);
+      const x: Ratio = {
+        ratio: `optim ${(p / 1e6).toFixed(0)}M: 1 thread / ${o.optimThreads} threads step ms (speed-up)`,
+        value: r(one.step_ms_median / two.step_ms_median, 3),
+        target: null,
+        met: null,
+        num: "optim-1thread step_ms_median",
+        den: `optim-${o.optimThreads}threads step_ms_median`,
+      };
+      ratios.push(x);
+      emit(x);
     }
   }
   add(ratio(rows, "single-thread/torch 1 thread tok/s", "single-thread", "torch-1thread", "tok_per_s", null));
-  add(ratio(rows, "frozen-step (fwd+bwd)/torch 1 thread (fwd+bwd+clip+AdamW) tok/s", "frozen-step", "torch-1thread", "tok_per_s", null, "same shape only with --model frozen"));
-  if (cores > 1) add(ratio(rows, `actor world ${wMax}/torch ${cores} threads tok/s`, `actor-w${wMax}`, `torch-${cores}threads`, "tok_per_s", null));
+  add(
+    ratio(
+      rows,
+      "frozen-step (fwd+bwd)/torch 1 thread (fwd+bwd+clip+AdamW) tok/s",
+      "frozen-step",
+      "torch-1thread",
+      "tok_per_s",
+      null,
+      "same shape only with --model frozen",
+    ),
+  );
+  if (cores > 1)
+    add(
+      ratio(
+        rows,
+        `actor world ${wMax}/torch ${cores} threads tok/s`,
+        `actor-w${wMax}`,
+        `torch-${cores}threads`,
+        "tok_per_s",
+        null,
+      ),
+    );
   return ratios;
 }
 
@@ -457,24 +839,48 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
 function addReadingNotes(run: BenchRun, o: Options, shape: Shape | null): Set<unknown> {
   const rows = run.rows;
   for (const x of rows) {
-    if (typeof x.cpu_util_median === "number" && typeof x.world === "number" && !String(x.case).startsWith("upload") && x.cpu_util_median < 0.75 * x.world) {
-      run.notes.push(`${x.case}: the process kept only ${x.cpu_util_median} cores busy per step at world ${x.world} (median): other load on the machine held it back, so its tok/s measures the machine as much as the runtime`);
+    if (
+      typeof x.cpu_util_median === "number" &&
+      typeof x.world === "number" &&
+      !String(x.case).startsWith("upload") &&
+      x.cpu_util_median < 0.75 * x.world
+    ) {
+      run.notes.push(
+        `${x.case}: the process kept only ${x.cpu_util_median} cores busy per step at world ${x.world} (median): other load on the machine held it back, so its tok/s measures the machine as much as the runtime`,
+      );
     }
   }
-  const backends = new Set(rows.filter((x) => x.backend !== "js" && !String(x.case).startsWith("torch")).map((x) => x.backend));
-  if (backends.size > 1) run.notes.push(`cases ran on different tf backends: ${[...backends].join(", ")}; ratios across them compare backends, not runtimes`);
+  const backends = new Set(
+    rows.filter((x) => x.backend !== "js" && !String(x.case).startsWith("torch")).map((x) => x.backend),
+  );
+  if (backends.size > 1)
+    run.notes.push(
+      `cases ran on different tf backends: ${[...backends].join(", ")}; ratios across them compare backends, not runtimes`,
+    );
   if (shape) {
-    run.notes.push(`tokens per step = micro_batch × world × accum × seq = ${o.microBatch} × world × ${o.accum} × ${o.seq}: world 1 ${tokensPerStep(shape, 1)}, world 2 ${tokensPerStep(shape, 2)}; compare tok/s across worlds, not step ms`);
-    run.notes.push(`data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (test/helpers/mix.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`);
+    run.notes.push(
+      `tokens per step = micro_batch × world × accum × seq = ${o.microBatch} × world × ${o.accum} × ${o.seq}: world 1 ${tokensPerStep(shape, 1)}, world 2 ${tokensPerStep(shape, 2)}; compare tok/s across worlds, not step ms`,
+    );
+    run.notes.push(
+      `data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (test/helpers/mix.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`,
+    );
   }
-  if (o.cases.has("torch") && rows.some((x) => String(x.case).startsWith("torch"))) run.notes.push("torch rows: one micro-batch (micro_batch sequences) per step, no accumulation, no loss scaling; same model shape and AdamW/clip settings");
-  const lossSingle = rows.find((x) => x.case === "single-thread")?.loss_last, lossActor = rows.find((x) => x.case === "actor-w1")?.loss_last;
+  if (o.cases.has("torch") && rows.some((x) => String(x.case).startsWith("torch")))
+    run.notes.push(
+      "torch rows: one micro-batch (micro_batch sequences) per step, no accumulation, no loss scaling; same model shape and AdamW/clip settings",
+    );
+  const lossSingle = rows.find((x) => x.case === "single-thread")?.loss_last,
+    lossActor = rows.find((x) => x.case === "actor-w1")?.loss_last;
   const lossFf = rows.find((x) => x.case === "framework-free")?.loss_last;
   if (lossSingle !== undefined && lossActor !== undefined) {
     const idx = o.warmup + o.steps * (o.interleave ? 1 + o.rewarm : 1) - 1;
-    run.notes.push(`last timed loss (step index ${idx}): single-thread ${String(lossSingle)}, actor world 1 ${String(lossActor)}${lossFf !== undefined ? `; framework-free at step index ${o.steps}: ${String(lossFf)}${idx === o.steps ? "" : " (a different step: compare only single vs actor)"}` : ""} (same windows, init and LR: equal when the runtimes agree)`);
+    run.notes.push(
+      `last timed loss (step index ${idx}): single-thread ${String(lossSingle)}, actor world 1 ${String(lossActor)}${lossFf !== undefined ? `; framework-free at step index ${o.steps}: ${String(lossFf)}${idx === o.steps ? "" : " (a different step: compare only single vs actor)"}` : ""} (same windows, init and LR: equal when the runtimes agree)`,
+    );
   }
-  run.notes.push(`load average (1 min) at the end: ${r(os.loadavg()[0], 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`);
+  run.notes.push(
+    `load average (1 min) at the end: ${r(os.loadavg()[0], 2)} on ${cores} cores (a shared machine: other load inflates every case alike when interleaved)`,
+  );
   return backends;
 }
 
@@ -482,12 +888,24 @@ function addReadingNotes(run: BenchRun, o: Options, shape: Shape | null): Set<un
 function shapeInfoOf(o: Options, shape: Shape | null, backends: Set<unknown>): Record<string, unknown> {
   return shape
     ? {
-      model: `${o.model}: ${MODELS[o.model].note}`, params: shape.params, layers: shape.model.numLayers, hidden: shape.model.hiddenSize,
-      heads: `${shape.model.numHeads}/${shape.model.numKvHeads}`, ffn: shape.model.intermediateSize, vocab: shape.model.vocabSize,
-      seq_len: o.seq, micro_batch: o.microBatch, accum: o.accum, grad_ckpt: o.gradCkpt, backend_requested: o.backend,
-      backend_used: [...backends].join(", ") || "–", warmup_steps: o.warmup, timed_steps: o.steps, interleaved: o.interleave,
-      rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
-    }
+        model: `${o.model}: ${MODELS[o.model].note}`,
+        params: shape.params,
+        layers: shape.model.numLayers,
+        hidden: shape.model.hiddenSize,
+        heads: `${shape.model.numHeads}/${shape.model.numKvHeads}`,
+        ffn: shape.model.intermediateSize,
+        vocab: shape.model.vocabSize,
+        seq_len: o.seq,
+        micro_batch: o.microBatch,
+        accum: o.accum,
+        grad_ckpt: o.gradCkpt,
+        backend_requested: o.backend,
+        backend_used: [...backends].join(", ") || "–",
+        warmup_steps: o.warmup,
+        timed_steps: o.steps,
+        interleaved: o.interleave,
+        rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
+      }
     : { backend_requested: o.backend, timed_steps: o.steps };
 }
 
@@ -499,17 +917,42 @@ async function main(): Promise<number> {
   const run = new BenchRun();
   await waitForQuietMachine(mach, o);
   const codeStart = codeFingerprint();
-  log(`bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`);
+  log(
+    `bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`,
+  );
 
-  const stepCases = o.cases.has("single") || o.cases.has("actor") || o.cases.has("framework-free") || o.cases.has("upload") || o.cases.has("torch") || o.cases.has("mpi");
-  const maxWorld = Math.max(1, ...(o.cases.has("actor") ? o.worlds : []), ...(o.cases.has("upload") ? o.uploadWorlds : []), o.cases.has("mpi") ? 2 : 1);
+  const stepCases =
+    o.cases.has("single") ||
+    o.cases.has("actor") ||
+    o.cases.has("framework-free") ||
+    o.cases.has("upload") ||
+    o.cases.has("torch") ||
+    o.cases.has("mpi");
+  const maxWorld = Math.max(
+    1,
+    ...(o.cases.has("actor") ? o.worlds : []),
+    ...(o.cases.has("upload") ? o.uploadWorlds : []),
+    o.cases.has("mpi") ? 2 : 1,
+  );
   // enough windows for the longest step counter: the upload case runs the most steps
   const windowsNeeded = (o.warmup + Math.max(8, 1 + o.rewarm) * o.steps + 8) * o.microBatch * maxWorld * o.accum;
   let shape: Shape | null = null;
   try {
     if (stepCases) {
-      shape = await buildShape({ model: o.model, seqLen: o.seq, microBatch: o.microBatch, accum: o.accum, backend: o.backend, gradCkpt: o.gradCkpt, scratch, windowsNeeded, log });
-      log(`shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`);
+      shape = await buildShape({
+        model: o.model,
+        seqLen: o.seq,
+        microBatch: o.microBatch,
+        accum: o.accum,
+        backend: o.backend,
+        gradCkpt: o.gradCkpt,
+        scratch,
+        windowsNeeded,
+        log,
+      });
+      log(
+        `shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`,
+      );
       await runStepCases(run, o, shape, scratch);
       await runUploadCases(run, o, shape, scratch);
       if (o.cases.has("mpi")) await runMpi(run, o, shape, scratch);
@@ -524,10 +967,15 @@ async function main(): Promise<number> {
 
   mach.cores_available_end = await coresAvailable(cores);
   const codeEnd = codeFingerprint();
-  if (codeEnd !== codeStart) notes.unshift(`CODE CHANGED DURING THE RUN: dist/src was rebuilt (fingerprint ${codeStart} -> ${codeEnd}); workers and subprocesses started after the rebuild ran other code than this process. Rerun.`);
+  if (codeEnd !== codeStart)
+    notes.unshift(
+      `CODE CHANGED DURING THE RUN: dist/src was rebuilt (fingerprint ${codeStart} -> ${codeEnd}); workers and subprocesses started after the rebuild ran other code than this process. Rerun.`,
+    );
   const avail = Math.min(mach.cores_available_start ?? cores, mach.cores_available_end);
   if (avail < 0.85 * cores) {
-    notes.unshift(`SHARED MACHINE: a ${cores}-thread spin probe got only ${mach.cores_available_start} cores at the start and ${mach.cores_available_end} at the end of this run: world-scaling, upload-stall and 2-thread ratios measure the neighbours' load as much as the runtime. Rerun on a quiet machine before judging targets.`);
+    notes.unshift(
+      `SHARED MACHINE: a ${cores}-thread spin probe got only ${mach.cores_available_start} cores at the start and ${mach.cores_available_end} at the end of this run: world-scaling, upload-stall and 2-thread ratios measure the neighbours' load as much as the runtime. Rerun on a quiet machine before judging targets.`,
+    );
   }
   const backends = addReadingNotes(run, o, shape);
   const wallS = (performance.now() - t0) / 1000;
@@ -535,28 +983,69 @@ async function main(): Promise<number> {
   const failed = run.failed;
   const command = `node dist/bench/bench.js ${process.argv.slice(2).join(" ")}`.trim();
   fs.mkdirSync(o.out, { recursive: true });
-  const result = { bench: "tstrain-bench/1", command, machine: mach, code_fingerprint: { start: codeStart, end: codeEnd }, shape: shapeInfo, rows, ratios, notes, wall_s: r(wallS), failed_cases: failed };
+  const result = {
+    bench: "tstrain-bench/1",
+    command,
+    machine: mach,
+    code_fingerprint: { start: codeStart, end: codeEnd },
+    shape: shapeInfo,
+    rows,
+    ratios,
+    notes,
+    wall_s: r(wallS),
+    failed_cases: failed,
+  };
   fs.writeFileSync(path.join(o.out, "latest.json"), JSON.stringify(result, null, 1) + "\n");
   const md = markdown({ machine: mach, shape: shapeInfo, rows, ratios, notes, wallS, command });
   fs.writeFileSync(path.join(o.out, "latest.md"), md);
   if (run.gemm) {
-    const mdGemm = gemmTableMarkdown(run.gemm.rows, run.gemm.peaks, `${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start, ${mach.date}`);
+    const mdGemm = gemmTableMarkdown(
+      run.gemm.rows,
+      run.gemm.peaks,
+      `${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start, ${mach.date}`,
+    );
     fs.writeFileSync(path.join(o.out, "gemm-shapes.md"), mdGemm);
-    fs.writeFileSync(path.join(o.out, "gemm-shapes.json"), JSON.stringify({ command, machine: mach, peaks: run.gemm.peaks, rows: run.gemm.rows }, null, 1) + "\n");
+    fs.writeFileSync(
+      path.join(o.out, "gemm-shapes.json"),
+      JSON.stringify({ command, machine: mach, peaks: run.gemm.peaks, rows: run.gemm.rows }, null, 1) + "\n",
+    );
   }
   const kernelProfile = run.profiled;
   if (kernelProfile) {
     const title = `Per-kernel share of one frozen training step (forward + backward), ${kernelProfile.engine}`;
-    fs.writeFileSync(path.join(o.out, "kernels-frozen-step.md"), kernelTableMarkdown(title, kernelProfile.rows, kernelProfile.stepMs) +
-      `\nMachine: ${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start; command: \`${command}\`; ${mach.date}.\n`);
-    fs.writeFileSync(path.join(o.out, "kernels-frozen-step.json"), JSON.stringify({ command, machine: mach, engine: kernelProfile.engine, step_ms: kernelProfile.stepMs, rows: kernelProfile.rows }, null, 1) + "\n");
+    fs.writeFileSync(
+      path.join(o.out, "kernels-frozen-step.md"),
+      kernelTableMarkdown(title, kernelProfile.rows, kernelProfile.stepMs) +
+        `\nMachine: ${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start; command: \`${command}\`; ${mach.date}.\n`,
+    );
+    fs.writeFileSync(
+      path.join(o.out, "kernels-frozen-step.json"),
+      JSON.stringify(
+        {
+          command,
+          machine: mach,
+          engine: kernelProfile.engine,
+          step_ms: kernelProfile.stepMs,
+          rows: kernelProfile.rows,
+        },
+        null,
+        1,
+      ) + "\n",
+    );
   }
   process.stdout.write("\n" + md + "\n");
-  log(`wrote ${path.join(o.out, "latest.json")} and latest.md in ${wallS.toFixed(0)} s${failed ? `; ${failed} case(s) FAILED` : ""}`);
+  log(
+    `wrote ${path.join(o.out, "latest.json")} and latest.md in ${wallS.toFixed(0)} s${failed ? `; ${failed} case(s) FAILED` : ""}`,
+  );
   return failed ? 1 : 0;
 }
 
 main().then(
-  (code) => { process.exitCode = code; },
-  (e: unknown) => { process.stderr.write(`bench failed: ${(e as Error)?.stack ?? String(e)}\n`); process.exitCode = 1; },
+  (code) => {
+    process.exitCode = code;
+  },
+  (e: unknown) => {
+    process.stderr.write(`bench failed: ${(e as Error)?.stack ?? String(e)}\n`);
+    process.exitCode = 1;
+  },
 );

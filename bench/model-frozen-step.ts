@@ -42,11 +42,20 @@ function wasmHeapBytes(): number | null {
 }
 
 function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b), n = s.length;
+  const s = [...xs].sort((a, b) => a - b),
+    n = s.length;
   return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-export interface MatmulShape { name: string; tA: boolean; tB: boolean; M: number; N: number; K: number; reps: number }
+export interface MatmulShape {
+  name: string;
+  tA: boolean;
+  tB: boolean;
+  M: number;
+  N: number;
+  K: number;
+  reps: number;
+}
 
 /** The products the rate is measured on: the model's own, at N tokens, and 2048^2. */
 export function rateShapes(N: number, D: number, F: number, V: number): MatmulShape[] {
@@ -61,9 +70,15 @@ export function rateShapes(N: number, D: number, F: number, V: number): MatmulSh
 
 /** GFLOP/s of the engine's matmul on one shape, one sample per rep (one untimed call first). */
 export function matmulRates(k: Kernels, sh: MatmulShape): number[] {
-  const a = new Float32Array(sh.M * sh.K), b = new Float32Array(sh.K * sh.N), c = new Float32Array(sh.M * sh.N);
+  const a = new Float32Array(sh.M * sh.K),
+    b = new Float32Array(sh.K * sh.N),
+    c = new Float32Array(sh.M * sh.N);
   let s = 7;
-  for (const x of [a, b]) for (let i = 0; i < x.length; i++) { s = (Math.imul(s, 1664525) + 1013904223) >>> 0; x[i] = s / 4294967296 - 0.5; }
+  for (const x of [a, b])
+    for (let i = 0; i < x.length; i++) {
+      s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+      x[i] = s / 4294967296 - 0.5;
+    }
   k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
   const out: number[] = [];
   for (let i = 0; i < sh.reps; i++) {
@@ -74,7 +89,15 @@ export function matmulRates(k: Kernels, sh: MatmulShape): number[] {
   return out;
 }
 
-export async function frozenStepBench(o: { seq: number; microBatch: number; gradCkpt: boolean; calls: number; layers?: number; backend?: BackendName; log?: (s: string) => void }): Promise<Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number }> {
+export async function frozenStepBench(o: {
+  seq: number;
+  microBatch: number;
+  gradCkpt: boolean;
+  calls: number;
+  layers?: number;
+  backend?: BackendName;
+  log?: (s: string) => void;
+}): Promise<Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number }> {
   const log = o.log ?? (() => undefined);
   const be = await initEngine(o.backend ?? "auto");
   log(`frozen-step engine: ${be.detail}`);
@@ -92,7 +115,10 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     const setMs = performance.now() - t0;
     const ids = new Int32Array(o.microBatch * o.seq);
     let s = 12345;
-    for (let i = 0; i < ids.length; i++) { s = (Math.imul(s, 1103515245) + 12345) >>> 0; ids[i] = s % cfg.vocabSize; }
+    for (let i = 0; i < ids.length; i++) {
+      s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+      ids[i] = s % cfg.vocabSize;
+    }
     const grads = new Float32Array(total);
     const tok = o.microBatch * o.seq;
     t0 = performance.now();
@@ -101,7 +127,8 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     log(`first call: ${firstMs.toFixed(0)} ms, loss ${loss0.toFixed(4)}`);
     const shapes = rateShapes(tok, cfg.hiddenSize, cfg.intermediateSize, cfg.vocabSize);
     const mmBefore = shapes.map((sh) => matmulRates(be.kernels, sh));
-    const stepMs: number[] = [], cpuMs: number[] = [];
+    const stepMs: number[] = [],
+      cpuMs: number[] = [];
     const tfjs = be.engine !== "native"; // no tfjs backend is initialised under the native engine
     const tensorsBefore = tfjs ? tf.memory().numTensors : 0;
     for (let i = 0; i < o.calls; i++) {
@@ -110,8 +137,11 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
       m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
       const dt = performance.now() - t0;
       const cu = process.cpuUsage(c0);
-      stepMs.push(dt); cpuMs.push((cu.user + cu.system) / 1000);
-      log(`call ${i + 1}: ${dt.toFixed(0)} ms wall (${(tok / dt * 1000).toFixed(1)} tok/s), ${cpuMs[i].toFixed(0)} ms CPU`);
+      stepMs.push(dt);
+      cpuMs.push((cu.user + cu.system) / 1000);
+      log(
+        `call ${i + 1}: ${dt.toFixed(0)} ms wall (${((tok / dt) * 1000).toFixed(1)} tok/s), ${cpuMs[i].toFixed(0)} ms CPU`,
+      );
     }
     const mmAfter = shapes.map((sh) => matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
@@ -122,8 +152,12 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     const profMs = performance.now() - t0;
     Object.assign(k, be.kernels);
     const kernelRows = prof.rows(profMs);
-    const perShape = shapes.map((sh, i) => ({ shape: sh.name, gflops: +median([...mmBefore[i], ...mmAfter[i]]).toFixed(2),
-      before: +median(mmBefore[i]).toFixed(2), after: +median(mmAfter[i]).toFixed(2) }));
+    const perShape = shapes.map((sh, i) => ({
+      shape: sh.name,
+      gflops: +median([...mmBefore[i], ...mmAfter[i]]).toFixed(2),
+      before: +median(mmBefore[i]).toFixed(2),
+      after: +median(mmAfter[i]).toFixed(2),
+    }));
     const stepMedian = median(stepMs);
     const tokPerS = tok / (stepMedian / 1000);
     const gflops = Math.max(...perShape.map((x) => x.gflops));
@@ -131,21 +165,38 @@ export async function frozenStepBench(o: { seq: number; microBatch: number; grad
     const mfu = (flopsPerTok * tokPerS) / (gflops * 1e9);
     const heap = wasmHeapBytes();
     return {
-      case: "frozen-step", backend: be.engine, detail: be.detail, kernels_name: be.kernels.name, world: 1, params, layers: cfg.numLayers,
-      seq_len: o.seq, micro_batch: o.microBatch, grad_ckpt: o.gradCkpt, calls: o.calls,
-      step_ms_median: +stepMedian.toFixed(1), step_ms: stepMs.map((x) => +x.toFixed(1)), step_cpu_ms: cpuMs.map((x) => +x.toFixed(1)),
+      case: "frozen-step",
+      backend: be.engine,
+      detail: be.detail,
+      kernels_name: be.kernels.name,
+      world: 1,
+      params,
+      layers: cfg.numLayers,
+      seq_len: o.seq,
+      micro_batch: o.microBatch,
+      grad_ckpt: o.gradCkpt,
+      calls: o.calls,
+      step_ms_median: +stepMedian.toFixed(1),
+      step_ms: stepMs.map((x) => +x.toFixed(1)),
+      step_cpu_ms: cpuMs.map((x) => +x.toFixed(1)),
       tok_per_s: +tokPerS.toFixed(2),
       tok_per_cpu_s: +(tok / (median(cpuMs) / 1000)).toFixed(2),
-      matmul_gflops: +gflops.toFixed(2), matmul_rates: perShape,
+      matmul_gflops: +gflops.toFixed(2),
+      matmul_rates: perShape,
       sgemm_2048_gflops: perShape[perShape.length - 1].gflops,
       matmul_rate_what: `the ${be.engine} engine's kernels.matmul, one thread, best of the shapes (median per shape)`,
-      model_flops_per_token: flopsPerTok, model_flops_formula: "6*params + 12*layers*seq*hidden",
+      model_flops_per_token: flopsPerTok,
+      model_flops_formula: "6*params + 12*layers*seq*hidden",
       mfu: +mfu.toFixed(3),
-      first_call_ms: +firstMs.toFixed(1), set_weights_ms: +setMs.toFixed(1), loss: +loss0.toFixed(5),
+      first_call_ms: +firstMs.toFixed(1),
+      set_weights_ms: +setMs.toFixed(1),
+      loss: +loss0.toFixed(5),
       tensor_leak: tfjs ? tf.memory().numTensors - tensorsBefore : null,
-      wasm_heap_bytes: heap, wasm_heap_limit_bytes: heap === null ? null : 4 * 1024 ** 3,
+      wasm_heap_bytes: heap,
+      wasm_heap_limit_bytes: heap === null ? null : 4 * 1024 ** 3,
       rss_bytes: process.memoryUsage().rss,
-      profile_step_ms: +profMs.toFixed(1), kernel_profile: kernelRows,
+      profile_step_ms: +profMs.toFixed(1),
+      kernel_profile: kernelRows,
     };
   } finally {
     m.dispose();
@@ -159,10 +210,19 @@ async function main(): Promise<void> {
   const gradCkpt = !(process.argv.includes("--no-grad-ckpt") || process.argv.includes("--no-ckpt"));
   const layersArg = arg("--layers", "");
   const res = await frozenStepBench({
-    seq, microBatch, gradCkpt, calls, layers: layersArg ? Number(layersArg) : undefined,
-    backend: arg("--backend", "auto") as BackendName, log: (s) => console.log(s),
+    seq,
+    microBatch,
+    gradCkpt,
+    calls,
+    layers: layersArg ? Number(layersArg) : undefined,
+    backend: arg("--backend", "auto") as BackendName,
+    log: (s) => console.log(s),
   });
   console.log("BENCH_JSON " + JSON.stringify(res));
 }
 
-if (require.main === module) main().catch((e) => { console.error(e); process.exitCode = 1; });
+if (require.main === module)
+  main().catch((e) => {
+    console.error(e);
+    process.exitCode = 1;
+  });

@@ -17,24 +17,33 @@ function arg(name: string, dflt: string): string {
   return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
 }
 
-interface Rec { ms: number; n: number }
+interface Rec {
+  ms: number;
+  n: number;
+}
 
 let recording = false;
 const byKey = new Map<string, Rec>();
 
 function instrument(backend: string): void {
   for (const k of tf.getKernelsForBackend(backend)) {
-    const cfg = k as unknown as { kernelName: string; kernelFunc: (a: { inputs: Record<string, tf.TensorInfo> }) => unknown };
+    const cfg = k as unknown as {
+      kernelName: string;
+      kernelFunc: (a: { inputs: Record<string, tf.TensorInfo> }) => unknown;
+    };
     const orig = cfg.kernelFunc;
     cfg.kernelFunc = (a) => {
       if (!recording) return orig(a);
       const t0 = performance.now();
       const r = orig(a);
       const dt = performance.now() - t0;
-      const shapes = Object.values(a.inputs).map((t) => (t ? `[${t.shape.join(",")}]` : "-")).join(" ");
+      const shapes = Object.values(a.inputs)
+        .map((t) => (t ? `[${t.shape.join(",")}]` : "-"))
+        .join(" ");
       const key = `${cfg.kernelName} ${shapes}`;
       const e = byKey.get(key) ?? { ms: 0, n: 0 };
-      e.ms += dt; e.n++;
+      e.ms += dt;
+      e.n++;
       byKey.set(key, e);
       return r;
     };
@@ -54,7 +63,9 @@ function group(key: string, V: number): string {
 }
 
 async function main(): Promise<void> {
-  const seq = Number(arg("--seq", "256")), micro = Number(arg("--micro", "1")), calls = Number(arg("--calls", "3"));
+  const seq = Number(arg("--seq", "256")),
+    micro = Number(arg("--micro", "1")),
+    calls = Number(arg("--calls", "3"));
   const top = Number(arg("--top", "40"));
   const gradCkpt = !process.argv.includes("--no-ckpt");
   const be = await initEngine("wasm");
@@ -68,7 +79,10 @@ async function main(): Promise<void> {
   m.bindParams(w);
   const ids = new Int32Array(micro * seq);
   let s = 12345;
-  for (let i = 0; i < ids.length; i++) { s = (Math.imul(s, 1103515245) + 12345) >>> 0; ids[i] = s % cfg.vocabSize; }
+  for (let i = 0; i < ids.length; i++) {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    ids[i] = s % cfg.vocabSize;
+  }
   const grads = new Float32Array(total);
   m.lossAndGrads(ids, micro, seq, 1, grads); // warm: weight packing
   let wall = 0;
@@ -82,24 +96,46 @@ async function main(): Promise<void> {
   }
   recording = false;
   const per = (ms: number) => ms / calls;
-  let kernelMs = 0, nOps = 0;
-  for (const e of byKey.values()) { kernelMs += e.ms; nOps += e.n; }
+  let kernelMs = 0,
+    nOps = 0;
+  for (const e of byKey.values()) {
+    kernelMs += e.ms;
+    nOps += e.n;
+  }
   const groups = new Map<string, Rec>();
   for (const [k, e] of byKey) {
     const g = group(k, cfg.vocabSize);
     const r = groups.get(g) ?? { ms: 0, n: 0 };
-    r.ms += e.ms; r.n += e.n;
+    r.ms += e.ms;
+    r.n += e.n;
     groups.set(g, r);
   }
-  console.log(`\nstep ${per(wall).toFixed(0)} ms; kernels ${per(kernelMs).toFixed(0)} ms in ${nOps / calls} ops; host-side/dispatch ${per(wall - kernelMs).toFixed(0)} ms`);
+  console.log(
+    `\nstep ${per(wall).toFixed(0)} ms; kernels ${per(kernelMs).toFixed(0)} ms in ${nOps / calls} ops; host-side/dispatch ${per(wall - kernelMs).toFixed(0)} ms`,
+  );
   console.log("\n| op group | ms/step | calls/step |\n|---|---:|---:|");
-  for (const [g, e] of [...groups].sort((a, b) => b[1].ms - a[1].ms)) console.log(`| ${g} | ${per(e.ms).toFixed(1)} | ${e.n / calls} |`);
+  for (const [g, e] of [...groups].sort((a, b) => b[1].ms - a[1].ms))
+    console.log(`| ${g} | ${per(e.ms).toFixed(1)} | ${e.n / calls} |`);
   console.log(`| host side (JS, readHost, addInto, dispatch) | ${per(wall - kernelMs).toFixed(1)} | |`);
   console.log("\n| kernel + input shapes | ms/step | calls/step |\n|---|---:|---:|");
-  for (const [k, e] of [...byKey].sort((a, b) => b[1].ms - a[1].ms).slice(0, top)) console.log(`| ${k} | ${per(e.ms).toFixed(1)} | ${e.n / calls} |`);
-  console.log("PROFILE_JSON " + JSON.stringify({ seq, micro, gradCkpt, step_ms: per(wall), kernel_ms: per(kernelMs), ops: nOps / calls,
-    groups: Object.fromEntries([...groups].map(([g, e]) => [g, +per(e.ms).toFixed(2)])) }));
+  for (const [k, e] of [...byKey].sort((a, b) => b[1].ms - a[1].ms).slice(0, top))
+    console.log(`| ${k} | ${per(e.ms).toFixed(1)} | ${e.n / calls} |`);
+  console.log(
+    "PROFILE_JSON " +
+      JSON.stringify({
+        seq,
+        micro,
+        gradCkpt,
+        step_ms: per(wall),
+        kernel_ms: per(kernelMs),
+        ops: nOps / calls,
+        groups: Object.fromEntries([...groups].map(([g, e]) => [g, +per(e.ms).toFixed(2)])),
+      }),
+  );
   m.dispose();
 }
 
-main().catch((e) => { console.error(e); process.exitCode = 1; });
+main().catch((e) => {
+  console.error(e);
+  process.exitCode = 1;
+});

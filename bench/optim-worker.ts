@@ -8,7 +8,12 @@ import { parentPort } from "node:worker_threads";
 import { ADAMW_DEFAULTS, type DecayRange } from "../src/actors/optim";
 import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 
-export interface OptimWorkerInit { params: SharedArrayBuffer; m: SharedArrayBuffer; v: SharedArrayBuffer; slots: SharedArrayBuffer[] }
+export interface OptimWorkerInit {
+  params: SharedArrayBuffer;
+  m: SharedArrayBuffer;
+  v: SharedArrayBuffer;
+  slots: SharedArrayBuffer[];
+}
 export type OptimCmd =
   | { op: "init"; init: OptimWorkerInit }
   | { op: "reduce"; P: number; lo: number; hi: number; invScale: number }
@@ -21,14 +26,30 @@ parentPort!.on("message", (c: OptimCmd) => {
   const t0 = performance.now();
   let sumSq = 0;
   if (c.op === "init") {
-    views = { params: new Float32Array(c.init.params), m: new Float32Array(c.init.m), v: new Float32Array(c.init.v), slots: c.init.slots.map((s) => new Float32Array(s)) };
+    views = {
+      params: new Float32Array(c.init.params),
+      m: new Float32Array(c.init.m),
+      v: new Float32Array(c.init.v),
+      slots: c.init.slots.map((s) => new Float32Array(s)),
+    };
   } else if (c.op === "reduce") {
     const w = views!;
     const slots = w.slots.map((s) => s.subarray(0, c.P));
     sumSq = reduceSliceSimd(slots, slots[0], c.invScale, c.lo, c.hi).sumSq;
   } else {
     const w = views!;
-    adamwSliceSimd(w.params.subarray(0, c.P), w.m.subarray(0, c.P), w.v.subarray(0, c.P), w.slots[0].subarray(0, c.P), c.ranges, c.lo, c.hi, { lr: c.lr, ...ADAMW_DEFAULTS }, c.coef, c.t);
+    adamwSliceSimd(
+      w.params.subarray(0, c.P),
+      w.m.subarray(0, c.P),
+      w.v.subarray(0, c.P),
+      w.slots[0].subarray(0, c.P),
+      c.ranges,
+      c.lo,
+      c.hi,
+      { lr: c.lr, ...ADAMW_DEFAULTS },
+      c.coef,
+      c.t,
+    );
   }
   parentPort!.postMessage({ op: c.op, ms: performance.now() - t0, sumSq } satisfies OptimReply);
 });

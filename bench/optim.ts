@@ -37,31 +37,55 @@ class Pool {
   constructor(n: number) {
     for (let i = 0; i < n; i++) this.workers.push(new Worker(path.join(__dirname, "optim-worker.js")));
   }
-  get size(): number { return this.workers.length; }
+  get size(): number {
+    return this.workers.length;
+  }
   all(make: (i: number) => OptimCmd): Promise<OptimReply[]> {
-    return Promise.all(this.workers.map((w, i) => new Promise<OptimReply>((resolve, reject) => {
-      const onMsg = (m: OptimReply) => { w.off("error", onErr); resolve(m); };
-      const onErr = (e: Error) => { w.off("message", onMsg); reject(e); };
-      w.once("message", onMsg);
-      w.once("error", onErr);
-      w.postMessage(make(i));
-    })));
+    return Promise.all(
+      this.workers.map(
+        (w, i) =>
+          new Promise<OptimReply>((resolve, reject) => {
+            const onMsg = (m: OptimReply) => {
+              w.off("error", onErr);
+              resolve(m);
+            };
+            const onErr = (e: Error) => {
+              w.off("message", onMsg);
+              reject(e);
+            };
+            w.once("message", onMsg);
+            w.once("error", onErr);
+            w.postMessage(make(i));
+          }),
+      ),
+    );
   }
   async close(): Promise<void> {
     await Promise.all(this.workers.map((w) => w.terminate()));
   }
 }
 
-export async function runOptimCase(o: { sizes: number[]; world: number; threads: number; warmup: number; steps: number; log: (s: string) => void }): Promise<BenchRow[]> {
+export async function runOptimCase(o: {
+  sizes: number[];
+  world: number;
+  threads: number;
+  warmup: number;
+  steps: number;
+  log: (s: string) => void;
+}): Promise<BenchRow[]> {
   const maxP = Math.max(...o.sizes);
   const f32 = () => new SharedArrayBuffer(maxP * 4);
   const bufs = { params: f32(), m: f32(), v: f32(), slots: Array.from({ length: o.world }, f32) };
-  const params = new Float32Array(bufs.params), m = new Float32Array(bufs.m), v = new Float32Array(bufs.v);
+  const params = new Float32Array(bufs.params),
+    m = new Float32Array(bufs.m),
+    v = new Float32Array(bufs.v);
   const slots = bufs.slots.map((b) => new Float32Array(b));
   // Plausible values: weights ~0.02, grads ~1e-3 * scale-ish, moments small and positive.
   for (let i = 0; i < maxP; i++) {
     const u = ((i * 2654435761) >>> 0) / 4294967296 - 0.5;
-    params[i] = 0.04 * u; m[i] = 1e-4 * u; v[i] = 1e-8 * (1 + u);
+    params[i] = 0.04 * u;
+    m[i] = 1e-4 * u;
+    v[i] = 1e-8 * (1 + u);
     for (let s = 0; s < o.world; s++) slots[s][i] = 65536 * 1e-3 * (u + 0.01 * s);
   }
   // Both modes run in worker threads of their own (a fresh isolate each, as a rank is), so the JIT
@@ -87,30 +111,67 @@ export async function runOptimCase(o: { sizes: number[]; world: number; threads:
         const rr = await p.all((i) => ({ op: "reduce", P, lo: parts[i][0], hi: parts[i][1], invScale }));
         const b = performance.now();
         const norm = Math.sqrt(rr.reduce((x, y) => x + y.sumSq, 0));
-        await p.all((i) => ({ op: "update", P, lo: parts[i][0], hi: parts[i][1], ranges, lr: hyper.lr, coef: Math.min(1, 1 / (norm + 1e-6)), t: t++ }));
+        await p.all((i) => ({
+          op: "update",
+          P,
+          lo: parts[i][0],
+          hi: parts[i][1],
+          ranges,
+          lr: hyper.lr,
+          coef: Math.min(1, 1 / (norm + 1e-6)),
+          t: t++,
+        }));
         const c = performance.now();
-        if (keep) { acc.reduce.push(b - a); acc.update.push(c - b); acc.total.push(c - a); }
+        if (keep) {
+          acc.reduce.push(b - a);
+          acc.update.push(c - b);
+          acc.total.push(c - a);
+        }
       };
       for (let k = 0; k < o.warmup + o.steps; k++) {
         const keep = k >= o.warmup;
         // alternate which goes first, so neither always runs on a cache the other just warmed
-        if (k % 2 === 0) { await step(single, one, keep); await step(pool, split, keep); }
-        else { await step(pool, split, keep); await step(single, one, keep); }
+        if (k % 2 === 0) {
+          await step(single, one, keep);
+          await step(pool, split, keep);
+        } else {
+          await step(pool, split, keep);
+          await step(single, one, keep);
+        }
       }
-      const reduceBytes = P * (o.world + 1) * 4, updateBytes = P * 7 * 4;
-      for (const [label, xs, threads] of [["optim-1thread", one, 1], [`optim-${pool.size}threads`, split, pool.size]] as const) {
-        const tot = summarize(xs.total), red = median(xs.reduce), upd = median(xs.update);
+      const reduceBytes = P * (o.world + 1) * 4,
+        updateBytes = P * 7 * 4;
+      for (const [label, xs, threads] of [
+        ["optim-1thread", one, 1],
+        [`optim-${pool.size}threads`, split, pool.size],
+      ] as const) {
+        const tot = summarize(xs.total),
+          red = median(xs.reduce),
+          upd = median(xs.update);
         const row: BenchRow = {
-          case: label, backend: "js", world: o.world, params: P, seq_len: null, micro_batch: null,
-          step_ms_median: r(tot.median), tok_per_s: null, threads,
-          step_ms_p25: r(tot.p25), step_ms_p75: r(tot.p75), steps_timed: tot.n,
-          reduce_ms_median: r(red), update_ms_median: r(upd),
-          reduce_gb_per_s: r(reduceBytes / (red / 1000) / 1e9, 2), update_gb_per_s: r(updateBytes / (upd / 1000) / 1e9, 2),
+          case: label,
+          backend: "js",
+          world: o.world,
+          params: P,
+          seq_len: null,
+          micro_batch: null,
+          step_ms_median: r(tot.median),
+          tok_per_s: null,
+          threads,
+          step_ms_p25: r(tot.p25),
+          step_ms_p75: r(tot.p75),
+          steps_timed: tot.n,
+          reduce_ms_median: r(red),
+          update_ms_median: r(upd),
+          reduce_gb_per_s: r(reduceBytes / (red / 1000) / 1e9, 2),
+          update_gb_per_s: r(updateBytes / (upd / 1000) / 1e9, 2),
           total_gb_per_s: r((reduceBytes + updateBytes) / (tot.median / 1000) / 1e9, 2),
           bytes_per_step: reduceBytes + updateBytes,
         };
         rows.push(row);
-        o.log(`  ${label.padEnd(15)} P=${(P / 1e6).toFixed(1)}M: ${row.step_ms_median} ms (reduce ${row.reduce_ms_median} ms ${row.reduce_gb_per_s} GB/s, adamw ${row.update_ms_median} ms ${row.update_gb_per_s} GB/s)`);
+        o.log(
+          `  ${label.padEnd(15)} P=${(P / 1e6).toFixed(1)}M: ${row.step_ms_median} ms (reduce ${row.reduce_ms_median} ms ${row.reduce_gb_per_s} GB/s, adamw ${row.update_ms_median} ms ${row.update_gb_per_s} GB/s)`,
+        );
       }
     }
   } finally {

@@ -1,18 +1,48 @@
 /** The markdown table of one bench run (bench/results/latest.md). */
 import type { BenchRow } from "./steps";
 
-export interface Ratio { ratio: string; value: number | null; target: string | null; met: boolean | null; num: string; den: string; value_best_steps?: number | null; note?: string }
-
-export interface Machine {
-  cpu: string; cores: number; available_parallelism: number; total_mem_gb: number; node: string; platform: string; date: string; load_avg_1m_start: number;
-  /** cores a spin probe of availableParallelism threads actually got, at the start and at the end of the run */
-  cores_available_start?: number; cores_available_end?: number;
+export interface Ratio {
+  ratio: string;
+  value: number | null;
+  target: string | null;
+  met: boolean | null;
+  num: string;
+  den: string;
+  value_best_steps?: number | null;
+  note?: string;
 }
 
-const fmt = (v: unknown): string => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? v.toLocaleString("en-US") : String(v)) : String(v));
+export interface Machine {
+  cpu: string;
+  cores: number;
+  available_parallelism: number;
+  total_mem_gb: number;
+  node: string;
+  platform: string;
+  date: string;
+  load_avg_1m_start: number;
+  /** cores a spin probe of availableParallelism threads actually got, at the start and at the end of the run */
+  cores_available_start?: number;
+  cores_available_end?: number;
+}
+
+const fmt = (v: unknown): string =>
+  v === null || v === undefined
+    ? "–"
+    : typeof v === "number"
+      ? Number.isInteger(v)
+        ? v.toLocaleString("en-US")
+        : String(v)
+      : String(v);
 
 export function markdown(o: {
-  machine: Machine; shape: Record<string, unknown>; rows: BenchRow[]; ratios: Ratio[]; notes: string[]; wallS: number; command: string;
+  machine: Machine;
+  shape: Record<string, unknown>;
+  rows: BenchRow[];
+  ratios: Ratio[];
+  notes: string[];
+  wallS: number;
+  command: string;
 }): string {
   const L: string[] = [];
   const m = o.machine;
@@ -20,8 +50,13 @@ export function markdown(o: {
   L.push(`Run ${m.date} · \`${o.command}\` · ${o.wallS.toFixed(0)} s wall`, "");
   L.push(`| machine | |`, `|---|---|`);
   L.push(`| CPU | ${m.cpu} |`, `| cores (os.cpus / availableParallelism) | ${m.cores} / ${m.available_parallelism} |`);
-  L.push(`| memory | ${m.total_mem_gb} GB |`, `| node | ${m.node} (${m.platform}) |`, `| load average at start (1 min) | ${m.load_avg_1m_start} |`,
-    `| cores a ${m.available_parallelism}-thread spin probe got (start / end) | ${fmt(m.cores_available_start)} / ${fmt(m.cores_available_end)} |`, "");
+  L.push(
+    `| memory | ${m.total_mem_gb} GB |`,
+    `| node | ${m.node} (${m.platform}) |`,
+    `| load average at start (1 min) | ${m.load_avg_1m_start} |`,
+    `| cores a ${m.available_parallelism}-thread spin probe got (start / end) | ${fmt(m.cores_available_start)} / ${fmt(m.cores_available_end)} |`,
+    "",
+  );
   L.push(`| shape | |`, `|---|---|`);
   for (const [k, v] of Object.entries(o.shape)) L.push(`| ${k} | ${fmt(v)} |`);
   L.push("");
@@ -29,39 +64,70 @@ export function markdown(o: {
   const steps = o.rows.filter((x) => !String(x.case).startsWith("optim-") && !isGemm(x));
   if (steps.length) {
     L.push(`## Step cost (median of timed steps after warm-up)`, "");
-    L.push(`| case | backend | world | params | seq | micro | accum | tok/step | step ms (median) | p25–p75 | tok/s | compute / reduce / update / overhead ms | cores busy | tok/CPU-s | n |`);
+    L.push(
+      `| case | backend | world | params | seq | micro | accum | tok/step | step ms (median) | p25–p75 | tok/s | compute / reduce / update / overhead ms | cores busy | tok/CPU-s | n |`,
+    );
     L.push(`|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|`);
     for (const x of steps) {
       const q = x.step_ms_p25 !== undefined ? `${fmt(x.step_ms_p25)}–${fmt(x.step_ms_p75)}` : "–";
-      const parts = x.compute_ms_median !== undefined ? `${fmt(x.compute_ms_median)} / ${fmt(x.reduce_ms_median)} / ${fmt(x.update_ms_median)} / ${fmt(x.overhead_ms_median)}` : "–";
-      L.push(`| ${x.case} | ${x.backend} | ${fmt(x.world)} | ${fmt(x.params)} | ${fmt(x.seq_len)} | ${fmt(x.micro_batch)} | ${fmt(x.accum)} | ${fmt(x.tokens_per_step)} | ${fmt(x.step_ms_median)} | ${q} | ${fmt(x.tok_per_s)} | ${parts} | ${fmt(x.cpu_util_median)} | ${fmt(x.tok_per_cpu_s)} | ${fmt(x.steps_timed)} |`);
+      const parts =
+        x.compute_ms_median !== undefined
+          ? `${fmt(x.compute_ms_median)} / ${fmt(x.reduce_ms_median)} / ${fmt(x.update_ms_median)} / ${fmt(x.overhead_ms_median)}`
+          : "–";
+      L.push(
+        `| ${x.case} | ${x.backend} | ${fmt(x.world)} | ${fmt(x.params)} | ${fmt(x.seq_len)} | ${fmt(x.micro_batch)} | ${fmt(x.accum)} | ${fmt(x.tokens_per_step)} | ${fmt(x.step_ms_median)} | ${q} | ${fmt(x.tok_per_s)} | ${parts} | ${fmt(x.cpu_util_median)} | ${fmt(x.tok_per_cpu_s)} | ${fmt(x.steps_timed)} |`,
+      );
     }
     L.push("");
   }
   const opt = o.rows.filter((x) => String(x.case).startsWith("optim-"));
   if (opt.length) {
-    L.push(`## Gradient average + AdamW alone (reduce over ${fmt(opt[0].world)} slots, then AdamW; float32 in SharedArrayBuffers)`, "");
-    L.push(`Bytes per element: reduce (world+1)×4 (reads every slot, writes slot 0), AdamW 7×4 (reads params, m, v, g; writes params, m, v).`, "");
-    L.push(`| case | params | threads | step ms (median) | reduce ms | reduce GB/s | AdamW ms | AdamW GB/s | total GB/s | n |`);
+    L.push(
+      `## Gradient average + AdamW alone (reduce over ${fmt(opt[0].world)} slots, then AdamW; float32 in SharedArrayBuffers)`,
+      "",
+    );
+    L.push(
+      `Bytes per element: reduce (world+1)×4 (reads every slot, writes slot 0), AdamW 7×4 (reads params, m, v, g; writes params, m, v).`,
+      "",
+    );
+    L.push(
+      `| case | params | threads | step ms (median) | reduce ms | reduce GB/s | AdamW ms | AdamW GB/s | total GB/s | n |`,
+    );
     L.push(`|---|---|---|---|---|---|---|---|---|---|`);
     for (const x of opt) {
-      L.push(`| ${x.case} | ${fmt(x.params)} | ${fmt(x.threads)} | ${fmt(x.step_ms_median)} | ${fmt(x.reduce_ms_median)} | ${fmt(x.reduce_gb_per_s)} | ${fmt(x.update_ms_median)} | ${fmt(x.update_gb_per_s)} | ${fmt(x.total_gb_per_s)} | ${fmt(x.steps_timed)} |`);
+      L.push(
+        `| ${x.case} | ${fmt(x.params)} | ${fmt(x.threads)} | ${fmt(x.step_ms_median)} | ${fmt(x.reduce_ms_median)} | ${fmt(x.reduce_gb_per_s)} | ${fmt(x.update_ms_median)} | ${fmt(x.update_gb_per_s)} | ${fmt(x.total_gb_per_s)} | ${fmt(x.steps_timed)} |`,
+      );
     }
     L.push("");
   }
   const gemm = o.rows.filter(isGemm);
   if (gemm.length) {
     L.push(`## Built-in GEMM against the core's FMA peak (the gemm case; per shape: gemm-shapes.md)`, "");
-    L.push(`| case | GFLOP/s (peak probe) | lowest / median fraction of peak over the model's shapes | shapes |`, `|---|---|---|---|`);
-    for (const x of gemm) L.push(`| ${x.case} | ${fmt(x.gflops)} | ${x.min_of_peak === undefined ? "–" : `${fmt(x.min_of_peak)} / ${fmt(x.median_of_peak)}`} | ${fmt(x.shapes)} |`);
+    L.push(
+      `| case | GFLOP/s (peak probe) | lowest / median fraction of peak over the model's shapes | shapes |`,
+      `|---|---|---|---|`,
+    );
+    for (const x of gemm)
+      L.push(
+        `| ${x.case} | ${fmt(x.gflops)} | ${x.min_of_peak === undefined ? "–" : `${fmt(x.min_of_peak)} / ${fmt(x.median_of_peak)}`} | ${fmt(x.shapes)} |`,
+      );
     L.push("");
   }
   if (o.ratios.length) {
     L.push(`## Ratios (computed within this run)`, "");
-    L.push(`"from fastest steps" = the same ratio from each case's fastest timed step (an upper bound when the machine is shared).`, "");
-    L.push(`| ratio | value (medians) | from fastest steps | target | met | numerator / denominator |`, `|---|---|---|---|---|---|`);
+    L.push(
+      `"from fastest steps" = the same ratio from each case's fastest timed step (an upper bound when the machine is shared).`,
+      "",
+    );
+    L.push(
+      `| ratio | value (medians) | from fastest steps | target | met | numerator / denominator |`,
+      `|---|---|---|---|---|---|`,
+    );
     for (const x of o.ratios) {
-      L.push(`| ${x.ratio} | ${fmt(x.value)} | ${fmt(x.value_best_steps)} | ${x.target ?? "–"} | ${x.met === null ? "–" : x.met ? "yes" : "**no**"} | ${x.num} / ${x.den}${x.note ? ` (${x.note})` : ""} |`);
+      L.push(
+        `| ${x.ratio} | ${fmt(x.value)} | ${fmt(x.value_best_steps)} | ${x.target ?? "–"} | ${x.met === null ? "–" : x.met ? "yes" : "**no**"} | ${x.num} / ${x.den}${x.note ? ` (${x.note})` : ""} |`,
+      );
     }
     L.push("");
   }

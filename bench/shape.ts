@@ -19,9 +19,24 @@ import type { LrShape } from "../src/actors/optim";
 export type ModelName = "small" | "demo" | "frozen";
 
 /** Layer count and width per --model; vocab 4096 = the demo tokenizer's, 0 = the frozen 49,152. */
-export const MODELS: Record<ModelName, { layers?: number; hidden?: number; vocab?: number; data: "demo" | "synthetic"; note: string }> = {
-  small: { layers: 4, hidden: 216, vocab: 4096, data: "demo", note: "4 layers, width 216 (GQA 9/3, ffn 576), vocab 4096: ~2.9M params" },
-  demo: { layers: 4, hidden: 144, vocab: 4096, data: "demo", note: "the --demo model: 4 layers, width 144, vocab 4096: ~1.4M params" },
+export const MODELS: Record<
+  ModelName,
+  { layers?: number; hidden?: number; vocab?: number; data: "demo" | "synthetic"; note: string }
+> = {
+  small: {
+    layers: 4,
+    hidden: 216,
+    vocab: 4096,
+    data: "demo",
+    note: "4 layers, width 216 (GQA 9/3, ffn 576), vocab 4096: ~2.9M params",
+  },
+  demo: {
+    layers: 4,
+    hidden: 144,
+    vocab: 4096,
+    data: "demo",
+    note: "the --demo model: 4 layers, width 144, vocab 4096: ~1.4M params",
+  },
   frozen: { data: "synthetic", note: "the frozen 106M shape (M1), buildConfig({seqLen})" },
 };
 
@@ -56,12 +71,20 @@ export function scratchDir(): string {
 }
 
 export async function buildShape(o: {
-  model: ModelName; seqLen: number; microBatch: number; accum: number; backend: BackendName; gradCkpt: boolean;
-  scratch: string; windowsNeeded: number; log: (s: string) => void;
+  model: ModelName;
+  seqLen: number;
+  microBatch: number;
+  accum: number;
+  backend: BackendName;
+  gradCkpt: boolean;
+  scratch: string;
+  windowsNeeded: number;
+  log: (s: string) => void;
 }): Promise<Shape> {
   const spec = MODELS[o.model];
   const model = buildConfig({ seqLen: o.seqLen, layers: spec.layers, hidden: spec.hidden, vocabSize: spec.vocab });
-  let root: string, demoDir: string | null = null;
+  let root: string,
+    demoDir: string | null = null;
   if (spec.data === "demo") {
     demoDir = path.join(os.tmpdir(), "tsbench-demo-mix");
     const t0 = performance.now();
@@ -77,22 +100,45 @@ export async function buildShape(o: {
     if (sec > 2) o.log(`built the demo mix in ${sec.toFixed(0)} s (cached in ${demoDir} for later runs)`);
   } else {
     const trainTokens = Math.max(64 * 1024, Math.ceil(o.windowsNeeded * 1.25) * o.seqLen);
-    root = writeSyntheticMix({ vocab: model.vocabSize, trainTokens, valTokens: 4 * o.seqLen, shards: 2, seed: 7, dir: path.join(o.scratch, "mix") }).root;
+    root = writeSyntheticMix({
+      vocab: model.vocabSize,
+      trainTokens,
+      valTokens: 4 * o.seqLen,
+      shards: 2,
+      seed: 7,
+      dir: path.join(o.scratch, "mix"),
+    }).root;
   }
   const manifest = readManifest(root);
-  if (manifest.vocab_size > model.vocabSize) throw new Error(`mix vocab ${manifest.vocab_size} > model vocab ${model.vocabSize}`);
+  if (manifest.vocab_size > model.vocabSize)
+    throw new Error(`mix vocab ${manifest.vocab_size} > model vocab ${model.vocabSize}`);
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(o.seqLen);
   store.close();
   if (nWindows < o.windowsNeeded) {
-    throw new Error(`the ${spec.data} mix has ${nWindows} windows of ${o.seqLen} tokens; this bench needs ${o.windowsNeeded}. Use fewer --steps, a smaller --micro-batch/--accum or a shorter --seq.`);
+    throw new Error(
+      `the ${spec.data} mix has ${nWindows} windows of ${o.seqLen} tokens; this bench needs ${o.windowsNeeded}. Use fewer --steps, a smaller --micro-batch/--accum or a shorter --seq.`,
+    );
   }
   return {
-    modelName: o.model, model, params: countParams(model).sum_numel, seqLen: o.seqLen, microBatch: o.microBatch, accum: o.accum,
-    backend: o.backend, gradCkpt: o.gradCkpt, seed: DEFAULT_SEED, dataSeed: DEFAULT_SEED, root, demoDir, dataKind: spec.data,
-    fingerprint: mixFingerprint(root, manifest), nWindows,
+    modelName: o.model,
+    model,
+    params: countParams(model).sum_numel,
+    seqLen: o.seqLen,
+    microBatch: o.microBatch,
+    accum: o.accum,
+    backend: o.backend,
+    gradCkpt: o.gradCkpt,
+    seed: DEFAULT_SEED,
+    dataSeed: DEFAULT_SEED,
+    root,
+    demoDir,
+    dataKind: spec.data,
+    fingerprint: mixFingerprint(root, manifest),
+    nWindows,
     // the LR factor is constant and small after warmup: the bench measures cost, not convergence
-    lrShape: { warmup: 100, decayStart: 1_000_000, total: 1_000_000 }, lr: 6e-4,
+    lrShape: { warmup: 100, decayStart: 1_000_000, total: 1_000_000 },
+    lr: 6e-4,
   };
 }
 

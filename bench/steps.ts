@@ -25,7 +25,14 @@ import { permShaOf, tokensPerStep, type Shape } from "./shape";
 import { median, r, summarize } from "./stats";
 
 /** cpuMs: CPU time of this whole process (every thread: main + rank workers) during the step. */
-export interface StepSample { ms: number; cpuMs: number; computeMs: number; reduceMs: number; updateMs: number; loss: number }
+export interface StepSample {
+  ms: number;
+  cpuMs: number;
+  computeMs: number;
+  reduceMs: number;
+  updateMs: number;
+  loss: number;
+}
 
 /** One case that can take a step: its label, its world and its backend as actually built. */
 export interface Runner {
@@ -46,27 +53,52 @@ async function timed(f: () => Promise<StepResult> | StepResult): Promise<StepSam
   const res = await f();
   const ms = performance.now() - a;
   const c = process.cpuUsage(c0);
-  return { ms, cpuMs: (c.user + c.system) / 1000, computeMs: res.computeMs, reduceMs: res.reduceMs, updateMs: res.updateMs, loss: res.loss };
+  return {
+    ms,
+    cpuMs: (c.user + c.system) / 1000,
+    computeMs: res.computeMs,
+    reduceMs: res.reduceMs,
+    updateMs: res.updateMs,
+    loss: res.loss,
+  };
 }
 
 /** Case 1: the whole step in this thread (no workers, no shared memory). */
 export async function localRunner(s: Shape, world = 1): Promise<Runner> {
   const t = await SingleThreadTrainer.create({
-    model: s.model, gradCkpt: s.gradCkpt, backend: s.backend, root: s.root, seqLen: s.seqLen, dataSeed: s.dataSeed,
-    world, accum: s.accum, microBatch: s.microBatch, seed: s.seed,
+    model: s.model,
+    gradCkpt: s.gradCkpt,
+    backend: s.backend,
+    root: s.root,
+    seqLen: s.seqLen,
+    dataSeed: s.dataSeed,
+    world,
+    accum: s.accum,
+    microBatch: s.microBatch,
+    seed: s.seed,
   });
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   let i = 0;
   return {
-    name: "single-thread", world, backend: t.backend, backendDetail: `${t.backend} in the bench's main thread`,
+    name: "single-thread",
+    world,
+    backend: t.backend,
+    backendDetail: `${t.backend} in the bench's main thread`,
     step: () => timed(() => t.step(i++, pos, s.lr, s.lrShape)),
-    async close() { t.dispose(); },
+    async close() {
+      t.dispose();
+    },
   };
 }
 
 async function spawnCoordinator(s: Shape, world: number, gemm: GemmChoice = "builtin"): Promise<Coordinator> {
   const coord = Coordinator.create({
-    world, model: s.model, gradCkpt: s.gradCkpt, backend: s.backend, native: { gemm, isa: "auto" }, fault: null,
+    world,
+    model: s.model,
+    gradCkpt: s.gradCkpt,
+    backend: s.backend,
+    native: { gemm, isa: "auto" },
+    fault: null,
     data: { root: s.root, seqLen: s.seqLen, dataSeed: s.dataSeed, microBatch: s.microBatch, accum: s.accum, nVal: 0 },
   });
   initWeights(s.model, s.seed, coord.views.params);
@@ -85,7 +117,10 @@ export async function actorRunner(s: Shape, world: number, gemm: GemmChoice = "b
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   let i = 0;
   return {
-    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}`, world, backend: coord.backendInfo.backend, backendDetail: coord.backendInfo.detail,
+    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}`,
+    world,
+    backend: coord.backendInfo.backend,
+    backendDetail: coord.backendInfo.detail,
     step: () => timed(() => coord.step(i++, pos, s.lr, s.lrShape)),
     memory: async () => memoryFields(await coord.memory()),
     close: () => coord.close(),
@@ -95,7 +130,9 @@ export async function actorRunner(s: Shape, world: number, gemm: GemmChoice = "b
 function memoryFields(mem: RankMemory[]): Record<string, unknown> {
   const mb = (n: number) => Math.round(n / 1e6);
   return {
-    rank_heap_peak_mb: mem.map((m) => mb(m.heapPeakBytes)), rank_tf_peak_mb: mem.map((m) => mb(m.tfPeakBytes)), rank_wasm_heap_mb: mem.map((m) => mb(m.wasmHeapBytes)),
+    rank_heap_peak_mb: mem.map((m) => mb(m.heapPeakBytes)),
+    rank_tf_peak_mb: mem.map((m) => mb(m.tfPeakBytes)),
+    rank_wasm_heap_mb: mem.map((m) => mb(m.wasmHeapBytes)),
     process_rss_mb: mb(process.memoryUsage().rss),
   };
 }
@@ -107,23 +144,35 @@ function memoryFields(mem: RankMemory[]): Record<string, unknown> {
  * interleaved case (and not the --benchmark subprocess, which runs alone). Otherwise each runner runs
  * back to back. Returns the timed samples.
  */
-export async function runSteps(runners: Runner[], warmup: number, steps: number, interleave: boolean, log: (s: string) => void, rewarm = 1): Promise<Map<Runner, StepSample[]>> {
+export async function runSteps(
+  runners: Runner[],
+  warmup: number,
+  steps: number,
+  interleave: boolean,
+  log: (s: string) => void,
+  rewarm = 1,
+): Promise<Map<Runner, StepSample[]>> {
   const out = new Map<Runner, StepSample[]>(runners.map((x) => [x, []]));
   const one = async (x: Runner, label: string, keep: boolean) => {
     const smp = await x.step();
     if (keep) out.get(x)!.push(smp);
-    log(`  ${x.name.padEnd(14)} ${label}: ${smp.ms.toFixed(0)} ms, ${(smp.cpuMs / smp.ms).toFixed(2)} cores busy (compute ${smp.computeMs.toFixed(0)}, reduce ${smp.reduceMs.toFixed(0)}, update ${smp.updateMs.toFixed(0)}) loss ${smp.loss.toFixed(4)}`);
+    log(
+      `  ${x.name.padEnd(14)} ${label}: ${smp.ms.toFixed(0)} ms, ${(smp.cpuMs / smp.ms).toFixed(2)} cores busy (compute ${smp.computeMs.toFixed(0)}, reduce ${smp.reduceMs.toFixed(0)}, update ${smp.updateMs.toFixed(0)}) loss ${smp.loss.toFixed(4)}`,
+    );
   };
   if (interleave) {
     for (let k = 0; k < warmup + steps; k++) {
       for (let j = 0; j < runners.length; j++) {
         const x = runners[(j + k) % runners.length];
-        if (k >= warmup) for (let w = 0; w < rewarm; w++) await one(x, `re-warm before timed step ${k - warmup + 1}/${steps}`, false);
+        if (k >= warmup)
+          for (let w = 0; w < rewarm; w++) await one(x, `re-warm before timed step ${k - warmup + 1}/${steps}`, false);
         await one(x, k < warmup ? `warm-up ${k + 1}/${warmup}` : `timed step ${k - warmup + 1}/${steps}`, k >= warmup);
       }
     }
   } else {
-    for (const x of runners) for (let k = 0; k < warmup + steps; k++) await one(x, k < warmup ? `warm-up ${k + 1}/${warmup}` : `timed step ${k - warmup + 1}/${steps}`, k >= warmup);
+    for (const x of runners)
+      for (let k = 0; k < warmup + steps; k++)
+        await one(x, k < warmup ? `warm-up ${k + 1}/${warmup}` : `timed step ${k - warmup + 1}/${steps}`, k >= warmup);
   }
   return out;
 }
@@ -140,14 +189,33 @@ export interface BenchRow {
   [k: string]: unknown;
 }
 
-export function stepRow(s: Shape, caseName: string, world: number, backend: string, xs: StepSample[], extra: Record<string, unknown> = {}): BenchRow {
+export function stepRow(
+  s: Shape,
+  caseName: string,
+  world: number,
+  backend: string,
+  xs: StepSample[],
+  extra: Record<string, unknown> = {},
+): BenchRow {
   const ms = summarize(xs.map((x) => x.ms));
   const tps = tokensPerStep(s, world);
   return {
-    case: caseName, backend, world, params: s.params, seq_len: s.seqLen, micro_batch: s.microBatch, accum: s.accum,
-    tokens_per_step: tps, step_ms_median: r(ms.median), tok_per_s: r((tps / ms.median) * 1000),
-    step_ms_p25: r(ms.p25), step_ms_p75: r(ms.p75), step_ms_min: r(ms.min), steps_timed: ms.n,
-    compute_ms_median: r(median(xs.map((x) => x.computeMs))), reduce_ms_median: r(median(xs.map((x) => x.reduceMs))),
+    case: caseName,
+    backend,
+    world,
+    params: s.params,
+    seq_len: s.seqLen,
+    micro_batch: s.microBatch,
+    accum: s.accum,
+    tokens_per_step: tps,
+    step_ms_median: r(ms.median),
+    tok_per_s: r((tps / ms.median) * 1000),
+    step_ms_p25: r(ms.p25),
+    step_ms_p75: r(ms.p75),
+    step_ms_min: r(ms.min),
+    steps_timed: ms.n,
+    compute_ms_median: r(median(xs.map((x) => x.computeMs))),
+    reduce_ms_median: r(median(xs.map((x) => x.reduceMs))),
     update_ms_median: r(median(xs.map((x) => x.updateMs))),
     // how many cores the process kept busy during a step (world N ideally ~N; less = the machine was contended)
     cpu_util_median: r(median(xs.map((x) => x.cpuMs / x.ms)), 2),
@@ -155,14 +223,24 @@ export function stepRow(s: Shape, caseName: string, world: number, backend: stri
     tok_per_cpu_s: r((tps * xs.length) / (xs.reduce((a, x) => a + x.cpuMs, 0) / 1000)),
     tok_per_s_best: r((tps / ms.min) * 1000),
     // what the step cost beyond the ranks' own compute/reduce/update: messages, barriers, scheduling
-    overhead_ms_median: r(median(xs.map((x) => x.ms - x.computeMs - x.reduceMs - x.updateMs))), loss_last: xs.length ? r(xs[xs.length - 1].loss, 4) : null,
-    model: s.modelName, grad_ckpt: s.gradCkpt, ...extra,
+    overhead_ms_median: r(median(xs.map((x) => x.ms - x.computeMs - x.reduceMs - x.updateMs))),
+    loss_last: xs.length ? r(xs[xs.length - 1].loss, 4) : null,
+    model: s.modelName,
+    grad_ckpt: s.gradCkpt,
+    ...extra,
   };
 }
 
 // ------------------------------------------------------------------ case 5: upload stall
 
-export interface UploadResult { quiet: StepSample[]; overlap: StepSample[]; stageMs: number[]; uploads: { step: number; seconds: number; ok: boolean | null; pushVerifySeconds: number | null }[]; backend: string; detail: string }
+export interface UploadResult {
+  quiet: StepSample[];
+  overlap: StepSample[];
+  stageMs: number[];
+  uploads: { step: number; seconds: number; ok: boolean | null; pushVerifySeconds: number | null }[];
+  backend: string;
+  detail: string;
+}
 
 /**
  * The actor runtime at `world` with the uploader pushing to an embedded LocalHub on loopback (the
@@ -180,7 +258,19 @@ function threadIds(): Set<number> {
   }
 }
 
-export async function runUploadCase(s: Shape, world: number, o: { warmup: number; steps: number; scratch: string; quietRun?: number; maxUploads?: number; niceUploader?: boolean; log: (s: string) => void }): Promise<UploadResult> {
+export async function runUploadCase(
+  s: Shape,
+  world: number,
+  o: {
+    warmup: number;
+    steps: number;
+    scratch: string;
+    quietRun?: number;
+    maxUploads?: number;
+    niceUploader?: boolean;
+    log: (s: string) => void;
+  },
+): Promise<UploadResult> {
   const dir = fs.mkdtempSync(path.join(o.scratch, `upload-w${world}-`));
   const hub = new LocalHub({ dir: path.join(dir, "hub") });
   const url = await hub.start();
@@ -192,20 +282,37 @@ export async function runUploadCase(s: Shape, world: number, o: { warmup: number
     coord = await spawnCoordinator(s, world);
     const runDir = path.join(dir, "run");
     const before = threadIds();
-    await coord.startUploader({ hub: { hubUrl: url, repo, repoType: "dataset" }, prune: false, minFreeGb: 0, keepLocal: 1, runDir });
+    await coord.startUploader({
+      hub: { hubUrl: url, repo, repoType: "dataset" },
+      prune: false,
+      minFreeGb: 0,
+      keepLocal: 1,
+      runDir,
+    });
     if (o.niceUploader) {
       // Experiment (--upload-nice): lower the uploader worker's OS priority. On Linux setpriority()
       // takes a thread id, so the threads that appeared with the uploader are niced, nothing else.
       const fresh = [...threadIds()].filter((t) => !before.has(t));
       for (const tid of fresh) {
-        try { os.setPriority(tid, 19); } catch (e) { o.log(`  could not renice thread ${tid}: ${(e as Error).message}`); }
+        try {
+          os.setPriority(tid, 19);
+        } catch (e) {
+          o.log(`  could not renice thread ${tid}: ${(e as Error).message}`);
+        }
       }
       o.log(`  reniced the uploader's ${fresh.length} new thread(s) to 19: ${fresh.join(", ")}`);
     }
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
     const seqsPerStep = s.microBatch * world * s.accum;
     const pSha = permShaOf(s);
-    const res: UploadResult = { quiet: [], overlap: [], stageMs: [], uploads: [], backend: coord.backendInfo.backend, detail: coord.backendInfo.detail };
+    const res: UploadResult = {
+      quiet: [],
+      overlap: [],
+      stageMs: [],
+      uploads: [],
+      backend: coord.backendInfo.backend,
+      detail: coord.backendInfo.detail,
+    };
     let step = 0;
     const take = (): Promise<StepSample> => timed(() => coord!.step(step++, pos, s.lr, s.lrShape));
     for (let k = 0; k < o.warmup; k++) {
@@ -225,26 +332,65 @@ export async function runUploadCase(s: Shape, world: number, o: { warmup: number
       const done = step;
       const pathInRepo = checkpointRepoPath(done);
       const trainerState: TrainerState = {
-        format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
-        lr_shape: s.lrShape, seqs_per_step: seqsPerStep, log_history: [],
+        format: "tstrain-trainer-state/1",
+        step: done,
+        opt_steps: pos.optSteps,
+        skipped_steps: pos.skipped,
+        scaler: pos.scaler,
+        lr_shape: s.lrShape,
+        seqs_per_step: seqsPerStep,
+        log_history: [],
       };
-      const cursor = makeCursor({ step: done, seqsPerStep, seqLen: s.seqLen, seed: s.dataSeed, fingerprint: s.fingerprint, permSha: pSha });
-      const pointer = makePointer({ pathInRepo, step: done, seqsPerStep, seqLen: s.seqLen, fingerprint: s.fingerprint, seed: s.dataSeed });
+      const cursor = makeCursor({
+        step: done,
+        seqsPerStep,
+        seqLen: s.seqLen,
+        seed: s.dataSeed,
+        fingerprint: s.fingerprint,
+        permSha: pSha,
+      });
+      const pointer = makePointer({
+        pathInRepo,
+        step: done,
+        seqsPerStep,
+        seqLen: s.seqLen,
+        fingerprint: s.fingerprint,
+        seed: s.dataSeed,
+      });
       const t0 = performance.now();
       const job = coord.stageCheckpoint({
-        step: done, dir: checkpointDir(runDir, done),
-        docs: checkpointDocs({ trainerState, cursor, hfConfig: hfConfigJson(s.model), runConfig: { bench: "upload-stall", world, model: s.modelName } }),
+        step: done,
+        dir: checkpointDir(runDir, done),
+        docs: checkpointDocs({
+          trainerState,
+          cursor,
+          hfConfig: hfConfigJson(s.model),
+          runConfig: { bench: "upload-stall", world, model: s.modelName },
+        }),
         publish: { pathInRepo, pointer, loss: null },
       });
       res.stageMs.push(performance.now() - t0);
       let settled = false;
       let outcome: CheckpointOutcome | null = null;
       let failure: unknown = null;
-      const tracked = job.then((v) => { outcome = v; }, (e) => { failure = e; }).finally(() => { settled = true; });
+      const tracked = job
+        .then(
+          (v) => {
+            outcome = v;
+          },
+          (e) => {
+            failure = e;
+          },
+        )
+        .finally(() => {
+          settled = true;
+        });
       inFlight.push(tracked);
       const upT0 = performance.now();
       let upSec = Number.NaN;
-      void tracked.then(() => { upSec = (performance.now() - upT0) / 1000; });
+      void tracked.then(() => {
+        upSec = (performance.now() - upT0) / 1000;
+      });
       // every step that starts while the upload is in flight overlaps it
       // (bounded: past 4x the wanted samples, wait for the upload without stepping, so the step
       // counter stays within the windows the mix was sized for)
@@ -254,9 +400,15 @@ export async function runUploadCase(s: Shape, world: number, o: { warmup: number
         o.log(`  upload-w${world}   OVERLAP step ${step}: ${x.ms.toFixed(0)} ms`);
       }
       await tracked;
-      if (failure) throw new Error(`checkpoint upload at step ${done} failed: ${(failure as Error).message ?? String(failure)}`);
+      if (failure)
+        throw new Error(`checkpoint upload at step ${done} failed: ${(failure as Error).message ?? String(failure)}`);
       const oc = outcome as CheckpointOutcome | null;
-      res.uploads.push({ step: done, seconds: upSec, ok: oc?.published?.ok ?? null, pushVerifySeconds: oc?.published?.pushVerifySeconds ?? null });
+      res.uploads.push({
+        step: done,
+        seconds: upSec,
+        ok: oc?.published?.ok ?? null,
+        pushVerifySeconds: oc?.published?.pushVerifySeconds ?? null,
+      });
       if (oc?.published && !oc.published.ok) throw new Error(`checkpoint ${done} did not verify on the local Hub`);
     }
     return res;

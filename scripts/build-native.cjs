@@ -17,7 +17,9 @@ const logFile = path.join(root, "build", "native-build.log");
 const FIX = "apt-get install build-essential python3 (a C toolchain), then `npm run build:native`";
 
 function skip(reason) {
-  process.stdout.write(`tstrain: native engine not built (${reason}); the tfjs engine will be used. Fast path: ${FIX}\n`);
+  process.stdout.write(
+    `tstrain: native engine not built (${reason}); the tfjs engine will be used. Fast path: ${FIX}\n`,
+  );
   process.exit(0);
 }
 
@@ -31,14 +33,26 @@ if (process.env.TSTRAIN_SKIP_NATIVE === "1") skip("TSTRAIN_SKIP_NATIVE=1");
 // node-gyp: the one npm runs lifecycle scripts with, else npm's bundled copy beside this node, else a local one.
 const gypCandidates = [
   process.env.npm_config_node_gyp,
-  path.join(path.dirname(process.execPath), "..", "lib", "node_modules", "npm", "node_modules", "node-gyp", "bin", "node-gyp.js"),
+  path.join(
+    path.dirname(process.execPath),
+    "..",
+    "lib",
+    "node_modules",
+    "npm",
+    "node_modules",
+    "node-gyp",
+    "bin",
+    "node-gyp.js",
+  ),
   path.join(root, "node_modules", "node-gyp", "bin", "node-gyp.js"),
 ].filter(Boolean);
 const gyp = gypCandidates.find((p) => fs.existsSync(p));
 if (!gyp) skip("node-gyp not found (npm's bundled copy is missing)");
 
 // headers on disk only: npm's nodedir setting, else the prefix this node was installed under.
-const nodedirCandidates = [process.env.npm_config_nodedir, path.join(path.dirname(process.execPath), "..")].filter(Boolean);
+const nodedirCandidates = [process.env.npm_config_nodedir, path.join(path.dirname(process.execPath), "..")].filter(
+  Boolean,
+);
 const nodedir = nodedirCandidates.find((d) => fs.existsSync(path.join(d, "include", "node", "node_api.h")));
 if (!nodedir) skip("no Node headers on disk (include/node/node_api.h); set `npm config set nodedir <prefix>`");
 
@@ -50,7 +64,12 @@ if (!has(python, ["--version"])) skip(`no ${python} (node-gyp needs it)`);
 
 fs.mkdirSync(path.dirname(logFile), { recursive: true });
 const args = [gyp, "rebuild", `--nodedir=${path.resolve(nodedir)}`, `--python=${python}`];
-const r = spawnSync(process.execPath, args, { cwd: root, encoding: "utf8", timeout: 300_000, env: { ...process.env, npm_config_nodedir: path.resolve(nodedir) } });
+const r = spawnSync(process.execPath, args, {
+  cwd: root,
+  encoding: "utf8",
+  timeout: 300_000,
+  env: { ...process.env, npm_config_nodedir: path.resolve(nodedir) },
+});
 fs.writeFileSync(logFile, `$ node ${args.join(" ")}\n${r.stdout ?? ""}${r.stderr ?? ""}`);
 const built = path.join(root, "build", "Release", "tstrain_native.node");
 if (r.status !== 0 || !fs.existsSync(built)) {
@@ -59,5 +78,10 @@ if (r.status !== 0 || !fs.existsSync(built)) {
 }
 // The MPI binding (issue 21) is a second target of binding.gyp: libmpi is dlopened at run time, so it builds without MPI.
 const mpiBuilt = path.join(root, "build", "Release", "tstrain_mpi.node");
-if (!fs.existsSync(mpiBuilt)) process.stdout.write(`tstrain: the MPI binding was not built (see ${path.relative(process.cwd(), logFile)}); --dist mpi will be refused\n`);
-process.stdout.write(`tstrain: native engine built (${path.relative(root, built)}); matrix products on its own GEMM (OpenBLAS only with --gemm openblas)\n`);
+if (!fs.existsSync(mpiBuilt))
+  process.stdout.write(
+    `tstrain: the MPI binding was not built (see ${path.relative(process.cwd(), logFile)}); --dist mpi will be refused\n`,
+  );
+process.stdout.write(
+  `tstrain: native engine built (${path.relative(root, built)}); matrix products on its own GEMM (OpenBLAS only with --gemm openblas)\n`,
+);

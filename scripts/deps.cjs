@@ -96,7 +96,9 @@ const LAYERS = [
 
 // Fences, whatever the layers say: the local Hub server is a stand-in for huggingface.co and shares nothing
 // with the trainer but the error types; it may import only from hub/ and errors.ts.
-const FENCES = [{ name: "the local Hub server", patterns: ["hub/server.ts", "hub/server/**"], allowed: ["hub/**", "errors.ts"] }];
+const FENCES = [
+  { name: "the local Hub server", patterns: ["hub/server.ts", "hub/server/**"], allowed: ["hub/**", "errors.ts"] },
+];
 
 /** Mini-glob to RegExp: `**` (any folders), `*` (within one name), `{a,b}` (alternatives). */
 function globToRegExp(glob) {
@@ -165,13 +167,21 @@ function importsOf(sourceFile) {
   const found = [];
   const add = (spec, kind) => found.push({ spec, kind });
   const visit = (node) => {
-    if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier && ts.isStringLiteral(node.moduleSpecifier)) {
+    if (
+      (ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) &&
+      node.moduleSpecifier &&
+      ts.isStringLiteral(node.moduleSpecifier)
+    ) {
       const typeOnly = ts.isImportDeclaration(node) ? Boolean(node.importClause?.isTypeOnly) : node.isTypeOnly;
       add(node.moduleSpecifier.text, typeOnly ? "type" : "import");
     } else if (ts.isImportEqualsDeclaration(node) && ts.isExternalModuleReference(node.moduleReference)) {
       const e = node.moduleReference.expression;
       if (ts.isStringLiteral(e)) add(e.text, "import");
-    } else if (ts.isImportTypeNode(node) && ts.isLiteralTypeNode(node.argument) && ts.isStringLiteral(node.argument.literal)) {
+    } else if (
+      ts.isImportTypeNode(node) &&
+      ts.isLiteralTypeNode(node.argument) &&
+      ts.isStringLiteral(node.argument.literal)
+    ) {
       add(node.argument.literal.text, "type");
     } else if (ts.isCallExpression(node)) {
       const isRequire = ts.isIdentifier(node.expression) && node.expression.text === "require";
@@ -191,7 +201,10 @@ function importsOf(sourceFile) {
 function longFunctionsOf(sourceFile, rel, limit = LONG_FUNCTION_LINES) {
   const out = [];
   const nameOf = (node) => {
-    if (node.name && (ts.isIdentifier(node.name) || ts.isStringLiteral(node.name) || ts.isPrivateIdentifier(node.name))) {
+    if (
+      node.name &&
+      (ts.isIdentifier(node.name) || ts.isStringLiteral(node.name) || ts.isPrivateIdentifier(node.name))
+    ) {
       const own = node.name.text;
       const cls = node.parent && ts.isClassLike(node.parent) && node.parent.name ? `${node.parent.name.text}.` : "";
       return cls + own;
@@ -288,7 +301,13 @@ function analyze(srcDir, layers = LAYERS) {
   const longFunctions = [];
   for (const file of files) {
     const rel = toRel(srcDir, file);
-    const sourceFile = ts.createSourceFile(file, fs.readFileSync(file, "utf8"), ts.ScriptTarget.ES2022, true, ts.ScriptKind.TS);
+    const sourceFile = ts.createSourceFile(
+      file,
+      fs.readFileSync(file, "utf8"),
+      ts.ScriptTarget.ES2022,
+      true,
+      ts.ScriptKind.TS,
+    );
     // One edge per target; a value import outranks a worker start, which outranks a type-only import.
     const byTarget = new Map();
     for (const { spec, kind } of importsOf(sourceFile)) {
@@ -322,7 +341,8 @@ function analyze(srcDir, layers = LAYERS) {
   const sameNames = [...byName.values()].filter((ms) => ms.length > 1);
   // bench/ (a sibling of src/) may use src/ but never test/: what a benchmark needs lives where both may import it.
   const root = path.dirname(srcDir);
-  const benchIntoTest = path.basename(srcDir) === "src" ? importsInto(path.join(root, "bench"), path.join(root, "test"), root) : [];
+  const benchIntoTest =
+    path.basename(srcDir) === "src" ? importsInto(path.join(root, "bench"), path.join(root, "test"), root) : [];
   return { modules, edges, layerOfModule, unlayered, upward, cycles, longFunctions, fenced, sameNames, benchIntoTest };
 }
 
@@ -331,11 +351,18 @@ function importsInto(fromDir, intoDir, root) {
   if (!fs.existsSync(fromDir)) return [];
   const out = [];
   for (const file of listTsFiles(fromDir)) {
-    const sourceFile = ts.createSourceFile(file, fs.readFileSync(file, "utf8"), ts.ScriptTarget.ES2022, true, ts.ScriptKind.TS);
+    const sourceFile = ts.createSourceFile(
+      file,
+      fs.readFileSync(file, "utf8"),
+      ts.ScriptTarget.ES2022,
+      true,
+      ts.ScriptKind.TS,
+    );
     for (const { spec } of importsOf(sourceFile)) {
       if (!spec.startsWith(".")) continue;
       const target = path.resolve(path.dirname(file), spec);
-      if (!path.relative(intoDir, target).startsWith("..")) out.push({ from: toRel(root, file), to: toRel(root, target) });
+      if (!path.relative(intoDir, target).startsWith(".."))
+        out.push({ from: toRel(root, file), to: toRel(root, target) });
     }
   }
   return out;
@@ -363,20 +390,31 @@ function format(result, layers = LAYERS) {
   lines.push(`cycles: ${result.cycles.length === 0 ? "none" : result.cycles.length}`);
   for (const c of result.cycles) lines.push(`  ${c.join(" -> ")}`);
   lines.push(`upward imports: ${result.upward.length === 0 ? "none" : result.upward.length}`);
-  for (const u of result.upward) lines.push(`  ${u.from} (layer ${u.fromLayer}) -> ${u.to} (layer ${u.toLayer})${u.kind === "import" ? "" : ` [${u.kind}]`}`);
+  for (const u of result.upward)
+    lines.push(
+      `  ${u.from} (layer ${u.fromLayer}) -> ${u.to} (layer ${u.toLayer})${u.kind === "import" ? "" : ` [${u.kind}]`}`,
+    );
   lines.push(`modules in no layer: ${result.unlayered.length === 0 ? "none" : result.unlayered.join(", ")}`);
   lines.push(`fenced imports: ${result.fenced.length === 0 ? "none" : result.fenced.length}`);
   for (const f of result.fenced) lines.push(`  ${f.from} -> ${f.to} (${f.fence} imports only from hub/ and errors.ts)`);
-  lines.push(`file names used twice in src/: ${result.sameNames.length === 0 ? "none" : result.sameNames.map((ms) => ms.join(" and ")).join("; ")}`);
-  lines.push(`bench/ importing test/: ${result.benchIntoTest.length === 0 ? "none" : result.benchIntoTest.map((e) => `${e.from} -> ${e.to}`).join(", ")}`);
-  lines.push(`functions over ${LONG_FUNCTION_LINES} lines: ${result.longFunctions.length === 0 ? "none" : result.longFunctions.length}`);
+  lines.push(
+    `file names used twice in src/: ${result.sameNames.length === 0 ? "none" : result.sameNames.map((ms) => ms.join(" and ")).join("; ")}`,
+  );
+  lines.push(
+    `bench/ importing test/: ${result.benchIntoTest.length === 0 ? "none" : result.benchIntoTest.map((e) => `${e.from} -> ${e.to}`).join(", ")}`,
+  );
+  lines.push(
+    `functions over ${LONG_FUNCTION_LINES} lines: ${result.longFunctions.length === 0 ? "none" : result.longFunctions.length}`,
+  );
   for (const f of result.longFunctions) lines.push(`  ${f.lines} ${f.file}:${f.start} ${f.name}`);
   return lines.join("\n");
 }
 
 /** True when the tree breaks a rule (cycle, upward or fenced import, unlayered module, a name used twice, bench/ using test/). */
 function failed(result) {
-  return [result.cycles, result.upward, result.unlayered, result.fenced, result.sameNames, result.benchIntoTest].some((l) => l.length > 0);
+  return [result.cycles, result.upward, result.unlayered, result.fenced, result.sameNames, result.benchIntoTest].some(
+    (l) => l.length > 0,
+  );
 }
 
 module.exports = { LAYERS, FENCES, LONG_FUNCTION_LINES, analyze, format, failed, layerOf, globToRegExp };

@@ -18,17 +18,27 @@ const ROOT = path.join(__dirname, "..");
 /** Every needless `!` in the project: {file, line, text, pos} (pos: the offset of the `!`). */
 function needlessAssertions(root = ROOT) {
   const configFile = ts.findConfigFile(root, ts.sys.fileExists, "tsconfig.json");
-  const parsed = ts.getParsedCommandLineOfConfigFile(configFile, {}, { ...ts.sys, onUnRecoverableConfigFileDiagnostic: () => {} });
+  const parsed = ts.getParsedCommandLineOfConfigFile(
+    configFile,
+    {},
+    { ...ts.sys, onUnRecoverableConfigFileDiagnostic: () => {} },
+  );
   const program = ts.createProgram(parsed.fileNames, parsed.options);
   const checker = program.getTypeChecker();
-  const NULLISH = ts.TypeFlags.Null | ts.TypeFlags.Undefined | ts.TypeFlags.Void | ts.TypeFlags.Any | ts.TypeFlags.Unknown;
+  const NULLISH =
+    ts.TypeFlags.Null | ts.TypeFlags.Undefined | ts.TypeFlags.Void | ts.TypeFlags.Any | ts.TypeFlags.Unknown;
   const mayBeNullish = (t) => {
     if (t.flags & (NULLISH | ts.TypeFlags.TypeParameter | ts.TypeFlags.Index | ts.TypeFlags.IndexedAccess)) return true;
     return t.isUnion() ? t.types.some(mayBeNullish) : false;
   };
   const out = [];
   for (const sf of program.getSourceFiles()) {
-    if (sf.isDeclarationFile || path.relative(root, sf.fileName).startsWith("..") || sf.fileName.includes("node_modules")) continue;
+    if (
+      sf.isDeclarationFile ||
+      path.relative(root, sf.fileName).startsWith("..") ||
+      sf.fileName.includes("node_modules")
+    )
+      continue;
     const visit = (node) => {
       if (ts.isNonNullExpression(node) && !mayBeNullish(checker.getTypeAtLocation(node.expression))) {
         const pos = node.getEnd() - 1;

@@ -105,13 +105,19 @@ export function checkFlagTable(rows: unknown): FlagSpec[] {
   const seen = new Set<string>();
   for (const r of rows as FlagSpec[]) {
     const where = `config-flags.json: flag ${JSON.stringify(r?.flag)}`;
-    if (r === null || typeof r !== "object" || Array.isArray(r)) throw new Error(`${where}: a row must be an object, got ${JSON.stringify(r)}`);
-    if (typeof r.flag !== "string" || !/^[a-z][a-z0-9-]*$/.test(r.flag) || seen.has(r.flag)) throw new Error(`${where}: not a new kebab-case flag name`);
+    if (r === null || typeof r !== "object" || Array.isArray(r))
+      throw new Error(`${where}: a row must be an object, got ${JSON.stringify(r)}`);
+    if (typeof r.flag !== "string" || !/^[a-z][a-z0-9-]*$/.test(r.flag) || seen.has(r.flag))
+      throw new Error(`${where}: not a new kebab-case flag name`);
     seen.add(r.flag);
-    if (typeof r.key !== "string" || typeof r.help !== "string" || r.help.length === 0) throw new Error(`${where}: needs a key and a help text`);
-    if (!(r.kind in jsType) || typeof r.def !== jsType[r.kind]) throw new Error(`${where}: kind ${r.kind} with default ${JSON.stringify(r.def)}`);
-    if (r.choices !== undefined && !(Array.isArray(r.choices) && r.choices.includes(r.def as string))) throw new Error(`${where}: its choices must include its default`);
-    if (r.negatable !== undefined && !(r.negatable === true && r.kind === "bool")) throw new Error(`${where}: only a bool flag is negatable`);
+    if (typeof r.key !== "string" || typeof r.help !== "string" || r.help.length === 0)
+      throw new Error(`${where}: needs a key and a help text`);
+    if (!(r.kind in jsType) || typeof r.def !== jsType[r.kind])
+      throw new Error(`${where}: kind ${r.kind} with default ${JSON.stringify(r.def)}`);
+    if (r.choices !== undefined && !(Array.isArray(r.choices) && r.choices.includes(r.def as string)))
+      throw new Error(`${where}: its choices must include its default`);
+    if (r.negatable !== undefined && !(r.negatable === true && r.kind === "bool"))
+      throw new Error(`${where}: only a bool flag is negatable`);
   }
   return rows as FlagSpec[];
 }
@@ -148,7 +154,10 @@ export function usage(): string {
     "",
   ];
   for (const f of FLAGS) {
-    const name = f.kind === "bool" ? `--${f.flag}${f.negatable ? " / --no-" + f.flag : ""}` : `--${f.flag} ${f.kind === "string" ? (f.choices ? f.choices.join("|") : "S") : "N"}`;
+    const name =
+      f.kind === "bool"
+        ? `--${f.flag}${f.negatable ? " / --no-" + f.flag : ""}`
+        : `--${f.flag} ${f.kind === "string" ? (f.choices ? f.choices.join("|") : "S") : "N"}`;
     const def = f.kind === "bool" ? (f.def ? "on" : "off") : JSON.stringify(f.def);
     lines.push(`  ${name.padEnd(40)} ${f.help} (default ${def})`);
   }
@@ -164,7 +173,11 @@ function parseNumber(flag: string, raw: string, kind: "int" | "float"): number {
   return v;
 }
 
-export interface ParsedArgs { config: RunConfig; help: boolean; explicit: ReadonlySet<string> }
+export interface ParsedArgs {
+  config: RunConfig;
+  help: boolean;
+  explicit: ReadonlySet<string>;
+}
 
 /** Parse argv (without node and script). Unknown flags are an error, as in nanoGPT's configurator. */
 export function parseArgs(argv: readonly string[]): ParsedArgs {
@@ -176,17 +189,27 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
 }
 
 /** Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was. */
-function readFlagValues(argv: readonly string[], byFlag: ReadonlyMap<string, FlagSpec>): { values: Map<string, string | number | boolean>; help: boolean } {
+function readFlagValues(
+  argv: readonly string[],
+  byFlag: ReadonlyMap<string, FlagSpec>,
+): { values: Map<string, string | number | boolean>; help: boolean } {
   const values = new Map<string, string | number | boolean>();
   let help = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
-    if (a === "--help" || a === "-h") { help = true; continue; }
-    if (!a.startsWith("--")) throw new UserError("G10", `unexpected argument ${JSON.stringify(a)}: flags start with -- (see --help)`);
+    if (a === "--help" || a === "-h") {
+      help = true;
+      continue;
+    }
+    if (!a.startsWith("--"))
+      throw new UserError("G10", `unexpected argument ${JSON.stringify(a)}: flags start with -- (see --help)`);
     let name = a.slice(2);
     let inline: string | undefined;
     const eq = name.indexOf("=");
-    if (eq >= 0) { inline = name.slice(eq + 1); name = name.slice(0, eq); }
+    if (eq >= 0) {
+      inline = name.slice(eq + 1);
+      name = name.slice(0, eq);
+    }
     const spec = byFlag.get(name);
     if (!spec && name.startsWith("no-")) {
       const base = byFlag.get(name.slice(3));
@@ -198,7 +221,10 @@ function readFlagValues(argv: readonly string[], byFlag: ReadonlyMap<string, Fla
     }
     if (!spec) throw new UserError("G10", `unknown flag --${name} (see --help for the flags this trainer takes)`);
     if (spec.kind === "bool") {
-      if (inline === undefined) { values.set(spec.flag, true); continue; }
+      if (inline === undefined) {
+        values.set(spec.flag, true);
+        continue;
+      }
       if (inline !== "true" && inline !== "false") throw new UserError("G10", `--${name}=${inline}: use true or false`);
       values.set(spec.flag, inline === "true");
       continue;
@@ -220,21 +246,33 @@ function readFlagValues(argv: readonly string[], byFlag: ReadonlyMap<string, Fla
 /** Seed flags with no meaning here: refused when asked for, with the reason; then dropped from `values`. */
 function refuseTorchOnlyFlags(values: Map<string, string | number | boolean>): void {
   if (values.get("gc-nonreentrant") === true) {
-    throw new UserError("G10", "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here. Drop it.");
+    throw new UserError(
+      "G10",
+      "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here. Drop it.",
+    );
   }
   if (values.get("torch-compile") === true) {
-    throw new UserError("G10", "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here. Drop it.");
+    throw new UserError(
+      "G10",
+      "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here. Drop it.",
+    );
   }
   const attn = values.get("attn");
   if (attn !== undefined && attn !== "eager") {
-    throw new UserError("G10", `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4). Use --attn eager or leave it out.`);
+    throw new UserError(
+      "G10",
+      `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4). Use --attn eager or leave it out.`,
+    );
   }
   values.delete("gc-nonreentrant");
   values.delete("torch-compile");
 }
 
 /** Defaults, then --demo's defaults when --demo is given, then the flags given: the unvalidated config. */
-function configFrom(values: ReadonlyMap<string, string | number | boolean>, byFlag: ReadonlyMap<string, FlagSpec>): Record<string, unknown> {
+function configFrom(
+  values: ReadonlyMap<string, string | number | boolean>,
+  byFlag: ReadonlyMap<string, FlagSpec>,
+): Record<string, unknown> {
   const cfg: Record<string, unknown> = {};
   for (const f of FLAGS) {
     if (f.flag === "gc-nonreentrant" || f.flag === "torch-compile") continue;
@@ -255,16 +293,25 @@ function must(cond: boolean, flag: string, msg: string): void {
 export function validate(c: RunConfig): RunConfig {
   const pos = (v: number) => Number.isSafeInteger(v) && v > 0;
   const nonneg = (v: number) => Number.isSafeInteger(v) && v >= 0;
-  must(pos(c.seqLen) && c.seqLen >= 2, "seq-len", `${c.seqLen} must be a whole number >= 2 (a window predicts seq_len-1 tokens)`);
+  must(
+    pos(c.seqLen) && c.seqLen >= 2,
+    "seq-len",
+    `${c.seqLen} must be a whole number >= 2 (a window predicts seq_len-1 tokens)`,
+  );
   must(pos(c.microBatch), "micro-batch", `${c.microBatch} must be a positive whole number`);
   must(pos(c.accum), "accum", `${c.accum} must be a positive whole number`);
   must(pos(c.world), "world", `${c.world} must be a positive whole number of ranks`);
   must(c.world <= 64, "world", `${c.world} ranks is more than this trainer supports (64)`);
   c = { ...c, hosts: c.hosts ?? 1 };
-  if (!(Number.isSafeInteger(c.hosts) && c.hosts >= 1)) throw new Error(`config: hosts ${c.hosts} must be a whole number >= 1 (set from the MPI world)`);
+  if (!(Number.isSafeInteger(c.hosts) && c.hosts >= 1))
+    throw new Error(`config: hosts ${c.hosts} must be a whole number >= 1 (set from the MPI world)`);
   must(nonneg(c.layers), "layers", `${c.layers} must be 0 (frozen) or a positive layer count`);
   must(nonneg(c.hidden), "hidden", `${c.hidden} must be 0 (frozen) or a positive width`);
-  must(nonneg(c.vocabSize) && (c.vocabSize === 0 || c.vocabSize >= 2), "vocab-size", `${c.vocabSize} must be 0 (frozen 49,152) or at least 2`);
+  must(
+    nonneg(c.vocabSize) && (c.vocabSize === 0 || c.vocabSize >= 2),
+    "vocab-size",
+    `${c.vocabSize} must be 0 (frozen 49,152) or at least 2`,
+  );
   must(c.lr > 0 && c.lr < 1, "lr", `${c.lr} must be in (0, 1)`);
   must(pos(c.tokens), "tokens", `${c.tokens} must be a positive whole number`);
   must(nonneg(c.maxSteps), "max-steps", `${c.maxSteps} must be >= 0`);
@@ -277,17 +324,29 @@ export function validate(c: RunConfig): RunConfig {
   must(nonneg(c.pushEverySteps), "push-every-steps", `${c.pushEverySteps} must be >= 0 (0 = steps // 10)`);
   must(nonneg(c.stopAfterSteps), "stop-after-steps", `${c.stopAfterSteps} must be >= 0 (0 = run to the horizon)`);
   must(c.minFreeGb >= 0, "min-free-gb", `${c.minFreeGb} must be >= 0`);
-  must(Number.isFinite(c.hubTimeoutSeconds) && c.hubTimeoutSeconds >= 0.1 && c.hubTimeoutSeconds <= 3600, "hub-timeout-seconds", `${c.hubTimeoutSeconds} must be within [0.1, 3600]`);
-  must(Number.isFinite(c.hubRetryMinutes) && c.hubRetryMinutes > 0 && c.hubRetryMinutes <= 7 * 24 * 60, "hub-retry-minutes", `${c.hubRetryMinutes} must be > 0 and at most a week (10080)`);
+  must(
+    Number.isFinite(c.hubTimeoutSeconds) && c.hubTimeoutSeconds >= 0.1 && c.hubTimeoutSeconds <= 3600,
+    "hub-timeout-seconds",
+    `${c.hubTimeoutSeconds} must be within [0.1, 3600]`,
+  );
+  must(
+    Number.isFinite(c.hubRetryMinutes) && c.hubRetryMinutes > 0 && c.hubRetryMinutes <= 7 * 24 * 60,
+    "hub-retry-minutes",
+    `${c.hubRetryMinutes} must be > 0 and at most a week (10080)`,
+  );
   must(nonneg(c.benchmark), "benchmark", `${c.benchmark} must be >= 0`);
   if (c.resume === "auto") {
-    if (!c.hubRepo && !c.demo) throw new UserError("R2", "--resume auto asks the Hub where the run stopped, so it needs --hub-repo");
+    if (!c.hubRepo && !c.demo)
+      throw new UserError("R2", "--resume auto asks the Hub where the run stopped, so it needs --hub-repo");
   }
   if (c.hubRepo && !/^[A-Za-z0-9][\w.-]*\/[\w.-]+$/.test(c.hubRepo)) {
     throw new UserError("K5", `--hub-repo ${JSON.stringify(c.hubRepo)} is not of the form owner/name`);
   }
   if (c.hubDir && c.hubUrl !== EMBEDDED_HUB) {
-    throw new UserError("B6", `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`);
+    throw new UserError(
+      "B6",
+      `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`,
+    );
   }
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
   c.hubUrl = c.hubUrl.replace(/\/+$/, "");
@@ -309,7 +368,10 @@ export function planSteps(c: RunConfig): StepPlan {
   const tokensPerStep = seqsPerStep * c.seqLen;
   const stepsPlanned = c.maxSteps || Math.floor(c.tokens / tokensPerStep);
   if (stepsPlanned < 1) {
-    throw new UserError("P5", `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): raise --tokens or set --max-steps`);
+    throw new UserError(
+      "P5",
+      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): raise --tokens or set --max-steps`,
+    );
   }
   const ckptEvery = c.pushEverySteps || Math.max(1, Math.floor(stepsPlanned / 10));
   return {

@@ -20,7 +20,8 @@ export function isUserError(e: unknown): e is { name: string; message: string; r
 /** What each user-causable `fs` (or listen) error code means, said to the user (never "a bug"). */
 const FS_MEANING: Record<string, string> = {
   ENOSPC: "the disk is full (ENOSPC): free space there, or write to another disk, then run the same command again",
-  EDQUOT: "the disk quota is used up (EDQUOT): free space there, or write to another disk, then run the same command again",
+  EDQUOT:
+    "the disk quota is used up (EDQUOT): free space there, or write to another disk, then run the same command again",
   EACCES: "permission denied (EACCES): give yourself access to it (ls -ld; chmod/chown), or use another path",
   EPERM: "the operation is not permitted there (EPERM): use a path you own",
   EROFS: "the filesystem is read-only (EROFS): use a writable path",
@@ -42,6 +43,8 @@ const FS_MEANING: Record<string, string> = {
 export function fsRefusal(e: unknown, rule: string): UserError | null {
   const x = e as NodeJS.ErrnoException & { dest?: string };
   if (typeof x !== "object" || x === null || typeof x.code !== "string" || !(x.code in FS_MEANING)) return null;
-  const where = x.path ? `${x.syscall ?? "access"} ${x.path}${x.dest ? ` -> ${x.dest}` : ""}` : (x.syscall ?? "a file operation");
+  const where = x.path
+    ? `${x.syscall ?? "access"} ${x.path}${x.dest ? ` -> ${x.dest}` : ""}`
+    : (x.syscall ?? "a file operation");
   return new UserError(rule, `${where} failed: ${FS_MEANING[x.code]}`);
 }

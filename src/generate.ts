@@ -32,10 +32,28 @@ const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name
   [--hub-url URL]       for hf:// models (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
   [--no-cache]          recompute the whole sequence per token (the reference path; slow)`;
 
-interface CliArgs extends GenerateRequest { model: string; backend: BackendName; tokenizer?: string; hubUrl: string; allowOtherTokenizer: boolean }
+interface CliArgs extends GenerateRequest {
+  model: string;
+  backend: BackendName;
+  tokenizer?: string;
+  hubUrl: string;
+  allowOtherTokenizer: boolean;
+}
 
 export function parseGenerateArgs(argv: string[]): CliArgs | null {
-  const o: CliArgs = { model: "", prompt: "", maxNewTokens: 64, temperature: 0, topK: 0, topP: 1, seed: 0, cache: true, backend: "auto", hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co", allowOtherTokenizer: false };
+  const o: CliArgs = {
+    model: "",
+    prompt: "",
+    maxNewTokens: 64,
+    temperature: 0,
+    topK: 0,
+    topP: 1,
+    seed: 0,
+    cache: true,
+    backend: "auto",
+    hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co",
+    allowOtherTokenizer: false,
+  };
   let havePrompt = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -51,45 +69,82 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
       return n;
     };
     switch (a) {
-      case "--help": case "-h": return null;
-      case "--model": o.model = val(); break;
-      case "--prompt": o.prompt = val(); havePrompt = true; break;
-      case "--max-new-tokens": o.maxNewTokens = num(); break;
-      case "--temperature": o.temperature = num(); break;
-      case "--top-k": o.topK = num(); break;
-      case "--top-p": o.topP = num(); break;
-      case "--seed": o.seed = num(); break;
+      case "--help":
+      case "-h":
+        return null;
+      case "--model":
+        o.model = val();
+        break;
+      case "--prompt":
+        o.prompt = val();
+        havePrompt = true;
+        break;
+      case "--max-new-tokens":
+        o.maxNewTokens = num();
+        break;
+      case "--temperature":
+        o.temperature = num();
+        break;
+      case "--top-k":
+        o.topK = num();
+        break;
+      case "--top-p":
+        o.topP = num();
+        break;
+      case "--seed":
+        o.seed = num();
+        break;
       case "--backend": {
         const b = val();
-        if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b)) throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow`);
+        if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b))
+          throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow`);
         o.backend = b as BackendName;
         break;
       }
-      case "--tokenizer": o.tokenizer = val(); break;
-      case "--hub-url": o.hubUrl = val(); break;
-      case "--no-cache": o.cache = false; break;
-      case "--allow-other-tokenizer": o.allowOtherTokenizer = true; break;
-      default: throw new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
+      case "--tokenizer":
+        o.tokenizer = val();
+        break;
+      case "--hub-url":
+        o.hubUrl = val();
+        break;
+      case "--no-cache":
+        o.cache = false;
+        break;
+      case "--allow-other-tokenizer":
+        o.allowOtherTokenizer = true;
+        break;
+      default:
+        throw new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
     }
   }
   if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
   checkSampling(o);
-  if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1) throw new UserError("G11", `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1`);
+  if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1)
+    throw new UserError("G11", `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1`);
   return o;
 }
 
 /** hf://datasets/owner/name/path (or hf://models/...) -> a local copy through the Hub client. */
 async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
   const m = /^hf:\/\/(datasets|models)\/([^/@]+\/[^/@]+)\/(.+)$/.exec(url);
-  if (!m) throw new UserError("G11", `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`);
+  if (!m)
+    throw new UserError(
+      "G11",
+      `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`,
+    );
   const store = createHubClient({ hubUrl, repo: m[2], repoType: m[1] === "datasets" ? "dataset" : "model" });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {
-    await store.downloadFolder(m[3].replace(/\/+$/, ""), dest, { progress: (l) => process.stderr.write(`generate: ${l}\n`) });
+    await store.downloadFolder(m[3].replace(/\/+$/, ""), dest, {
+      progress: (l) => process.stderr.write(`generate: ${l}\n`),
+    });
   } catch (e) {
     fs.rmSync(dest, { recursive: true, force: true });
     if (isUserError(e)) throw e;
-    throw new UserError("G11", `--model ${url}: could not download it (${(e as Error).message}); check the path, --hub-url and HF_TOKEN`);
+    throw new UserError(
+      "G11",
+      `--model ${url}: could not download it (${(e as Error).message}); check the path, --hub-url and HF_TOKEN`,
+    );
   }
   return dest;
 }
@@ -106,13 +161,17 @@ async function main(): Promise<void> {
     if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl);
     const m = loadModelDir(dir, a.tokenizer, a.allowOtherTokenizer);
     const engine = await initEngine(a.backend);
-    process.stderr.write(`generate: ${a.model} (${m.cfg.numLayers} layers, width ${m.cfg.hiddenSize}, vocab ${m.cfg.vocabSize}) on ${engine.detail}; ${a.temperature === 0 ? "greedy" : `temperature ${a.temperature}, top-k ${a.topK}, top-p ${a.topP}, seed ${a.seed}`}${a.cache ? "" : ", no KV cache"}\n`);
+    process.stderr.write(
+      `generate: ${a.model} (${m.cfg.numLayers} layers, width ${m.cfg.hiddenSize}, vocab ${m.cfg.vocabSize}) on ${engine.detail}; ${a.temperature === 0 ? "greedy" : `temperature ${a.temperature}, top-k ${a.topK}, top-p ${a.topP}, seed ${a.seed}`}${a.cache ? "" : ", no KV cache"}\n`,
+    );
     process.stdout.write(a.prompt);
     const t0 = performance.now();
     const r = generateText(m, engine.kernels, a, (s) => process.stdout.write(s));
     const secs = (performance.now() - t0) / 1000;
     process.stdout.write("\n");
-    process.stderr.write(`generate: ${r.ids.length} tokens in ${secs.toFixed(2)} s (${(r.ids.length / Math.max(1e-9, secs)).toFixed(1)} tok/s)${r.ids.length < a.maxNewTokens ? ", stopped at EOS or the model's length" : ""}\n`);
+    process.stderr.write(
+      `generate: ${r.ids.length} tokens in ${secs.toFixed(2)} s (${(r.ids.length / Math.max(1e-9, secs)).toFixed(1)} tok/s)${r.ids.length < a.maxNewTokens ? ", stopped at EOS or the model's length" : ""}\n`,
+    );
   } catch (caught) {
     const e = fsRefusal(caught, "O6") ?? caught; // O6: a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {

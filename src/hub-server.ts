@@ -20,7 +20,13 @@ HF_TOKEN, if set, is one more token with the write role. With no token at all th
 with tokens, anonymous callers may only read public repos.
 Point a client at it with hubUrl set to the printed URL.`;
 
-interface CliOptions { dir: string; port: number; host: string; tokensFile: string; faultsFile: string }
+interface CliOptions {
+  dir: string;
+  port: number;
+  host: string;
+  tokensFile: string;
+  faultsFile: string;
+}
 
 function parse(argv: string[]): CliOptions | null {
   const o: CliOptions = { dir: "", port: 0, host: "127.0.0.1", tokensFile: "", faultsFile: "" };
@@ -40,7 +46,8 @@ function parse(argv: string[]): CliOptions | null {
     else if (flag === "--port") {
       const v = value();
       o.port = Number(v);
-      if (!Number.isInteger(o.port) || o.port < 0 || o.port > 65535) throw new Error(`--port ${v} is not a port number (0-65535)`);
+      if (!Number.isInteger(o.port) || o.port < 0 || o.port > 65535)
+        throw new Error(`--port ${v} is not a port number (0-65535)`);
     } else throw new Error(`unknown argument ${a} (see --help)`);
   }
   if (!o.dir) throw new Error("--dir is required (see --help)");
@@ -64,12 +71,25 @@ async function main(): Promise<void> {
   }
   const token = process.env.HF_TOKEN || undefined;
   const onEvent = (e: unknown) => process.stdout.write(`LocalHub event: ${JSON.stringify(e)}\n`);
-  const hub = new LocalHub({ dir: o.dir, port: o.port, host: o.host, token, tokens, faultsFile: o.faultsFile || undefined, onEvent });
+  const hub = new LocalHub({
+    dir: o.dir,
+    port: o.port,
+    host: o.host,
+    token,
+    tokens,
+    faultsFile: o.faultsFile || undefined,
+    onEvent,
+  });
   const url = await hub.start();
   const n = tokens.length + (token ? 1 : 0);
-  process.stdout.write(`LocalHub listening on ${url} (dir ${o.dir}${n ? `, ${n} token(s), anonymous callers read public repos only` : ", open: no token configured"})\n`);
+  process.stdout.write(
+    `LocalHub listening on ${url} (dir ${o.dir}${n ? `, ${n} token(s), anonymous callers read public repos only` : ", open: no token configured"})\n`,
+  );
   const stop = () => {
-    hub.stop().then(() => process.exit(0), () => process.exit(1));
+    hub.stop().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
   };
   process.on("SIGINT", stop);
   process.on("SIGTERM", stop);

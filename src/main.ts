@@ -18,7 +18,9 @@ function onSignals(): void {
   const handler = (sig: NodeJS.Signals) => {
     seen += 1;
     if (seen === 1) {
-      process.stderr.write(`\n${sig}: finishing the current step, then saving and publishing a checkpoint (send it again to exit at once)\n`);
+      process.stderr.write(
+        `\n${sig}: finishing the current step, then saving and publishing a checkpoint (send it again to exit at once)\n`,
+      );
       requestStop(sig);
       return;
     }
@@ -50,7 +52,9 @@ async function main(): Promise<number> {
 }
 
 main().then(
-  (code) => { process.exitCode = code; },
+  (code) => {
+    process.exitCode = code;
+  },
   (caught: unknown) => {
     const e = fsRefusal(caught, "O6") ?? caught; // O6: a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
@@ -58,7 +62,9 @@ main().then(
       process.exitCode = 2;
     } else {
       const err = e as Error;
-      process.stderr.write(`error: ${err?.name ?? "Error"}: ${err?.message ?? String(e)}\n${process.env.TSTRAIN_DEBUG ? err?.stack ?? "" : ""}`);
+      process.stderr.write(
+        `error: ${err?.name ?? "Error"}: ${err?.message ?? String(e)}\n${process.env.TSTRAIN_DEBUG ? (err?.stack ?? "") : ""}`,
+      );
       process.exitCode = 1;
     }
   },

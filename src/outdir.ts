@@ -17,7 +17,12 @@ import { checkpointRoot, isPartialName } from "./checkpoint/names";
 
 export const LOCK_FILE = ".tstrain.lock";
 
-interface LockBody { pid: number; host: string; started: string; argv: string[] }
+interface LockBody {
+  pid: number;
+  host: string;
+  started: string;
+  argv: string[];
+}
 
 function errno(e: unknown): string {
   return (e as NodeJS.ErrnoException)?.code ?? "";
@@ -53,16 +58,23 @@ export function checkOutWritable(out: string): void {
   try {
     st = fs.statSync(abs);
   } catch (e) {
-    if (errno(e) !== "ENOENT") throw new UserError("O1", `--out ${abs} cannot be used: ${whyNot(e)}. Choose another --out`);
+    if (errno(e) !== "ENOENT")
+      throw new UserError("O1", `--out ${abs} cannot be used: ${whyNot(e)}. Choose another --out`);
   }
   if (st && !st.isDirectory()) {
-    throw new UserError("O1", `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out (e.g. --out ${abs}.run)`);
+    throw new UserError(
+      "O1",
+      `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out (e.g. --out ${abs}.run)`,
+    );
   }
   if (!st) {
     try {
       fs.mkdirSync(abs, { recursive: true });
     } catch (e) {
-      throw new UserError("O1", `--out ${abs} cannot be created: ${whyNot(realMkdirError(abs, e))}. Choose a writable place for --out`);
+      throw new UserError(
+        "O1",
+        `--out ${abs} cannot be created: ${whyNot(realMkdirError(abs, e))}. Choose a writable place for --out`,
+      );
     }
   }
   const probe = path.join(abs, `.tstrain-probe-${process.pid}`);
@@ -81,7 +93,10 @@ export function checkOutRoom(out: string, bytes: number, what: string): void {
   const s = fs.statfsSync(abs);
   const free = s.bavail * s.bsize;
   if (free < bytes) {
-    throw new UserError("O1", `--out ${abs} has ${(free / 1e6).toFixed(1)} MB free but one checkpoint of ${what} takes about ${(bytes / 1e6).toFixed(1)} MB: the run could not save its first checkpoint. Free some space there or choose another --out`);
+    throw new UserError(
+      "O1",
+      `--out ${abs} has ${(free / 1e6).toFixed(1)} MB free but one checkpoint of ${what} takes about ${(bytes / 1e6).toFixed(1)} MB: the run could not save its first checkpoint. Free some space there or choose another --out`,
+    );
   }
 }
 
@@ -114,7 +129,12 @@ export interface OutLock {
 /** O2: claim --out for this process; returns the lock to release at exit. */
 export function lockOut(out: string, say: (l: string) => void): OutLock {
   const p = path.join(path.resolve(out), LOCK_FILE);
-  const body: LockBody = { pid: process.pid, host: os.hostname(), started: new Date().toISOString(), argv: process.argv.slice(2) };
+  const body: LockBody = {
+    pid: process.pid,
+    host: os.hostname(),
+    started: new Date().toISOString(),
+    argv: process.argv.slice(2),
+  };
   for (let attempt = 0; attempt < 3; attempt++) {
     try {
       fs.writeFileSync(p, JSON.stringify(body) + "\n", { flag: "wx" });
@@ -127,11 +147,14 @@ export function lockOut(out: string, say: (l: string) => void): OutLock {
           try {
             const now = JSON.parse(fs.readFileSync(p, "utf8")) as LockBody;
             if (now.pid === process.pid && now.host === body.host) fs.rmSync(p, { force: true });
-          } catch { /* gone already */ }
+          } catch {
+            /* gone already */
+          }
         },
       };
     } catch (e) {
-      if (errno(e) !== "EEXIST") throw new UserError("O1", `--out ${path.dirname(p)}: cannot create the lock file ${p}: ${whyNot(e)}`);
+      if (errno(e) !== "EEXIST")
+        throw new UserError("O1", `--out ${path.dirname(p)}: cannot create the lock file ${p}: ${whyNot(e)}`);
     }
     let held: LockBody | null = null;
     try {
@@ -139,16 +162,33 @@ export function lockOut(out: string, say: (l: string) => void): OutLock {
     } catch {
       held = null; // half-written or unreadable: treat as stale
     }
-    if (held && Number.isSafeInteger(held.pid) && held.host === os.hostname() && held.pid !== process.pid && pidAlive(held.pid)) {
-      throw new UserError("O2", `--out ${path.dirname(p)} is in use by another run (pid ${held.pid} on ${held.host}, started ${held.started}); two runs in one folder would mix their checkpoints and metrics. Wait for it to end (or stop it: kill ${held.pid}), or choose another --out`);
+    if (
+      held &&
+      Number.isSafeInteger(held.pid) &&
+      held.host === os.hostname() &&
+      held.pid !== process.pid &&
+      pidAlive(held.pid)
+    ) {
+      throw new UserError(
+        "O2",
+        `--out ${path.dirname(p)} is in use by another run (pid ${held.pid} on ${held.host}, started ${held.started}); two runs in one folder would mix their checkpoints and metrics. Wait for it to end (or stop it: kill ${held.pid}), or choose another --out`,
+      );
     }
     if (held && held.host !== os.hostname()) {
-      throw new UserError("O2", `--out ${path.dirname(p)} is locked by a run on another host (${held.host}, pid ${held.pid}, started ${held.started}) whose liveness this machine cannot check. If that run is over, remove the lock (rm ${p}) and run again; otherwise choose another --out`);
+      throw new UserError(
+        "O2",
+        `--out ${path.dirname(p)} is locked by a run on another host (${held.host}, pid ${held.pid}, started ${held.started}) whose liveness this machine cannot check. If that run is over, remove the lock (rm ${p}) and run again; otherwise choose another --out`,
+      );
     }
-    say(`--out ${path.dirname(p)}: taking over a stale lock (${held ? `pid ${held.pid} on ${held.host} is not running, started ${held.started}` : "unreadable lock file"}) (O2)`);
+    say(
+      `--out ${path.dirname(p)}: taking over a stale lock (${held ? `pid ${held.pid} on ${held.host} is not running, started ${held.started}` : "unreadable lock file"}) (O2)`,
+    );
     fs.rmSync(p, { force: true });
   }
-  throw new UserError("O2", `--out ${path.dirname(p)}: could not take the lock ${p} (another run keeps claiming it); choose another --out`);
+  throw new UserError(
+    "O2",
+    `--out ${path.dirname(p)}: could not take the lock ${p} (another run keeps claiming it); choose another --out`,
+  );
 }
 
 /** O4: partial folders removed; superseded folders pruned to the newest one. Returns lines to say. */
@@ -164,7 +204,9 @@ export function cleanOut(out: string): string[] {
         said.push(`removed ${path.join(dir, n)}: left by an interrupted write (O4)`);
       }
     }
-    const sup = names.filter((n) => /\.superseded-\d+$/.test(n)).sort((a, b) => Number(a.split("-").pop()) - Number(b.split("-").pop()));
+    const sup = names
+      .filter((n) => /\.superseded-\d+$/.test(n))
+      .sort((a, b) => Number(a.split("-").pop()) - Number(b.split("-").pop()));
     for (const n of sup.slice(0, Math.max(0, sup.length - 1))) {
       fs.rmSync(path.join(dir, n), { recursive: true, force: true });
       said.push(`removed ${path.join(dir, n)}: an older superseded folder; only the newest is kept (O4, K1)`);

@@ -44,20 +44,39 @@ export function parsePrepareArgs(argv: string[]): PrepareOptions | null {
         o.inputs.push(val());
         while (i + 1 < argv.length && !argv[i + 1].startsWith("--")) o.inputs.push(argv[++i]);
         break;
-      case "--tokenizer": o.tokenizer = val(); break;
-      case "--out": o.out = val(); break;
-      case "--val-fraction": o.valFraction = num(a, argv[++i]); break;
-      case "--shard-tokens": o.shardTokens = num(a, argv[++i]); break;
-      case "--workers": o.workers = num(a, argv[++i]); break;
-      case "--eos-token": o.eosToken = val(); break;
-      case "--text-field": o.textField = val(); break;
-      case "--hub-url": o.hubUrl = val(); break;
-      case "--force": o.force = true; break;
+      case "--tokenizer":
+        o.tokenizer = val();
+        break;
+      case "--out":
+        o.out = val();
+        break;
+      case "--val-fraction":
+        o.valFraction = num(a, argv[++i]);
+        break;
+      case "--shard-tokens":
+        o.shardTokens = num(a, argv[++i]);
+        break;
+      case "--workers":
+        o.workers = num(a, argv[++i]);
+        break;
+      case "--eos-token":
+        o.eosToken = val();
+        break;
+      case "--text-field":
+        o.textField = val();
+        break;
+      case "--hub-url":
+        o.hubUrl = val();
+        break;
+      case "--force":
+        o.force = true;
+        break;
       default:
         throw new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
     }
   }
-  if (o.inputs.length === 0 || !o.tokenizer || !o.out) throw new UserError("D2", `prepare needs --input, --tokenizer and --out\n${USAGE}`);
+  if (o.inputs.length === 0 || !o.tokenizer || !o.out)
+    throw new UserError("D2", `prepare needs --input, --tokenizer and --out\n${USAGE}`);
   return o;
 }
 
@@ -67,7 +86,9 @@ function onSignals(out: string): void {
     const removed = removeScratchNow();
     const root = path.resolve(out);
     const left = fs.existsSync(root) ? `${root} is unchanged` : `nothing was written at ${root}`;
-    process.stderr.write(`\nprepare: ${sig}: stopped; ${removed.length ? `removed ${removed.join(" and ")} (the partial build)` : "there was no partial build to remove"}; ${left}. Run the same command again to build the mix from the start.\n`);
+    process.stderr.write(
+      `\nprepare: ${sig}: stopped; ${removed.length ? `removed ${removed.join(" and ")} (the partial build)` : "there was no partial build to remove"}; ${left}. Run the same command again to build the mix from the start.\n`,
+    );
     process.exit(sig === "SIGINT" ? 130 : 143);
   };
   process.once("SIGINT", handler);

@@ -31,7 +31,8 @@ export type { RunResult } from "./session/finish";
 export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
   if (!v) return null;
   const m = /^(\d+):(\d+):(throw|exit|nan|diverge|val|refuse)$/.exec(v);
-  if (!m) throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val|refuse`);
+  if (!m)
+    throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val|refuse`);
   return { rank: Number(m[1]), step: Number(m[2]), kind: m[3] as RankFault["kind"] };
 }
 
@@ -71,10 +72,15 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
       const code = await link.follow(here, here.backend);
       mpi.finalize();
       // mpirun does not report its processes' codes once it was signalled itself: each says its own
-      if (code !== 0) process.stderr.write(`process ${mpi.rank} of ${mpi.size} exits ${code} (the code process 0 ended the job with)\n`);
+      if (code !== 0)
+        process.stderr.write(
+          `process ${mpi.rank} of ${mpi.size} exits ${code} (the code process 0 ended the job with)\n`,
+        );
       process.exit(code);
     }
-    rep.say(`MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`);
+    rep.say(
+      `MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`,
+    );
     const kill = sigkillWarning();
     if (kill) rep.say(kill);
     const r = await runHere(here, rep, link);
@@ -82,9 +88,14 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     mpi.finalize();
     return r;
   } catch (e) {
-    if (link.allKnow) { mpi.finalize(); throw e; }
+    if (link.allKnow) {
+      mpi.finalize();
+      throw e;
+    }
     if (link.inStep || !link.leader) {
-      process.stderr.write(`error: process ${mpi.rank} of ${mpi.size}: ${e instanceof Error ? e.message : String(e)}; ending every process of the job\n`);
+      process.stderr.write(
+        `error: process ${mpi.rank} of ${mpi.size}: ${e instanceof Error ? e.message : String(e)}; ending every process of the job\n`,
+      );
       mpi.abort(1);
     }
     await link.end(exitCodeOf(e));
@@ -140,16 +151,32 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | 
   if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
   recordSessionStart(s);
   const coord = Coordinator.create({
-    world: cfg.world, model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, fault: faultFromEnv(), mpi: link?.mpi,
+    world: cfg.world,
+    model: s.model,
+    gradCkpt: cfg.gradCkpt,
+    backend: cfg.backend,
+    native: { gemm: cfg.gemm, isa: cfg.isa },
+    fault: faultFromEnv(),
+    mpi: link?.mpi,
     stopAsked: () => stopRequested() !== null,
-    data: { root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: s.nVal },
+    data: {
+      root: s.root,
+      seqLen: cfg.seqLen,
+      dataSeed: cfg.dataSeed,
+      microBatch: cfg.microBatch,
+      accum: cfg.accum,
+      nVal: s.nVal,
+    },
   });
   const { pos, history } = startingPoint(s, coord);
   let failure: unknown = null;
   let result: RunResult | null = null;
   try {
     // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
-    await link?.start({ model: s.model, root: s.root, fingerprint: s.fingerprint, lrShape: s.lrShape, startStep: s.startStep, pos }, coord);
+    await link?.start(
+      { model: s.model, root: s.root, fingerprint: s.fingerprint, lrShape: s.lrShape, startStep: s.startStep, pos },
+      coord,
+    );
     const events = await startActors(s, coord, pos, rep);
     result = await trainLoop(s, coord, pos, history, rep, t0, events);
   } catch (e) {
@@ -165,9 +192,19 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | 
 function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
   const j = {
-    dry_run: true, train_samples: s.nWindows, val_samples: s.nVal, steps_planned: plan.stepsPlanned, start_step: s.startStep,
-    ckpt_every: plan.ckptEvery, params: s.params, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,
-    scaler: "dynamic (GradScaler semantics)", world: cfg.world, seqs_per_step: plan.seqsPerStep, tokens_per_step: plan.tokensPerStep,
+    dry_run: true,
+    train_samples: s.nWindows,
+    val_samples: s.nVal,
+    steps_planned: plan.stepsPlanned,
+    start_step: s.startStep,
+    ckpt_every: plan.ckptEvery,
+    params: s.params,
+    fingerprint: s.fingerprint,
+    shuffle_perm_sha: s.permSha,
+    scaler: "dynamic (GradScaler semantics)",
+    world: cfg.world,
+    seqs_per_step: plan.seqsPerStep,
+    tokens_per_step: plan.tokensPerStep,
   };
   rep.say(JSON.stringify(j));
   return { runJson: j, exported: null };
@@ -191,7 +228,11 @@ function startingPoint(s: Session, coord: Coordinator): { pos: OptimizerPosition
 }
 
 /** K5: what the start line says of the repo's visibility: chosen when created, found (and never changed) when it existed. */
-async function visibilityNote(hub: NonNullable<Session["hub"]>, created: boolean, wantPrivate: boolean): Promise<string> {
+async function visibilityNote(
+  hub: NonNullable<Session["hub"]>,
+  created: boolean,
+  wantPrivate: boolean,
+): Promise<string> {
   const flag = wantPrivate ? "--hub-private" : "--no-hub-private";
   if (created) return `created ${wantPrivate ? "private" : "public"} (${flag})`;
   let priv: boolean | null;
@@ -201,27 +242,48 @@ async function visibilityNote(hub: NonNullable<Session["hub"]>, created: boolean
     return `exists (its visibility could not be read: ${(e as Error).message}; it is left as it is)`; // only a line: never stop a run for it
   }
   const is = priv === null ? "of unknown visibility" : priv ? "private" : "public";
-  return priv === wantPrivate ? `exists, ${is}` : `exists, ${is}: left as it is (an existing repo's visibility is never changed; ${flag} applies to a repo this run creates)`;
+  return priv === wantPrivate
+    ? `exists, ${is}`
+    : `exists, ${is}: left as it is (an existing repo's visibility is never changed; ${flag} applies to a repo this run creates)`;
 }
 
 /** The ranks, the Hub repo and the uploader; returns where the uploader's reports will arrive (K6). */
-async function startActors(s: Session, coord: Coordinator, pos: OptimizerPosition, rep: Reporter): Promise<UploaderEvent[]> {
+async function startActors(
+  s: Session,
+  coord: Coordinator,
+  pos: OptimizerPosition,
+  rep: Reporter,
+): Promise<UploaderEvent[]> {
   const { cfg, plan } = s;
   await coord.spawn();
-  rep.say(`precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x${SCALER_DEFAULTS.growthFactor}/${SCALER_DEFAULTS.growthInterval} clean, x${SCALER_DEFAULTS.backoffFactor} on inf/NaN) grad_ckpt=${cfg.gradCkpt}`);
+  rep.say(
+    `precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x${SCALER_DEFAULTS.growthFactor}/${SCALER_DEFAULTS.growthInterval} clean, x${SCALER_DEFAULTS.backoffFactor} on inf/NaN) grad_ckpt=${cfg.gradCkpt}`,
+  );
   rep.say(`backend: ${coord.backendInfo.detail}`);
   let head: string | null = null;
   if (s.hub) {
     const r = await s.hub.ensureRepo({ private: cfg.hubPrivate }); // K5: created private unless --no-hub-private
     head = await s.hub.followHead(); // K8: every commit from here on names its parent
-    rep.say(`checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${await visibilityNote(s.hub, r.created, cfg.hubPrivate)}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`);
+    rep.say(
+      `checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${await visibilityNote(s.hub, r.created, cfg.hubPrivate)}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`,
+    );
   }
   const events: UploaderEvent[] = [];
-  await coord.startUploader({
-    hub: cfg.hubRepo ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 } : null,
-    prune: cfg.prune, minFreeGb: cfg.minFreeGb, keepLocal: 1, runDir: cfg.out,
-    hubRetryMs: cfg.hubRetryMinutes * 60_000, head, checkpointBytes: s.checkpointBytes,
-    verifiedLocal: s.resumeVerifiedLocal ? [s.startStep] : [],
-  }, (e) => events.push(e));
+  await coord.startUploader(
+    {
+      hub: cfg.hubRepo
+        ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }
+        : null,
+      prune: cfg.prune,
+      minFreeGb: cfg.minFreeGb,
+      keepLocal: 1,
+      runDir: cfg.out,
+      hubRetryMs: cfg.hubRetryMinutes * 60_000,
+      head,
+      checkpointBytes: s.checkpointBytes,
+      verifiedLocal: s.resumeVerifiedLocal ? [s.startStep] : [],
+    },
+    (e) => events.push(e),
+  );
   return events;
 }

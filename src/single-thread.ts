@@ -18,8 +18,18 @@ import { PackedTokenStore } from "./data/token-store";
 import { WindowPermutation } from "./data/permutation";
 import { TrainStream } from "./data/sampler";
 import {
-  chunkCount, decideStep, foldMicro, meanLossInOrder, newScaler, reduceChunks64, totalSquares, unscaleFactor, ADAMW_DEFAULTS,
-  type DecayRange, type LrShape, type OptimizerPosition,
+  chunkCount,
+  decideStep,
+  foldMicro,
+  meanLossInOrder,
+  newScaler,
+  reduceChunks64,
+  totalSquares,
+  unscaleFactor,
+  ADAMW_DEFAULTS,
+  type DecayRange,
+  type LrShape,
+  type OptimizerPosition,
 } from "./actors/optim";
 import { adamwSliceSimd } from "./actors/optim-simd";
 import type { StepResult } from "./actors/coordinator";
@@ -55,7 +65,11 @@ export class SingleThreadTrainer {
   private readonly ids: Int32Array;
   backend = "?";
 
-  private constructor(readonly setup: SingleThreadSetup, readonly llama: Llama, private readonly kernels: Kernels) {
+  private constructor(
+    readonly setup: SingleThreadSetup,
+    readonly llama: Llama,
+    private readonly kernels: Kernels,
+  ) {
     const layout = paramLayout(setup.model);
     this.params = new Float32Array(layout.total);
     this.m = new Float32Array(layout.total);
@@ -68,7 +82,12 @@ export class SingleThreadTrainer {
     const manifest = readManifest(setup.root);
     const store = PackedTokenStore.open(setup.root, manifest, "train");
     const perm = new WindowPermutation(store.numWindows(setup.seqLen), setup.dataSeed);
-    this.stream = new TrainStream(store, perm, { world: setup.world, accum: setup.accum, microBatch: setup.microBatch, seqLen: setup.seqLen });
+    this.stream = new TrainStream(store, perm, {
+      world: setup.world,
+      accum: setup.accum,
+      microBatch: setup.microBatch,
+      seqLen: setup.seqLen,
+    });
     this.ids = new Int32Array(setup.microBatch * setup.seqLen);
     initWeights(setup.model, setup.seed, this.params);
     llama.bindParams(this.params); // AdamW updates them in place; the next pass reads them as they are
@@ -76,7 +95,11 @@ export class SingleThreadTrainer {
 
   static async create(setup: SingleThreadSetup): Promise<SingleThreadTrainer> {
     const be = await initEngine(setup.backend, setup.native);
-    const t = new SingleThreadTrainer(setup, new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }), be.kernels);
+    const t = new SingleThreadTrainer(
+      setup,
+      new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }),
+      be.kernels,
+    );
     t.backend = be.engine;
     return t;
   }
@@ -100,11 +123,31 @@ export class SingleThreadTrainer {
     const t2 = performance.now();
     const d = decideStep(pos, totalSquares(this.sq), baseLr, shape);
     const res: StepResult = {
-      step, loss: meanLossInOrder(losses, world, accum), applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
-      computeMs: t1 - t0, reduceMs: t2 - t1, allreduceMs: 0, updateMs: 0, stopAsked: false,
+      step,
+      loss: meanLossInOrder(losses, world, accum),
+      applied: d.apply,
+      gradNorm: d.gradNorm,
+      lr: d.lr,
+      scaleUsed: scale,
+      computeMs: t1 - t0,
+      reduceMs: t2 - t1,
+      allreduceMs: 0,
+      updateMs: 0,
+      stopAsked: false,
     };
     if (d.apply) {
-      adamwSliceSimd(this.params, this.m, this.v, this.grad, this.ranges, 0, this.params.length, { lr: d.lr, ...ADAMW_DEFAULTS }, d.coef, d.t);
+      adamwSliceSimd(
+        this.params,
+        this.m,
+        this.v,
+        this.grad,
+        this.ranges,
+        0,
+        this.params.length,
+        { lr: d.lr, ...ADAMW_DEFAULTS },
+        d.coef,
+        d.t,
+      );
       res.updateMs = performance.now() - t2;
     }
     Object.assign(pos, d.next);
@@ -132,10 +175,21 @@ export interface BenchmarkPlan {
 export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): Promise<Record<string, unknown>> {
   const { cfg } = s;
   const t = await SingleThreadTrainer.create({
-    model: s.model, gradCkpt: cfg.gradCkpt, backend: cfg.backend, native: { gemm: cfg.gemm, isa: cfg.isa }, root: s.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed,
-    world: cfg.world, accum: cfg.accum, microBatch: cfg.microBatch, seed: cfg.seed,
+    model: s.model,
+    gradCkpt: cfg.gradCkpt,
+    backend: cfg.backend,
+    native: { gemm: cfg.gemm, isa: cfg.isa },
+    root: s.root,
+    seqLen: cfg.seqLen,
+    dataSeed: cfg.dataSeed,
+    world: cfg.world,
+    accum: cfg.accum,
+    microBatch: cfg.microBatch,
+    seed: cfg.seed,
   });
-  rep.say(`benchmark mode: ${n} steps in one thread, no actors, micro=${cfg.microBatch} accum=${cfg.accum} world-share=${cfg.world} seq=${cfg.seqLen} backend=${t.backend}`);
+  rep.say(
+    `benchmark mode: ${n} steps in one thread, no actors, micro=${cfg.microBatch} accum=${cfg.accum} world-share=${cfg.world} seq=${cfg.seqLen} backend=${t.backend}`,
+  );
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   const times: number[] = [];
   let last: StepResult | null = null;
@@ -149,9 +203,18 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
   const med = sorted.length ? sorted[Math.floor(sorted.length / 2)] : Number.NaN;
   const tokensPerStep = s.plan.tokensPerStep;
   const j = {
-    case: "framework-free", benchmark_steps: n, backend: t.backend, world: cfg.world, params: s.params.sum_numel, seq_len: cfg.seqLen,
-    micro_batch: cfg.microBatch, accum: cfg.accum, step_ms_median: Math.round(med * 10) / 10,
-    tok_per_s: Math.round((tokensPerStep / med) * 1000 * 10) / 10, loss: last?.loss ?? null, grad_ckpt: cfg.gradCkpt,
+    case: "framework-free",
+    benchmark_steps: n,
+    backend: t.backend,
+    world: cfg.world,
+    params: s.params.sum_numel,
+    seq_len: cfg.seqLen,
+    micro_batch: cfg.microBatch,
+    accum: cfg.accum,
+    step_ms_median: Math.round(med * 10) / 10,
+    tok_per_s: Math.round((tokensPerStep / med) * 1000 * 10) / 10,
+    loss: last?.loss ?? null,
+    grad_ckpt: cfg.gradCkpt,
   };
   rep.say("BENCH_JSON " + JSON.stringify(j));
   return j;

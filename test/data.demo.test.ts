@@ -35,16 +35,26 @@ test("the demo tokenizer is a valid HF byte-level BPE tokenizer.json that round-
   assert.equal(Object.keys(tj.model.vocab).length, DEMO_VOCAB);
   for (const m of tj.merges ?? tj.model.merges) {
     const [a, b] = (m as string).split(" ");
-    assert.ok(a in tj.model.vocab && b in tj.model.vocab && a + b in tj.model.vocab, `merge ${m} closed over the vocab`);
+    assert.ok(
+      a in tj.model.vocab && b in tj.model.vocab && a + b in tj.model.vocab,
+      `merge ${m} closed over the vocab`,
+    );
   }
   const cfg = JSON.parse(fs.readFileSync(path.join(rootA, "tokenizer_config.json"), "utf8"));
   assert.equal(cfg.tokenizer_class, "PreTrainedTokenizerFast");
   const tk = new Tokenizer(tj, cfg);
   assert.equal(tk.token_to_id("<|endoftext|>"), 0, "EOS id 0");
   assert.equal(tk.token_to_id("<|pad|>"), DEMO_VOCAB - 1, "pad = vocab - 1");
-  for (const text of ["The Fulton County Grand Jury said Friday an investigation.", "Zürich — naïve café, 3.14159 ✓ 😀\n\n\tTabs  and  spaces ", "don't won't it's"]) {
+  for (const text of [
+    "The Fulton County Grand Jury said Friday an investigation.",
+    "Zürich — naïve café, 3.14159 ✓ 😀\n\n\tTabs  and  spaces ",
+    "don't won't it's",
+  ]) {
     const ids = tk.encode(text, { add_special_tokens: false }).ids;
-    assert.ok(ids.every((i) => Number.isInteger(i) && i > 0 && i < DEMO_VOCAB - 1), "only ordinary ids");
+    assert.ok(
+      ids.every((i) => Number.isInteger(i) && i > 0 && i < DEMO_VOCAB - 1),
+      "only ordinary ids",
+    );
     assert.equal(tk.decode(ids), text);
   }
   assert.equal(tk.encode(" the", { add_special_tokens: false }).ids.length, 1, "common words are merged");
@@ -80,15 +90,32 @@ test("the demo mix is deterministic (a second build gives the same bytes) and is
   assert.equal(demoMixIsReusable(dirB), false);
 });
 
-test("building the demo data says what it does and shows progress: the tokenizer's share and ETA, the tokenizing's percentage (CLI, B5, D2)", { timeout: 300_000 }, () => {
+test("building the demo data says what it does and shows progress: the tokenizer's share and ETA, the tokenizing's percentage (CLI, B5, D2)", {
+  timeout: 300_000,
+}, () => {
   const work = tmpDir("demo-cli");
-  const r = spawnSync(process.execPath, [path.join(__dirname, "..", "main.js"), "--demo", "--root", path.join(work, "data"), "--out", path.join(work, "run"), "--dry-run"],
-    { encoding: "utf8", timeout: 280_000 });
+  const r = spawnSync(
+    process.execPath,
+    [
+      path.join(__dirname, "..", "main.js"),
+      "--demo",
+      "--root",
+      path.join(work, "data"),
+      "--out",
+      path.join(work, "run"),
+      "--dry-run",
+    ],
+    { encoding: "utf8", timeout: 280_000 },
+  );
   assert.equal(r.status, 0, r.stderr + r.stdout);
-  assert.match(r.stdout, /^demo data: building the demo mix in \S+data from the bundled Brown corpus \(once; about 20-40 s on 2 cores, then reused\)$/m);
+  assert.match(
+    r.stdout,
+    /^demo data: building the demo mix in \S+data from the bundled Brown corpus \(once; about 20-40 s on 2 cores, then reused\)$/m,
+  );
   assert.match(r.stdout, /^demo data: training the demo tokenizer \(byte-level BPE, 4,096 ids\) on 500 documents$/m);
   assert.match(r.stdout, /^demo data: tokenizer trained in \d+\.\ds$/m);
-  for (const l of r.stdout.split("\n").filter((x) => /^demo data: tokenizer [\d,]+\//.test(x))) assert.match(l, /^demo data: tokenizer [\d,]+\/4,095 ids \(\d+%\), \d+s, ETA \d+s$/);
+  for (const l of r.stdout.split("\n").filter((x) => /^demo data: tokenizer [\d,]+\//.test(x)))
+    assert.match(l, /^demo data: tokenizer [\d,]+\/4,095 ids \(\d+%\), \d+s, ETA \d+s$/);
   const pct = [...r.stderr.matchAll(/^prepare: +(\d+)% .* ETA \S+$/gm)].map((m) => Number(m[1]));
   assert.ok(pct.length >= 3 && pct[pct.length - 1] === 100, r.stderr);
   assert.match(r.stdout, /"dry_run":true/);

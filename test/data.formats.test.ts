@@ -21,7 +21,10 @@ const small = { chunkBytes: 1024, pieceChars: 3000, valFraction: 0.05, shardToke
 
 const work = tempDir("formats");
 const docs = corpusDocs();
-const tokenizer = writeTinyTokenizer(path.join(work, "tok"), docs.filter((d) => d.length > 0));
+const tokenizer = writeTinyTokenizer(
+  path.join(work, "tok"),
+  docs.filter((d) => d.length > 0),
+);
 const EOS = "<|endoftext|>";
 
 function write(name: string, data: string | Uint8Array): string {
@@ -36,11 +39,15 @@ function shardsOf(root: string): { files: Map<string, Buffer>; list: unknown } {
   const t = readTree(root);
   const files = new Map([...t].filter(([k]) => k.endsWith(".bin")));
   const m = readManifest(root);
-  return { files, list: { shards: m.shards, val: m.val_shards, corpus: m.prepare?.corpus_sha256, documents: m.prepare?.documents } };
+  return {
+    files,
+    list: { shards: m.shards, val: m.val_shards, corpus: m.prepare?.corpus_sha256, documents: m.prepare?.documents },
+  };
 }
 
 function assertSameShards(a: string, b: string, what: string): void {
-  const x = shardsOf(a), y = shardsOf(b);
+  const x = shardsOf(a),
+    y = shardsOf(b);
   assert.deepEqual([...y.files.keys()], [...x.files.keys()], `${what}: shard names`);
   for (const [k, v] of x.files) assert.ok(v.equals(y.files.get(k)!), `${what}: ${k} differs from the .jsonl build`);
   assert.deepEqual(y.list, x.list, `${what}: manifest shard lists`);
@@ -68,11 +75,23 @@ test("a .jsonl.gz, a .jsonl.zst and a Parquet file prepare to the same shards as
   const zst = write("c.jsonl.zst", fs.readFileSync(ZST));
   // Parquet: several row groups, a null cell and an empty string (both dropped like empty documents)
   const col = [...docs, null as unknown as string];
-  const pq = write("c.parquet", new Uint8Array(parquetWriteBuffer({
-    columnData: [{ name: "id", data: col.map((_, i) => i), type: "INT32" }, { name: "text", data: col, type: "STRING", nullable: true }],
-    rowGroupSize: 50,
-  })));
-  for (const [name, file, workers] of [["gz", gz, 2], ["zst", zst, 1], ["parquet", pq, 2]] as const) {
+  const pq = write(
+    "c.parquet",
+    new Uint8Array(
+      parquetWriteBuffer({
+        columnData: [
+          { name: "id", data: col.map((_, i) => i), type: "INT32" },
+          { name: "text", data: col, type: "STRING", nullable: true },
+        ],
+        rowGroupSize: 50,
+      }),
+    ),
+  );
+  for (const [name, file, workers] of [
+    ["gz", gz, 2],
+    ["zst", zst, 1],
+    ["parquet", pq, 2],
+  ] as const) {
     const out = path.join(work, `out-${name}`);
     await prepareMix({ inputs: [file], tokenizer, out, workers, ...small });
     assertSameShards(ref, out, name);
@@ -91,16 +110,50 @@ test("a plain-text file many chunks long, documents split at EOS lines, prepares
 
 test("the CLI reads a Parquet column named by --text-field and refuses a missing column before any work (D2)", async () => {
   await refReady;
-  const pq = write("content.parquet", new Uint8Array(parquetWriteBuffer({ columnData: [{ name: "content", data: docs, type: "STRING" }], rowGroupSize: 64 })));
+  const pq = write(
+    "content.parquet",
+    new Uint8Array(
+      parquetWriteBuffer({ columnData: [{ name: "content", data: docs, type: "STRING" }], rowGroupSize: 64 }),
+    ),
+  );
   const bad = path.join(work, "out-cli-bad");
-  const r = spawnSync(process.execPath, [PREPARE, "--input", pq, "--tokenizer", tokenizer, "--out", bad], { encoding: "utf8" });
+  const r = spawnSync(process.execPath, [PREPARE, "--input", pq, "--tokenizer", tokenizer, "--out", bad], {
+    encoding: "utf8",
+  });
   assert.equal(r.status, 2, r.stderr);
-  assert.match(r.stderr, /content\.parquet has no column "text" \(its columns: content\): pick the text column with --text-field NAME \[D2\]/);
+  assert.match(
+    r.stderr,
+    /content\.parquet has no column "text" \(its columns: content\): pick the text column with --text-field NAME \[D2\]/,
+  );
   assert.equal(fs.existsSync(bad), false, "nothing written");
   const jb = write("content.jsonl", corpusJsonl("content"));
-  const a = path.join(work, "out-cli-pq"), b = path.join(work, "out-cli-jsonl");
-  for (const [inp, out] of [[pq, a], [jb, b]]) {
-    const ok = spawnSync(process.execPath, [PREPARE, "--input", inp, "--tokenizer", tokenizer, "--out", out, "--text-field", "content", "--workers", "2", "--val-fraction", "0.05", "--shard-tokens", "5000"], { encoding: "utf8" });
+  const a = path.join(work, "out-cli-pq"),
+    b = path.join(work, "out-cli-jsonl");
+  for (const [inp, out] of [
+    [pq, a],
+    [jb, b],
+  ]) {
+    const ok = spawnSync(
+      process.execPath,
+      [
+        PREPARE,
+        "--input",
+        inp,
+        "--tokenizer",
+        tokenizer,
+        "--out",
+        out,
+        "--text-field",
+        "content",
+        "--workers",
+        "2",
+        "--val-fraction",
+        "0.05",
+        "--shard-tokens",
+        "5000",
+      ],
+      { encoding: "utf8" },
+    );
     assert.equal(ok.status, 0, ok.stderr);
   }
   assertSameShards(a, b, "--text-field content");
@@ -120,18 +173,51 @@ function zstdRawFrame(data: Buffer): Buffer {
 
 test("the last document of a .jsonl, .jsonl.gz and .jsonl.zst without a trailing newline is read like any other (CLI, D2)", async () => {
   const body = corpusJsonl().replace(/\n$/, "");
-  assert.ok(!body.endsWith("\n") && JSON.parse(body.slice(body.lastIndexOf("\n") + 1)).text.length > 0, "the last line is a real document");
+  assert.ok(
+    !body.endsWith("\n") && JSON.parse(body.slice(body.lastIndexOf("\n") + 1)).text.length > 0,
+    "the last line is a real document",
+  );
   const cli = (input: string, out: string) => {
-    const r = spawnSync(process.execPath, [PREPARE, "--input", input, "--tokenizer", tokenizer, "--out", out, "--workers", "1", "--val-fraction", "0.05", "--shard-tokens", "5000"], { encoding: "utf8" });
+    const r = spawnSync(
+      process.execPath,
+      [
+        PREPARE,
+        "--input",
+        input,
+        "--tokenizer",
+        tokenizer,
+        "--out",
+        out,
+        "--workers",
+        "1",
+        "--val-fraction",
+        "0.05",
+        "--shard-tokens",
+        "5000",
+      ],
+      { encoding: "utf8" },
+    );
     assert.equal(r.status, 0, r.stderr);
   };
   const withNl = path.join(work, "out-cli-nl");
   cli(write("nl.jsonl", corpusJsonl()), withNl);
-  assert.equal(zstdDecompress(zstdRawFrame(Buffer.from(body))).length, Buffer.byteLength(body), "the raw zstd frame decodes");
-  for (const [name, data] of [["nonl.jsonl", body], ["nonl.jsonl.gz", zlib.gzipSync(body)], ["nonl.jsonl.zst", zstdRawFrame(Buffer.from(body))]] as const) {
+  assert.equal(
+    zstdDecompress(zstdRawFrame(Buffer.from(body))).length,
+    Buffer.byteLength(body),
+    "the raw zstd frame decodes",
+  );
+  for (const [name, data] of [
+    ["nonl.jsonl", body],
+    ["nonl.jsonl.gz", zlib.gzipSync(body)],
+    ["nonl.jsonl.zst", zstdRawFrame(Buffer.from(body))],
+  ] as const) {
     const out = path.join(work, `out-cli-${name}`);
     cli(write(name, data), out);
-    assert.equal(readManifest(out).prepare?.documents, docs.filter((d) => d.length > 0).length, `${name}: every document, the last one too`);
+    assert.equal(
+      readManifest(out).prepare?.documents,
+      docs.filter((d) => d.length > 0).length,
+      `${name}: every document, the last one too`,
+    );
     assertSameShards(withNl, out, name);
   }
 });

@@ -35,7 +35,8 @@ function readSteps(stream: TrainStream, from: number, to: number, into: Map<numb
         for (let row = 0; row < g.microBatch; row++) {
           const first = batch[row * SEQ];
           assert.equal(first % SEQ, 0, "a window starts on a multiple of seq_len");
-          for (let j = 0; j < SEQ; j++) assert.equal(batch[row * SEQ + j], first + j, "tokens are consecutive positions");
+          for (let j = 0; j < SEQ; j++)
+            assert.equal(batch[row * SEQ + j], first + j, "tokens are consecutive positions");
           const p = permIndex(s, rank, micro, row, g);
           assert.ok(!into.has(p), `permutation index ${p} read twice`);
           into.set(p, first / SEQ);
@@ -57,7 +58,10 @@ test("a window's tokens are its stream positions, also across shard boundaries (
   const out = new Int32Array(SEQ * 2);
   for (let w = 0; w < 64; w++) {
     store.readWindow(w, SEQ, out, SEQ);
-    assert.deepEqual(Array.from(out.subarray(SEQ)), Array.from({ length: SEQ }, (_, j) => w * SEQ + j));
+    assert.deepEqual(
+      Array.from(out.subarray(SEQ)),
+      Array.from({ length: SEQ }, (_, j) => w * SEQ + j),
+    );
   }
   assert.throws(() => store.readWindow(64, SEQ, out), RangeError);
   store.close();
@@ -69,14 +73,29 @@ test("world sizes 1, 2 and 4 at the same sequences per step visit every window e
     assert.equal(seqsPerStep(g), 8);
     const seen = new Map<number, number>();
     // a run split into uneven segments, each with a fresh stream, as separate sessions would be
-    for (const [a, b] of [[0, 3], [3, 4], [4, 4], [4, 7], [7, 8]]) readSteps(openStream(g), a, b, seen);
+    for (const [a, b] of [
+      [0, 3],
+      [3, 4],
+      [4, 4],
+      [4, 7],
+      [7, 8],
+    ])
+      readSteps(openStream(g), a, b, seen);
     const order = Array.from({ length: 64 }, (_, p) => seen.get(p)!);
-    assert.deepEqual([...order].sort((x, y) => x - y), Array.from({ length: 64 }, (_, i) => i), "every window exactly once");
+    assert.deepEqual(
+      [...order].sort((x, y) => x - y),
+      Array.from({ length: 64 }, (_, i) => i),
+      "every window exactly once",
+    );
     orders.push(order);
   }
   for (const o of orders.slice(1)) assert.deepEqual(o, orders[0], "same global order for every split of S");
   const perm = new WindowPermutation(64, SEED);
-  assert.deepEqual(orders[0], Array.from({ length: 64 }, (_, i) => perm.at(i)), "global order = the permutation");
+  assert.deepEqual(
+    orders[0],
+    Array.from({ length: 64 }, (_, i) => perm.at(i)),
+    "global order = the permutation",
+  );
 });
 
 test("the (step, rank, micro, row) rule is s*S + (micro*world + rank)*microBatch + row (D6)", () => {
@@ -99,14 +118,21 @@ test("a resume at any step through a saved cursor yields exactly the remaining w
     for (let stop = 0; stop <= 8; stop++) {
       const ck = tmpDir("ckpt");
       saveCursor(ck, makeCursor({ step: stop, seqsPerStep: S, seqLen: SEQ, seed: SEED, fingerprint: fp, permSha: ps }));
-      const { startStep, startSample } = validateResume(loadCursor(ck), { seqLen: SEQ, seed: SEED, permSha: ps, fingerprint: fp, seqsPerStep: S }, ck);
+      const { startStep, startSample } = validateResume(
+        loadCursor(ck),
+        { seqLen: SEQ, seed: SEED, permSha: ps, fingerprint: fp, seqsPerStep: S },
+        ck,
+      );
       assert.equal(startStep, stop);
       assert.equal(startSample, stop * S);
       checkNoWrap({ nWindows: 64, startStep, stepsPlanned: 8, seqsPerStep: S, seqLen: SEQ });
       const rest = new Map<number, number>();
       readSteps(openStream(g), startStep, 8, rest);
       const expected = [...full].filter(([p]) => p >= startSample);
-      assert.deepEqual([...rest].sort((x, y) => x[0] - y[0]), expected.sort((x, y) => x[0] - y[0]));
+      assert.deepEqual(
+        [...rest].sort((x, y) => x[0] - y[0]),
+        expected.sort((x, y) => x[0] - y[0]),
+      );
       fs.rmSync(ck, { recursive: true });
     }
   }
@@ -114,7 +140,12 @@ test("a resume at any step through a saved cursor yields exactly the remaining w
 
 test("reading past the last window refuses instead of wrapping into a second epoch (D6)", () => {
   const s = openStream(GEOMS[1]);
-  assert.throws(() => s.readMicroBatch(8, 0, 0), (e: Error) => e.name === "UserError" && /needs permutation index 64 but the train split has only 64 windows: the epoch never wraps/.test(e.message));
+  assert.throws(
+    () => s.readMicroBatch(8, 0, 0),
+    (e: Error) =>
+      e.name === "UserError" &&
+      /needs permutation index 64 but the train split has only 64 windows: the epoch never wraps/.test(e.message),
+  );
 });
 
 test("a plan longer than the windows is refused before step 1, naming the shortfall (D6)", () => {
@@ -125,10 +156,17 @@ test("a plan longer than the windows is refused before step 1, naming the shortf
     () => checkNoWrap({ nWindows: 64, startStep: 2, stepsPlanned: 9, seqsPerStep: 8, seqLen: SEQ }),
     (e: Error) =>
       e.name === "UserError" &&
-      e.message.includes("dataset too small for the plan: 48 windows available from sample 16, 56 needed for 7 steps x 8 sequences (392 tokens); short by 8 windows (56 tokens)") &&
-      e.message.includes("at most 8 steps") && e.message.includes("the epoch never wraps") && e.message.endsWith("[D6]"),
+      e.message.includes(
+        "dataset too small for the plan: 48 windows available from sample 16, 56 needed for 7 steps x 8 sequences (392 tokens); short by 8 windows (56 tokens)",
+      ) &&
+      e.message.includes("at most 8 steps") &&
+      e.message.includes("the epoch never wraps") &&
+      e.message.endsWith("[D6]"),
   );
-  assert.throws(() => checkNoWrap({ nWindows: 64, startStep: 10, stepsPlanned: 9, seqsPerStep: 8, seqLen: SEQ }), /resume point step 10 is beyond the planned horizon of 9 steps.*\[D6\]/);
+  assert.throws(
+    () => checkNoWrap({ nWindows: 64, startStep: 10, stepsPlanned: 9, seqsPerStep: 8, seqLen: SEQ }),
+    /resume point step 10 is beyond the planned horizon of 9 steps.*\[D6\]/,
+  );
 });
 
 test("validation reads the val split's first n_val windows in order, never shuffled (D7)", () => {
@@ -137,7 +175,11 @@ test("validation reads the val split's first n_val windows in order, never shuff
   const nVal = valWindowCount(2_000_000, manifest.val_total_tokens, SEQ);
   assert.equal(nVal, 7);
   const vs = new ValStream(store, SEQ, nVal);
-  for (let i = 0; i < nVal; i++) assert.deepEqual(Array.from(vs.read(i)), Array.from({ length: SEQ }, (_, j) => i * SEQ + j));
+  for (let i = 0; i < nVal; i++)
+    assert.deepEqual(
+      Array.from(vs.read(i)),
+      Array.from({ length: SEQ }, (_, j) => i * SEQ + j),
+    );
   assert.equal(valWindowCount(14, manifest.val_total_tokens, SEQ), 2);
   assert.equal(valWindowCount(3, manifest.val_total_tokens, SEQ), 1, "at least one window");
   assert.throws(() => new ValStream(store, SEQ, 8), /asks for 8 windows of 7 tokens but the val split holds 7.*\[D7\]/);

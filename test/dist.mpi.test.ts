@@ -18,16 +18,47 @@ const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 51
 /** A tiny model on the synthetic mix: 8 steps, checkpoints at 4 and 8 (as test/helpers/run.ts's tinyConfig). */
 function tiny(out: string, extra: string[] = []): string[] {
   return [
-    "--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64", "--micro-batch", "2", "--accum", "1",
-    "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2", "--val-tokens", "256", "--lr", "3e-3", "--no-sample", ...extra,
+    "--root",
+    mix.root,
+    "--out",
+    out,
+    "--seq-len",
+    "16",
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--vocab-size",
+    "64",
+    "--micro-batch",
+    "2",
+    "--accum",
+    "1",
+    "--max-steps",
+    "8",
+    "--push-every-steps",
+    "4",
+    "--log-every",
+    "2",
+    "--val-tokens",
+    "256",
+    "--lr",
+    "3e-3",
+    "--no-sample",
+    ...extra,
   ];
 }
 
 /** Why MPI tests cannot run here, or null. */
 function mpiMissing(): string | null {
   const v = spawnSync("mpirun", ["--version"], { encoding: "utf8", timeout: 30_000 });
-  if (v.error || v.status !== 0) return `no mpirun on PATH (${v.error?.message ?? `exit ${v.status}`}); install with: apt-get install openmpi-bin`;
-  try { loadMpi(); } catch (e) { return (e as Error).message; }
+  if (v.error || v.status !== 0)
+    return `no mpirun on PATH (${v.error?.message ?? `exit ${v.status}`}); install with: apt-get install openmpi-bin`;
+  try {
+    loadMpi();
+  } catch (e) {
+    return (e as Error).message;
+  }
   return null;
 }
 const missing = mpiMissing();
@@ -35,28 +66,67 @@ const missing = mpiMissing();
 /** True when MPI is here; otherwise the test is skipped saying why, or fails under TSTRAIN_REQUIRE_MPI=1. */
 function needMpi(t: TestContext): boolean {
   if (!missing) return true;
-  if (process.env.TSTRAIN_REQUIRE_MPI === "1") throw new Error(`TSTRAIN_REQUIRE_MPI=1 but MPI is unavailable: ${missing}`);
+  if (process.env.TSTRAIN_REQUIRE_MPI === "1")
+    throw new Error(`TSTRAIN_REQUIRE_MPI=1 but MPI is unavailable: ${missing}`);
   t.skip(`MPI unavailable: ${missing}`);
   return false;
 }
 
-interface Ran { status: number | null; signal: NodeJS.Signals | null; out: string; ms: number }
+interface Ran {
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  out: string;
+  ms: number;
+}
 
 /** Run a command to its end (or `timeoutMs`), with stdout+stderr together; `during` may act on the child. */
-function run(cmd: string, args: string[], o: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cwd?: string; during?: (pid: number, out: () => string) => void } = {}): Promise<Ran> {
+function run(
+  cmd: string,
+  args: string[],
+  o: {
+    timeoutMs?: number;
+    env?: NodeJS.ProcessEnv;
+    cwd?: string;
+    during?: (pid: number, out: () => string) => void;
+  } = {},
+): Promise<Ran> {
   return new Promise((resolve) => {
     const t0 = Date.now();
-    const child = spawn(cmd, args, { env: { ...process.env, ...o.env }, cwd: o.cwd, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const child = spawn(cmd, args, {
+      env: { ...process.env, ...o.env },
+      cwd: o.cwd,
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true,
+    });
     let out = "";
-    child.stdout.on("data", (b: Buffer) => { out += b.toString(); });
-    child.stderr.on("data", (b: Buffer) => { out += b.toString(); });
-    const timer = setTimeout(() => { try { process.kill(-child.pid!, "SIGKILL"); } catch { /* gone */ } }, o.timeoutMs ?? 300_000);
+    child.stdout.on("data", (b: Buffer) => {
+      out += b.toString();
+    });
+    child.stderr.on("data", (b: Buffer) => {
+      out += b.toString();
+    });
+    const timer = setTimeout(() => {
+      try {
+        process.kill(-child.pid!, "SIGKILL");
+      } catch {
+        /* gone */
+      }
+    }, o.timeoutMs ?? 300_000);
     o.during?.(child.pid!, () => out);
-    child.on("close", (status, signal) => { clearTimeout(timer); resolve({ status, signal, out, ms: Date.now() - t0 }); });
+    child.on("close", (status, signal) => {
+      clearTimeout(timer);
+      resolve({ status, signal, out, ms: Date.now() - t0 });
+    });
   });
 }
 
-const MPIRUN_FLAGS = [...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--oversubscribe", "--mca", "btl", "self,vader,tcp"];
+const MPIRUN_FLAGS = [
+  ...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []),
+  "--oversubscribe",
+  "--mca",
+  "btl",
+  "self,vader,tcp",
+];
 
 function mpirun(np: number, args: string[], o: Parameters<typeof run>[2] & { mca?: string[] } = {}): Promise<Ran> {
   return run("mpirun", [...MPIRUN_FLAGS, ...(o.mca ?? []), "-np", String(np), process.execPath, MAIN, ...args], o);
@@ -80,11 +150,16 @@ function ok(r: Ran, what: string): void {
 
 // ------------------------------------------------------------------ refusals (A9)
 
-test("a process of an MPI job started without --dist mpi is refused with exit 2 naming the flag, before any work (A9)", { timeout: 120_000 }, async (t) => {
+test("a process of an MPI job started without --dist mpi is refused with exit 2 naming the flag, before any work (A9)", {
+  timeout: 120_000,
+}, async (t) => {
   const out = tmpDir("tstrain-nodist-");
   const sim = await one(tiny(out), { env: { OMPI_COMM_WORLD_SIZE: "2" } });
   assert.equal(sim.status, 2, sim.out);
-  assert.match(sim.out, /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi .*\[A9\]/s);
+  assert.match(
+    sim.out,
+    /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi .*\[A9\]/s,
+  );
   assert.deepEqual(fs.readdirSync(out), [], "nothing was written to --out");
   if (!needMpi(t)) return;
   const real = await mpirun(2, tiny(tmpDir("tstrain-nodist-real-")));
@@ -92,17 +167,26 @@ test("a process of an MPI job started without --dist mpi is refused with exit 2 
   assert.match(real.out, /refused: this process is one of 2 started by an MPI launcher .*--dist mpi/s);
 });
 
-test("--dist mpi with no MPI library is refused with exit 2 and the command that installs one (A9)", { timeout: 60_000 }, async () => {
+test("--dist mpi with no MPI library is refused with exit 2 and the command that installs one (A9)", {
+  timeout: 60_000,
+}, async () => {
   const out = tmpDir("tstrain-nolib-");
-  const r = await one(tiny(out, ["--dist", "mpi"]), { env: { TSTRAIN_MPI_LIB: path.join(out, "no-such-libmpi.so.40") } });
+  const r = await one(tiny(out, ["--dist", "mpi"]), {
+    env: { TSTRAIN_MPI_LIB: path.join(out, "no-such-libmpi.so.40") },
+  });
   assert.equal(r.status, 2, r.out);
-  assert.match(r.out, /refused: --dist mpi needs an MPI library, .*no-such-libmpi\.so\.40.* Install Open MPI with: apt-get install openmpi-bin.*\[A9\]/s);
+  assert.match(
+    r.out,
+    /refused: --dist mpi needs an MPI library, .*no-such-libmpi\.so\.40.* Install Open MPI with: apt-get install openmpi-bin.*\[A9\]/s,
+  );
   assert.deepEqual(fs.readdirSync(out), [], "nothing was written to --out");
 });
 
 // ------------------------------------------------------------------ the same bits for any split (A9, A10, A11)
 
-test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors byte-identical to one process at --world 2 --demo (A9, A10)", { timeout: 1_800_000 }, async (t) => {
+test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors byte-identical to one process at --world 2 --demo (A9, A10)", {
+  timeout: 1_800_000,
+}, async (t) => {
   if (!needMpi(t)) return;
   // The whole demo, every default, in a folder of its own (the demo prepares its data under ./.demo there). One process
   // at --world 2 --demo ends with DEMO_SHA256: train.isa.test.ts runs exactly that and checks the same constant.
@@ -112,54 +196,114 @@ test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors
   assert.match(b.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
   assert.equal(b.out.match(/^RUN_JSON /gm)?.length, 1, "process 0 alone reports (and writes) the run");
   assert.match(b.out, /^RUN_JSON .*"final_step":300,/m, "the whole demo ran");
-  assert.equal(sha256(finalWeights(path.join(cwd, "run"))), DEMO_SHA256, "final/model.safetensors byte-identical to --world 2 --demo's");
+  assert.equal(
+    sha256(finalWeights(path.join(cwd, "run"))),
+    DEMO_SHA256,
+    "final/model.safetensors byte-identical to --world 2 --demo's",
+  );
 });
 
-test("-np 3 --world 1, one process at --world 3 and at --world 1 --accum 3 end byte-identical; the processes agree at every checkpoint (A10, A11)", { timeout: 600_000 }, async (t) => {
+test("-np 3 --world 1, one process at --world 3 and at --world 1 --accum 3 end byte-identical; the processes agree at every checkpoint (A10, A11)", {
+  timeout: 600_000,
+}, async (t) => {
   if (!needMpi(t)) return;
-  const w3 = tmpDir("tstrain-w3-"), a3 = tmpDir("tstrain-a3-"), np3 = tmpDir("tstrain-np3-");
+  const w3 = tmpDir("tstrain-w3-"),
+    a3 = tmpDir("tstrain-a3-"),
+    np3 = tmpDir("tstrain-np3-");
   ok(await one(tiny(w3, ["--world", "3"])), "--world 3");
   ok(await one(tiny(a3, ["--world", "1", "--accum", "3"])), "--world 1 --accum 3");
   const m = await mpirun(3, tiny(np3, ["--dist", "mpi", "--world", "1"]));
   ok(m, "mpirun -np 3 --world 1");
-  for (const step of [4, 8]) assert.match(m.out, new RegExp(`step ${step}: weights and moments identical on all 3 processes \\(sha256 [0-9a-f]{32}\\)`), `checkpoint ${step} compared`);
+  for (const step of [4, 8])
+    assert.match(
+      m.out,
+      new RegExp(`step ${step}: weights and moments identical on all 3 processes \\(sha256 [0-9a-f]{32}\\)`),
+      `checkpoint ${step} compared`,
+    );
   assert.ok(finalWeights(w3).equals(finalWeights(a3)), "--world 3 == --world 1 --accum 3");
   assert.ok(finalWeights(np3).equals(finalWeights(w3)), "-np 3 --world 1 == --world 3");
 });
 
-test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --world 4, logging allreduce_ms per step (A9, A10)", { timeout: 600_000 }, async (t) => {
+test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --world 4, logging allreduce_ms per step (A9, A10)", {
+  timeout: 600_000,
+}, async (t) => {
   if (!needMpi(t)) return;
-  const w4 = tmpDir("tstrain-w4-"), np2 = tmpDir("tstrain-np2w2-");
+  const w4 = tmpDir("tstrain-w4-"),
+    np2 = tmpDir("tstrain-np2w2-");
   ok(await one(tiny(w4, ["--world", "4"])), "--world 4");
   const m = await mpirun(2, tiny(np2, ["--dist", "mpi", "--world", "2"]));
   ok(m, "mpirun -np 2 --world 2");
   assert.match(m.out, /MPI: 2 processes x 2 ranks = 4 global ranks/);
   assert.match(m.out, /^RUN_JSON .*"world":2,"processes":2,/m, "RUN_JSON: ranks per process and processes");
   assert.ok(finalWeights(np2).equals(finalWeights(w4)), "-np 2 --world 2 == --world 4");
-  assert.match(m.out, /step 8\/8 loss=.* allreduce_ms=\d+(\.\d)? \(\d+\.\d % of the step\)/, "the log line gives the combine's time");
-  const metrics = (dir: string) => fs.readFileSync(path.join(dir, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { allreduce_ms?: unknown });
-  assert.ok(metrics(np2).length === 4 && metrics(np2).every((e) => typeof e.allreduce_ms === "number" && e.allreduce_ms >= 0), "metrics.jsonl: allreduce_ms on every entry");
-  assert.ok(metrics(w4).every((e) => !("allreduce_ms" in e)), "one process: no allreduce_ms");
+  assert.match(
+    m.out,
+    /step 8\/8 loss=.* allreduce_ms=\d+(\.\d)? \(\d+\.\d % of the step\)/,
+    "the log line gives the combine's time",
+  );
+  const metrics = (dir: string) =>
+    fs
+      .readFileSync(path.join(dir, "metrics.jsonl"), "utf8")
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { allreduce_ms?: unknown });
+  assert.ok(
+    metrics(np2).length === 4 && metrics(np2).every((e) => typeof e.allreduce_ms === "number" && e.allreduce_ms >= 0),
+    "metrics.jsonl: allreduce_ms on every entry",
+  );
+  assert.ok(
+    metrics(w4).every((e) => !("allreduce_ms" in e)),
+    "one process: no allreduce_ms",
+  );
 });
 
 // ------------------------------------------------------------------ agreement (A11)
 
-test("a process started with a different --lr is refused at start, naming the setting and the process (A11)", { timeout: 300_000 }, async (t) => {
+test("a process started with a different --lr is refused at start, naming the setting and the process (A11)", {
+  timeout: 300_000,
+}, async (t) => {
   if (!needMpi(t)) return;
   const out = tmpDir("tstrain-disagree-");
   const base = tiny(out, ["--dist", "mpi"]).filter((a, i, all) => a !== "--lr" && all[i - 1] !== "--lr");
-  const r = await run("mpirun", [...MPIRUN_FLAGS, "-np", "1", process.execPath, MAIN, ...base, "--lr", "3e-3", ":", "-np", "1", process.execPath, MAIN, ...base, "--lr", "1e-3"]);
+  const r = await run("mpirun", [
+    ...MPIRUN_FLAGS,
+    "-np",
+    "1",
+    process.execPath,
+    MAIN,
+    ...base,
+    "--lr",
+    "3e-3",
+    ":",
+    "-np",
+    "1",
+    process.execPath,
+    MAIN,
+    ...base,
+    "--lr",
+    "1e-3",
+  ]);
   assert.equal(r.status, 2, r.out);
-  assert.match(r.out, /refused: process 1 of 2 disagrees with process 0 on the run config: --lr 0\.001 \(process 0: 0\.003\).*\[A11\]/s);
+  assert.match(
+    r.out,
+    /refused: process 1 of 2 disagrees with process 0 on the run config: --lr 0\.001 \(process 0: 0\.003\).*\[A11\]/s,
+  );
   assert.deepEqual(fs.readdirSync(out), [], "refused before any work: nothing in --out");
 });
 
-test("a process whose weights differ at a checkpoint stops the run with exit 1 before that checkpoint is written (A11)", { timeout: 300_000 }, async (t) => {
+test("a process whose weights differ at a checkpoint stops the run with exit 1 before that checkpoint is written (A11)", {
+  timeout: 300_000,
+}, async (t) => {
   if (!needMpi(t)) return;
   const out = tmpDir("tstrain-diverge-");
-  const r = await mpirun(2, tiny(out, ["--dist", "mpi", "--world", "1"]), { env: { TSTRAIN_MPI_FAULT: "1:8:checksum" } });
+  const r = await mpirun(2, tiny(out, ["--dist", "mpi", "--world", "1"]), {
+    env: { TSTRAIN_MPI_FAULT: "1:8:checksum" },
+  });
   assert.equal(r.status, 1, r.out);
-  assert.match(r.out, /at step 8 the weights of process 1 \(checksum corrupted-by-TSTRAIN_MPI_FAULT\) differ from process 0's/);
+  assert.match(
+    r.out,
+    /at step 8 the weights of process 1 \(checksum corrupted-by-TSTRAIN_MPI_FAULT\) differ from process 0's/,
+  );
   assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the agreed checkpoint 4 was written");
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing of step 8 is written");
   assert.ok(!fs.existsSync(path.join(out, "final")), "nothing exported");
@@ -171,9 +315,38 @@ test("a process whose weights differ at a checkpoint stops the run with exit 1 b
 const bigMix = writeSyntheticMix({ vocab: 64, trainTokens: 256 * 1024, valTokens: 2048 });
 function slow(out: string, extra: string[] = [], steps = 100, seq = 64): string[] {
   return [
-    "--root", bigMix.root, "--out", out, "--seq-len", String(seq), "--layers", "4", "--hidden", "144", "--vocab-size", "64", "--micro-batch", "2",
-    "--accum", "1", "--max-steps", String(steps), "--push-every-steps", "20", "--log-every", "10", "--val-tokens", "256", "--lr", "3e-3", "--no-sample",
-    "--hub-url", "embedded", "--hub-repo", "local/faults", ...extra,
+    "--root",
+    bigMix.root,
+    "--out",
+    out,
+    "--seq-len",
+    String(seq),
+    "--layers",
+    "4",
+    "--hidden",
+    "144",
+    "--vocab-size",
+    "64",
+    "--micro-batch",
+    "2",
+    "--accum",
+    "1",
+    "--max-steps",
+    String(steps),
+    "--push-every-steps",
+    "20",
+    "--log-every",
+    "10",
+    "--val-tokens",
+    "256",
+    "--lr",
+    "3e-3",
+    "--no-sample",
+    "--hub-url",
+    "embedded",
+    "--hub-repo",
+    "local/faults",
+    ...extra,
   ];
 }
 
@@ -182,11 +355,17 @@ const references = new Map<string, Promise<string>>();
 function reference(steps = 100, seq = 64): Promise<string> {
   const key = `${steps}x${seq}`;
   if (!references.has(key)) {
-    references.set(key, (async () => {
-      const ref = tmpDir(`tstrain-ref${key}-`);
-      ok(await one(slow(ref, ["--world", "2"], steps, seq)), `the uninterrupted run (one process, --world 2, ${steps} steps of seq ${seq})`);
-      return ref;
-    })());
+    references.set(
+      key,
+      (async () => {
+        const ref = tmpDir(`tstrain-ref${key}-`);
+        ok(
+          await one(slow(ref, ["--world", "2"], steps, seq)),
+          `the uninterrupted run (one process, --world 2, ${steps} steps of seq ${seq})`,
+        );
+        return ref;
+      })(),
+    );
   }
   return references.get(key)!;
 }
@@ -197,11 +376,18 @@ function jobPids(mpirunPid: number): Map<number, number> {
   for (const d of fs.readdirSync("/proc")) {
     if (!/^\d+$/.test(d)) continue;
     try {
-      const ppid = Number(fs.readFileSync(`/proc/${d}/stat`, "utf8").replace(/^.*\) /s, "").split(" ")[1]);
+      const ppid = Number(
+        fs
+          .readFileSync(`/proc/${d}/stat`, "utf8")
+          .replace(/^.*\) /s, "")
+          .split(" ")[1],
+      );
       if (ppid !== mpirunPid) continue;
       const m = /(?:^|\0)OMPI_COMM_WORLD_RANK=(\d+)\0/.exec(fs.readFileSync(`/proc/${d}/environ`, "latin1"));
       if (m) out.set(Number(m[1]), Number(d));
-    } catch { /* gone */ }
+    } catch {
+      /* gone */
+    }
   }
   return out;
 }
@@ -218,9 +404,12 @@ function when(pattern: RegExp, act: (pids: Map<number, number>) => void): (pid: 
   };
 }
 
-test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same command with --resume auto ends byte-identical to an uninterrupted run (A12)", { timeout: 900_000 }, async (t) => {
+test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same command with --resume auto ends byte-identical to an uninterrupted run (A12)", {
+  timeout: 900_000,
+}, async (t) => {
   if (!needMpi(t)) return;
-  const ref = await reference(), out = tmpDir("tstrain-killed-");
+  const ref = await reference(),
+    out = tmpDir("tstrain-killed-");
   let killedAt = 0;
   let job = new Map<number, number>();
   const killed = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
@@ -234,7 +423,10 @@ test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same c
   assert.notEqual(killed.status, 0, "the job failed");
   assert.match(killed.out, /process rank 1 .*exited on signal 9/, "the launcher names the process that died");
   // mpirun may return while the survivor is still being killed: the job has ended when no process of it is left.
-  const alive = () => [...job.values()].filter((pid) => fs.existsSync(`/proc/${pid}`) && !/^\S+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, "utf8")));
+  const alive = () =>
+    [...job.values()].filter(
+      (pid) => fs.existsSync(`/proc/${pid}`) && !/^\S+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, "utf8")),
+    );
   while (alive().length && Date.now() - killedAt < 60_000) await new Promise((r) => setTimeout(r, 100));
   assert.deepEqual(alive(), [], "no process of the job is left");
   const ended = Date.now() - killedAt;
@@ -246,9 +438,12 @@ test("a process SIGKILLed mid-run ends the job within 60 s naming it; the same c
   assert.ok(finalWeights(out).equals(finalWeights(ref)), "resumed run byte-identical to the uninterrupted one");
 });
 
-test("SIGTERM to every process of the job (as Slurm sends it) saves a checkpoint, exits 3, and --resume auto ends byte-identical (O3, A12)", { timeout: 900_000 }, async (t) => {
+test("SIGTERM to every process of the job (as Slurm sends it) saves a checkpoint, exits 3, and --resume auto ends byte-identical (O3, A12)", {
+  timeout: 900_000,
+}, async (t) => {
   if (!needMpi(t)) return;
-  const ref = await reference(), out = tmpDir("tstrain-term-");
+  const ref = await reference(),
+    out = tmpDir("tstrain-term-");
   let signalled = false;
   const stopped = await mpirun(2, slow(out, ["--dist", "mpi", "--world", "1"]), {
     during: when(/step 20: weights and moments identical/, (pids) => {
@@ -266,7 +461,9 @@ test("SIGTERM to every process of the job (as Slurm sends it) saves a checkpoint
   assert.ok(finalWeights(out).equals(finalWeights(ref)), "resumed run byte-identical to the uninterrupted one");
 });
 
-test("SIGTERM to process 1 alone stops the whole job on a checkpoint written by process 0, exit 3 (O3, A12)", { timeout: 600_000 }, async (t) => {
+test("SIGTERM to process 1 alone stops the whole job on a checkpoint written by process 0, exit 3 (O3, A12)", {
+  timeout: 600_000,
+}, async (t) => {
   if (!needMpi(t)) return;
   const out = tmpDir("tstrain-term1-");
   let signalled = false;
@@ -278,26 +475,41 @@ test("SIGTERM to process 1 alone stops the whole job on a checkpoint written by 
   });
   assert.ok(signalled, "process 1 was signalled mid-run");
   assert.equal(stopped.status, 3, stopped.out.slice(-3000));
-  const m = /stopped by a signal to another process of the job at step (\d+): checkpoint \1 is published and verified on the Hub/.exec(stopped.out);
+  const m =
+    /stopped by a signal to another process of the job at step (\d+): checkpoint \1 is published and verified on the Hub/.exec(
+      stopped.out,
+    );
   assert.ok(m, stopped.out.slice(-3000));
   assert.ok(Number(m[1]) < 100, "stopped before the horizon");
   assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${m[1]}`)), "process 0 wrote the checkpoint");
 });
 
-test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s later: checkpoint, each exits 3; SIGUSR2 to mpirun stops at once with mpirun exiting 3; both resume byte-identical (O3, A12)", { timeout: 1_200_000 }, async (t) => {
+test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s later: checkpoint, each exits 3; SIGUSR2 to mpirun stops at once with mpirun exiting 3; both resume byte-identical (O3, A12)", {
+  timeout: 1_200_000,
+}, async (t) => {
   if (!needMpi(t)) return;
   // 300 steps of seq 128 (about 40 s on a quiet 2-core machine): the SIGTERM reaches the processes 10 s after
   // mpirun gets it, and the run must still be going then; 10 s is ample to finish a step and save under load.
-  const ref = await reference(300, 128), out = tmpDir("tstrain-term-mpirun-");
+  const ref = await reference(300, 128),
+    out = tmpDir("tstrain-term-mpirun-");
   const job = (extra: string[]) => slow(out, ["--dist", "mpi", "--world", "1", ...extra], 300, 128);
   const signal = (pattern: RegExp, sig: NodeJS.Signals, sent: { at: number }) => (pid: number, output: () => string) =>
-    when(pattern, () => { sent.at = Date.now(); process.kill(pid, sig); })(pid, output);
-  const stopLine = (sig: string) => new RegExp(`stopped by ${sig} at step (\\d+): checkpoint \\1 is published and verified on the Hub\\. Resume with: mpirun -np 2 node dist/main\\.js .*--max-steps 300 .*--dist mpi --world 1 --resume auto\\n`);
+    when(pattern, () => {
+      sent.at = Date.now();
+      process.kill(pid, sig);
+    })(pid, output);
+  const stopLine = (sig: string) =>
+    new RegExp(
+      `stopped by ${sig} at step (\\d+): checkpoint \\1 is published and verified on the Hub\\. Resume with: mpirun -np 2 node dist/main\\.js .*--max-steps 300 .*--dist mpi --world 1 --resume auto\\n`,
+    );
 
   // Open MPI's mpirun, signalled itself, sends SIGCONT at once, SIGTERM T s later and SIGKILL T s after that; it
   // exits 1 whatever its processes return, so each process says its own exit code.
   const term = { at: 0 };
-  const a = await mpirun(2, job([]), { mca: ["--mca", "odls_base_sigkill_timeout", "10"], during: signal(/step 20: weights and moments identical/, "SIGTERM", term) });
+  const a = await mpirun(2, job([]), {
+    mca: ["--mca", "odls_base_sigkill_timeout", "10"],
+    during: signal(/step 20: weights and moments identical/, "SIGTERM", term),
+  });
   assert.ok(term.at > 0, `mpirun was signalled mid-run:\n${a.out.slice(-2000)}`);
   assert.equal(a.status, 1, `mpirun exits 1 once it was signalled:\n${a.out.slice(-3000)}`);
   const k1 = Number(stopLine("SIGTERM").exec(a.out)?.[1]);
@@ -307,7 +519,9 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
 
   // SIGUSR2 is one of the signals mpirun passes on to every process at once: the job stops and mpirun exits 3.
   const usr2 = { at: 0 };
-  const b = await mpirun(2, job(["--resume", "auto"]), { during: signal(/weights and moments identical/, "SIGUSR2", usr2) });
+  const b = await mpirun(2, job(["--resume", "auto"]), {
+    during: signal(/weights and moments identical/, "SIGUSR2", usr2),
+  });
   assert.ok(usr2.at > 0, `mpirun was signalled mid-run:\n${b.out.slice(-2000)}`);
   assert.match(b.out, new RegExp(`auto-resume: hub says step ${k1}`));
   assert.equal(b.status, 3, `mpirun exits 3 after SIGUSR2:\n${b.out.slice(-3000)}`);
@@ -318,7 +532,10 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
   const c = await mpirun(2, job(["--resume", "auto"]));
   ok(c, "the printed command, --resume auto");
   assert.match(c.out, new RegExp(`auto-resume: hub says step ${k2}`));
-  assert.ok(finalWeights(out).equals(finalWeights(ref)), "stopped twice and resumed: byte-identical to the uninterrupted run");
+  assert.ok(
+    finalWeights(out).equals(finalWeights(ref)),
+    "stopped twice and resumed: byte-identical to the uninterrupted run",
+  );
 });
 
 // ------------------------------------------------------------------ two hosts (A9)
@@ -333,11 +550,14 @@ function netnsMissing(): string | null {
   return null;
 }
 
-test("the demo across two network namespaces, MPI over TCP between addresses that exist only inside them, equals the one-machine result (A9)", { timeout: 1_800_000 }, async (t) => {
+test("the demo across two network namespaces, MPI over TCP between addresses that exist only inside them, equals the one-machine result (A9)", {
+  timeout: 1_800_000,
+}, async (t) => {
   if (!needMpi(t)) return;
   const why = netnsMissing();
   if (why) {
-    if (process.env.TSTRAIN_REQUIRE_MPI === "1" && process.getuid?.() === 0) throw new Error(`TSTRAIN_REQUIRE_MPI=1 as root but ${why}`);
+    if (process.env.TSTRAIN_REQUIRE_MPI === "1" && process.getuid?.() === 0)
+      throw new Error(`TSTRAIN_REQUIRE_MPI=1 as root but ${why}`);
     t.skip(why);
     return;
   }
@@ -353,18 +573,59 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
     sh(`ip netns add ${nsA} && ip netns add ${nsB} && ip link add ${vA} type veth peer name ${vB}`);
     sh(`ip link set ${vA} netns ${nsA} && ip link set ${vB} netns ${nsB}`);
     sh(`ip -n ${nsA} addr add ${ipA}/24 dev ${vA} && ip -n ${nsB} addr add ${ipB}/24 dev ${vB}`);
-    sh(`ip -n ${nsA} link set ${vA} up && ip -n ${nsB} link set ${vB} up && ip -n ${nsA} link set lo up && ip -n ${nsB} link set lo up`);
+    sh(
+      `ip -n ${nsA} link set ${vA} up && ip -n ${nsB} link set ${vB} up && ip -n ${nsA} link set lo up && ip -n ${nsB} link set lo up`,
+    );
     // mpirun runs in namespace A and starts the process of "host" B through this agent instead of ssh.
     const agent = path.join(dir, "agent.sh");
-    fs.writeFileSync(agent, `#!/bin/sh\nhost="$1"; shift\ncase "$host" in ${ipA}) ns=${nsA};; ${ipB}) ns=${nsB};; *) echo "agent: unknown host $host" >&2; exit 1;; esac\nexec ip netns exec "$ns" sh -c "$*"\n`, { mode: 0o755 });
+    fs.writeFileSync(
+      agent,
+      `#!/bin/sh\nhost="$1"; shift\ncase "$host" in ${ipA}) ns=${nsA};; ${ipB}) ns=${nsB};; *) echo "agent: unknown host $host" >&2; exit 1;; esac\nexec ip netns exec "$ns" sh -c "$*"\n`,
+      { mode: 0o755 },
+    );
     fs.writeFileSync(path.join(dir, "hosts"), `${ipA} slots=1\n${ipB} slots=1\n`);
     const root = path.join(dir, "demo-data");
     const two = path.join(dir, "two");
-    const r = await run("ip", [
-      "netns", "exec", nsA, "mpirun", ...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []), "--hostfile", path.join(dir, "hosts"), "-np", "2",
-      "--map-by", "node", "--mca", "plm_rsh_agent", agent, "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "10.231.0.0/24",
-      "--mca", "oob_tcp_if_include", "10.231.0.0/24", process.execPath, MAIN, "--demo", "--root", root, "--dist", "mpi", "--world", "1", "--out", two,
-    ], { timeoutMs: 1_700_000 });
+    const r = await run(
+      "ip",
+      [
+        "netns",
+        "exec",
+        nsA,
+        "mpirun",
+        ...(process.getuid?.() === 0 ? ["--allow-run-as-root"] : []),
+        "--hostfile",
+        path.join(dir, "hosts"),
+        "-np",
+        "2",
+        "--map-by",
+        "node",
+        "--mca",
+        "plm_rsh_agent",
+        agent,
+        "--mca",
+        "btl",
+        "self,tcp",
+        "--mca",
+        "btl_tcp_if_include",
+        "10.231.0.0/24",
+        "--mca",
+        "oob_tcp_if_include",
+        "10.231.0.0/24",
+        process.execPath,
+        MAIN,
+        "--demo",
+        "--root",
+        root,
+        "--dist",
+        "mpi",
+        "--world",
+        "1",
+        "--out",
+        two,
+      ],
+      { timeoutMs: 1_700_000 },
+    );
     ok(r, "mpirun across the two namespaces");
     assert.match(r.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
     assert.match(r.out, /^RUN_JSON .*"final_step":300,/m, "the whole demo ran");
@@ -376,11 +637,18 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
       for (const ns of [nsA, nsB]) spawnSync("ip", ["netns", "del", ns], { timeout: 30_000 });
       if (listNetns().some((n) => n === nsA || n === nsB)) await new Promise((r) => setTimeout(r, 1000));
     }
-    assert.deepEqual(listNetns().filter((n) => n === nsA || n === nsB), [], "the test's network namespaces are removed");
+    assert.deepEqual(
+      listNetns().filter((n) => n === nsA || n === nsB),
+      [],
+      "the test's network namespaces are removed",
+    );
   }
 });
 
 function listNetns(): string[] {
   const r = spawnSync("ip", ["netns", "list"], { encoding: "utf8", timeout: 30_000 });
-  return (r.stdout ?? "").split("\n").map((l) => l.split(" ")[0]).filter(Boolean);
+  return (r.stdout ?? "")
+    .split("\n")
+    .map((l) => l.split(" ")[0])
+    .filter(Boolean);
 }

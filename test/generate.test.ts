@@ -25,7 +25,8 @@ initWeights(cfg, 1234, params);
 // sharpen the model: init weights (std 0.02) give near-uniform logits, where a 1e-7 rounding could flip an
 // argmax, and a greedy loop on one token; x6 on the embedding and every projection gives varied continuations
 for (const e of paramLayout(cfg).entries) {
-  if (e.name.endsWith("embed_tokens.weight") || e.name.includes("_proj.")) for (let i = e.offset; i < e.offset + e.size; i++) params[i] *= 6;
+  if (e.name.endsWith("embed_tokens.weight") || e.name.includes("_proj."))
+    for (let i = e.offset; i < e.offset + e.size; i++) params[i] *= 6;
 }
 const prompt = [5, 17, 42, 7, 99];
 
@@ -35,7 +36,8 @@ for (const engine of ENGINES) {
     if (!e) return;
     const model = new Llama(cfg, e.kernels, { gradCkpt: false });
     model.bindParams(params);
-    const T = 40, V = cfg.vocabSize;
+    const T = 40,
+      V = cfg.vocabSize;
     const rnd = seededRandom(9);
     const ids = Int32Array.from({ length: T }, () => Math.floor(rnd() * V));
     const full = model.logits(ids, 1, T);
@@ -56,7 +58,11 @@ for (const engine of ENGINES) {
     const model = new Llama(cfg, e.kernels, { gradCkpt: false });
     model.bindParams(params);
     const full = (seq: number[]) => lastLogits(model, seq, cfg.vocabSize);
-    for (const o of [{ ...GREEDY }, { temperature: 0.9, topK: 40, topP: 0.95, seed: 7 }, { temperature: 1.3, topK: 0, topP: 1, seed: 11 }]) {
+    for (const o of [
+      { ...GREEDY },
+      { temperature: 0.9, topK: 40, topP: 0.95, seed: 7 },
+      { temperature: 1.3, topK: 0, topP: 1, seed: 11 },
+    ]) {
       const opts = { ...o, maxNewTokens: 30, eosId: null };
       const dec = new KvDecoder(cfg, e.kernels, params, prompt.length + 30);
       const a = generateWithCache(dec, prompt, opts);
@@ -67,7 +73,10 @@ for (const engine of ENGINES) {
     }
     // a one-token prompt works on both paths
     const dec = new KvDecoder(cfg, e.kernels, params, 11);
-    assert.deepEqual(generateWithCache(dec, [3], { ...GREEDY, maxNewTokens: 10, eosId: null }), generateNoCache(full, [3], { ...GREEDY, maxNewTokens: 10, eosId: null }));
+    assert.deepEqual(
+      generateWithCache(dec, [3], { ...GREEDY, maxNewTokens: 10, eosId: null }),
+      generateNoCache(full, [3], { ...GREEDY, maxNewTokens: 10, eosId: null }),
+    );
   });
 }
 
@@ -98,42 +107,113 @@ test("node dist/generate.js prints the prompt and its continuation from a final/
   const dir = tmpDir("gen-final");
   writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
-  const tk = writeTinyTokenizer(dir, corpusDocs().filter((d) => d.length > 0));
+  const tk = writeTinyTokenizer(
+    dir,
+    corpusDocs().filter((d) => d.length > 0),
+  );
   assert.equal(path.dirname(tk), dir);
-  const r = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu"], { encoding: "utf8" });
+  const r = spawnSync(
+    process.execPath,
+    [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu"],
+    { encoding: "utf8" },
+  );
   assert.equal(r.status, 0, r.stderr);
   assert.ok(r.stdout.startsWith("The") && r.stdout.trim().length > 3, `stdout: ${JSON.stringify(r.stdout)}`);
   assert.match(r.stderr, /generate: \d+ tokens in/);
-  const s1 = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu", "--temperature", "0.8", "--top-k", "50", "--seed", "4"], { encoding: "utf8" });
-  const s2 = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--max-new-tokens", "12", "--backend", "cpu", "--temperature", "0.8", "--top-k", "50", "--seed", "4", "--no-cache"], { encoding: "utf8" });
+  const s1 = spawnSync(
+    process.execPath,
+    [
+      GENERATE,
+      "--model",
+      dir,
+      "--prompt",
+      "The",
+      "--max-new-tokens",
+      "12",
+      "--backend",
+      "cpu",
+      "--temperature",
+      "0.8",
+      "--top-k",
+      "50",
+      "--seed",
+      "4",
+    ],
+    { encoding: "utf8" },
+  );
+  const s2 = spawnSync(
+    process.execPath,
+    [
+      GENERATE,
+      "--model",
+      dir,
+      "--prompt",
+      "The",
+      "--max-new-tokens",
+      "12",
+      "--backend",
+      "cpu",
+      "--temperature",
+      "0.8",
+      "--top-k",
+      "50",
+      "--seed",
+      "4",
+      "--no-cache",
+    ],
+    { encoding: "utf8" },
+  );
   assert.equal(s1.status, 0, s1.stderr);
   assert.equal(s1.stdout, s2.stdout, "a seed gives the same text with and without the cache");
-  const bad = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--top-p", "1.5"], { encoding: "utf8" });
+  const bad = spawnSync(process.execPath, [GENERATE, "--model", dir, "--prompt", "The", "--top-p", "1.5"], {
+    encoding: "utf8",
+  });
   assert.equal(bad.status, 2);
   assert.match(bad.stderr, /--top-p 1\.5 must be in \(0, 1\] \(1 = off\) \[G11\]/);
   const empty = tmpDir("gen-empty");
   const none = spawnSync(process.execPath, [GENERATE, "--model", empty, "--prompt", "The"], { encoding: "utf8" });
   assert.equal(none.status, 2);
-  assert.match(none.stderr, /holds no config\.json \+ model\.safetensors: name an exported final\/ folder or a checkpoint folder/);
+  assert.match(
+    none.stderr,
+    /holds no config\.json \+ model\.safetensors: name an exported final\/ folder or a checkpoint folder/,
+  );
 });
 
 test("generate --model on a path that does not exist says so, and names the checkpoints that do (G11)", () => {
   const run = tmpDir("gen-missing");
-  const missing = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "final"), "--prompt", "The"], { encoding: "utf8" });
+  const missing = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "final"), "--prompt", "The"], {
+    encoding: "utf8",
+  });
   assert.equal(missing.status, 2, missing.stderr);
-  assert.match(missing.stderr, /^generate: --model \S+\/final does not exist\. Name an exported final\/ folder or a checkpoint folder/);
+  assert.match(
+    missing.stderr,
+    /^generate: --model \S+\/final does not exist\. Name an exported final\/ folder or a checkpoint folder/,
+  );
   assert.doesNotMatch(missing.stderr, /holds no config\.json/);
   for (const n of [270, 300]) fs.mkdirSync(path.join(run, "ckpt", `checkpoint-${n}`), { recursive: true });
-  const pruned = spawnSync(process.execPath, [GENERATE, "--model", path.join(run, "ckpt", "checkpoint-150"), "--prompt", "The"], { encoding: "utf8" });
+  const pruned = spawnSync(
+    process.execPath,
+    [GENERATE, "--model", path.join(run, "ckpt", "checkpoint-150"), "--prompt", "The"],
+    { encoding: "utf8" },
+  );
   assert.equal(pruned.status, 2, pruned.stderr);
-  assert.match(pruned.stderr, /--model \S+checkpoint-150 does not exist\. \S+\/ckpt holds checkpoint-270, checkpoint-300 \(only the newest checkpoints stay on disk\); e\.g\. --model \S+\/ckpt\/checkpoint-300 \[G11\]/);
+  assert.match(
+    pruned.stderr,
+    /--model \S+checkpoint-150 does not exist\. \S+\/ckpt holds checkpoint-270, checkpoint-300 \(only the newest checkpoints stay on disk\); e\.g\. --model \S+\/ckpt\/checkpoint-300 \[G11\]/,
+  );
 });
 
 test("a model folder whose config.json is damaged is refused naming the file (K2), not a parse crash", () => {
   const dir = tmpDir("gen-badcfg");
   fs.writeFileSync(path.join(dir, "config.json"), "{ not json");
   fs.writeFileSync(path.join(dir, "model.safetensors"), Buffer.alloc(16));
-  assert.throws(() => loadModelDir(dir), (e: unknown) => (e as Error).name === "UserError" && /checkpoint config\.json at .*config\.json is not valid JSON/.test((e as Error).message) && (e as { rule?: string }).rule === "K2");
+  assert.throws(
+    () => loadModelDir(dir),
+    (e: unknown) =>
+      (e as Error).name === "UserError" &&
+      /checkpoint config\.json at .*config\.json is not valid JSON/.test((e as Error).message) &&
+      (e as { rule?: string }).rule === "K2",
+  );
 });
 
 test("generate --tokenizer with a file that is not a tokenizer is refused, exit 2, naming the path (G11)", () => {
@@ -141,27 +221,79 @@ test("generate --tokenizer with a file that is not a tokenizer is refused, exit 
   writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
   const notTok = path.join(dir, "config.json"); // valid JSON, not a tokenizer: what a slip of the tab key gives
-  const r = spawnSync(process.execPath, [GENERATE, "--model", dir, "--tokenizer", notTok, "--prompt", "The", "--backend", "cpu"], { encoding: "utf8" });
+  const r = spawnSync(
+    process.execPath,
+    [GENERATE, "--model", dir, "--tokenizer", notTok, "--prompt", "The", "--backend", "cpu"],
+    { encoding: "utf8" },
+  );
   assert.equal(r.status, 2, r.stderr);
-  assert.match(r.stderr, new RegExp(`^generate: the tokenizer ${notTok.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} cannot be loaded by @huggingface/tokenizers .*it is not a complete Hugging Face tokenizer\\.json.*\\[G11\\]\\n$`, "s"));
+  assert.match(
+    r.stderr,
+    new RegExp(
+      `^generate: the tokenizer ${notTok.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} cannot be loaded by @huggingface/tokenizers .*it is not a complete Hugging Face tokenizer\\.json.*\\[G11\\]\\n$`,
+      "s",
+    ),
+  );
   assert.doesNotMatch(r.stderr, /internal error|\n\s+at /);
 });
 
-test("the export records its tokenizer's vocabulary hash, and generate refuses a tokenizer with other ids (same size, shuffled) unless --allow-other-tokenizer (G11)", { timeout: 180_000 }, () => {
+test("the export records its tokenizer's vocabulary hash, and generate refuses a tokenizer with other ids (same size, shuffled) unless --allow-other-tokenizer (G11)", {
+  timeout: 180_000,
+}, () => {
   const work = tmpDir("gen-tokid");
-  const tok = writeTinyTokenizer(path.join(work, "tok"), corpusDocs().filter((d) => d.length > 0));
+  const tok = writeTinyTokenizer(
+    path.join(work, "tok"),
+    corpusDocs().filter((d) => d.length > 0),
+  );
   fs.writeFileSync(path.join(work, "c.jsonl"), corpusJsonl());
-  const run = (file: string, args: string[]) => spawnSync(process.execPath, [path.join(__dirname, "..", file), ...args], { encoding: "utf8", timeout: 150_000 });
+  const run = (file: string, args: string[]) =>
+    spawnSync(process.execPath, [path.join(__dirname, "..", file), ...args], { encoding: "utf8", timeout: 150_000 });
   const mix = path.join(work, "mix");
-  const p = run("prepare.js", ["--input", path.join(work, "c.jsonl"), "--tokenizer", tok, "--out", mix, "--workers", "1", "--val-fraction", "0.05"]);
+  const p = run("prepare.js", [
+    "--input",
+    path.join(work, "c.jsonl"),
+    "--tokenizer",
+    tok,
+    "--out",
+    mix,
+    "--workers",
+    "1",
+    "--val-fraction",
+    "0.05",
+  ]);
   assert.equal(p.status, 0, p.stderr);
-  const t = run("main.js", ["--root", mix, "--out", path.join(work, "run"), "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "320",
-    "--micro-batch", "2", "--accum", "1", "--max-steps", "4", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"]);
+  const t = run("main.js", [
+    "--root",
+    mix,
+    "--out",
+    path.join(work, "run"),
+    "--seq-len",
+    "16",
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--vocab-size",
+    "320",
+    "--micro-batch",
+    "2",
+    "--accum",
+    "1",
+    "--max-steps",
+    "4",
+    "--push-every-steps",
+    "4",
+    "--val-tokens",
+    "256",
+    "--backend",
+    "wasm",
+  ]);
   assert.equal(t.status, 0, t.stderr);
   const final = path.join(work, "run", "final");
   const recorded = JSON.parse(fs.readFileSync(path.join(final, "run_summary.json"), "utf8")).tokenizer_vocab_sha256;
   assert.match(recorded, /^[0-9a-f]{64}$/);
-  const gen = (extra: string[]) => run("generate.js", ["--model", final, "--prompt", "The", "--max-new-tokens", "4", "--backend", "cpu", ...extra]);
+  const gen = (extra: string[]) =>
+    run("generate.js", ["--model", final, "--prompt", "The", "--max-new-tokens", "4", "--backend", "cpu", ...extra]);
   assert.equal(gen([]).status, 0, "its own tokenizer");
   // The same tokenizer written differently (indented, keys in another order) is the same vocabulary.
   const j = JSON.parse(fs.readFileSync(tok, "utf8"));
@@ -171,23 +303,35 @@ test("the export records its tokenizer's vocabulary hash, and generate refuses a
   assert.equal(gen(["--tokenizer", same]).status, 0, "the same vocabulary, formatted otherwise");
   // Same tokens, same size, ids shuffled among the ordinary tokens (the added tokens keep theirs).
   const special = new Set((j.added_tokens as { id: number }[]).map((a) => a.id));
-  const ids = Object.values(j.model.vocab as Record<string, number>).filter((id) => !special.has(id)).sort((a, b) => a - b);
+  const ids = Object.values(j.model.vocab as Record<string, number>)
+    .filter((id) => !special.has(id))
+    .sort((a, b) => a - b);
   const shuffledId = new Map(ids.map((id, i) => [id, ids[ids.length - 1 - i]]));
-  for (const k of Object.keys(j.model.vocab)) if (shuffledId.has(j.model.vocab[k])) j.model.vocab[k] = shuffledId.get(j.model.vocab[k]);
+  for (const k of Object.keys(j.model.vocab))
+    if (shuffledId.has(j.model.vocab[k])) j.model.vocab[k] = shuffledId.get(j.model.vocab[k]);
   const other = path.join(work, "shuffled", "tokenizer.json");
   fs.mkdirSync(path.dirname(other));
   fs.writeFileSync(other, JSON.stringify(j));
   const refused = gen(["--tokenizer", other]);
   assert.equal(refused.status, 2, refused.stderr);
-  assert.match(refused.stderr, new RegExp(`the tokenizer \\S+shuffled/tokenizer\\.json is not the one \\S+final was trained with: its vocabulary hash is [0-9a-f]{16}…, run_summary\\.json records ${recorded.slice(0, 16)}… .*pass --allow-other-tokenizer if its ids are known to match \\[G11\\]`));
+  assert.match(
+    refused.stderr,
+    new RegExp(
+      `the tokenizer \\S+shuffled/tokenizer\\.json is not the one \\S+final was trained with: its vocabulary hash is [0-9a-f]{16}…, run_summary\\.json records ${recorded.slice(0, 16)}… .*pass --allow-other-tokenizer if its ids are known to match \\[G11\\]`,
+    ),
+  );
   assert.equal(refused.stdout, "", "nothing generated");
   // A checkpoint folder records nothing itself: the tokenizer of the mix root its run_config.json names is the record.
   const ckpt = path.join(work, "run", "ckpt", "checkpoint-4");
-  const genCk = (extra: string[]) => run("generate.js", ["--model", ckpt, "--prompt", "The", "--max-new-tokens", "4", "--backend", "cpu", ...extra]);
+  const genCk = (extra: string[]) =>
+    run("generate.js", ["--model", ckpt, "--prompt", "The", "--max-new-tokens", "4", "--backend", "cpu", ...extra]);
   assert.equal(genCk([]).status, 0, "the mix root's tokenizer");
   const ckRefused = genCk(["--tokenizer", other]);
   assert.equal(ckRefused.status, 2, ckRefused.stderr);
-  assert.match(ckRefused.stderr, /is not the one \S+checkpoint-4 was trained with: its vocabulary hash is [0-9a-f]{16}…, the run's mix root \(\S+mix\/tokenizer\.json\) has [0-9a-f]{16}…/);
+  assert.match(
+    ckRefused.stderr,
+    /is not the one \S+checkpoint-4 was trained with: its vocabulary hash is [0-9a-f]{16}…, the run's mix root \(\S+mix\/tokenizer\.json\) has [0-9a-f]{16}…/,
+  );
   assert.equal(genCk(["--tokenizer", other, "--allow-other-tokenizer"]).status, 0);
   // A shuffled tokenizer put into the export itself is refused the same way.
   fs.copyFileSync(other, path.join(final, "tokenizer.json"));

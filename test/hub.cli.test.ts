@@ -9,14 +9,19 @@ import * as net from "node:net";
 import { createHubClient } from "../src/hub/client";
 
 // dist/test/hub.cli.test.js → dist/hub-server.js (the launcher), else dist/src/hub-server.js.
-const launcher = [path.join(__dirname, "..", "hub-server.js"), path.join(__dirname, "..", "src", "hub-server.js")].find((p) => fs.existsSync(p))!;
+const launcher = [path.join(__dirname, "..", "hub-server.js"), path.join(__dirname, "..", "src", "hub-server.js")].find(
+  (p) => fs.existsSync(p),
+)!;
 
 describe("hub-server CLI (B6)", () => {
   test("starts on --port 0, prints its URL, serves the client, and stops on SIGTERM", async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-hubcli-"));
     const env = { ...process.env };
     delete env.HF_TOKEN;
-    const child = spawn(process.execPath, [launcher, "--dir", dir, "--port", "0"], { env, stdio: ["ignore", "pipe", "pipe"] });
+    const child = spawn(process.execPath, [launcher, "--dir", dir, "--port", "0"], {
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     try {
       const url = await new Promise<string>((resolve, reject) => {
         let out = "";
@@ -59,16 +64,28 @@ test("a --dir under a file and a --port in use are refusals naming them, exit 2,
   try {
     const file = path.join(parent, "a-file");
     fs.writeFileSync(file, "x");
-    const under = spawnSync(process.execPath, [launcher, "--dir", path.join(file, "hub"), "--port", "0"], { encoding: "utf8", timeout: 60_000 });
+    const under = spawnSync(process.execPath, [launcher, "--dir", path.join(file, "hub"), "--port", "0"], {
+      encoding: "utf8",
+      timeout: 60_000,
+    });
     assert.equal(under.status, 2, under.stderr);
-    assert.match(under.stderr, /^hub-server: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/);
+    assert.match(
+      under.stderr,
+      /^hub-server: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/,
+    );
     const busy = net.createServer();
     await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", resolve));
     try {
       const port = (busy.address() as net.AddressInfo).port;
-      const r = spawnSync(process.execPath, [launcher, "--dir", path.join(parent, "hub"), "--port", String(port)], { encoding: "utf8", timeout: 60_000 });
+      const r = spawnSync(process.execPath, [launcher, "--dir", path.join(parent, "hub"), "--port", String(port)], {
+        encoding: "utf8",
+        timeout: 60_000,
+      });
       assert.equal(r.status, 2, r.stderr);
-      assert.match(r.stderr, /^hub-server: listen .*failed: the address is in use \(EADDRINUSE\): pick another --port, or --port 0 for a free one \[O6\]\n$/);
+      assert.match(
+        r.stderr,
+        /^hub-server: listen .*failed: the address is in use \(EADDRINUSE\): pick another --port, or --port 0 for a free one \[O6\]\n$/,
+      );
     } finally {
       busy.close();
     }

@@ -19,7 +19,14 @@ async function repoWithFirstCheckpoint(): Promise<{ store: HubClient; first: Poi
   await store.ensureRepo();
   const ck = writeFakeCheckpoint(path.join(th.tmp, `r${n}`, "checkpoint-10"), { step: 10 });
   const lines: string[] = [];
-  await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l) });
+  await publishCheckpoint(store, {
+    localDir: ck.dir,
+    pathInRepo: ck.path_in_repo,
+    pointer: pointerOf(ck),
+    prune: false,
+    minFreeGb: 0,
+    log: (l) => lines.push(l),
+  });
   return { store, first: pointerOf(ck), lines };
 }
 
@@ -42,7 +49,15 @@ describe("publishCheckpoint (K3)", () => {
     assert.deepEqual(await store.readPointer(), first);
     const ck = nextCheckpoint();
     const out: string[] = [];
-    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => out.push(l), loss: 2.5 });
+    const r = await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: (l) => out.push(l),
+      loss: 2.5,
+    });
     assert.equal(r.ok, true);
     assert.deepEqual(r.verify, { missing: [], mismatch: [], extra: [], readbackOk: true });
     assert.equal(r.step, 20);
@@ -50,16 +65,24 @@ describe("publishCheckpoint (K3)", () => {
     assert.match(r.pruneReason ?? "", /--prune not set/);
     assert.deepEqual(await store.readPointer(), pointerOf(ck));
     assert.equal(out.length, 1);
-    assert.match(out[0], /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=true pruned=false free=\d+\.\dGB loss=2\.5 \(--prune not set\)$/);
+    assert.match(
+      out[0],
+      /^CKPT 20 samples=160 push\+verify=\d+\.\ds ok=true pruned=false free=\d+\.\dGB loss=2\.5 \(--prune not set\)$/,
+    );
     assert.match(lines[0], /^CKPT 10 /);
     // The listing shows the files with sha256 — LFS oids and hashes of regular files alike.
     const files = await store.list("ckpt/checkpoint-20");
-    assert.deepEqual(files.map((f) => f.path.split("/").pop()), ["config.json", "cursor.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]);
+    assert.deepEqual(
+      files.map((f) => f.path.split("/").pop()),
+      ["config.json", "cursor.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"],
+    );
     for (const f of files) assert.match(f.sha256 ?? "", /^[0-9a-f]{64}$/, `${f.path} has a sha256`);
     assert.equal(files.find((f) => f.path.endsWith("model.safetensors"))!.lfs, true);
     assert.equal(files.find((f) => f.path.endsWith("cursor.json"))!.lfs, false);
     // The LFS objects went through the batch API and the signed PUT.
-    assert.ok(th.hub.requests.some((q) => q.method === "PUT" && q.path.startsWith("/__lfs/upload/") && q.status === 200));
+    assert.ok(
+      th.hub.requests.some((q) => q.method === "PUT" && q.path.startsWith("/__lfs/upload/") && q.status === 200),
+    );
   });
 
   test("an upload that fails with 500 throws, keeps the local copy and does not move the pointer (K3)", async () => {
@@ -68,17 +91,35 @@ describe("publishCheckpoint (K3)", () => {
     th.hub.setFaults({ status: { upload: 500 } });
     const lines: string[] = [];
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: (l) => lines.push(l), ...QUICK }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: true,
+        minFreeGb: 0,
+        log: (l) => lines.push(l),
+        ...QUICK,
+      }),
       (e: Error) => {
         assert.equal(e.name, "CheckpointPublishError");
-        assert.match(e.message, /checkpoint 20: upload to tester\/cycle-\d+\/ckpt\/checkpoint-20 failed: upload of ckpt\/checkpoint-20 \(step 20\) kept failing for .*--hub-retry-minutes.*last error: HTTP 500/);
-        assert.match(e.message, new RegExp(`local copy at ${ck.dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} is kept and latest.json was not moved`));
+        assert.match(
+          e.message,
+          /checkpoint 20: upload to tester\/cycle-\d+\/ckpt\/checkpoint-20 failed: upload of ckpt\/checkpoint-20 \(step 20\) kept failing for .*--hub-retry-minutes.*last error: HTTP 500/,
+        );
+        assert.match(
+          e.message,
+          new RegExp(
+            `local copy at ${ck.dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} is kept and latest.json was not moved`,
+          ),
+        );
         return true;
       },
     );
     // K6: the failed attempts were retried, one log line each, then the give-up. How many attempts fit in the
     // 400 ms limit depends on the machine's load (one, under heavy load), so only the first is required.
-    const attempts = lines.filter((l) => /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt \d+: HTTP 500.*retrying in/.test(l));
+    const attempts = lines.filter((l) =>
+      /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt \d+: HTTP 500.*retrying in/.test(l),
+    );
     assert.ok(attempts.length >= 1 && attempts.every((l, i) => l.includes(`(attempt ${i + 1}: `)), lines.join("\n"));
     assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false pruned=false/);
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -89,7 +130,15 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ status: { commit: 500 } });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {}, ...QUICK }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: true,
+        minFreeGb: 0,
+        log: () => {},
+        ...QUICK,
+      }),
       /upload to .* failed: .*kept failing.*HTTP 500.*local copy .* is kept and latest\.json was not moved/,
     );
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -100,10 +149,23 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ status: { commit: 503, upload: 500, lfsBatch: 429 }, failCount: 3 });
     const lines: string[] = [];
-    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l), ...QUICK, giveUpMs: 60_000 });
+    const r = await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: (l) => lines.push(l),
+      ...QUICK,
+      giveUpMs: 60_000,
+    });
     assert.equal(r.ok, true);
     assert.equal((await store.readPointer())?.step, 20);
-    assert.equal(lines.filter((l) => /^hub: upload of .* failed \(attempt \d: HTTP (500|503|429).*retrying in/.test(l)).length, 3, lines.join("\n"));
+    assert.equal(
+      lines.filter((l) => /^hub: upload of .* failed \(attempt \d: HTTP (500|503|429).*retrying in/.test(l)).length,
+      3,
+      lines.join("\n"),
+    );
   });
 
   test("a permanent error (403) is not retried (K6)", async () => {
@@ -112,7 +174,16 @@ describe("publishCheckpoint (K3)", () => {
     th.hub.setFaults({ status: { commit: 403 } });
     const lines: string[] = [];
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => lines.push(l), ...QUICK, giveUpMs: 60_000 }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: false,
+        minFreeGb: 0,
+        log: (l) => lines.push(l),
+        ...QUICK,
+        giveUpMs: 60_000,
+      }),
       /upload to .* failed: HTTP 403/,
     );
     assert.equal(lines.filter((l) => /retrying in/.test(l)).length, 0, lines.join("\n"));
@@ -124,10 +195,20 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"] });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {} }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: true,
+        minFreeGb: 0,
+        log: () => {},
+      }),
       (e: Error & { verify?: { mismatch: string[] } }) => {
         assert.equal(e.name, "CheckpointVerifyError");
-        assert.match(e.message, /checkpoint 20 did not verify on the Hub .*missing 0, mismatched 1 \[ckpt\/checkpoint-20\/model\.safetensors\], extra 0/);
+        assert.match(
+          e.message,
+          /checkpoint 20 did not verify on the Hub .*missing 0, mismatched 1 \[ckpt\/checkpoint-20\/model\.safetensors\], extra 0/,
+        );
         assert.match(e.message, /sha256 [0-9a-f]{64} on the Hub, [0-9a-f]{64} locally/);
         assert.match(e.message, /is kept and latest\.json was not moved\. \[K4\]$/);
         assert.deepEqual(e.verify!.mismatch, ["ckpt/checkpoint-20/model.safetensors"]);
@@ -142,7 +223,14 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/cursor.json"] });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: false,
+        minFreeGb: 0,
+        log: () => {},
+      }),
       /mismatched 1 \[ckpt\/checkpoint-20\/cursor\.json\].*read-back FAILED/,
     );
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -153,10 +241,20 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ dropOnCommit: ["checkpoint-20/optimizer.safetensors"] });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {} }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: true,
+        minFreeGb: 0,
+        log: () => {},
+      }),
       (e: Error) => {
         assert.equal(e.name, "CheckpointVerifyError");
-        assert.match(e.message, /missing 1 \[ckpt\/checkpoint-20\/optimizer\.safetensors\], mismatched 0, extra 0, read-back ok/);
+        assert.match(
+          e.message,
+          /missing 1 \[ckpt\/checkpoint-20\/optimizer\.safetensors\], mismatched 0, extra 0, read-back ok/,
+        );
         return true;
       },
     );
@@ -168,7 +266,14 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ extraOnCommit: [{ path: "ckpt/checkpoint-20/stray.bin", content: "not ours" }] });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {} }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: true,
+        minFreeGb: 0,
+        log: () => {},
+      }),
       /missing 0, mismatched 0, extra 1 \[ckpt\/checkpoint-20\/stray\.bin\], read-back ok.*local copy at .* is kept and latest\.json was not moved/,
     );
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -179,11 +284,22 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ failPointerWrite: true });
     await assert.rejects(
-      publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {}, ...QUICK }),
+      publishCheckpoint(store, {
+        localDir: ck.dir,
+        pathInRepo: ck.path_in_repo,
+        pointer: pointerOf(ck),
+        prune: true,
+        minFreeGb: 0,
+        log: () => {},
+        ...QUICK,
+      }),
       (e: Error & { stage?: string }) => {
         assert.equal(e.name, "CheckpointPublishError");
         assert.equal(e.stage, "pointer");
-        assert.match(e.message, /checkpoint 20 is verified on the Hub at .*ckpt\/checkpoint-20, but latest\.json could not be moved to it: .*kept failing.*HTTP 500/);
+        assert.match(
+          e.message,
+          /checkpoint 20 is verified on the Hub at .*ckpt\/checkpoint-20, but latest\.json could not be moved to it: .*kept failing.*HTTP 500/,
+        );
         assert.match(e.message, /local copy at .* is kept/);
         return true;
       },
@@ -196,7 +312,14 @@ describe("publishCheckpoint (K3)", () => {
   test("prune deletes the local copy when asked and the disk guard allows (K3)", async () => {
     const { store } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
-    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 0, log: () => {} });
+    const r = await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: true,
+      minFreeGb: 0,
+      log: () => {},
+    });
     assert.equal(r.pruned, true);
     assert.equal(r.pruneReason, null);
     assert.equal(fs.existsSync(ck.dir), false);
@@ -207,7 +330,14 @@ describe("publishCheckpoint (K3)", () => {
     const { store } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
     const lines: string[] = [];
-    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: true, minFreeGb: 1e9, log: (l) => lines.push(l) });
+    const r = await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: true,
+      minFreeGb: 1e9,
+      log: (l) => lines.push(l),
+    });
     assert.equal(r.ok, true);
     assert.equal(r.pruned, false);
     assert.match(r.pruneReason!, /kept: free disk after pruning would be [\d.]+ GB, below the 1000000000 GB guard/);
@@ -219,11 +349,28 @@ describe("publishCheckpoint (K3)", () => {
     const { store } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
     fs.writeFileSync(path.join(ck.dir, "old-extra.json"), "{}");
-    await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} });
+    await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: () => {},
+    });
     fs.rmSync(path.join(ck.dir, "old-extra.json"));
-    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} });
+    const r = await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: () => {},
+    });
     assert.equal(r.ok, true);
-    assert.equal((await store.list("ckpt/checkpoint-20")).some((f) => f.path.endsWith("old-extra.json")), false);
+    assert.equal(
+      (await store.list("ckpt/checkpoint-20")).some((f) => f.path.endsWith("old-extra.json")),
+      false,
+    );
   });
 });
 
@@ -242,7 +389,11 @@ describe("publishFinal (G4)", () => {
     assert.equal(r.pathInRepo, "final");
     assert.match(lines[0], /^FINAL 30 .* ok=true/);
     assert.deepEqual(await store.readPointer(), pointer);
-    const got = await resolveAutoResume(store, { destDir: path.join(th.tmp, "resume-final"), log: () => {}, retryDelayMs: 10 });
+    const got = await resolveAutoResume(store, {
+      destDir: path.join(th.tmp, "resume-final"),
+      log: () => {},
+      retryDelayMs: 10,
+    });
     assert.equal(got.kind, "complete");
   });
 
@@ -251,7 +402,10 @@ describe("publishFinal (G4)", () => {
     const dir = path.join(th.tmp, `r${n}`, "final");
     const ck = writeFakeCheckpoint(dir, { step: 30 });
     th.hub.setFaults({ dropOnCommit: ["final/config.json"] });
-    await assert.rejects(publishFinal(store, { localDir: dir, pointer: { ...pointerOf(ck), path_in_repo: "final" }, log: () => {} }), /missing 1 \[final\/config\.json\]/);
+    await assert.rejects(
+      publishFinal(store, { localDir: dir, pointer: { ...pointerOf(ck), path_in_repo: "final" }, log: () => {} }),
+      /missing 1 \[final\/config\.json\]/,
+    );
     await assertKeptAndUnmoved(store, dir, first);
   });
 });

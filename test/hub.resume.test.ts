@@ -18,8 +18,19 @@ async function publishSteps(store: HubClient, steps: number[], o: { modelValues?
   await store.ensureRepo();
   const out: Pointer[] = [];
   for (const step of steps) {
-    const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, `checkpoint-${step}`), { step, loss: 4 - step / 100, modelValues: o.modelValues });
-    await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} });
+    const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, `checkpoint-${step}`), {
+      step,
+      loss: 4 - step / 100,
+      modelValues: o.modelValues,
+    });
+    await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: () => {},
+    });
     out.push(pointerOf(ck));
   }
   return out;
@@ -68,7 +79,11 @@ describe("resolveAutoResume: the pointer is missing (R2)", () => {
     // What a lost pointer commit leaves behind: a checkpoint on the Hub and no latest.json.
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-10"), { step: 10 });
     await store.uploadFolder(ck.dir, ck.path_in_repo, "checkpoint step 10");
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /found no latest\.json on tester\/resume-\d+, but the repo holds 1 checkpoint folder\(s\) \(ckpt\/checkpoint-10\)\. The pointer is missing, not the run/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R2",
+      /found no latest\.json on tester\/resume-\d+, but the repo holds 1 checkpoint folder\(s\) \(ckpt\/checkpoint-10\)\. The pointer is missing, not the run/,
+    );
     await assertPointer(store, null);
   });
 
@@ -76,7 +91,11 @@ describe("resolveAutoResume: the pointer is missing (R2)", () => {
     const store = freshStore();
     await store.ensureRepo();
     th.hub.setFaults({ status: { list: 500 } });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /found no latest\.json .* listing the repo to confirm that nothing was pushed failed: HTTP 500.*Refusing to start from step 0/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R2",
+      /found no latest\.json .* listing the repo to confirm that nothing was pushed failed: HTTP 500.*Refusing to start from step 0/,
+    );
     await assertPointer(store, null);
   });
 });
@@ -86,7 +105,11 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     const store = freshStore();
     const [p] = await publishSteps(store, [10]);
     th.hub.setFaults({ status: { pointerRead: 401 } });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json on tester\/resume-\d+: HTTP 401.*A failed lookup is never "nothing there"/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R2",
+      /could not read latest\.json on tester\/resume-\d+: HTTP 401.*A failed lookup is never "nothing there"/,
+    );
     await assertPointer(store, p);
   });
 
@@ -98,7 +121,11 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     const impatient = th.store({ repo: store.repo, timeoutMs: 300 });
     th.hub.setFaults({ delayMs: { pointerRead: 3000 } });
     // The message is the client-side timeout's (the server's delayed answer would have been a success).
-    await refusal(resolveAutoResume(impatient, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json .*timed out after 300 ms.*A failed lookup is never "nothing there"/);
+    await refusal(
+      resolveAutoResume(impatient, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R2",
+      /could not read latest\.json .*timed out after 300 ms.*A failed lookup is never "nothing there"/,
+    );
     await assertPointer(store, p);
   });
 
@@ -106,7 +133,11 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     const store = freshStore();
     await publishSteps(store, [10]);
     th.hub.setFaults({ status: { pointerRead: 500 } });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json .*HTTP 500/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R2",
+      /could not read latest\.json .*HTTP 500/,
+    );
   });
 
   test("an unreachable Hub is refused as a network failure", async () => {
@@ -114,7 +145,11 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
     const url = await gone.start();
     await gone.stop(); // nothing listens on this port any more
     const dead = th.store({ hubUrl: url, repo: "tester/nowhere" });
-    await refusal(resolveAutoResume(dead, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R2", /could not read latest\.json .*network error: ECONNREFUSED/);
+    await refusal(
+      resolveAutoResume(dead, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R2",
+      /could not read latest\.json .*network error: ECONNREFUSED/,
+    );
   });
 });
 
@@ -128,7 +163,13 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     if (r.kind !== "checkpoint") return;
     assert.deepEqual(r.pointer, p20);
     assert.equal(r.dir, path.join(dest(), "checkpoint-20"));
-    assert.deepEqual(fs.readdirSync(r.dir).sort(), ["config.json", "cursor.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]);
+    assert.deepEqual(fs.readdirSync(r.dir).sort(), [
+      "config.json",
+      "cursor.json",
+      "model.safetensors",
+      "optimizer.safetensors",
+      "trainer_state.json",
+    ]);
     assert.equal(r.priorLoss, 3.8);
     assert.match(lines.join("\n"), /prior loss at resume: 3\.8/);
   });
@@ -138,7 +179,11 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const [p10] = await publishSteps(store, [10]);
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-20"), { step: 20 });
     await store.uploadFolder(ck.dir, ck.path_in_repo, "checkpoint 20 whose pointer write never happened");
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R3", /latest\.json on tester\/resume-\d+ points at step 10 .* also holds ckpt\/checkpoint-20, which has no manifest\.json to prove it complete: the pointer is behind the run.*--resume-ignore-unproven/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R3",
+      /latest\.json on tester\/resume-\d+ points at step 10 .* also holds ckpt\/checkpoint-20, which has no manifest\.json to prove it complete: the pointer is behind the run.*--resume-ignore-unproven/,
+    );
     await assertPointer(store, p10);
   });
 
@@ -159,20 +204,33 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     th.hub.setFaults({ status: { list: 500 } });
     const lines: string[] = [];
     let full = "";
-    await assert.rejects(resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10 }), (e: Error) => {
-      full = /could not enumerate \S+ \((HTTP 500: .*)\), so it cannot prove/.exec(e.message)?.[1] ?? "";
-      return e.name === "UserError";
-    });
-    assert.ok(full.length > 200, `the Hub's error should be over 200 characters for this test, got ${full.length}: ${full}`);
+    await assert.rejects(
+      resolveAutoResume(store, { destDir: dest(), log: (l) => lines.push(l), retryDelayMs: 10 }),
+      (e: Error) => {
+        full = /could not enumerate \S+ \((HTTP 500: .*)\), so it cannot prove/.exec(e.message)?.[1] ?? "";
+        return e.name === "UserError";
+      },
+    );
+    assert.ok(
+      full.length > 200,
+      `the Hub's error should be over 200 characters for this test, got ${full.length}: ${full}`,
+    );
     const logged = lines.filter((l) => l.startsWith("resume auto: checkpoint scan attempt "));
-    assert.deepEqual(logged, [1, 2].map((a) => `resume auto: checkpoint scan attempt ${a} failed: ${full.slice(0, 200)}`));
+    assert.deepEqual(
+      logged,
+      [1, 2].map((a) => `resume auto: checkpoint scan attempt ${a} failed: ${full.slice(0, 200)}`),
+    );
   });
 
   test("a listing that keeps failing is refused: the pointer cannot be proven newest", async () => {
     const store = freshStore();
     const [p] = await publishSteps(store, [10]);
     th.hub.setFaults({ status: { list: 500 } });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R3", /could not enumerate tester\/resume-\d+ \(HTTP 500.*cannot prove latest\.json \(step 10\) is the newest state/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R3",
+      /could not enumerate tester\/resume-\d+ \(HTTP 500.*cannot prove latest\.json \(step 10\) is the newest state/,
+    );
     await assertPointer(store, p);
   });
 
@@ -180,7 +238,11 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const store = freshStore();
     const [p] = await publishSteps(store, [10], { modelValues: 4096 });
     th.hub.setFaults({ truncateDownload: ["model.safetensors"], truncateMode: "cut" });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R4", /could not download ckpt\/checkpoint-10 from tester\/resume-\d+: .*Refusing to resume from a partial checkpoint/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R4",
+      /could not download ckpt\/checkpoint-10 from tester\/resume-\d+: .*Refusing to resume from a partial checkpoint/,
+    );
     await assertPointer(store, p);
   });
 
@@ -188,7 +250,11 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const store = freshStore();
     const [p] = await publishSteps(store, [10], { modelValues: 4096 });
     th.hub.setFaults({ truncateDownload: ["model.safetensors"], truncateMode: "short" });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R4", /could not download .*model\.safetensors .* is not what the Hub lists: \d+ bytes where the listing says 16\d{3}/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R4",
+      /could not download .*model\.safetensors .* is not what the Hub lists: \d+ bytes where the listing says 16\d{3}/,
+    );
     await assertPointer(store, p);
   });
 
@@ -198,8 +264,19 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-10"), { step: 10 });
     const f = path.join(ck.dir, "model.safetensors");
     fs.writeFileSync(f, fs.readFileSync(f).subarray(0, fs.statSync(f).size - 16)); // truncated at the source
-    await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R4", /model\.safetensors is not real weights: .*tensors cover 256 bytes but the file holds 240 bytes/);
+    await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: () => {},
+    });
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R4",
+      /model\.safetensors is not real weights: .*tensors cover 256 bytes but the file holds 240 bytes/,
+    );
   });
 
   test("a checkpoint without model.safetensors is refused", async () => {
@@ -207,13 +284,28 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     await store.ensureRepo();
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-10"), { step: 10 });
     fs.rmSync(path.join(ck.dir, "model.safetensors"));
-    await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: () => {} });
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }), "R4", /has no model\.safetensors: not real weights/);
+    await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: () => {},
+    });
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
+      "R4",
+      /has no model\.safetensors: not real weights/,
+    );
   });
 
   test("a download under minBytes is refused as not real weights", async () => {
     const store = freshStore();
     await publishSteps(store, [10]);
-    await refusal(resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10, minBytes: 1_000_000 }), "R4", /under the 1000000 bytes a real checkpoint holds: not real weights/);
+    await refusal(
+      resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10, minBytes: 1_000_000 }),
+      "R4",
+      /under the 1000000 bytes a real checkpoint holds: not real weights/,
+    );
   });
 });

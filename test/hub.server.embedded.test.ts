@@ -26,15 +26,23 @@ async function commitsIn(hubDir: string): Promise<string[]> {
   }
 }
 
-test("two runs with embedded Hubs under sibling --out folders each keep their own Hub in <out>/hub", { timeout: 120_000 }, async () => {
+test("two runs with embedded Hubs under sibling --out folders each keep their own Hub in <out>/hub", {
+  timeout: 120_000,
+}, async () => {
   const base = tmpDir("tstrain-embedded-");
-  const run = (out: string, extra: string[] = []) => runTiny(tinyConfig(mix.root, out, ["--hub-url", "embedded", "--hub-repo", "me/demo", "--max-steps", "4", ...extra]));
+  const run = (out: string, extra: string[] = []) =>
+    runTiny(
+      tinyConfig(mix.root, out, ["--hub-url", "embedded", "--hub-repo", "me/demo", "--max-steps", "4", ...extra]),
+    );
   const a = await run(path.join(base, "a"));
   const b = await run(path.join(base, "b"));
   assert.ok(fs.existsSync(refs(path.join(base, "a", "hub"))), "run a's Hub is in a/hub");
   assert.ok(fs.existsSync(refs(path.join(base, "b", "hub"))), "run b's Hub is in b/hub");
   assert.ok(!fs.existsSync(path.join(base, "hub")), "nothing is written beside the run folders");
-  assert.ok(a.rep.lines.some((l) => l.includes(`storing ${path.join(base, "a", "hub")}`)), "the run says where its Hub is");
+  assert.ok(
+    a.rep.lines.some((l) => l.includes(`storing ${path.join(base, "a", "hub")}`)),
+    "the run says where its Hub is",
+  );
   assert.ok(b.rep.lines.some((l) => l.includes(`storing ${path.join(base, "b", "hub")}`)));
   // b did not find a's checkpoints: each Hub holds one run's history.
   const titles = await commitsIn(path.join(base, "b", "hub"));
@@ -47,9 +55,15 @@ test("two runs with embedded Hubs under sibling --out folders each keep their ow
 });
 
 test("--hub-dir without --hub-url embedded is refused, naming both flags", () => {
-  assert.throws(() => parseArgs(["--hub-dir", "/tmp/x", "--hub-url", "https://huggingface.co"]), (e: Error & { rule?: string }) => {
-    assert.equal(e.rule, "B6");
-    assert.match(e.message, /--hub-dir "\/tmp\/x" is the folder of the embedded local Hub, but --hub-url is https:\/\/huggingface\.co; add --hub-url embedded or drop --hub-dir/);
-    return true;
-  });
+  assert.throws(
+    () => parseArgs(["--hub-dir", "/tmp/x", "--hub-url", "https://huggingface.co"]),
+    (e: Error & { rule?: string }) => {
+      assert.equal(e.rule, "B6");
+      assert.match(
+        e.message,
+        /--hub-dir "\/tmp\/x" is the folder of the embedded local Hub, but --hub-url is https:\/\/huggingface\.co; add --hub-url embedded or drop --hub-dir/,
+      );
+      return true;
+    },
+  );
 });

@@ -5,8 +5,22 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import {
-  commit, countCommits, createBranch, createRepo, datasetInfo, deleteBranch, deleteRepo, downloadFile, fileExists, listCommits,
-  listFiles, modelInfo, pathsInfo, repoExists, whoAmI, HubApiError,
+  commit,
+  countCommits,
+  createBranch,
+  createRepo,
+  datasetInfo,
+  deleteBranch,
+  deleteRepo,
+  downloadFile,
+  fileExists,
+  listCommits,
+  listFiles,
+  modelInfo,
+  pathsInfo,
+  repoExists,
+  whoAmI,
+  HubApiError,
 } from "@huggingface/hub";
 import { useTestHub, type TestHub } from "./helpers/hub";
 
@@ -17,14 +31,23 @@ const ANY = "hf_anyTokenTheOpenHubTakes";
 useTestHub({ pageSize: 2 }, (t) => (th = t));
 
 const ds = (name: string) => ({ type: "dataset" as const, name });
-const put = (p: string, content: string | Uint8Array) => ({ operation: "addOrUpdate" as const, path: p, content: new Blob([content]) });
+const put = (p: string, content: string | Uint8Array) => ({
+  operation: "addOrUpdate" as const,
+  path: p,
+  content: new Blob([content]),
+});
 const del = (p: string) => ({ operation: "delete" as const, path: p });
 async function newRepo(): Promise<{ type: "dataset"; name: string }> {
   const r = ds(`hist/r${++n}`);
   await createRepo({ repo: r, hubUrl: th.url, accessToken: ANY });
   return r;
 }
-async function commitOn(r: { type: "dataset"; name: string }, title: string, ops: ReturnType<typeof put | typeof del>[], extra: object = {}) {
+async function commitOn(
+  r: { type: "dataset"; name: string },
+  title: string,
+  ops: ReturnType<typeof put | typeof del>[],
+  extra: object = {},
+) {
   return (await commit({ repo: r, hubUrl: th.url, title, operations: ops, ...extra }))!;
 }
 async function all<T>(it: AsyncGenerator<T>): Promise<T[]> {
@@ -40,18 +63,42 @@ describe("history (L1)", () => {
   test("every commit has an id; files read at an old commit id are that commit's, after later commits changed and deleted them", async () => {
     const r = await newRepo();
     const c1 = await commitOn(r, "ckpt 1", [put("ckpt/checkpoint-1/model.safetensors", "w1"), put("latest.json", "1")]);
-    const c2 = await commitOn(r, "ckpt 2", [put("ckpt/checkpoint-2/model.safetensors", "w2"), put("latest.json", "2"), del("ckpt/checkpoint-1/model.safetensors")]);
+    const c2 = await commitOn(r, "ckpt 2", [
+      put("ckpt/checkpoint-2/model.safetensors", "w2"),
+      put("latest.json", "2"),
+      del("ckpt/checkpoint-1/model.safetensors"),
+    ]);
     assert.notEqual(c1.commit.oid, c2.commit.oid);
     const at = (revision: string, p: string) => downloadFile({ repo: r, path: p, revision, hubUrl: th.url }).then(text);
     assert.equal(await at(c1.commit.oid, "latest.json"), "1");
     assert.equal(await at(c1.commit.oid, "ckpt/checkpoint-1/model.safetensors"), "w1");
     assert.equal(await at("main", "latest.json"), "2");
     assert.equal(await at("main", "ckpt/checkpoint-1/model.safetensors"), null);
-    assert.deepEqual((await all(listFiles({ repo: r, revision: c1.commit.oid, recursive: true, hubUrl: th.url }))).filter((f) => f.type === "file").map((f) => f.path),
-      [".gitattributes", "ckpt/checkpoint-1/model.safetensors", "latest.json"]);
-    const info = await pathsInfo({ repo: r, paths: ["ckpt/checkpoint-1", "ckpt/checkpoint-2"], revision: c1.commit.oid, hubUrl: th.url });
-    assert.deepEqual(info.map((i) => i.path), ["ckpt/checkpoint-1"]);
-    assert.equal(await fileExists({ repo: r, path: "ckpt/checkpoint-1/model.safetensors", revision: c1.commit.oid, hubUrl: th.url }), true);
+    assert.deepEqual(
+      (await all(listFiles({ repo: r, revision: c1.commit.oid, recursive: true, hubUrl: th.url })))
+        .filter((f) => f.type === "file")
+        .map((f) => f.path),
+      [".gitattributes", "ckpt/checkpoint-1/model.safetensors", "latest.json"],
+    );
+    const info = await pathsInfo({
+      repo: r,
+      paths: ["ckpt/checkpoint-1", "ckpt/checkpoint-2"],
+      revision: c1.commit.oid,
+      hubUrl: th.url,
+    });
+    assert.deepEqual(
+      info.map((i) => i.path),
+      ["ckpt/checkpoint-1"],
+    );
+    assert.equal(
+      await fileExists({
+        repo: r,
+        path: "ckpt/checkpoint-1/model.safetensors",
+        revision: c1.commit.oid,
+        hubUrl: th.url,
+      }),
+      true,
+    );
     await assert.rejects(at("0".repeat(40), "latest.json"), (e: HubApiError) => e.statusCode === 404);
   });
 
@@ -69,7 +116,11 @@ describe("history (L1)", () => {
     assert.equal(commits[1].oid, other.commit.oid);
     assert.equal(await downloadFile({ repo: r, path: "latest.json", hubUrl: th.url }).then(text), "1");
     const next = await commitOn(r, "pointer again", [put("latest.json", "2")]);
-    assert.equal(next.commit.oid, (await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid, "failCount 1: the next commit is answered");
+    assert.equal(
+      next.commit.oid,
+      (await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid,
+      "failCount 1: the next commit is answered",
+    );
   });
 
   test("listCommits pages newest first back to the repo's creation, and countCommits counts them", async () => {
@@ -77,8 +128,14 @@ describe("history (L1)", () => {
     const ids = [];
     for (let i = 1; i <= 4; i++) ids.push((await commitOn(r, `step ${i}`, [put("latest.json", String(i))])).commit.oid);
     const listed = await all(listCommits({ repo: r, hubUrl: th.url, batchSize: 2 }));
-    assert.deepEqual(listed.map((c) => c.title), ["step 4", "step 3", "step 2", "step 1", "initial commit"]);
-    assert.deepEqual(listed.slice(0, 4).map((c) => c.oid), ids.reverse());
+    assert.deepEqual(
+      listed.map((c) => c.title),
+      ["step 4", "step 3", "step 2", "step 1", "initial commit"],
+    );
+    assert.deepEqual(
+      listed.slice(0, 4).map((c) => c.oid),
+      ids.reverse(),
+    );
     assert.ok(listed.every((c) => c.date instanceof Date && !isNaN(c.date.getTime())));
     assert.equal(await countCommits({ repo: r, hubUrl: th.url }), 5);
     assert.equal(await countCommits({ repo: r, revision: listed[2].oid, hubUrl: th.url }), 3);
@@ -90,7 +147,10 @@ describe("history (L1)", () => {
     const c2 = await commitOn(r, "two", [put("a.txt", "2")]);
     const head = await datasetInfo({ name: r.name, hubUrl: th.url, additionalFields: ["sha"] });
     assert.equal(head.sha, c2.commit.oid);
-    assert.equal((await datasetInfo({ name: r.name, revision: c1.commit.oid, hubUrl: th.url, additionalFields: ["sha"] })).sha, c1.commit.oid);
+    assert.equal(
+      (await datasetInfo({ name: r.name, revision: c1.commit.oid, hubUrl: th.url, additionalFields: ["sha"] })).sha,
+      c1.commit.oid,
+    );
     await createRepo({ repo: "hist/model-info", hubUrl: th.url, accessToken: ANY });
     const m = await modelInfo({ name: "hist/model-info", hubUrl: th.url });
     assert.equal(m.name, "hist/model-info");
@@ -105,12 +165,21 @@ describe("branches and pull requests (L1)", () => {
     await createBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY });
     await commitOn(r, "on exp", [put("a.txt", "exp")], { branch: "exp" });
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", revision: "exp", hubUrl: th.url })), "exp");
-    assert.deepEqual((await all(listFiles({ repo: r, revision: "refs/heads/exp", hubUrl: th.url }))).map((f) => f.path), [".gitattributes", "a.txt"]);
+    assert.deepEqual(
+      (await all(listFiles({ repo: r, revision: "refs/heads/exp", hubUrl: th.url }))).map((f) => f.path),
+      [".gitattributes", "a.txt"],
+    );
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "main");
     assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid, base.commit.oid);
-    await assert.rejects(createBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY }), (e: HubApiError) => e.statusCode === 409);
+    await assert.rejects(
+      createBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY }),
+      (e: HubApiError) => e.statusCode === 409,
+    );
     await deleteBranch({ repo: r, branch: "exp", hubUrl: th.url, accessToken: ANY });
-    await assert.rejects(downloadFile({ repo: r, path: "a.txt", revision: "exp", hubUrl: th.url }), (e: HubApiError) => e.statusCode === 404);
+    await assert.rejects(
+      downloadFile({ repo: r, path: "a.txt", revision: "exp", hubUrl: th.url }),
+      (e: HubApiError) => e.statusCode === 404,
+    );
   });
 
   test("a commit with isPullRequest opens refs/pr/N and never lands on main", async () => {
@@ -120,8 +189,14 @@ describe("branches and pull requests (L1)", () => {
     assert.match(pr.pullRequestUrl ?? "", /\/datasets\/hist\/r\d+\/discussions\/1$/);
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "main");
     assert.equal((await all(listCommits({ repo: r, hubUrl: th.url })))[0].oid, base.commit.oid);
-    assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", revision: "refs/pr/1", hubUrl: th.url })), "pr");
-    assert.deepEqual((await all(listFiles({ repo: r, revision: "refs/pr/1", hubUrl: th.url }))).map((f) => f.path), [".gitattributes", "a.txt"]);
+    assert.equal(
+      await text(await downloadFile({ repo: r, path: "a.txt", revision: "refs/pr/1", hubUrl: th.url })),
+      "pr",
+    );
+    assert.deepEqual(
+      (await all(listFiles({ repo: r, revision: "refs/pr/1", hubUrl: th.url }))).map((f) => f.path),
+      [".gitattributes", "a.txt"],
+    );
     const second = await commitOn(r, "another", [put("b.txt", "x")], { isPullRequest: true });
     assert.match(second.pullRequestUrl ?? "", /\/discussions\/2$/);
   });
@@ -135,14 +210,24 @@ describe("repos (L3)", () => {
     await deleteRepo({ repo: r, hubUrl: th.url, accessToken: ANY });
     assert.equal(await repoExists({ repo: r, hubUrl: th.url }), false);
     assert.ok(!fs.existsSync(path.dirname(objectsDir(r.name))), "the repo's folder is gone");
-    await assert.rejects(deleteRepo({ repo: r, hubUrl: th.url, accessToken: ANY }), (e: HubApiError) => e.statusCode === 404);
+    await assert.rejects(
+      deleteRepo({ repo: r, hubUrl: th.url, accessToken: ANY }),
+      (e: HubApiError) => e.statusCode === 404,
+    );
     await createRepo({ repo: r, hubUrl: th.url, accessToken: ANY });
     assert.equal(await countCommits({ repo: r, hubUrl: th.url }), 1);
   });
 
   test("createRepo stores its files in the first commit and records license and visibility", async () => {
     const r = ds(`hist/created-${++n}`);
-    await createRepo({ repo: r, hubUrl: th.url, accessToken: ANY, license: "mit", private: true, files: [{ path: "README.md", content: new Blob(["# hi"]) }] });
+    await createRepo({
+      repo: r,
+      hubUrl: th.url,
+      accessToken: ANY,
+      license: "mit",
+      private: true,
+      files: [{ path: "README.md", content: new Blob(["# hi"]) }],
+    });
     assert.equal(await text(await downloadFile({ repo: r, path: "README.md", hubUrl: th.url })), "# hi");
     const info = await datasetInfo({ name: r.name, hubUrl: th.url, additionalFields: ["cardData"] });
     assert.equal(info.private, true);
@@ -152,7 +237,10 @@ describe("repos (L3)", () => {
   test("createRepo with a license and no README.md writes the card the real Hub writes: the license in its front matter", async () => {
     const r = ds(`hist/licensed-${++n}`);
     await createRepo({ repo: r, hubUrl: th.url, accessToken: ANY, license: "apache-2.0" });
-    assert.equal(await text(await downloadFile({ repo: r, path: "README.md", hubUrl: th.url })), "---\nlicense: apache-2.0\n---\n");
+    assert.equal(
+      await text(await downloadFile({ repo: r, path: "README.md", hubUrl: th.url })),
+      "---\nlicense: apache-2.0\n---\n",
+    );
     const bare = ds(`hist/unlicensed-${++n}`);
     await createRepo({ repo: bare, hubUrl: th.url, accessToken: ANY });
     assert.equal(await fileExists({ repo: bare, path: "README.md", hubUrl: th.url }), false, "no license, no card");
@@ -172,12 +260,21 @@ describe("expand (L3)", () => {
     const c2 = await commitOn(r, "second", [put("d/b.txt", "2")]);
     await commitOn(r, "third", [put("other.txt", "x")]);
     const files = await all(listFiles({ repo: r, path: "d", expand: true, hubUrl: th.url }));
-    assert.deepEqual(files.map((f) => [f.path, f.lastCommit?.id, f.lastCommit?.title]), [
-      ["d/a.txt", c1.commit.oid, "first"],
-      ["d/b.txt", c2.commit.oid, "second"],
-    ]);
+    assert.deepEqual(
+      files.map((f) => [f.path, f.lastCommit?.id, f.lastCommit?.title]),
+      [
+        ["d/a.txt", c1.commit.oid, "first"],
+        ["d/b.txt", c2.commit.oid, "second"],
+      ],
+    );
     const info = await pathsInfo({ repo: r, paths: ["d", "d/a.txt"], expand: true, hubUrl: th.url });
-    assert.deepEqual(info.map((i) => [i.path, i.lastCommit?.id]), [["d", c2.commit.oid], ["d/a.txt", c1.commit.oid]]);
+    assert.deepEqual(
+      info.map((i) => [i.path, i.lastCommit?.id]),
+      [
+        ["d", c2.commit.oid],
+        ["d/a.txt", c1.commit.oid],
+      ],
+    );
     assert.ok(info[1].lastCommit.date instanceof Date);
   });
 });
@@ -191,15 +288,25 @@ describe("storage (L6)", () => {
     await commitOn(r, "prune ckpt 1", [del("ckpt/checkpoint-1/model.safetensors")]);
     const before = dirBytes(objectsDir(r.name));
     assert.ok(before >= 400_000, "history keeps the pruned checkpoint's bytes");
-    const res = await fetch(`${th.url}/api/datasets/${r.name}/super-squash/main`, { method: "POST", headers: { "Content-Type": "application/json", Authorization: `Bearer ${ANY}` }, body: JSON.stringify({ message: "squash" }) });
+    const res = await fetch(`${th.url}/api/datasets/${r.name}/super-squash/main`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Authorization: `Bearer ${ANY}` },
+      body: JSON.stringify({ message: "squash" }),
+    });
     assert.equal(res.status, 200);
     const after = dirBytes(objectsDir(r.name));
     assert.ok(before - after >= 200_000, `squash freed ${before - after} bytes`);
     assert.ok(after >= 200_000, "main's checkpoint is still stored");
     const head = await downloadFile({ repo: r, path: "ckpt/checkpoint-2/model.safetensors", hubUrl: th.url });
     assert.deepEqual(new Uint8Array(await head!.arrayBuffer()), big(2));
-    assert.deepEqual((await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.title), ["squash"]);
-    await assert.rejects(downloadFile({ repo: r, path: "ckpt/checkpoint-1/model.safetensors", revision: old.commit.oid, hubUrl: th.url }), (e: HubApiError) => e.statusCode === 404);
+    assert.deepEqual(
+      (await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.title),
+      ["squash"],
+    );
+    await assert.rejects(
+      downloadFile({ repo: r, path: "ckpt/checkpoint-1/model.safetensors", revision: old.commit.oid, hubUrl: th.url }),
+      (e: HubApiError) => e.statusCode === 404,
+    );
   });
 
   test("an uploaded object whose commit has not come yet survives a collection", async () => {
@@ -208,8 +315,16 @@ describe("storage (L6)", () => {
     await commitOn(r, "drop a", [del("a.bin")]);
     const stray = path.join(objectsDir(r.name), "f".repeat(64));
     fs.writeFileSync(stray, "an upload in flight");
-    const got = await th.hub.collectGarbage({ type: "dataset", owner: r.name.split("/")[0], name: r.name.split("/")[1] });
-    assert.deepEqual(got, { commits: 0, objects: 0, bytes: 0 }, "history still reaches a.bin; the fresh upload is not garbage");
+    const got = await th.hub.collectGarbage({
+      type: "dataset",
+      owner: r.name.split("/")[0],
+      name: r.name.split("/")[1],
+    });
+    assert.deepEqual(
+      got,
+      { commits: 0, objects: 0, bytes: 0 },
+      "history still reaches a.bin; the fresh upload is not garbage",
+    );
     assert.ok(fs.existsSync(stray));
   });
 });
@@ -224,12 +339,21 @@ describe("upgrade (L1)", () => {
     const oldId = "ab".repeat(20);
     fs.mkdirSync(path.join(dir, "objects"), { recursive: true });
     fs.writeFileSync(path.join(dir, "objects", sha), bytes);
-    fs.writeFileSync(path.join(dir, "main.json"), JSON.stringify({ commit: oldId, files: { "a.txt": { sha256: sha, size: bytes.length, lfs: false, gitOid } } }));
+    fs.writeFileSync(
+      path.join(dir, "main.json"),
+      JSON.stringify({ commit: oldId, files: { "a.txt": { sha256: sha, size: bytes.length, lfs: false, gitOid } } }),
+    );
     const r = ds("old/layout");
     assert.equal(await text(await downloadFile({ repo: r, path: "a.txt", hubUrl: th.url })), "from before");
-    assert.deepEqual((await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.oid), [oldId]);
+    assert.deepEqual(
+      (await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.oid),
+      [oldId],
+    );
     const next = await commitOn(r, "new", [put("b.txt", "new")], { parentCommit: oldId });
-    assert.deepEqual((await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.oid), [next.commit.oid, oldId]);
+    assert.deepEqual(
+      (await all(listCommits({ repo: r, hubUrl: th.url }))).map((c) => c.oid),
+      [next.commit.oid, oldId],
+    );
     assert.ok(!fs.existsSync(path.join(dir, "main.json")));
   });
 });

@@ -8,7 +8,9 @@ import * as path from "node:path";
 import { spawn, type ChildProcess } from "node:child_process";
 import { commit, createRepo, downloadFile, listCommits, HubApiError } from "@huggingface/hub";
 
-const launcher = [path.join(__dirname, "..", "hub-server.js"), path.join(__dirname, "..", "src", "hub-server.js")].find((p) => fs.existsSync(p))!;
+const launcher = [path.join(__dirname, "..", "hub-server.js"), path.join(__dirname, "..", "src", "hub-server.js")].find(
+  (p) => fs.existsSync(p),
+)!;
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-hubproc-"));
 const children = new Set<ChildProcess>();
 after(() => {
@@ -16,17 +18,26 @@ after(() => {
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 
-interface Server { url: string; child: ChildProcess; events: Record<string, unknown>[]; waitFor(pred: (e: Record<string, unknown>) => boolean): Promise<Record<string, unknown>> }
+interface Server {
+  url: string;
+  child: ChildProcess;
+  events: Record<string, unknown>[];
+  waitFor(pred: (e: Record<string, unknown>) => boolean): Promise<Record<string, unknown>>;
+}
 
 /** Starts `dist/hub-server.js --dir dir --port 0 [...extra]` and collects its event lines. */
 async function startServer(dir: string, extra: string[] = []): Promise<Server> {
   const env = { ...process.env };
   delete env.HF_TOKEN;
-  const child = spawn(process.execPath, [launcher, "--dir", dir, "--port", "0", ...extra], { env, stdio: ["ignore", "pipe", "inherit"] });
+  const child = spawn(process.execPath, [launcher, "--dir", dir, "--port", "0", ...extra], {
+    env,
+    stdio: ["ignore", "pipe", "inherit"],
+  });
   children.add(child);
   child.once("exit", () => children.delete(child));
   const events: Record<string, unknown>[] = [];
-  const waiters: { pred: (e: Record<string, unknown>) => boolean; resolve: (e: Record<string, unknown>) => void }[] = [];
+  const waiters: { pred: (e: Record<string, unknown>) => boolean; resolve: (e: Record<string, unknown>) => void }[] =
+    [];
   let buf = "";
   let resolveUrl: (u: string) => void;
   const url = new Promise<string>((resolve, reject) => {
@@ -44,7 +55,7 @@ async function startServer(dir: string, extra: string[] = []): Promise<Server> {
       if (!ev) continue;
       const e = JSON.parse(ev[1]) as Record<string, unknown>;
       events.push(e);
-      for (const w of waiters.splice(0)) (w.pred(e) ? w.resolve(e) : waiters.push(w));
+      for (const w of waiters.splice(0)) w.pred(e) ? w.resolve(e) : waiters.push(w);
     }
   });
   const waitFor = (pred: (e: Record<string, unknown>) => boolean) =>
@@ -73,10 +84,13 @@ function writeFaults(file: string, faults: object): void {
 const ANY = "hf_anyTokenTheOpenHubTakes";
 const repo = (name: string) => ({ type: "dataset" as const, name });
 const put = (p: string, text: string) => ({ operation: "addOrUpdate" as const, path: p, content: new Blob([text]) });
-const headOf = async (url: string, name: string) => (await listCommits({ repo: repo(name), hubUrl: url, batchSize: 1 }).next()).value!.oid as string;
+const headOf = async (url: string, name: string) =>
+  (await listCommits({ repo: repo(name), hubUrl: url, batchSize: 1 }).next()).value!.oid as string;
 
 describe("two hub-server processes on one --dir (L2)", () => {
-  test("a commit whose parentCommit went stale while it waited for the other process's lock gets 412", { timeout: 60_000 }, async () => {
+  test("a commit whose parentCommit went stale while it waited for the other process's lock gets 412", {
+    timeout: 60_000,
+  }, async () => {
     const dir = path.join(tmp, "shared");
     const faults = path.join(tmp, "faults-a.json");
     writeFaults(faults, {});
@@ -84,19 +98,42 @@ describe("two hub-server processes on one --dir (L2)", () => {
     const b = await startServer(dir);
     try {
       await createRepo({ repo: repo("race/r"), hubUrl: a.url, accessToken: ANY });
-      const base = (await commit({ repo: repo("race/r"), hubUrl: a.url, title: "base", operations: [put("x.txt", "0")] }))!.commit.oid;
+      const base = (await commit({
+        repo: repo("race/r"),
+        hubUrl: a.url,
+        title: "base",
+        operations: [put("x.txt", "0")],
+      }))!.commit.oid;
       assert.equal(await headOf(b.url, "race/r"), base, "both servers see the same history");
 
       // A's commit stops holding the lock after its commit is durable and before main moves.
       writeFaults(faults, { pauseCommit: true });
-      const first = commit({ repo: repo("race/r"), hubUrl: a.url, title: "from a", parentCommit: base, operations: [put("x.txt", "a")] });
+      const first = commit({
+        repo: repo("race/r"),
+        hubUrl: a.url,
+        title: "from a",
+        parentCommit: base,
+        operations: [put("x.txt", "a")],
+      });
       first.catch(() => undefined);
       await a.waitFor((e) => e.type === "commit-paused");
       // B's commit on the same parent must wait for A's lock; without a lock shared across processes it
       // would see main still at base and be applied (the race the 412 exists for).
-      const second = commit({ repo: repo("race/r"), hubUrl: b.url, title: "from b", parentCommit: base, operations: [put("x.txt", "b")] });
+      const second = commit({
+        repo: repo("race/r"),
+        hubUrl: b.url,
+        title: "from b",
+        parentCommit: base,
+        operations: [put("x.txt", "b")],
+      });
       second.catch(() => undefined);
-      const outcome = await Promise.race([b.waitFor((e) => e.type === "lock-wait").then(() => "waiting"), second.then(() => "applied", () => "failed")]);
+      const outcome = await Promise.race([
+        b.waitFor((e) => e.type === "lock-wait").then(() => "waiting"),
+        second.then(
+          () => "applied",
+          () => "failed",
+        ),
+      ]);
       assert.equal(outcome, "waiting", "B must wait for the lock A holds");
       writeFaults(faults, {});
       const done = (await first)!;
@@ -110,7 +147,13 @@ describe("two hub-server processes on one --dir (L2)", () => {
       const text = await (await downloadFile({ repo: repo("race/r"), path: "x.txt", hubUrl: b.url }))!.text();
       assert.equal(text, "a");
       // The loser retries on the new parent and lands.
-      const retry = (await commit({ repo: repo("race/r"), hubUrl: b.url, title: "from b again", parentCommit: done.commit.oid, operations: [put("x.txt", "b")] }))!;
+      const retry = (await commit({
+        repo: repo("race/r"),
+        hubUrl: b.url,
+        title: "from b again",
+        parentCommit: done.commit.oid,
+        operations: [put("x.txt", "b")],
+      }))!;
       assert.equal(await headOf(a.url, "race/r"), retry.commit.oid);
     } finally {
       await stopServer(a);
@@ -126,9 +169,19 @@ describe("a hub-server SIGKILLed mid-commit (L5)", () => {
     writeFaults(faults, {});
     const s1 = await startServer(dir, ["--faults", faults]);
     await createRepo({ repo: repo("kill/r"), hubUrl: s1.url, accessToken: ANY });
-    const before = (await commit({ repo: repo("kill/r"), hubUrl: s1.url, title: "good", operations: [put("w.txt", "good"), put("m.safetensors", "weights-1")] }))!.commit.oid;
+    const before = (await commit({
+      repo: repo("kill/r"),
+      hubUrl: s1.url,
+      title: "good",
+      operations: [put("w.txt", "good"), put("m.safetensors", "weights-1")],
+    }))!.commit.oid;
     writeFaults(faults, { pauseCommit: true });
-    const doomed = commit({ repo: repo("kill/r"), hubUrl: s1.url, title: "doomed", operations: [put("w.txt", "doomed"), put("m.safetensors", "weights-2")] });
+    const doomed = commit({
+      repo: repo("kill/r"),
+      hubUrl: s1.url,
+      title: "doomed",
+      operations: [put("w.txt", "doomed"), put("m.safetensors", "weights-2")],
+    });
     doomed.catch(() => undefined);
     const paused = await s1.waitFor((e) => e.type === "commit-paused");
     await stopServer(s1, "SIGKILL");
@@ -144,7 +197,13 @@ describe("a hub-server SIGKILLed mid-commit (L5)", () => {
       const m = await downloadFile({ repo: repo("kill/r"), path: "m.safetensors", hubUrl: s2.url });
       assert.equal(await m!.text(), "weights-1");
       // The dead server's lock is stale: the next commit takes it and lands on the previous commit.
-      const next = (await commit({ repo: repo("kill/r"), hubUrl: s2.url, title: "after", parentCommit: before, operations: [put("w.txt", "after")] }))!;
+      const next = (await commit({
+        repo: repo("kill/r"),
+        hubUrl: s2.url,
+        title: "after",
+        parentCommit: before,
+        operations: [put("w.txt", "after")],
+      }))!;
       assert.equal(await headOf(s2.url, "kill/r"), next.commit.oid);
     } finally {
       await stopServer(s2);
@@ -153,30 +212,42 @@ describe("a hub-server SIGKILLed mid-commit (L5)", () => {
 });
 
 describe("hub-server --faults FILE (L7)", () => {
-  test("switches faults while the server runs; a bad file is reported and leaves the faults in force", { timeout: 60_000 }, async () => {
+  test("switches faults while the server runs; a bad file is reported and leaves the faults in force", {
+    timeout: 60_000,
+  }, async () => {
     const dir = path.join(tmp, "faulty");
     const faults = path.join(tmp, "faults-f.json");
     const s = await startServer(dir, ["--faults", faults]);
     try {
       await createRepo({ repo: repo("f/r"), hubUrl: s.url, accessToken: ANY });
       writeFaults(faults, { status: { commit: 503 }, failCount: 1 });
-      await assert.rejects(commit({ repo: repo("f/r"), hubUrl: s.url, title: "x", operations: [put("m.bin", "0123456789")] }), (e: HubApiError) => e.statusCode === 503);
+      await assert.rejects(
+        commit({ repo: repo("f/r"), hubUrl: s.url, title: "x", operations: [put("m.bin", "0123456789")] }),
+        (e: HubApiError) => e.statusCode === 503,
+      );
       await commit({ repo: repo("f/r"), hubUrl: s.url, title: "x", operations: [put("m.bin", "0123456789")] });
       writeFaults(faults, { truncateDownload: ["m.bin"], truncateMode: "short" });
       const read = async () => (await downloadFile({ repo: repo("f/r"), path: "m.bin", hubUrl: s.url }))!.text();
       assert.equal(await read(), "01234");
       writeFaults(faults, { status: { comit: 500 } });
       assert.equal(await read(), "01234", "a bad faults file leaves the faults in force");
-      const warned = await s.waitFor((e) => e.type === "faults" && /status\.comit is not an endpoint/.test(String(e.message)));
+      const warned = await s.waitFor(
+        (e) => e.type === "faults" && /status\.comit is not an endpoint/.test(String(e.message)),
+      );
       assert.match(String(warned.message), /keeping the faults in force/);
       fs.rmSync(faults);
       assert.equal(await read(), "0123456789");
       writeFaults(faults, { loseCommitAnswer: "m.bin" });
       assert.equal(await read(), "0123456789", "a request makes the server re-read the file");
-      const bad = await s.waitFor((e) => e.type === "faults" && /loseCommitAnswer must be an array of path suffixes/.test(String(e.message)));
+      const bad = await s.waitFor(
+        (e) => e.type === "faults" && /loseCommitAnswer must be an array of path suffixes/.test(String(e.message)),
+      );
       assert.match(String(bad.message), /keeping the faults in force/);
       writeFaults(faults, { loseCommitAnswer: ["m.bin"], failCount: 1 });
-      await assert.rejects(commit({ repo: repo("f/r"), hubUrl: s.url, title: "lost", operations: [put("m.bin", "landed")] }), (e: HubApiError) => e.statusCode === 500);
+      await assert.rejects(
+        commit({ repo: repo("f/r"), hubUrl: s.url, title: "lost", operations: [put("m.bin", "landed")] }),
+        (e: HubApiError) => e.statusCode === 500,
+      );
       assert.equal(await read(), "landed", "the commit whose answer was lost landed");
       assert.equal((await listCommits({ repo: repo("f/r"), hubUrl: s.url, batchSize: 1 }).next()).value!.title, "lost");
     } finally {

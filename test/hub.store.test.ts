@@ -33,10 +33,16 @@ describe("LocalHub", () => {
     await store.ensureRepo();
     const big = Buffer.alloc(5000, 7);
     await store.uploadFolder(folder({ "w.bin": big, "a.txt": "hello" }), "x", "two files");
-    const info = await fileDownloadInfo({ repo: { type: "dataset", name: store.repo }, path: "x/w.bin", hubUrl: th.url });
+    const info = await fileDownloadInfo({
+      repo: { type: "dataset", name: store.repo },
+      path: "x/w.bin",
+      hubUrl: th.url,
+    });
     assert.equal(info!.size, 5000);
     assert.equal(info!.etag, `"${sha(big)}"`);
-    const res = await fetch(`${th.url}/datasets/${store.repo}/resolve/main/x/a.txt`, { headers: { Range: "bytes=1-3" } });
+    const res = await fetch(`${th.url}/datasets/${store.repo}/resolve/main/x/a.txt`, {
+      headers: { Range: "bytes=1-3" },
+    });
     assert.equal(res.status, 206);
     assert.equal(res.headers.get("content-range"), "bytes 1-3/5");
     assert.equal(await res.text(), "ell");
@@ -51,8 +57,18 @@ describe("LocalHub", () => {
     await store.ensureRepo();
     const big = Buffer.alloc(3000, 1);
     await store.uploadFolder(folder({ "w.bin": big }), "d", "one file");
-    const info = await pathsInfo({ repo: { type: "dataset", name: store.repo }, paths: ["d/w.bin", "d/missing", "d"], hubUrl: th.url });
-    assert.deepEqual(info.map((i) => [i.path, i.type]), [["d/w.bin", "file"], ["d", "directory"]]);
+    const info = await pathsInfo({
+      repo: { type: "dataset", name: store.repo },
+      paths: ["d/w.bin", "d/missing", "d"],
+      hubUrl: th.url,
+    });
+    assert.deepEqual(
+      info.map((i) => [i.path, i.type]),
+      [
+        ["d/w.bin", "file"],
+        ["d", "directory"],
+      ],
+    );
     assert.equal(info[0].lfs!.oid, sha(big));
   });
 
@@ -80,7 +96,10 @@ describe("LocalHub", () => {
       return fetch(input, init);
     };
     const bad = createHubClient({ hubUrl: th.url, repo: store.repo, repoType: "dataset", fetch: tamper });
-    await assert.rejects(bad.uploadFolder(folder({ "m.safetensors": Buffer.alloc(2048, 3) }), "c", "tampered"), /Api error with status 400|hash to sha256/);
+    await assert.rejects(
+      bad.uploadFolder(folder({ "m.safetensors": Buffer.alloc(2048, 3) }), "c", "tampered"),
+      /Api error with status 400|hash to sha256/,
+    );
     assert.deepEqual(await store.list("c"), []);
   });
 
@@ -92,7 +111,10 @@ describe("LocalHub", () => {
     const skipPut: typeof fetch = async (input, init) =>
       init?.method === "PUT" ? fetch(`${th.url}/api/datasets/${store.repo}`) : fetch(input, init);
     const bad = createHubClient({ hubUrl: th.url, repo: store.repo, repoType: "dataset", fetch: skipPut });
-    await assert.rejects(bad.uploadFolder(folder({ "m.safetensors": Buffer.alloc(2048, 4) }), "c", "no bytes"), /was never uploaded/);
+    await assert.rejects(
+      bad.uploadFolder(folder({ "m.safetensors": Buffer.alloc(2048, 4) }), "c", "no bytes"),
+      /was never uploaded/,
+    );
     assert.deepEqual(await store.list("c"), []);
   });
 
@@ -102,7 +124,10 @@ describe("LocalHub", () => {
     await store.uploadFolder(folder({ "empty.txt": "" }), "e", "empty");
     const b = await store.download("e/empty.txt");
     assert.equal(b!.length, 0);
-    assert.deepEqual((await store.list("e")).map((f) => [f.size, f.sha256]), [[0, sha("")]]);
+    assert.deepEqual(
+      (await store.list("e")).map((f) => [f.size, f.sha256]),
+      [[0, sha("")]],
+    );
   });
 
   test("logs every request with its method, path and status", async () => {
@@ -126,21 +151,40 @@ describe("HubClient", () => {
     const store = th.store({ repo: `tester/model-${++n}`, repoType: "model" });
     await store.ensureRepo();
     await store.uploadFolder(folder({ "a.json": "{}" }), "m", "model file");
-    assert.deepEqual((await store.list()).map((f) => f.path), [".gitattributes", "m/a.json"]);
-    assert.ok(th.hub.requests.some((q) => q.path === `/${store.repo}/resolve/main/m/a.json`), "model repos resolve without a prefix");
+    assert.deepEqual(
+      (await store.list()).map((f) => f.path),
+      [".gitattributes", "m/a.json"],
+    );
+    assert.ok(
+      th.hub.requests.some((q) => q.path === `/${store.repo}/resolve/main/m/a.json`),
+      "model repos resolve without a prefix",
+    );
   });
 
   test("uploadFolder is one commit and list pages through a recursive tree with sha256 for every file", async () => {
     const store = th.store({ repo: `tester/store-${++n}` });
     await store.ensureRepo();
-    const files: Record<string, string | Buffer> = { "a.json": "{}", "b/c.json": '{"x":1}', "b/d/e.bin": Buffer.alloc(4096, 9), "w.safetensors": Buffer.alloc(100, 2) };
+    const files: Record<string, string | Buffer> = {
+      "a.json": "{}",
+      "b/c.json": '{"x":1}',
+      "b/d/e.bin": Buffer.alloc(4096, 9),
+      "w.safetensors": Buffer.alloc(100, 2),
+    };
     const before = th.hub.requests.length;
     await store.uploadFolder(folder(files), "run/ckpt", "four files");
     const commits = th.hub.requests.slice(before).filter((q) => q.path.endsWith("/commit/main"));
     assert.equal(commits.length, 1);
     const listed = await store.list("run");
-    assert.deepEqual(listed.map((f) => [f.path, f.size, f.sha256]), Object.entries(files).map(([k, v]) => [`run/ckpt/${k}`, Buffer.from(v).length, sha(v)]).sort());
-    assert.deepEqual(listed.map((f) => f.lfs), [false, false, true, true]);
+    assert.deepEqual(
+      listed.map((f) => [f.path, f.size, f.sha256]),
+      Object.entries(files)
+        .map(([k, v]) => [`run/ckpt/${k}`, Buffer.from(v).length, sha(v)])
+        .sort(),
+    );
+    assert.deepEqual(
+      listed.map((f) => f.lfs),
+      [false, false, true, true],
+    );
     // pageSize is 3: the listing followed Link rel="next".
     assert.ok(th.hub.requests.filter((q) => q.path === `/api/datasets/${store.repo}/tree/main/run`).length >= 2);
   });
@@ -172,7 +216,14 @@ describe("HubClient", () => {
   test("writePointer commits latest.json and reads it back (K3)", async () => {
     const store = th.store({ repo: `tester/store-${++n}` });
     await store.ensureRepo();
-    const p = { path_in_repo: "ckpt/checkpoint-5", step: 5, samples_consumed: 40, tokens_consumed: 640, fingerprint: "fp", seed: 1 };
+    const p = {
+      path_in_repo: "ckpt/checkpoint-5",
+      step: 5,
+      samples_consumed: 40,
+      tokens_consumed: 640,
+      fingerprint: "fp",
+      seed: 1,
+    };
     await store.writePointer(p);
     assert.deepEqual(await store.readPointer(), p);
   });
@@ -182,7 +233,14 @@ describe("HubClient", () => {
     await store.ensureRepo();
     th.hub.setFaults({ dropOnCommit: ["latest.json"] });
     await assert.rejects(
-      store.writePointer({ path_in_repo: "ckpt/checkpoint-5", step: 5, samples_consumed: 40, tokens_consumed: 640, fingerprint: "fp", seed: 1 }),
+      store.writePointer({
+        path_in_repo: "ckpt/checkpoint-5",
+        step: 5,
+        samples_consumed: 40,
+        tokens_consumed: 640,
+        fingerprint: "fp",
+        seed: 1,
+      }),
       /latest\.json on tester\/store-\d+ reads back as null after writing/,
     );
   });
@@ -195,8 +253,12 @@ describe("HubClient", () => {
     const dest = path.join(th.tmp, `down-${n}`);
     const got = await store.downloadFolder("ckpt/checkpoint-3", dest);
     assert.equal(got.files, 5);
-    for (const f of fs.readdirSync(ck.dir)) assert.deepEqual(fs.readFileSync(path.join(dest, f)), fs.readFileSync(path.join(ck.dir, f)));
-    assert.equal(got.bytes, fs.readdirSync(ck.dir).reduce((a, f) => a + fs.statSync(path.join(ck.dir, f)).size, 0));
+    for (const f of fs.readdirSync(ck.dir))
+      assert.deepEqual(fs.readFileSync(path.join(dest, f)), fs.readFileSync(path.join(ck.dir, f)));
+    assert.equal(
+      got.bytes,
+      fs.readdirSync(ck.dir).reduce((a, f) => a + fs.statSync(path.join(ck.dir, f)).size, 0),
+    );
   });
 
   test("a hubUrl with a trailing slash works", async () => {
@@ -209,7 +271,10 @@ describe("HubClient", () => {
     await th.store({ repo }).ensureRepo(); // set-up with the default timeout; only the request under test is short
     const store = th.store({ repo, timeoutMs: 200 });
     th.hub.setFaults({ delayMs: { list: 2000 } });
-    await assert.rejects(store.list(), (e: Error) => e.name === "HubLookupError" && /timed out after 200 ms: GET .*\/tree\/main/.test(e.message));
+    await assert.rejects(
+      store.list(),
+      (e: Error) => e.name === "HubLookupError" && /timed out after 200 ms: GET .*\/tree\/main/.test(e.message),
+    );
   });
 
   test("a delayed request whose client gave up does not spend a fault set after it arrived: faults are matched per request as written", async () => {
@@ -224,8 +289,15 @@ describe("HubClient", () => {
     await new Promise((r) => setTimeout(r, 1600));
     await store.uploadFolder(folder({ "a.txt": "a", "b.txt": "b" }), "one", "first");
     await store.uploadFolder(folder({ "a.txt": "a", "b.txt": "b" }), "two", "second");
-    const paths = (await store.list()).map((f) => f.path).filter((p) => p.endsWith(".txt")).sort();
-    assert.deepEqual(paths, ["one/a.txt", "two/a.txt", "two/b.txt"], "the drop fault hit the first commit only, the listing was not delayed again");
+    const paths = (await store.list())
+      .map((f) => f.path)
+      .filter((p) => p.endsWith(".txt"))
+      .sort();
+    assert.deepEqual(
+      paths,
+      ["one/a.txt", "two/a.txt", "two/b.txt"],
+      "the drop fault hit the first commit only, the listing was not delayed again",
+    );
   });
 
   test("failCount lets a fault apply N times and then clear", async () => {

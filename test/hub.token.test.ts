@@ -27,7 +27,12 @@ after(async () => {
 /** Every string an error can carry to a log: message, stack, cause, and the client's data. */
 function errorText(e: unknown): string {
   const x = e as { message?: string; stack?: string; cause?: unknown; data?: unknown };
-  return [String(x?.message), String(x?.stack), x?.cause ? errorText(x.cause) : "", JSON.stringify(x?.data ?? null)].join("\n");
+  return [
+    String(x?.message),
+    String(x?.stack),
+    x?.cause ? errorText(x.cause) : "",
+    JSON.stringify(x?.data ?? null),
+  ].join("\n");
 }
 
 function filesUnder(dir: string): string[] {
@@ -46,17 +51,41 @@ describe("Hub token (K5)", () => {
     const logs: string[] = [];
     assert.deepEqual(await store.ensureRepo(), { created: true });
     const ck = writeFakeCheckpoint(path.join(th.tmp, "checkpoint-10"), { step: 10 });
-    const r = await publishCheckpoint(store, { localDir: ck.dir, pathInRepo: ck.path_in_repo, pointer: pointerOf(ck), prune: false, minFreeGb: 0, log: (l) => logs.push(l) });
+    const r = await publishCheckpoint(store, {
+      localDir: ck.dir,
+      pathInRepo: ck.path_in_repo,
+      pointer: pointerOf(ck),
+      prune: false,
+      minFreeGb: 0,
+      log: (l) => logs.push(l),
+    });
     assert.equal(r.ok, true);
-    const res = await resolveAutoResume(store, { destDir: path.join(th.tmp, "resume"), log: (l) => logs.push(l), retryDelayMs: 10 });
+    const res = await resolveAutoResume(store, {
+      destDir: path.join(th.tmp, "resume"),
+      log: (l) => logs.push(l),
+      retryDelayMs: 10,
+    });
     assert.equal(res.kind, "checkpoint");
     // Failures made with the right token carry no trace of it either.
     th.hub.setFaults({ status: { pointerRead: 500, commit: 500 } });
     const errors: unknown[] = [];
-    await resolveAutoResume(store, { destDir: path.join(th.tmp, "resume2"), log: (l) => logs.push(l), retryDelayMs: 10 }).catch((e) => errors.push(e));
+    await resolveAutoResume(store, {
+      destDir: path.join(th.tmp, "resume2"),
+      log: (l) => logs.push(l),
+      retryDelayMs: 10,
+    }).catch((e) => errors.push(e));
     const ck2 = writeFakeCheckpoint(path.join(th.tmp, "checkpoint-20"), { step: 20 });
     // 500 is transient (K6): retried, each failure logged, until the (shortened) give-up time.
-    await publishCheckpoint(store, { localDir: ck2.dir, pathInRepo: ck2.path_in_repo, pointer: pointerOf(ck2), prune: false, minFreeGb: 0, log: (l) => logs.push(l), giveUpMs: 300, backoff: { baseMs: 10, capMs: 20 } }).catch((e) => errors.push(e));
+    await publishCheckpoint(store, {
+      localDir: ck2.dir,
+      pathInRepo: ck2.path_in_repo,
+      pointer: pointerOf(ck2),
+      prune: false,
+      minFreeGb: 0,
+      log: (l) => logs.push(l),
+      giveUpMs: 300,
+      backoff: { baseMs: 10, capMs: 20 },
+    }).catch((e) => errors.push(e));
     th.hub.clearFaults();
     assert.equal(errors.length, 2);
     for (const e of errors) assert.ok(!errorText(e).includes(SECRET), "an error leaks the token");
@@ -65,7 +94,12 @@ describe("Hub token (K5)", () => {
   });
 
   test("a request without the token gets a 401 for a private repo", async () => {
-    await createRepo({ repo: { type: "dataset", name: "tester/private-run" }, private: true, accessToken: SECRET, hubUrl: th.url });
+    await createRepo({
+      repo: { type: "dataset", name: "tester/private-run" },
+      private: true,
+      accessToken: SECRET,
+      hubUrl: th.url,
+    });
     const res = await fetch(`${th.url}/api/datasets/tester/private-run`);
     assert.equal(res.status, 401);
     assert.ok(!(await res.text()).includes(SECRET));
@@ -86,11 +120,14 @@ describe("Hub token (K5)", () => {
       assert.match(e.message, /Invalid credentials in Authorization header/);
       return true;
     });
-    await assert.rejects(resolveAutoResume(store, { destDir: path.join(th.tmp, "r2"), log: () => {}, retryDelayMs: 10 }), (e: Error) => {
-      errors.push(e);
-      assert.match(e.message, /could not read latest\.json on tester\/secret-run: HTTP 401/);
-      return true;
-    });
+    await assert.rejects(
+      resolveAutoResume(store, { destDir: path.join(th.tmp, "r2"), log: () => {}, retryDelayMs: 10 }),
+      (e: Error) => {
+        errors.push(e);
+        assert.match(e.message, /could not read latest\.json on tester\/secret-run: HTTP 401/);
+        return true;
+      },
+    );
     for (const e of errors) {
       assert.ok(!errorText(e).includes(WRONG), "the wrong token leaks into an error");
       assert.ok(!errorText(e).includes(SECRET), "the right token leaks into an error");
@@ -98,13 +135,22 @@ describe("Hub token (K5)", () => {
   });
 
   test("scrubSecret removes every occurrence of the token from a text", () => {
-    assert.equal(scrubSecret(`Authorization: Bearer ${SECRET}; again ${SECRET}`, SECRET), "Authorization: Bearer hf_***; again hf_***");
+    assert.equal(
+      scrubSecret(`Authorization: Bearer ${SECRET}; again ${SECRET}`, SECRET),
+      "Authorization: Bearer hf_***; again hf_***",
+    );
     assert.equal(scrubSecret("nothing here", undefined), "nothing here");
   });
 
   test("a token that does not start with hf_ is refused without showing it", () => {
     assert.throws(
-      () => createHubClient({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset", token: "ghp_notahftoken123" }),
+      () =>
+        createHubClient({
+          hubUrl: th.url,
+          repo: "tester/secret-run",
+          repoType: "dataset",
+          token: "ghp_notahftoken123",
+        }),
       (e: Error & { rule?: string }) => {
         assert.equal(e.name, "UserError");
         assert.equal(e.rule, "K5");

@@ -8,11 +8,18 @@ import { UserError } from "../src/errors";
 import { initBackend } from "../src/model/backend";
 
 function installed(pkg: string): boolean {
-  try { require.resolve(pkg); return true; } catch { return false; }
+  try {
+    require.resolve(pkg);
+    return true;
+  } catch {
+    return false;
+  }
 }
 const nodeTfInstalled = installed("@tensorflow/tfjs-node-gpu") || installed("@tensorflow/tfjs-node");
 
-test("auto without tfjs-node falls back to wasm and says what it tried and why (P1)", { skip: nodeTfInstalled && "tfjs-node is installed here" }, async () => {
+test("auto without tfjs-node falls back to wasm and says what it tried and why (P1)", {
+  skip: nodeTfInstalled && "tfjs-node is installed here",
+}, async () => {
   const r = await initBackend("auto");
   assert.equal(r.backend, "wasm");
   assert.equal(tf.getBackend(), "wasm");
@@ -21,7 +28,9 @@ test("auto without tfjs-node falls back to wasm and says what it tried and why (
   assert.match(r.detail, /SIMD/);
 });
 
-test("an explicit --backend tensorflow that cannot load is a UserError naming the fix (P1)", { skip: nodeTfInstalled && "tfjs-node is installed here" }, async () => {
+test("an explicit --backend tensorflow that cannot load is a UserError naming the fix (P1)", {
+  skip: nodeTfInstalled && "tfjs-node is installed here",
+}, async () => {
   await assert.rejects(initBackend("tensorflow"), (e: unknown) => {
     assert.ok(e instanceof UserError);
     assert.equal(e.rule, "P1");
@@ -32,7 +41,14 @@ test("an explicit --backend tensorflow that cannot load is a UserError naming th
 });
 
 test("wasm and cpu can be selected in turn in one thread and compute the same matMul", async () => {
-  const a = [[1, 2], [3, 4]], b = [[5, 6], [7, 8]];
+  const a = [
+      [1, 2],
+      [3, 4],
+    ],
+    b = [
+      [5, 6],
+      [7, 8],
+    ];
   const out: number[][] = [];
   for (const be of ["wasm", "cpu"] as const) {
     const r = await initBackend(be);
@@ -55,10 +71,18 @@ test("each worker thread initialises its own wasm backend, loading the .wasm fil
       const v = tf.tidy(() => tf.sum(tf.tensor1d([1, 2, 3])).dataSync()[0]);
       parentPort.postMessage({ backend: r.backend, v });
     }, (e) => parentPort.postMessage({ error: String(e) }));`;
-  const results = await Promise.all([0, 1].map(() => new Promise<{ backend?: string; v?: number; error?: string }>((resolve, reject) => {
-    const w = new Worker(code, { eval: true });
-    w.once("message", (m) => { resolve(m); void w.terminate(); });
-    w.once("error", reject);
-  })));
+  const results = await Promise.all(
+    [0, 1].map(
+      () =>
+        new Promise<{ backend?: string; v?: number; error?: string }>((resolve, reject) => {
+          const w = new Worker(code, { eval: true });
+          w.once("message", (m) => {
+            resolve(m);
+            void w.terminate();
+          });
+          w.once("error", reject);
+        }),
+    ),
+  );
   for (const r of results) assert.deepEqual(r, { backend: "wasm", v: 6 });
 });

@@ -16,7 +16,8 @@ const cfg = buildConfig({ seqLen: 10, layers: 3, hidden: 198, vocabSize: 50 }); 
 const { total } = paramLayout(cfg);
 const weights = new Float32Array(total);
 initWeights(cfg, 5, weights);
-const B = 3, T = 10;
+const B = 3,
+  T = 10;
 const ids = Int32Array.from({ length: 2 * B * T }, (_, i) => (i * 2654435761) % cfg.vocabSize);
 
 for (const engine of ENGINES) {
@@ -29,10 +30,16 @@ for (const engine of ENGINES) {
       const m = new Llama(cfg, e.kernels, { gradCkpt, ckptKeepBytes });
       m.bindParams(weights);
       const g = new Float32Array(total);
-      const losses = [m.lossAndGrads(ids.subarray(0, B * T), B, T, 1024, g), m.lossAndGrads(ids.subarray(B * T), B, T, 1024, g)];
+      const losses = [
+        m.lossAndGrads(ids.subarray(0, B * T), B, T, 1024, g),
+        m.lossAndGrads(ids.subarray(B * T), B, T, 1024, g),
+      ];
       return { losses, g };
     };
-    const plain = run(false), kept = run(true), whole = run(true, 0), again = run(true);
+    const plain = run(false),
+      kept = run(true),
+      whole = run(true, 0),
+      again = run(true);
     assert.deepEqual(kept.losses, plain.losses);
     assert.deepEqual(kept.g, plain.g, "checkpointed gradients (matmul outputs kept) are bit-identical");
     assert.deepEqual(whole.losses, plain.losses);

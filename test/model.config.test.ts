@@ -29,12 +29,12 @@ test("the frozen shape has exactly 106,194,240 parameters, as sum, unique and tr
 
 test("variant shapes follow the seed's build_config table (M2)", () => {
   const rows: { o: { layers?: number; hidden?: number }; ffn: number; kv: number; layers: number }[] = [
-    { o: { layers: 20 }, ffn: 1536, kv: 3, layers: 20 },        // another depth keeps the frozen width's GQA and ffn
-    { o: { hidden: 576 }, ffn: 1536, kv: 3, layers: 22 },       // asking for 576 explicitly is still the frozen width
-    { o: { hidden: 720 }, ffn: 1920, kv: 9, layers: 22 },       // 8*720/3 = 1920; min(floor(720/64)=11, 9) -> 9
+    { o: { layers: 20 }, ffn: 1536, kv: 3, layers: 20 }, // another depth keeps the frozen width's GQA and ffn
+    { o: { hidden: 576 }, ffn: 1536, kv: 3, layers: 22 }, // asking for 576 explicitly is still the frozen width
+    { o: { hidden: 720 }, ffn: 1920, kv: 9, layers: 22 }, // 8*720/3 = 1920; min(floor(720/64)=11, 9) -> 9
     { o: { hidden: 504, layers: 12 }, ffn: 1344, kv: 3, layers: 12 }, // floor(504/64) = 7 -> largest divisor of 9 <= 7 is 3
-    { o: { hidden: 288 }, ffn: 768, kv: 3, layers: 22 },        // floor(288/64) = 4 -> 3
-    { o: { hidden: 90 }, ffn: 192, kv: 1, layers: 22 },         // round(240)=240 -> 192; floor(90/64) = 1 -> 1
+    { o: { hidden: 288 }, ffn: 768, kv: 3, layers: 22 }, // floor(288/64) = 4 -> 3
+    { o: { hidden: 90 }, ffn: 192, kv: 1, layers: 22 }, // round(240)=240 -> 192; floor(90/64) = 1 -> 1
   ];
   for (const r of rows) {
     const c = buildConfig({ seqLen: 256, ...r.o });
@@ -47,14 +47,17 @@ test("variant shapes follow the seed's build_config table (M2)", () => {
 });
 
 test("a width not divisible by 9 heads is refused with a message naming the width and the rule (M2)", () => {
-  assert.throws(() => buildConfig({ seqLen: 1024, hidden: 640 }), (e: unknown) => {
-    assert.ok(e instanceof UserError);
-    assert.equal(e.rule, "M2");
-    assert.match(e.message, /--hidden 640/);
-    assert.match(e.message, /multiple of 9/);
-    assert.match(e.message, /try --hidden 639 or --hidden 648/);
-    return true;
-  });
+  assert.throws(
+    () => buildConfig({ seqLen: 1024, hidden: 640 }),
+    (e: unknown) => {
+      assert.ok(e instanceof UserError);
+      assert.equal(e.rule, "M2");
+      assert.match(e.message, /--hidden 640/);
+      assert.match(e.message, /multiple of 9/);
+      assert.match(e.message, /try --hidden 639 or --hidden 648/);
+      return true;
+    },
+  );
 });
 
 test("a width with an odd head_dim, a zero depth and a one-token sequence are refused (M2, M1)", () => {
@@ -73,9 +76,28 @@ test("the demo's vocabulary override moves pad to vocab-1 and keeps eos at 0 (M1
 test("config.json carries the LlamaConfig keys and reads back to the same config (M7)", () => {
   for (const c of [buildConfig({ seqLen: 1024 }), buildConfig({ seqLen: 256, hidden: 720, layers: 4 })]) {
     const j = hfConfigJson(c);
-    for (const k of ["architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-      "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-      "tie_word_embeddings", "attention_bias", "mlp_bias", "attention_dropout", "pad_token_id", "eos_token_id", "torch_dtype", "head_dim"]) {
+    for (const k of [
+      "architectures",
+      "model_type",
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "num_key_value_heads",
+      "hidden_act",
+      "max_position_embeddings",
+      "rms_norm_eps",
+      "rope_theta",
+      "tie_word_embeddings",
+      "attention_bias",
+      "mlp_bias",
+      "attention_dropout",
+      "pad_token_id",
+      "eos_token_id",
+      "torch_dtype",
+      "head_dim",
+    ]) {
       assert.ok(k in j, `config.json lacks ${k}`);
     }
     assert.deepEqual(j.architectures, ["LlamaForCausalLM"]);
@@ -105,12 +127,21 @@ test("the flat layout follows HF order and shapes, totals countParams, and marks
   const { entries, total } = paramLayout(c);
   assert.equal(total, countParams(c).sum_numel);
   assert.equal(entries.length, 1 + 22 * 9 + 1);
-  assert.deepEqual(entries.slice(0, 10).map((e) => e.name), [
-    "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
-    "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-    "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
-    "model.layers.0.mlp.down_proj.weight",
-  ]);
+  assert.deepEqual(
+    entries.slice(0, 10).map((e) => e.name),
+    [
+      "model.embed_tokens.weight",
+      "model.layers.0.input_layernorm.weight",
+      "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.k_proj.weight",
+      "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.o_proj.weight",
+      "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",
+      "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.mlp.down_proj.weight",
+    ],
+  );
   assert.equal(entries[entries.length - 1].name, "model.norm.weight");
   const byName = new Map(entries.map((e) => [e.name, e]));
   assert.deepEqual(byName.get("model.layers.3.self_attn.k_proj.weight")!.shape, [192, 576]);
@@ -119,7 +150,10 @@ test("the flat layout follows HF order and shapes, totals countParams, and marks
   let at = 0;
   for (const e of entries) {
     assert.equal(e.offset, at, `${e.name} is contiguous`);
-    assert.equal(e.size, e.shape.reduce((a, b) => a * b, 1));
+    assert.equal(
+      e.size,
+      e.shape.reduce((a, b) => a * b, 1),
+    );
     assert.equal(e.decay, e.shape.length === 2, `${e.name} decay flag`);
     at += e.size;
   }
@@ -129,7 +163,9 @@ test("the flat layout follows HF order and shapes, totals countParams, and marks
 test("initWeights is deterministic for a seed, normal(0, 0.02) on the matrices and ones on the norms (M5)", () => {
   const c = buildConfig({ seqLen: 64, layers: 2, hidden: 144, vocabSize: 4096 });
   const { entries, total } = paramLayout(c);
-  const a = new Float32Array(total), b = new Float32Array(total), d = new Float32Array(total);
+  const a = new Float32Array(total),
+    b = new Float32Array(total),
+    d = new Float32Array(total);
   initWeights(c, 20260919, a);
   initWeights(c, 20260919, b);
   initWeights(c, 20260920, d);
@@ -137,12 +173,21 @@ test("initWeights is deterministic for a seed, normal(0, 0.02) on the matrices a
   assert.notDeepEqual(a, d);
   for (const e of entries) {
     const v = a.subarray(e.offset, e.offset + e.size);
-    if (e.shape.length === 1) assert.ok(v.every((x) => x === 1), `${e.name} is ones`);
+    if (e.shape.length === 1)
+      assert.ok(
+        v.every((x) => x === 1),
+        `${e.name} is ones`,
+      );
   }
   const emb = a.subarray(0, entries[0].size); // 589,824 values
-  let s = 0, s2 = 0;
-  for (const x of emb) { s += x; s2 += x * x; }
-  const mean = s / emb.length, std = Math.sqrt(s2 / emb.length - mean * mean);
+  let s = 0,
+    s2 = 0;
+  for (const x of emb) {
+    s += x;
+    s2 += x * x;
+  }
+  const mean = s / emb.length,
+    std = Math.sqrt(s2 / emb.length - mean * mean);
   assert.ok(Math.abs(mean) < 1e-4, `mean ${mean}`);
   assert.ok(Math.abs(std - 0.02) < 2e-4, `std ${std}`);
 });
@@ -155,7 +200,10 @@ test("the init generator is pinned: its first outputs for seed 20260919 never ch
   initWeights(c, 20260919, w);
   assert.deepEqual(Array.from(w.subarray(0, 3)), first);
   // pinned values: a change here silently changes every run's starting point
-  assert.deepEqual(first.map((x) => x.toPrecision(7)), PINNED);
+  assert.deepEqual(
+    first.map((x) => x.toPrecision(7)),
+    PINNED,
+  );
 });
 
 // cross-checked against an independent Python implementation of the same splitmix64 -> xoshiro128** -> Box-Muller chain

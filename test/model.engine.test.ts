@@ -16,19 +16,30 @@ import { parseArgs } from "../src/config";
 
 const DIST = path.join(__dirname, "..");
 const native = loadNative();
-const skipNoNative = "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
-  ? `native engine unavailable here: ${native.reason}; fix: ${native.fix}` : false;
+const skipNoNative =
+  "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
+    ? `native engine unavailable here: ${native.reason}; fix: ${native.fix}`
+    : false;
 const blas = loadNative({ gemm: "openblas", isa: "auto" });
-const skipNoBlas = "reason" in blas && process.env.TSTRAIN_REQUIRE_OPENBLAS !== "1"
-  ? `OpenBLAS unavailable here: ${blas.reason}; fix: ${blas.fix}` : false;
+const skipNoBlas =
+  "reason" in blas && process.env.TSTRAIN_REQUIRE_OPENBLAS !== "1"
+    ? `OpenBLAS unavailable here: ${blas.reason}; fix: ${blas.fix}`
+    : false;
 
 /** Runs a script in a fresh node process whose BLAS search finds nothing; returns its JSON output. */
 function withoutBlas(script: string): { status: number | null; out: unknown; stderr: string } {
   const r = spawnSync(process.execPath, ["-e", script], {
-    cwd: DIST, encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_BLAS: "/nonexistent/libopenblas-missing.so.0" },
+    cwd: DIST,
+    encoding: "utf8",
+    timeout: 120_000,
+    env: { ...process.env, TSTRAIN_BLAS: "/nonexistent/libopenblas-missing.so.0" },
   });
   let out: unknown = null;
-  try { out = JSON.parse(r.stdout.trim().split("\n").pop() ?? "null"); } catch { out = r.stdout; }
+  try {
+    out = JSON.parse(r.stdout.trim().split("\n").pop() ?? "null");
+  } catch {
+    out = r.stdout;
+  }
   return { status: r.status, out, stderr: r.stderr };
 }
 
@@ -37,7 +48,9 @@ test("--backend accepts native and refuses an unknown engine naming the choices"
   assert.throws(() => parseArgs(["--backend", "natve"]), /native/);
 });
 
-test("auto picks the native engine on its own GEMM, and its backend line names the kernel", { skip: skipNoNative }, async () => {
+test("auto picks the native engine on its own GEMM, and its backend line names the kernel", {
+  skip: skipNoNative,
+}, async () => {
   const e = await initEngine("auto");
   assert.equal(e.engine, "native");
   assert.match(e.detail, /^auto: native \(GEMM: built-in (avx512|avx2|portable), .* micro-kernel; C kernels/);
@@ -46,7 +59,9 @@ test("auto picks the native engine on its own GEMM, and its backend line names t
   assert.equal(n.kernels, e.kernels);
 });
 
-test("without OpenBLAS the native engine still runs (built-in GEMM): auto and --backend native take it, no BLAS is loaded", { skip: skipNoNative }, () => {
+test("without OpenBLAS the native engine still runs (built-in GEMM): auto and --backend native take it, no BLAS is loaded", {
+  skip: skipNoNative,
+}, () => {
   const r = withoutBlas(`
     const { initEngine } = require("./src/model/backend");
     Promise.all([initEngine("auto"), initEngine("native")]).then(([a, n]) => console.log(JSON.stringify({ a: a.engine, n: n.engine, detail: a.detail })),
@@ -59,7 +74,9 @@ test("without OpenBLAS the native engine still runs (built-in GEMM): auto and --
   assert.doesNotMatch(o.detail!, /OpenBLAS|passed over/);
 });
 
-test("without OpenBLAS, --gemm openblas is a UserError (P1) naming the fix, and the CLI exits 2 before reading any data", { skip: skipNoNative }, () => {
+test("without OpenBLAS, --gemm openblas is a UserError (P1) naming the fix, and the CLI exits 2 before reading any data", {
+  skip: skipNoNative,
+}, () => {
   const r = withoutBlas(`
     const { initEngine } = require("./src/model/backend");
     initEngine("auto", { gemm: "openblas", isa: "auto" }).then(() => console.log(JSON.stringify({ ok: true })),
@@ -67,42 +84,69 @@ test("without OpenBLAS, --gemm openblas is a UserError (P1) naming the fix, and 
   const o = r.out as { name?: string; rule?: string; message?: string; ok?: boolean };
   assert.equal(o.ok, undefined, "--gemm openblas must refuse without a BLAS, not fall back to tfjs");
   assert.equal(o.rule, "P1");
-  assert.match(o.message!, /--gemm openblas is not available: .*no BLAS found.*fix: apt-get install libopenblas0-pthread.*or pass --gemm builtin/);
+  assert.match(
+    o.message!,
+    /--gemm openblas is not available: .*no BLAS found.*fix: apt-get install libopenblas0-pthread.*or pass --gemm builtin/,
+  );
 
   // the CLI: a mix root that does not exist, so any data work would fail differently; the refusal comes first
-  const cli = spawnSync(process.execPath, [path.join(DIST, "main.js"), "--gemm", "openblas", "--root", "/nonexistent/mix", "--dry-run"], {
-    encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_BLAS: "/nonexistent/libopenblas-missing.so.0" },
-  });
+  const cli = spawnSync(
+    process.execPath,
+    [path.join(DIST, "main.js"), "--gemm", "openblas", "--root", "/nonexistent/mix", "--dry-run"],
+    {
+      encoding: "utf8",
+      timeout: 120_000,
+      env: { ...process.env, TSTRAIN_BLAS: "/nonexistent/libopenblas-missing.so.0" },
+    },
+  );
   assert.equal(cli.status, 2, cli.stderr);
   assert.match(cli.stderr + cli.stdout, /--gemm openblas is not available/);
   assert.match(cli.stderr + cli.stdout, /TSTRAIN_BLAS=\/nonexistent\/libopenblas-missing\.so\.0/);
   assert.doesNotMatch(cli.stderr + cli.stdout, /nonexistent\/mix/);
 });
 
-test("with OpenBLAS, --gemm openblas runs the products on it and the backend line names it", { skip: skipNoBlas }, async () => {
+test("with OpenBLAS, --gemm openblas runs the products on it and the backend line names it", {
+  skip: skipNoBlas,
+}, async () => {
   const e = await initEngine("auto", { gemm: "openblas", isa: "auto" });
   assert.equal(e.engine, "native");
   assert.match(e.detail, /^auto: native \(GEMM: .*OpenBLAS.* from .*1 thread; C kernels/);
 });
 
-test("an unknown --gemm or --isa is refused naming the choices; an --isa this CPU lacks is refused at start (P1, exit 2)", { skip: skipNoNative }, () => {
+test("an unknown --gemm or --isa is refused naming the choices; an --isa this CPU lacks is refused at start (P1, exit 2)", {
+  skip: skipNoNative,
+}, () => {
   assert.throws(() => parseArgs(["--gemm", "mkl"]), /--gemm "mkl" is not one of builtin, openblas/);
   assert.throws(() => parseArgs(["--isa", "neon"]), /--isa "neon" is not one of auto, avx512, avx2, portable/);
   assert.equal(parseArgs(["--isa", "portable"]).config.isa, "portable");
   const missing = (["avx512", "avx2"] as const).find((i) => !supportedIsas().includes(i));
   if (!missing) return; // this CPU runs every kernel: the refusal is tested in model.gemm (loadNative's reason)
-  const cli = spawnSync(process.execPath, [path.join(DIST, "main.js"), "--isa", missing, "--root", "/nonexistent/mix", "--dry-run"], { encoding: "utf8", timeout: 120_000 });
+  const cli = spawnSync(
+    process.execPath,
+    [path.join(DIST, "main.js"), "--isa", missing, "--root", "/nonexistent/mix", "--dry-run"],
+    { encoding: "utf8", timeout: 120_000 },
+  );
   assert.equal(cli.status, 2, cli.stderr);
-  assert.match(cli.stderr + cli.stdout, new RegExp(`--isa ${missing} is not available: .*this CPU has no ${missing}.*pass --isa auto`));
+  assert.match(
+    cli.stderr + cli.stdout,
+    new RegExp(`--isa ${missing} is not available: .*this CPU has no ${missing}.*pass --isa auto`),
+  );
 });
 
 test("the addon's build script never fails the install: without a compiler it exits 0 with one line naming the fix", () => {
   const script = path.join(DIST, "..", "scripts", "build-native.cjs");
   for (const env of [{ CC: "/nonexistent/cc" }, { TSTRAIN_SKIP_NATIVE: "1" }]) {
-    const r = spawnSync(process.execPath, [script], { encoding: "utf8", timeout: 60_000, env: { ...process.env, ...env } });
+    const r = spawnSync(process.execPath, [script], {
+      encoding: "utf8",
+      timeout: 60_000,
+      env: { ...process.env, ...env },
+    });
     assert.equal(r.status, 0, r.stderr);
     const lines = r.stdout.trim().split("\n");
     assert.equal(lines.length, 1, r.stdout);
-    assert.match(lines[0], /^tstrain: native engine not built \((no C compiler \(\/nonexistent\/cc\)|TSTRAIN_SKIP_NATIVE=1)\); the tfjs engine will be used\. Fast path: apt-get install build-essential python3 .*npm run build:native/);
+    assert.match(
+      lines[0],
+      /^tstrain: native engine not built \((no C compiler \(\/nonexistent\/cc\)|TSTRAIN_SKIP_NATIVE=1)\); the tfjs engine will be used\. Fast path: apt-get install build-essential python3 .*npm run build:native/,
+    );
   }
 });

@@ -12,7 +12,10 @@ import assert from "node:assert/strict";
 import { builtinGemm, loadNative, supportedIsas } from "../src/model/engine/native";
 
 const native = loadNative();
-const skip = "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1" ? `native engine unavailable here: ${native.reason}` : false;
+const skip =
+  "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
+    ? `native engine unavailable here: ${native.reason}`
+    : false;
 
 // ---------------------------------------------------------------- an exact float32 fma in float64
 const f32 = new Float32Array(1);
@@ -20,7 +23,10 @@ const u32 = new Uint32Array(f32.buffer);
 /** The next float32 above x (x a finite float32). */
 function nextUp(x: number): number {
   f32[0] = x;
-  if (x === 0) { u32[0] = 1; return f32[0]; }
+  if (x === 0) {
+    u32[0] = 1;
+    return f32[0];
+  }
   u32[0] = x > 0 ? u32[0] + 1 : u32[0] - 1;
   return f32[0];
 }
@@ -29,27 +35,45 @@ function nextUp(x: number): number {
  * (TwoSum); fround(s) is the answer unless s is a float32 rounding tie, where e decides the side.
  */
 export function fmaf(a: number, b: number, c: number): number {
-  const p = a * b, s = p + c;
-  const bb = s - p, e = (p - (s - bb)) + (c - bb);
+  const p = a * b,
+    s = p + c;
+  const bb = s - p,
+    e = p - (s - bb) + (c - bb);
   const r = Math.fround(s);
   if (e === 0 || r === s || !Number.isFinite(s)) return r;
-  const lo = r < s ? r : -nextUp(-r), hi = r < s ? nextUp(r) : r;
+  const lo = r < s ? r : -nextUp(-r),
+    hi = r < s ? nextUp(r) : r;
   if (s !== (lo + hi) / 2) return r; // not a tie: s is on the same side of every float32 boundary as s + e
   return e > 0 ? hi : lo;
 }
 
-interface Case { ta: boolean; tb: boolean; M: number; N: number; K: number; alpha: number; beta: number; lda: number; ldb: number; ldc: number }
+interface Case {
+  ta: boolean;
+  tb: boolean;
+  M: number;
+  N: number;
+  K: number;
+  alpha: number;
+  beta: number;
+  lda: number;
+  ldb: number;
+  ldc: number;
+}
 
 function rand(n: number, seed: number): Float32Array {
   const a = new Float32Array(n);
   let s = seed >>> 0;
-  for (let i = 0; i < n; i++) { s = (Math.imul(s, 1664525) + 1013904223) >>> 0; a[i] = (s / 4294967296 - 0.5) * 2; }
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    a[i] = (s / 4294967296 - 0.5) * 2;
+  }
   return a;
 }
 
 /** The documented order, element (i, j); alpha and beta are float32 inside the GEMM. */
 function reference(c: Case, A: Float32Array, B: Float32Array, C0: Float32Array, i: number, j: number): number {
-  const alpha = Math.fround(c.alpha), beta = Math.fround(c.beta);
+  const alpha = Math.fround(c.alpha),
+    beta = Math.fround(c.beta);
   let s = 0;
   for (let k = 0; k < c.K; k++) {
     const a = c.ta ? A[k * c.lda + i] : A[i * c.lda + k];
@@ -61,8 +85,10 @@ function reference(c: Case, A: Float32Array, B: Float32Array, C0: Float32Array, 
 }
 
 function operands(c: Case, seed: number) {
-  const rowsA = c.ta ? c.K : c.M, rowsB = c.tb ? c.N : c.K;
-  const A = rand(Math.max(1, rowsA * c.lda), seed), B = rand(Math.max(1, rowsB * c.ldb), seed + 1);
+  const rowsA = c.ta ? c.K : c.M,
+    rowsB = c.tb ? c.N : c.K;
+  const A = rand(Math.max(1, rowsA * c.lda), seed),
+    B = rand(Math.max(1, rowsB * c.ldb), seed + 1);
   const C0 = rand(Math.max(1, c.M * c.ldc), seed + 2);
   if (c.beta === 0) C0.fill(NaN); // beta 0 ignores C, NaN included
   return { A, B, C0 };
@@ -81,20 +107,27 @@ function check(c: Case, seed: number, samples = 0): void {
   const label = `${c.ta ? "T" : "N"}${c.tb ? "T" : "N"} M=${c.M} N=${c.N} K=${c.K} alpha=${c.alpha} beta=${c.beta} ld=${c.lda}/${c.ldb}/${c.ldc}`;
   const first = outs[0];
   for (const o of outs.slice(1)) {
-    const a = new Uint32Array(first.C.buffer), b = new Uint32Array(o.C.buffer);
+    const a = new Uint32Array(first.C.buffer),
+      b = new Uint32Array(o.C.buffer);
     const at = a.findIndex((x, k) => x !== b[k]);
     assert.equal(at, -1, `${label}: ${o.isa} differs from ${first.isa} at ${at} (${first.C[at]} vs ${o.C[at]})`);
   }
   const n = c.M * c.N;
-  const picks = samples > 0 && samples < n ? Array.from({ length: samples }, (_, k) => Math.floor(((k * 2654435761) >>> 0) / 4294967296 * n)) : Array.from({ length: n }, (_, k) => k);
+  const picks =
+    samples > 0 && samples < n
+      ? Array.from({ length: samples }, (_, k) => Math.floor((((k * 2654435761) >>> 0) / 4294967296) * n))
+      : Array.from({ length: n }, (_, k) => k);
   for (const p of picks) {
-    const i = Math.floor(p / c.N), j = p % c.N;
-    const want = reference(c, A, B, C0, i, j), got = first.C[i * c.ldc + j];
+    const i = Math.floor(p / c.N),
+      j = p % c.N;
+    const want = reference(c, A, B, C0, i, j),
+      got = first.C[i * c.ldc + j];
     assert.ok(Object.is(got, want), `${label}: C[${i},${j}] = ${got}, the documented order gives ${want}`);
   }
   // what lies between rows (ldc > N) is never written
   for (let i = 0; i < c.M; i++)
-    for (let j = c.N; j < c.ldc; j++) assert.ok(Object.is(first.C[i * c.ldc + j], C0[i * c.ldc + j]), `${label}: C's padding was written`);
+    for (let j = c.N; j < c.ldc; j++)
+      assert.ok(Object.is(first.C[i * c.ldc + j], C0[i * c.ldc + j]), `${label}: C's padding was written`);
 }
 
 function mk(ta: boolean, tb: boolean, M: number, N: number, K: number, alpha: number, beta: number, pad = 0): Case {
@@ -102,11 +135,17 @@ function mk(ta: boolean, tb: boolean, M: number, N: number, K: number, alpha: nu
 }
 
 const DIMS = [1, 7, 17, 63, 65, 577, 1537];
-const FLAGS: Array<[boolean, boolean]> = [[false, false], [false, true], [true, false], [true, true]];
+const FLAGS: Array<[boolean, boolean]> = [
+  [false, false],
+  [false, true],
+  [true, false],
+  [true, true],
+];
 
 test("the fma emulation is exact where float64 rounding twice would not be", () => {
   // 1 + 2^-24 is a float32 tie; the product's tail 2^-60 decides it: fma rounds up, fround(a*b + c) would not.
-  const a = 1 + 2 ** -23, b = 1 + 2 ** -23; // a*b = 1 + 2^-22 + 2^-46
+  const a = 1 + 2 ** -23,
+    b = 1 + 2 ** -23; // a*b = 1 + 2^-22 + 2^-46
   assert.equal(fmaf(a, b, -(2 ** -22)), Math.fround(1 + 2 ** -46));
   const t = Math.fround(1 + 2 ** -23);
   assert.equal(fmaf(t, 1, 2 ** -24 + 2 ** -50), nextUp(t), "a tie broken by the tail rounds away from the even float");
@@ -114,7 +153,10 @@ test("the fma emulation is exact where float64 rounding twice would not be", () 
   assert.equal(fmaf(1, 1, 2 ** -24), 1, "an exact tie rounds to even");
 });
 
-test("every kernel gives the documented order's bits: each dimension over 1, 7, 17, 63, 65, 577, 1537, every transpose", { skip, timeout: 600_000 }, () => {
+test("every kernel gives the documented order's bits: each dimension over 1, 7, 17, 63, 65, 577, 1537, every transpose", {
+  skip,
+  timeout: 600_000,
+}, () => {
   assert.ok(supportedIsas().includes("portable"));
   let seed = 1;
   for (const d of DIMS)
@@ -126,7 +168,10 @@ test("every kernel gives the documented order's bits: each dimension over 1, 7, 
     }
 });
 
-test("alpha, beta (0 ignores NaN in C, 1, any other) and leading dimensions wider than the rows", { skip, timeout: 300_000 }, () => {
+test("alpha, beta (0 ignores NaN in C, 1, any other) and leading dimensions wider than the rows", {
+  skip,
+  timeout: 300_000,
+}, () => {
   let seed = 100;
   for (const [ta, tb] of FLAGS)
     for (const alpha of [1, -0.7, 0.125])
@@ -139,30 +184,49 @@ test("alpha, beta (0 ignores NaN in C, 1, any other) and leading dimensions wide
   check({ ta: false, tb: false, M: 5, N: 6, K: 0, alpha: 1, beta: 2, lda: 1, ldb: 6, ldc: 6 }, seed++);
 });
 
-test("the frozen model's shapes at seq 256 (sampled elements against the documented order, all kernels identical)", { skip, timeout: 600_000 }, () => {
-  const T = 256, D = 576, F = 1536, KV = 192;
+test("the frozen model's shapes at seq 256 (sampled elements against the documented order, all kernels identical)", {
+  skip,
+  timeout: 600_000,
+}, () => {
+  const T = 256,
+    D = 576,
+    F = 1536,
+    KV = 192;
   let seed = 500;
   for (const [ta, tb, M, N, K] of [
-    [false, true, T, D, D], [false, true, T, KV, D], [false, true, T, F, D], [false, true, T, D, F], // forward x W^T
-    [false, false, T, D, D], [false, false, T, D, F], // backward dx = dy W
-    [true, false, D, D, T], [true, false, F, D, T], [true, false, D, F, T], // dW = dy^T x
-    [false, true, 64, T, 64], [false, false, 64, 64, T], [true, false, 64, 64, T], // attention per head
+    [false, true, T, D, D],
+    [false, true, T, KV, D],
+    [false, true, T, F, D],
+    [false, true, T, D, F], // forward x W^T
+    [false, false, T, D, D],
+    [false, false, T, D, F], // backward dx = dy W
+    [true, false, D, D, T],
+    [true, false, F, D, T],
+    [true, false, D, F, T], // dW = dy^T x
+    [false, true, 64, T, 64],
+    [false, false, 64, 64, T],
+    [true, false, 64, 64, T], // attention per head
   ] as Array<[boolean, boolean, number, number, number]>) {
     check(mk(ta, tb, M, N, K, 1, 0), seed++, 64);
     check(mk(ta, tb, M, N, K, 1, 1), seed++, 64);
   }
 });
 
-test("the bits do not depend on the operands' alignment (views at every float offset within a cache line)", { skip }, () => {
+test("the bits do not depend on the operands' alignment (views at every float offset within a cache line)", {
+  skip,
+}, () => {
   const g = builtinGemm()!;
   const c = mk(false, true, 37, 45, 300, 1, 1);
   const { A, B, C0 } = operands(c, 900);
   let ref: Float32Array | null = null;
   for (const isa of supportedIsas())
     for (const off of [0, 1, 2, 3, 5, 8, 15]) {
-      const a = new Float32Array(A.length + 16).subarray(off), b = new Float32Array(B.length + 16).subarray((off * 7) % 16);
+      const a = new Float32Array(A.length + 16).subarray(off),
+        b = new Float32Array(B.length + 16).subarray((off * 7) % 16);
       const cc = new Float32Array(C0.length + 16).subarray((off * 3) % 16);
-      a.set(A); b.set(B); cc.set(C0);
+      a.set(A);
+      b.set(B);
+      cc.set(C0);
       g(isa, c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, c.lda, b, c.ldb, c.beta, cc, c.ldc);
       const out = cc.slice(0, C0.length);
       if (!ref) ref = out;
@@ -170,7 +234,9 @@ test("the bits do not depend on the operands' alignment (views at every float of
     }
 });
 
-test("the kernels' matmul (the engine's entry point) runs the same GEMM: --isa forced per kernels object", { skip }, () => {
+test("the kernels' matmul (the engine's entry point) runs the same GEMM: --isa forced per kernels object", {
+  skip,
+}, () => {
   const c = mk(true, false, 50, 70, 90, 1, 1);
   const { A, B, C0 } = operands(c, 1000);
   const outs = supportedIsas().map((isa) => {
@@ -187,9 +253,36 @@ test("the kernels' matmul (the engine's entry point) runs the same GEMM: --isa f
 
 test("a kernel this CPU lacks is refused by name with the fix, and a bad name is a RangeError", { skip }, () => {
   const g = builtinGemm()!;
-  assert.throws(() => g("sse9" as never, false, false, 1, 1, 1, 1, new Float32Array(1), 1, new Float32Array(1), 1, 0, new Float32Array(1), 1), /isa must be auto, avx512, avx2 or portable/);
-  assert.throws(() => g("auto", false, false, 2, 2, 2, 1, new Float32Array(3), 2, new Float32Array(4), 2, 0, new Float32Array(4), 2), /A has 3 elements, the shapes need 4/);
-  assert.throws(() => g("auto", false, false, 2, 2, 2, 1, new Float32Array(4), 1, new Float32Array(4), 2, 0, new Float32Array(4), 2), /leading dimension/);
+  assert.throws(
+    () =>
+      g(
+        "sse9" as never,
+        false,
+        false,
+        1,
+        1,
+        1,
+        1,
+        new Float32Array(1),
+        1,
+        new Float32Array(1),
+        1,
+        0,
+        new Float32Array(1),
+        1,
+      ),
+    /isa must be auto, avx512, avx2 or portable/,
+  );
+  assert.throws(
+    () =>
+      g("auto", false, false, 2, 2, 2, 1, new Float32Array(3), 2, new Float32Array(4), 2, 0, new Float32Array(4), 2),
+    /A has 3 elements, the shapes need 4/,
+  );
+  assert.throws(
+    () =>
+      g("auto", false, false, 2, 2, 2, 1, new Float32Array(4), 1, new Float32Array(4), 2, 0, new Float32Array(4), 2),
+    /leading dimension/,
+  );
   const missing = (["avx512", "avx2"] as const).filter((i) => !supportedIsas().includes(i));
   for (const isa of missing) {
     const n = loadNative({ gemm: "builtin", isa });
@@ -197,7 +290,10 @@ test("a kernel this CPU lacks is refused by name with the fix, and a bad name is
   }
 });
 
-test("worker threads that multiply and exit leave a process that exits cleanly (the addon loaded only in workers)", { skip, timeout: 120_000 }, () => {
+test("worker threads that multiply and exit leave a process that exits cleanly (the addon loaded only in workers)", {
+  skip,
+  timeout: 120_000,
+}, () => {
   // Node unloads an addon when the last environment that loaded it ends; per-thread GEMM buffers must not leave
   // a destructor behind in unloaded code (it crashed the next exiting thread: SIGSEGV at the end of a run whose
   // main thread never multiplied, e.g. --no-sample).

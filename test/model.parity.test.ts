@@ -16,7 +16,6 @@ import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { ENGINES, useEngine } from "./helpers/engines";
 import { readSafetensors } from "../src/model/safetensors";
 
-
 const { cfg, ref, B, T, ids, layout, weights } = loadTinyFixture();
 const refGrads = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;
 const refLogits = readSafetensors(path.join(FIX, "logits.f64.safetensors")).tensors.get("logits")!.data as Float64Array;
@@ -35,15 +34,21 @@ for (const engine of ENGINES) {
       assert.ok(Math.abs(m.loss(ids, B, T) - ref.loss) / ref.loss < 1e-5, "loss() agrees");
       const le = relErr(m.logits(ids, B, T), refLogits);
       assert.ok(le < 1e-4, `logits rel err ${le}`);
-      let worst = 0, at = "";
+      let worst = 0,
+        at = "";
       for (const en of layout.entries) {
         const r = refGrads.get(en.name);
         assert.ok(r, `reference has ${en.name}`);
         const err = relErr(grads.subarray(en.offset, en.offset + en.size), r.data as Float64Array);
         assert.ok(err < 1e-4, `${en.name}: gradient rel err ${err}`);
-        if (err > worst) { worst = err; at = en.name; }
+        if (err > worst) {
+          worst = err;
+          at = en.name;
+        }
       }
-      console.log(`# PARITY ${engine} gradCkpt=${gradCkpt}: loss rel err ${(Math.abs(loss - ref.loss) / ref.loss).toExponential(2)}, logits ${le.toExponential(2)}, worst gradient ${worst.toExponential(2)} (${at})`);
+      console.log(
+        `# PARITY ${engine} gradCkpt=${gradCkpt}: loss rel err ${(Math.abs(loss - ref.loss) / ref.loss).toExponential(2)}, logits ${le.toExponential(2)}, worst gradient ${worst.toExponential(2)} (${at})`,
+      );
       results.set(gradCkpt, { loss, grads });
       m.dispose();
       e.kernels.dispose();
@@ -51,7 +56,8 @@ for (const engine of ENGINES) {
   }
 
   test(`on ${engine}, gradient checkpointing gives bit-identical gradients and loss (M6)`, async (t) => {
-    const a = results.get(false), b = results.get(true);
+    const a = results.get(false),
+      b = results.get(true);
     if (!a && !b && !(await useEngine(t, engine))) return; // engine unavailable: skipped above too
     assert.ok(a && b, "both parity runs ran");
     assert.equal(a.loss, b.loss);
@@ -63,7 +69,8 @@ for (const engine of ENGINES) {
     if (!e) return;
     const m = new Llama(cfg, e.kernels, { gradCkpt: true });
     m.bindParams(weights);
-    const g1 = new Float32Array(layout.total), g2 = new Float32Array(layout.total);
+    const g1 = new Float32Array(layout.total),
+      g2 = new Float32Array(layout.total);
     const l1 = m.lossAndGrads(ids, B, T, 1, g1);
     const l2 = m.lossAndGrads(ids, B, T, 65536, g2);
     assert.equal(l1, l2, "the returned loss is unscaled");
@@ -86,13 +93,16 @@ for (const engine of ENGINES) {
     const chunked = new Llama(cfg, e.kernels, { gradCkpt: true, headChunkTokens: 5 }); // 32 tokens -> 7 chunks, the last partial
     whole.bindParams(weights);
     chunked.bindParams(weights);
-    const g1 = new Float32Array(layout.total), g2 = new Float32Array(layout.total);
-    const l1 = whole.lossAndGrads(ids, B, T, 1, g1), l2 = chunked.lossAndGrads(ids, B, T, 1, g2);
+    const g1 = new Float32Array(layout.total),
+      g2 = new Float32Array(layout.total);
+    const l1 = whole.lossAndGrads(ids, B, T, 1, g1),
+      l2 = chunked.lossAndGrads(ids, B, T, 1, g2);
     assert.ok(Math.abs(l1 - l2) / l1 < 1e-6, `loss ${l2} vs ${l1}`);
     assert.ok(relErr(g2, g1) < 1e-6, `gradients rel err ${relErr(g2, g1)}`);
     assert.ok(relErr(chunked.logits(ids, B, T), whole.logits(ids, B, T)) < 1e-6);
     // row 1 of the batch alone gives row 1's logits: no attention across sequences
-    const row1 = whole.logits(ids.subarray(T), 1, T), both = whole.logits(ids, B, T);
+    const row1 = whole.logits(ids.subarray(T), 1, T),
+      both = whole.logits(ids, B, T);
     assert.ok(relErr(row1, both.subarray(T * cfg.vocabSize)) < 1e-6);
   });
 
@@ -102,17 +112,20 @@ for (const engine of ENGINES) {
     const shared = new Float32Array(new SharedArrayBuffer(weights.byteLength));
     shared.set(weights);
     const w2 = Float32Array.from(weights, (x, i) => x * (1 + 0.01 * Math.sin(i)) + 1e-3 * Math.cos(i));
-    const run = (m: Llama) => { const g = new Float32Array(layout.total); return { loss: m.lossAndGrads(ids, B, T, 1, g), g }; };
+    const run = (m: Llama) => {
+      const g = new Float32Array(layout.total);
+      return { loss: m.lossAndGrads(ids, B, T, 1, g), g };
+    };
     const fresh = new Llama(cfg, e.kernels, { gradCkpt: true });
     fresh.bindParams(w2);
     const want = run(fresh);
     const m = new Llama(cfg, e.kernels, { gradCkpt: true });
     m.bindParams(shared);
-    const before = run(m);                     // every weight has been a matmul operand now
+    const before = run(m); // every weight has been a matmul operand now
     assert.ok(Math.abs(before.loss - ref.loss) / ref.loss < 1e-5);
     assert.notDeepEqual(before.g, want.g, "the two weight sets give different gradients");
     const n = tf.memory().numTensors;
-    shared.set(w2);                            // the optimizer writes the master weights in place
+    shared.set(w2); // the optimizer writes the master weights in place
     const got = run(m);
     assert.equal(got.loss, want.loss, "loss after the in-place update");
     assert.deepEqual(got.g, want.g, "gradients after the in-place update");
@@ -142,8 +155,10 @@ test("the loss stays exact when fp32 probabilities underflow: it equals log-sum-
   for (let i = en.offset; i < en.offset + en.size; i++) big[i] *= 300; // logits in the tens of thousands
   const m = new Llama(cfg, e.kernels, { gradCkpt: true });
   m.bindParams(big);
-  const V = cfg.vocabSize, lg = m.logits(ids, B, T);
-  let want = 0, underflows = 0;
+  const V = cfg.vocabSize,
+    lg = m.logits(ids, B, T);
+  let want = 0,
+    underflows = 0;
   for (let b = 0; b < B; b++) {
     for (let s = 0; s < T - 1; s++) {
       const row = lg.subarray((b * T + s) * V, (b * T + s + 1) * V);
@@ -157,7 +172,8 @@ test("the loss stays exact when fp32 probabilities underflow: it equals log-sum-
   }
   want /= B * (T - 1);
   assert.ok(underflows > 0, "the test must reach the underflow path");
-  const loss = m.loss(ids, B, T), g = new Float32Array(layout.total);
+  const loss = m.loss(ids, B, T),
+    g = new Float32Array(layout.total);
   assert.ok(Number.isFinite(loss));
   assert.ok(Math.abs(loss - want) / want < 1e-5, `loss ${loss} vs ${want}`);
   assert.equal(m.lossAndGrads(ids, B, T, 1, g), loss);

@@ -9,7 +9,13 @@ import { buildConfig, configFromHf } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import {
-  decodeSafetensors, encodeSafetensors, flatToTensors, readSafetensors, tensorsToFlat, writeSafetensors, type StTensor,
+  decodeSafetensors,
+  encodeSafetensors,
+  flatToTensors,
+  readSafetensors,
+  tensorsToFlat,
+  writeSafetensors,
+  type StTensor,
 } from "../src/model/safetensors";
 
 const FIX = path.join(__dirname, "..", "..", "test", "fixtures", "llama-tiny");
@@ -81,44 +87,64 @@ test("tensorsToFlat accepts F64 (rounded) and refuses missing, misshapen or unkn
   initWeights(cfg, 1, flat);
   const ts = flatToTensors(cfg, flat);
   const m = new Map(ts.map((t) => [t.name, t]));
-  const f64 = new Map(ts.map((t) => [t.name, { ...t, dtype: "F64" as const, data: Float64Array.from(t.data as Float32Array) }]));
+  const f64 = new Map(
+    ts.map((t) => [t.name, { ...t, dtype: "F64" as const, data: Float64Array.from(t.data as Float32Array) }]),
+  );
   const out = new Float32Array(flat.length);
   tensorsToFlat(cfg, f64, out);
   assert.deepEqual(out, flat);
-  const missing = new Map(m); missing.delete("model.norm.weight");
+  const missing = new Map(m);
+  missing.delete("model.norm.weight");
   assert.throws(() => tensorsToFlat(cfg, missing, out), /lack tensor "model.norm.weight"/);
-  const bad = new Map(m); bad.set("model.layers.0.mlp.up_proj.weight", { ...m.get("model.layers.0.mlp.up_proj.weight")!, shape: [36, 64] });
-  assert.throws(() => tensorsToFlat(cfg, bad, out), /"model.layers.0.mlp.up_proj.weight" has shape \[36,64\], the config needs \[64,36\]/);
-  const extra = new Map(m); extra.set("model.layers.1.mlp.up_proj.weight", m.get("model.layers.0.mlp.up_proj.weight")!);
+  const bad = new Map(m);
+  bad.set("model.layers.0.mlp.up_proj.weight", { ...m.get("model.layers.0.mlp.up_proj.weight")!, shape: [36, 64] });
+  assert.throws(
+    () => tensorsToFlat(cfg, bad, out),
+    /"model.layers.0.mlp.up_proj.weight" has shape \[36,64\], the config needs \[64,36\]/,
+  );
+  const extra = new Map(m);
+  extra.set("model.layers.1.mlp.up_proj.weight", m.get("model.layers.0.mlp.up_proj.weight")!);
   assert.throws(() => tensorsToFlat(cfg, extra, out), /model.layers.1.mlp.up_proj.weight/);
-  const tied = new Map(m); tied.set("lm_head.weight", m.get("model.embed_tokens.weight")!);
+  const tied = new Map(m);
+  tied.set("lm_head.weight", m.get("model.embed_tokens.weight")!);
   tensorsToFlat(cfg, tied, out); // a tied head is tolerated
 });
 
 test("corrupt files give a clear UserError naming what is wrong (M7)", () => {
   const good = encodeSafetensors(sample());
-  const check = (buf: Buffer, re: RegExp) => assert.throws(() => decodeSafetensors(buf), (e: unknown) => {
-    assert.ok(e instanceof UserError, String(e));
-    assert.match(e.message, /not a valid safetensors file/);
-    assert.match(e.message, re);
-    return true;
-  });
+  const check = (buf: Buffer, re: RegExp) =>
+    assert.throws(
+      () => decodeSafetensors(buf),
+      (e: unknown) => {
+        assert.ok(e instanceof UserError, String(e));
+        assert.match(e.message, /not a valid safetensors file/);
+        assert.match(e.message, re);
+        return true;
+      },
+    );
   check(Buffer.alloc(5), /shorter than the 8-byte header/);
-  const huge = Buffer.from(good); huge.writeBigUInt64LE(10n ** 12n, 0);
+  const huge = Buffer.from(good);
+  huge.writeBigUInt64LE(10n ** 12n, 0);
   check(huge, /header length 1000000000000 exceeds/);
-  const garbled = Buffer.from(good); garbled.write("}}}}", 8);
+  const garbled = Buffer.from(good);
+  garbled.write("}}}}", 8);
   check(garbled, /JSON header does not parse/);
   check(good.subarray(0, good.length - 3), /past the data|cover/);
   const hlen = Number(good.readBigUInt64LE(0));
   const header = JSON.parse(good.toString("utf8", 8, 8 + hlen));
   const rebuild = (h: unknown, data: Buffer) => {
-    let hb = Buffer.from(JSON.stringify(h)); hb = Buffer.concat([hb, Buffer.alloc((8 - (hb.length % 8)) % 8, 0x20)]);
-    const len = Buffer.alloc(8); len.writeBigUInt64LE(BigInt(hb.length));
+    let hb = Buffer.from(JSON.stringify(h));
+    hb = Buffer.concat([hb, Buffer.alloc((8 - (hb.length % 8)) % 8, 0x20)]);
+    const len = Buffer.alloc(8);
+    len.writeBigUInt64LE(BigInt(hb.length));
     return Buffer.concat([len, hb, data]);
   };
   const data = good.subarray(8 + hlen);
   check(rebuild({ ...header, "a.f32": { ...header["a.f32"], dtype: "BF17" } }, data), /tensor "a.f32": dtype "BF17"/);
-  check(rebuild({ ...header, "b.f64": { ...header["b.f64"], shape: [3, 3] } }, data), /tensor "b.f64": data_offsets .* needs 72/);
+  check(
+    rebuild({ ...header, "b.f64": { ...header["b.f64"], shape: [3, 3] } }, data),
+    /tensor "b.f64": data_offsets .* needs 72/,
+  );
   check(rebuild(header, Buffer.concat([data, Buffer.alloc(4)])), /trailing bytes/);
   const p = path.join(os.tmpdir(), `bad-${process.pid}.safetensors`);
   fs.writeFileSync(p, Buffer.alloc(3));

@@ -38,7 +38,11 @@ const ID_PATTERN = new RegExp(`(?<![A-Za-z0-9_])[${GROUPS}][1-9][0-9]?(?![A-Za-z
 /** A definition heading in docs/RULES.md (any capital letter: a refusal may cite a group GROUPS lacks). */
 const DEF_HEADING = /^### ([A-Z][1-9][0-9]?) — \S.*$/;
 
-interface Citation { file: string; line: number; id: string }
+interface Citation {
+  file: string;
+  line: number;
+  id: string;
+}
 
 /** The text ranges of a TypeScript source that are comments or literals, with their start offsets. */
 function citableRanges(sf: ts.SourceFile): Array<{ start: number; text: string }> {
@@ -59,7 +63,11 @@ function citableRanges(sf: ts.SourceFile): Array<{ start: number; text: string }
       // A token: the trivia before it holds every comment between it and the previous token.
       comments(ts.getLeadingCommentRanges(text, node.pos));
       comments(ts.getTrailingCommentRanges(text, node.end));
-      if (ts.isStringLiteralLike(node) || ts.isTemplateLiteralToken(node) || node.kind === ts.SyntaxKind.RegularExpressionLiteral) {
+      if (
+        ts.isStringLiteralLike(node) ||
+        ts.isTemplateLiteralToken(node) ||
+        node.kind === ts.SyntaxKind.RegularExpressionLiteral
+      ) {
         const start = node.getStart(sf);
         out.push({ start, text: text.slice(start, node.end) });
       }
@@ -76,10 +84,20 @@ function citableRanges(sf: ts.SourceFile): Array<{ start: number; text: string }
 function ruleArguments(sf: ts.SourceFile): ts.StringLiteralLike[] {
   const out: ts.StringLiteralLike[] = [];
   const visit = (n: ts.Node): void => {
-    if (ts.isNewExpression(n) && n.expression.getText(sf) === "UserError" && n.arguments?.[0] && ts.isStringLiteralLike(n.arguments[0])) {
+    if (
+      ts.isNewExpression(n) &&
+      n.expression.getText(sf) === "UserError" &&
+      n.arguments?.[0] &&
+      ts.isStringLiteralLike(n.arguments[0])
+    ) {
       out.push(n.arguments[0]);
     }
-    if ((ts.isPropertyDeclaration(n) || ts.isPropertyAssignment(n)) && n.name.getText(sf) === "rule" && n.initializer && ts.isStringLiteralLike(n.initializer)) {
+    if (
+      (ts.isPropertyDeclaration(n) || ts.isPropertyAssignment(n)) &&
+      n.name.getText(sf) === "rule" &&
+      n.initializer &&
+      ts.isStringLiteralLike(n.initializer)
+    ) {
       out.push(n.initializer);
     }
     ts.forEachChild(n, visit);
@@ -96,7 +114,9 @@ function citationsIn(file: string, source: string): Citation[] {
     for (const m of r.text.matchAll(ID_PATTERN)) found.set(r.start + m.index, m[0]);
   }
   for (const lit of ruleArguments(sf)) found.set(lit.getStart(sf) + 1, lit.text); // the same offset as the pattern's match
-  return [...found].sort((a, b) => a[0] - b[0]).map(([pos, id]) => ({ file, line: sf.getLineAndCharacterOfPosition(pos).line + 1, id }));
+  return [...found]
+    .sort((a, b) => a[0] - b[0])
+    .map(([pos, id]) => ({ file, line: sf.getLineAndCharacterOfPosition(pos).line + 1, id }));
 }
 
 /**
@@ -107,7 +127,12 @@ function testNamesIn(file: string, source: string): Set<string> {
   const sf = ts.createSourceFile(file, source, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
   const names = new Set<string>();
   const visit = (n: ts.Node): void => {
-    if (ts.isCallExpression(n) && ts.isIdentifier(n.expression) && ["test", "it", "describe"].includes(n.expression.text) && n.arguments[0]) {
+    if (
+      ts.isCallExpression(n) &&
+      ts.isIdentifier(n.expression) &&
+      ["test", "it", "describe"].includes(n.expression.text) &&
+      n.arguments[0]
+    ) {
       const a = n.arguments[0];
       if (ts.isStringLiteralLike(a)) names.add(a.text);
       else if (ts.isTemplateExpression(a)) names.add(a.getText(sf).slice(1, -1));
@@ -122,18 +147,24 @@ function tsFiles(dir: string): string[] {
   const out: string[] = [];
   for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
     const p = path.join(dir, e.name);
-    if (e.isDirectory()) { if (e.name !== "node_modules") out.push(...tsFiles(p)); }
-    else if (e.name.endsWith(".ts") && !e.name.endsWith(".d.ts")) out.push(p);
+    if (e.isDirectory()) {
+      if (e.name !== "node_modules") out.push(...tsFiles(p));
+    } else if (e.name.endsWith(".ts") && !e.name.endsWith(".d.ts")) out.push(p);
   }
   return out;
 }
 
 function allCitations(): Citation[] {
-  return SCANNED.flatMap((d) => tsFiles(path.join(ROOT, d)))
-    .flatMap((f) => citationsIn(path.relative(ROOT, f), fs.readFileSync(f, "utf8")));
+  return SCANNED.flatMap((d) => tsFiles(path.join(ROOT, d))).flatMap((f) =>
+    citationsIn(path.relative(ROOT, f), fs.readFileSync(f, "utf8")),
+  );
 }
 
-interface Definition { id: string; line: number; body: string[] }
+interface Definition {
+  id: string;
+  line: number;
+  body: string[];
+}
 
 /** The definitions in a RULES.md text, in order (duplicates kept, so they can be reported). */
 function definitionsIn(md: string): Definition[] {
@@ -141,8 +172,15 @@ function definitionsIn(md: string): Definition[] {
   let cur: Definition | null = null;
   md.split("\n").forEach((l, i) => {
     const m = DEF_HEADING.exec(l);
-    if (m) { cur = { id: m[1], line: i + 1, body: [] }; defs.push(cur); return; }
-    if (/^#{1,6} /.test(l)) { cur = null; return; }
+    if (m) {
+      cur = { id: m[1], line: i + 1, body: [] };
+      defs.push(cur);
+      return;
+    }
+    if (/^#{1,6} /.test(l)) {
+      cur = null;
+      return;
+    }
     cur?.body.push(l);
   });
   return defs;
@@ -169,19 +207,42 @@ test("the pattern finds ids in comments and literals only, standing alone, and n
     `throw new UserError("${"Z" + "7"}", "no"); class E { readonly rule = "${"Q" + "3"}"; } const o = { rule: "K5" };`,
   ].join("\n");
   const got = citationsIn("x.ts", src).map((c) => `${c.line}:${c.id}`);
-  assert.deepEqual(got, ["1:K4", "1:M1", "1:M7", "1:R2", "1:R4", `2:${undef}`, "3:G10", "4:G1", "4:M7", "5:D6", `6:${"Z" + "7"}`, `6:${"Q" + "3"}`, "6:K5"]);
-  assert.deepEqual(undefinedCitations(citationsIn("src/x.ts", src), new Set(["K4", "M1", "M7", "R2", "R4", "G10", "G1", "D6", "K5"])),
-    [`src/x.ts:2: ${undef}`, `src/x.ts:6: ${"Z" + "7"}`, `src/x.ts:6: ${"Q" + "3"}`]);
+  assert.deepEqual(got, [
+    "1:K4",
+    "1:M1",
+    "1:M7",
+    "1:R2",
+    "1:R4",
+    `2:${undef}`,
+    "3:G10",
+    "4:G1",
+    "4:M7",
+    "5:D6",
+    `6:${"Z" + "7"}`,
+    `6:${"Q" + "3"}`,
+    "6:K5",
+  ]);
+  assert.deepEqual(
+    undefinedCitations(citationsIn("src/x.ts", src), new Set(["K4", "M1", "M7", "R2", "R4", "G10", "G1", "D6", "K5"])),
+    [`src/x.ts:2: ${undef}`, `src/x.ts:6: ${"Z" + "7"}`, `src/x.ts:6: ${"Q" + "3"}`],
+  );
 });
 
 test("test names are read from test(), it() and describe() calls, a template as written", () => {
-  const src = 'describe("suite (K4)", () => { for (const e of ["a"]) test(`on ${e}, works (M6)`, () => {}); it("plain", () => {}); });';
+  const src =
+    'describe("suite (K4)", () => { for (const e of ["a"]) test(`on ${e}, works (M6)`, () => {}); it("plain", () => {}); });';
   assert.deepEqual([...testNamesIn("x.test.ts", src)].sort(), ["on ${e}, works (M6)", "plain", "suite (K4)"]);
 });
 
 test("a definition is a '### ID — title' heading; another heading ends its body", () => {
   const md = "# Rules\n### K4 — stop\n**Rule.** a\n## K\n### K4 stop\n### K5 — x\nbody\n";
-  assert.deepEqual(definitionsIn(md).map((d) => [d.id, d.line, d.body]), [["K4", 2, ["**Rule.** a"]], ["K5", 6, ["body", ""]]]);
+  assert.deepEqual(
+    definitionsIn(md).map((d) => [d.id, d.line, d.body]),
+    [
+      ["K4", 2, ["**Rule.** a"]],
+      ["K5", 6, ["body", ""]],
+    ],
+  );
 });
 
 test("every rule id cited in src/, test/ and bench/ is defined in docs/RULES.md", () => {
@@ -189,7 +250,11 @@ test("every rule id cited in src/, test/ and bench/ is defined in docs/RULES.md"
   const cites = allCitations();
   assert.ok(cites.length > 100, `only ${cites.length} citations found: the scanner is broken`);
   const missing = undefinedCitations(cites, defined);
-  assert.deepEqual(missing, [], `ids cited but not defined in docs/RULES.md (add a '### ID — title' entry):\n${missing.join("\n")}`);
+  assert.deepEqual(
+    missing,
+    [],
+    `ids cited but not defined in docs/RULES.md (add a '### ID — title' entry):\n${missing.join("\n")}`,
+  );
 });
 
 test("docs/RULES.md defines each id once, each with its rule, its reason and its tests", () => {
@@ -202,7 +267,8 @@ test("docs/RULES.md defines each id once, each with its rule, its reason and its
   const incomplete: string[] = [];
   for (const d of defs) {
     for (const part of ["**Rule.**", "**Why.**", "**Tests.**"]) {
-      if (!d.body.some((l) => l.startsWith(part) && l.length > part.length + 1)) incomplete.push(`${d.id} (line ${d.line}) lacks ${part}`);
+      if (!d.body.some((l) => l.startsWith(part) && l.length > part.length + 1))
+        incomplete.push(`${d.id} (line ${d.line}) lacks ${part}`);
     }
   }
   assert.deepEqual(incomplete, []);
@@ -221,10 +287,16 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
     if (/^none\b/.test(text)) continue;
     const listed = new Set<string>();
     const parts = text.split(/`([^`]+\.test\.ts)`/);
-    if (parts.length < 3) { bad.push(`${d.id}: the Tests paragraph names no test file and does not start with "none"`); continue; }
+    if (parts.length < 3) {
+      bad.push(`${d.id}: the Tests paragraph names no test file and does not start with "none"`);
+      continue;
+    }
     for (let i = 1; i < parts.length; i += 2) {
       const file = path.join(ROOT, "test", parts[i].replace(/^test\//, ""));
-      if (!fs.existsSync(file)) { bad.push(`${d.id}: ${parts[i]} does not exist`); continue; }
+      if (!fs.existsSync(file)) {
+        bad.push(`${d.id}: ${parts[i]} does not exist`);
+        continue;
+      }
       const known = testNamesIn(file, fs.readFileSync(file, "utf8"));
       // A name ends at a quote followed by ";", "." or "," and a space (or the end): a name may hold quotes itself.
       const names = [...parts[i + 1].matchAll(/"(.+?)"(?=[;.,]?(?:\s|$))/g)].map((m) => m[1]);
@@ -234,7 +306,10 @@ test("every test docs/RULES.md names exists, in the file it names", () => {
         const key = `${parts[i]}\u0000${n}`;
         if (listed.has(key)) bad.push(`${d.id}: names "${n}" of ${parts[i]} twice`);
         listed.add(key);
-        if (!known.has(n)) bad.push(`${d.id}: ${parts[i]} has no test named "${n}" (renamed or removed? update ${d.id}'s Tests paragraph in docs/RULES.md)`);
+        if (!known.has(n))
+          bad.push(
+            `${d.id}: ${parts[i]} has no test named "${n}" (renamed or removed? update ${d.id}'s Tests paragraph in docs/RULES.md)`,
+          );
       }
     }
   }

@@ -59,7 +59,10 @@ const describe = (r: Result) => deps.format(r);
 
 test("src/ has no import cycle", () => {
   const r = deps.analyze(path.join(ROOT, "src"));
-  assert.ok(r.modules.length > 20 && r.edges.length > 50, `read ${r.modules.length} modules, ${r.edges.length} imports`);
+  assert.ok(
+    r.modules.length > 20 && r.edges.length > 50,
+    `read ${r.modules.length} modules, ${r.edges.length} imports`,
+  );
   assert.deepEqual(r.cycles, [], describe(r));
 });
 
@@ -79,7 +82,10 @@ test("every module of src/ has a layer in the table", () => {
 
 test("the local Hub server imports only from hub/ and errors.ts; no two files of src/ share a name; bench/ never imports test/", () => {
   const r = deps.analyze(path.join(ROOT, "src"));
-  assert.ok(r.modules.some((m) => m.startsWith("hub/server/")), "hub/server/ was read");
+  assert.ok(
+    r.modules.some((m) => m.startsWith("hub/server/")),
+    "hub/server/ was read",
+  );
   assert.deepEqual(r.fenced, [], describe(r));
   assert.deepEqual(r.sameNames, [], describe(r));
   assert.deepEqual(r.benchIntoTest, [], describe(r));
@@ -104,19 +110,31 @@ test("a planted fenced import, a planted name used twice and a planted bench -> 
   try {
     const clean = runDeps();
     assert.equal(clean.status, 0, clean.stdout + clean.stderr);
-    fs.writeFileSync(path.join(src, "hub", "server", "routes.ts"), 'import { POINTER_FILE } from "../../checkpoint/names";\nexport const r = POINTER_FILE;\n');
+    fs.writeFileSync(
+      path.join(src, "hub", "server", "routes.ts"),
+      'import { POINTER_FILE } from "../../checkpoint/names";\nexport const r = POINTER_FILE;\n',
+    );
     let r = deps.analyze(src);
-    assert.deepEqual(r.fenced.map((f) => `${f.from} -> ${f.to}`), ["hub/server/routes.ts -> checkpoint/names.ts"]);
+    assert.deepEqual(
+      r.fenced.map((f) => `${f.from} -> ${f.to}`),
+      ["hub/server/routes.ts -> checkpoint/names.ts"],
+    );
     const fenced = runDeps();
     assert.equal(fenced.status, 1, fenced.stdout);
     assert.match(fenced.stdout, /fenced imports: 1\n {2}hub\/server\/routes\.ts -> checkpoint\/names\.ts/);
-    fs.writeFileSync(path.join(src, "hub", "server", "routes.ts"), 'import { UserError } from "../../errors";\nexport const r = UserError;\n');
+    fs.writeFileSync(
+      path.join(src, "hub", "server", "routes.ts"),
+      'import { UserError } from "../../errors";\nexport const r = UserError;\n',
+    );
     fs.writeFileSync(path.join(src, "hub", "errors.ts"), "export {};\n");
     r = deps.analyze(src);
     assert.deepEqual(r.sameNames, [["errors.ts", "hub/errors.ts"]]);
     assert.equal(runDeps().status, 1);
     fs.rmSync(path.join(src, "hub", "errors.ts"));
-    fs.writeFileSync(path.join(dir, "bench", "bench.ts"), 'import { mix } from "../test/helpers/mix";\nconsole.log(mix);\n');
+    fs.writeFileSync(
+      path.join(dir, "bench", "bench.ts"),
+      'import { mix } from "../test/helpers/mix";\nconsole.log(mix);\n',
+    );
     r = deps.analyze(src);
     assert.deepEqual(r.benchIntoTest, [{ from: "bench/bench.ts", to: "test/helpers/mix" }]);
     const bench = runDeps();
@@ -132,7 +150,8 @@ test("a planted import cycle is found, through type-only imports and worker file
     "errors.ts": "export class UserError extends Error {}\n",
     "model/a.ts": 'import { b } from "./b";\nexport const a = b;\n',
     "model/b.ts": 'import type { C } from "./c";\nexport const b: C | null = null;\n',
-    "model/c.ts": 'import * as path from "node:path";\nimport { Worker } from "node:worker_threads";\nexport type C = number;\nexport const start = () => new Worker(path.join(__dirname, "a.js"));\n',
+    "model/c.ts":
+      'import * as path from "node:path";\nimport { Worker } from "node:worker_threads";\nexport type C = number;\nexport const start = () => new Worker(path.join(__dirname, "a.js"));\n',
     "model/leaf.ts": 'import { UserError } from "../errors";\nexport const leaf = UserError;\n',
   });
   try {

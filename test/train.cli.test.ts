@@ -47,11 +47,13 @@ test("--dry-run builds everything, trains nothing and prints one JSON (G7)", { t
   assert.equal(j.val_samples, 16);
   assert.equal((j.params as { sum_numel: number }).sum_numel > 0, true);
   assert.equal(typeof j.fingerprint, "string");
-  assert.ok(r.rep.lines.some((l) => l.startsWith("{\"dry_run\":true")));
+  assert.ok(r.rep.lines.some((l) => l.startsWith('{"dry_run":true')));
   assert.ok(!fs.existsSync(path.join(out, "ckpt")));
 });
 
-test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and never writes a checkpoint (G8)", { timeout: 60_000 }, async () => {
+test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and never writes a checkpoint (G8)", {
+  timeout: 60_000,
+}, async () => {
   const out = tmpDir("tstrain-bench-");
   const r = await runTiny(tinyConfig(mix.root, out, ["--benchmark", "3"]));
   const j = r.runJson;
@@ -63,28 +65,73 @@ test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and nev
 });
 
 test("an unknown backend name and a torch-only flag are refused (G10)", () => {
-  assert.match(cli(["--backend", "webgpu"]).stderr, /--backend "webgpu" is not one of auto, native, tensorflow, wasm, cpu/);
+  assert.match(
+    cli(["--backend", "webgpu"]).stderr,
+    /--backend "webgpu" is not one of auto, native, tensorflow, wasm, cpu/,
+  );
   assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
 });
 
-test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon (G1)", { timeout: 60_000 }, async () => {
-  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "3", "--dry-run"])), /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4/);
-  await assert.rejects(runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "12", "--dry-run"])), /--stop-after-steps 12 exceeds the horizon 8/);
+test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon (G1)", {
+  timeout: 60_000,
+}, async () => {
+  await assert.rejects(
+    runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "3", "--dry-run"])),
+    /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4/,
+  );
+  await assert.rejects(
+    runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "12", "--dry-run"])),
+    /--stop-after-steps 12 exceeds the horizon 8/,
+  );
   const out = tmpDir("g1-");
   await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
-  await assert.rejects(runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])), /--stop-after-steps 4 is not beyond the resume point step 4/);
+  await assert.rejects(
+    runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])),
+    /--stop-after-steps 4 is not beyond the resume point step 4/,
+  );
 });
 
 /** The tiny run of helpers/run.ts's tinyConfig, as command-line flags for dist/main.js. */
 function tinyArgs(root: string, out: string, extra: string[] = []): string[] {
   return [
-    "--root", root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--micro-batch", "2", "--accum", "1",
-    "--world", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2", "--val-tokens", "256", "--lr", "3e-3",
-    "--vocab-size", "64", "--backend", "wasm", "--no-sample", ...extra,
+    "--root",
+    root,
+    "--out",
+    out,
+    "--seq-len",
+    "16",
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--micro-batch",
+    "2",
+    "--accum",
+    "1",
+    "--world",
+    "1",
+    "--max-steps",
+    "8",
+    "--push-every-steps",
+    "4",
+    "--log-every",
+    "2",
+    "--val-tokens",
+    "256",
+    "--lr",
+    "3e-3",
+    "--vocab-size",
+    "64",
+    "--backend",
+    "wasm",
+    "--no-sample",
+    ...extra,
   ];
 }
 
-test("--resume DIR checks every file against the checkpoint's manifest.json and refuses a changed byte or a missing manifest (K7)", { timeout: 300_000 }, () => {
+test("--resume DIR checks every file against the checkpoint's manifest.json and refuses a changed byte or a missing manifest (K7)", {
+  timeout: 300_000,
+}, () => {
   const out = tmpDir("tstrain-k7-");
   const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
   assert.equal(first.status, 0, first.stderr);
@@ -96,7 +143,10 @@ test("--resume DIR checks every file against the checkpoint's manifest.json and 
   fs.writeFileSync(weights, bad);
   const flipped = cli(tinyArgs(mix.root, out, ["--resume", ck]));
   assert.equal(flipped.status, 2, flipped.stdout + flipped.stderr);
-  assert.match(flipped.stderr, /^refused: --resume .*checkpoint-4: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}….*\[K7\]\n$/s);
+  assert.match(
+    flipped.stderr,
+    /^refused: --resume .*checkpoint-4: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}….*\[K7\]\n$/s,
+  );
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
   fs.writeFileSync(weights, good);
 
@@ -119,12 +169,19 @@ test("--resume DIR checks every file against the checkpoint's manifest.json and 
 
 function tfjsNodeInstalled(): boolean {
   for (const pkg of ["@tensorflow/tfjs-node-gpu", "@tensorflow/tfjs-node"]) {
-    try { require.resolve(pkg); return true; } catch { /* not installed */ }
+    try {
+      require.resolve(pkg);
+      return true;
+    } catch {
+      /* not installed */
+    }
   }
   return false;
 }
 
-test("--backend tensorflow without tfjs-node is refused before any work, exit 2 with its own message (P1, A1)", { timeout: 120_000 }, () => {
+test("--backend tensorflow without tfjs-node is refused before any work, exit 2 with its own message (P1, A1)", {
+  timeout: 120_000,
+}, () => {
   const out = path.join(tmpDir("tstrain-tf-"), "run");
   const r = cli(tinyArgs(mix.root, out, ["--backend", "tensorflow"]));
   if (tfjsNodeInstalled()) {
@@ -133,16 +190,23 @@ test("--backend tensorflow without tfjs-node is refused before any work, exit 2 
     return;
   }
   assert.equal(r.status, 2, r.stdout + r.stderr);
-  assert.match(r.stderr, /^refused: --backend tensorflow is not available \(@tensorflow\/tfjs-node-gpu: not installed; @tensorflow\/tfjs-node: not installed\); install .* or pass --backend wasm \[P1\]\n$/s);
+  assert.match(
+    r.stderr,
+    /^refused: --backend tensorflow is not available \(@tensorflow\/tfjs-node-gpu: not installed; @tensorflow\/tfjs-node: not installed\); install .* or pass --backend wasm \[P1\]\n$/s,
+  );
   assert.doesNotMatch(r.stderr, /RankFailure/);
   assert.equal(r.stdout, "", "refused before the plan is printed");
   assert.ok(!fs.existsSync(out), "nothing was written");
 });
 
-test("a shard holding a token id outside the vocabulary is refused before the ranks start, naming the shard and the id (D1)", { timeout: 120_000 }, () => {
+test("a shard holding a token id outside the vocabulary is refused before the ranks start, naming the shard and the id (D1)", {
+  timeout: 120_000,
+}, () => {
   const root = tmpDir("tstrain-bigid-");
   for (const f of fs.readdirSync(mix.root)) fs.copyFileSync(path.join(mix.root, f), path.join(root, f));
-  const manifest = JSON.parse(fs.readFileSync(path.join(root, "manifest.json"), "utf8")) as { shards: { file: string; sha256: string }[] };
+  const manifest = JSON.parse(fs.readFileSync(path.join(root, "manifest.json"), "utf8")) as {
+    shards: { file: string; sha256: string }[];
+  };
   const shard = manifest.shards[1];
   const bytes = fs.readFileSync(path.join(root, shard.file));
   bytes.writeUInt16LE(65535, 2 * 1000); // one token id 65535 in a mix whose manifest says 64 ids
@@ -151,67 +215,181 @@ test("a shard holding a token id outside the vocabulary is refused before the ra
   fs.writeFileSync(path.join(root, "manifest.json"), JSON.stringify(manifest));
   const r = cli(tinyArgs(root, tmpDir("tstrain-bigid-out-")));
   assert.equal(r.status, 2, r.stdout + r.stderr);
-  assert.match(r.stderr, new RegExp(`^refused: shard ${path.join(root, shard.file).replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} holds token id 65535, outside the model's vocabulary \\[0, 64\\).*--vocab-size 65536.*\\[D1\\]\\n$`, "s"));
+  assert.match(
+    r.stderr,
+    new RegExp(
+      `^refused: shard ${path.join(root, shard.file).replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} holds token id 65535, outside the model's vocabulary \\[0, 64\\).*--vocab-size 65536.*\\[D1\\]\\n$`,
+      "s",
+    ),
+  );
   assert.doesNotMatch(r.stdout, /^precision:|^backend:/m, "no rank was started");
 });
 
-test("a refusal raised inside a rank exits 2 with its own message, not as the rank's failure (A1)", { timeout: 120_000 }, () => {
+test("a refusal raised inside a rank exits 2 with its own message, not as the rank's failure (A1)", {
+  timeout: 120_000,
+}, () => {
   const out = tmpDir("tstrain-rankrefuse-");
-  const r = spawnSync(process.execPath, [MAIN, ...tinyArgs(mix.root, out, ["--world", "2"])], { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_FAULT: "1:5:refuse" } });
+  const r = spawnSync(process.execPath, [MAIN, ...tinyArgs(mix.root, out, ["--world", "2"])], {
+    encoding: "utf8",
+    timeout: 120_000,
+    env: { ...process.env, TSTRAIN_FAULT: "1:5:refuse" },
+  });
   assert.equal(r.status, 2, r.stdout + r.stderr);
   assert.match(r.stderr, /^refused: injected refusal: rank 1 refuses at step 5 \(TSTRAIN_FAULT\) \[A1\]\n$/);
   assert.doesNotMatch(r.stderr, /RankFailure|error:/);
   assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the checkpoint saved before the refusal is kept");
 });
 
-test("a file-system error the user causes (--hub-dir under a file) is a refusal naming the path, exit 2, not a bug (O6)", { timeout: 120_000 }, () => {
+test("a file-system error the user causes (--hub-dir under a file) is a refusal naming the path, exit 2, not a bug (O6)", {
+  timeout: 120_000,
+}, () => {
   const parent = tmpDir("tstrain-o6-");
   const file = path.join(parent, "a-file");
   fs.writeFileSync(file, "x");
-  const r = cli(tinyArgs(mix.root, path.join(parent, "run"), ["--hub-url", "embedded", "--hub-repo", "me/o6", "--hub-dir", path.join(file, "hub")]));
+  const r = cli(
+    tinyArgs(mix.root, path.join(parent, "run"), [
+      "--hub-url",
+      "embedded",
+      "--hub-repo",
+      "me/o6",
+      "--hub-dir",
+      path.join(file, "hub"),
+    ]),
+  );
   assert.equal(r.status, 2, r.stdout + r.stderr);
-  assert.match(r.stderr, /^refused: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/);
+  assert.match(
+    r.stderr,
+    /^refused: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/,
+  );
 });
 
-test("the vocabulary trap: the frozen shape over a small tokenizer warns with what --vocab-size gives; --layers/--hidden default to the mix's padded vocabulary (M2)", { timeout: 300_000 }, () => {
+test("the vocabulary trap: the frozen shape over a small tokenizer warns with what --vocab-size gives; --layers/--hidden default to the mix's padded vocabulary (M2)", {
+  timeout: 300_000,
+}, () => {
   const mix100 = writeSyntheticMix({ vocab: 100, trainTokens: 32 * 1024, valTokens: 512 });
-  const small = ["--root", mix100.root, "--seq-len", "16", "--micro-batch", "1", "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm", "--no-sample"];
-  const paramsOf = (stdout: string) => (JSON.parse(stdout.split("\n").find((l) => l.startsWith("{\"dry_run\""))!) as { params: { sum_numel: number } }).params.sum_numel;
+  const small = [
+    "--root",
+    mix100.root,
+    "--seq-len",
+    "16",
+    "--micro-batch",
+    "1",
+    "--accum",
+    "1",
+    "--max-steps",
+    "8",
+    "--push-every-steps",
+    "4",
+    "--val-tokens",
+    "256",
+    "--backend",
+    "wasm",
+    "--no-sample",
+  ];
+  const paramsOf = (stdout: string) =>
+    (JSON.parse(stdout.split("\n").find((l) => l.startsWith('{"dry_run"'))!) as { params: { sum_numel: number } })
+      .params.sum_numel;
   const frozen = cli([...small, "--out", tmpDir("tstrain-vocab-frozen-"), "--dry-run"]);
   assert.equal(frozen.status, 0, frozen.stderr);
   const padded = countParams(buildConfig({ seqLen: 16, vocabSize: 128 })).sum_numel.toLocaleString("en-US");
   const warn = frozen.stdout.split("\n").filter((l) => /vocabulary/.test(l));
   assert.equal(warn.length, 1, frozen.stdout);
-  assert.match(warn[0], new RegExp(`^WARNING the mix's tokenizer has 100 ids but the model's vocabulary is 49,152 \\(the frozen default\\): 49,052 embedding rows never see a token, the loss starts near ln\\(49,152\\) = 10\\.80 instead of ln\\(100\\) = 4\\.61, .* --vocab-size 128 trains a ${padded}-parameter model on the same mix \\(M2\\)$`));
+  assert.match(
+    warn[0],
+    new RegExp(
+      `^WARNING the mix's tokenizer has 100 ids but the model's vocabulary is 49,152 \\(the frozen default\\): 49,052 embedding rows never see a token, the loss starts near ln\\(49,152\\) = 10\\.80 instead of ln\\(100\\) = 4\\.61, .* --vocab-size 128 trains a ${padded}-parameter model on the same mix \\(M2\\)$`,
+    ),
+  );
   assert.equal(paramsOf(frozen.stdout), 106_194_240, "the frozen shape itself is unchanged (M1)");
 
-  const variant = cli([...small, "--out", tmpDir("tstrain-vocab-var-"), "--layers", "2", "--hidden", "36", "--dry-run"]);
+  const variant = cli([
+    ...small,
+    "--out",
+    tmpDir("tstrain-vocab-var-"),
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--dry-run",
+  ]);
   assert.equal(variant.status, 0, variant.stderr);
-  assert.equal(paramsOf(variant.stdout), countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 128 })).sum_numel, "100 ids padded to 128");
+  assert.equal(
+    paramsOf(variant.stdout),
+    countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 128 })).sum_numel,
+    "100 ids padded to 128",
+  );
   assert.doesNotMatch(variant.stdout, /WARNING.*vocabulary/);
-  const given = cli([...small, "--out", tmpDir("tstrain-vocab-given-"), "--layers", "2", "--hidden", "36", "--vocab-size", "49152", "--dry-run"]);
-  assert.equal(paramsOf(given.stdout), countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 49152 })).sum_numel, "--vocab-size says otherwise");
+  const given = cli([
+    ...small,
+    "--out",
+    tmpDir("tstrain-vocab-given-"),
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--vocab-size",
+    "49152",
+    "--dry-run",
+  ]);
+  assert.equal(
+    paramsOf(given.stdout),
+    countParams(buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 49152 })).sum_numel,
+    "--vocab-size says otherwise",
+  );
 
   // A checkpoint of another vocabulary (a variant trained before this default) names the flags that rebuild its shape.
   const out = tmpDir("tstrain-vocab-resume-");
-  const first = cli([...small, "--out", out, "--layers", "2", "--hidden", "36", "--vocab-size", "256", "--stop-after-steps", "4"]);
+  const first = cli([
+    ...small,
+    "--out",
+    out,
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--vocab-size",
+    "256",
+    "--stop-after-steps",
+    "4",
+  ]);
   assert.equal(first.status, 0, first.stderr);
-  const again = cli([...small, "--out", out, "--layers", "2", "--hidden", "36", "--resume", path.join(out, "ckpt", "checkpoint-4")]);
+  const again = cli([
+    ...small,
+    "--out",
+    out,
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--resume",
+    path.join(out, "ckpt", "checkpoint-4"),
+  ]);
   assert.equal(again.status, 2, again.stdout + again.stderr);
-  assert.match(again.stderr, /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/);
+  assert.match(
+    again.stderr,
+    /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/,
+  );
 });
 
-test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's constants is refused naming old and new, unless --allow-config-change lists them (P7)", { timeout: 300_000 }, () => {
+test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's constants is refused naming old and new, unless --allow-config-change lists them (P7)", {
+  timeout: 300_000,
+}, () => {
   const out = tmpDir("tstrain-p7-");
   const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
   assert.equal(first.status, 0, first.stderr);
   const ck = path.join(out, "ckpt", "checkpoint-4");
   const lr = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3"]));
   assert.equal(lr.status, 2, lr.stdout + lr.stderr);
-  assert.match(lr.stderr, /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values \(--lr 0\.003\), or pass --allow-config-change .*\[P7\]\n$/);
+  assert.match(
+    lr.stderr,
+    /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values \(--lr 0\.003\), or pass --allow-config-change .*\[P7\]\n$/,
+  );
   const sched = cli(tinyArgs(mix.root, out, ["--resume", ck, "--warmup-frac", "0.1", "--decay-frac", "0.5"]));
   assert.equal(sched.status, 2, sched.stdout + sched.stderr);
-  assert.match(sched.stderr, /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .*\(--warmup-frac 0\.02 --decay-frac 0\.8\).*\[P7\]/);
+  assert.match(
+    sched.stderr,
+    /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .*\(--warmup-frac 0\.02 --decay-frac 0\.8\).*\[P7\]/,
+  );
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
 
   // A checkpoint of a tstrain whose AdamW beta2 was another: its run_config.json (and, so it still proves itself, its manifest) says so.
@@ -233,55 +411,170 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
   fs.writeFileSync(rcPath, rcSaved);
   fs.writeFileSync(manPath, manSaved);
 
-  const allowed = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3", "--warmup-frac", "0.1", "--allow-config-change"]));
+  const allowed = cli(
+    tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3", "--warmup-frac", "0.1", "--allow-config-change"]),
+  );
   assert.equal(allowed.status, 0, allowed.stderr);
-  assert.match(allowed.stdout, /^resume from .*checkpoint-4: step 4, .*; changed on purpose \(--allow-config-change\): --lr 0\.003 -> 0\.001, --warmup-frac 0\.02 -> 0\.1$/m);
-  const rc8 = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8")) as { lr: number };
+  assert.match(
+    allowed.stdout,
+    /^resume from .*checkpoint-4: step 4, .*; changed on purpose \(--allow-config-change\): --lr 0\.003 -> 0\.001, --warmup-frac 0\.02 -> 0\.1$/m,
+  );
+  const rc8 = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8")) as {
+    lr: number;
+  };
   assert.equal(rc8.lr, 1e-3, "the checkpoints from there on record the new value");
 });
 
-test("--resume on a path that does not exist says so (not 'no cursor.json'), and names the checkpoints --out holds (C3)", { timeout: 120_000 }, async () => {
+test("--resume on a path that does not exist says so (not 'no cursor.json'), and names the checkpoints --out holds (C3)", {
+  timeout: 120_000,
+}, async () => {
   const out = tmpDir("tstrain-resume-missing-");
-  const flags = ["--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64", "--micro-batch", "2",
-    "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"];
+  const flags = [
+    "--root",
+    mix.root,
+    "--out",
+    out,
+    "--seq-len",
+    "16",
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--vocab-size",
+    "64",
+    "--micro-batch",
+    "2",
+    "--accum",
+    "1",
+    "--max-steps",
+    "8",
+    "--push-every-steps",
+    "4",
+    "--val-tokens",
+    "256",
+    "--backend",
+    "wasm",
+  ];
   const gone = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-4")]);
   assert.equal(gone.status, 2, gone.stderr);
-  assert.match(gone.stderr, /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+\/ckpt holds no checkpoint; name a checkpoint folder .* or start fresh without --resume \[C3\]\n$/);
+  assert.match(
+    gone.stderr,
+    /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+\/ckpt holds no checkpoint; name a checkpoint folder .* or start fresh without --resume \[C3\]\n$/,
+  );
   assert.doesNotMatch(gone.stderr, /cursor\.json/);
   const ran = cli(flags);
   assert.equal(ran.status, 0, ran.stderr);
   const typo = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-44")]);
   assert.equal(typo.status, 2, typo.stderr);
-  assert.match(typo.stderr, /--resume \S+checkpoint-44 does not exist\. \S+\/ckpt holds checkpoint-4, checkpoint-8: resume the newest with --resume \S+\/ckpt\/checkpoint-8 \[C3\]/);
+  assert.match(
+    typo.stderr,
+    /--resume \S+checkpoint-44 does not exist\. \S+\/ckpt holds checkpoint-4, checkpoint-8: resume the newest with --resume \S+\/ckpt\/checkpoint-8 \[C3\]/,
+  );
   fs.writeFileSync(path.join(out, "a-file"), "x");
   const file = cli([...flags, "--resume", path.join(out, "a-file")]);
   assert.equal(file.status, 2, file.stderr);
   assert.match(file.stderr, /--resume \S+a-file is a file, not a checkpoint folder\./);
 });
 
-test("output to a file or pipe gets progress lines with done/total, rate, elapsed and ETA every TSTRAIN_PROGRESS_SECONDS, and the log lines carry the ETA (B5, G9)", { timeout: 120_000 }, () => {
+test("output to a file or pipe gets progress lines with done/total, rate, elapsed and ETA every TSTRAIN_PROGRESS_SECONDS, and the log lines carry the ETA (B5, G9)", {
+  timeout: 120_000,
+}, () => {
   const out = tmpDir("tstrain-progress-");
-  const r = spawnSync(process.execPath, [MAIN, "--root", mix.root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64",
-    "--micro-batch", "2", "--accum", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "4", "--val-tokens", "256", "--backend", "wasm"],
-  { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } });
+  const r = spawnSync(
+    process.execPath,
+    [
+      MAIN,
+      "--root",
+      mix.root,
+      "--out",
+      out,
+      "--seq-len",
+      "16",
+      "--layers",
+      "2",
+      "--hidden",
+      "36",
+      "--vocab-size",
+      "64",
+      "--micro-batch",
+      "2",
+      "--accum",
+      "1",
+      "--max-steps",
+      "8",
+      "--push-every-steps",
+      "4",
+      "--log-every",
+      "4",
+      "--val-tokens",
+      "256",
+      "--backend",
+      "wasm",
+    ],
+    { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } },
+  );
   assert.equal(r.status, 0, r.stderr);
   const progress = r.stdout.split("\n").filter((l) => l.startsWith("progress: "));
   assert.equal(progress.length, 8, r.stdout);
-  progress.forEach((l, i) => assert.match(l, new RegExp(`^progress: step ${i + 1}/8 \\(${Math.floor((100 * (i + 1)) / 8)}% of this session\\) loss \\d+\\.\\d{4} lr \\S+ scale \\d+ \\| \\d+ tok/s \\| elapsed \\S+ \\| ETA (\\d+h)?(\\d+m)?\\d+s$`)));
+  progress.forEach((l, i) =>
+    assert.match(
+      l,
+      new RegExp(
+        `^progress: step ${i + 1}/8 \\(${Math.floor((100 * (i + 1)) / 8)}% of this session\\) loss \\d+\\.\\d{4} lr \\S+ scale \\d+ \\| \\d+ tok/s \\| elapsed \\S+ \\| ETA (\\d+h)?(\\d+m)?\\d+s$`,
+      ),
+    ),
+  );
   const logs = r.stdout.split("\n").filter((l) => /^step \d+\/8 loss=/.test(l));
   assert.equal(logs.length, 2);
   for (const l of logs) assert.match(l, / tok\/s=\d+ elapsed=\S+ eta=(\d+h)?(\d+m)?\d+s$/);
 });
 
-test("the phases before and after training say what they do: hashing a large mix shows its progress, validation says what it covers (B5, D3, G2)", { timeout: 120_000 }, () => {
+test("the phases before and after training say what they do: hashing a large mix shows its progress, validation says what it covers (B5, D3, G2)", {
+  timeout: 120_000,
+}, () => {
   const big = writeSyntheticMix({ vocab: 64, trainTokens: 6 * 1024 * 1024, valTokens: 1024 });
-  const r = spawnSync(process.execPath, [MAIN, "--root", big.root, "--out", tmpDir("tstrain-phases-"), "--seq-len", "16", "--layers", "2", "--hidden", "36", "--vocab-size", "64",
-    "--micro-batch", "2", "--accum", "1", "--max-steps", "4", "--push-every-steps", "4", "--val-tokens", "256", "--backend", "wasm"],
-  { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } });
+  const r = spawnSync(
+    process.execPath,
+    [
+      MAIN,
+      "--root",
+      big.root,
+      "--out",
+      tmpDir("tstrain-phases-"),
+      "--seq-len",
+      "16",
+      "--layers",
+      "2",
+      "--hidden",
+      "36",
+      "--vocab-size",
+      "64",
+      "--micro-batch",
+      "2",
+      "--accum",
+      "1",
+      "--max-steps",
+      "4",
+      "--push-every-steps",
+      "4",
+      "--val-tokens",
+      "256",
+      "--backend",
+      "wasm",
+    ],
+    { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } },
+  );
   assert.equal(r.status, 0, r.stderr);
-  const hashing = [...r.stdout.matchAll(/^data: verifying the mix: (\d+)\/(\d+) MB of shards hashed \((\d+)%\), \d+ MB\/s, ETA \d+s$/gm)];
+  const hashing = [
+    ...r.stdout.matchAll(
+      /^data: verifying the mix: (\d+)\/(\d+) MB of shards hashed \((\d+)%\), \d+ MB\/s, ETA \d+s$/gm,
+    ),
+  ];
   assert.ok(hashing.length >= 2, r.stdout.slice(0, 3000));
-  assert.ok(hashing.every((m) => Number(m[2]) === 13 && Number(m[1]) <= 13), "12.6 MB of shards, rounded");
+  assert.ok(
+    hashing.every((m) => Number(m[2]) === 13 && Number(m[1]) <= 13),
+    "12.6 MB of shards, rounded",
+  );
   assert.match(r.stdout, /^validation: 16 held-out windows of 16 tokens on 1 rank\(s\)$/m);
   assert.ok(r.stdout.indexOf("validation: 16 held-out") < r.stdout.indexOf("validation loss="), "said before the pass");
 });

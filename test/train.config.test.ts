@@ -67,6 +67,17 @@ test("--demo sets a small world-2 run unless a flag says otherwise", () => {
 
 test("--help lists every flag with its default", () => {
   const u = usage();
-  for (const f of ["--seq-len", "--micro-batch", "--accum", "--world", "--backend", "--demo", "--resume", "--stop-after-steps", "--prune"]) assert.ok(u.includes(f), f);
+  for (const f of [
+    "--seq-len",
+    "--micro-batch",
+    "--accum",
+    "--world",
+    "--backend",
+    "--demo",
+    "--resume",
+    "--stop-after-steps",
+    "--prune",
+  ])
+    assert.ok(u.includes(f), f);
   assert.ok(parseArgs(["--help"]).help);
 });

@@ -37,11 +37,21 @@ const mix = writeSyntheticMix({ vocab: 64, trainTokens: 16 * 1024, valTokens: 10
 const model = buildConfig({ seqLen: SEQ, layers: 1, hidden: 36, vocabSize: 64 });
 const SHAPE = { warmup: 2, decayStart: 2, total: 5 };
 
-interface Rt { world: number; accum: number; share?: boolean; fault?: RankFault; nVal?: number }
+interface Rt {
+  world: number;
+  accum: number;
+  share?: boolean;
+  fault?: RankFault;
+  nVal?: number;
+}
 
 function create(o: Rt): Coordinator {
   const setup = {
-    world: o.world, model, gradCkpt: true, backend: "wasm" as const, fault: o.fault ?? null,
+    world: o.world,
+    model,
+    gradCkpt: true,
+    backend: "wasm" as const,
+    fault: o.fault ?? null,
     data: { root: mix.root, seqLen: SEQ, dataSeed: DATA_SEED, microBatch: MICRO, accum: o.accum, nVal: o.nVal ?? 0 },
   };
   const c = Coordinator.create(o.share === undefined ? setup : { ...setup, coordinatorShare: o.share });
@@ -59,14 +69,30 @@ async function withRuntime<T>(o: Rt, fn: (c: Coordinator) => Promise<T>): Promis
   }
 }
 
-const oneThread = (world: number, accum: number) => SingleThreadTrainer.create({
-  model, gradCkpt: true, backend: "wasm", root: mix.root, seqLen: SEQ, dataSeed: DATA_SEED, world, accum, microBatch: MICRO, seed: SEED,
-});
+const oneThread = (world: number, accum: number) =>
+  SingleThreadTrainer.create({
+    model,
+    gradCkpt: true,
+    backend: "wasm",
+    root: mix.root,
+    seqLen: SEQ,
+    dataSeed: DATA_SEED,
+    world,
+    accum,
+    microBatch: MICRO,
+    seed: SEED,
+  });
 
 const near = (got: number, want: number, rel: number) => Math.abs(got - want) <= rel * Math.abs(want);
 
-for (const [world, accum, share] of [[2, 2, true], [1, 2, true], [2, 1, false]] as const) {
-  test(`every figure of a step at world ${world}, accum ${accum}${share ? ", with the coordinator's slice" : ""} is the one-thread step's: the loss averaged over world*accum micro-batches, the norm over all slices, the LR, the scale used, and the position it leaves (A2, P2, P4, P5)`, { timeout: 120_000 }, async () => {
+for (const [world, accum, share] of [
+  [2, 2, true],
+  [1, 2, true],
+  [2, 1, false],
+] as const) {
+  test(`every figure of a step at world ${world}, accum ${accum}${share ? ", with the coordinator's slice" : ""} is the one-thread step's: the loss averaged over world*accum micro-batches, the norm over all slices, the LR, the scale used, and the position it leaves (A2, P2, P4, P5)`, {
+    timeout: 120_000,
+  }, async () => {
     const local = await oneThread(world, accum);
     try {
       await withRuntime({ world, accum, share }, async (c) => {
@@ -92,7 +118,8 @@ for (const [world, accum, share] of [[2, 2, true], [1, 2, true], [2, 1, false]] 
           assert.equal(got.scaleUsed, want.scaleUsed, `${tag}: the scale the micro-batches were scaled by`);
           assert.deepEqual(pos, ref, `${tag}: the position the step leaves (P2)`);
           // Each phase's reported time is a part of the step's: positive, and not more than the whole step took.
-          for (const k of ["computeMs", "reduceMs", "updateMs"] as const) assert.ok(got[k] > 0 && got[k] <= wall, `${tag}: ${k} ${got[k]} within the step's ${wall} ms`);
+          for (const k of ["computeMs", "reduceMs", "updateMs"] as const)
+            assert.ok(got[k] > 0 && got[k] <= wall, `${tag}: ${k} ${got[k]} within the step's ${wall} ms`);
         }
         assert.equal(pos.scaler.scale, 2048, "the 2000th clean step doubled the scale (P2)");
         assert.equal(pos.optSteps, 3);
@@ -115,7 +142,9 @@ test("until its ranks have reported, a coordinator names no backend: '?' with an
   assert.deepEqual(create({ world: 1, accum: 1 }).backendInfo, { backend: "?", detail: "" });
 });
 
-test("a NaN in one rank's gradient skips the step with the coordinator's slice taken: nothing moves, no update time, the scale halves (P2)", { timeout: 120_000 }, async () => {
+test("a NaN in one rank's gradient skips the step with the coordinator's slice taken: nothing moves, no update time, the scale halves (P2)", {
+  timeout: 120_000,
+}, async () => {
   await withRuntime({ world: 2, accum: 1, share: true, fault: { rank: 1, step: 0, kind: "nan" } }, async (c) => {
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
     const before = [c.views.params, c.views.m, c.views.v].map((a) => Float32Array.from(a));
@@ -128,47 +157,77 @@ test("a NaN in one rank's gradient skips the step with the coordinator's slice t
   });
 });
 
-test("a rank that throws fails the step with a RankFailure naming the rank, the phase and the error, and the other ranks are told to stop (A2)", { timeout: 120_000 }, async () => {
+test("a rank that throws fails the step with a RankFailure naming the rank, the phase and the error, and the other ranks are told to stop (A2)", {
+  timeout: 120_000,
+}, async () => {
   await withRuntime({ world: 2, accum: 1, share: true, fault: { rank: 1, step: 1, kind: "throw" } }, async (c) => {
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
     await c.step(0, pos, 1e-3, SHAPE);
     assert.equal(Atomics.load(c.views.ctl, CTL_ABORT), 0);
-    const e = await c.step(1, pos, 1e-3, SHAPE).then(() => null, (x: unknown) => x);
+    const e = await c.step(1, pos, 1e-3, SHAPE).then(
+      () => null,
+      (x: unknown) => x,
+    );
     assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);
     assert.equal(e.name, "RankFailure");
     assert.equal(e.rank, 1);
     assert.equal(e.phase, "step 1 compute");
-    assert.equal(e.message, "rank 1 failed during step 1 compute: injected fault: rank 1 throws at step 1 (TSTRAIN_FAULT)");
+    assert.equal(
+      e.message,
+      "rank 1 failed during step 1 compute: injected fault: rank 1 throws at step 1 (TSTRAIN_FAULT)",
+    );
     assert.equal(Atomics.load(c.views.ctl, CTL_ABORT), 1, "the abort flag stops the others at their next micro-batch");
     assert.deepEqual(pos.optSteps, 1, "the failed step moved nothing");
     // Every rank's reply was awaited before the failure surfaced: the runtime still answers both ranks.
-    assert.deepEqual((await c.memory()).map((m) => m.rank), [0, 1]);
+    assert.deepEqual(
+      (await c.memory()).map((m) => m.rank),
+      [0, 1],
+    );
   });
 });
 
-test("a rank whose thread exits fails the step with a RankFailure giving the exit code, and every later request to it fails the same way (A2)", { timeout: 120_000 }, async () => {
+test("a rank whose thread exits fails the step with a RankFailure giving the exit code, and every later request to it fails the same way (A2)", {
+  timeout: 120_000,
+}, async () => {
   await withRuntime({ world: 2, accum: 1, share: false, fault: { rank: 0, step: 0, kind: "exit" } }, async (c) => {
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
-    const e = await c.step(0, pos, 1e-3, SHAPE).then(() => null, (x: unknown) => x);
+    const e = await c.step(0, pos, 1e-3, SHAPE).then(
+      () => null,
+      (x: unknown) => x,
+    );
     assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);
     assert.equal(e.message, "rank 0 failed during step 0 compute: worker thread exited with code 3");
-    const again = await c.memory().then(() => null, (x: unknown) => x);
+    const again = await c.memory().then(
+      () => null,
+      (x: unknown) => x,
+    );
     assert.equal(again, e, "the dead rank answers every later request with its failure");
   });
 });
 
-test("a rank that refuses to start fails spawn with a RankRefusal keeping the refusal's message and rule, and a later request to it fails naming that request's phase (A1, A2, D7)", { timeout: 120_000 }, async () => {
+test("a rank that refuses to start fails spawn with a RankRefusal keeping the refusal's message and rule, and a later request to it fails naming that request's phase (A1, A2, D7)", {
+  timeout: 120_000,
+}, async () => {
   const c = create({ world: 1, accum: 1, nVal: 1_000_000 });
   try {
-    const e = await c.spawn().then(() => null, (x: unknown) => x);
+    const e = await c.spawn().then(
+      () => null,
+      (x: unknown) => x,
+    );
     assert.ok(e instanceof RankRefusal, `a RankRefusal, not ${String(e)}`);
     assert.ok(isUserError(e), "main prints it as a refusal and exits 2");
     assert.equal(e.phase, "init");
     assert.equal(e.rank, 0);
     assert.equal(e.rule, "D7");
-    assert.match(e.message, /^validation asks for 1000000 windows of 16 tokens but the val split holds \d+; use valWindowCount\(\) to size it \[D7\]$/);
+    assert.match(
+      e.message,
+      /^validation asks for 1000000 windows of 16 tokens but the val split holds \d+; use valWindowCount\(\) to size it \[D7\]$/,
+    );
     // The rank's thread lives on without a model: the next request fails on it, named after that request's phase.
-    const later = await c.memory().then(() => null, (x: unknown) => x);
+    const later = await c.memory().then(
+      () => null,
+      (x: unknown) => x,
+    );
     assert.ok(later instanceof RankFailure, `a RankFailure, not ${String(later)}`);
     assert.equal(later.message, "rank 0 failed during memory report: rank received memory before init");
   } finally {
@@ -176,7 +235,9 @@ test("a rank that refuses to start fails spawn with a RankRefusal keeping the re
   }
 });
 
-test("the validation loss is the mean over windows [0, nVal) split across the ranks, and a rank's failure there is a RankFailure (D7, A2)", { timeout: 120_000 }, async () => {
+test("the validation loss is the mean over windows [0, nVal) split across the ranks, and a rank's failure there is a RankFailure (D7, A2)", {
+  timeout: 120_000,
+}, async () => {
   const nVal = 5;
   const local = await oneThread(1, 1);
   let want = 0;
@@ -184,7 +245,10 @@ test("the validation loss is the mean over windows [0, nVal) split across the ra
     const manifest = readManifest(mix.root);
     const val = new ValStream(PackedTokenStore.open(mix.root, manifest, "val"), SEQ, nVal);
     const ids = new Int32Array(SEQ);
-    for (let i = 0; i < nVal; i++) { val.read(i, ids); want += local.llama.loss(ids, 1, SEQ); }
+    for (let i = 0; i < nVal; i++) {
+      val.read(i, ids);
+      want += local.llama.loss(ids, 1, SEQ);
+    }
     want /= nVal;
   } finally {
     local.dispose();
@@ -194,7 +258,10 @@ test("the validation loss is the mean over windows [0, nVal) split across the ra
     assert.ok(near(got, want, 1e-9), `world ${world}: ${got} vs the mean ${want} of the ${nVal} windows' losses`);
   }
   await withRuntime({ world: 2, accum: 1, nVal, fault: { rank: 1, step: 0, kind: "val" } }, async (c) => {
-    const e = await c.evaluate(nVal).then(() => null, (x: unknown) => x);
+    const e = await c.evaluate(nVal).then(
+      () => null,
+      (x: unknown) => x,
+    );
     assert.ok(e instanceof RankFailure);
     assert.equal(e.message, "rank 1 failed during validation: injected fault: rank 1 fails validation (TSTRAIN_FAULT)");
   });
@@ -205,15 +272,33 @@ test("the memory report has one entry per rank, in rank order (A2)", { timeout: 
     await c.step(0, { optSteps: 0, scaler: newScaler(), skipped: 0 }, 1e-3, SHAPE);
     return c.memory();
   });
-  assert.deepEqual(mem.map((m) => m.rank), [0, 1]);
+  assert.deepEqual(
+    mem.map((m) => m.rank),
+    [0, 1],
+  );
   for (const m of mem) assert.ok(m.heapPeakBytes > 0 && m.arenaBytes > 0, JSON.stringify(m));
 });
 
-test("a checkpoint captures the weights and both moments of the step it is taken at, with its documents, while training goes on (K2, B3)", { timeout: 120_000 }, async () => {
+test("a checkpoint captures the weights and both moments of the step it is taken at, with its documents, while training goes on (K2, B3)", {
+  timeout: 120_000,
+}, async () => {
   const runDir = tmpDir("coord-ckpt");
   await withRuntime({ world: 1, accum: 1, share: true }, async (c) => {
-    assert.deepEqual(await c.drainUploads(), { head: null, outcomes: [], failure: null }, "no uploader: nothing to drain");
-    assert.throws(() => c.stageWrite({ step: 0, dir: path.join(runDir, "x"), docs: checkpointDocs({ trainerState: {} as TrainerState, cursor: 0, hfConfig: 0, runConfig: 0 }), publish: null }), /uploader not started/);
+    assert.deepEqual(
+      await c.drainUploads(),
+      { head: null, outcomes: [], failure: null },
+      "no uploader: nothing to drain",
+    );
+    assert.throws(
+      () =>
+        c.stageWrite({
+          step: 0,
+          dir: path.join(runDir, "x"),
+          docs: checkpointDocs({ trainerState: {} as TrainerState, cursor: 0, hfConfig: 0, runConfig: 0 }),
+          publish: null,
+        }),
+      /uploader not started/,
+    );
     const events: UploaderEvent[] = [];
     await c.startUploader({ hub: null, prune: false, minFreeGb: 0, keepLocal: 5, runDir }, (e) => events.push(e));
     const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
@@ -222,13 +307,26 @@ test("a checkpoint captures the weights and both moments of the step it is taken
       await c.step(s, pos, 1e-3, SHAPE);
       saved.push([c.views.params, c.views.m, c.views.v].map((a) => Float32Array.from(a)));
       const trainerState: TrainerState = {
-        format: "tstrain-trainer-state/1", step: s + 1, opt_steps: pos.optSteps, skipped_steps: pos.skipped,
-        scaler: pos.scaler, lr_shape: SHAPE, seqs_per_step: 1, log_history: [],
+        format: "tstrain-trainer-state/1",
+        step: s + 1,
+        opt_steps: pos.optSteps,
+        skipped_steps: pos.skipped,
+        scaler: pos.scaler,
+        lr_shape: SHAPE,
+        seqs_per_step: 1,
+        log_history: [],
       };
       const dir = path.join(runDir, "ckpt", `checkpoint-${s + 1}`);
       const out = await c.stageCheckpoint({
-        step: s + 1, dir, publish: null,
-        docs: checkpointDocs({ trainerState, cursor: { step: s + 1 }, hfConfig: { model_type: "llama", s }, runConfig: { lr: 1e-3, s } }),
+        step: s + 1,
+        dir,
+        publish: null,
+        docs: checkpointDocs({
+          trainerState,
+          cursor: { step: s + 1 },
+          hfConfig: { model_type: "llama", s },
+          runConfig: { lr: 1e-3, s },
+        }),
       });
       assert.equal(out.step, s + 1);
       assert.equal(out.dir, dir);
@@ -242,18 +340,37 @@ test("a checkpoint captures the weights and both moments of the step it is taken
       const got = [new Float32Array(P), new Float32Array(P), new Float32Array(P)];
       const dir = path.join(runDir, "ckpt", `checkpoint-${s + 1}`);
       const docs = readCheckpointFolder(dir, model, got[0], got[1], got[2]);
-      got.forEach((a, i) => assert.ok(sameBits(a, saved[s][i]), `checkpoint ${s + 1}: ${["weights", "m", "v"][i]} are those after step ${s}`));
+      got.forEach((a, i) =>
+        assert.ok(
+          sameBits(a, saved[s][i]),
+          `checkpoint ${s + 1}: ${["weights", "m", "v"][i]} are those after step ${s}`,
+        ),
+      );
       assert.ok(!sameBits(got[0], c.views.params), "and not the live weights");
       assert.equal(docs.state.step, s + 1);
       assert.deepEqual(docs.hfConfig, { model_type: "llama", s });
       assert.deepEqual(docs.runConfig, { lr: 1e-3, s });
       assert.deepEqual(JSON.parse(fs.readFileSync(path.join(dir, "cursor.json"), "utf8")), { step: s + 1 });
     }
-    assert.deepEqual(events.map((e) => e.type === "published" ? e.outcome.step : e.type), [1, 2], "the uploader reported each publication");
+    assert.deepEqual(
+      events.map((e) => (e.type === "published" ? e.outcome.step : e.type)),
+      [1, 2],
+      "the uploader reported each publication",
+    );
     const d = await c.drainUploads();
-    assert.deepEqual(d.outcomes.map((o) => o.step), [1, 2]);
+    assert.deepEqual(
+      d.outcomes.map((o) => o.step),
+      [1, 2],
+    );
     // A write that fails (its folder cannot be made: a file is in the way) rejects, and the next checkpoint still works.
     fs.writeFileSync(path.join(runDir, "blocker"), "");
-    await assert.rejects(c.stageCheckpoint({ step: 9, dir: path.join(runDir, "blocker", "checkpoint-9"), publish: null, docs: checkpointDocs({ trainerState: {} as TrainerState, cursor: {}, hfConfig: {}, runConfig: {} }) }));
+    await assert.rejects(
+      c.stageCheckpoint({
+        step: 9,
+        dir: path.join(runDir, "blocker", "checkpoint-9"),
+        publish: null,
+        docs: checkpointDocs({ trainerState: {} as TrainerState, cursor: {}, hfConfig: {}, runConfig: {} }),
+      }),
+    );
   });
 });

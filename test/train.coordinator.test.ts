@@ -14,9 +14,18 @@ import { writeSyntheticMix } from "./helpers/mix";
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
 const model = buildConfig({ seqLen: 32, layers: 2, hidden: 144, vocabSize: 64 });
 
-async function train(world: number, coordinatorShare: boolean, steps: number): Promise<{ params: Float32Array; own: boolean; norms: number[] }> {
+async function train(
+  world: number,
+  coordinatorShare: boolean,
+  steps: number,
+): Promise<{ params: Float32Array; own: boolean; norms: number[] }> {
   const coord = Coordinator.create({
-    world, model, gradCkpt: true, backend: "wasm", fault: null, coordinatorShare,
+    world,
+    model,
+    gradCkpt: true,
+    backend: "wasm",
+    fault: null,
+    coordinatorShare,
     data: { root: mix.root, seqLen: 32, dataSeed: 3, microBatch: 2, accum: 2 / world, nVal: 0 },
   });
   initWeights(model, 11, coord.views.params);
@@ -35,17 +44,24 @@ async function train(world: number, coordinatorShare: boolean, steps: number): P
   }
 }
 
-test("the coordinator's optimizer slice changes nothing but the clip coefficient's last bits (A2, B4)", { timeout: 120_000 }, async () => {
+test("the coordinator's optimizer slice changes nothing but the clip coefficient's last bits (A2, B4)", {
+  timeout: 120_000,
+}, async () => {
   const ranksOnly = await train(1, false, 4);
   const shared = await train(1, true, 4);
   const w2 = await train(2, true, 4);
   assert.equal(ranksOnly.own, false);
   assert.equal(shared.own, true);
-  assert.ok(ranksOnly.norms.some((n) => n > 1), `the clip is active in some step (norms ${ranksOnly.norms.map((n) => n.toFixed(3))}), so the slice order matters there`);
+  assert.ok(
+    ranksOnly.norms.some((n) => n > 1),
+    `the clip is active in some step (norms ${ranksOnly.norms.map((n) => n.toFixed(3))}), so the slice order matters there`,
+  );
   let worst = 0;
   for (const r of [shared, w2]) {
     for (let i = 0; i < r.params.length; i++) worst = Math.max(worst, Math.abs(r.params[i] - ranksOnly.params[i]));
-    r.norms.forEach((n, i) => assert.ok(Math.abs(n - ranksOnly.norms[i]) <= 1e-5 * n, `step ${i} norm ${n} vs ${ranksOnly.norms[i]}`));
+    r.norms.forEach((n, i) =>
+      assert.ok(Math.abs(n - ranksOnly.norms[i]) <= 1e-5 * n, `step ${i} norm ${n} vs ${ranksOnly.norms[i]}`),
+    );
   }
   assert.ok(worst <= 1e-5, `largest weight difference ${worst}`);
   // The comparison above means something only if the weights moved: AdamW moves each weight by about lr per step
@@ -55,6 +71,9 @@ test("the coordinator's optimizer slice changes nothing but the clip coefficient
   for (const r of [ranksOnly, shared, w2]) {
     let moved = 0;
     for (let i = 0; i < init.length; i++) if (Math.abs(r.params[i] - init[i]) > 1e-3) moved++;
-    assert.ok(moved > 0.5 * init.length, `only ${moved} of ${init.length} weights moved by more than 1e-3 from their init`);
+    assert.ok(
+      moved > 0.5 * init.length,
+      `only ${moved} of ${init.length} weights moved by more than 1e-3 from their init`,
+    );
   }
 });

@@ -21,7 +21,8 @@ for (const backend of ENGINES) {
     model.bindParams(params);
     // Two "ranks" of one sequence each, as the coordinator would average them.
     const T = ids.length / 2;
-    const slotA = new Float32Array(layout.total), slotB = new Float32Array(layout.total);
+    const slotA = new Float32Array(layout.total),
+      slotB = new Float32Array(layout.total);
     const scale = 65536;
     const la = model.lossAndGrads(ids.subarray(0, T), 1, T, scale, slotA);
     const lb = model.lossAndGrads(ids.subarray(T), 1, T, scale, slotB);
@@ -29,11 +30,32 @@ for (const backend of ENGINES) {
     assert.ok(Math.abs((la + lb) / 2 - ref.loss) / ref.loss < 1e-5, `loss ${(la + lb) / 2} vs ${ref.loss}`);
     const red = reduceSliceSimd([slotA, slotB], slotA, 1 / (2 * scale), 0, layout.total);
     const norm = Math.sqrt(red.sumSq);
-    assert.ok(Math.abs(norm - ref.grad_global_norm) / ref.grad_global_norm < 1e-4, `norm ${norm} vs ${ref.grad_global_norm}`);
+    assert.ok(
+      Math.abs(norm - ref.grad_global_norm) / ref.grad_global_norm < 1e-4,
+      `norm ${norm} vs ${ref.grad_global_norm}`,
+    );
     const coef = clipCoef(norm, ref.adamw.max_grad_norm);
-    const m = new Float32Array(layout.total), v = new Float32Array(layout.total);
+    const m = new Float32Array(layout.total),
+      v = new Float32Array(layout.total);
     const ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
-    adamwSliceSimd(params, m, v, slotA, ranges, 0, layout.total, { lr: ref.adamw.lr, beta1: ref.adamw.betas[0], beta2: ref.adamw.betas[1], eps: ref.adamw.eps, weightDecay: ref.adamw.weight_decay }, coef, 1);
+    adamwSliceSimd(
+      params,
+      m,
+      v,
+      slotA,
+      ranges,
+      0,
+      layout.total,
+      {
+        lr: ref.adamw.lr,
+        beta1: ref.adamw.betas[0],
+        beta2: ref.adamw.betas[1],
+        eps: ref.adamw.eps,
+        weightDecay: ref.adamw.weight_decay,
+      },
+      coef,
+      1,
+    );
     const after = new Float32Array(layout.total);
     tensorsToFlat(cfg, readSafetensors(path.join(FIX, "after_adamw.f64.safetensors")).tensors, after);
     // Adam's first step is lr * g / (|g| + eps): where the clipped gradient is within a few eps of 0
@@ -41,17 +63,29 @@ for (const backend of ENGINES) {
     // update by 2.5e-6. Those few ill-conditioned elements are reported apart; every other weight must
     // be within 2e-6 (a sign, eps or decay-group bug is off by ~lr = 1e-3 on every element).
     const gref = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;
-    let worst = 0, at = "", illWorst = 0, ill = 0;
+    let worst = 0,
+      at = "",
+      illWorst = 0,
+      ill = 0;
     for (const e of layout.entries) {
       const g = gref.get(e.name)!.data as Float64Array;
       for (let i = 0; i < e.size; i++) {
         const d = Math.abs(params[e.offset + i] - after[e.offset + i]);
-        if (Math.abs(g[i] * coef) < 10 * ref.adamw.eps) { ill++; illWorst = Math.max(illWorst, d); continue; }
-        if (d > worst) { worst = d; at = e.name; }
+        if (Math.abs(g[i] * coef) < 10 * ref.adamw.eps) {
+          ill++;
+          illWorst = Math.max(illWorst, d);
+          continue;
+        }
+        if (d > worst) {
+          worst = d;
+          at = e.name;
+        }
       }
     }
     assert.ok(worst < 2e-6, `max abs error ${worst} at ${at}`);
-    console.log(`# ${backend}: worst ${worst.toExponential(2)} (well-conditioned), ${ill} ill-conditioned elements worst ${illWorst.toExponential(2)}`);
+    console.log(
+      `# ${backend}: worst ${worst.toExponential(2)} (well-conditioned), ${ill} ill-conditioned elements worst ${illWorst.toExponential(2)}`,
+    );
     assert.ok(illWorst < 1e-5, `${ill} ill-conditioned elements (|g| < 10 eps): max abs error ${illWorst}`);
   });
 }

@@ -16,23 +16,36 @@ import { spawn } from "node:child_process";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
 import { DEMO_SHA256 } from "./helpers/demo";
 
-
 const MAIN = path.join(__dirname, "..", "main.js");
 const native = loadNative();
-const skip = "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1" ? `native engine unavailable here: ${native.reason}` : false;
+const skip =
+  "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
+    ? `native engine unavailable here: ${native.reason}`
+    : false;
 
 function runDemo(cwd: string, out: string, isa: string): Promise<{ code: number | null; output: string }> {
   return new Promise((resolve) => {
     const env = { ...process.env, TSTRAIN_BLAS: "/nonexistent/hidden-libopenblas.so.0" };
-    const child = spawn(process.execPath, [MAIN, "--world", "2", "--demo", "--isa", isa, "--out", out], { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
+    const child = spawn(process.execPath, [MAIN, "--world", "2", "--demo", "--isa", isa, "--out", out], {
+      cwd,
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     let output = "";
-    child.stdout.on("data", (d: Buffer) => { output += d.toString(); });
-    child.stderr.on("data", (d: Buffer) => { output += d.toString(); });
+    child.stdout.on("data", (d: Buffer) => {
+      output += d.toString();
+    });
+    child.stderr.on("data", (d: Buffer) => {
+      output += d.toString();
+    });
     child.on("close", (code) => resolve({ code, output }));
   });
 }
 
-test("the demo ends with the same final weights, byte for byte, on every GEMM kernel this CPU runs, without OpenBLAS", { skip, timeout: 1_800_000 }, async () => {
+test("the demo ends with the same final weights, byte for byte, on every GEMM kernel this CPU runs, without OpenBLAS", {
+  skip,
+  timeout: 1_800_000,
+}, async () => {
   const cwd = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-isa-"));
   try {
     const isas = supportedIsas();
@@ -43,11 +56,22 @@ test("the demo ends with the same final weights, byte for byte, on every GEMM ke
       const r = await runDemo(cwd, out, isa);
       assert.equal(r.code, 0, `--isa ${isa}: exit ${r.code}\n${r.output.slice(-3000)}`);
       const line = r.output.split("\n").find((l) => l.startsWith("backend: ")) ?? "";
-      assert.match(line, new RegExp(`native \\(GEMM: built-in ${isa}, `), `--isa ${isa} ran the native engine on that kernel`);
-      const runJson = JSON.parse(r.output.split("\n").find((l) => l.startsWith("RUN_JSON "))!.slice("RUN_JSON ".length)) as { backend: string; final_step: number };
+      assert.match(
+        line,
+        new RegExp(`native \\(GEMM: built-in ${isa}, `),
+        `--isa ${isa} ran the native engine on that kernel`,
+      );
+      const runJson = JSON.parse(
+        r.output
+          .split("\n")
+          .find((l) => l.startsWith("RUN_JSON "))!
+          .slice("RUN_JSON ".length),
+      ) as { backend: string; final_step: number };
       assert.equal(runJson.backend, "native");
       assert.equal(runJson.final_step, 300);
-      hashes[isa] = createHash("sha256").update(fs.readFileSync(path.join(out, "final", "model.safetensors"))).digest("hex");
+      hashes[isa] = createHash("sha256")
+        .update(fs.readFileSync(path.join(out, "final", "model.safetensors")))
+        .digest("hex");
       console.log(`# --isa ${isa}: final/model.safetensors sha256 ${hashes[isa]}`);
     }
     for (const isa of isas) assert.equal(hashes[isa], hashes[isas[0]], `--isa ${isa} differs from --isa ${isas[0]}`);

@@ -1,8 +1,24 @@
 // The coordinator's step math: LR (P5), loss scaler (P2), clipping (P4), reduce.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { lrFactor, newScaler, scalerUpdate, clipCoef, reduceSlice as reduceRef, slices, adamwSlice as adamwRef, validScaler, ADAMW_DEFAULTS,
-  chunkCount, chunkSquares, reduceChunks64, SQ_CHUNK, sumSlots64, totalSquares, unscaleInto } from "../src/actors/optim";
+import {
+  lrFactor,
+  newScaler,
+  scalerUpdate,
+  clipCoef,
+  reduceSlice as reduceRef,
+  slices,
+  adamwSlice as adamwRef,
+  validScaler,
+  ADAMW_DEFAULTS,
+  chunkCount,
+  chunkSquares,
+  reduceChunks64,
+  SQ_CHUNK,
+  sumSlots64,
+  totalSquares,
+  unscaleInto,
+} from "../src/actors/optim";
 import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
 
 test("the trapezoid LR equals the seed's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
@@ -49,12 +65,22 @@ test("a saved scaler state is accepted only with a finite positive scale and a w
   assert.equal(validScaler({ scale: 65536, growthTracker: 0 }), true);
   assert.equal(validScaler({ scale: 1e-3, growthTracker: 1999 }), true, "the last count before growth");
   for (const bad of [
-    null, undefined, 65536, "65536",
-    { scale: 0, growthTracker: 0 }, { scale: -2, growthTracker: 0 }, { scale: Number.NaN, growthTracker: 0 },
-    { scale: Number.POSITIVE_INFINITY, growthTracker: 0 }, { growthTracker: 0 },
-    { scale: 65536, growthTracker: -1 }, { scale: 65536, growthTracker: 2000 }, { scale: 65536, growthTracker: 1.5 },
-    { scale: 65536 }, Object.assign(() => 0, { scale: 65536, growthTracker: 0 }),
-  ]) assert.equal(validScaler(bad), false, `refused: ${JSON.stringify(bad)}`);
+    null,
+    undefined,
+    65536,
+    "65536",
+    { scale: 0, growthTracker: 0 },
+    { scale: -2, growthTracker: 0 },
+    { scale: Number.NaN, growthTracker: 0 },
+    { scale: Number.POSITIVE_INFINITY, growthTracker: 0 },
+    { growthTracker: 0 },
+    { scale: 65536, growthTracker: -1 },
+    { scale: 65536, growthTracker: 2000 },
+    { scale: 65536, growthTracker: 1.5 },
+    { scale: 65536 },
+    Object.assign(() => 0, { scale: 65536, growthTracker: 0 }),
+  ])
+    assert.equal(validScaler(bad), false, `refused: ${JSON.stringify(bad)}`);
 });
 
 test("the clip coefficient is min(1, max/(norm+1e-6)) (P4)", () => {
@@ -62,25 +88,36 @@ test("the clip coefficient is min(1, max/(norm+1e-6)) (P4)", () => {
   assert.equal(clipCoef(2.2806797437103916), 1 / (2.2806797437103916 + 1e-6));
 });
 
-for (const [impl, reduceSlice] of [["reference", reduceRef], ["simd", reduceSliceSimd]] as const) test(`reduce (${impl}) averages the slots, unscales, and reports the sum of squares and non-finite values`, () => {
-  const a = new Float32Array([2, 4, 6, 8]);
-  const b = new Float32Array([2, 0, -2, 0]);
-  const r = reduceSlice([a, b], a, 1 / 4, 0, 4);
-  assert.deepEqual([...a], [1, 1, 1, 2]);
-  assert.equal(r.sumSq, 7);
-  assert.equal(r.finite, true);
-  const x = new Float32Array([3, 3]), y = new Float32Array([3, 0]), z = new Float32Array([0, 3]);
-  const r3 = reduceSlice([x, y, z], x, 1 / 3, 0, 2);
-  assert.deepEqual([...x], [2, 2], "three slots: the generic path");
-  assert.equal(r3.sumSq, 8);
-  const c = new Float32Array([1, Number.POSITIVE_INFINITY]);
-  assert.equal(reduceSlice([c], c, 1, 0, 2).finite, false);
-  const d = new Float32Array([1, Number.NaN]);
-  assert.equal(reduceSlice([d], d, 1, 0, 2).finite, false);
-});
+for (const [impl, reduceSlice] of [
+  ["reference", reduceRef],
+  ["simd", reduceSliceSimd],
+] as const)
+  test(`reduce (${impl}) averages the slots, unscales, and reports the sum of squares and non-finite values`, () => {
+    const a = new Float32Array([2, 4, 6, 8]);
+    const b = new Float32Array([2, 0, -2, 0]);
+    const r = reduceSlice([a, b], a, 1 / 4, 0, 4);
+    assert.deepEqual([...a], [1, 1, 1, 2]);
+    assert.equal(r.sumSq, 7);
+    assert.equal(r.finite, true);
+    const x = new Float32Array([3, 3]),
+      y = new Float32Array([3, 0]),
+      z = new Float32Array([0, 3]);
+    const r3 = reduceSlice([x, y, z], x, 1 / 3, 0, 2);
+    assert.deepEqual([...x], [2, 2], "three slots: the generic path");
+    assert.equal(r3.sumSq, 8);
+    const c = new Float32Array([1, Number.POSITIVE_INFINITY]);
+    assert.equal(reduceSlice([c], c, 1, 0, 2).finite, false);
+    const d = new Float32Array([1, Number.NaN]);
+    assert.equal(reduceSlice([d], d, 1, 0, 2).finite, false);
+  });
 
 test("slices cover [0, total) without gaps or overlaps", () => {
-  for (const [total, parts] of [[10, 3], [7, 7], [5, 1], [106194240, 2]] as const) {
+  for (const [total, parts] of [
+    [10, 3],
+    [7, 7],
+    [5, 1],
+    [106194240, 2],
+  ] as const) {
     const s = slices(total, parts);
     assert.equal(s[0][0], 0);
     assert.equal(s[s.length - 1][1], total);
@@ -88,29 +125,59 @@ test("slices cover [0, total) without gaps or overlaps", () => {
   }
 });
 
-for (const [impl, adamwSlice] of [["reference", adamwRef], ["simd", adamwSliceSimd]] as const) test(`AdamW (${impl}) decays 2-D weights only and takes a sign-sized first step (P3)`, () => {
-  const p = new Float32Array([1, 1, 1, 1]);
-  const m = new Float32Array(4), v = new Float32Array(4);
-  const g = new Float32Array([0.5, -0.5, 0.5, -0.5]);
-  adamwSlice(p, m, v, g, [{ lo: 0, hi: 2, decay: true }, { lo: 2, hi: 4, decay: false }], 0, 4, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 }, 1, 1);
-  assert.ok(Math.abs(p[0] - (1 * (1 - 1e-4) - 1e-3)) < 1e-7);
-  assert.ok(Math.abs(p[1] - (1 * (1 - 1e-4) + 1e-3)) < 1e-7);
-  assert.ok(Math.abs(p[2] - (1 - 1e-3)) < 1e-7);
-  assert.ok(Math.abs(p[3] - (1 + 1e-3)) < 1e-7);
-});
+for (const [impl, adamwSlice] of [
+  ["reference", adamwRef],
+  ["simd", adamwSliceSimd],
+] as const)
+  test(`AdamW (${impl}) decays 2-D weights only and takes a sign-sized first step (P3)`, () => {
+    const p = new Float32Array([1, 1, 1, 1]);
+    const m = new Float32Array(4),
+      v = new Float32Array(4);
+    const g = new Float32Array([0.5, -0.5, 0.5, -0.5]);
+    adamwSlice(
+      p,
+      m,
+      v,
+      g,
+      [
+        { lo: 0, hi: 2, decay: true },
+        { lo: 2, hi: 4, decay: false },
+      ],
+      0,
+      4,
+      { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 },
+      1,
+      1,
+    );
+    assert.ok(Math.abs(p[0] - (1 * (1 - 1e-4) - 1e-3)) < 1e-7);
+    assert.ok(Math.abs(p[1] - (1 * (1 - 1e-4) + 1e-3)) < 1e-7);
+    assert.ok(Math.abs(p[2] - (1 - 1e-3)) < 1e-7);
+    assert.ok(Math.abs(p[3] - (1 + 1e-3)) < 1e-7);
+  });
 
 test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW within float32 rounding, on odd slices", () => {
   let seed = 99;
-  const rnd = () => { seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0; return seed / 2 ** 32 - 0.5; };
+  const rnd = () => {
+    seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
+    return seed / 2 ** 32 - 0.5;
+  };
   const P = 3 * 4096 + 4103; // several kernel chunks and a tail that is not a multiple of 4
   const fill = (scale: number) => Float32Array.from({ length: P }, () => rnd() * scale);
-  for (const k of [1, 2, 3, 16, 17]) { // 16 slots: every region of the kernel in use (its pad lanes too); 17: more than it holds, the reference path
+  for (const k of [1, 2, 3, 16, 17]) {
+    // 16 slots: every region of the kernel in use (its pad lanes too); 17: more than it holds, the reference path
     const slots = Array.from({ length: k }, () => fill(1000));
-    const a = slots.map((x) => Float32Array.from(x)), b = slots.map((x) => Float32Array.from(x));
-    const lo = 5, hi = P - 3, inv = 1 / (k * 65536); // inv a float32 value when k is a power of two
-    const ra = reduceRef(a, a[0], Math.fround(inv), lo, hi), rb = reduceSliceSimd(b, b[0], Math.fround(inv), lo, hi);
+    const a = slots.map((x) => Float32Array.from(x)),
+      b = slots.map((x) => Float32Array.from(x));
+    const lo = 5,
+      hi = P - 3,
+      inv = 1 / (k * 65536); // inv a float32 value when k is a power of two
+    const ra = reduceRef(a, a[0], Math.fround(inv), lo, hi),
+      rb = reduceSliceSimd(b, b[0], Math.fround(inv), lo, hi);
     assert.deepEqual(b[0], a[0], `${k} slots: identical averaged gradients (and [0, lo), [hi, P) untouched)`);
-    assert.ok(Math.abs(rb.sumSq - ra.sumSq) <= 1e-12 * ra.sumSq, `${k} slots: sum of squares ${rb.sumSq} vs ${ra.sumSq}`);
+    assert.ok(
+      Math.abs(rb.sumSq - ra.sumSq) <= 1e-12 * ra.sumSq,
+      `${k} slots: sum of squares ${rb.sumSq} vs ${ra.sumSq}`,
+    );
     assert.equal(rb.finite, true);
     b[k - 1][P - 4] = Number.NaN;
     assert.equal(reduceSliceSimd(b, b[0], 1, lo, hi).finite, false, `${k} slots: a NaN in the last slot is found`);
@@ -119,18 +186,32 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
     assert.equal(reduceSliceSimd(b, b[0], 1, lo, hi).finite, false, `${k} slots: an inf is found`);
   }
   const g = fill(2e-3);
-  const ranges = [{ lo: 0, hi: 5000, decay: true }, { lo: 5000, hi: 5577, decay: false }, { lo: 5577, hi: P, decay: true }];
-  const state = () => ({ p: fill(0.04), m: fill(2e-4), v: Float32Array.from({ length: P }, () => (rnd() + 0.5) * 1e-7) });
-  const A = state(), B = { p: Float32Array.from(A.p), m: Float32Array.from(A.m), v: Float32Array.from(A.v) };
+  const ranges = [
+    { lo: 0, hi: 5000, decay: true },
+    { lo: 5000, hi: 5577, decay: false },
+    { lo: 5577, hi: P, decay: true },
+  ];
+  const state = () => ({
+    p: fill(0.04),
+    m: fill(2e-4),
+    v: Float32Array.from({ length: P }, () => (rnd() + 0.5) * 1e-7),
+  });
+  const A = state(),
+    B = { p: Float32Array.from(A.p), m: Float32Array.from(A.m), v: Float32Array.from(A.v) };
   const p0 = Float32Array.from(A.p);
   for (let t = 1; t <= 3; t++) {
     adamwRef(A.p, A.m, A.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
     adamwSliceSimd(B.p, B.m, B.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
   }
   for (const key of ["p", "m", "v"] as const) {
-    const x = A[key], y = B[key];
-    let worst = 0, mag = 0;
-    for (let i = 0; i < P; i++) { worst = Math.max(worst, Math.abs(x[i] - y[i])); mag = Math.max(mag, Math.abs(x[i])); }
+    const x = A[key],
+      y = B[key];
+    let worst = 0,
+      mag = 0;
+    for (let i = 0; i < P; i++) {
+      worst = Math.max(worst, Math.abs(x[i] - y[i]));
+      mag = Math.max(mag, Math.abs(x[i]));
+    }
     assert.ok(worst <= 1e-6 * mag, `${key}: max difference ${worst} against magnitude ${mag}`);
     assert.equal(y[0], x[0], `${key}: below the slice untouched`);
     assert.equal(y[P - 1], x[P - 1], `${key}: above the slice untouched`);
@@ -144,16 +225,23 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
 test("reduceChunks64 (one process) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)", () => {
   const P = 3 * SQ_CHUNK + 123;
   let seed = 12345;
-  const rnd = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 - 0.5; };
+  const rnd = () => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return seed / 2147483648 - 0.5;
+  };
   for (const k of [1, 2, 3]) {
     // float64 slots holding sums of float32 micro-batch gradients, as foldMicro leaves them
-    const slots = Array.from({ length: k }, () => Float64Array.from({ length: P }, () => Math.fround(rnd() * 1e-3) + Math.fround(rnd() * 1e-6)));
+    const slots = Array.from({ length: k }, () =>
+      Float64Array.from({ length: P }, () => Math.fround(rnd() * 1e-3) + Math.fround(rnd() * 1e-6)),
+    );
     const inv = 1 / (3 * k * 65536);
-    const grad = new Float32Array(P), sq = new Float64Array(chunkCount(P));
+    const grad = new Float32Array(P),
+      sq = new Float64Array(chunkCount(P));
     reduceChunks64(slots, grad, inv, P, sq, 0, sq.length);
     const sum = new Float64Array(P);
     sumSlots64(slots, sum, 0, P);
-    const grad2 = new Float32Array(P), sq2 = new Float64Array(chunkCount(P));
+    const grad2 = new Float32Array(P),
+      sq2 = new Float64Array(chunkCount(P));
     unscaleInto(sum, grad2, 0, P, inv);
     chunkSquares(grad2, P, sq2, 0, sq2.length);
     assert.ok(Buffer.from(grad.buffer).equals(Buffer.from(grad2.buffer)), `${k} slots: the same gradient bits`);

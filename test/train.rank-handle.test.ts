@@ -30,19 +30,34 @@ function recording(w: Worker): { thread: RankThread; posted: ToRank[]; terminate
   let n = 0;
   const thread: RankThread = {
     on: (event: string, listener: (a: any) => void) => w.on(event, listener), // eslint-disable-line @typescript-eslint/no-explicit-any
-    postMessage: (m: ToRank) => { posted.push(m); w.postMessage(m); },
-    terminate: () => { n++; return w.terminate(); },
+    postMessage: (m: ToRank) => {
+      posted.push(m);
+      w.postMessage(m);
+    },
+    terminate: () => {
+      n++;
+      return w.terminate();
+    },
   };
   return { thread, posted, terminated: () => n };
 }
 
-const MEMORY: FromRank = { type: "memory", memory: { rank: 0, heapPeakBytes: 1, tfPeakBytes: 0, wasmHeapBytes: 0, arenaBytes: 2 } };
+const MEMORY: FromRank = {
+  type: "memory",
+  memory: { rank: 0, heapPeakBytes: 1, tfPeakBytes: 0, wasmHeapBytes: 0, arenaBytes: 2 },
+};
 const COMPUTE: ToRank = { type: "compute", step: 4, gradScale: 1 };
 /** The thread's exit code (events.once would reject on the thread's 'error' event, which these tests provoke). */
 const exitOf = (w: Worker): Promise<number> => new Promise((resolve) => w.once("exit", resolve));
-const rejection = (p: Promise<unknown>): Promise<unknown> => p.then((v) => assert.fail(`resolved with ${JSON.stringify(v)}`), (e: unknown) => e);
+const rejection = (p: Promise<unknown>): Promise<unknown> =>
+  p.then(
+    (v) => assert.fail(`resolved with ${JSON.stringify(v)}`),
+    (e: unknown) => e,
+  );
 
-test("a request is answered by the reply of the type it expects; a second request while one is pending is refused, naming both, and the first still gets its reply (A2)", { timeout: 30_000 }, async () => {
+test("a request is answered by the reply of the type it expects; a second request while one is pending is refused, naming both, and the first still gets its reply (A2)", {
+  timeout: 30_000,
+}, async () => {
   const h = new RankHandle(0, answering({ memory: MEMORY }));
   try {
     const first = h.request({ type: "memory" }, "memory", "memory report");
@@ -50,13 +65,19 @@ test("a request is answered by the reply of the type it expects; a second reques
     assert.ok(e instanceof Error && !(e instanceof RankFailure), `a plain Error, not ${String(e)}`);
     assert.equal(e.message, "rank 0: request compute while memory is pending");
     assert.deepEqual(await first, MEMORY);
-    assert.deepEqual(await h.request({ type: "memory" }, "memory", "memory report"), MEMORY, "and the rank takes the next request");
+    assert.deepEqual(
+      await h.request({ type: "memory" }, "memory", "memory report"),
+      MEMORY,
+      "and the rank takes the next request",
+    );
   } finally {
     await h.close();
   }
 });
 
-test("a reply of another type than the one asked for fails the request with a RankFailure naming the rank, the phase and both types (A2)", { timeout: 30_000 }, async () => {
+test("a reply of another type than the one asked for fails the request with a RankFailure naming the rank, the phase and both types (A2)", {
+  timeout: 30_000,
+}, async () => {
   const h = new RankHandle(2, answering({ compute: { type: "reduced", rank: 2, step: 4, ms: 1 }, memory: MEMORY }));
   try {
     const e = await rejection(h.request(COMPUTE, "computed", "step 4 compute"));
@@ -64,13 +85,19 @@ test("a reply of another type than the one asked for fails the request with a Ra
     assert.equal(e.rank, 2);
     assert.equal(e.phase, "step 4 compute");
     assert.equal(e.message, "rank 2 failed during step 4 compute: protocol error: expected computed, got reduced");
-    assert.deepEqual(await h.request({ type: "memory" }, "memory", "memory report"), MEMORY, "nothing is left pending: the next request is answered");
+    assert.deepEqual(
+      await h.request({ type: "memory" }, "memory", "memory report"),
+      MEMORY,
+      "nothing is left pending: the next request is answered",
+    );
   } finally {
     await h.close();
   }
 });
 
-test("a message the rank sends while no request is pending is ignored, and the next request gets its own reply (A2)", { timeout: 30_000 }, async () => {
+test("a message the rank sends while no request is pending is ignored, and the next request gets its own reply (A2)", {
+  timeout: 30_000,
+}, async () => {
   // The thread announces itself unasked, then answers requests.
   const w = scripted(`parentPort.postMessage({ type: "ready", rank: 0, backend: "x", detail: "unasked" });
 parentPort.on("message", (m) => { if (m.type === "memory") parentPort.postMessage(${JSON.stringify(MEMORY)}); });`);
@@ -84,7 +111,9 @@ parentPort.on("message", (m) => { if (m.type === "memory") parentPort.postMessag
   }
 });
 
-test("an uncaught error in a rank's thread fails the pending request with a RankFailure naming the phase and the error's class and message, and every later request gets that same failure, not the exit that follows (A2)", { timeout: 30_000 }, async () => {
+test("an uncaught error in a rank's thread fails the pending request with a RankFailure naming the phase and the error's class and message, and every later request gets that same failure, not the exit that follows (A2)", {
+  timeout: 30_000,
+}, async () => {
   const w = scripted(`parentPort.on("message", () => { throw new TypeError("bad slice"); });`);
   const h = new RankHandle(1, w);
   try {
@@ -93,13 +122,19 @@ test("an uncaught error in a rank's thread fails the pending request with a Rank
     assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);
     assert.equal(e.message, "rank 1 failed during step 4 compute: TypeError: bad slice");
     assert.equal(await exited, 1, "the thread then exits with code 1");
-    assert.equal(await rejection(h.request({ type: "memory" }, "memory", "memory report")), e, "a later request gets the first failure");
+    assert.equal(
+      await rejection(h.request({ type: "memory" }, "memory", "memory report")),
+      e,
+      "a later request gets the first failure",
+    );
   } finally {
     await h.close();
   }
 });
 
-test("an uncaught error in a rank's thread while no request is pending is a RankFailure of the 'idle' phase, which the next request gets (A2)", { timeout: 30_000 }, async () => {
+test("an uncaught error in a rank's thread while no request is pending is a RankFailure of the 'idle' phase, which the next request gets (A2)", {
+  timeout: 30_000,
+}, async () => {
   const w = scripted(`throw new RangeError("no backend");`);
   const h = new RankHandle(3, w);
   try {
@@ -113,19 +148,29 @@ test("an uncaught error in a rank's thread while no request is pending is a Rank
   }
 });
 
-test("a rank's thread that exits while a request is pending fails it with a RankFailure giving the exit code, even a clean 0 (A2)", { timeout: 30_000 }, async () => {
+test("a rank's thread that exits while a request is pending fails it with a RankFailure giving the exit code, even a clean 0 (A2)", {
+  timeout: 30_000,
+}, async () => {
   const h = new RankHandle(1, scripted(`parentPort.on("message", () => process.exit(0));`));
   try {
-    const e = await rejection(h.request({ type: "update", step: 7, lr: 1e-3, coef: 1, t: 8 }, "updated", "step 7 update"));
+    const e = await rejection(
+      h.request({ type: "update", step: 7, lr: 1e-3, coef: 1, t: 8 }, "updated", "step 7 update"),
+    );
     assert.ok(e instanceof RankFailure, `a RankFailure, not ${String(e)}`);
     assert.equal(e.message, "rank 1 failed during step 7 update: worker thread exited with code 0");
-    assert.equal(await rejection(h.request({ type: "memory" }, "memory", "memory report")), e, "a later request gets the same failure");
+    assert.equal(
+      await rejection(h.request({ type: "memory" }, "memory", "memory report")),
+      e,
+      "a later request gets the same failure",
+    );
   } finally {
     await h.close();
   }
 });
 
-test("a rank's thread that exits with a non-zero code while idle is a RankFailure of the 'idle' phase giving the code, which the next request gets (A2)", { timeout: 30_000 }, async () => {
+test("a rank's thread that exits with a non-zero code while idle is a RankFailure of the 'idle' phase giving the code, which the next request gets (A2)", {
+  timeout: 30_000,
+}, async () => {
   const w = scripted(`process.exit(5);`);
   const h = new RankHandle(3, w);
   try {
@@ -140,7 +185,9 @@ test("a rank's thread that exits with a non-zero code while idle is a RankFailur
   }
 });
 
-test("a rank's thread that ends cleanly while idle is not a failure, but every later request is refused: the rank has exited (A2)", { timeout: 30_000 }, async () => {
+test("a rank's thread that ends cleanly while idle is not a failure, but every later request is refused: the rank has exited (A2)", {
+  timeout: 30_000,
+}, async () => {
   const w = scripted(`// nothing to wait for: the thread ends with code 0`);
   const h = new RankHandle(2, w);
   try {
@@ -153,7 +200,9 @@ test("a rank's thread that ends cleanly while idle is not a failure, but every l
   }
 });
 
-test("closing a live rank asks it to close, then ends its thread; closing a dead one only ends the thread (A2)", { timeout: 30_000 }, async () => {
+test("closing a live rank asks it to close, then ends its thread; closing a dead one only ends the thread (A2)", {
+  timeout: 30_000,
+}, async () => {
   const live = recording(answering({ memory: MEMORY }));
   const h = new RankHandle(0, live.thread);
   assert.deepEqual(await h.request({ type: "memory" }, "memory", "memory report"), MEMORY);

@@ -4,7 +4,16 @@ import assert from "node:assert/strict";
 import { lossCurveSvg, fmtDuration } from "../src/report";
 import type { LogEntry } from "../src/checkpoint";
 
-const entry = (step: number, loss: number): LogEntry => ({ step, loss, lr: 1e-3, grad_norm: 1, loss_scale: 65536, skipped_steps: 0, tok_per_s: 1, elapsed_s: step });
+const entry = (step: number, loss: number): LogEntry => ({
+  step,
+  loss,
+  lr: 1e-3,
+  grad_norm: 1,
+  loss_scale: 65536,
+  skipped_steps: 0,
+  tok_per_s: 1,
+  elapsed_s: step,
+});
 
 test("the loss curve is an SVG polyline with one point per finite logged loss (B5)", () => {
   const svg = lossCurveSvg([entry(10, 5), entry(20, 4), entry(30, Number.NaN), entry(40, 3)]);

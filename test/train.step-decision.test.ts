@@ -14,10 +14,26 @@ import { decideStep, unscaleFactor, type OptimizerPosition, type StepDecision } 
 const BASE_LR = 6e-4;
 /** warmup 4, flat to optimizer step 6, then down to 0 at 10 (P5); the factors below are written out by hand. */
 const SHAPE = { warmup: 4, decayStart: 6, total: 10 };
-const FACTOR: Record<number, number> = { 0: 1 / 4, 1: 2 / 4, 2: 3 / 4, 3: 4 / 4, 4: 1, 5: 1, 6: 1, 7: 1 - 1 / 4, 8: 1 - 2 / 4, 9: 1 - 3 / 4, 10: 0, 12: 0 };
+const FACTOR: Record<number, number> = {
+  0: 1 / 4,
+  1: 2 / 4,
+  2: 3 / 4,
+  3: 4 / 4,
+  4: 1,
+  5: 1,
+  6: 1,
+  7: 1 - 1 / 4,
+  8: 1 - 2 / 4,
+  9: 1 - 3 / 4,
+  10: 0,
+  12: 0,
+};
 
-const at = (optSteps: number, scale = 65536, growthTracker = 0, skipped = 0): OptimizerPosition =>
-  ({ optSteps, scaler: { scale, growthTracker }, skipped });
+const at = (optSteps: number, scale = 65536, growthTracker = 0, skipped = 0): OptimizerPosition => ({
+  optSteps,
+  scaler: { scale, growthTracker },
+  skipped,
+});
 
 function applied(d: StepDecision): Extract<StepDecision, { apply: true }> {
   assert.equal(d.apply, true, "a finite gradient is applied (P2)");
@@ -31,7 +47,11 @@ test("a non-finite gradient is skipped: counted, the optimizer step stays, the s
     assert.equal(d.apply, false, `sumSq ${sumSq}: not applied`);
     assert.equal(d.gradNorm, null);
     assert.deepEqual(d.next, { optSteps: 3, scaler: { scale: 512, growthTracker: 0 }, skipped: 3 });
-    assert.equal(d.lr, BASE_LR * FACTOR[3], "the LR reported for a skipped step is that of the step it would have been (P5)");
+    assert.equal(
+      d.lr,
+      BASE_LR * FACTOR[3],
+      "the LR reported for a skipped step is that of the step it would have been (P5)",
+    );
     assert.deepEqual(pos, at(3, 1024, 1500, 2), "the position passed in is not changed (decideStep is pure)");
   }
 });
@@ -73,7 +93,11 @@ test("the LR is that of optimizer step k = the applied steps so far, and AdamW's
     if (d.apply) seen.push([d.lr, d.t]);
     pos = d.next;
   }
-  assert.deepEqual(seen, [[BASE_LR * FACTOR[0], 1], [BASE_LR * FACTOR[1], 2], [BASE_LR * FACTOR[2], 3]]);
+  assert.deepEqual(seen, [
+    [BASE_LR * FACTOR[0], 1],
+    [BASE_LR * FACTOR[1], 2],
+    [BASE_LR * FACTOR[2], 3],
+  ]);
   assert.deepEqual(pos, { optSteps: 3, scaler: { scale: 32768, growthTracker: 2 }, skipped: 1 });
 });
 

@@ -22,18 +22,55 @@ import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
-import { CTL_ABORT, allocShared, viewShared, stagingView, STAGE_M, STAGE_PARAMS, STAGE_PARTS, STAGE_V, type SharedBuffers, type SharedViews } from "./shm";
-import { chunkSlices, decideStep, meanLossInOrder, slices, totalSquares, unscaleFactor, unscaleInto, type DecayRange, type OptimizerPosition } from "./optim";
+import {
+  CTL_ABORT,
+  allocShared,
+  viewShared,
+  stagingView,
+  STAGE_M,
+  STAGE_PARAMS,
+  STAGE_PARTS,
+  STAGE_V,
+  type SharedBuffers,
+  type SharedViews,
+} from "./shm";
+import {
+  chunkSlices,
+  decideStep,
+  meanLossInOrder,
+  slices,
+  totalSquares,
+  unscaleFactor,
+  unscaleInto,
+  type DecayRange,
+  type OptimizerPosition,
+} from "./optim";
 import type { MpiWorld } from "../mpi/world";
 import type { LrShape } from "../checkpoint";
 import { updateSlice } from "./optim-simd";
-import { type CheckpointJob, type FromRank, type RankInit, type RankMemory, type ToRank, type UploaderApi, type UploaderEvent, type CheckpointOutcome, type DrainResult, type UploaderInit, type WireError, type WriteOutcome } from "./protocol";
+import {
+  type CheckpointJob,
+  type FromRank,
+  type RankInit,
+  type RankMemory,
+  type ToRank,
+  type UploaderApi,
+  type UploaderEvent,
+  type CheckpointOutcome,
+  type DrainResult,
+  type UploaderInit,
+  type WireError,
+  type WriteOutcome,
+} from "./protocol";
 
 /**
  * What the coordinator is given to start its ranks: each rank's RankInit less what the coordinator works out
  * itself (the rank number, the shared buffers, the decay ranges and the rank's slice).
  */
-export type RankSetup = Omit<RankInit, "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld"> & {
+export type RankSetup = Omit<
+  RankInit,
+  "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld"
+> & {
   /**
    * Whether the coordinator thread takes a slice of the update (see the header). Default: when world <
    * os.availableParallelism(). The results do not depend on it (A10).
@@ -47,7 +84,11 @@ export type RankSetup = Omit<RankInit, "rank" | "shared" | "decayRanges" | "slic
 
 /** A rank that threw, exited or reported a failure; the message names the rank and the error. */
 export class RankFailure extends Error {
-  constructor(readonly rank: number, readonly phase: string, detail: string) {
+  constructor(
+    readonly rank: number,
+    readonly phase: string,
+    detail: string,
+  ) {
     super(`rank ${rank} failed during ${phase}: ${detail}`);
     this.name = "RankFailure";
   }
@@ -59,7 +100,12 @@ export class RankFailure extends Error {
  */
 export class RankRefusal extends Error {
   readonly rule: string | undefined;
-  constructor(readonly rank: number, readonly phase: string, message: string, rule?: string) {
+  constructor(
+    readonly rank: number,
+    readonly phase: string,
+    message: string,
+    rule?: string,
+  ) {
     super(message);
     this.name = "UserError";
     this.rule = rule;
@@ -83,14 +129,25 @@ export interface RankThread {
 
 /** The coordinator's end of one rank: one request at a time, answered by the reply it expects or a RankFailure. */
 export class RankHandle {
-  private pending: { expect: string; phase: string; resolve: (m: FromRank) => void; reject: (e: Error) => void } | null = null;
+  private pending: {
+    expect: string;
+    phase: string;
+    resolve: (m: FromRank) => void;
+    reject: (e: Error) => void;
+  } | null = null;
   private dead: Error | null = null;
 
-  constructor(readonly rank: number, readonly worker: RankThread = new Worker(path.join(__dirname, "rank.js"))) {
+  constructor(
+    readonly rank: number,
+    readonly worker: RankThread = new Worker(path.join(__dirname, "rank.js")),
+  ) {
     this.worker.on("message", (m: FromRank) => this.onMessage(m));
-    this.worker.on("error", (e: Error) => this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `${e.name}: ${e.message}`)));
+    this.worker.on("error", (e: Error) =>
+      this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `${e.name}: ${e.message}`)),
+    );
     this.worker.on("exit", (code: number) => {
-      if (code !== 0 || this.pending) this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `worker thread exited with code ${code}`));
+      if (code !== 0 || this.pending)
+        this.fail(new RankFailure(rank, this.pending?.phase ?? "idle", `worker thread exited with code ${code}`));
       else this.dead = this.dead ?? new Error(`rank ${rank} has exited`);
     });
   }
@@ -124,7 +181,10 @@ export class RankHandle {
 
   request<T extends FromRank["type"]>(msg: ToRank, expect: T, phase: string): Promise<Reply<T>> {
     if (this.dead) return Promise.reject(this.dead);
-    if (this.pending) return Promise.reject(new Error(`rank ${this.rank}: request ${msg.type} while ${this.pending.expect} is pending`));
+    if (this.pending)
+      return Promise.reject(
+        new Error(`rank ${this.rank}: request ${msg.type} while ${this.pending.expect} is pending`),
+      );
     return new Promise<Reply<T>>((resolve, reject) => {
       this.pending = { expect, phase, resolve: resolve as (m: FromRank) => void, reject };
       this.worker.postMessage(msg);
@@ -133,7 +193,11 @@ export class RankHandle {
 
   async close(): Promise<void> {
     if (!this.dead) {
-      try { this.worker.postMessage({ type: "close" } satisfies ToRank); } catch { /* already gone */ }
+      try {
+        this.worker.postMessage({ type: "close" } satisfies ToRank);
+      } catch {
+        /* already gone */
+      }
     }
     await this.worker.terminate();
   }
@@ -201,20 +265,39 @@ export class Coordinator {
   async spawn(): Promise<void> {
     const parts = this.rankSlices;
     for (let r = 0; r < this.setup.world; r++) this.ranks.push(new RankHandle(r));
-    const ready = await this.all((h) => ({
-      type: "init",
-      init: {
-        rank: h.rank, world: this.setup.world, dataRank: this.dataRank0 + h.rank, dataWorld: this.dataWorld,
-        model: this.setup.model, gradCkpt: this.setup.gradCkpt, backend: this.setup.backend, native: this.setup.native, data: this.setup.data,
-        shared: this.shared, decayRanges: this.decayRanges, slice: parts[h.rank], chunks: this.rankChunks[h.rank], fault: this.setup.fault,
-      },
-    }), "ready", "init");
+    const ready = await this.all(
+      (h) => ({
+        type: "init",
+        init: {
+          rank: h.rank,
+          world: this.setup.world,
+          dataRank: this.dataRank0 + h.rank,
+          dataWorld: this.dataWorld,
+          model: this.setup.model,
+          gradCkpt: this.setup.gradCkpt,
+          backend: this.setup.backend,
+          native: this.setup.native,
+          data: this.setup.data,
+          shared: this.shared,
+          decayRanges: this.decayRanges,
+          slice: parts[h.rank],
+          chunks: this.rankChunks[h.rank],
+          fault: this.setup.fault,
+        },
+      }),
+      "ready",
+      "init",
+    );
     const names = new Set(ready.map((m) => m.backend));
     if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
     this.backendInfo = { backend: ready[0].backend, detail: ready[0].detail };
   }
 
-  private async all<T extends FromRank["type"]>(make: (h: RankHandle) => ToRank, expect: T, phase: string): Promise<Reply<T>[]> {
+  private async all<T extends FromRank["type"]>(
+    make: (h: RankHandle) => ToRank,
+    expect: T,
+    phase: string,
+  ): Promise<Reply<T>[]> {
     const pending = this.ranks.map((h) => h.request(make(h), expect, phase));
     try {
       return await Promise.all(pending);
@@ -234,21 +317,35 @@ export class Coordinator {
   async step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): Promise<StepResult> {
     const accum = this.setup.data.accum;
     const scale = pos.scaler.scale;
-    const computed = await this.all(() => ({ type: "compute", step, gradScale: scale }), "computed", `step ${step} compute`);
+    const computed = await this.all(
+      () => ({ type: "compute", step, gradScale: scale }),
+      "computed",
+      `step ${step} compute`,
+    );
     const { losses, stopAsked } = await this.jobLosses(computed);
     const loss = meanLossInOrder(losses, this.dataWorld, accum);
     const invScale = unscaleFactor(this.dataWorld, accum, scale);
     const { reduceMs, allreduceMs } = await this.reduce(step, invScale);
     const d = decideStep(pos, totalSquares(this.views.sq), baseLr, shape); // A10: chunk sums added in chunk order
     const res: StepResult = {
-      step, loss, applied: d.apply, gradNorm: d.gradNorm, lr: d.lr, scaleUsed: scale,
-      computeMs: Math.max(...computed.map((m) => m.ms)), reduceMs, allreduceMs, updateMs: 0, stopAsked,
+      step,
+      loss,
+      applied: d.apply,
+      gradNorm: d.gradNorm,
+      lr: d.lr,
+      scaleUsed: scale,
+      computeMs: Math.max(...computed.map((m) => m.ms)),
+      reduceMs,
+      allreduceMs,
+      updateMs: 0,
+      stopAsked,
     };
     if (d.apply) {
       const { lr, coef, t } = d;
       const { ranks: updated, ...mine } = await this.withOwn(
         this.all(() => ({ type: "update", step, lr, coef, t }), "updated", `step ${step} update`),
-        () => updateSlice(this.views, this.decayRanges, ...this.ownSlice!, lr, coef, t));
+        () => updateSlice(this.views, this.decayRanges, ...this.ownSlice!, lr, coef, t),
+      );
       res.updateMs = Math.max(mine.ms, ...updated.map((m) => m.ms));
     }
     Object.assign(pos, d.next);
@@ -264,7 +361,11 @@ export class Coordinator {
     const A = this.setup.data.accum;
     const n = this.setup.world * A;
     const mine = new Float64Array(n + 1).fill(Number.NaN);
-    computed.forEach((m, t) => m.losses.forEach((l, i) => { mine[t * A + i] = l; }));
+    computed.forEach((m, t) =>
+      m.losses.forEach((l, i) => {
+        mine[t * A + i] = l;
+      }),
+    );
     mine[n] = this.setup.stopAsked?.() ? 1 : 0;
     if (!this.mpi) return { losses: mine.subarray(0, n), stopAsked: false };
     const all = new Float64Array(mine.length * this.mpi.size);
@@ -287,11 +388,17 @@ export class Coordinator {
   private async reduce(step: number, invScale: number): Promise<{ reduceMs: number; allreduceMs: number }> {
     const mpi = this.mpi;
     if (!mpi) {
-      const r = await this.all(() => ({ type: "reduce", step, invScale, mode: "final" }), "reduced", `step ${step} reduce`);
+      const r = await this.all(
+        () => ({ type: "reduce", step, invScale, mode: "final" }),
+        "reduced",
+        `step ${step} reduce`,
+      );
       return { reduceMs: Math.max(...r.map((m) => m.ms)), allreduceMs: 0 };
     }
-    const local = this.setup.world > 1
-      ? await this.all(() => ({ type: "reduce", step, invScale, mode: "sum" }), "reduced", `step ${step} reduce`) : [];
+    const local =
+      this.setup.world > 1
+        ? await this.all(() => ({ type: "reduce", step, invScale, mode: "sum" }), "reduced", `step ${step} reduce`)
+        : [];
     const t0 = performance.now();
     const blk = this.shared.Pp / mpi.size;
     this.recv ??= { sum: new Float64Array(blk), mine: new Float32Array(blk), grad: new Float32Array(this.shared.grad) };
@@ -331,7 +438,11 @@ export class Coordinator {
   /** Mean validation loss over windows [0, nVal), split across ranks by contiguous ranges (D7). */
   async evaluate(nVal: number): Promise<number> {
     const parts = slices(nVal, this.setup.world);
-    const got = await this.all((h) => ({ type: "eval", from: parts[h.rank][0], to: parts[h.rank][1] }), "evaluated", "validation");
+    const got = await this.all(
+      (h) => ({ type: "eval", from: parts[h.rank][0], to: parts[h.rank][1] }),
+      "evaluated",
+      "validation",
+    );
     const count = got.reduce((a, m) => a + m.count, 0);
     if (count !== nVal) throw new Error(`validation covered ${count} of ${nVal} windows`);
     return got.reduce((a, m) => a + m.lossSum, 0) / count;
@@ -344,7 +455,10 @@ export class Coordinator {
 
   // ------------------------------------------------------------ uploader (A3)
 
-  private readonly waiting = new Map<number, { resolve: (o: CheckpointOutcome) => void; reject: (e: unknown) => void }>();
+  private readonly waiting = new Map<
+    number,
+    { resolve: (o: CheckpointOutcome) => void; reject: (e: unknown) => void }
+  >();
 
   /** Start the uploader; `onEvent` hears every publication and the failure that stops publishing. */
   async startUploader(o: UploaderInit, onEvent?: (e: UploaderEvent) => void): Promise<void> {
@@ -387,10 +501,15 @@ export class Coordinator {
 
   /** stageWrite, then the publication of that very checkpoint (bench and tests: one checkpoint at a time). */
   stageCheckpoint(job: Omit<CheckpointJob, "staging" | "P" | "model">): Promise<CheckpointOutcome> {
-    const published = new Promise<CheckpointOutcome>((resolve, reject) => this.waiting.set(job.step, { resolve, reject }));
+    const published = new Promise<CheckpointOutcome>((resolve, reject) =>
+      this.waiting.set(job.step, { resolve, reject }),
+    );
     return this.stageWrite(job).then(
       (w) => published.then((o) => ({ ...o, writeSeconds: w.writeSeconds })),
-      (e) => { this.waiting.delete(job.step); throw e; },
+      (e) => {
+        this.waiting.delete(job.step);
+        throw e;
+      },
     );
   }
 

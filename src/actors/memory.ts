@@ -29,7 +29,13 @@ export function memorySampler(arenaBytes: () => number = () => 0) {
     sample,
     report(rank: number): RankMemory {
       sample();
-      return { rank, heapPeakBytes: heapPeak, tfPeakBytes: tfPeak, wasmHeapBytes: wasmHeapBytes(), arenaBytes: arenaBytes() };
+      return {
+        rank,
+        heapPeakBytes: heapPeak,
+        tfPeakBytes: tfPeak,
+        wasmHeapBytes: wasmHeapBytes(),
+        arenaBytes: arenaBytes(),
+      };
     },
   };
 }

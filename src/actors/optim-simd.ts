@@ -38,7 +38,10 @@ const sleb = (n: number): number[] => {
   for (;;) {
     const b = n & 0x7f;
     n >>= 7;
-    if ((n === 0 && (b & 0x40) === 0) || (n === -1 && (b & 0x40) !== 0)) { out.push(b); return out; }
+    if ((n === 0 && (b & 0x40) === 0) || (n === -1 && (b & 0x40) !== 0)) {
+      out.push(b);
+      return out;
+    }
     out.push(b | 0x80);
   }
 };
@@ -46,18 +49,29 @@ const vec = (items: number[][]): number[] => [...uleb(items.length), ...items.fl
 const section = (id: number, body: number[]): number[] => [id, ...uleb(body.length), ...body];
 const name = (s: string): number[] => vec([...Buffer.from(s, "utf8")].map((b) => [b]));
 
-const I32 = 0x7f, F32 = 0x7d, F64 = 0x7c, V128 = 0x7b;
+const I32 = 0x7f,
+  F32 = 0x7d,
+  F64 = 0x7c,
+  V128 = 0x7b;
 const get = (i: number) => [0x20, ...uleb(i)];
 const set = (i: number) => [0x21, ...uleb(i)];
 const i32c = (v: number) => [0x41, ...sleb(v)];
 const simd = (op: number, ...imm: number[]) => [0xfd, ...uleb(op), ...imm];
-const load = (offset: number) => simd(0x00, 4, ...uleb(offset));   // v128.load align=16
-const store = (offset: number) => simd(0x0b, 4, ...uleb(offset));  // v128.store align=16
+const load = (offset: number) => simd(0x00, 4, ...uleb(offset)); // v128.load align=16
+const store = (offset: number) => simd(0x0b, 4, ...uleb(offset)); // v128.store align=16
 const F32X4 = { splat: 0x13, sqrt: 0xe3, add: 0xe4, sub: 0xe5, mul: 0xe6, div: 0xe7 };
 const F64X2 = { extract: 0x21, add: 0xf0, mul: 0xf2, promoteLow: 0x5f };
-const SHUFFLE = 0x0d, V128_CONST = 0x0c;
-const BLOCK = [0x02, 0x40], LOOP = [0x03, 0x40], END = 0x0b, BR = 0x0c, BR_IF = 0x0d;
-const I32_ADD = 0x6a, I32_SHL = 0x74, I32_GE_U = 0x4f, F64_ADD = 0xa0;
+const SHUFFLE = 0x0d,
+  V128_CONST = 0x0c;
+const BLOCK = [0x02, 0x40],
+  LOOP = [0x03, 0x40],
+  END = 0x0b,
+  BR = 0x0c,
+  BR_IF = 0x0d;
+const I32_ADD = 0x6a,
+  I32_SHL = 0x74,
+  I32_GE_U = 0x4f,
+  F64_ADD = 0xa0;
 
 /** adam(n, decayMul, b1, b1c, b2, b2c, coef, ibc2, eps, stepSize) over regions g=0, m=1, v=2, p=3; n a multiple of 4. */
 function adamBody(): number[] {
@@ -69,25 +83,84 @@ function adamBody(): number[] {
   const f = (op: keyof typeof F32X4) => simd(F32X4[op]);
   const code = [
     ...splats,
-    ...BLOCK, ...LOOP,
-    ...get(O), ...get(N), ...i32c(2), I32_SHL, I32_GE_U, BR_IF, 1,
+    ...BLOCK,
+    ...LOOP,
+    ...get(O),
+    ...get(N),
+    ...i32c(2),
+    I32_SHL,
+    I32_GE_U,
+    BR_IF,
+    1,
     // gi = g * coef
-    ...get(O), ...load(0), ...get(COEF), ...f("mul"), ...set(GI),
+    ...get(O),
+    ...load(0),
+    ...get(COEF),
+    ...f("mul"),
+    ...set(GI),
     // mi = b1 * m + b1c * gi; store m
-    ...get(B1), ...get(O), ...load(REGION_BYTES), ...f("mul"), ...get(B1C), ...get(GI), ...f("mul"), ...f("add"), ...set(MI),
-    ...get(O), ...get(MI), ...store(REGION_BYTES),
+    ...get(B1),
+    ...get(O),
+    ...load(REGION_BYTES),
+    ...f("mul"),
+    ...get(B1C),
+    ...get(GI),
+    ...f("mul"),
+    ...f("add"),
+    ...set(MI),
+    ...get(O),
+    ...get(MI),
+    ...store(REGION_BYTES),
     // vi = b2 * v + b2c * (gi * gi); store v
-    ...get(B2), ...get(O), ...load(2 * REGION_BYTES), ...f("mul"), ...get(B2C), ...get(GI), ...get(GI), ...f("mul"), ...f("mul"), ...f("add"), ...set(VI),
-    ...get(O), ...get(VI), ...store(2 * REGION_BYTES),
+    ...get(B2),
+    ...get(O),
+    ...load(2 * REGION_BYTES),
+    ...f("mul"),
+    ...get(B2C),
+    ...get(GI),
+    ...get(GI),
+    ...f("mul"),
+    ...f("mul"),
+    ...f("add"),
+    ...set(VI),
+    ...get(O),
+    ...get(VI),
+    ...store(2 * REGION_BYTES),
     // p = p * decayMul - stepSize * (mi / (sqrt(vi) * ibc2 + eps)); store p
     ...get(O),
-    ...get(O), ...load(3 * REGION_BYTES), ...get(DEC), ...f("mul"),
-    ...get(STEP), ...get(MI), ...get(VI), ...f("sqrt"), ...get(IBC2), ...f("mul"), ...get(EPS), ...f("add"), ...f("div"), ...f("mul"),
-    ...f("sub"), ...store(3 * REGION_BYTES),
-    ...get(O), ...i32c(16), I32_ADD, ...set(O), BR, 0,
-    END, END, END,
+    ...get(O),
+    ...load(3 * REGION_BYTES),
+    ...get(DEC),
+    ...f("mul"),
+    ...get(STEP),
+    ...get(MI),
+    ...get(VI),
+    ...f("sqrt"),
+    ...get(IBC2),
+    ...f("mul"),
+    ...get(EPS),
+    ...f("add"),
+    ...f("div"),
+    ...f("mul"),
+    ...f("sub"),
+    ...store(3 * REGION_BYTES),
+    ...get(O),
+    ...i32c(16),
+    I32_ADD,
+    ...set(O),
+    BR,
+    0,
+    END,
+    END,
+    END,
   ];
-  return [...vec([[1, I32], [12, V128]]), ...code];
+  return [
+    ...vec([
+      [1, I32],
+      [12, V128],
+    ]),
+    ...code,
+  ];
 }
 
 /** reduce(n, k, scale) -> f64: region 0 = (region 0 + ... + region k-1) * scale, returns the sum of its squares. */
@@ -97,32 +170,96 @@ function reduceBody(): number[] {
   const zero = simd(V128_CONST, ...new Array<number>(16).fill(0));
   const hiToLo = [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7];
   const sq = (src: number[], accLocal: number) => [
-    ...src, ...set(TMP),
-    ...get(accLocal), ...get(TMP), ...get(TMP), ...simd(F64X2.mul), ...simd(F64X2.add), ...set(accLocal),
+    ...src,
+    ...set(TMP),
+    ...get(accLocal),
+    ...get(TMP),
+    ...get(TMP),
+    ...simd(F64X2.mul),
+    ...simd(F64X2.add),
+    ...set(accLocal),
   ];
   const code = [
-    ...get(SC), ...simd(F32X4.splat), ...set(VS),
-    ...zero, ...set(S0), ...zero, ...set(S1),
-    ...BLOCK, ...LOOP,
-    ...get(O), ...get(N), ...i32c(2), I32_SHL, I32_GE_U, BR_IF, 1,
-    ...get(O), ...load(0), ...set(ACC),
-    ...i32c(1), ...set(R),
-    ...BLOCK, ...LOOP,
-    ...get(R), ...get(K), I32_GE_U, BR_IF, 1,
-    ...get(ACC), ...get(O), ...get(R), ...i32c(14), I32_SHL, I32_ADD, ...load(0), ...simd(F32X4.add), ...set(ACC),
-    ...get(R), ...i32c(1), I32_ADD, ...set(R), BR, 0,
-    END, END,
-    ...get(ACC), ...get(VS), ...simd(F32X4.mul), ...set(ACC),
-    ...get(O), ...get(ACC), ...store(0),
+    ...get(SC),
+    ...simd(F32X4.splat),
+    ...set(VS),
+    ...zero,
+    ...set(S0),
+    ...zero,
+    ...set(S1),
+    ...BLOCK,
+    ...LOOP,
+    ...get(O),
+    ...get(N),
+    ...i32c(2),
+    I32_SHL,
+    I32_GE_U,
+    BR_IF,
+    1,
+    ...get(O),
+    ...load(0),
+    ...set(ACC),
+    ...i32c(1),
+    ...set(R),
+    ...BLOCK,
+    ...LOOP,
+    ...get(R),
+    ...get(K),
+    I32_GE_U,
+    BR_IF,
+    1,
+    ...get(ACC),
+    ...get(O),
+    ...get(R),
+    ...i32c(14),
+    I32_SHL,
+    I32_ADD,
+    ...load(0),
+    ...simd(F32X4.add),
+    ...set(ACC),
+    ...get(R),
+    ...i32c(1),
+    I32_ADD,
+    ...set(R),
+    BR,
+    0,
+    END,
+    END,
+    ...get(ACC),
+    ...get(VS),
+    ...simd(F32X4.mul),
+    ...set(ACC),
+    ...get(O),
+    ...get(ACC),
+    ...store(0),
     ...sq([...get(ACC), ...simd(F64X2.promoteLow)], S0),
     ...sq([...get(ACC), ...get(ACC), ...simd(SHUFFLE, ...hiToLo), ...simd(F64X2.promoteLow)], S1),
-    ...get(O), ...i32c(16), I32_ADD, ...set(O), BR, 0,
-    END, END,
-    ...get(S0), ...get(S1), ...simd(F64X2.add), ...set(S0),
-    ...get(S0), ...simd(F64X2.extract, 0), ...get(S0), ...simd(F64X2.extract, 1), F64_ADD,
+    ...get(O),
+    ...i32c(16),
+    I32_ADD,
+    ...set(O),
+    BR,
+    0,
+    END,
+    END,
+    ...get(S0),
+    ...get(S1),
+    ...simd(F64X2.add),
+    ...set(S0),
+    ...get(S0),
+    ...simd(F64X2.extract, 0),
+    ...get(S0),
+    ...simd(F64X2.extract, 1),
+    F64_ADD,
     END,
   ];
-  return [...vec([[2, I32], [5, V128]]), ...code];
+  return [
+    ...vec([
+      [2, I32],
+      [5, V128],
+    ]),
+    ...code,
+  ];
 }
 
 function moduleBytes(): Uint8Array {
@@ -134,11 +271,25 @@ function moduleBytes(): Uint8Array {
   const pages = Math.ceil((MAX_REGIONS * REGION_BYTES) / 65536);
   const imports = vec([[...name("env"), ...name("mem"), 0x02, 0x00, ...uleb(pages)]]);
   const funcs = vec([[0], [1]]);
-  const exports = vec([[...name("adam"), 0x00, 0], [...name("reduce"), 0x00, 1]]);
+  const exports = vec([
+    [...name("adam"), 0x00, 0],
+    [...name("reduce"), 0x00, 1],
+  ]);
   const code = vec([adamBody(), reduceBody()].map((b) => [...uleb(b.length), ...b]));
   return Uint8Array.from([
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, types), ...section(2, imports), ...section(3, funcs), ...section(7, exports), ...section(10, code),
+    0x00,
+    0x61,
+    0x73,
+    0x6d,
+    0x01,
+    0x00,
+    0x00,
+    0x00,
+    ...section(1, types),
+    ...section(2, imports),
+    ...section(3, funcs),
+    ...section(7, exports),
+    ...section(10, code),
   ]);
 }
 
@@ -146,7 +297,18 @@ function moduleBytes(): Uint8Array {
 
 interface Kernel {
   heap: Float32Array;
-  adam: (n: number, decayMul: number, b1: number, b1c: number, b2: number, b2c: number, coef: number, ibc2: number, eps: number, stepSize: number) => void;
+  adam: (
+    n: number,
+    decayMul: number,
+    b1: number,
+    b1c: number,
+    b2: number,
+    b2c: number,
+    coef: number,
+    ibc2: number,
+    eps: number,
+    stepSize: number,
+  ) => void;
   reduce: (n: number, k: number, scale: number) => number;
 }
 
@@ -176,13 +338,21 @@ const up4 = (n: number) => (n + 3) & ~3;
  * reduceSlice (optim.ts) on the kernel: out[i] = (sum over slots of slots[s][i]) * invScale over [lo, hi), in slot
  * order. Falls back to the reference loop for more slots than the private memory holds.
  */
-export function reduceSliceSimd(slots: readonly Float32Array[], out: Float32Array, invScale: number, lo: number, hi: number): ReduceResult {
+export function reduceSliceSimd(
+  slots: readonly Float32Array[],
+  out: Float32Array,
+  invScale: number,
+  lo: number,
+  hi: number,
+): ReduceResult {
   const k = slots.length;
   if (k > MAX_REGIONS) return reduceSlice(slots, out, invScale, lo, hi);
-  const K = getKernel(), H = K.heap;
+  const K = getKernel(),
+    H = K.heap;
   let sumSq = 0;
   for (let a = lo; a < hi; a += CHUNK) {
-    const n = Math.min(CHUNK, hi - a), n4 = up4(n);
+    const n = Math.min(CHUNK, hi - a),
+      n4 = up4(n);
     for (let s = 0; s < k; s++) {
       H.set(slots[s].subarray(a, a + n), s * CHUNK);
       if (n4 !== n) H.fill(0, s * CHUNK + n, s * CHUNK + n4); // zero pad lanes: they enter the sum of squares
@@ -195,15 +365,25 @@ export function reduceSliceSimd(slots: readonly Float32Array[], out: Float32Arra
 
 /** adamwSlice (optim.ts) on the kernel, float32 arithmetic. */
 export function adamwSliceSimd(
-  params: Float32Array, m: Float32Array, v: Float32Array, g: Float32Array,
-  ranges: readonly DecayRange[], lo: number, hi: number, h: AdamHyper, coef: number, t: number,
+  params: Float32Array,
+  m: Float32Array,
+  v: Float32Array,
+  g: Float32Array,
+  ranges: readonly DecayRange[],
+  lo: number,
+  hi: number,
+  h: AdamHyper,
+  coef: number,
+  t: number,
 ): void {
-  const K = getKernel(), H = K.heap;
+  const K = getKernel(),
+    H = K.heap;
   const { lr, beta1, beta2, eps, weightDecay } = h;
   const stepSize = lr / (1 - Math.pow(beta1, t));
   const ibc2 = 1 / Math.sqrt(1 - Math.pow(beta2, t));
   for (const r of ranges) {
-    const a0 = Math.max(lo, r.lo), b0 = Math.min(hi, r.hi);
+    const a0 = Math.max(lo, r.lo),
+      b0 = Math.min(hi, r.hi);
     if (a0 >= b0) continue;
     const decayMul = r.decay ? 1 - lr * weightDecay : 1;
     for (let a = a0; a < b0; a += CHUNK) {
@@ -227,7 +407,12 @@ export function adamwSliceSimd(
  */
 export function updateSlice(
   shared: Pick<SharedViews, "params" | "m" | "v" | "grad">,
-  ranges: readonly DecayRange[], lo: number, hi: number, lr: number, coef: number, t: number,
+  ranges: readonly DecayRange[],
+  lo: number,
+  hi: number,
+  lr: number,
+  coef: number,
+  t: number,
 ): void {
   adamwSliceSimd(shared.params, shared.m, shared.v, shared.grad, ranges, lo, hi, { lr, ...ADAMW_DEFAULTS }, coef, t);
 }

@@ -22,7 +22,12 @@ export function lrFactor(k: number, s: LrShape): number {
 // ---------------------------------------------------------------- loss scaler (P2)
 
 /** torch.amp.GradScaler semantics: init 65536, x2 after 2000 clean steps, x0.5 on inf/NaN (the state's type is the checkpoint's). */
-export const SCALER_DEFAULTS = { initScale: 65536, growthFactor: 2.0, backoffFactor: 0.5, growthInterval: 2000 } as const;
+export const SCALER_DEFAULTS = {
+  initScale: 65536,
+  growthFactor: 2.0,
+  backoffFactor: 0.5,
+  growthInterval: 2000,
+} as const;
 
 export function newScaler(): ScalerState {
   return { scale: SCALER_DEFAULTS.initScale, growthTracker: 0 };
@@ -38,8 +43,15 @@ export function scalerUpdate(s: ScalerState, foundNonFinite: boolean): ScalerSta
 
 export function validScaler(s: unknown): s is ScalerState {
   const o = s as ScalerState;
-  return typeof o === "object" && o !== null && Number.isFinite(o.scale) && o.scale > 0 &&
-    Number.isSafeInteger(o.growthTracker) && o.growthTracker >= 0 && o.growthTracker < SCALER_DEFAULTS.growthInterval;
+  return (
+    typeof o === "object" &&
+    o !== null &&
+    Number.isFinite(o.scale) &&
+    o.scale > 0 &&
+    Number.isSafeInteger(o.growthTracker) &&
+    o.growthTracker >= 0 &&
+    o.growthTracker < SCALER_DEFAULTS.growthInterval
+  );
 }
 
 // ---------------------------------------------------------------- gradient clipping (P4)
@@ -55,7 +67,11 @@ export function clipCoef(totalNorm: number, maxNorm = MAX_GRAD_NORM): number {
 // ---------------------------------------------------------------- the step's decision (P2, P4, P5)
 
 /** Where the optimizer stands: applied steps (AdamW's t - 1 and the LR's k), the loss scaler, skipped steps. */
-export interface OptimizerPosition { optSteps: number; scaler: ScalerState; skipped: number }
+export interface OptimizerPosition {
+  optSteps: number;
+  scaler: ScalerState;
+  skipped: number;
+}
 
 /**
  * The factor the reduce multiplies the summed gradient slots by: the average over world*accum micro-batches and
@@ -84,10 +100,15 @@ export type StepDecision =
 export function decideStep(pos: OptimizerPosition, grad: ReduceResult, baseLr: number, shape: LrShape): StepDecision {
   const lr = baseLr * lrFactor(pos.optSteps, shape);
   const scaler = scalerUpdate(pos.scaler, !grad.finite);
-  if (!grad.finite) return { apply: false, lr, gradNorm: null, next: { optSteps: pos.optSteps, scaler, skipped: pos.skipped + 1 } };
+  if (!grad.finite)
+    return { apply: false, lr, gradNorm: null, next: { optSteps: pos.optSteps, scaler, skipped: pos.skipped + 1 } };
   const gradNorm = Math.sqrt(grad.sumSq);
   return {
-    apply: true, lr, gradNorm, coef: clipCoef(gradNorm), t: pos.optSteps + 1,
+    apply: true,
+    lr,
+    gradNorm,
+    coef: clipCoef(gradNorm),
+    t: pos.optSteps + 1,
     next: { optSteps: pos.optSteps + 1, scaler, skipped: pos.skipped },
   };
 }
@@ -95,7 +116,10 @@ export function decideStep(pos: OptimizerPosition, grad: ReduceResult, baseLr: n
 // ---------------------------------------------------------------- reduce + unscale
 
 /** A reduce's figures over its slice, or summed over all slices: the unscaled gradient's sum of squares, and whether it is all finite. */
-export interface ReduceResult { sumSq: number; finite: boolean }
+export interface ReduceResult {
+  sumSq: number;
+  finite: boolean;
+}
 
 /**
  * out[i] = (sum over slots of slots[s][i]) * invScale for i in [lo, hi), where invScale (unscaleFactor) folds
@@ -103,7 +127,13 @@ export interface ReduceResult { sumSq: number; finite: boolean }
  * (float64) and whether every value is finite. Slots are summed in rank order, so the result does
  * not depend on which thread runs the slice.
  */
-export function reduceSlice(slots: readonly Float32Array[], out: Float32Array, invScale: number, lo: number, hi: number): ReduceResult {
+export function reduceSlice(
+  slots: readonly Float32Array[],
+  out: Float32Array,
+  invScale: number,
+  lo: number,
+  hi: number,
+): ReduceResult {
   const n = slots.length;
   let sumSq = 0;
   const s0 = slots[0];
@@ -136,11 +166,21 @@ export function reduceSlice(slots: readonly Float32Array[], out: Float32Array, i
 
 // ---------------------------------------------------------------- AdamW (P3)
 
-export interface AdamHyper { lr: number; beta1: number; beta2: number; eps: number; weightDecay: number }
+export interface AdamHyper {
+  lr: number;
+  beta1: number;
+  beta2: number;
+  eps: number;
+  weightDecay: number;
+}
 export const ADAMW_DEFAULTS = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 } as const;
 
 /** A parameter range [lo, hi) and whether it is decayed (2-D weights only, as the HF Trainer groups them). */
-export interface DecayRange { lo: number; hi: number; decay: boolean }
+export interface DecayRange {
+  lo: number;
+  hi: number;
+  decay: boolean;
+}
 
 /**
  * One AdamW update of params/m/v over [lo, hi) with grads `g` (already averaged and unscaled),
@@ -148,8 +188,16 @@ export interface DecayRange { lo: number; hi: number; decay: boolean }
  * torch.optim.AdamW (foreach=False) order: decay, moments, bias-corrected step.
  */
 export function adamwSlice(
-  params: Float32Array, m: Float32Array, v: Float32Array, g: Float32Array,
-  ranges: readonly DecayRange[], lo: number, hi: number, h: AdamHyper, coef: number, t: number,
+  params: Float32Array,
+  m: Float32Array,
+  v: Float32Array,
+  g: Float32Array,
+  ranges: readonly DecayRange[],
+  lo: number,
+  hi: number,
+  h: AdamHyper,
+  coef: number,
+  t: number,
 ): void {
   const { lr, beta1, beta2, eps, weightDecay } = h;
   const bc1 = 1 - Math.pow(beta1, t);
@@ -206,15 +254,24 @@ export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean): v
   const n = g.length;
   // Every sum starts from its first term (never from 0 + it), here, in sumSlots64/reduceChunks64 and in MPI's sum, so a
   // -0 term sums alike in every split. `g` is left zeroed for the next micro-batch's += (lossAndGrads).
-  if (first) for (let i = 0; i < n; i++) { acc[i] = g[i]; g[i] = 0; }
-  else for (let i = 0; i < n; i++) { acc[i] += g[i]; g[i] = 0; }
+  if (first)
+    for (let i = 0; i < n; i++) {
+      acc[i] = g[i];
+      g[i] = 0;
+    }
+  else
+    for (let i = 0; i < n; i++) {
+      acc[i] += g[i];
+      g[i] = 0;
+    }
 }
 
 /** out[i] = slots[0][i] + slots[1][i] + ... over [lo, hi), in float64 (out may be slots[0]). */
 export function sumSlots64(slots: readonly Float64Array[], out: Float64Array, lo: number, hi: number): void {
   const k = slots.length;
   if (k === 2) {
-    const a = slots[0], b = slots[1];
+    const a = slots[0],
+      b = slots[1];
     for (let i = lo; i < hi; i++) out[i] = a[i] + b[i];
     return;
   }
@@ -236,15 +293,34 @@ export function unscaleInto(sum: Float64Array, grad: Float32Array, at: number, n
  * to sumSlots64 across processes, unscaleInto and chunkSquares (the float64 sums are exact, see foldMicro). One and
  * two slots have their own loops (about twice the generic loop's speed over 106M parameters).
  */
-export function reduceChunks64(slots: readonly Float64Array[], grad: Float32Array, invScale: number, P: number, sq: Float64Array, c0: number, c1: number): void {
-  const k = slots.length, a = slots[0], b = k > 1 ? slots[1] : a;
+export function reduceChunks64(
+  slots: readonly Float64Array[],
+  grad: Float32Array,
+  invScale: number,
+  P: number,
+  sq: Float64Array,
+  c0: number,
+  c1: number,
+): void {
+  const k = slots.length,
+    a = slots[0],
+    b = k > 1 ? slots[1] : a;
   for (let c = c0; c < c1; c++) {
-    const lo = c * SQ_CHUNK, hi = Math.min(P, lo + SQ_CHUNK);
+    const lo = c * SQ_CHUNK,
+      hi = Math.min(P, lo + SQ_CHUNK);
     let s = 0;
     if (k === 1) {
-      for (let i = lo; i < hi; i++) { const x = Math.fround(a[i] * invScale); grad[i] = x; s += x * x; }
+      for (let i = lo; i < hi; i++) {
+        const x = Math.fround(a[i] * invScale);
+        grad[i] = x;
+        s += x * x;
+      }
     } else if (k === 2) {
-      for (let i = lo; i < hi; i++) { const x = Math.fround((a[i] + b[i]) * invScale); grad[i] = x; s += x * x; }
+      for (let i = lo; i < hi; i++) {
+        const x = Math.fround((a[i] + b[i]) * invScale);
+        grad[i] = x;
+        s += x * x;
+      }
     } else {
       for (let i = lo; i < hi; i++) {
         let acc = a[i];
@@ -263,7 +339,10 @@ export function chunkSquares(g: Float32Array, P: number, sq: Float64Array, c0: n
   for (let c = c0; c < c1; c++) {
     const hi = Math.min(P, (c + 1) * SQ_CHUNK);
     let s = 0;
-    for (let i = c * SQ_CHUNK; i < hi; i++) { const x = g[i]; s += x * x; }
+    for (let i = c * SQ_CHUNK; i < hi; i++) {
+      const x = g[i];
+      s += x * x;
+    }
     sq[c] = s;
   }
 }

@@ -11,7 +11,12 @@ import type { NativeOptions } from "../model/engine/native";
 import type { DecayRange } from "./optim";
 import type { CheckpointDocs, Pointer } from "../checkpoint";
 
-export interface WireError { name: string; message: string; stack?: string; rule?: string }
+export interface WireError {
+  name: string;
+  message: string;
+  stack?: string;
+  rule?: string;
+}
 
 export function toWireError(e: unknown): WireError {
   if (e instanceof Error) {
@@ -28,7 +33,11 @@ export function toWireError(e: unknown): WireError {
  * raises a refusal (UserError) at `step`, as a check inside a rank would (A1).
  */
 export type FaultKind = "throw" | "exit" | "nan" | "diverge" | "val" | "refuse";
-export interface RankFault { rank: number; step: number; kind: FaultKind }
+export interface RankFault {
+  rank: number;
+  step: number;
+  kind: FaultKind;
+}
 
 /** Everything a rank needs to build its model (which reads the shared master weights in place) and its data stream. */
 export interface RankInit {
@@ -81,7 +90,13 @@ export type ToRank =
  * heapPeakBytes: V8 heap; tfPeakBytes: tfjs tensors (0 when no tfjs backend runs, e.g. native); wasmHeapBytes: the
  * tfjs-wasm heap (0 elsewhere); arenaBytes: the model's activation arena (typed arrays outside the V8 heap).
  */
-export interface RankMemory { rank: number; heapPeakBytes: number; tfPeakBytes: number; wasmHeapBytes: number; arenaBytes: number }
+export interface RankMemory {
+  rank: number;
+  heapPeakBytes: number;
+  tfPeakBytes: number;
+  wasmHeapBytes: number;
+  arenaBytes: number;
+}
 
 export type FromRank =
   | { type: "ready"; rank: number; backend: string; detail: string }

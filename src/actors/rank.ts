@@ -50,11 +50,26 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   const manifest = readManifest(d.root);
   const store = PackedTokenStore.open(d.root, manifest, "train");
   const perm = new WindowPermutation(store.numWindows(d.seqLen), d.dataSeed);
-  const stream = new TrainStream(store, perm, { world: init.dataWorld, accum: d.accum, microBatch: d.microBatch, seqLen: d.seqLen });
+  const stream = new TrainStream(store, perm, {
+    world: init.dataWorld,
+    accum: d.accum,
+    microBatch: d.microBatch,
+    seqLen: d.seqLen,
+  });
   const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
   const model = new Llama(init.model, be.kernels, { gradCkpt: init.gradCkpt });
   model.bindParams(views.params); // the shared master weights themselves
-  state = { init, model, kernels: be.kernels, views, stream, val, ids: new Int32Array(d.microBatch * d.seqLen), micro: new Float32Array(init.shared.P), mem: memorySampler(() => model.arenaBytes()) };
+  state = {
+    init,
+    model,
+    kernels: be.kernels,
+    views,
+    stream,
+    val,
+    ids: new Int32Array(d.microBatch * d.seqLen),
+    micro: new Float32Array(init.shared.P),
+    mem: memorySampler(() => model.arenaBytes()),
+  };
   return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
 }
 
@@ -63,7 +78,8 @@ function checkFault(s: RankState, step: number, at: "compute"): void {
   if (!f || f.rank !== s.init.rank || f.step !== step || at !== "compute") return;
   if (f.kind === "throw") throw new Error(`injected fault: rank ${f.rank} throws at step ${step} (TSTRAIN_FAULT)`);
   if (f.kind === "exit") process.exit(3);
-  if (f.kind === "refuse") throw new UserError("A1", `injected refusal: rank ${f.rank} refuses at step ${step} (TSTRAIN_FAULT)`);
+  if (f.kind === "refuse")
+    throw new UserError("A1", `injected refusal: rank ${f.rank} refuses at step ${step} (TSTRAIN_FAULT)`);
 }
 
 function compute(s: RankState, step: number, gradScale: number): FromRank {
@@ -81,7 +97,11 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
     s.mem.sample();
   }
   const f = s.init.fault;
-  if (f && f.rank === s.init.rank && ((f.kind === "nan" && f.step === step) || (f.kind === "diverge" && step >= f.step))) {
+  if (
+    f &&
+    f.rank === s.init.rank &&
+    ((f.kind === "nan" && f.step === step) || (f.kind === "diverge" && step >= f.step))
+  ) {
     slot[0] = Number.NaN;
     if (f.kind === "diverge") losses.fill(Number.NaN);
   }
@@ -119,7 +139,8 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
 function evaluate(s: RankState, from: number, to: number): FromRank {
   if (!s.val) throw new Error("no validation stream on this rank (nVal = 0)");
   const f = s.init.fault;
-  if (f && f.kind === "val" && f.rank === s.init.rank) throw new Error(`injected fault: rank ${f.rank} fails validation (TSTRAIN_FAULT)`);
+  if (f && f.kind === "val" && f.rank === s.init.rank)
+    throw new Error(`injected fault: rank ${f.rank} fails validation (TSTRAIN_FAULT)`);
   const seq = s.init.data.seqLen;
   const ids = new Int32Array(seq);
   let lossSum = 0;
@@ -133,22 +154,32 @@ function evaluate(s: RankState, from: number, to: number): FromRank {
 }
 
 async function handle(msg: ToRank): Promise<FromRank | null> {
-  if (msg.type === "init") { myRank = msg.init.rank; return handleInit(msg.init); }
+  if (msg.type === "init") {
+    myRank = msg.init.rank;
+    return handleInit(msg.init);
+  }
   const s = state;
   if (!s) throw new Error(`rank received ${msg.type} before init`);
   switch (msg.type) {
-    case "compute": return compute(s, msg.step, msg.gradScale);
-    case "reduce": return reduce(s, msg.step, msg.invScale, msg.mode);
-    case "squares": return squares(s, msg.step);
-    case "update": return update(s, msg.step, msg.lr, msg.coef, msg.t);
-    case "eval": return evaluate(s, msg.from, msg.to);
-    case "memory": return { type: "memory", memory: s.mem.report(s.init.rank) };
+    case "compute":
+      return compute(s, msg.step, msg.gradScale);
+    case "reduce":
+      return reduce(s, msg.step, msg.invScale, msg.mode);
+    case "squares":
+      return squares(s, msg.step);
+    case "update":
+      return update(s, msg.step, msg.lr, msg.coef, msg.t);
+    case "eval":
+      return evaluate(s, msg.from, msg.to);
+    case "memory":
+      return { type: "memory", memory: s.mem.report(s.init.rank) };
     case "close":
       s.model.dispose();
       s.kernels.dispose();
       parentPort!.close();
       return null;
-    default: return unreachable(msg);
+    default:
+      return unreachable(msg);
   }
 }
 

@@ -18,7 +18,7 @@
 import { chunkCount } from "./optim";
 
 /** Control words (Int32 indices into `ctl`). */
-export const CTL_ABORT = 0;        // != 0: stop at the next micro-batch boundary (a rank failed, or a stop was asked)
+export const CTL_ABORT = 0; // != 0: stop at the next micro-batch boundary (a rank failed, or a stop was asked)
 export const CTL_LENGTH = 4;
 
 export interface SharedBuffers {
@@ -52,8 +52,16 @@ export function allocShared(P: number, world: number, hosts = 1): SharedBuffers 
   const slots: SharedArrayBuffer[] = [];
   for (let r = 0; r < world; r++) slots.push(new SharedArrayBuffer(Pp * Float64Array.BYTES_PER_ELEMENT));
   return {
-    P, Pp, world, params: f32(), m: f32(), v: f32(), slots, grad: new SharedArrayBuffer(Pp * Float32Array.BYTES_PER_ELEMENT),
-    sq: new SharedArrayBuffer(chunkCount(P) * Float64Array.BYTES_PER_ELEMENT), ctl: new SharedArrayBuffer(CTL_LENGTH * 4),
+    P,
+    Pp,
+    world,
+    params: f32(),
+    m: f32(),
+    v: f32(),
+    slots,
+    grad: new SharedArrayBuffer(Pp * Float32Array.BYTES_PER_ELEMENT),
+    sq: new SharedArrayBuffer(chunkCount(P) * Float64Array.BYTES_PER_ELEMENT),
+    ctl: new SharedArrayBuffer(CTL_LENGTH * 4),
   };
 }
 

@@ -21,7 +21,16 @@ import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
 import { checkpointRoot, listCheckpointFolders, writeCheckpointFolder } from "../checkpoint";
 import { createHubClient, type HubClient } from "../hub/client";
 import { freeBytes, publishCheckpoint } from "../hub/cycle";
-import { toWireError, type CheckpointJob, type CheckpointOutcome, type UploaderApi, type UploaderEvent, type UploaderInit, type WriteOutcome, type DrainResult } from "./protocol";
+import {
+  toWireError,
+  type CheckpointJob,
+  type CheckpointOutcome,
+  type UploaderApi,
+  type UploaderEvent,
+  type UploaderInit,
+  type WriteOutcome,
+  type DrainResult,
+} from "./protocol";
 import * as path from "node:path";
 
 let opts: UploaderInit | null = null;
@@ -59,9 +68,16 @@ async function publishLoop(): Promise<void> {
     publishing = job;
     try {
       const res = await publishCheckpoint(store!, {
-        localDir: job.dir, pathInRepo: job.publish!.pathInRepo, pointer: job.publish!.pointer,
-        prune: opts!.prune, minFreeGb: opts!.minFreeGb, log, loss: job.publish!.loss,
-        giveUpMs: opts!.hubRetryMs ?? 30 * 60_000, clock, backoff: opts!.backoff,
+        localDir: job.dir,
+        pathInRepo: job.publish!.pathInRepo,
+        pointer: job.publish!.pointer,
+        prune: opts!.prune,
+        minFreeGb: opts!.minFreeGb,
+        log,
+        loss: job.publish!.loss,
+        giveUpMs: opts!.hubRetryMs ?? 30 * 60_000,
+        clock,
+        backoff: opts!.backoff,
         abandon: () => (pending ? `checkpoint ${pending.step} is written and supersedes it` : null),
       });
       published.add(job.step);
@@ -73,7 +89,9 @@ async function publishLoop(): Promise<void> {
     } catch (e) {
       publishing = null;
       if ((e as Error)?.name === "RetryAbandoned") {
-        log(`hub: checkpoint ${job.step} abandoned unpublished (${(e as Error).message}); its local copy ${job.dir} is removed (K6)`);
+        log(
+          `hub: checkpoint ${job.step} abandoned unpublished (${(e as Error).message}); its local copy ${job.dir} is removed (K6)`,
+        );
         fs.rmSync(job.dir, { recursive: true, force: true });
         continue;
       }
@@ -92,7 +110,14 @@ const api: UploaderApi = {
     // The uploader runs at the process's own priority. It used to renice itself to 19 so its hashing
     // could not take CPU from the ranks; on a loaded machine that starved it (an upload took 55 s
     // instead of 4 s, and requests timed out), and its CPU use is small next to a training step.
-    store = o.hub ? createHubClient({ hubUrl: o.hub.hubUrl, repo: o.hub.repo, repoType: o.hub.repoType, timeoutMs: o.hub.timeoutMs }) : null;
+    store = o.hub
+      ? createHubClient({
+          hubUrl: o.hub.hubUrl,
+          repo: o.hub.repo,
+          repoType: o.hub.repoType,
+          timeoutMs: o.hub.timeoutMs,
+        })
+      : null;
     if (store) await store.followHead(o.head);
   },
 
@@ -110,10 +135,13 @@ const api: UploaderApi = {
     if (free < (opts.checkpointBytes ?? 0)) {
       if (backlog.length && store) {
         // K6: the unpublished backlog would not fit: stop rather than fill the disk.
-        const e = Object.assign(new Error(
-          `checkpoint ${job.step} needs about ${((opts.checkpointBytes ?? 0) / 1e6).toFixed(1)} MB under ${path.dirname(job.dir)} but ${(free / 1e6).toFixed(1)} MB are free, ` +
-          `and checkpoint ${backlog.map((j) => j.step).join(", ")} is not published yet (the Hub has been failing): the backlog of unpublished checkpoints would exceed the disk [K6]`,
-        ), { name: "UserError", rule: "K6" });
+        const e = Object.assign(
+          new Error(
+            `checkpoint ${job.step} needs about ${((opts.checkpointBytes ?? 0) / 1e6).toFixed(1)} MB under ${path.dirname(job.dir)} but ${(free / 1e6).toFixed(1)} MB are free, ` +
+              `and checkpoint ${backlog.map((j) => j.step).join(", ")} is not published yet (the Hub has been failing): the backlog of unpublished checkpoints would exceed the disk [K6]`,
+          ),
+          { name: "UserError", rule: "K6" },
+        );
         fatal = e;
         failure = { step: job.step, error: toWireError(e) };
         throw e;
@@ -123,20 +151,27 @@ const api: UploaderApi = {
         for (const c of listCheckpointFolders(checkpointRoot(opts.runDir))) {
           if (c.dir === job.dir || !published.has(c.step)) continue;
           fs.rmSync(c.dir, { recursive: true, force: true });
-          log(`disk: removed local ${path.basename(c.dir)} (verified on the Hub) to make room for checkpoint ${job.step} (--prune)`);
+          log(
+            `disk: removed local ${path.basename(c.dir)} (verified on the Hub) to make room for checkpoint ${job.step} (--prune)`,
+          );
         }
       }
     }
     const t0 = performance.now();
     writeCheckpointFolder(
-      job.dir, job.model,
-      stagingView(job.staging, job.P, STAGE_PARAMS), stagingView(job.staging, job.P, STAGE_M), stagingView(job.staging, job.P, STAGE_V),
+      job.dir,
+      job.model,
+      stagingView(job.staging, job.P, STAGE_PARAMS),
+      stagingView(job.staging, job.P, STAGE_M),
+      stagingView(job.staging, job.P, STAGE_V),
       job.docs,
     );
     const writeSeconds = (performance.now() - t0) / 1000;
     if (job.publish && store) {
       if (pending) {
-        log(`hub: checkpoint ${pending.step} was never published and checkpoint ${job.step} supersedes it; its local copy is removed (K6)`);
+        log(
+          `hub: checkpoint ${pending.step} was never published and checkpoint ${job.step} supersedes it; its local copy is removed (K6)`,
+        );
         fs.rmSync(pending.dir, { recursive: true, force: true });
       }
       pending = job;

@@ -10,7 +10,16 @@ import type { LlamaConfig } from "../model/llama-config";
 import { paramLayout } from "../model/layout";
 import { decodeSafetensors, tensorsToFlat, type StTensor } from "../model/safetensors";
 import { createHash } from "node:crypto";
-import { CKPT_FILES, HF_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, RUN_CONFIG_FILE, TRAINER_STATE_FILE, stepOfCheckpointName } from "./names";
+import {
+  CKPT_FILES,
+  HF_CONFIG_FILE,
+  MANIFEST_FILE,
+  MODEL_FILE,
+  OPTIMIZER_FILE,
+  RUN_CONFIG_FILE,
+  TRAINER_STATE_FILE,
+  stepOfCheckpointName,
+} from "./names";
 import { lastLoggedLoss, parseManifest, parseTrainerState, type TrainerState } from "./state";
 
 export interface LoadedCheckpoint {
@@ -24,7 +33,10 @@ function readFileOf(dir: string, name: string): Buffer {
   try {
     return fs.readFileSync(p);
   } catch {
-    throw new UserError("K2", `checkpoint ${name} is missing: ${p}. A checkpoint needs every file of K2 (${CKPT_FILES.join(", ")}); resume from an earlier verified checkpoint`);
+    throw new UserError(
+      "K2",
+      `checkpoint ${name} is missing: ${p}. A checkpoint needs every file of K2 (${CKPT_FILES.join(", ")}); resume from an earlier verified checkpoint`,
+    );
   }
 }
 
@@ -34,7 +46,10 @@ function readJsonOf(dir: string, name: string): Record<string, unknown> {
     return JSON.parse(readFileOf(dir, name).toString("utf8")) as Record<string, unknown>;
   } catch (e) {
     if (e instanceof UserError) throw e;
-    throw new UserError("K2", `checkpoint ${name} at ${p} is not valid JSON (${(e as Error).message}); the checkpoint is damaged`);
+    throw new UserError(
+      "K2",
+      `checkpoint ${name} at ${p} is not valid JSON (${(e as Error).message}); the checkpoint is damaged`,
+    );
   }
 }
 
@@ -63,7 +78,13 @@ export function priorLossOf(dir: string): number | null {
 }
 
 /** Read a checkpoint folder into params/m/v (layout order) and return its documents. */
-export function readCheckpointFolder(dir: string, cfg: LlamaConfig, params: Float32Array, m: Float32Array, v: Float32Array): LoadedCheckpoint {
+export function readCheckpointFolder(
+  dir: string,
+  cfg: LlamaConfig,
+  params: Float32Array,
+  m: Float32Array,
+  v: Float32Array,
+): LoadedCheckpoint {
   if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) {
     throw new UserError("R1", `--resume ${dir}: no such checkpoint folder`);
   }
@@ -76,7 +97,11 @@ export function readCheckpointFolder(dir: string, cfg: LlamaConfig, params: Floa
     const out = new Map<string, StTensor>();
     for (const e of paramLayout(cfg).entries) {
       const t = opt.get(`${prefix}.${e.name}`);
-      if (!t) throw new UserError("K2", `${OPTIMIZER_FILE} in ${dir} lacks ${prefix}.${e.name}: the optimizer state is incomplete`);
+      if (!t)
+        throw new UserError(
+          "K2",
+          `${OPTIMIZER_FILE} in ${dir} lacks ${prefix}.${e.name}: the optimizer state is incomplete`,
+        );
       out.set(e.name, { ...t, name: e.name });
     }
     return out;
@@ -92,7 +117,7 @@ function sha256OfFile(p: string): string {
   const buf = Buffer.allocUnsafe(8 << 20);
   const fd = fs.openSync(p, "r");
   try {
-    for (let n; (n = fs.readSync(fd, buf, 0, buf.length, null)) > 0;) h.update(buf.subarray(0, n));
+    for (let n; (n = fs.readSync(fd, buf, 0, buf.length, null)) > 0; ) h.update(buf.subarray(0, n));
   } finally {
     fs.closeSync(fd);
   }
@@ -117,12 +142,17 @@ function filesUnder(dir: string, rel = ""): string[] {
  * `allowNoManifest` (a checkpoint written before tstrain wrote manifests); then it returns false.
  */
 export function verifyCheckpointFolder(dir: string, o: { allowNoManifest: boolean; advice: string }): boolean {
-  const refuse = (what: string) => new UserError("K7", `--resume ${dir}: ${what}; the checkpoint cannot be trusted. ${o.advice}`);
-  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw new UserError("R1", `--resume ${dir}: no such checkpoint folder`);
+  const refuse = (what: string) =>
+    new UserError("K7", `--resume ${dir}: ${what}; the checkpoint cannot be trusted. ${o.advice}`);
+  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory())
+    throw new UserError("R1", `--resume ${dir}: no such checkpoint folder`);
   const mp = path.join(dir, MANIFEST_FILE);
   if (!fs.existsSync(mp)) {
     if (o.allowNoManifest) return false;
-    throw new UserError("K7", `--resume ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`);
+    throw new UserError(
+      "K7",
+      `--resume ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`,
+    );
   }
   let m;
   try {
@@ -139,7 +169,10 @@ export function verifyCheckpointFolder(dir: string, o: { allowNoManifest: boolea
     const size = fs.statSync(p).size;
     if (size !== want.size) throw refuse(`${rel} is ${size} bytes, ${MANIFEST_FILE} says ${want.size}`);
     const sha = sha256OfFile(p);
-    if (sha !== want.sha256) throw refuse(`${rel} has sha256 ${sha.slice(0, 12)}…, ${MANIFEST_FILE} says ${want.sha256.slice(0, 12)}… (its bytes changed after it was written)`);
+    if (sha !== want.sha256)
+      throw refuse(
+        `${rel} has sha256 ${sha.slice(0, 12)}…, ${MANIFEST_FILE} says ${want.sha256.slice(0, 12)}… (its bytes changed after it was written)`,
+      );
   }
   if (present.size) throw refuse(`${[...present][0]} is not listed in ${MANIFEST_FILE}`);
   return true;

@@ -21,7 +21,14 @@ export const MANIFEST_FILE = "manifest.json";
 export const POINTER_FILE = "latest.json";
 
 /** Every file of a checkpoint folder besides the manifest (K2). */
-export const CKPT_FILES = [MODEL_FILE, OPTIMIZER_FILE, TRAINER_STATE_FILE, CURSOR_FILE, HF_CONFIG_FILE, RUN_CONFIG_FILE] as const;
+export const CKPT_FILES = [
+  MODEL_FILE,
+  OPTIMIZER_FILE,
+  TRAINER_STATE_FILE,
+  CURSOR_FILE,
+  HF_CONFIG_FILE,
+  RUN_CONFIG_FILE,
+] as const;
 
 /** The folder of checkpoints, in the run folder and in the Hub repo. */
 export const CKPT_DIR = "ckpt";
@@ -34,7 +41,8 @@ const PARTIAL_RE = /\.partial-\d+$/;
 
 /** `checkpoint-{step}` for a whole step >= 0. */
 export function checkpointName(step: number): string {
-  if (!Number.isSafeInteger(step) || step < 0) throw new Error(`checkpoint step must be a whole number >= 0, got ${step}`);
+  if (!Number.isSafeInteger(step) || step < 0)
+    throw new Error(`checkpoint step must be a whole number >= 0, got ${step}`);
   return `checkpoint-${step}`;
 }
 

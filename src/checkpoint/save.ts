@@ -24,7 +24,12 @@ export class CheckpointWriteError extends Error {
   readonly dir: string;
   constructor(dir: string, cause: unknown) {
     const code = (cause as NodeJS.ErrnoException)?.code ?? null;
-    const what = code === "ENOSPC" ? "the disk is full (ENOSPC)" : code === "EDQUOT" ? "the disk quota is used up (EDQUOT)" : `${code ?? ""} ${(cause as Error)?.message ?? String(cause)}`.trim();
+    const what =
+      code === "ENOSPC"
+        ? "the disk is full (ENOSPC)"
+        : code === "EDQUOT"
+          ? "the disk quota is used up (EDQUOT)"
+          : `${code ?? ""} ${(cause as Error)?.message ?? String(cause)}`.trim();
     super(`writing checkpoint folder ${dir} failed: ${what}; the partial folder was removed`);
     this.name = "CheckpointWriteError";
     this.code = code;
@@ -59,7 +64,11 @@ function writeSynced(p: string, bytes: Uint8Array): void {
 function fsyncDir(dir: string): void {
   try {
     const fd = fs.openSync(dir, "r");
-    try { fs.fsyncSync(fd); } finally { fs.closeSync(fd); }
+    try {
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
   } catch {
     // directory fsync is not supported everywhere (e.g. some network filesystems); the rename stands
   }
@@ -80,7 +89,10 @@ function removeQuietly(p: string): void {
  */
 export function writeFolderAtomic(dir: string, step: number, files: Iterable<[string, Uint8Array]>): void {
   if (fs.existsSync(dir)) {
-    throw new UserError("K2", `checkpoint folder ${dir} already exists; refusing to overwrite it. Move it away or choose another --out.`);
+    throw new UserError(
+      "K2",
+      `checkpoint folder ${dir} already exists; refusing to overwrite it. Move it away or choose another --out.`,
+    );
   }
   const tmp = partialDirOf(dir, process.pid);
   try {
@@ -104,7 +116,14 @@ export function writeFolderAtomic(dir: string, step: number, files: Iterable<[st
 }
 
 /** Write a complete checkpoint folder at `dir`: weights, AdamW moments, the JSON documents, the manifest. */
-export function writeCheckpointFolder(dir: string, cfg: LlamaConfig, params: Float32Array, m: Float32Array, v: Float32Array, docs: CheckpointDocs): void {
+export function writeCheckpointFolder(
+  dir: string,
+  cfg: LlamaConfig,
+  params: Float32Array,
+  m: Float32Array,
+  v: Float32Array,
+  docs: CheckpointDocs,
+): void {
   const step = docs["trainer_state.json"].step;
   function* files(): Generator<[string, Uint8Array]> {
     yield [MODEL_FILE, encodeSafetensors(flatToTensors(cfg, params), { format: "pt" })];

@@ -10,13 +10,27 @@ import { MANIFEST_FILE, TRAINER_STATE_FILE, CURSOR_FILE, HF_CONFIG_FILE, RUN_CON
 // ---------------------------------------------------------------- trainer_state.json (K2)
 
 /** torch.amp.GradScaler's state (P2); its update rule is the optimizer's (src/actors/optim.ts). */
-export interface ScalerState { scale: number; growthTracker: number }
+export interface ScalerState {
+  scale: number;
+  growthTracker: number;
+}
 
 /** The trapezoid LR schedule's shape in optimizer steps (P5). */
-export interface LrShape { warmup: number; decayStart: number; total: number }
+export interface LrShape {
+  warmup: number;
+  decayStart: number;
+  total: number;
+}
 
 export interface LogEntry {
-  step: number; loss: number; lr: number; grad_norm: number | null; loss_scale: number; skipped_steps: number; tok_per_s: number; elapsed_s: number;
+  step: number;
+  loss: number;
+  lr: number;
+  grad_norm: number | null;
+  loss_scale: number;
+  skipped_steps: number;
+  tok_per_s: number;
+  elapsed_s: number;
   /** --dist mpi (A9): the mean time per step of the gradient's combine across processes, in ms. */
   allreduce_ms?: number;
 }
@@ -42,10 +56,27 @@ const isObject = (x: unknown): x is Record<string, unknown> => typeof x === "obj
 const TRAINER_STATE_RULES: Array<[field: string, rule: string, ok: (t: Record<string, unknown>) => boolean]> = [
   ["format", `must be "${TRAINER_STATE_FORMAT}"`, (t) => t.format === TRAINER_STATE_FORMAT],
   ["step", "must be a whole number >= 0", (t) => isWhole(t.step)],
-  ["opt_steps", "must be a whole number in [0, step]", (t) => isWhole(t.opt_steps) && (t.opt_steps as number) <= (t.step as number)],
+  [
+    "opt_steps",
+    "must be a whole number in [0, step]",
+    (t) => isWhole(t.opt_steps) && (t.opt_steps as number) <= (t.step as number),
+  ],
   ["skipped_steps", "must be a whole number >= 0", (t) => isWhole(t.skipped_steps)],
-  ["scaler", "must be {scale > 0, growthTracker >= 0}", (t) => isObject(t.scaler) && Number.isFinite(t.scaler.scale) && (t.scaler.scale as number) > 0 && isWhole(t.scaler.growthTracker)],
-  ["lr_shape", "must be {warmup, decayStart, total} in whole steps", (t) => isObject(t.lr_shape) && isWhole(t.lr_shape.warmup) && isWhole(t.lr_shape.decayStart) && isWhole(t.lr_shape.total)],
+  [
+    "scaler",
+    "must be {scale > 0, growthTracker >= 0}",
+    (t) =>
+      isObject(t.scaler) &&
+      Number.isFinite(t.scaler.scale) &&
+      (t.scaler.scale as number) > 0 &&
+      isWhole(t.scaler.growthTracker),
+  ],
+  [
+    "lr_shape",
+    "must be {warmup, decayStart, total} in whole steps",
+    (t) =>
+      isObject(t.lr_shape) && isWhole(t.lr_shape.warmup) && isWhole(t.lr_shape.decayStart) && isWhole(t.lr_shape.total),
+  ],
   ["seqs_per_step", "must be a whole number > 0", (t) => isWhole(t.seqs_per_step) && (t.seqs_per_step as number) > 0],
   ["log_history", "must be a list of objects", (t) => Array.isArray(t.log_history) && t.log_history.every(isObject)],
 ];
@@ -64,7 +95,11 @@ export function parseTrainerState(raw: string | Uint8Array, where: string): Trai
   }
   if (!isObject(v)) throw damaged(where, "is not a JSON object");
   for (const [field, rule, ok] of TRAINER_STATE_RULES) {
-    if (!ok(v)) throw damaged(where, `is not a tstrain trainer state: ${field} ${rule} (got ${JSON.stringify(v[field]) ?? "nothing"})`);
+    if (!ok(v))
+      throw damaged(
+        where,
+        `is not a tstrain trainer state: ${field} ${rule} (got ${JSON.stringify(v[field]) ?? "nothing"})`,
+      );
   }
   return v as unknown as TrainerState;
 }
@@ -86,8 +121,18 @@ export interface CheckpointDocs {
 }
 
 /** The JSON documents of a checkpoint (K2), built in one place for the run, the bench and tests. */
-export function checkpointDocs(o: { trainerState: TrainerState; cursor: unknown; hfConfig: unknown; runConfig: unknown }): CheckpointDocs {
-  return { [TRAINER_STATE_FILE]: o.trainerState, [CURSOR_FILE]: o.cursor, [HF_CONFIG_FILE]: o.hfConfig, [RUN_CONFIG_FILE]: o.runConfig };
+export function checkpointDocs(o: {
+  trainerState: TrainerState;
+  cursor: unknown;
+  hfConfig: unknown;
+  runConfig: unknown;
+}): CheckpointDocs {
+  return {
+    [TRAINER_STATE_FILE]: o.trainerState,
+    [CURSOR_FILE]: o.cursor,
+    [HF_CONFIG_FILE]: o.hfConfig,
+    [RUN_CONFIG_FILE]: o.runConfig,
+  };
 }
 
 // ---------------------------------------------------------------- manifest.json (K7)
@@ -110,11 +155,24 @@ export function parseManifest(raw: string | Uint8Array, where: string): Checkpoi
     throw new Error(`${where} is not valid JSON`);
   }
   const m = v as CheckpointManifest;
-  if (!m || m.format !== MANIFEST_FORMAT || !Number.isSafeInteger(m.step) || typeof m.files !== "object" || m.files === null) {
+  if (
+    !m ||
+    m.format !== MANIFEST_FORMAT ||
+    !Number.isSafeInteger(m.step) ||
+    typeof m.files !== "object" ||
+    m.files === null
+  ) {
     throw new Error(`${where} is not a tstrain manifest ({format: "${MANIFEST_FORMAT}", step, files})`);
   }
   for (const [k, f] of Object.entries(m.files)) {
-    if (!f || !Number.isSafeInteger(f.size) || f.size < 0 || typeof f.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(f.sha256) || k === MANIFEST_FILE) {
+    if (
+      !f ||
+      !Number.isSafeInteger(f.size) ||
+      f.size < 0 ||
+      typeof f.sha256 !== "string" ||
+      !/^[0-9a-f]{64}$/.test(f.sha256) ||
+      k === MANIFEST_FILE
+    ) {
       throw new Error(`${where}: entry ${JSON.stringify(k)} is not {size, sha256}`);
     }
   }
@@ -134,16 +192,32 @@ export interface Pointer {
 }
 
 /** The pointer at a checkpoint of `step`, for a run reading `seqsPerStep` windows of `seqLen` tokens a step. */
-export function makePointer(o: { pathInRepo: string; step: number; seqsPerStep: number; seqLen: number; fingerprint: string; seed: number }): Pointer {
+export function makePointer(o: {
+  pathInRepo: string;
+  step: number;
+  seqsPerStep: number;
+  seqLen: number;
+  fingerprint: string;
+  seed: number;
+}): Pointer {
   const samples = o.step * o.seqsPerStep;
-  return { path_in_repo: o.pathInRepo, step: o.step, samples_consumed: samples, tokens_consumed: samples * o.seqLen, fingerprint: o.fingerprint, seed: o.seed };
+  return {
+    path_in_repo: o.pathInRepo,
+    step: o.step,
+    samples_consumed: samples,
+    tokens_consumed: samples * o.seqLen,
+    fingerprint: o.fingerprint,
+    seed: o.seed,
+  };
 }
 
 /** Checks a pointer value (read, or about to be written); returns it with only the known fields. */
 export function validatePointer(v: unknown, where: string): Pointer {
   const o = v as Record<string, unknown>;
   const bad = (k: string) => {
-    throw new Error(`${where}: field ${k} is missing or invalid (got ${JSON.stringify(o?.[k])}); expected {path_in_repo, step, samples_consumed, tokens_consumed, fingerprint, seed}`);
+    throw new Error(
+      `${where}: field ${k} is missing or invalid (got ${JSON.stringify(o?.[k])}); expected {path_in_repo, step, samples_consumed, tokens_consumed, fingerprint, seed}`,
+    );
   };
   if (!o || typeof o !== "object") throw new Error(`${where}: not a JSON object`);
   if (typeof o.path_in_repo !== "string" || o.path_in_repo === "") bad("path_in_repo");
@@ -165,7 +239,9 @@ export function parsePointer(raw: string | Uint8Array, where: string): Pointer {
   try {
     v = JSON.parse(Buffer.from(raw).toString("utf8"));
   } catch {
-    throw new Error(`${where} is not valid JSON (${Buffer.byteLength(typeof raw === "string" ? raw : Buffer.from(raw))} bytes)`);
+    throw new Error(
+      `${where} is not valid JSON (${Buffer.byteLength(typeof raw === "string" ? raw : Buffer.from(raw))} bytes)`,
+    );
   }
   return validatePointer(v, where);
 }

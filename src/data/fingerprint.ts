@@ -42,32 +42,53 @@ export function sha256File(file: string, onChunk?: (b: Buffer) => void): string 
 function maxIdOf(b: Buffer, bpt: 2 | 4): number {
   let max = 0;
   const n = Math.floor(b.length / bpt);
-  if (bpt === 2) for (let i = 0; i < n; i++) { const t = b[2 * i] | (b[2 * i + 1] << 8); if (t > max) max = t; }
-  else for (let i = 0; i < n; i++) { const t = b.readUInt32LE(4 * i); if (t > max) max = t; }
+  if (bpt === 2)
+    for (let i = 0; i < n; i++) {
+      const t = b[2 * i] | (b[2 * i + 1] << 8);
+      if (t > max) max = t;
+    }
+  else
+    for (let i = 0; i < n; i++) {
+      const t = b.readUInt32LE(4 * i);
+      if (t > max) max = t;
+    }
   return max;
 }
 
 /** The largest token id a verified mix holds, and the first shard that holds it (D1). */
-export interface TokenIdScan { maxTokenId: number; file: string }
+export interface TokenIdScan {
+  maxTokenId: number;
+  file: string;
+}
 
 function allShards(m: Manifest): Array<{ split: "train" | "val"; s: ShardInfo }> {
-  return [...m.shards.map((s) => ({ split: "train" as const, s })), ...m.val_shards.map((s) => ({ split: "val" as const, s }))];
+  return [
+    ...m.shards.map((s) => ({ split: "train" as const, s })),
+    ...m.val_shards.map((s) => ({ split: "val" as const, s })),
+  ];
 }
 
 /** Where the shard hashing's progress goes: a line at most every `everyMs` while it runs. */
-export interface HashProgress { log: (line: string) => void; everyMs: number }
+export interface HashProgress {
+  log: (line: string) => void;
+  everyMs: number;
+}
 
 /** A byte counter that logs share, rate and ETA at most every `everyMs` (nothing for a quick hash). */
 function hashTicker(total: number, p: HashProgress | undefined): (bytes: number) => void {
   const t0 = performance.now();
-  let last = t0, done = 0;
+  let last = t0,
+    done = 0;
   return (n) => {
     done += n;
     const now = performance.now();
     if (!p || now - last < p.everyMs || done >= total) return;
     last = now;
-    const secs = (now - t0) / 1000, rate = done / Math.max(1e-9, secs);
-    p.log(`data: verifying the mix: ${(done / 1e6).toFixed(0)}/${(total / 1e6).toFixed(0)} MB of shards hashed (${Math.floor((100 * done) / total)}%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${Math.ceil((total - done) / rate)}s`);
+    const secs = (now - t0) / 1000,
+      rate = done / Math.max(1e-9, secs);
+    p.log(
+      `data: verifying the mix: ${(done / 1e6).toFixed(0)}/${(total / 1e6).toFixed(0)} MB of shards hashed (${Math.floor((100 * done) / total)}%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${Math.ceil((total - done) / rate)}s`,
+    );
   };
 }
 
@@ -78,13 +99,22 @@ function hashTicker(total: number, p: HashProgress | undefined): (bytes: number)
 export function verifyShards(root: string, m: Manifest, progress?: HashProgress): TokenIdScan {
   const bpt = bytesPerToken(m.dtype);
   const scan: TokenIdScan = { maxTokenId: 0, file: "" };
-  const tick = hashTicker(allShards(m).reduce((a, { s }) => a + s.tokens * bpt, 0), progress);
+  const tick = hashTicker(
+    allShards(m).reduce((a, { s }) => a + s.tokens * bpt, 0),
+    progress,
+  );
   for (const { s } of allShards(m)) {
     const fp = path.join(root, s.file);
     let max = 0;
-    const got = sha256File(fp, (b) => { max = Math.max(max, maxIdOf(b, bpt)); tick(b.length); });
+    const got = sha256File(fp, (b) => {
+      max = Math.max(max, maxIdOf(b, bpt));
+      tick(b.length);
+    });
     if (got !== s.sha256) {
-      throw new UserError("D3", `shard ${fp} has sha256 ${got} but the manifest records ${s.sha256}: the corpus bytes changed after prepare; restore the shard or rebuild the mix`);
+      throw new UserError(
+        "D3",
+        `shard ${fp} has sha256 ${got} but the manifest records ${s.sha256}: the corpus bytes changed after prepare; restore the shard or rebuild the mix`,
+      );
     }
     if (!scan.file || max > scan.maxTokenId) Object.assign(scan, { maxTokenId: max, file: fp });
   }
@@ -95,7 +125,11 @@ export function verifyShards(root: string, m: Manifest, progress?: HashProgress)
  * D3 fingerprint. `opts.verify` (default true) hashes every shard's bytes first; pass false only
  * when the shards were verified moments ago in this process.
  */
-export function mixFingerprint(root: string, m: Manifest, opts: { verify?: boolean; progress?: HashProgress } = {}): string {
+export function mixFingerprint(
+  root: string,
+  m: Manifest,
+  opts: { verify?: boolean; progress?: HashProgress } = {},
+): string {
   if (opts.verify ?? true) verifyShards(root, m, opts.progress);
   const bpt = bytesPerToken(m.dtype);
   const h = createHash("sha256");

@@ -27,7 +27,12 @@ import type { SourceInfo } from "./manifest";
 
 export const DEFAULT_HUB_URL = "https://huggingface.co";
 
-export interface HubSpec { repoType: "dataset" | "model"; repo: string; revision: string; glob: string }
+export interface HubSpec {
+  repoType: "dataset" | "model";
+  repo: string;
+  revision: string;
+  glob: string;
+}
 
 /** What manifest.json records about a Hub input (and the fingerprint covers). */
 export type HubSource = SourceInfo;
@@ -44,18 +49,27 @@ export function parseHubUrl(s: string, what: string): HubSpec {
   const form = "hf://datasets/owner/name[@revision]/path-glob";
   if (!m) throw new UserError("D2", `${what} ${s} is not a Hub URL of the form ${form}`);
   const repo = `${m[2]}/${m[3]}`;
-  if (!REPO_RE.test(repo)) throw new UserError("D2", `${what} ${s}: "${repo}" is not a repo id owner/name (letters, digits, ".", "_", "-"); use ${form}`);
+  if (!REPO_RE.test(repo))
+    throw new UserError(
+      "D2",
+      `${what} ${s}: "${repo}" is not a repo id owner/name (letters, digits, ".", "_", "-"); use ${form}`,
+    );
   let revision = "main";
   if (m[4] !== undefined) {
     try {
       revision = decodeURIComponent(m[4]);
     } catch {
-      throw new UserError("D2", `${what} ${s}: the revision "${m[4]}" is not valid URL encoding; write a "/" in a revision as %2F`);
+      throw new UserError(
+        "D2",
+        `${what} ${s}: the revision "${m[4]}" is not valid URL encoding; write a "/" in a revision as %2F`,
+      );
     }
-    if (revision === "") throw new UserError("D2", `${what} ${s}: empty revision after "@"; drop the "@" or name a branch, tag or commit`);
+    if (revision === "")
+      throw new UserError("D2", `${what} ${s}: empty revision after "@"; drop the "@" or name a branch, tag or commit`);
   }
   const glob = (m[5] ?? "").replace(/\/+$/, "");
-  if (glob.split("/").some((seg) => seg === "." || seg === "..")) throw new UserError("D2", `${what} ${s}: the path may not hold "." or ".." segments`);
+  if (glob.split("/").some((seg) => seg === "." || seg === ".."))
+    throw new UserError("D2", `${what} ${s}: the path may not hold "." or ".." segments`);
   return { repoType: m[1] === "datasets" ? "dataset" : "model", repo, revision, glob };
 }
 
@@ -66,7 +80,10 @@ export function globRegExp(glob: string): RegExp {
     const c = glob[i];
     if (c === "*" && glob[i + 1] === "*") {
       i++;
-      if (glob[i + 1] === "/") { i++; re += "(?:.*/)?"; } else re += ".*";
+      if (glob[i + 1] === "/") {
+        i++;
+        re += "(?:.*/)?";
+      } else re += ".*";
     } else if (c === "*") re += "[^/]*";
     else if (c === "?") re += "[^/]";
     else re += c.replace(/[.+^${}()|[\]\\]/g, "\\$&");
@@ -84,7 +101,11 @@ function hasGlob(s: string): boolean {
 function hubToken(): string | undefined {
   const t = process.env.HF_TOKEN;
   if (t === undefined || t === "") return undefined;
-  if (!t.startsWith("hf_")) throw new UserError("D2", `the Hub token (HF_TOKEN) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token, or unset it for public repos`);
+  if (!t.startsWith("hf_"))
+    throw new UserError(
+      "D2",
+      `the Hub token (HF_TOKEN) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token, or unset it for public repos`,
+    );
   return t;
 }
 
@@ -99,18 +120,29 @@ function scrub(e: unknown, token: string | undefined): unknown {
 function hubFailure(e: unknown, what: string, fix: string): Error {
   if (e instanceof UserError) return e;
   if (e instanceof HubApiError) {
-    if (e.statusCode === 401 || e.statusCode === 403) return new UserError("D2", `${what}: the Hub answered ${e.statusCode} (${e.message}); set HF_TOKEN to a token that can read it`);
+    if (e.statusCode === 401 || e.statusCode === 403)
+      return new UserError(
+        "D2",
+        `${what}: the Hub answered ${e.statusCode} (${e.message}); set HF_TOKEN to a token that can read it`,
+      );
     if (e.statusCode === 404) return new UserError("D2", `${what}: not found on the Hub (${e.message}); ${fix}`);
     return new Error(`${what}: the Hub answered HTTP ${e.statusCode}: ${e.message}`, { cause: e });
   }
   if (e instanceof TypeError && e.message === "fetch failed") {
     const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-    return new UserError("D2", `${what}: could not reach the Hub (${cause?.code ?? cause?.message ?? "network error"}); check --hub-url / HF_ENDPOINT and the network, then run prepare again`);
+    return new UserError(
+      "D2",
+      `${what}: could not reach the Hub (${cause?.code ?? cause?.message ?? "network error"}); check --hub-url / HF_ENDPOINT and the network, then run prepare again`,
+    );
   }
   return new Error(`${what}: ${(e as Error)?.message ?? String(e)}`, { cause: e });
 }
 
-interface Client { hubUrl: string; token: string | undefined; repo: RepoDesignation & { name: string } }
+interface Client {
+  hubUrl: string;
+  token: string | undefined;
+  repo: RepoDesignation & { name: string };
+}
 
 function client(spec: HubSpec, hubUrl: string): Client {
   if (!/^https?:\/\//.test(hubUrl)) throw new UserError("D2", `--hub-url ${hubUrl} must be an http(s) URL`);
@@ -125,17 +157,36 @@ async function resolveRevision(c: Client, revision: string, probePath: string, m
     commit = res.headers.get("x-repo-commit") ?? commit;
     return res;
   };
-  const info = await fileDownloadInfo({ repo: c.repo, path: probePath, revision, hubUrl: c.hubUrl, fetch: seeing, accessToken: c.token });
+  const info = await fileDownloadInfo({
+    repo: c.repo,
+    path: probePath,
+    revision,
+    hubUrl: c.hubUrl,
+    fetch: seeing,
+    accessToken: c.token,
+  });
   if (!info) throw missing();
-  if (commit === null || !/^[0-9a-f]{40}$/.test(commit)) throw new Error(`the Hub did not say which commit ${c.repo.name}@${revision} is (no X-Repo-Commit header)`);
+  if (commit === null || !/^[0-9a-f]{40}$/.test(commit))
+    throw new Error(`the Hub did not say which commit ${c.repo.name}@${revision} is (no X-Repo-Commit header)`);
   return commit;
 }
 
-interface Listed { path: string; size: number; sha256: string | null }
+interface Listed {
+  path: string;
+  size: number;
+  sha256: string | null;
+}
 
 async function listAt(c: Client, revision: string, dir: string | undefined): Promise<Listed[]> {
   const out: Listed[] = [];
-  for await (const e of listFiles({ repo: c.repo, revision, recursive: true, path: dir, hubUrl: c.hubUrl, accessToken: c.token })) {
+  for await (const e of listFiles({
+    repo: c.repo,
+    revision,
+    recursive: true,
+    path: dir,
+    hubUrl: c.hubUrl,
+    accessToken: c.token,
+  })) {
     if (e.type !== "file") continue;
     out.push({ path: e.path, size: e.lfs?.size ?? e.size, sha256: e.lfs?.oid ?? null });
   }
@@ -179,7 +230,9 @@ function remoteInputFile(c: Client, spec: HubSpec, revision: string, f: Listed &
       }
       const got = h.digest("hex");
       if (n !== f.size || got !== f.sha256) {
-        throw new Error(`${name} arrived as ${n} bytes with sha256 ${got}, but the Hub lists ${f.size} bytes with sha256 ${f.sha256}: the download was cut or corrupted; run prepare again`);
+        throw new Error(
+          `${name} arrived as ${n} bytes with sha256 ${got}, but the Hub lists ${f.size} bytes with sha256 ${f.sha256}: the download was cut or corrupted; run prepare again`,
+        );
       }
     },
     random() {
@@ -192,7 +245,10 @@ function remoteInputFile(c: Client, spec: HubSpec, revision: string, f: Listed &
             const part = (await blob).slice(start, end ?? f.size);
             const buf = await part.arrayBuffer();
             const want = (end ?? f.size) - start;
-            if (!(buf instanceof ArrayBuffer) || buf.byteLength !== want) throw new Error(`a ranged read of ${name} [${start}, ${start + want}) returned ${buf?.byteLength ?? "no"} bytes`);
+            if (!(buf instanceof ArrayBuffer) || buf.byteLength !== want)
+              throw new Error(
+                `a ranged read of ${name} [${start}, ${start + want}) returned ${buf?.byteLength ?? "no"} bytes`,
+              );
             return buf;
           } catch (e) {
             throw scrub(hubFailure(e, `reading ${name}`, "check the path and revision"), c.token);
@@ -215,16 +271,33 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
     // the directory part before the first glob segment narrows the listing
     const segs = spec.glob === "" ? [] : spec.glob.split("/");
     const fixed: string[] = [];
-    for (const s of segs) { if (hasGlob(s)) break; fixed.push(s); }
+    for (const s of segs) {
+      if (hasGlob(s)) break;
+      fixed.push(s);
+    }
     const dir = globbed ? fixed.join("/") : "";
     const re = globbed ? globRegExp(spec.glob) : null;
     const pick = (all: Listed[]): Listed[] =>
-      all.filter((f) => (re ? re.test(f.path) : spec.glob === "" || f.path === spec.glob || f.path.startsWith(spec.glob + "/")) && kindOf(f.path) !== null);
+      all.filter(
+        (f) =>
+          (re ? re.test(f.path) : spec.glob === "" || f.path === spec.glob || f.path.startsWith(spec.glob + "/")) &&
+          kindOf(f.path) !== null,
+      );
     const first = pick(await listAt(c, spec.revision, dir || undefined));
     if (first.length === 0) {
-      throw new UserError("D2", `--input ${url} matches no ${SUPPORTED_FORMATS} file on ${spec.repo} at ${spec.revision}; check the path-glob (e.g. hf://${spec.repoType}s/${spec.repo}/data/*.parquet)`);
+      throw new UserError(
+        "D2",
+        `--input ${url} matches no ${SUPPORTED_FORMATS} file on ${spec.repo} at ${spec.revision}; check the path-glob (e.g. hf://${spec.repoType}s/${spec.repo}/data/*.parquet)`,
+      );
     }
-    const revision = /^[0-9a-f]{40}$/.test(spec.revision) ? spec.revision : await resolveRevision(c, spec.revision, first[0].path, () => new Error(`${first[0].path} was listed at ${spec.revision} but its probe says it is missing`));
+    const revision = /^[0-9a-f]{40}$/.test(spec.revision)
+      ? spec.revision
+      : await resolveRevision(
+          c,
+          spec.revision,
+          first[0].path,
+          () => new Error(`${first[0].path} was listed at ${spec.revision} but its probe says it is missing`),
+        );
     const listed = revision === spec.revision ? first : pick(await listAt(c, revision, dir || undefined));
     const files: InputFile[] = [];
     const recorded: HubSource["files"] = [];
@@ -233,9 +306,22 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
       files.push(remoteInputFile(c, spec, revision, { ...f, sha256 }));
       recorded.push({ path: f.path, size: f.size, sha256 });
     }
-    return { files, source: { repo_type: spec.repoType, repo: spec.repo, requested_revision: spec.revision, revision, pattern: spec.glob, files: recorded } };
+    return {
+      files,
+      source: {
+        repo_type: spec.repoType,
+        repo: spec.repo,
+        requested_revision: spec.revision,
+        revision,
+        pattern: spec.glob,
+        files: recorded,
+      },
+    };
   } catch (e) {
-    throw scrub(hubFailure(e, `--input ${url}`, `check the repo id, the revision and that it is a ${spec.repoType} repo`), c.token);
+    throw scrub(
+      hubFailure(e, `--input ${url}`, `check the repo id, the revision and that it is a ${spec.repoType} repo`),
+      c.token,
+    );
   }
 }
 
@@ -245,7 +331,11 @@ export function isHubTokenizer(s: string): boolean {
   return REPO_RE.test(s) && !fs.existsSync(s);
 }
 
-export interface HubTokenizer { file: string; dir: string; source: { repo_type: "dataset" | "model"; repo: string; revision: string; sha256: string } }
+export interface HubTokenizer {
+  file: string;
+  dir: string;
+  source: { repo_type: "dataset" | "model"; repo: string; revision: string; sha256: string };
+}
 
 /**
  * Downloads tokenizer.json (and tokenizer_config.json / special_tokens_map.json when present) of a
@@ -253,29 +343,63 @@ export interface HubTokenizer { file: string; dir: string; source: { repo_type: 
  * a temp directory; the caller removes `dir`.
  */
 export async function fetchHubTokenizer(s: string, hubUrl: string): Promise<HubTokenizer> {
-  const spec: HubSpec = isHubUrl(s) ? parseHubUrl(s, "--tokenizer") : { repoType: "model", repo: s, revision: "main", glob: "" };
-  if (hasGlob(spec.glob)) throw new UserError("D2", `--tokenizer ${s}: name the folder that holds tokenizer.json, not a glob`);
+  const spec: HubSpec = isHubUrl(s)
+    ? parseHubUrl(s, "--tokenizer")
+    : { repoType: "model", repo: s, revision: "main", glob: "" };
+  if (hasGlob(spec.glob))
+    throw new UserError("D2", `--tokenizer ${s}: name the folder that holds tokenizer.json, not a glob`);
   const c = client(spec, hubUrl);
   const base = spec.glob.endsWith("tokenizer.json") ? path.posix.dirname(spec.glob) : spec.glob;
   const inRepo = (f: string) => (base && base !== "." ? `${base}/${f}` : f);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-tokenizer-"));
   try {
-    const revision = /^[0-9a-f]{40}$/.test(spec.revision) ? spec.revision : await resolveRevision(c, spec.revision, inRepo("tokenizer.json"), () =>
-      new UserError("D2", `--tokenizer ${s}: ${spec.repo}@${spec.revision} has no ${inRepo("tokenizer.json")}; name a repo (or folder) that holds a Hugging Face tokenizer.json`));
+    const revision = /^[0-9a-f]{40}$/.test(spec.revision)
+      ? spec.revision
+      : await resolveRevision(
+          c,
+          spec.revision,
+          inRepo("tokenizer.json"),
+          () =>
+            new UserError(
+              "D2",
+              `--tokenizer ${s}: ${spec.repo}@${spec.revision} has no ${inRepo("tokenizer.json")}; name a repo (or folder) that holds a Hugging Face tokenizer.json`,
+            ),
+        );
     let sha = "";
     for (const f of ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]) {
-      const blob = await downloadFile({ repo: c.repo, path: inRepo(f), revision, hubUrl: c.hubUrl, accessToken: c.token });
+      const blob = await downloadFile({
+        repo: c.repo,
+        path: inRepo(f),
+        revision,
+        hubUrl: c.hubUrl,
+        accessToken: c.token,
+      });
       if (!blob) {
-        if (f === "tokenizer.json") throw new UserError("D2", `--tokenizer ${s}: ${spec.repo}@${revision.slice(0, 12)} has no ${inRepo(f)}; name a repo (or folder) that holds a Hugging Face tokenizer.json`);
+        if (f === "tokenizer.json")
+          throw new UserError(
+            "D2",
+            `--tokenizer ${s}: ${spec.repo}@${revision.slice(0, 12)} has no ${inRepo(f)}; name a repo (or folder) that holds a Hugging Face tokenizer.json`,
+          );
         continue;
       }
       const bytes = Buffer.from(await blob.arrayBuffer());
       if (f === "tokenizer.json") sha = createHash("sha256").update(bytes).digest("hex");
       fs.writeFileSync(path.join(dir, f), bytes);
     }
-    return { file: path.join(dir, "tokenizer.json"), dir, source: { repo_type: spec.repoType, repo: spec.repo, revision, sha256: sha } };
+    return {
+      file: path.join(dir, "tokenizer.json"),
+      dir,
+      source: { repo_type: spec.repoType, repo: spec.repo, revision, sha256: sha },
+    };
   } catch (e) {
     fs.rmSync(dir, { recursive: true, force: true });
-    throw scrub(hubFailure(e, `--tokenizer ${s}`, `check the repo id (owner/name) and that it is a ${spec.repoType} repo; a local tokenizer must be a path that exists`), c.token);
+    throw scrub(
+      hubFailure(
+        e,
+        `--tokenizer ${s}`,
+        `check the repo id (owner/name) and that it is a ${spec.repoType} repo; a local tokenizer must be a path that exists`,
+      ),
+      c.token,
+    );
   }
 }

@@ -29,7 +29,13 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import * as zlib from "node:zlib";
 import { Decompress as ZstdDecompress } from "fzstd";
-import { parquetMetadataAsync, parquetReadObjects, parquetSchema, type AsyncBuffer, type FileMetaData } from "hyparquet";
+import {
+  parquetMetadataAsync,
+  parquetReadObjects,
+  parquetSchema,
+  type AsyncBuffer,
+  type FileMetaData,
+} from "hyparquet";
 import { compressors } from "hyparquet-compressors";
 import { UserError } from "../errors";
 
@@ -100,7 +106,10 @@ export function localInputFile(file: string, kind: InputKind, bytes: number): In
           let off = 0;
           while (off < out.length) {
             const { bytesRead } = await fd.read(out, off, out.length - off, start + off);
-            if (bytesRead === 0) throw new Error(`${file} ended at byte ${start + off} while reading up to ${e}: it changed while prepare read it`);
+            if (bytesRead === 0)
+              throw new Error(
+                `${file} ended at byte ${start + off} while reading up to ${e}: it changed while prepare read it`,
+              );
             off += bytesRead;
           }
           return out.buffer;
@@ -118,10 +127,16 @@ export function localInputFile(file: string, kind: InputKind, bytes: number): In
 /** D2: a named input of no known format, refused with the accepted list (a .json array or a .csv read as text would be one document of syntax). */
 function unknownFormat(inp: string): UserError {
   const ext = /(\.[^./\\]+)$/.exec(path.basename(inp))?.[1] ?? "(no extension)";
-  const hint = ext === ".json" ? "; a JSON array of documents becomes .jsonl with one {\"text\": ...} object per line (e.g. jq -c '.[] | {text: .}' in.json > in.jsonl)"
-    : ext === ".csv" || ext === ".tsv" ? "; a table becomes .parquet or .jsonl with the text in one column / field (--text-field NAME)"
-    : "; a plain-text file is read when named .txt";
-  return new UserError("D2", `--input ${inp}: prepare does not read ${ext} files. Accepted formats: ${SUPPORTED_FORMATS}${hint}`);
+  const hint =
+    ext === ".json"
+      ? "; a JSON array of documents becomes .jsonl with one {\"text\": ...} object per line (e.g. jq -c '.[] | {text: .}' in.json > in.jsonl)"
+      : ext === ".csv" || ext === ".tsv"
+        ? "; a table becomes .parquet or .jsonl with the text in one column / field (--text-field NAME)"
+        : "; a plain-text file is read when named .txt";
+  return new UserError(
+    "D2",
+    `--input ${inp}: prepare does not read ${ext} files. Accepted formats: ${SUPPORTED_FORMATS}${hint}`,
+  );
 }
 
 /** Local --input paths -> files in order, plus how many files of other types a walk skipped. */
@@ -145,7 +160,10 @@ export function listLocalInputs(inputs: string[]): { files: InputFile[]; skipped
     try {
       st = fs.statSync(inp);
     } catch {
-      throw new UserError("D2", `--input ${inp} does not exist: name corpus files or directories that exist, or a Hub dataset as hf://datasets/owner/name[@revision]/path-glob`);
+      throw new UserError(
+        "D2",
+        `--input ${inp} does not exist: name corpus files or directories that exist, or a Hub dataset as hf://datasets/owner/name[@revision]/path-glob`,
+      );
     }
     if (st.isDirectory()) walk(inp);
     else if (st.isFile()) {
@@ -225,7 +243,11 @@ class PlainTextDocs {
   /** Bytes of the file read so far (the pieces' bytesDone). */
   bytes = 0;
 
-  constructor(private readonly name: string, private readonly sep: string, private readonly pieceChars: number) {}
+  constructor(
+    private readonly name: string,
+    private readonly sep: string,
+    private readonly pieceChars: number,
+  ) {}
 
   /** The pieces the complete lines of `s` (one decoded chunk) finish; a very long unfinished line goes in too. */
   *text(s: string): Generator<DocPiece> {
@@ -368,14 +390,19 @@ async function* decompressed(f: InputFile, o: ReadOptions, counter: { bytes: num
     try {
       for await (const out of gunzip) yield out as Buffer;
     } catch (e) {
-      throw new UserError("D2", `${f.name} is not a valid gzip file (${(e as Error).message}): re-download it or leave it out of --input`);
+      throw new UserError(
+        "D2",
+        `${f.name} is not a valid gzip file (${(e as Error).message}): re-download it or leave it out of --input`,
+      );
     }
     await feeder;
     return;
   }
   // .jsonl.zst: fzstd's streaming decoder; its output callback collects the plain chunks
   const outs: Uint8Array[] = [];
-  const z = new ZstdDecompress((chunk) => { outs.push(chunk); });
+  const z = new ZstdDecompress((chunk) => {
+    outs.push(chunk);
+  });
   let any = false;
   for await (const c of f.stream(o.chunkBytes)) {
     counter.bytes += c.length;
@@ -383,14 +410,20 @@ async function* decompressed(f: InputFile, o: ReadOptions, counter: { bytes: num
     try {
       z.push(c);
     } catch (e) {
-      throw new UserError("D2", `${f.name} is not a valid Zstandard file (${(e as Error).message}): re-download it or leave it out of --input`);
+      throw new UserError(
+        "D2",
+        `${f.name} is not a valid Zstandard file (${(e as Error).message}): re-download it or leave it out of --input`,
+      );
     }
     while (outs.length) yield outs.shift()!;
   }
   try {
     z.push(new Uint8Array(0), true);
   } catch (e) {
-    throw new UserError("D2", `${f.name} is not a valid Zstandard file (${(e as Error).message}): re-download it or leave it out of --input`);
+    throw new UserError(
+      "D2",
+      `${f.name} is not a valid Zstandard file (${(e as Error).message}): re-download it or leave it out of --input`,
+    );
   }
   if (!any) return;
   while (outs.length) yield outs.shift()!;
@@ -416,12 +449,18 @@ async function* jsonlDocs(f: InputFile, o: ReadOptions): AsyncGenerator<DocPiece
     try {
       obj = JSON.parse(s);
     } catch (e) {
-      throw new UserError("D2", `${where} is not a JSON line (${(e as Error).message}): each .jsonl line must be {"${o.textField}": "..."}`);
+      throw new UserError(
+        "D2",
+        `${where} is not a JSON line (${(e as Error).message}): each .jsonl line must be {"${o.textField}": "..."}`,
+      );
     }
     const text = (obj as Record<string, unknown> | null)?.[o.textField];
     if (typeof text !== "string") {
       const keys = obj && typeof obj === "object" ? Object.keys(obj).slice(0, 8).join(", ") : typeof obj;
-      throw new UserError("D2", `${where} has no "${o.textField}" string (it has: ${keys}): each .jsonl line must be {"${o.textField}": "..."}; pick the field with --text-field NAME`);
+      throw new UserError(
+        "D2",
+        `${where} has no "${o.textField}" string (it has: ${keys}): each .jsonl line must be {"${o.textField}": "..."}; pick the field with --text-field NAME`,
+      );
     }
     yield* piecesOf(text, where, counter.bytes, o.pieceChars);
   };
@@ -440,7 +479,10 @@ async function* jsonlDocs(f: InputFile, o: ReadOptions): AsyncGenerator<DocPiece
 // ---------------------------------------------------------------------------------------------
 // Parquet
 
-export interface ParquetPlan { metadata: FileMetaData; rows: number }
+export interface ParquetPlan {
+  metadata: FileMetaData;
+  rows: number;
+}
 
 /** Reads a Parquet footer and checks the text column before any tokenizing (D2). */
 export async function planParquet(f: InputFile, textField: string): Promise<ParquetPlan> {
@@ -449,19 +491,31 @@ export async function planParquet(f: InputFile, textField: string): Promise<Parq
   try {
     metadata = await parquetMetadataAsync(file);
   } catch (e) {
-    throw new UserError("D2", `${f.name} is not a readable Parquet file (${(e as Error).message}): re-download it or leave it out of --input`);
+    throw new UserError(
+      "D2",
+      `${f.name} is not a readable Parquet file (${(e as Error).message}): re-download it or leave it out of --input`,
+    );
   } finally {
     await file.close();
   }
   const top = parquetSchema(metadata).children;
   const col = top.find((c) => c.element.name === textField);
   if (!col) {
-    throw new UserError("D2", `${f.name} has no column "${textField}" (its columns: ${top.map((c) => c.element.name).join(", ")}): pick the text column with --text-field NAME`);
+    throw new UserError(
+      "D2",
+      `${f.name} has no column "${textField}" (its columns: ${top.map((c) => c.element.name).join(", ")}): pick the text column with --text-field NAME`,
+    );
   }
   const el = col.element;
-  const isString = col.children.length === 0 && el.type === "BYTE_ARRAY" && (el.converted_type === "UTF8" || el.logical_type?.type === "STRING" || el.converted_type === undefined);
+  const isString =
+    col.children.length === 0 &&
+    el.type === "BYTE_ARRAY" &&
+    (el.converted_type === "UTF8" || el.logical_type?.type === "STRING" || el.converted_type === undefined);
   if (!isString) {
-    throw new UserError("D2", `${f.name} column "${textField}" is ${el.type ?? "a nested group"}${el.converted_type ? ` (${el.converted_type})` : ""}, not a string column: pick the text column with --text-field NAME`);
+    throw new UserError(
+      "D2",
+      `${f.name} column "${textField}" is ${el.type ?? "a nested group"}${el.converted_type ? ` (${el.converted_type})` : ""}, not a string column: pick the text column with --text-field NAME`,
+    );
   }
   return { metadata, rows: Number(metadata.num_rows) };
 }
@@ -475,19 +529,36 @@ async function* parquetDocs(f: InputFile, o: ReadOptions, plan: ParquetPlan): As
   }
 }
 
-async function* parquetRows(f: InputFile, o: ReadOptions, plan: ParquetPlan, file: AsyncBuffer): AsyncGenerator<DocPiece> {
+async function* parquetRows(
+  f: InputFile,
+  o: ReadOptions,
+  plan: ParquetPlan,
+  file: AsyncBuffer,
+): AsyncGenerator<DocPiece> {
   let row = 0;
   let bytes = 0;
   for (const rg of plan.metadata.row_groups) {
     const n = Number(rg.num_rows);
-    const rows = await parquetReadObjects({ file, metadata: plan.metadata, columns: [o.textField], rowStart: row, rowEnd: row + n, compressors, utf8: true });
+    const rows = await parquetReadObjects({
+      file,
+      metadata: plan.metadata,
+      columns: [o.textField],
+      rowStart: row,
+      rowEnd: row + n,
+      compressors,
+      utf8: true,
+    });
     bytes += rg.columns.reduce((a, c) => a + Number(c.meta_data?.total_compressed_size ?? 0), 0);
     const done = Math.min(f.bytes, bytes);
     for (let i = 0; i < rows.length; i++) {
       const v = rows[i][o.textField];
       const where = `${f.name}:row ${row + i}`;
       if (v === null || v === undefined) continue;
-      if (typeof v !== "string") throw new UserError("D2", `${where}: "${o.textField}" is ${typeof v}, not a string: pick the text column with --text-field NAME`);
+      if (typeof v !== "string")
+        throw new UserError(
+          "D2",
+          `${where}: "${o.textField}" is ${typeof v}, not a string: pick the text column with --text-field NAME`,
+        );
       yield* piecesOf(v, where, done, o.pieceChars);
     }
     row += n;

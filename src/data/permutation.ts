@@ -35,7 +35,10 @@ const SHA_PREFIX_INDICES = 1024;
 
 function checkArgs(n: number, seed: number): void {
   if (!Number.isSafeInteger(n) || n < 1 || n > MAX_PERM_N) {
-    throw new UserError("D4", `window permutation needs a whole window count in [1, 2^52], got n=${n}: the mix holds no full window at this seq_len; lower --seq-len or build a larger mix`);
+    throw new UserError(
+      "D4",
+      `window permutation needs a whole window count in [1, 2^52], got n=${n}: the mix holds no full window at this seq_len; lower --seq-len or build a larger mix`,
+    );
   }
   if (!Number.isSafeInteger(seed) || seed < 0) {
     throw new UserError("D4", `--data-seed must be a non-negative whole number (got ${seed})`);
@@ -105,8 +108,5 @@ export function permSha(n: number, seed: number): string {
   const count = Math.min(n, SHA_PREFIX_INDICES);
   const buf = Buffer.alloc(8 * count);
   for (let i = 0; i < count; i++) buf.writeBigUInt64LE(BigInt(p.at(i)), 8 * i);
-  return createHash("sha256")
-    .update(`${PERM_ALGORITHM}\nn=${n}\nseed=${seed}\n`, "ascii")
-    .update(buf)
-    .digest("hex");
+  return createHash("sha256").update(`${PERM_ALGORITHM}\nn=${n}\nseed=${seed}\n`, "ascii").update(buf).digest("hex");
 }

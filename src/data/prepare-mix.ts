@@ -30,9 +30,28 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { UserError } from "../errors";
 import { dtypeForVocab, Manifest, MANIFEST_FILE, manifestBytes, ShardInfo } from "./manifest";
 import type { TokenizeTask } from "./tokenize-worker";
-import { DEFAULT_CHUNK_BYTES, DEFAULT_PIECE_CHARS, type DocPiece, docsOf, type InputFile, listLocalInputs, type ParquetPlan, planParquet, type ReadOptions, SUPPORTED_FORMATS } from "./inputs";
+import {
+  DEFAULT_CHUNK_BYTES,
+  DEFAULT_PIECE_CHARS,
+  type DocPiece,
+  docsOf,
+  type InputFile,
+  listLocalInputs,
+  type ParquetPlan,
+  planParquet,
+  type ReadOptions,
+  SUPPORTED_FORMATS,
+} from "./inputs";
 import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
-import { DEFAULT_HUB_URL, fetchHubTokenizer, isHubTokenizer, isHubUrl, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
+import {
+  DEFAULT_HUB_URL,
+  fetchHubTokenizer,
+  isHubTokenizer,
+  isHubUrl,
+  resolveHubInput,
+  type HubSource,
+  type HubTokenizer,
+} from "./hub-input";
 
 export interface PrepareOptions {
   inputs: string[];
@@ -84,10 +103,15 @@ export function isValDoc(i: number, ppm: number): boolean {
 // ---------------------------------------------------------------------------------------------
 // inputs
 
-interface Inputs { files: InputFile[]; skipped: number; sources: HubSource[] }
+interface Inputs {
+  files: InputFile[];
+  skipped: number;
+  sources: HubSource[];
+}
 
 async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
-  if (inputs.length === 0) throw new UserError("D2", "prepare needs at least one --input FILE|DIR|hf://datasets/owner/name/glob");
+  if (inputs.length === 0)
+    throw new UserError("D2", "prepare needs at least one --input FILE|DIR|hf://datasets/owner/name/glob");
   const files: InputFile[] = [];
   const sources: HubSource[] = [];
   let skipped = 0;
@@ -102,27 +126,42 @@ async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
       skipped += r.skipped;
     }
   }
-  if (files.length === 0) throw new UserError("D2", `--input ${inputs.join(" ")} holds no corpus files (${SUPPORTED_FORMATS})`);
+  if (files.length === 0)
+    throw new UserError("D2", `--input ${inputs.join(" ")} holds no corpus files (${SUPPORTED_FORMATS})`);
   return { files, skipped, sources };
 }
 
 // ---------------------------------------------------------------------------------------------
 // tokenizer
 
-interface LoadedTokenizer { path: string; configPath: string | null; vocabSize: number; eosId: number; eosToken: string; files: string[]; sha256: string }
+interface LoadedTokenizer {
+  path: string;
+  configPath: string | null;
+  vocabSize: number;
+  eosId: number;
+  eosToken: string;
+  files: string[];
+  sha256: string;
+}
 
 function loadTokenizer(file: string, eosFlag: string | undefined, shownAs = file): LoadedTokenizer {
   let text: string;
   try {
     text = fs.readFileSync(file, "utf8");
   } catch (e) {
-    throw new UserError("D2", `cannot read --tokenizer ${shownAs} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}): pass the path of a Hugging Face tokenizer.json`);
+    throw new UserError(
+      "D2",
+      `cannot read --tokenizer ${shownAs} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}): pass the path of a Hugging Face tokenizer.json`,
+    );
   }
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch (e) {
-    throw new UserError("D2", `--tokenizer ${shownAs} is not valid JSON (${(e as Error).message}): it must be a Hugging Face tokenizer.json; re-download or regenerate it`);
+    throw new UserError(
+      "D2",
+      `--tokenizer ${shownAs} is not valid JSON (${(e as Error).message}): it must be a Hugging Face tokenizer.json; re-download or regenerate it`,
+    );
   }
   const dir = path.dirname(file);
   const cfgPath = path.join(dir, "tokenizer_config.json");
@@ -133,7 +172,10 @@ function loadTokenizer(file: string, eosFlag: string | undefined, shownAs = file
       cfg = JSON.parse(fs.readFileSync(cfgPath, "utf8"));
       configPath = cfgPath;
     } catch (e) {
-      throw new UserError("D2", `${cfgPath} beside the tokenizer is not valid JSON (${(e as Error).message}): fix or remove it`);
+      throw new UserError(
+        "D2",
+        `${cfgPath} beside the tokenizer is not valid JSON (${(e as Error).message}): fix or remove it`,
+      );
     }
   }
   let tk: Tokenizer;
@@ -141,24 +183,42 @@ function loadTokenizer(file: string, eosFlag: string | undefined, shownAs = file
     tk = new Tokenizer(json as object, cfg);
     tk.encode("prepare self-check: Hello, world! 123", { add_special_tokens: false });
   } catch (e) {
-    throw new UserError("D2", `--tokenizer ${shownAs} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it must be a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens)`);
+    throw new UserError(
+      "D2",
+      `--tokenizer ${shownAs} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it must be a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens)`,
+    );
   }
   let vocabSize = 0;
   for (const id of tk.get_vocab(true).values()) if (Number.isInteger(id) && id + 1 > vocabSize) vocabSize = id + 1;
   if (vocabSize < 1) throw new UserError("D2", `--tokenizer ${shownAs} has an empty vocabulary`);
-  const cfgEos = typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: unknown } | undefined)?.content;
+  const cfgEos =
+    typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: unknown } | undefined)?.content;
   const tried = eosFlag !== undefined ? [eosFlag] : typeof cfgEos === "string" ? [cfgEos] : EOS_CANDIDATES;
   let eosToken = "";
   let eosId: number | undefined;
   for (const t of tried) {
     eosId = tk.token_to_id(t);
-    if (eosId !== undefined) { eosToken = t; break; }
+    if (eosId !== undefined) {
+      eosToken = t;
+      break;
+    }
   }
   if (eosId === undefined) {
-    throw new UserError("D2", `--tokenizer ${shownAs} has no end-of-document token (looked for ${tried.join(", ")}): pass --eos-token NAME with a token from its vocabulary`);
+    throw new UserError(
+      "D2",
+      `--tokenizer ${shownAs} has no end-of-document token (looked for ${tried.join(", ")}): pass --eos-token NAME with a token from its vocabulary`,
+    );
   }
   const files = ["tokenizer.json", ...TOKENIZER_SIDE_FILES.filter((f) => fs.existsSync(path.join(dir, f)))];
-  return { path: file, configPath, vocabSize, eosId, eosToken, files, sha256: createHash("sha256").update(text).digest("hex") };
+  return {
+    path: file,
+    configPath,
+    vocabSize,
+    eosId,
+    eosToken,
+    files,
+    sha256: createHash("sha256").update(text).digest("hex"),
+  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -173,7 +233,12 @@ class ShardWriter {
   private fill = 0;
   private name = "";
 
-  constructor(private readonly dir: string, private readonly prefix: "train" | "val", dtype: Manifest["dtype"], private readonly shardTokens: number) {
+  constructor(
+    private readonly dir: string,
+    private readonly prefix: "train" | "val",
+    dtype: Manifest["dtype"],
+    private readonly shardTokens: number,
+  ) {
     this.buf = dtype === "uint16" ? new Uint16Array(1 << 20) : new Uint32Array(1 << 20);
   }
 
@@ -251,7 +316,11 @@ class Progress {
   private last = 0;
   private lastPct = -1;
   private lastLine = 0;
-  constructor(private readonly mode: "bar" | "lines" | "none", private readonly totalBytes: number, private readonly t0: number) {}
+  constructor(
+    private readonly mode: "bar" | "lines" | "none",
+    private readonly totalBytes: number,
+    private readonly t0: number,
+  ) {}
   /** The progress line: bytes read, tokens written, rates and the ETA from the byte rate. */
   static line(bytes: number, total: number, tokens: number, secs: number): string {
     const pct = total > 0 ? Math.min(100, Math.floor((100 * bytes) / total)) : 100;
@@ -284,7 +353,9 @@ class Progress {
 
 function fmtSecs(s: number): string {
   if (!Number.isFinite(s) || s < 0) return "?";
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = Math.floor(s % 60);
+  const h = Math.floor(s / 3600),
+    m = Math.floor((s % 3600) / 60),
+    sec = Math.floor(s % 60);
   return h > 0 ? `${h}h${String(m).padStart(2, "0")}m` : m > 0 ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
 }
 
@@ -292,24 +363,35 @@ function fmtSecs(s: number): string {
 // the build
 
 interface CheckedOptions {
-  valFraction: number; shardTokens: number; workers: number;
-  textField: string; chunkBytes: number; pieceChars: number; hubUrl: string; log: (s: string) => void;
+  valFraction: number;
+  shardTokens: number;
+  workers: number;
+  textField: string;
+  chunkBytes: number;
+  pieceChars: number;
+  hubUrl: string;
+  log: (s: string) => void;
 }
 
 function checkOptions(o: PrepareOptions): CheckedOptions {
   const valFraction = o.valFraction ?? DEFAULT_VAL_FRACTION;
-  if (!(typeof valFraction === "number" && valFraction >= 0 && valFraction <= 0.5)) throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]`);
+  if (!(typeof valFraction === "number" && valFraction >= 0 && valFraction <= 0.5))
+    throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]`);
   const shardTokens = o.shardTokens ?? DEFAULT_SHARD_TOKENS;
-  if (!Number.isSafeInteger(shardTokens) || shardTokens < 1) throw new UserError("D2", `--shard-tokens ${shardTokens} must be a positive whole number`);
+  if (!Number.isSafeInteger(shardTokens) || shardTokens < 1)
+    throw new UserError("D2", `--shard-tokens ${shardTokens} must be a positive whole number`);
   const workers = o.workers ?? Math.max(1, Math.min(8, os.availableParallelism()));
-  if (!Number.isSafeInteger(workers) || workers < 1 || workers > 256) throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]`);
+  if (!Number.isSafeInteger(workers) || workers < 1 || workers > 256)
+    throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]`);
   if (!o.out) throw new UserError("D2", "prepare needs --out ROOT");
   if (!o.tokenizer) throw new UserError("D2", "prepare needs --tokenizer tokenizer.json");
   const textField = o.textField ?? "text";
-  if (typeof textField !== "string" || textField === "") throw new UserError("D2", `--text-field ${JSON.stringify(textField)} must name a field`);
+  if (typeof textField !== "string" || textField === "")
+    throw new UserError("D2", `--text-field ${JSON.stringify(textField)} must name a field`);
   const chunkBytes = o.chunkBytes ?? DEFAULT_CHUNK_BYTES;
   const pieceChars = o.pieceChars ?? DEFAULT_PIECE_CHARS;
-  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16) throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
+  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16)
+    throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
   const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
   const log = o.log ?? ((s: string) => process.stdout.write(s + "\n"));
   return { valFraction, shardTokens, workers, textField, chunkBytes, pieceChars, hubUrl, log };
@@ -324,13 +406,25 @@ function checkOut(out: string, force: boolean): boolean {
   if (entries.length === 0) return false;
   if (force) return true;
   if (entries.includes(MANIFEST_FILE)) {
-    throw new UserError("D2", `--out ${out} already holds a mix (${MANIFEST_FILE} and ${entries.length - 1} other entries): refusing to overwrite it. Choose a new --out, or pass --force to build a replacement (the old root is moved aside, never deleted)`);
+    throw new UserError(
+      "D2",
+      `--out ${out} already holds a mix (${MANIFEST_FILE} and ${entries.length - 1} other entries): refusing to overwrite it. Choose a new --out, or pass --force to build a replacement (the old root is moved aside, never deleted)`,
+    );
   }
-  throw new UserError("D2", `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or pass --force (its contents are moved aside, never deleted)`);
+  throw new UserError(
+    "D2",
+    `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or pass --force (its contents are moved aside, never deleted)`,
+  );
 }
 
 /** A batch: pieces in order, each with its document's index and whether it ends the document. */
-interface Batch { docs: number[]; last: boolean[]; wheres: string[]; bytesAfter: number; result: Promise<Uint32Array> }
+interface Batch {
+  docs: number[];
+  last: boolean[];
+  wheres: string[];
+  bytesAfter: number;
+  result: Promise<Uint32Array>;
+}
 
 /**
  * Pieces, in input order, to the tokenizer pool in batches (BATCH_CHARS / BATCH_DOCS), at most `maxInflight`
@@ -374,7 +468,13 @@ class TokenizeBatches {
   async submit(bytesAfter: number): Promise<void> {
     if (this.texts.length === 0) return;
     const tok = this.tok;
-    const task: TokenizeTask = { tokenizerPath: path.resolve(tok.path), configPath: tok.configPath ? path.resolve(tok.configPath) : null, vocabSize: tok.vocabSize, texts: this.texts, firstDoc: this.docs[0] };
+    const task: TokenizeTask = {
+      tokenizerPath: path.resolve(tok.path),
+      configPath: tok.configPath ? path.resolve(tok.configPath) : null,
+      vocabSize: tok.vocabSize,
+      texts: this.texts,
+      firstDoc: this.docs[0],
+    };
     const result = this.pool.run(task) as Promise<Uint32Array>;
     result.catch(() => undefined); // observed in drainOne, in order
     this.inflight.push({ docs: this.docs, last: this.lasts, wheres: this.wheres, bytesAfter, result });
@@ -396,7 +496,10 @@ class TokenizeBatches {
     try {
       res = await b.result;
     } catch (e) {
-      throw new UserError("D2", `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`);
+      throw new UserError(
+        "D2",
+        `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`,
+      );
     }
     const n = res[0];
     let p = 1 + n;
@@ -431,7 +534,8 @@ export class WorkMeter {
 
   at(bytesRead: number, pieceChars: number): number {
     if (bytesRead > this.chunkEnd) {
-      if (this.chars > this.charsAtChunkStart) this.bytesPerChar = (this.chunkEnd - this.chunkStart) / (this.chars - this.charsAtChunkStart);
+      if (this.chars > this.charsAtChunkStart)
+        this.bytesPerChar = (this.chunkEnd - this.chunkStart) / (this.chars - this.charsAtChunkStart);
       this.chunkStart = this.chunkEnd;
       this.chunkEnd = bytesRead;
       this.charsAtChunkStart = this.chars;
@@ -443,7 +547,13 @@ export class WorkMeter {
 }
 
 /** Every input's pieces through `batches`, hashing the corpus on the way; returns the number of documents. */
-async function tokenizeInputs(files: InputFile[], plans: Map<InputFile, ParquetPlan>, rd: ReadOptions, batches: TokenizeBatches, corpusHash: Hash): Promise<number> {
+async function tokenizeInputs(
+  files: InputFile[],
+  plans: Map<InputFile, ParquetPlan>,
+  rd: ReadOptions,
+  batches: TokenizeBatches,
+  corpusHash: Hash,
+): Promise<number> {
   let docIndex = 0; // documents started so far (the index of the next new document)
   let bytesBefore = 0;
   for (const f of files) {
@@ -467,8 +577,14 @@ async function tokenizeInputs(files: InputFile[], plans: Map<InputFile, ParquetP
 }
 
 interface BuildFacts {
-  dtype: Manifest["dtype"]; trainShards: ShardInfo[]; valShards: ShardInfo[]; sources: HubSource[];
-  documents: number; valDocuments: number; corpusSha256: string; hubTok: HubTokenizer | null;
+  dtype: Manifest["dtype"];
+  trainShards: ShardInfo[];
+  valShards: ShardInfo[];
+  sources: HubSource[];
+  documents: number;
+  valDocuments: number;
+  corpusSha256: string;
+  hubTok: HubTokenizer | null;
 }
 
 /** The mix's manifest.json contents (D1). */
@@ -488,7 +604,8 @@ function buildManifest(o: CheckedOptions, tok: LoadedTokenizer, f: BuildFacts): 
       documents: f.documents,
       val_documents: f.valDocuments,
       val_fraction: o.valFraction,
-      val_rule: "doc i (0-based, input order) is val iff floor((i+1)*ppm/1e6) > floor(i*ppm/1e6), ppm = round(val_fraction*1e6)",
+      val_rule:
+        "doc i (0-based, input order) is val iff floor((i+1)*ppm/1e6) > floor(i*ppm/1e6), ppm = round(val_fraction*1e6)",
       shard_tokens: o.shardTokens,
       eos_token: tok.eosToken,
       tokenizer_sha256: tok.sha256,
@@ -504,7 +621,8 @@ function buildManifest(o: CheckedOptions, tok: LoadedTokenizer, f: BuildFacts): 
 /** The tokenizer files beside the shards, then manifest.json (created, fsynced: the build's "done" marker). */
 function writeTokenizerAndManifest(staging: string, tok: LoadedTokenizer, manifest: Manifest): void {
   const srcDir = path.dirname(tok.path);
-  for (const f of tok.files) fs.copyFileSync(f === "tokenizer.json" ? tok.path : path.join(srcDir, f), path.join(staging, f));
+  for (const f of tok.files)
+    fs.copyFileSync(f === "tokenizer.json" ? tok.path : path.join(srcDir, f), path.join(staging, f));
   const mfd = fs.openSync(path.join(staging, MANIFEST_FILE), "wx");
   try {
     fs.writeSync(mfd, manifestBytes(manifest));
@@ -534,7 +652,9 @@ function moveIntoPlace(staging: string, out: string, outExists: boolean, log: (s
   if (outExists) {
     movedAside = `${out}.replaced-${new Date().toISOString().replace(/[:.]/g, "-")}`;
     fs.renameSync(out, movedAside);
-    log(`prepare: the previous contents of ${out} were moved to ${movedAside} (delete it yourself once the new mix is checked)`);
+    log(
+      `prepare: the previous contents of ${out} were moved to ${movedAside} (delete it yourself once the new mix is checked)`,
+    );
   } else if (fs.existsSync(out)) {
     fs.rmdirSync(out); // empty directory
   }
@@ -544,7 +664,11 @@ function moveIntoPlace(staging: string, out: string, outExists: boolean, log: (s
 }
 
 /** A `--tokenizer owner/name` fetched from the Hub into a scratch folder (removed on a signal), or null for a file. */
-async function hubTokenizerOf(tokenizer: string, hubUrl: string, log: (m: string) => void): Promise<HubTokenizer | null> {
+async function hubTokenizerOf(
+  tokenizer: string,
+  hubUrl: string,
+  log: (m: string) => void,
+): Promise<HubTokenizer | null> {
   if (!isHubTokenizer(tokenizer)) return null;
   const hubTok = await fetchHubTokenizer(tokenizer, hubUrl);
   trackScratch(hubTok.dir);
@@ -571,32 +695,70 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     const dtype = dtypeForVocab(tok.vocabSize);
 
     staging = freshStaging(out, log);
-    pool = new Piscina({ filename: path.join(__dirname, "tokenize-worker.js"), minThreads: workers, maxThreads: workers, idleTimeout: 1000 });
-    const mode = o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
+    pool = new Piscina({
+      filename: path.join(__dirname, "tokenize-worker.js"),
+      minThreads: workers,
+      maxThreads: workers,
+      idleTimeout: 1000,
+    });
+    const mode =
+      o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
     const progress = new Progress(mode, totalBytes, t0);
-    const shards = { train: new ShardWriter(staging, "train", dtype, opts.shardTokens), val: new ShardWriter(staging, "val", dtype, opts.shardTokens) };
+    const shards = {
+      train: new ShardWriter(staging, "train", dtype, opts.shardTokens),
+      val: new ShardWriter(staging, "val", dtype, opts.shardTokens),
+    };
     const batches = new TokenizeBatches(pool, tok, workers * 3, shards, valPpm(valFraction), progress);
     const corpusHash = createHash("sha256");
-    const rd: ReadOptions = { textField: opts.textField, eosText: tok.eosToken, chunkBytes: opts.chunkBytes, pieceChars: opts.pieceChars };
+    const rd: ReadOptions = {
+      textField: opts.textField,
+      eosText: tok.eosToken,
+      chunkBytes: opts.chunkBytes,
+      pieceChars: opts.pieceChars,
+    };
     const documents = await tokenizeInputs(files, plans, rd, batches, corpusHash);
     progress.update(totalBytes, batches.tokensDone, true);
 
     const trainShards = shards.train.finish();
     const valShards = shards.val.finish();
     if (trainShards.length === 0) {
-      throw new UserError("D2", `the inputs hold ${documents} non-empty documents and none went to training (val fraction ${valFraction}): give prepare more text`);
+      throw new UserError(
+        "D2",
+        `the inputs hold ${documents} non-empty documents and none went to training (val fraction ${valFraction}): give prepare more text`,
+      );
     }
     if (valFraction > 0 && valShards.length === 0) {
-      log(`prepare: WARNING no document was held out: ${documents} documents x val fraction ${valFraction} < 1; validation (D7) will refuse this mix. Use more documents or a larger --val-fraction`);
+      log(
+        `prepare: WARNING no document was held out: ${documents} documents x val fraction ${valFraction} < 1; validation (D7) will refuse this mix. Use more documents or a larger --val-fraction`,
+      );
     }
     const valDocs = batches.valDocs;
-    const manifest = buildManifest(opts, tok, { dtype, trainShards, valShards, sources, documents, valDocuments: valDocs, corpusSha256: corpusHash.digest("hex"), hubTok });
+    const manifest = buildManifest(opts, tok, {
+      dtype,
+      trainShards,
+      valShards,
+      sources,
+      documents,
+      valDocuments: valDocs,
+      corpusSha256: corpusHash.digest("hex"),
+      hubTok,
+    });
     writeTokenizerAndManifest(staging, tok, manifest);
     const movedAside = moveIntoPlace(staging, out, outExists, log);
     const seconds = (Date.now() - t0) / 1000;
     const allTokens = manifest.total_tokens + manifest.val_total_tokens;
-    const result: PrepareResult = { root: out, manifest, seconds, tokensPerSec: allTokens / Math.max(1e-3, seconds), documents, valDocuments: valDocs, movedAside };
-    log(`prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${documents} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`);
+    const result: PrepareResult = {
+      root: out,
+      manifest,
+      seconds,
+      tokensPerSec: allTokens / Math.max(1e-3, seconds),
+      documents,
+      valDocuments: valDocs,
+      movedAside,
+    };
+    log(
+      `prepare: ${out}: ${manifest.total_tokens.toLocaleString("en-US")} train tokens in ${trainShards.length} shards, ${manifest.val_total_tokens.toLocaleString("en-US")} val tokens in ${valShards.length} shards (${valDocs} of ${documents} documents held out), ${dtype}, vocab ${tok.vocabSize}, eos ${tok.eosId}; ${seconds.toFixed(1)} s, ${Math.round(result.tokensPerSec).toLocaleString("en-US")} tok/s with ${workers} workers${skipped ? `; skipped ${skipped} non-text files` : ""}`,
+    );
     return result;
   } catch (e) {
     if (staging) {

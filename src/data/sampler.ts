@@ -15,7 +15,12 @@ import { UserError } from "../errors";
 import { WindowPermutation } from "./permutation";
 import { PackedTokenStore } from "./token-store";
 
-export interface Geometry { world: number; accum: number; microBatch: number; seqLen: number }
+export interface Geometry {
+  world: number;
+  accum: number;
+  microBatch: number;
+  seqLen: number;
+}
 
 function positiveInt(name: string, v: number): void {
   if (!Number.isSafeInteger(v) || v < 1) throw new RangeError(`Geometry.${name} must be a positive integer, got ${v}`);
@@ -35,10 +40,14 @@ export function seqsPerStep(g: Geometry): number {
 
 export function permIndex(step: number, rank: number, micro: number, row: number, g: Geometry): number {
   const S = seqsPerStep(g);
-  if (!Number.isSafeInteger(step) || step < 0) throw new RangeError(`permIndex: step ${step} must be a whole number >= 0`);
-  if (!Number.isSafeInteger(rank) || rank < 0 || rank >= g.world) throw new RangeError(`permIndex: rank ${rank} outside [0, world=${g.world})`);
-  if (!Number.isSafeInteger(micro) || micro < 0 || micro >= g.accum) throw new RangeError(`permIndex: micro ${micro} outside [0, accum=${g.accum})`);
-  if (!Number.isSafeInteger(row) || row < 0 || row >= g.microBatch) throw new RangeError(`permIndex: row ${row} outside [0, microBatch=${g.microBatch})`);
+  if (!Number.isSafeInteger(step) || step < 0)
+    throw new RangeError(`permIndex: step ${step} must be a whole number >= 0`);
+  if (!Number.isSafeInteger(rank) || rank < 0 || rank >= g.world)
+    throw new RangeError(`permIndex: rank ${rank} outside [0, world=${g.world})`);
+  if (!Number.isSafeInteger(micro) || micro < 0 || micro >= g.accum)
+    throw new RangeError(`permIndex: micro ${micro} outside [0, accum=${g.accum})`);
+  if (!Number.isSafeInteger(row) || row < 0 || row >= g.microBatch)
+    throw new RangeError(`permIndex: row ${row} outside [0, microBatch=${g.microBatch})`);
   return step * S + (micro * g.world + rank) * g.microBatch + row;
 }
 
@@ -52,7 +61,10 @@ export class TrainStream {
     checkGeometry(g);
     const n = store.numWindows(g.seqLen);
     if (perm.n !== n) {
-      throw new UserError("D4", `the permutation covers ${perm.n} windows but the train split holds ${n} windows of ${g.seqLen} tokens: build the permutation from store.numWindows(seqLen)`);
+      throw new UserError(
+        "D4",
+        `the permutation covers ${perm.n} windows but the train split holds ${n} windows of ${g.seqLen} tokens: build the permutation from store.numWindows(seqLen)`,
+      );
     }
     this.store = store;
     this.perm = perm;
@@ -63,7 +75,10 @@ export class TrainStream {
   windowFor(step: number, rank: number, micro: number, row: number): number {
     const p = permIndex(step, rank, micro, row, this.g);
     if (p >= this.perm.n) {
-      throw new UserError("D6", `step ${step} needs permutation index ${p} but the train split has only ${this.perm.n} windows: the epoch never wraps; plan fewer steps (checkNoWrap refuses this before step 1)`);
+      throw new UserError(
+        "D6",
+        `step ${step} needs permutation index ${p} but the train split has only ${this.perm.n} windows: the epoch never wraps; plan fewer steps (checkNoWrap refuses this before step 1)`,
+      );
     }
     return this.perm.at(p);
   }
@@ -72,7 +87,8 @@ export class TrainStream {
   readMicroBatch(step: number, rank: number, micro: number, out?: Int32Array): Int32Array {
     const { microBatch, seqLen } = this.g;
     const buf = out ?? new Int32Array(microBatch * seqLen);
-    if (buf.length < microBatch * seqLen) throw new RangeError(`readMicroBatch: out has ${buf.length} slots, needs ${microBatch * seqLen}`);
+    if (buf.length < microBatch * seqLen)
+      throw new RangeError(`readMicroBatch: out has ${buf.length} slots, needs ${microBatch * seqLen}`);
     for (let row = 0; row < microBatch; row++) {
       this.store.readWindow(this.windowFor(step, rank, micro, row), seqLen, buf, row * seqLen);
     }
@@ -89,7 +105,10 @@ export class ValStream {
   constructor(store: PackedTokenStore, seqLen: number, nVal: number) {
     const avail = store.numWindows(seqLen);
     if (!Number.isSafeInteger(nVal) || nVal < 1 || nVal > avail) {
-      throw new UserError("D7", `validation asks for ${nVal} windows of ${seqLen} tokens but the val split holds ${avail}; use valWindowCount() to size it`);
+      throw new UserError(
+        "D7",
+        `validation asks for ${nVal} windows of ${seqLen} tokens but the val split holds ${avail}; use valWindowCount() to size it`,
+      );
     }
     this.store = store;
     this.seqLen = seqLen;
@@ -97,7 +116,8 @@ export class ValStream {
   }
 
   read(index: number, out?: Int32Array): Int32Array {
-    if (!Number.isSafeInteger(index) || index < 0 || index >= this.nVal) throw new RangeError(`ValStream.read: index ${index} outside [0, nVal=${this.nVal})`);
+    if (!Number.isSafeInteger(index) || index < 0 || index >= this.nVal)
+      throw new RangeError(`ValStream.read: index ${index} outside [0, nVal=${this.nVal})`);
     const buf = out ?? new Int32Array(this.seqLen);
     this.store.readWindow(index, this.seqLen, buf, 0);
     return buf;

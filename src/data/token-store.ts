@@ -43,16 +43,23 @@ export class PackedTokenStore {
   static open(root: string, m: Manifest, split: "train" | "val"): PackedTokenStore {
     const shards = split === "train" ? m.shards : m.val_shards;
     if (split === "val" && shards.length === 0) {
-      throw new UserError("D7", `manifest in ${root} lists no val_shards: validation needs a held-out split; rebuild the mix with node dist/prepare.js --val-fraction F (F > 0)`);
+      throw new UserError(
+        "D7",
+        `manifest in ${root} lists no val_shards: validation needs a held-out split; rebuild the mix with node dist/prepare.js --val-fraction F (F > 0)`,
+      );
     }
     if (split === "train" && shards.length === 0) {
-      throw new UserError("D1", `manifest in ${root} lists no training shards; rebuild the mix from a non-empty corpus`);
+      throw new UserError(
+        "D1",
+        `manifest in ${root} lists no training shards; rebuild the mix from a non-empty corpus`,
+      );
     }
     return new PackedTokenStore(root, m, split, shards);
   }
 
   numWindows(seqLen: number): number {
-    if (!Number.isSafeInteger(seqLen) || seqLen < 1) throw new RangeError(`seqLen must be a positive integer, got ${seqLen}`);
+    if (!Number.isSafeInteger(seqLen) || seqLen < 1)
+      throw new RangeError(`seqLen must be a positive integer, got ${seqLen}`);
     return Math.floor(this.totalTokens / seqLen);
   }
 
@@ -89,9 +96,12 @@ export class PackedTokenStore {
   readTokens(start: number, count: number, out: Int32Array, outOffset = 0): void {
     if (this.closed) throw new Error(`PackedTokenStore(${this.root}, ${this.split}) is closed`);
     if (start < 0 || count < 0 || start + count > this.totalTokens) {
-      throw new RangeError(`readTokens [${start}, ${start + count}) outside the ${this.split} stream of ${this.totalTokens} tokens`);
+      throw new RangeError(
+        `readTokens [${start}, ${start + count}) outside the ${this.split} stream of ${this.totalTokens} tokens`,
+      );
     }
-    if (outOffset < 0 || outOffset + count > out.length) throw new RangeError(`readTokens: out has ${out.length} slots, need ${outOffset + count}`);
+    if (outOffset < 0 || outOffset + count > out.length)
+      throw new RangeError(`readTokens: out has ${out.length} slots, need ${outOffset + count}`);
     const need = count * this.bpt;
     if (this.buf.length < need) this.buf = Buffer.alloc(need); // fresh ArrayBuffer: offset 0, aligned
     let done = 0;
@@ -106,17 +116,25 @@ export class PackedTokenStore {
       let got = 0;
       while (got < bytes) {
         const n = fs.readSync(fd, this.buf, done * this.bpt + got, bytes - got, pos + got);
-        if (n === 0) throw new UserError("D1", `shard ${path.join(this.root, this.shards[s].file)} ended early at byte ${pos + got}: it changed after the manifest was checked; rebuild the mix`);
+        if (n === 0)
+          throw new UserError(
+            "D1",
+            `shard ${path.join(this.root, this.shards[s].file)} ended early at byte ${pos + got}: it changed after the manifest was checked; rebuild the mix`,
+          );
         got += n;
       }
       done += inShard;
       t += inShard;
     }
     if (LITTLE_ENDIAN_HOST) {
-      const view = this.bpt === 2 ? new Uint16Array(this.buf.buffer, this.buf.byteOffset, count) : new Uint32Array(this.buf.buffer, this.buf.byteOffset, count);
+      const view =
+        this.bpt === 2
+          ? new Uint16Array(this.buf.buffer, this.buf.byteOffset, count)
+          : new Uint32Array(this.buf.buffer, this.buf.byteOffset, count);
       for (let i = 0; i < count; i++) out[outOffset + i] = view[i];
     } else {
-      for (let i = 0; i < count; i++) out[outOffset + i] = this.bpt === 2 ? this.buf.readUInt16LE(2 * i) : this.buf.readUInt32LE(4 * i);
+      for (let i = 0; i < count; i++)
+        out[outOffset + i] = this.bpt === 2 ? this.buf.readUInt16LE(2 * i) : this.buf.readUInt32LE(4 * i);
     }
   }
 

@@ -8,7 +8,13 @@ import * as fs from "node:fs";
 import { move } from "piscina";
 import { Tokenizer } from "@huggingface/tokenizers";
 
-export interface TokenizeTask { tokenizerPath: string; configPath: string | null; vocabSize: number; texts: string[]; firstDoc: number }
+export interface TokenizeTask {
+  tokenizerPath: string;
+  configPath: string | null;
+  vocabSize: number;
+  texts: string[];
+  firstDoc: number;
+}
 
 let cached: { key: string; tk: Tokenizer } | null = null;
 
@@ -31,7 +37,9 @@ export default function tokenize(t: TokenizeTask): Uint32Array {
     for (let i = 0; i < ids.length; i++) {
       const v = ids[i];
       if (!Number.isInteger(v) || v < 0 || v >= t.vocabSize) {
-        throw new Error(`document #${t.firstDoc + d}: the tokenizer produced id ${String(v)} outside [0, ${t.vocabSize}) (token ${JSON.stringify(tk.encode(t.texts[d], { add_special_tokens: false }).tokens[i])}); the tokenizer has no unk token for it`);
+        throw new Error(
+          `document #${t.firstDoc + d}: the tokenizer produced id ${String(v)} outside [0, ${t.vocabSize}) (token ${JSON.stringify(tk.encode(t.texts[d], { add_special_tokens: false }).tokens[i])}); the tokenizer has no unk token for it`,
+        );
       }
     }
     per.push(ids);

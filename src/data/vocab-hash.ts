@@ -7,7 +7,8 @@
 import { createHash } from "node:crypto";
 
 export function vocabSha256(vocab: Map<string, number> | Record<string, number>): string {
-  const entries = (vocab instanceof Map ? [...vocab.entries()] : Object.entries(vocab))
-    .sort((a, b) => a[1] - b[1] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  const entries = (vocab instanceof Map ? [...vocab.entries()] : Object.entries(vocab)).sort(
+    (a, b) => a[1] - b[1] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0),
+  );
   return createHash("sha256").update(JSON.stringify(entries)).digest("hex");
 }

@@ -12,7 +12,17 @@ import { createHash, randomBytes } from "node:crypto";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
-import { commit, createRepo, datasetInfo, downloadFile, fileDownloadInfo, HubApiError, listFiles, modelInfo, repoExists as hubRepoExists } from "@huggingface/hub";
+import {
+  commit,
+  createRepo,
+  datasetInfo,
+  downloadFile,
+  fileDownloadInfo,
+  HubApiError,
+  listFiles,
+  modelInfo,
+  repoExists as hubRepoExists,
+} from "@huggingface/hub";
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { progressEverySeconds } from "../config";
@@ -51,7 +61,11 @@ export interface HubClient {
   list(prefix?: string, o?: { hashRegular?: boolean }): Promise<RemoteFile[]>;
   /** null ONLY for EntryNotFound; RepoMissingError for RepoNotFound; anything else throws. */
   download(pathInRepo: string): Promise<Buffer | null>;
-  downloadFolder(pathInRepo: string, destDir: string, o?: { progress?: (line: string) => void }): Promise<{ files: number; bytes: number; seconds: number }>;
+  downloadFolder(
+    pathInRepo: string,
+    destDir: string,
+    o?: { progress?: (line: string) => void },
+  ): Promise<{ files: number; bytes: number; seconds: number }>;
   /** latest.json; null only when the file is missing (EntryNotFound); RepoMissingError when the repo is. */
   readPointer(): Promise<Pointer | null>;
   /** Commit latest.json, read it back and compare; a mismatch throws. Returns the commit oid. */
@@ -95,7 +109,7 @@ export interface HubClientOptions {
   timeoutMs?: number;
 }
 
-const MIN_UPLOAD_BYTES_PER_MS = 1024 * 1024 / 1000; // 1 MiB/s budget for request bodies
+const MIN_UPLOAD_BYTES_PER_MS = (1024 * 1024) / 1000; // 1 MiB/s budget for request bodies
 
 /** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
 /** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) every interval while it runs. */
@@ -103,7 +117,11 @@ class TransferProgress {
   private done = 0;
   private readonly t0 = performance.now();
   private readonly timer: NodeJS.Timeout | null = null;
-  constructor(private readonly what: string, private readonly total: number, log?: (line: string) => void) {
+  constructor(
+    private readonly what: string,
+    private readonly total: number,
+    log?: (line: string) => void,
+  ) {
     const every = progressEverySeconds() * 1000;
     if (log) {
       this.timer = setInterval(() => log(this.line()), Math.max(100, every));
@@ -164,10 +182,14 @@ export function describeHubError(e: unknown): string {
   if (e instanceof HubApiError) return `HTTP ${e.statusCode}: ${e.message}`;
   if (e instanceof Error) {
     const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-    if (e.name === "TypeError" && e.message === "fetch failed") return `network error: ${cause?.code ?? cause?.message ?? "fetch failed"}`;
-    if (e.name === "TypeError" && e.message === "terminated") return "network error: the connection closed before the announced bytes arrived (terminated)";
+    if (e.name === "TypeError" && e.message === "fetch failed")
+      return `network error: ${cause?.code ?? cause?.message ?? "fetch failed"}`;
+    if (e.name === "TypeError" && e.message === "terminated")
+      return "network error: the connection closed before the announced bytes arrived (terminated)";
     // Our own errors already say what they are; a foreign one keeps its name (TypeError, AbortError …).
-    return e.name === "Error" || e.name === "HubLookupError" || e.name === "RepoMissingError" ? e.message : `${e.name}: ${e.message}`;
+    return e.name === "Error" || e.name === "HubLookupError" || e.name === "RepoMissingError"
+      ? e.message
+      : `${e.name}: ${e.message}`;
   }
   return String(e);
 }
@@ -197,7 +219,10 @@ export async function walkFiles(dir: string): Promise<string[]> {
       else if (e.isSymbolicLink()) {
         const st = await fsp.stat(path.join(dir, r));
         if (st.isFile()) out.push(r);
-        else throw new Error(`${path.join(dir, r)} is a link to something that is not a file; a checkpoint folder holds plain files`);
+        else
+          throw new Error(
+            `${path.join(dir, r)} is a link to something that is not a file; a checkpoint folder holds plain files`,
+          );
       }
     }
   }
@@ -215,15 +240,23 @@ class ClientHubStore implements HubClient {
   private readonly designation: RepoDesignation;
 
   constructor(o: HubClientOptions) {
-    if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl)) throw new TypeError(`createHubClient: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
+    if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl))
+      throw new TypeError(`createHubClient: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
     if (typeof o.repo !== "string" || !/^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(o.repo)) {
-      throw new UserError("K5", `--hub-repo ${JSON.stringify(o.repo)} is not of the form owner/name; pass e.g. --hub-repo my-user/my-run-ckpts`);
+      throw new UserError(
+        "K5",
+        `--hub-repo ${JSON.stringify(o.repo)} is not of the form owner/name; pass e.g. --hub-repo my-user/my-run-ckpts`,
+      );
     }
-    if (o.repoType !== "dataset" && o.repoType !== "model") throw new UserError("K5", `--hub-repo-type ${JSON.stringify(o.repoType)} is neither "dataset" nor "model"`);
+    if (o.repoType !== "dataset" && o.repoType !== "model")
+      throw new UserError("K5", `--hub-repo-type ${JSON.stringify(o.repoType)} is neither "dataset" nor "model"`);
     const token = o.token !== undefined ? o.token : process.env.HF_TOKEN;
     if (token !== undefined && token !== "" && !token.startsWith("hf_")) {
       // The value itself is never shown, not even in part.
-      throw new UserError("K5", `the Hub token (HF_TOKEN) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token`);
+      throw new UserError(
+        "K5",
+        `the Hub token (HF_TOKEN) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token`,
+      );
     }
     this.token = token || undefined;
     this.hubUrl = o.hubUrl.replace(/\/+$/, "");
@@ -279,7 +312,10 @@ class ClientHubStore implements HubClient {
       const watched = new ReadableStream<Uint8Array>(
         {
           async pull(c) {
-            const idle = setTimeout(() => ctl.abort(new HubLookupError(`Hub response body stalled for ${timeoutMs} ms: ${where}`, null)), timeoutMs);
+            const idle = setTimeout(
+              () => ctl.abort(new HubLookupError(`Hub response body stalled for ${timeoutMs} ms: ${where}`, null)),
+              timeoutMs,
+            );
             idle.unref();
             try {
               const { done, value } = await reader.read();
@@ -315,18 +351,28 @@ class ClientHubStore implements HubClient {
   private withTokenHint(e: unknown): unknown {
     if (this.token || !(e instanceof Error)) return e;
     const status = e instanceof HubApiError ? e.statusCode : (e as { status?: unknown }).status;
-    if (status === 401 && !e.message.includes(NO_TOKEN)) e.message += ` (${NO_TOKEN}: export HF_TOKEN=<a token with write access to ${this.repo}> and run again)`;
+    if (status === 401 && !e.message.includes(NO_TOKEN))
+      e.message += ` (${NO_TOKEN}: export HF_TOKEN=<a token with write access to ${this.repo}> and run again)`;
     return e;
   }
 
   repoExists(): Promise<boolean> {
     return this.guard(async () => {
       const t = this.tracker();
-      const ok = await hubRepoExists({ repo: this.designation, hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token });
+      const ok = await hubRepoExists({
+        repo: this.designation,
+        hubUrl: this.hubUrl,
+        fetch: t.fetch,
+        accessToken: this.token,
+      });
       // The client maps 401 to "does not exist"; a rejected token proves nothing about the repo.
       if (!ok && t.status === 401) {
-        if (!this.token) throw new HubLookupError(`the Hub answered 401 while checking whether ${this.repo} exists`, 401);
-        throw new HubLookupError(`the Hub rejected the token (401) while checking whether ${this.repo} exists; check HF_TOKEN`, 401);
+        if (!this.token)
+          throw new HubLookupError(`the Hub answered 401 while checking whether ${this.repo} exists`, 401);
+        throw new HubLookupError(
+          `the Hub rejected the token (401) while checking whether ${this.repo} exists; check HF_TOKEN`,
+          401,
+        );
       }
       return ok;
     });
@@ -337,7 +383,13 @@ class ClientHubStore implements HubClient {
       if (await this.repoExists()) return { created: false };
       const t = this.tracker();
       try {
-        await createRepo({ repo: this.designation, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds, ...(o.private === undefined ? {} : { private: o.private }) });
+        await createRepo({
+          repo: this.designation,
+          hubUrl: this.hubUrl,
+          fetch: t.fetch,
+          ...this.creds,
+          ...(o.private === undefined ? {} : { private: o.private }),
+        });
         return { created: true };
       } catch (e) {
         if (e instanceof HubApiError && e.statusCode === 409) return { created: false }; // created meanwhile
@@ -379,7 +431,13 @@ class ClientHubStore implements HubClient {
       for (const r of rels) total += (await fsp.stat(path.join(localDir, r))).size;
       const progress = new TransferProgress(`uploading ${prefix}/ (${rels.length} files)`, total, o.progress);
       try {
-        return await this.commitOps(ops, message, `the commit of ${prefix}/`, o.retry ? { alreadyLanded: landed } : {}, (n) => progress.add(n));
+        return await this.commitOps(
+          ops,
+          message,
+          `the commit of ${prefix}/`,
+          o.retry ? { alreadyLanded: landed } : {},
+          (n) => progress.add(n),
+        );
       } finally {
         progress.stop();
       }
@@ -392,12 +450,23 @@ class ClientHubStore implements HubClient {
   }
 
   /** One commit, naming the known head as its parent (K8); 412 -> ConcurrentWriterError. */
-  private async commitOps(ops: CommitOperation[], title: string, what: string, o: LandedCheck, onSent?: (bytes: number) => void): Promise<string | null> {
+  private async commitOps(
+    ops: CommitOperation[],
+    title: string,
+    what: string,
+    o: LandedCheck,
+    onSent?: (bytes: number) => void,
+  ): Promise<string | null> {
     const parent = this.knownHeadValue;
     const t = this.tracker(onSent);
     try {
       const r = await commit({
-        repo: this.designation, operations: ops, title, hubUrl: this.hubUrl, fetch: t.fetch, ...this.creds,
+        repo: this.designation,
+        operations: ops,
+        title,
+        hubUrl: this.hubUrl,
+        fetch: t.fetch,
+        ...this.creds,
         ...(parent ? { parentCommit: parent } : {}),
       });
       const oid = r?.commit?.oid ?? null;
@@ -436,17 +505,42 @@ class ClientHubStore implements HubClient {
       // still stamps every file it serves with X-Repo-Commit.
       const t = this.tracker();
       try {
-        const info = this.repoType === "dataset"
-          ? await datasetInfo({ name: this.repo, revision: "main", additionalFields: ["sha"], hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token })
-          : await modelInfo({ name: this.repo, revision: "main", additionalFields: ["sha"], hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token });
+        const info =
+          this.repoType === "dataset"
+            ? await datasetInfo({
+                name: this.repo,
+                revision: "main",
+                additionalFields: ["sha"],
+                hubUrl: this.hubUrl,
+                fetch: t.fetch,
+                accessToken: this.token,
+              })
+            : await modelInfo({
+                name: this.repo,
+                revision: "main",
+                additionalFields: ["sha"],
+                hubUrl: this.hubUrl,
+                fetch: t.fetch,
+                accessToken: this.token,
+              });
         const sha = (info as { sha?: unknown }).sha;
         if (typeof sha === "string" && sha !== "") return sha;
       } catch (e) {
-        if (!(e instanceof HubApiError && (e.statusCode === 404 || e.statusCode === 400 || e.statusCode === 405)) || t.errorCode === "RepoNotFound") throw e;
+        if (
+          !(e instanceof HubApiError && (e.statusCode === 404 || e.statusCode === 400 || e.statusCode === 405)) ||
+          t.errorCode === "RepoNotFound"
+        )
+          throw e;
       }
       for (const p of [POINTER_FILE, ".gitattributes"]) {
         const t2 = this.tracker();
-        const info = await fileDownloadInfo({ repo: this.designation, path: p, hubUrl: this.hubUrl, fetch: t2.fetch, accessToken: this.token });
+        const info = await fileDownloadInfo({
+          repo: this.designation,
+          path: p,
+          hubUrl: this.hubUrl,
+          fetch: t2.fetch,
+          accessToken: this.token,
+        });
         if (info && t2.repoCommit) return t2.repoCommit;
       }
       return null;
@@ -459,21 +553,31 @@ class ClientHubStore implements HubClient {
       const t = this.tracker();
       const out: RemoteFile[] = [];
       try {
-        for await (const e of listFiles({ repo: this.designation, recursive: true, path: p, hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token })) {
+        for await (const e of listFiles({
+          repo: this.designation,
+          recursive: true,
+          path: p,
+          hubUrl: this.hubUrl,
+          fetch: t.fetch,
+          accessToken: this.token,
+        })) {
           if (e.type !== "file") continue;
           const sha = e.lfs?.oid ?? (isHex(e.oid, 64) ? e.oid : null);
           out.push({ path: e.path, size: e.lfs?.size ?? e.size, sha256: sha, gitOid: e.oid, lfs: !!e.lfs });
         }
       } catch (e) {
-        if (e instanceof HubApiError && e.statusCode === 404 && t.errorCode === "RepoNotFound") throw new RepoMissingError(this.repo);
-        if (e instanceof HubApiError && e.statusCode === 404 && t.errorCode === "EntryNotFound" && p !== undefined) return [];
+        if (e instanceof HubApiError && e.statusCode === 404 && t.errorCode === "RepoNotFound")
+          throw new RepoMissingError(this.repo);
+        if (e instanceof HubApiError && e.statusCode === 404 && t.errorCode === "EntryNotFound" && p !== undefined)
+          return [];
         throw e;
       }
       if (o?.hashRegular !== false) {
         for (const f of out) {
           if (f.sha256 !== null) continue;
           const b = await this.download(f.path);
-          if (b === null) throw new Error(`${f.path} was listed on ${this.repo} but cannot be downloaded (EntryNotFound)`);
+          if (b === null)
+            throw new Error(`${f.path} was listed on ${this.repo} but cannot be downloaded (EntryNotFound)`);
           f.sha256 = createHash("sha256").update(b).digest("hex");
         }
       }
@@ -485,9 +589,16 @@ class ClientHubStore implements HubClient {
   private async blobOf(pathInRepo: string): Promise<Blob | null> {
     const t = this.tracker();
     try {
-      return await downloadFile({ repo: this.designation, path: normRepoPath(pathInRepo, "path"), hubUrl: this.hubUrl, fetch: t.fetch, accessToken: this.token });
+      return await downloadFile({
+        repo: this.designation,
+        path: normRepoPath(pathInRepo, "path"),
+        hubUrl: this.hubUrl,
+        fetch: t.fetch,
+        accessToken: this.token,
+      });
     } catch (e) {
-      if (e instanceof HubApiError && e.statusCode === 404 && t.errorCode === "RepoNotFound") throw new RepoMissingError(this.repo);
+      if (e instanceof HubApiError && e.statusCode === 404 && t.errorCode === "RepoNotFound")
+        throw new RepoMissingError(this.repo);
       throw e;
     }
   }
@@ -497,12 +608,17 @@ class ClientHubStore implements HubClient {
       const blob = await this.blobOf(pathInRepo);
       if (blob === null) return null;
       const b = Buffer.from(await blob.arrayBuffer());
-      if (b.length !== blob.size) throw new Error(`download of ${pathInRepo} from ${this.repo} is short: got ${b.length} of ${blob.size} bytes`);
+      if (b.length !== blob.size)
+        throw new Error(`download of ${pathInRepo} from ${this.repo} is short: got ${b.length} of ${blob.size} bytes`);
       return b;
     });
   }
 
-  downloadFolder(pathInRepo: string, destDir: string, o: { progress?: (line: string) => void } = {}): Promise<{ files: number; bytes: number; seconds: number }> {
+  downloadFolder(
+    pathInRepo: string,
+    destDir: string,
+    o: { progress?: (line: string) => void } = {},
+  ): Promise<{ files: number; bytes: number; seconds: number }> {
     let progress: TransferProgress | null = null;
     return this.guard(async () => {
       const t0 = performance.now();
@@ -510,7 +626,11 @@ class ClientHubStore implements HubClient {
       const files = await this.list(prefix, { hashRegular: false });
       if (files.length === 0) throw new Error(`nothing to download: ${this.repo} holds no files under ${prefix}/`);
       await fsp.mkdir(destDir, { recursive: true });
-      progress = new TransferProgress(`downloading ${prefix}/ (${files.length} files)`, files.reduce((a, f) => a + f.size, 0), o.progress);
+      progress = new TransferProgress(
+        `downloading ${prefix}/ (${files.length} files)`,
+        files.reduce((a, f) => a + f.size, 0),
+        o.progress,
+      );
       const moved = progress;
       let bytes = 0;
       for (const f of files) {
@@ -518,7 +638,8 @@ class ClientHubStore implements HubClient {
         const dest = path.join(destDir, ...rel.split("/"));
         await fsp.mkdir(path.dirname(dest), { recursive: true });
         const blob = await this.blobOf(f.path);
-        if (blob === null) throw new Error(`${f.path} was listed on ${this.repo} but cannot be downloaded (EntryNotFound)`);
+        if (blob === null)
+          throw new Error(`${f.path} was listed on ${this.repo} but cannot be downloaded (EntryNotFound)`);
         const tmp = `${dest}.${randomBytes(4).toString("hex")}.part`;
         const sha256 = createHash("sha256");
         const git = createHash("sha1").update(`blob ${f.size}\0`);
@@ -533,18 +654,28 @@ class ClientHubStore implements HubClient {
           },
         });
         try {
-          await pipeline(Readable.fromWeb(blob.stream() as unknown as NodeReadableStream<Uint8Array>), counter, fs.createWriteStream(tmp));
+          await pipeline(
+            Readable.fromWeb(blob.stream() as unknown as NodeReadableStream<Uint8Array>),
+            counter,
+            fs.createWriteStream(tmp),
+          );
         } catch (e) {
           await fsp.rm(tmp, { force: true });
           // WebBlob.stream() aborts with a bare string; say which file, and keep the original.
-          throw new Error(`download of ${f.path} failed: ${e instanceof Error ? describeHubError(e) : String(e)}`, { cause: e });
+          throw new Error(`download of ${f.path} failed: ${e instanceof Error ? describeHubError(e) : String(e)}`, {
+            cause: e,
+          });
         }
         const got = sha256.digest("hex");
         const gitGot = git.digest("hex");
         const bad =
-          n !== f.size ? `${n} bytes where the listing says ${f.size}` :
-          f.sha256 !== null && got !== f.sha256 ? `sha256 ${got} where the listing says ${f.sha256}` :
-          !f.lfs && isHex(f.gitOid, 40) && gitGot !== f.gitOid ? `git oid ${gitGot} where the listing says ${f.gitOid}` : null;
+          n !== f.size
+            ? `${n} bytes where the listing says ${f.size}`
+            : f.sha256 !== null && got !== f.sha256
+              ? `sha256 ${got} where the listing says ${f.sha256}`
+              : !f.lfs && isHex(f.gitOid, 40) && gitGot !== f.gitOid
+                ? `git oid ${gitGot} where the listing says ${f.gitOid}`
+                : null;
         if (bad) {
           await fsp.rm(tmp, { force: true });
           throw new Error(`download of ${f.path} from ${this.repo} is not what the Hub lists: ${bad}`);
@@ -568,7 +699,8 @@ class ClientHubStore implements HubClient {
     return this.guard(async () => {
       const want = validatePointer(p, "pointer to write");
       const body = pointerBytes(want);
-      const same = (got: Pointer | null) => got !== null && (Object.keys(want) as (keyof Pointer)[]).every((k) => got[k] === want[k]);
+      const same = (got: Pointer | null) =>
+        got !== null && (Object.keys(want) as (keyof Pointer)[]).every((k) => got[k] === want[k]);
       const oid = await this.commitOps(
         [{ operation: "addOrUpdate", path: POINTER_FILE, content: new Blob([body]) }],
         `latest.json -> ${want.path_in_repo} (step ${want.step})`,
@@ -577,7 +709,9 @@ class ClientHubStore implements HubClient {
       );
       const got = await this.readPointer();
       if (!same(got)) {
-        throw new Error(`${POINTER_FILE} on ${this.repo} reads back as ${JSON.stringify(got)} after writing ${JSON.stringify(want)}`);
+        throw new Error(
+          `${POINTER_FILE} on ${this.repo} reads back as ${JSON.stringify(got)} after writing ${JSON.stringify(want)}`,
+        );
       }
       return oid;
     });

@@ -108,7 +108,11 @@ const round1 = (x: number) => Math.round(x * 10) / 10;
  * Compares the local folder with what the Hub lists under pathInRepo, and reads one file back.
  * The read-back file is cursor.json when present (the run's identity), else the smallest file.
  */
-export async function verifyRemote(store: HubClient, local: LocalFile[], pathInRepo: string): Promise<VerifyReport & { detail: string[] }> {
+export async function verifyRemote(
+  store: HubClient,
+  local: LocalFile[],
+  pathInRepo: string,
+): Promise<VerifyReport & { detail: string[] }> {
   const remote: RemoteFile[] = await store.list(pathInRepo);
   const byPath = new Map(remote.map((f) => [f.path, f]));
   const missing: string[] = [];
@@ -141,7 +145,10 @@ export async function verifyRemote(store: HubClient, local: LocalFile[], pathInR
       else {
         const got = createHash("sha256").update(b).digest("hex");
         readbackOk = got === pick.sha256 && b.length === pick.size;
-        if (!readbackOk) detail.push(`read-back of ${rp}: ${b.length} bytes, sha256 ${got}; local has ${pick.size} bytes, sha256 ${pick.sha256}`);
+        if (!readbackOk)
+          detail.push(
+            `read-back of ${rp}: ${b.length} bytes, sha256 ${got}; local has ${pick.size} bytes, sha256 ${pick.sha256}`,
+          );
       }
     } catch (e) {
       if (isTransient(e)) throw e; // a network failure proves nothing about the bytes: retried (K6)
@@ -180,25 +187,53 @@ interface Publishing {
 
 function startPublishing(store: HubClient, o: PublishOptions, kind: "CKPT" | "FINAL"): Publishing {
   if (o.pointer.path_in_repo !== o.pathInRepo) {
-    throw new TypeError(`publish: pointer.path_in_repo ${JSON.stringify(o.pointer.path_in_repo)} differs from pathInRepo ${JSON.stringify(o.pathInRepo)}`);
+    throw new TypeError(
+      `publish: pointer.path_in_repo ${JSON.stringify(o.pointer.path_in_repo)} differs from pathInRepo ${JSON.stringify(o.pathInRepo)}`,
+    );
   }
   if (!(o.minFreeGb >= 0)) throw new TypeError(`publish: minFreeGb must be >= 0, got ${o.minFreeGb}`);
   const step = o.pointer.step;
   const t0 = performance.now();
   const result: PublishResult = {
-    step, pathInRepo: o.pathInRepo, ok: false, verify: { missing: [], mismatch: [], extra: [], readbackOk: false },
-    pushVerifySeconds: 0, uploadSeconds: 0, verifySeconds: 0, retries: 0, pruned: false, pruneReason: null, freeGb: 0,
+    step,
+    pathInRepo: o.pathInRepo,
+    ok: false,
+    verify: { missing: [], mismatch: [], extra: [], readbackOk: false },
+    pushVerifySeconds: 0,
+    uploadSeconds: 0,
+    verifySeconds: 0,
+    retries: 0,
+    pruned: false,
+    pruneReason: null,
+    freeGb: 0,
   };
   const clock = o.clock ?? { failingSince: null };
   const diskFree = o.diskFree ?? freeBytes;
   return {
-    store, o, kind, step, t0, result, clock, diskFree,
+    store,
+    o,
+    kind,
+    step,
+    t0,
+    result,
+    clock,
+    diskFree,
     where: `${store.repo}/${o.pathInRepo}`,
     kept: `The local copy at ${o.localDir} is kept and latest.json was not moved.`,
     retry: (what) => ({
-      what, log: (line) => { result.retries++; o.log(line); }, giveUpMs: o.giveUpMs ?? 30 * 60_000, abandon: o.abandon,
-      since: () => clock.failingSince, onFirstFailure: (t) => { if (clock.failingSince === null) clock.failingSince = t; },
-      baseMs: o.backoff?.baseMs, capMs: o.backoff?.capMs,
+      what,
+      log: (line) => {
+        result.retries++;
+        o.log(line);
+      },
+      giveUpMs: o.giveUpMs ?? 30 * 60_000,
+      abandon: o.abandon,
+      since: () => clock.failingSince,
+      onFirstFailure: (t) => {
+        if (clock.failingSince === null) clock.failingSince = t;
+      },
+      baseMs: o.backoff?.baseMs,
+      capMs: o.backoff?.capMs,
     }),
     fail: async (e) => {
       result.pushVerifySeconds = (performance.now() - t0) / 1000;
@@ -229,7 +264,14 @@ async function readLocalCopy(p: Publishing): Promise<LocalFile[]> {
     if (local.length === 0) throw new Error(`${o.localDir} holds no files`);
     return local;
   } catch (e) {
-    return p.fail(new CheckpointPublishError(`checkpoint ${p.step}: reading the local copy at ${o.localDir} failed: ${describeHubError(e)}. ${p.kept}`, "upload", o.pathInRepo, o.localDir));
+    return p.fail(
+      new CheckpointPublishError(
+        `checkpoint ${p.step}: reading the local copy at ${o.localDir} failed: ${describeHubError(e)}. ${p.kept}`,
+        "upload",
+        o.pathInRepo,
+        o.localDir,
+      ),
+    );
   }
 }
 
@@ -246,29 +288,67 @@ async function uploadAndVerify(p: Publishing, local: LocalFile[]): Promise<void>
       await withRetry(
         // K8: only a second attempt may find its own earlier attempt landed. Round 2's first attempt names the
         // head round 1's (answered) commit made, so a 412 there is another writer's, identical bytes or not.
-        (attempt) => store.uploadFolder(o.localDir, o.pathInRepo, o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`), { retry: attempt > 1, progress: o.log }),
+        (attempt) =>
+          store.uploadFolder(
+            o.localDir,
+            o.pathInRepo,
+            o.message ?? (kind === "FINAL" ? `final export (step ${step})` : `checkpoint step ${step}`),
+            { retry: attempt > 1, progress: o.log },
+          ),
         p.retry(`upload of ${o.pathInRepo} (step ${step})`),
       );
     } catch (e) {
-      await stageFailed(p, e, () => new CheckpointPublishError(`checkpoint ${step}: upload to ${p.where} failed: ${retryReason(e)}. ${p.kept}`, "upload", o.pathInRepo, o.localDir));
+      await stageFailed(
+        p,
+        e,
+        () =>
+          new CheckpointPublishError(
+            `checkpoint ${step}: upload to ${p.where} failed: ${retryReason(e)}. ${p.kept}`,
+            "upload",
+            o.pathInRepo,
+            o.localDir,
+          ),
+      );
     }
     const tVerify = performance.now();
     p.result.uploadSeconds += (tVerify - tUp) / 1000;
     let v: Awaited<ReturnType<typeof verifyRemote>>;
     try {
-      v = await withRetry(() => verifyRemote(store, local, o.pathInRepo), p.retry(`verification of ${o.pathInRepo} (step ${step})`));
+      v = await withRetry(
+        () => verifyRemote(store, local, o.pathInRepo),
+        p.retry(`verification of ${o.pathInRepo} (step ${step})`),
+      );
       p.result.verifySeconds += (performance.now() - tVerify) / 1000;
     } catch (e) {
-      return stageFailed(p, e, () => new CheckpointVerifyError(`checkpoint ${step}: could not verify ${p.where}: listing it failed (${retryReason(e)}). ${p.kept}`, o.pathInRepo, o.localDir, p.result.verify));
+      return stageFailed(
+        p,
+        e,
+        () =>
+          new CheckpointVerifyError(
+            `checkpoint ${step}: could not verify ${p.where}: listing it failed (${retryReason(e)}). ${p.kept}`,
+            o.pathInRepo,
+            o.localDir,
+            p.result.verify,
+          ),
+      );
     }
     p.result.verify = { missing: v.missing, mismatch: v.mismatch, extra: v.extra, readbackOk: v.readbackOk };
     if (!(v.missing.length || v.mismatch.length || v.extra.length || !v.readbackOk)) return;
     const what = verifyFindings(v);
     if (round === 1) {
-      o.log(`hub: checkpoint ${step} did not verify at ${p.where}: ${what}; uploading it once more (K4 stops only on a second mismatch)`);
+      o.log(
+        `hub: checkpoint ${step} did not verify at ${p.where}: ${what}; uploading it once more (K4 stops only on a second mismatch)`,
+      );
       continue;
     }
-    return p.fail(new CheckpointVerifyError(`checkpoint ${step} did not verify on the Hub at ${p.where}, also after one re-upload: ${what}. ${p.kept}`, o.pathInRepo, o.localDir, p.result.verify));
+    return p.fail(
+      new CheckpointVerifyError(
+        `checkpoint ${step} did not verify on the Hub at ${p.where}, also after one re-upload: ${what}. ${p.kept}`,
+        o.pathInRepo,
+        o.localDir,
+        p.result.verify,
+      ),
+    );
   }
 }
 
@@ -287,13 +367,24 @@ function verifyFindings(v: Awaited<ReturnType<typeof verifyRemote>>): string {
 async function movePointer(p: Publishing): Promise<void> {
   const { store, o, step } = p;
   try {
-    await withRetry((attempt) => store.writePointer(o.pointer, { retry: attempt > 1 }), p.retry(`write of latest.json -> ${o.pathInRepo}`));
+    await withRetry(
+      (attempt) => store.writePointer(o.pointer, { retry: attempt > 1 }),
+      p.retry(`write of latest.json -> ${o.pathInRepo}`),
+    );
   } catch (e) {
-    await stageFailed(p, e, () => new CheckpointPublishError(
-      `checkpoint ${step} is verified on the Hub at ${p.where}, but latest.json could not be moved to it: ${retryReason(e)}. ` +
-      `The local copy at ${o.localDir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). ` +
-      `--resume auto rolls the pointer forward onto this checkpoint, which proves complete against its manifest (R5)`,
-      "pointer", o.pathInRepo, o.localDir));
+    await stageFailed(
+      p,
+      e,
+      () =>
+        new CheckpointPublishError(
+          `checkpoint ${step} is verified on the Hub at ${p.where}, but latest.json could not be moved to it: ${retryReason(e)}. ` +
+            `The local copy at ${o.localDir} is kept; latest.json still points at the previous checkpoint (or could not be confirmed). ` +
+            `--resume auto rolls the pointer forward onto this checkpoint, which proves complete against its manifest (R5)`,
+          "pointer",
+          o.pathInRepo,
+          o.localDir,
+        ),
+    );
   }
 }
 
@@ -340,7 +431,11 @@ export function publishCheckpoint(store: HubClient, o: PublishOptions): Promise<
 /** G4: push final/ with the same verification, then roll latest.json to it. */
 export function publishFinal(
   store: HubClient,
-  o: Omit<PublishOptions, "prune" | "minFreeGb" | "pathInRepo"> & { pathInRepo?: string; prune?: boolean; minFreeGb?: number },
+  o: Omit<PublishOptions, "prune" | "minFreeGb" | "pathInRepo"> & {
+    pathInRepo?: string;
+    prune?: boolean;
+    minFreeGb?: number;
+  },
 ): Promise<PublishResult> {
   const pathInRepo = o.pathInRepo ?? "final";
   return publish(store, { ...o, pathInRepo, prune: o.prune ?? false, minFreeGb: o.minFreeGb ?? 6 }, "FINAL");

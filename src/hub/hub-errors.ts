@@ -77,8 +77,8 @@ export class ConcurrentWriterError extends Error {
   constructor(repo: string, expectedParent: string, otherCommit: string | null, what: string) {
     super(
       `another writer committed to ${repo} while this run was using it: ${what} named parent commit ${expectedParent.slice(0, 12)} ` +
-      `but the repo's head is now ${otherCommit ? otherCommit.slice(0, 12) : "(unknown: the head could not be read)"} (HTTP 412). ` +
-      `Two runs must not share one --hub-repo; this run stops without touching latest.json. Stop the other run, or give this one its own --hub-repo [K8]`,
+        `but the repo's head is now ${otherCommit ? otherCommit.slice(0, 12) : "(unknown: the head could not be read)"} (HTTP 412). ` +
+        `Two runs must not share one --hub-repo; this run stops without touching latest.json. Stop the other run, or give this one its own --hub-repo [K8]`,
     );
     this.name = "ConcurrentWriterError";
     this.otherCommit = otherCommit;

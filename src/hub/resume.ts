@@ -12,7 +12,17 @@ import type { HubClient, Pointer, RemoteFile } from "./client";
 import { describeHubError } from "./client";
 import { checkSafetensorsFile } from "./safetensors-check";
 import { withRetry } from "./retry";
-import { MANIFEST_FILE, CURSOR_FILE, FINAL_DIR, MODEL_FILE, OPTIMIZER_FILE, checkpointRepoPath, parseManifest, priorLossOf, stepOfRepoFile } from "../checkpoint";
+import {
+  MANIFEST_FILE,
+  CURSOR_FILE,
+  FINAL_DIR,
+  MODEL_FILE,
+  OPTIMIZER_FILE,
+  checkpointRepoPath,
+  parseManifest,
+  priorLossOf,
+  stepOfRepoFile,
+} from "../checkpoint";
 import { createHash } from "node:crypto";
 import { parseCursor, type Cursor } from "../data/cursor";
 
@@ -62,35 +72,74 @@ async function proveCheckpoint(store: HubClient, step: number, ref: Pointer | nu
     byRel.delete(rel);
     if (!got) problems.push(`${rel} missing`);
     else if (got.size !== want.size) problems.push(`${rel} is ${got.size} bytes, the manifest says ${want.size}`);
-    else if (got.sha256 !== want.sha256) problems.push(`${rel} has sha256 ${String(got.sha256).slice(0, 12)}…, the manifest says ${want.sha256.slice(0, 12)}…`);
+    else if (got.sha256 !== want.sha256)
+      problems.push(
+        `${rel} has sha256 ${String(got.sha256).slice(0, 12)}…, the manifest says ${want.sha256.slice(0, 12)}…`,
+      );
   }
   for (const rel of byRel.keys()) problems.push(`${rel} is not in the manifest`);
-  if (problems.length) return { ok: false, noManifest: false, reason: `it does not match its manifest: ${problems.slice(0, 4).join("; ")}${problems.length > 4 ? ` (+${problems.length - 4} more)` : ""}` };
+  if (problems.length)
+    return {
+      ok: false,
+      noManifest: false,
+      reason: `it does not match its manifest: ${problems.slice(0, 4).join("; ")}${problems.length > 4 ? ` (+${problems.length - 4} more)` : ""}`,
+    };
   let c: Cursor;
   try {
     c = parseCursor(String(await store.download(`${prefix}/${CURSOR_FILE}`)), `${prefix}/${CURSOR_FILE}`);
   } catch (e) {
     if (!(e instanceof UserError)) throw e;
-    return { ok: false, noManifest: false, reason: `its cursor.json is damaged (${e.message.split(/[:;] the checkpoint is damaged/)[0]})` };
+    return {
+      ok: false,
+      noManifest: false,
+      reason: `its cursor.json is damaged (${e.message.split(/[:;] the checkpoint is damaged/)[0]})`,
+    };
   }
-  const samples = c.samples_consumed, seqLen = c.seq_len;
+  const samples = c.samples_consumed,
+    seqLen = c.seq_len;
   if (c.step !== step) return { ok: false, noManifest: false, reason: `its cursor says step ${c.step}, not ${step}` };
   if (ref) {
-    if (c.dataset_files_sha !== ref.fingerprint || c.shuffle_seed !== ref.seed) return { ok: false, noManifest: false, reason: "its cursor names another data fingerprint or seed than latest.json" };
-    if (ref.step > 0 && samples * ref.step !== ref.samples_consumed * step) return { ok: false, noManifest: false, reason: `its cursor's ${samples} samples at step ${step} do not match latest.json's samples per step` };
+    if (c.dataset_files_sha !== ref.fingerprint || c.shuffle_seed !== ref.seed)
+      return {
+        ok: false,
+        noManifest: false,
+        reason: "its cursor names another data fingerprint or seed than latest.json",
+      };
+    if (ref.step > 0 && samples * ref.step !== ref.samples_consumed * step)
+      return {
+        ok: false,
+        noManifest: false,
+        reason: `its cursor's ${samples} samples at step ${step} do not match latest.json's samples per step`,
+      };
   }
   const pointer: Pointer = {
-    path_in_repo: prefix, step, samples_consumed: samples, tokens_consumed: samples * seqLen,
-    fingerprint: c.dataset_files_sha, seed: c.shuffle_seed,
+    path_in_repo: prefix,
+    step,
+    samples_consumed: samples,
+    tokens_consumed: samples * seqLen,
+    fingerprint: c.dataset_files_sha,
+    seed: c.shuffle_seed,
   };
   return { ok: true, pointer, files: Object.keys(m.files).length + 1 };
 }
 
 /** R5: move latest.json onto a checkpoint that proved complete (parent revision named, K8). */
-async function rollForward(store: HubClient, from: Pointer | null, to: Pointer, files: number, log: (l: string) => void): Promise<void> {
+async function rollForward(
+  store: HubClient,
+  from: Pointer | null,
+  to: Pointer,
+  files: number,
+  log: (l: string) => void,
+): Promise<void> {
   await store.followHead();
-  await withRetry((attempt) => store.writePointer(to, { retry: attempt > 1 }), { what: `write of latest.json -> ${to.path_in_repo}`, log, giveUpMs: 120_000 });
-  log(`resume auto: latest.json ${from ? `pointed at step ${from.step} (${from.path_in_repo})` : "was missing"}, but ${to.path_in_repo} proves complete against its manifest (${files} files, sizes and sha256 equal) with a consistent cursor: rolled forward, latest.json now points at step ${to.step} (R5)`);
+  await withRetry((attempt) => store.writePointer(to, { retry: attempt > 1 }), {
+    what: `write of latest.json -> ${to.path_in_repo}`,
+    log,
+    giveUpMs: 120_000,
+  });
+  log(
+    `resume auto: latest.json ${from ? `pointed at step ${from.step} (${from.path_in_repo})` : "was missing"}, but ${to.path_in_repo} proves complete against its manifest (${files} files, sizes and sha256 equal) with a consistent cursor: rolled forward, latest.json now points at step ${to.step} (R5)`,
+  );
 }
 
 /** R6: the local folder equals the Hub's copy (every file, size and hash as the Hub lists it, nothing extra). */
@@ -113,9 +162,14 @@ async function sameAsHub(dir: string, remote: RemoteFile[], prefix: string): Pro
     if (st.size !== f.size) return `${rel} is ${st.size} bytes locally, ${f.size} on the Hub`;
     const sha = createHash("sha256");
     const git = createHash("sha1").update(`blob ${st.size}\0`);
-    for await (const c of fs.createReadStream(p)) { sha.update(c as Buffer); git.update(c as Buffer); }
-    const s256 = sha.digest("hex"), s1 = git.digest("hex");
-    if (f.sha256 !== null ? s256 !== f.sha256 : !(f.gitOid && s1 === f.gitOid)) return `${rel} differs from the Hub's copy`;
+    for await (const c of fs.createReadStream(p)) {
+      sha.update(c as Buffer);
+      git.update(c as Buffer);
+    }
+    const s256 = sha.digest("hex"),
+      s1 = git.digest("hex");
+    if (f.sha256 !== null ? s256 !== f.sha256 : !(f.gitOid && s1 === f.gitOid))
+      return `${rel} differs from the Hub's copy`;
   }
   if (localNames.size) return `${[...localNames][0]} is not on the Hub`;
   return null;
@@ -140,10 +194,14 @@ export async function resolveAutoResume(store: HubClient, o: AutoResumeOptions):
   const ptr = await readPointerOrMissing(store);
   if (ptr === null) return resumeWithoutPointer(store, o);
   const listed = await listForNewest(store, ptr, o);
-  if (ptr.path_in_repo !== FINAL_DIR && (await rolledOntoNewer(store, ptr, checkpointSteps(listed), o))) return resolveAutoResume(store, o);
+  if (ptr.path_in_repo !== FINAL_DIR && (await rolledOntoNewer(store, ptr, checkpointSteps(listed), o)))
+    return resolveAutoResume(store, o);
   const pointed = listed.filter((f) => f.path.startsWith(ptr.path_in_repo + "/"));
   if (pointed.length === 0) {
-    throw new UserError("R3", `latest.json on ${store.repo} points at ${ptr.path_in_repo} (step ${ptr.step}) but the repo holds no files there; refusing to resume from a pointer to nothing`);
+    throw new UserError(
+      "R3",
+      `latest.json on ${store.repo} points at ${ptr.path_in_repo} (step ${ptr.step}) but the repo holds no files there; refusing to resume from a pointer to nothing`,
+    );
   }
   if (ptr.path_in_repo === FINAL_DIR) {
     o.log(`resume auto: latest.json points at final (step ${ptr.step}): the run is complete`);
@@ -158,7 +216,10 @@ async function readPointerOrMissing(store: HubClient): Promise<Pointer | null> {
     return await store.readPointer();
   } catch (e) {
     if (isRepoMissing(e)) return null; // confirmed by the listing of resumeWithoutPointer, never taken on its own
-    throw new UserError("R2", `--resume auto could not read latest.json on ${store.repo}: ${describeHubError(e)}. A failed lookup is never "nothing there", so this run refuses rather than start from step 0; fix the token, network or Hub and retry`);
+    throw new UserError(
+      "R2",
+      `--resume auto could not read latest.json on ${store.repo}: ${describeHubError(e)}. A failed lookup is never "nothing there", so this run refuses rather than start from step 0; fix the token, network or Hub and retry`,
+    );
   }
 }
 
@@ -173,12 +234,19 @@ async function resumeWithoutPointer(store: HubClient, o: AutoResumeOptions): Pro
     listed = await store.list(undefined, { hashRegular: false });
   } catch (e) {
     if (isRepoMissing(e)) return startFresh(`${repo} does not exist yet: nothing has ever been pushed`, o);
-    throw new UserError("R2", `--resume auto found no latest.json on ${repo}, and listing the repo to confirm that nothing was pushed failed: ${describeHubError(e)}. Refusing to start from step 0; retry when the Hub answers`);
+    throw new UserError(
+      "R2",
+      `--resume auto found no latest.json on ${repo}, and listing the repo to confirm that nothing was pushed failed: ${describeHubError(e)}. Refusing to start from step 0; retry when the Hub answers`,
+    );
   }
   const steps = checkpointSteps(listed);
   const hasFinal = listed.some((f) => f.path.startsWith(`${FINAL_DIR}/`));
   for (const n of [...steps].reverse()) {
-    const proof = await proveCheckpoint(store, n, null).catch((e) => ({ ok: false as const, noManifest: false, reason: `checking it failed: ${describeHubError(e)}` }));
+    const proof = await proveCheckpoint(store, n, null).catch((e) => ({
+      ok: false as const,
+      noManifest: false,
+      reason: `checking it failed: ${describeHubError(e)}`,
+    }));
     if (proof.ok) {
       await rollForward(store, null, proof.pointer, proof.files, o.log);
       return resolveAutoResume(store, o);
@@ -187,7 +255,10 @@ async function resumeWithoutPointer(store: HubClient, o: AutoResumeOptions): Pro
   }
   if (steps.length || hasFinal) {
     const found = [...steps.map(checkpointRepoPath), ...(hasFinal ? [FINAL_DIR] : [])];
-    throw new UserError("R2", `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`);
+    throw new UserError(
+      "R2",
+      `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`,
+    );
   }
   return startFresh(`no latest.json and no checkpoints on ${repo}`, o);
 }
@@ -209,7 +280,10 @@ async function listForNewest(store: HubClient, ptr: Pointer, o: AutoResumeOption
       if (attempt === 1) await new Promise((r) => setTimeout(r, o.retryDelayMs ?? 15_000));
     }
   }
-  throw new UserError("R3", `--resume auto could not enumerate ${store.repo} (${describeHubError(lastErr)}), so it cannot prove latest.json (step ${ptr.step}) is the newest state. Refusing; retry when the Hub answers`);
+  throw new UserError(
+    "R3",
+    `--resume auto could not enumerate ${store.repo} (${describeHubError(lastErr)}), so it cannot prove latest.json (step ${ptr.step}) is the newest state. Refusing; retry when the Hub answers`,
+  );
 }
 
 /**
@@ -217,29 +291,47 @@ async function listForNewest(store: HubClient, ptr: Pointer, o: AutoResumeOption
  * onto (true); one that does not is reported and ignored (the run overwrites it when it commits that
  * step again); one without a manifest cannot be judged and is refused (R3) unless ignoreUnproven.
  */
-async function rolledOntoNewer(store: HubClient, ptr: Pointer, steps: number[], o: AutoResumeOptions): Promise<boolean> {
+async function rolledOntoNewer(
+  store: HubClient,
+  ptr: Pointer,
+  steps: number[],
+  o: AutoResumeOptions,
+): Promise<boolean> {
   const repo = store.repo;
   for (const n of steps.filter((x) => x > ptr.step).reverse()) {
     let proof: Proof;
     try {
       proof = await proveCheckpoint(store, n, ptr);
     } catch (e) {
-      throw new UserError("R3", `--resume auto could not check ${checkpointRepoPath(n)} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`);
+      throw new UserError(
+        "R3",
+        `--resume auto could not check ${checkpointRepoPath(n)} on ${repo}, newer than latest.json (step ${ptr.step}): ${describeHubError(e)}. Refusing rather than guess; retry when the Hub answers`,
+      );
     }
     if (proof.ok) {
       await rollForward(store, ptr, proof.pointer, proof.files, o.log);
       return true;
     }
     if (proof.noManifest && !o.ignoreUnproven) {
-      throw new UserError("R3", `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ${checkpointRepoPath(n)}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ${checkpointRepoPath(n)} when it gets there, run the same command with --resume-ignore-unproven added`);
+      throw new UserError(
+        "R3",
+        `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ${checkpointRepoPath(n)}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ${checkpointRepoPath(n)} when it gets there, run the same command with --resume-ignore-unproven added`,
+      );
     }
-    o.log(`resume auto: ignoring ${checkpointRepoPath(n)} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`);
+    o.log(
+      `resume auto: ignoring ${checkpointRepoPath(n)} (newer than latest.json's step ${ptr.step}): ${proof.reason}; resuming from the pointer, and the next commit of step ${n} overwrites that folder (R5)`,
+    );
   }
   return false;
 }
 
 /** R6 then R4: reuse a local copy equal to the Hub's, else download the pointed folder; then check the weights. */
-async function bringDown(store: HubClient, ptr: Pointer, pointed: RemoteFile[], o: AutoResumeOptions): Promise<AutoResume> {
+async function bringDown(
+  store: HubClient,
+  ptr: Pointer,
+  pointed: RemoteFile[],
+  o: AutoResumeOptions,
+): Promise<AutoResume> {
   o.log(`auto-resume: hub says step ${ptr.step} at ${ptr.path_in_repo}`);
   const local = await equalLocalCopy(ptr, pointed, o);
   if (local !== null) return checkWeights(store, ptr, local, o.log);
@@ -249,11 +341,17 @@ async function bringDown(store: HubClient, ptr: Pointer, pointed: RemoteFile[], 
   try {
     got = await store.downloadFolder(ptr.path_in_repo, dir, { progress: o.log });
   } catch (e) {
-    throw new UserError("R4", `--resume auto could not download ${ptr.path_in_repo} from ${store.repo}: ${describeHubError(e)}. Refusing to resume from a partial checkpoint; retry`);
+    throw new UserError(
+      "R4",
+      `--resume auto could not download ${ptr.path_in_repo} from ${store.repo}: ${describeHubError(e)}. Refusing to resume from a partial checkpoint; retry`,
+    );
   }
   o.log(`downloaded ${got.files} files, ${(got.bytes / 1e6).toFixed(1)} MB in ${got.seconds.toFixed(1)}s`);
   if (got.bytes < (o.minBytes ?? 0)) {
-    throw new UserError("R4", `auto-resume downloaded ${got.bytes} bytes for ${ptr.path_in_repo}, under the ${o.minBytes} bytes a real checkpoint holds: not real weights. Refusing`);
+    throw new UserError(
+      "R4",
+      `auto-resume downloaded ${got.bytes} bytes for ${ptr.path_in_repo}, under the ${o.minBytes} bytes a real checkpoint holds: not real weights. Refusing`,
+    );
   }
   return checkWeights(store, ptr, dir, o.log);
 }
@@ -269,7 +367,9 @@ async function equalLocalCopy(ptr: Pointer, pointed: RemoteFile[], o: AutoResume
       why = `reading it failed: ${(e as Error).message}`;
     }
     if (why === null) {
-      o.log(`auto-resume: reusing the local copy ${cand}: its ${pointed.length} files match the Hub's sizes and hashes (sha256 for the weights), so nothing is downloaded (R6)`);
+      o.log(
+        `auto-resume: reusing the local copy ${cand}: its ${pointed.length} files match the Hub's sizes and hashes (sha256 for the weights), so nothing is downloaded (R6)`,
+      );
       return cand;
     }
     o.log(`auto-resume: local ${cand} is not the Hub's copy (${why}); downloading instead`);
@@ -277,18 +377,29 @@ async function equalLocalCopy(ptr: Pointer, pointed: RemoteFile[], o: AutoResume
   return null;
 }
 
-async function checkWeights(store: HubClient, ptr: Pointer, dir: string, log: (l: string) => void): Promise<AutoResume> {
+async function checkWeights(
+  store: HubClient,
+  ptr: Pointer,
+  dir: string,
+  log: (l: string) => void,
+): Promise<AutoResume> {
   const repo = store.repo;
   for (const name of [MODEL_FILE, OPTIMIZER_FILE]) {
     const p = path.join(dir, name);
     if (!fs.existsSync(p)) {
       if (name === OPTIMIZER_FILE) continue; // K2 completeness is the caller's; weights are required here
-      throw new UserError("R4", `auto-resume downloaded ${ptr.path_in_repo} from ${repo} but it has no ${name}: not real weights. Refusing`);
+      throw new UserError(
+        "R4",
+        `auto-resume downloaded ${ptr.path_in_repo} from ${repo} but it has no ${name}: not real weights. Refusing`,
+      );
     }
     try {
       await checkSafetensorsFile(p);
     } catch (e) {
-      throw new UserError("R4", `auto-resume downloaded ${ptr.path_in_repo} from ${repo} but ${name} is not real weights: ${(e as Error).message}. Refusing`);
+      throw new UserError(
+        "R4",
+        `auto-resume downloaded ${ptr.path_in_repo} from ${repo} but ${name} is not real weights: ${(e as Error).message}. Refusing`,
+      );
     }
   }
   const priorLoss = priorLossOf(dir);

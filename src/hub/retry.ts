@@ -9,8 +9,21 @@ import { HubApiError } from "@huggingface/hub";
 import { describeHubError } from "./client";
 
 const TRANSIENT_CODES = new Set([
-  "ECONNREFUSED", "ECONNRESET", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENETDOWN", "EAI_AGAIN", "ENOTFOUND",
-  "UND_ERR_SOCKET", "UND_ERR_CONNECT_TIMEOUT", "UND_ERR_HEADERS_TIMEOUT", "UND_ERR_BODY_TIMEOUT", "UND_ERR_CLOSED", "ECONNABORTED",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENETDOWN",
+  "EAI_AGAIN",
+  "ENOTFOUND",
+  "UND_ERR_SOCKET",
+  "UND_ERR_CONNECT_TIMEOUT",
+  "UND_ERR_HEADERS_TIMEOUT",
+  "UND_ERR_BODY_TIMEOUT",
+  "UND_ERR_CLOSED",
+  "ECONNABORTED",
 ]);
 
 function codesOf(e: unknown, depth = 0): string[] {
@@ -23,7 +36,8 @@ function codesOf(e: unknown, depth = 0): string[] {
 
 function statusOf(e: unknown): number | null {
   if (e instanceof HubApiError) return e.statusCode;
-  const s = (e as { statusCode?: unknown; status?: unknown } | null)?.statusCode ?? (e as { status?: unknown } | null)?.status;
+  const s =
+    (e as { statusCode?: unknown; status?: unknown } | null)?.statusCode ?? (e as { status?: unknown } | null)?.status;
   return typeof s === "number" ? s : null;
 }
 
@@ -39,7 +53,12 @@ export function isTransient(e: unknown, depth = 0): boolean {
   if (codesOf(e).some((c) => TRANSIENT_CODES.has(c))) return true;
   if (err.name === "TypeError" && (err.message === "fetch failed" || err.message === "terminated")) return true;
   if (err.name === "AbortError" || err.name === "TimeoutError") return true;
-  if (/socket hang up|other side closed|ECONNRE(SET|FUSED)|UND_ERR_SOCKET|terminated|timed out|stalled/.test(String(err.message))) return true;
+  if (
+    /socket hang up|other side closed|ECONNRE(SET|FUSED)|UND_ERR_SOCKET|terminated|timed out|stalled/.test(
+      String(err.message),
+    )
+  )
+    return true;
   return err.cause !== undefined && isTransient(err.cause, depth + 1);
 }
 
@@ -62,7 +81,10 @@ export interface RetryOptions {
 
 /** Thrown when `abandon` asked the loop to stop; carries the reason. */
 export class RetryAbandoned extends Error {
-  constructor(readonly reason: string, readonly last: unknown) {
+  constructor(
+    readonly reason: string,
+    readonly last: unknown,
+  ) {
     super(reason);
     this.name = "RetryAbandoned";
   }
@@ -70,7 +92,10 @@ export class RetryAbandoned extends Error {
 
 /** Thrown when transient failures lasted longer than giveUpMs; `last` is the final failure. */
 export class RetryExhausted extends Error {
-  constructor(message: string, readonly last: unknown) {
+  constructor(
+    message: string,
+    readonly last: unknown,
+  ) {
     super(message);
     this.name = "RetryExhausted";
   }
@@ -101,12 +126,17 @@ export async function withRetry<T>(fn: (attempt: number) => Promise<T>, o: Retry
       const failingMs = now - first;
       if (failingMs >= o.giveUpMs) {
         const t = (ms: number) => (ms < 120_000 ? `${(ms / 1000).toFixed(1)} s` : `${(ms / 60_000).toFixed(1)} min`);
-        throw new RetryExhausted(`${o.what} kept failing for ${t(failingMs)} (the limit is ${t(o.giveUpMs)}, --hub-retry-minutes); last error: ${describeHubError(e)}`, e);
+        throw new RetryExhausted(
+          `${o.what} kept failing for ${t(failingMs)} (the limit is ${t(o.giveUpMs)}, --hub-retry-minutes); last error: ${describeHubError(e)}`,
+          e,
+        );
       }
       const why = o.abandon?.();
       if (why) throw new RetryAbandoned(why, e);
       const wait = Math.min(backoffMs(attempt, o.baseMs, o.capMs), Math.max(0, o.giveUpMs - failingMs));
-      o.log(`hub: ${o.what} failed (attempt ${attempt}: ${describeHubError(e).slice(0, 200)}); retrying in ${(wait / 1000).toFixed(1)}s, failing for ${(failingMs / 1000).toFixed(0)}s of at most ${(o.giveUpMs / 1000).toFixed(0)}s (K6)`);
+      o.log(
+        `hub: ${o.what} failed (attempt ${attempt}: ${describeHubError(e).slice(0, 200)}); retrying in ${(wait / 1000).toFixed(1)}s, failing for ${(failingMs / 1000).toFixed(0)}s of at most ${(o.giveUpMs / 1000).toFixed(0)}s (K6)`,
+      );
       await sleep(wait);
     }
   }

@@ -6,7 +6,21 @@
 import * as fsp from "node:fs/promises";
 
 const DTYPE_BYTES: Record<string, number> = {
-  F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4, I16: 2, I8: 1, U64: 8, U32: 4, U16: 2, U8: 1, BOOL: 1, F8_E4M3: 1, F8_E5M2: 1,
+  F64: 8,
+  F32: 4,
+  F16: 2,
+  BF16: 2,
+  I64: 8,
+  I32: 4,
+  I16: 2,
+  I8: 1,
+  U64: 8,
+  U32: 4,
+  U16: 2,
+  U8: 1,
+  BOOL: 1,
+  F8_E4M3: 1,
+  F8_E5M2: 1,
 };
 const MAX_HEADER = 100 * 1024 * 1024;
 
@@ -25,7 +39,8 @@ export async function checkSafetensorsFile(file: string): Promise<SafetensorsSum
     const lenBuf = Buffer.alloc(8);
     await fh.read(lenBuf, 0, 8, 0);
     const n = lenBuf.readBigUInt64LE(0);
-    if (n < 2n || n > BigInt(MAX_HEADER) || n > BigInt(size - 8)) throw new Error(`${file}: header length ${n} does not fit in a ${size}-byte file`);
+    if (n < 2n || n > BigInt(MAX_HEADER) || n > BigInt(size - 8))
+      throw new Error(`${file}: header length ${n} does not fit in a ${size}-byte file`);
     const hdr = Buffer.alloc(Number(n));
     await fh.read(hdr, 0, hdr.length, 8);
     let json: Record<string, unknown>;
@@ -34,7 +49,8 @@ export async function checkSafetensorsFile(file: string): Promise<SafetensorsSum
     } catch {
       throw new Error(`${file}: the header is not valid JSON`);
     }
-    if (!json || typeof json !== "object" || Array.isArray(json)) throw new Error(`${file}: the header is not a JSON object`);
+    if (!json || typeof json !== "object" || Array.isArray(json))
+      throw new Error(`${file}: the header is not a JSON object`);
     const dataBytes = size - 8 - Number(n);
     const ranges: [number, number, string][] = [];
     for (const [name, v] of Object.entries(json)) {
@@ -42,13 +58,22 @@ export async function checkSafetensorsFile(file: string): Promise<SafetensorsSum
       const t = v as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
       const per = DTYPE_BYTES[String(t?.dtype)];
       if (!per) throw new Error(`${file}: tensor ${name} has unknown dtype ${JSON.stringify(t?.dtype)}`);
-      if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) throw new Error(`${file}: tensor ${name} has an invalid shape`);
+      if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isSafeInteger(d) && d >= 0))
+        throw new Error(`${file}: tensor ${name} has an invalid shape`);
       const off = t.data_offsets;
-      if (!Array.isArray(off) || off.length !== 2 || !off.every((x) => Number.isSafeInteger(x) && x >= 0) || off[1] < off[0]) {
+      if (
+        !Array.isArray(off) ||
+        off.length !== 2 ||
+        !off.every((x) => Number.isSafeInteger(x) && x >= 0) ||
+        off[1] < off[0]
+      ) {
         throw new Error(`${file}: tensor ${name} has invalid data_offsets`);
       }
       const want = (t.shape as number[]).reduce((a, b) => a * b, 1) * per;
-      if (off[1] - off[0] !== want) throw new Error(`${file}: tensor ${name} spans ${off[1] - off[0]} bytes but ${t.dtype}${JSON.stringify(t.shape)} needs ${want}`);
+      if (off[1] - off[0] !== want)
+        throw new Error(
+          `${file}: tensor ${name} spans ${off[1] - off[0]} bytes but ${t.dtype}${JSON.stringify(t.shape)} needs ${want}`,
+        );
       ranges.push([off[0], off[1], name]);
     }
     if (ranges.length === 0) throw new Error(`${file}: the header lists no tensors`);
@@ -58,7 +83,10 @@ export async function checkSafetensorsFile(file: string): Promise<SafetensorsSum
       if (s !== at) throw new Error(`${file}: tensor ${name} starts at ${s}, expected ${at} (gap or overlap)`);
       at = e;
     }
-    if (at !== dataBytes) throw new Error(`${file}: tensors cover ${at} bytes but the file holds ${dataBytes} bytes of data (truncated or padded)`);
+    if (at !== dataBytes)
+      throw new Error(
+        `${file}: tensors cover ${at} bytes but the file holds ${dataBytes} bytes of data (truncated or padded)`,
+      );
     return { tensors: ranges.length, dataBytes, fileBytes: size };
   } finally {
     await fh.close();

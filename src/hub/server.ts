@@ -21,11 +21,24 @@ import { FaultSwitch, type HubEndpoint, type HubFaults } from "./server/faults";
 import { collectGarbage, type GcResult } from "./server/history";
 import { HttpError, readBody, sendError } from "./server/http";
 import { Signer, lfsBatch, lfsUpload } from "./server/lfs";
-import { commitsEndpoint, pathsInfoEndpoint, repoInfoEndpoint, resolveEndpoint, treeEndpoint, whoamiEndpoint } from "./server/read";
+import {
+  commitsEndpoint,
+  pathsInfoEndpoint,
+  repoInfoEndpoint,
+  resolveEndpoint,
+  treeEndpoint,
+  whoamiEndpoint,
+} from "./server/read";
 import { RepoStore, type RepoRef } from "./server/repo";
 import { route, type Route } from "./server/routes";
 import {
-  createBranchEndpoint, createRepoEndpoint, deleteBranchEndpoint, deleteRepoEndpoint, preuploadEndpoint, superSquashEndpoint, validRepoName,
+  createBranchEndpoint,
+  createRepoEndpoint,
+  deleteBranchEndpoint,
+  deleteRepoEndpoint,
+  preuploadEndpoint,
+  superSquashEndpoint,
+  validRepoName,
 } from "./server/write";
 
 export { HUB_ENDPOINTS, parseFaults, type HubEndpoint, type HubFaults } from "./server/faults";
@@ -65,19 +78,32 @@ export class LocalHub {
   private readonly timers = new Set<NodeJS.Timeout>();
 
   constructor(o: LocalHubOptions) {
-    if (!o || typeof o.dir !== "string" || o.dir === "") throw new TypeError("LocalHub: options.dir must be a directory path");
+    if (!o || typeof o.dir !== "string" || o.dir === "")
+      throw new TypeError("LocalHub: options.dir must be a directory path");
     this.host = o.host ?? "127.0.0.1";
     this.port = o.port ?? 0;
     const pageSize = o.pageSize ?? 100;
-    if (!Number.isInteger(this.port) || this.port < 0 || this.port > 65535) throw new TypeError(`LocalHub: options.port must be 0..65535, got ${o.port}`);
-    if (!Number.isInteger(pageSize) || pageSize < 1) throw new TypeError(`LocalHub: options.pageSize must be a positive integer, got ${o.pageSize}`);
-    this.auth = new Auth([...(o.token ? [{ token: o.token, role: "write" as const, name: "local" }] : []), ...(o.tokens ?? [])]);
+    if (!Number.isInteger(this.port) || this.port < 0 || this.port > 65535)
+      throw new TypeError(`LocalHub: options.port must be 0..65535, got ${o.port}`);
+    if (!Number.isInteger(pageSize) || pageSize < 1)
+      throw new TypeError(`LocalHub: options.pageSize must be a positive integer, got ${o.pageSize}`);
+    this.auth = new Auth([
+      ...(o.token ? [{ token: o.token, role: "write" as const, name: "local" }] : []),
+      ...(o.tokens ?? []),
+    ]);
     const emit = o.onEvent ?? (() => undefined);
     this.faultSwitch = new FaultSwitch(o.faultsFile ?? null, (message) => emit({ type: "faults", message }));
     this.ctx = {
-      store: new RepoStore(path.resolve(o.dir), (r) => emit({ type: "lock-wait", repo: `${r.owner}/${r.name}` })), faults: this.faultSwitch, signer: new Signer(), pageSize,
-      lfsThreshold: o.lfsThreshold ?? 64 * 1024, gcGraceMs: o.gcGraceMs ?? 3600_000,
-      base: () => this.base, running: () => this.server !== null, emit, sleep: (ms) => this.sleep(ms),
+      store: new RepoStore(path.resolve(o.dir), (r) => emit({ type: "lock-wait", repo: `${r.owner}/${r.name}` })),
+      faults: this.faultSwitch,
+      signer: new Signer(),
+      pageSize,
+      lfsThreshold: o.lfsThreshold ?? 64 * 1024,
+      gcGraceMs: o.gcGraceMs ?? 3600_000,
+      base: () => this.base,
+      running: () => this.server !== null,
+      emit,
+      sleep: (ms) => this.sleep(ms),
     };
   }
 
@@ -158,7 +184,10 @@ export class LocalHub {
     const u = new URL(req.url ?? "/", "http://localhost");
     this.track(req, res, u.pathname);
     try {
-      const segs = u.pathname.split("/").filter((x) => x !== "").map((x) => decodeURIComponentOr400(x));
+      const segs = u.pathname
+        .split("/")
+        .filter((x) => x !== "")
+        .map((x) => decodeURIComponentOr400(x));
       const rt = route(req.method ?? "GET", segs);
       const who = await this.admit(req, rt, u);
       if (!(await this.injectFaults(req, rt.endpoint!))) return;
@@ -202,26 +231,47 @@ export class LocalHub {
     return true;
   }
 
-  private async dispatch(req: http.IncomingMessage, res: http.ServerResponse, rt: Route, u: URL, who: HubToken | null): Promise<void> {
+  private async dispatch(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    rt: Route,
+    u: URL,
+    who: HubToken | null,
+  ): Promise<void> {
     const { ctx } = this;
     const r = rt.repo!;
     const endpoint = rt.endpoint!;
     switch (endpoint) {
-      case "createRepo": return createRepoEndpoint(ctx, req, res);
-      case "deleteRepo": return deleteRepoEndpoint(ctx, req, res);
-      case "whoami": return whoamiEndpoint(res, who);
-      case "repoInfo": return repoInfoEndpoint(ctx, res, r, []);
-      case "revisionInfo": return repoInfoEndpoint(ctx, res, r, rt.rest);
-      case "preupload": return preuploadEndpoint(ctx, req, res, r, rt.rest);
-      case "lfsBatch": return lfsBatch(req, res, ctx.store, r, ctx.signer, this.base);
-      case "upload": return lfsUpload(req, res, ctx.store, r, ctx.signer, rt.rest[0], u.searchParams);
-      case "commit": return commitEndpoint(ctx, req, res, r, rt.rest, u);
-      case "commits": return commitsEndpoint(ctx, res, r, rt.rest, u);
-      case "createBranch": return createBranchEndpoint(ctx, req, res, r, rt.rest);
-      case "deleteBranch": return deleteBranchEndpoint(ctx, req, res, r, rt.rest);
-      case "superSquash": return superSquashEndpoint(ctx, req, res, r, rt.rest);
-      case "list": return treeEndpoint(ctx, res, r, rt.rest, u);
-      case "pathsInfo": return pathsInfoEndpoint(ctx, req, res, r, rt.rest);
+      case "createRepo":
+        return createRepoEndpoint(ctx, req, res);
+      case "deleteRepo":
+        return deleteRepoEndpoint(ctx, req, res);
+      case "whoami":
+        return whoamiEndpoint(res, who);
+      case "repoInfo":
+        return repoInfoEndpoint(ctx, res, r, []);
+      case "revisionInfo":
+        return repoInfoEndpoint(ctx, res, r, rt.rest);
+      case "preupload":
+        return preuploadEndpoint(ctx, req, res, r, rt.rest);
+      case "lfsBatch":
+        return lfsBatch(req, res, ctx.store, r, ctx.signer, this.base);
+      case "upload":
+        return lfsUpload(req, res, ctx.store, r, ctx.signer, rt.rest[0], u.searchParams);
+      case "commit":
+        return commitEndpoint(ctx, req, res, r, rt.rest, u);
+      case "commits":
+        return commitsEndpoint(ctx, res, r, rt.rest, u);
+      case "createBranch":
+        return createBranchEndpoint(ctx, req, res, r, rt.rest);
+      case "deleteBranch":
+        return deleteBranchEndpoint(ctx, req, res, r, rt.rest);
+      case "superSquash":
+        return superSquashEndpoint(ctx, req, res, r, rt.rest);
+      case "list":
+        return treeEndpoint(ctx, res, r, rt.rest, u);
+      case "pathsInfo":
+        return pathsInfoEndpoint(ctx, req, res, r, rt.rest);
       case "resolve":
       case "raw":
       case "pointerRead":

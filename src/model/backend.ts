@@ -36,7 +36,9 @@ async function tryTensorflow(tried: string[]): Promise<string | null> {
       const req: (id: string) => unknown = require;
       req(pkg);
       if (!tf.findBackendFactory("tensorflow")) {
-        tried.push(`${pkg}: loaded but registered no "tensorflow" backend with this @tensorflow/tfjs-core (version mismatch?)`);
+        tried.push(
+          `${pkg}: loaded but registered no "tensorflow" backend with this @tensorflow/tfjs-core (version mismatch?)`,
+        );
         continue;
       }
       if (await tf.setBackend("tensorflow")) return pkg;
@@ -75,13 +77,16 @@ async function tryCpu(tried: string[]): Promise<boolean> {
   return false;
 }
 
-export async function initBackend(requested: TfjsBackendName): Promise<{ backend: "tensorflow" | "wasm" | "cpu"; detail: string }> {
+export async function initBackend(
+  requested: TfjsBackendName,
+): Promise<{ backend: "tensorflow" | "wasm" | "cpu"; detail: string }> {
   const tried: string[] = [];
   const done = async (backend: "tensorflow" | "wasm" | "cpu", what: string) => {
     await tf.ready();
-    const flags = backend === "wasm"
-      ? ` (SIMD ${tf.env().getBool("WASM_HAS_SIMD_SUPPORT") ? "on" : "off"}, ${tf.env().getBool("WASM_HAS_MULTITHREAD_SUPPORT") ? "multi" : "single"}-threaded)`
-      : "";
+    const flags =
+      backend === "wasm"
+        ? ` (SIMD ${tf.env().getBool("WASM_HAS_SIMD_SUPPORT") ? "on" : "off"}, ${tf.env().getBool("WASM_HAS_MULTITHREAD_SUPPORT") ? "multi" : "single"}-threaded)`
+        : "";
     const fell = tried.length ? `; tried before: ${tried.join("; ")}` : "";
     return { backend, detail: `${requested}: ${what}${flags}${fell}` };
   };
@@ -93,16 +98,25 @@ export async function initBackend(requested: TfjsBackendName): Promise<{ backend
     }
     case "wasm":
       if (await tryWasm(tried)) return done("wasm", "using @tensorflow/tfjs-backend-wasm");
-      throw new UserError("P1", `--backend wasm failed to load (${tried.join("; ")}); reinstall @tensorflow/tfjs-backend-wasm or pass --backend cpu`);
+      throw new UserError(
+        "P1",
+        `--backend wasm failed to load (${tried.join("; ")}); reinstall @tensorflow/tfjs-backend-wasm or pass --backend cpu`,
+      );
     case "cpu":
       if (await tryCpu(tried)) return done("cpu", "using @tensorflow/tfjs-backend-cpu (plain JS, slow)");
-      throw new UserError("P1", `--backend cpu failed to load (${tried.join("; ")}); reinstall @tensorflow/tfjs-backend-cpu`);
+      throw new UserError(
+        "P1",
+        `--backend cpu failed to load (${tried.join("; ")}); reinstall @tensorflow/tfjs-backend-cpu`,
+      );
     case "auto": {
       const pkg = await tryTensorflow(tried);
       if (pkg) return done("tensorflow", `using ${pkg}`);
       if (await tryWasm(tried)) return done("wasm", "using @tensorflow/tfjs-backend-wasm");
       if (await tryCpu(tried)) return done("cpu", "using @tensorflow/tfjs-backend-cpu (plain JS, slow)");
-      throw new UserError("P1", `no tfjs backend could be loaded (${tried.join("; ")}); reinstall the project's dependencies`);
+      throw new UserError(
+        "P1",
+        `no tfjs backend could be loaded (${tried.join("; ")}); reinstall the project's dependencies`,
+      );
     }
     default: {
       const never: never = requested;
@@ -120,8 +134,16 @@ export interface Engine {
 
 /** The refusal of an explicit `--backend native` that cannot load (P1), with the command that fixes it. */
 function nativeRefusal(requested: BackendName, native: NativeOptions, reason: string, fix: string): UserError {
-  const what = requested === "native" ? "--backend native" : native.gemm !== DEFAULT_NATIVE.gemm ? `--gemm ${native.gemm}` : `--isa ${native.isa}`;
-  return new UserError("P1", `${what} is not available: ${reason}; fix: ${fix}; or pass --backend wasm (tfjs-wasm, slower)`);
+  const what =
+    requested === "native"
+      ? "--backend native"
+      : native.gemm !== DEFAULT_NATIVE.gemm
+        ? `--gemm ${native.gemm}`
+        : `--isa ${native.isa}`;
+  return new UserError(
+    "P1",
+    `${what} is not available: ${reason}; fix: ${fix}; or pass --backend wasm (tfjs-wasm, slower)`,
+  );
 }
 
 /** Whether the native options name something other than the defaults (an explicit --gemm or --isa). */
@@ -131,7 +153,10 @@ function explicitNative(native: NativeOptions): boolean {
 
 /** The refusal of an explicit `--backend tensorflow` that cannot load (P1); `tried` says why for each package. */
 function tensorflowRefusal(tried: string[]): UserError {
-  return new UserError("P1", `--backend tensorflow is not available (${tried.join("; ")}); install @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node with network access (it downloads libtensorflow), or pass --backend wasm`);
+  return new UserError(
+    "P1",
+    `--backend tensorflow is not available (${tried.join("; ")}); install @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node with network access (it downloads libtensorflow), or pass --backend wasm`,
+  );
 }
 
 /**
@@ -171,7 +196,8 @@ export async function initEngine(requested: BackendName, native: NativeOptions =
     if (requested === "native" || explicitNative(native)) throw nativeRefusal(requested, native, n.reason, n.fix);
     const be = await initBackend("auto");
     return {
-      kernels: createTfjsKernels(), engine: be.backend,
+      kernels: createTfjsKernels(),
+      engine: be.backend,
       detail: `${be.detail}; native engine passed over: ${n.reason} (fast path: ${n.fix})`,
     };
   }

@@ -19,7 +19,17 @@ import type { Kernels } from "./kernels";
 import { paramLayout } from "./layout";
 import { ropeTables } from "./llama";
 
-interface LayerW { inputNorm: Float32Array; wq: Float32Array; wk: Float32Array; wv: Float32Array; wo: Float32Array; postAttnNorm: Float32Array; wGate: Float32Array; wUp: Float32Array; wDown: Float32Array }
+interface LayerW {
+  inputNorm: Float32Array;
+  wq: Float32Array;
+  wk: Float32Array;
+  wv: Float32Array;
+  wo: Float32Array;
+  postAttnNorm: Float32Array;
+  wGate: Float32Array;
+  wUp: Float32Array;
+  wDown: Float32Array;
+}
 
 export class KvDecoder {
   readonly cfg: LlamaConfig;
@@ -35,16 +45,25 @@ export class KvDecoder {
   private readonly cos: Float32Array;
   private readonly sin: Float32Array;
   // one position's scratch
-  private readonly x: Float32Array; private readonly h: Float32Array; private readonly rstd = new Float32Array(1);
-  private readonly q: Float32Array; private readonly o: Float32Array; private readonly gate: Float32Array; private readonly up: Float32Array; private readonly swiglu: Float32Array;
-  private readonly scores: Float32Array; private readonly acc: Float64Array;
+  private readonly x: Float32Array;
+  private readonly h: Float32Array;
+  private readonly rstd = new Float32Array(1);
+  private readonly q: Float32Array;
+  private readonly o: Float32Array;
+  private readonly gate: Float32Array;
+  private readonly up: Float32Array;
+  private readonly swiglu: Float32Array;
+  private readonly scores: Float32Array;
+  private readonly acc: Float64Array;
   private readonly ids = new Int32Array(1);
   readonly logits: Float32Array;
 
   constructor(cfg: LlamaConfig, kernels: Kernels, params: Float32Array, maxLen: number) {
     const { entries, total } = paramLayout(cfg);
-    if (params.length !== total) throw new RangeError(`KvDecoder: params has ${params.length} floats, the layout needs ${total}`);
-    if (!Number.isInteger(maxLen) || maxLen < 1) throw new RangeError(`KvDecoder: maxLen ${maxLen} must be a positive integer`);
+    if (params.length !== total)
+      throw new RangeError(`KvDecoder: params has ${params.length} floats, the layout needs ${total}`);
+    if (!Number.isInteger(maxLen) || maxLen < 1)
+      throw new RangeError(`KvDecoder: maxLen ${maxLen} must be a positive integer`);
     this.cfg = cfg;
     this.k = kernels;
     this.maxLen = maxLen;
@@ -59,19 +78,34 @@ export class KvDecoder {
     for (let l = 0; l < cfg.numLayers; l++) {
       const p = `model.layers.${l}.`;
       this.layers.push({
-        inputNorm: w(p + "input_layernorm.weight"), wq: w(p + "self_attn.q_proj.weight"), wk: w(p + "self_attn.k_proj.weight"), wv: w(p + "self_attn.v_proj.weight"),
-        wo: w(p + "self_attn.o_proj.weight"), postAttnNorm: w(p + "post_attention_layernorm.weight"), wGate: w(p + "mlp.gate_proj.weight"), wUp: w(p + "mlp.up_proj.weight"),
+        inputNorm: w(p + "input_layernorm.weight"),
+        wq: w(p + "self_attn.q_proj.weight"),
+        wk: w(p + "self_attn.k_proj.weight"),
+        wv: w(p + "self_attn.v_proj.weight"),
+        wo: w(p + "self_attn.o_proj.weight"),
+        postAttnNorm: w(p + "post_attention_layernorm.weight"),
+        wGate: w(p + "mlp.gate_proj.weight"),
+        wUp: w(p + "mlp.up_proj.weight"),
         wDown: w(p + "mlp.down_proj.weight"),
       });
     }
-    const D = cfg.hiddenSize, H = cfg.numHeads, K = cfg.numKvHeads, E = cfg.headDim, F = cfg.intermediateSize;
+    const D = cfg.hiddenSize,
+      H = cfg.numHeads,
+      K = cfg.numKvHeads,
+      E = cfg.headDim,
+      F = cfg.intermediateSize;
     this.kc = this.layers.map(() => new Float32Array(maxLen * K * E));
     this.vc = this.layers.map(() => new Float32Array(maxLen * K * E));
     ({ cos: this.cos, sin: this.sin } = ropeTables(maxLen, E, cfg.ropeTheta));
-    this.x = new Float32Array(D); this.h = new Float32Array(D);
-    this.q = new Float32Array(H * E); this.o = new Float32Array(H * E);
-    this.gate = new Float32Array(F); this.up = new Float32Array(F); this.swiglu = new Float32Array(F);
-    this.scores = new Float32Array(maxLen); this.acc = new Float64Array(E);
+    this.x = new Float32Array(D);
+    this.h = new Float32Array(D);
+    this.q = new Float32Array(H * E);
+    this.o = new Float32Array(H * E);
+    this.gate = new Float32Array(F);
+    this.up = new Float32Array(F);
+    this.swiglu = new Float32Array(F);
+    this.scores = new Float32Array(maxLen);
+    this.acc = new Float64Array(E);
     this.logits = new Float32Array(cfg.vocabSize);
   }
 
@@ -82,16 +116,31 @@ export class KvDecoder {
 
   /** Feeds the token at position `pos`; returns the logits [V] for the next token (a view, valid until the next call). */
   step(id: number): Float32Array {
-    const c = this.cfg, k = this.k, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim, F = c.intermediateSize, V = c.vocabSize;
-    if (!Number.isInteger(id) || id < 0 || id >= V) throw new UserError("M4", `token id ${id} is outside the vocabulary [0, ${V})`);
+    const c = this.cfg,
+      k = this.k,
+      D = c.hiddenSize,
+      H = c.numHeads,
+      K = c.numKvHeads,
+      E = c.headDim,
+      F = c.intermediateSize,
+      V = c.vocabSize;
+    if (!Number.isInteger(id) || id < 0 || id >= V)
+      throw new UserError("M4", `token id ${id} is outside the vocabulary [0, ${V})`);
     const p = this.pos;
-    if (p >= this.maxLen) throw new UserError("M1", `the sequence reached the model's ${this.maxLen} positions (max_position_embeddings); ask for fewer new tokens`);
-    const half = E / 2, cos = this.cos.subarray(p * half, (p + 1) * half), sin = this.sin.subarray(p * half, (p + 1) * half);
+    if (p >= this.maxLen)
+      throw new UserError(
+        "M1",
+        `the sequence reached the model's ${this.maxLen} positions (max_position_embeddings); ask for fewer new tokens`,
+      );
+    const half = E / 2,
+      cos = this.cos.subarray(p * half, (p + 1) * half),
+      sin = this.sin.subarray(p * half, (p + 1) * half);
     this.ids[0] = id;
     k.embeddingForward(this.x, this.ids, this.emb, 1, D);
     for (let l = 0; l < c.numLayers; l++) {
       const W = this.layers[l];
-      const kp = this.kc[l].subarray(p * K * E, (p + 1) * K * E), vp = this.vc[l].subarray(p * K * E, (p + 1) * K * E);
+      const kp = this.kc[l].subarray(p * K * E, (p + 1) * K * E),
+        vp = this.vc[l].subarray(p * K * E, (p + 1) * K * E);
       // ---- attention: x += o_proj(attn(rope(qkv(norm1(x)))))
       k.rmsnormForward(this.h, this.rstd, this.x, W.inputNorm, 1, D, c.rmsNormEps);
       k.matmul(false, true, 1, H * E, D, 1, this.h, W.wq, 0, this.q);
@@ -116,9 +165,16 @@ export class KvDecoder {
 
   /** o[h] = softmax(q[h] . cache_k[0..p] / sqrt(E)) @ cache_v[0..p], kv head j = floor(h*K/H). */
   private attendOne(kc: Float32Array, vc: Float32Array, p: number): void {
-    const c = this.cfg, H = c.numHeads, K = c.numKvHeads, E = c.headDim, scale = 1 / Math.sqrt(E), sc = this.scores, acc = this.acc;
+    const c = this.cfg,
+      H = c.numHeads,
+      K = c.numKvHeads,
+      E = c.headDim,
+      scale = 1 / Math.sqrt(E),
+      sc = this.scores,
+      acc = this.acc;
     for (let h = 0; h < H; h++) {
-      const j = Math.floor((h * K) / H), qo = h * E;
+      const j = Math.floor((h * K) / H),
+        qo = h * E;
       let mx = -Infinity;
       for (let u = 0; u <= p; u++) {
         const ko = (u * K + j) * E;
@@ -133,7 +189,8 @@ export class KvDecoder {
       for (let u = 0; u <= p; u++) sc[u] = Math.exp(sc[u] - mx) / sum;
       acc.fill(0);
       for (let u = 0; u <= p; u++) {
-        const pr = sc[u], vo = (u * K + j) * E;
+        const pr = sc[u],
+          vo = (u * K + j) * E;
         for (let e = 0; e < E; e++) acc[e] += pr * vc[vo + e];
       }
       for (let e = 0; e < E; e++) this.o[qo + e] = acc[e];
@@ -169,9 +226,12 @@ export function seededRandom(seed: number): () => number {
 }
 
 export function checkSampling(o: SamplingOptions): void {
-  if (!(Number.isFinite(o.temperature) && o.temperature >= 0)) throw new UserError("G11", `--temperature ${o.temperature} must be a number >= 0 (0 = greedy)`);
-  if (!(Number.isInteger(o.topK) && o.topK >= 0)) throw new UserError("G11", `--top-k ${o.topK} must be a whole number >= 0 (0 = off)`);
-  if (!(Number.isFinite(o.topP) && o.topP > 0 && o.topP <= 1)) throw new UserError("G11", `--top-p ${o.topP} must be in (0, 1] (1 = off)`);
+  if (!(Number.isFinite(o.temperature) && o.temperature >= 0))
+    throw new UserError("G11", `--temperature ${o.temperature} must be a number >= 0 (0 = greedy)`);
+  if (!(Number.isInteger(o.topK) && o.topK >= 0))
+    throw new UserError("G11", `--top-k ${o.topK} must be a whole number >= 0 (0 = off)`);
+  if (!(Number.isFinite(o.topP) && o.topP > 0 && o.topP <= 1))
+    throw new UserError("G11", `--top-p ${o.topP} must be in (0, 1] (1 = off)`);
   if (!Number.isSafeInteger(o.seed)) throw new UserError("G11", `--seed ${o.seed} must be a whole number`);
 }
 
@@ -191,8 +251,13 @@ export function pickToken(logits: Float32Array, o: SamplingOptions, rand: () => 
   let total = w.reduce((a, b) => a + b, 0);
   if (o.topP < 1) {
     // nucleus: the smallest prefix whose probability reaches top_p
-    let cum = 0, n = 0;
-    while (n < w.length) { cum += w[n] / total; n++; if (cum >= o.topP) break; }
+    let cum = 0,
+      n = 0;
+    while (n < w.length) {
+      cum += w[n] / total;
+      n++;
+      if (cum >= o.topP) break;
+    }
     idx = idx.slice(0, n);
     w.length = n;
     total = w.reduce((a, b) => a + b, 0);
@@ -229,7 +294,10 @@ export function generateWithCache(dec: KvDecoder, prompt: number[], o: GenerateO
 export function generateNoCache(full: LogitsFn, prompt: number[], o: GenerateOptions): number[] {
   if (prompt.length === 0) throw new UserError("G11", "the prompt is empty: give at least one token");
   const seq = [...prompt];
-  return decodeLoop(o, full(seq), (id) => { seq.push(id); return full(seq); });
+  return decodeLoop(o, full(seq), (id) => {
+    seq.push(id);
+    return full(seq);
+  });
 }
 
 function decodeLoop(o: GenerateOptions, first: Float32Array, next: (id: number) => Float32Array): number[] {

@@ -19,7 +19,10 @@ const MASK64 = (1n << 64n) - 1n;
 
 /** xoshiro128** seeded through splitmix64. */
 export class Xoshiro128 {
-  private s0: number; private s1: number; private s2: number; private s3: number;
+  private s0: number;
+  private s1: number;
+  private s2: number;
+  private s3: number;
   constructor(seed: number | bigint) {
     let x = BigInt.asUintN(64, BigInt(seed));
     const next = (): number => {
@@ -30,20 +33,28 @@ export class Xoshiro128 {
       z = z ^ (z >> 31n);
       return Number(z & 0xffffffffn) | 0;
     };
-    this.s0 = next(); this.s1 = next(); this.s2 = next(); this.s3 = next();
+    this.s0 = next();
+    this.s1 = next();
+    this.s2 = next();
+    this.s3 = next();
     if ((this.s0 | this.s1 | this.s2 | this.s3) === 0) this.s0 = 1; // the all-zero state is a fixed point
   }
   /** Next unsigned 32-bit output. */
   nextU32(): number {
     const result = Math.imul(rotl(Math.imul(this.s1, 5), 7), 9) >>> 0;
     const t = this.s1 << 9;
-    this.s2 ^= this.s0; this.s3 ^= this.s1; this.s1 ^= this.s2; this.s0 ^= this.s3;
-    this.s2 ^= t; this.s3 = rotl(this.s3, 11);
+    this.s2 ^= this.s0;
+    this.s3 ^= this.s1;
+    this.s1 ^= this.s2;
+    this.s0 ^= this.s3;
+    this.s2 ^= t;
+    this.s3 = rotl(this.s3, 11);
     return result;
   }
   /** Uniform in (0, 1], 53 bits: never 0, so log(u) is finite. */
   nextUniform(): number {
-    const hi = this.nextU32(), lo = this.nextU32() >>> 11;
+    const hi = this.nextU32(),
+      lo = this.nextU32() >>> 11;
     return (hi * 2097152 + lo + 1) / 9007199254740992;
   }
 }
@@ -58,9 +69,14 @@ export class NormalStream {
   private hasSpare = false;
   constructor(private readonly rng: Xoshiro128) {}
   next(): number {
-    if (this.hasSpare) { this.hasSpare = false; return this.spare; }
-    const u1 = this.rng.nextUniform(), u2 = this.rng.nextUniform();
-    const r = Math.sqrt(-2 * Math.log(u1)), th = 2 * Math.PI * u2;
+    if (this.hasSpare) {
+      this.hasSpare = false;
+      return this.spare;
+    }
+    const u1 = this.rng.nextUniform(),
+      u2 = this.rng.nextUniform();
+    const r = Math.sqrt(-2 * Math.log(u1)),
+      th = 2 * Math.PI * u2;
     this.spare = r * Math.sin(th);
     this.hasSpare = true;
     return r * Math.cos(th);
@@ -71,11 +87,15 @@ export const INIT_STD = 0.02;
 
 export function initWeights(c: LlamaConfig, seed: number, out: Float32Array): void {
   const { entries, total } = paramLayout(c);
-  if (out.length !== total) throw new RangeError(`initWeights: out has ${out.length} floats, the layout needs ${total}`);
+  if (out.length !== total)
+    throw new RangeError(`initWeights: out has ${out.length} floats, the layout needs ${total}`);
   const z = new NormalStream(new Xoshiro128(seed));
   for (const e of entries) {
     const dst = out.subarray(e.offset, e.offset + e.size);
-    if (e.shape.length === 1) { dst.fill(1); continue; } // norm weights: ones
+    if (e.shape.length === 1) {
+      dst.fill(1);
+      continue;
+    } // norm weights: ones
     for (let i = 0; i < dst.length; i++) dst[i] = INIT_STD * z.next();
   }
 }

@@ -28,8 +28,18 @@ export interface Kernels {
    * op(A) is [M,K] (A stored [M,K], or [K,M] when transA), op(B) is [K,N] (B stored [K,N], or [N,K] when
    * transB). beta = 0 means C is overwritten (its old contents, even NaN, are ignored); beta = 1 accumulates.
    */
-  matmul(transA: boolean, transB: boolean, M: number, N: number, K: number,
-    alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void;
+  matmul(
+    transA: boolean,
+    transB: boolean,
+    M: number,
+    N: number,
+    K: number,
+    alpha: number,
+    A: Float32Array,
+    B: Float32Array,
+    beta: number,
+    C: Float32Array,
+  ): void;
 
   // ------------------------------------------------------------------ embedding
   /** out[N,D] = E[ids[n], :]. ids are checked by the model (0 <= id < V). */
@@ -39,10 +49,26 @@ export interface Kernels {
 
   // ------------------------------------------------------------------ RMSNorm (M4: fp32, HF LlamaRMSNorm)
   /** rstd[n] = 1/sqrt(mean(x[n,:]^2) + eps); out[n,:] = x[n,:] * rstd[n] * w. */
-  rmsnormForward(out: Float32Array, rstd: Float32Array, x: Float32Array, w: Float32Array, N: number, D: number, eps: number): void;
+  rmsnormForward(
+    out: Float32Array,
+    rstd: Float32Array,
+    x: Float32Array,
+    w: Float32Array,
+    N: number,
+    D: number,
+    eps: number,
+  ): void;
   /** dx += d/dx, dw += d/dw, from dout, the forward's input x, w and its saved rstd. */
-  rmsnormBackward(dx: Float32Array, dw: Float32Array, dout: Float32Array, x: Float32Array, w: Float32Array,
-    rstd: Float32Array, N: number, D: number): void;
+  rmsnormBackward(
+    dx: Float32Array,
+    dw: Float32Array,
+    dout: Float32Array,
+    x: Float32Array,
+    w: Float32Array,
+    rstd: Float32Array,
+    N: number,
+    D: number,
+  ): void;
 
   // ------------------------------------------------------------------ RoPE (HF rotate_half over cat(freqs, freqs))
   /**
@@ -51,7 +77,15 @@ export interface Kernels {
    */
   ropeForward(x: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number): void;
   /** In place on dx [B,T,nh,E], the adjoint:  d[i] <- d[i]*c + d[i+h]*s,   d[i+h] <- d[i+h]*c - d[i]*s. */
-  ropeBackward(dx: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number): void;
+  ropeBackward(
+    dx: Float32Array,
+    cos: Float32Array,
+    sin: Float32Array,
+    B: number,
+    T: number,
+    nh: number,
+    E: number,
+  ): void;
 
   // ------------------------------------------------------------------ causal attention (GQA)
   /**
@@ -59,18 +93,47 @@ export interface Kernels {
    *   att[b,h,t,u] = softmax_u<=t( q[b,t,h,:] . k[b,u,j,:] / sqrt(E) ),  0 for u > t   (saved: [B,H,T,T])
    *   out[b,t,h,:] = sum_u att[b,h,t,u] * v[b,u,j,:]                                     (= out [B,T,H,E])
    */
-  attentionForward(out: Float32Array, att: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
-    B: number, T: number, H: number, K: number, E: number): void;
+  attentionForward(
+    out: Float32Array,
+    att: Float32Array,
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
   /** dq = , dk = , dv = (overwritten), from dout [B,T,H,E] and the forward's q, k, v and att. */
-  attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
-    q: Float32Array, k: Float32Array, v: Float32Array, att: Float32Array,
-    B: number, T: number, H: number, K: number, E: number): void;
+  attentionBackward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    dout: Float32Array,
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    att: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
 
   // ------------------------------------------------------------------ SwiGLU
   /** out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n = N*F elements. */
   swigluForward(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
   /** dgate = , dup = (overwritten), from dout and the forward's gate and up. */
-  swigluBackward(dgate: Float32Array, dup: Float32Array, dout: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+  swigluBackward(
+    dgate: Float32Array,
+    dup: Float32Array,
+    dout: Float32Array,
+    gate: Float32Array,
+    up: Float32Array,
+    n: number,
+  ): void;
 
   // ------------------------------------------------------------------ cross-entropy over the LM head's logits
   /**

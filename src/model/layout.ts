@@ -17,7 +17,10 @@ export interface ParamEntry {
 }
 
 export function paramLayout(c: LlamaConfig): { entries: ParamEntry[]; total: number } {
-  const D = c.hiddenSize, qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim, F = c.intermediateSize;
+  const D = c.hiddenSize,
+    qd = c.numHeads * c.headDim,
+    kvd = c.numKvHeads * c.headDim,
+    F = c.intermediateSize;
   const entries: ParamEntry[] = [];
   let offset = 0;
   const add = (name: string, shape: number[]): void => {
@@ -41,4 +44,3 @@ export function paramLayout(c: LlamaConfig): { entries: ParamEntry[]; total: num
   add("model.norm.weight", [D]);
   return { entries, total: offset };
 }
-

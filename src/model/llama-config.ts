@@ -22,7 +22,14 @@ export interface LlamaConfig {
 
 /** M1: the frozen shape. Only --layers / --hidden (and the demo's vocabulary) ever differ from it. */
 export const FROZEN = {
-  hidden: 576, layers: 22, heads: 9, kvHeads: 3, ffn: 1536, vocab: 49152, ropeTheta: 10000, rmsEps: 1e-5,
+  hidden: 576,
+  layers: 22,
+  heads: 9,
+  kvHeads: 3,
+  ffn: 1536,
+  vocab: 49152,
+  ropeTheta: 10000,
+  rmsEps: 1e-5,
 } as const;
 
 function positiveInt(v: unknown): v is number {
@@ -36,33 +43,52 @@ function positiveInt(v: unknown): v is number {
  */
 export function buildConfig(o: { seqLen: number; layers?: number; hidden?: number; vocabSize?: number }): LlamaConfig {
   if (!positiveInt(o.seqLen) || o.seqLen < 2) {
-    throw new UserError("M1", `seq_len ${o.seqLen} is not an integer >= 2: the causal-LM loss needs at least one predicted position; pass --seq-len 1024 (the frozen value) or another integer >= 2`);
+    throw new UserError(
+      "M1",
+      `seq_len ${o.seqLen} is not an integer >= 2: the causal-LM loss needs at least one predicted position; pass --seq-len 1024 (the frozen value) or another integer >= 2`,
+    );
   }
   const layers = o.layers ?? FROZEN.layers;
   const h = o.hidden ?? FROZEN.hidden;
   const vocab = o.vocabSize ?? FROZEN.vocab;
   if (!positiveInt(layers)) {
-    throw new UserError("M2", `--layers ${layers} is not a positive integer; pass e.g. --layers 22 (frozen) or --layers 20`);
+    throw new UserError(
+      "M2",
+      `--layers ${layers} is not a positive integer; pass e.g. --layers 22 (frozen) or --layers 20`,
+    );
   }
   if (!positiveInt(h)) {
-    throw new UserError("M2", `--hidden ${h} is not a positive integer; pass e.g. --hidden 576 (frozen) or --hidden 720`);
+    throw new UserError(
+      "M2",
+      `--hidden ${h} is not a positive integer; pass e.g. --hidden 576 (frozen) or --hidden 720`,
+    );
   }
   if (!positiveInt(vocab) || vocab < 2) {
     throw new UserError("M2", `vocab size ${vocab} is not an integer >= 2 (pad = vocab-1 and eos = 0 must differ)`);
   }
   const heads = FROZEN.heads;
   if (h % heads !== 0) {
-    const lo = Math.floor(h / heads) * heads, hi = lo + heads;
-    throw new UserError("M2", `--hidden ${h} cannot be split into ${heads} attention heads: the width must be a multiple of ${heads} (heads are fixed at ${heads}); try --hidden ${lo} or --hidden ${hi}`);
+    const lo = Math.floor(h / heads) * heads,
+      hi = lo + heads;
+    throw new UserError(
+      "M2",
+      `--hidden ${h} cannot be split into ${heads} attention heads: the width must be a multiple of ${heads} (heads are fixed at ${heads}); try --hidden ${lo} or --hidden ${hi}`,
+    );
   }
   const headDim = h / heads;
   if (headDim % 2 !== 0) {
-    throw new UserError("M2", `--hidden ${h} gives head_dim ${headDim}, which is odd: RoPE rotates head_dim/2 pairs, so the width must be a multiple of ${2 * heads}; try --hidden ${h - heads} or --hidden ${h + heads}`);
+    throw new UserError(
+      "M2",
+      `--hidden ${h} gives head_dim ${headDim}, which is odd: RoPE rotates head_dim/2 pairs, so the width must be a multiple of ${2 * heads}; try --hidden ${h - heads} or --hidden ${h + heads}`,
+    );
   }
   const frozenWidth = h === FROZEN.hidden;
   const inter = frozenWidth ? FROZEN.ffn : Math.floor(Math.round((8 * h) / 3) / 64) * 64;
   if (inter <= 0) {
-    throw new UserError("M2", `--hidden ${h} gives an ffn width of ${inter} (floor(round(8w/3)/64)*64); use a width of at least 24`);
+    throw new UserError(
+      "M2",
+      `--hidden ${h} gives an ffn width of ${inter} (floor(round(8w/3)/64)*64); use a width of at least 24`,
+    );
   }
   let kv: number = FROZEN.kvHeads;
   if (!frozenWidth) {
@@ -71,9 +97,19 @@ export function buildConfig(o: { seqLen: number; layers?: number; hidden?: numbe
     for (let d = 1; d <= cap; d++) if (heads % d === 0) kv = d;
   }
   return {
-    vocabSize: vocab, hiddenSize: h, intermediateSize: inter, numLayers: layers, numHeads: heads,
-    numKvHeads: kv, headDim, ropeTheta: FROZEN.ropeTheta, rmsNormEps: FROZEN.rmsEps,
-    maxPositionEmbeddings: o.seqLen, tieWordEmbeddings: true, padTokenId: vocab - 1, eosTokenId: 0,
+    vocabSize: vocab,
+    hiddenSize: h,
+    intermediateSize: inter,
+    numLayers: layers,
+    numHeads: heads,
+    numKvHeads: kv,
+    headDim,
+    ropeTheta: FROZEN.ropeTheta,
+    rmsNormEps: FROZEN.rmsEps,
+    maxPositionEmbeddings: o.seqLen,
+    tieWordEmbeddings: true,
+    padTokenId: vocab - 1,
+    eosTokenId: 0,
   };
 }
 
@@ -82,7 +118,10 @@ export function buildConfig(o: { seqLen: number; layers?: number; hidden?: numbe
  * the unique count agree (106,194,240 for the frozen shape) and every parameter is trainable.
  */
 export function countParams(c: LlamaConfig): { sum_numel: number; unique: number; trainable: number } {
-  const D = c.hiddenSize, qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim, F = c.intermediateSize;
+  const D = c.hiddenSize,
+    qd = c.numHeads * c.headDim,
+    kvd = c.numKvHeads * c.headDim,
+    F = c.intermediateSize;
   const perLayer = 2 * D + D * qd + 2 * D * kvd + qd * D + 3 * D * F;
   const n = c.vocabSize * D + c.numLayers * perLayer + D;
   return { sum_numel: n, unique: n, trainable: n };
@@ -122,36 +161,61 @@ export function hfConfigJson(c: LlamaConfig): Record<string, unknown> {
  */
 export function configFromHf(j: Record<string, unknown>): LlamaConfig {
   const bad = (key: string, why: string): never => {
-    throw new UserError("M7", `config.json key "${key}" = ${JSON.stringify(j[key])}: ${why}; export the model with this trainer or fix the key`);
+    throw new UserError(
+      "M7",
+      `config.json key "${key}" = ${JSON.stringify(j[key])}: ${why}; export the model with this trainer or fix the key`,
+    );
   };
-  const int = (key: string): number => (positiveInt(j[key]) ? (j[key] as number) : bad(key, "must be a positive integer"));
-  const num = (key: string): number => (typeof j[key] === "number" && Number.isFinite(j[key]) && (j[key] as number) > 0 ? (j[key] as number) : bad(key, "must be a positive number"));
+  const int = (key: string): number =>
+    positiveInt(j[key]) ? (j[key] as number) : bad(key, "must be a positive integer");
+  const num = (key: string): number =>
+    typeof j[key] === "number" && Number.isFinite(j[key]) && (j[key] as number) > 0
+      ? (j[key] as number)
+      : bad(key, "must be a positive number");
   if (j.model_type !== undefined && j.model_type !== "llama") bad("model_type", 'must be "llama"');
-  if (j.architectures !== undefined && !(Array.isArray(j.architectures) && j.architectures.includes("LlamaForCausalLM"))) {
+  if (
+    j.architectures !== undefined &&
+    !(Array.isArray(j.architectures) && j.architectures.includes("LlamaForCausalLM"))
+  ) {
     bad("architectures", 'must contain "LlamaForCausalLM"');
   }
-  if (j.tie_word_embeddings !== true) bad("tie_word_embeddings", "must be true (this model ties input and output embeddings, M1)");
+  if (j.tie_word_embeddings !== true)
+    bad("tie_word_embeddings", "must be true (this model ties input and output embeddings, M1)");
   if (j.hidden_act !== undefined && j.hidden_act !== "silu") bad("hidden_act", 'must be "silu" (SwiGLU, M1)');
-  if (j.attention_bias !== undefined && j.attention_bias !== false) bad("attention_bias", "must be false (no biases, M1)");
+  if (j.attention_bias !== undefined && j.attention_bias !== false)
+    bad("attention_bias", "must be false (no biases, M1)");
   if (j.mlp_bias !== undefined && j.mlp_bias !== false) bad("mlp_bias", "must be false (no biases, M1)");
   if (j.rope_scaling !== undefined && j.rope_scaling !== null) bad("rope_scaling", "must be null (plain RoPE, M4)");
   if (j.attention_dropout !== undefined && j.attention_dropout !== 0) bad("attention_dropout", "must be 0 (M1)");
-  const vocabSize = int("vocab_size"), hiddenSize = int("hidden_size"), numHeads = int("num_attention_heads");
+  const vocabSize = int("vocab_size"),
+    hiddenSize = int("hidden_size"),
+    numHeads = int("num_attention_heads");
   const numKvHeads = j.num_key_value_heads === undefined ? numHeads : int("num_key_value_heads");
   if (numHeads % numKvHeads !== 0) bad("num_key_value_heads", `must divide num_attention_heads (${numHeads})`);
   const headDim = j.head_dim === undefined || j.head_dim === null ? hiddenSize / numHeads : int("head_dim");
-  if (!Number.isInteger(headDim) || headDim * numHeads !== hiddenSize) bad("head_dim", `head_dim * num_attention_heads must equal hidden_size ${hiddenSize}`);
+  if (!Number.isInteger(headDim) || headDim * numHeads !== hiddenSize)
+    bad("head_dim", `head_dim * num_attention_heads must equal hidden_size ${hiddenSize}`);
   if (headDim % 2 !== 0) bad("head_dim", "must be even (RoPE rotates pairs)");
   const tokenId = (key: string, dflt: number): number => {
     const v = j[key];
     if (v === undefined || v === null) return dflt;
-    if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v >= vocabSize) bad(key, `must be a token id in [0, ${vocabSize})`);
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v >= vocabSize)
+      bad(key, `must be a token id in [0, ${vocabSize})`);
     return v as number;
   };
   return {
-    vocabSize, hiddenSize, intermediateSize: int("intermediate_size"), numLayers: int("num_hidden_layers"),
-    numHeads, numKvHeads, headDim, ropeTheta: num("rope_theta"), rmsNormEps: num("rms_norm_eps"),
-    maxPositionEmbeddings: int("max_position_embeddings"), tieWordEmbeddings: true,
-    padTokenId: tokenId("pad_token_id", vocabSize - 1), eosTokenId: tokenId("eos_token_id", 0),
+    vocabSize,
+    hiddenSize,
+    intermediateSize: int("intermediate_size"),
+    numLayers: int("num_hidden_layers"),
+    numHeads,
+    numKvHeads,
+    headDim,
+    ropeTheta: num("rope_theta"),
+    rmsNormEps: num("rms_norm_eps"),
+    maxPositionEmbeddings: int("max_position_embeddings"),
+    tieWordEmbeddings: true,
+    padTokenId: tokenId("pad_token_id", vocabSize - 1),
+    eosTokenId: tokenId("eos_token_id", 0),
   };
 }

@@ -22,33 +22,58 @@ import type { Kernels } from "./kernels";
 import { paramLayout } from "./layout";
 
 /** A block's weights or gradients: views into the flat layout (params or gradOut). */
-interface BlockParams { inputNorm: Float32Array; wq: Float32Array; wk: Float32Array; wv: Float32Array; wo: Float32Array; postAttnNorm: Float32Array; wGate: Float32Array; wUp: Float32Array; wDown: Float32Array }
+interface BlockParams {
+  inputNorm: Float32Array;
+  wq: Float32Array;
+  wk: Float32Array;
+  wv: Float32Array;
+  wo: Float32Array;
+  postAttnNorm: Float32Array;
+  wGate: Float32Array;
+  wUp: Float32Array;
+  wDown: Float32Array;
+}
 
 /** One block's activations: what its backward reads. */
 interface Acts {
-  h1: Float32Array; r1: Float32Array;                  // input norm: [N,D], rstd [N]
-  q: Float32Array; k: Float32Array; v: Float32Array;   // [N,H*E], [N,K*E], [N,K*E]; q and k after RoPE
-  att: Float32Array;                                   // softmax probabilities [B,H,T,T]
-  o: Float32Array;                                     // attention output [N,H*E]
-  x1: Float32Array;                                    // x + o @ Wo^T [N,D]
-  h2: Float32Array; r2: Float32Array;                  // post-attention norm
-  gate: Float32Array; up: Float32Array; swiglu: Float32Array; // gate, up, silu(gate)*up [N,F]
+  h1: Float32Array;
+  r1: Float32Array; // input norm: [N,D], rstd [N]
+  q: Float32Array;
+  k: Float32Array;
+  v: Float32Array; // [N,H*E], [N,K*E], [N,K*E]; q and k after RoPE
+  att: Float32Array; // softmax probabilities [B,H,T,T]
+  o: Float32Array; // attention output [N,H*E]
+  x1: Float32Array; // x + o @ Wo^T [N,D]
+  h2: Float32Array;
+  r2: Float32Array; // post-attention norm
+  gate: Float32Array;
+  up: Float32Array;
+  swiglu: Float32Array; // gate, up, silu(gate)*up [N,F]
 }
 
 /** Everything one (B, T) needs, allocated once. */
 interface Arena {
-  B: number; T: number;
-  xs: Float32Array[];                  // xs[l] = block l's input [N,D]; xs[L] feeds the final norm
-  acts: Acts[];                        // one per layer (training), sharing arrays per the recomputation; [0] forward only
+  B: number;
+  T: number;
+  xs: Float32Array[]; // xs[l] = block l's input [N,D]; xs[L] feeds the final norm
+  acts: Acts[]; // one per layer (training), sharing arrays per the recomputation; [0] forward only
   recompute: "none" | "kept" | "whole"; // M6: nothing, the non-matmul part of each block, or whole blocks
-  hF: Float32Array; rF: Float32Array;  // final norm [N,D], [N]
-  logits: Float32Array;                // one LM-head chunk [C,V]
-  targets: Int32Array;                 // [N]: the next token, -1 at each row's last position
-  cos: Float32Array; sin: Float32Array; // RoPE tables [T, E/2]
+  hF: Float32Array;
+  rF: Float32Array; // final norm [N,D], [N]
+  logits: Float32Array; // one LM-head chunk [C,V]
+  targets: Int32Array; // [N]: the next token, -1 at each row's last position
+  cos: Float32Array;
+  sin: Float32Array; // RoPE tables [T, E/2]
   grads: {
-    dx: Float32Array; dh: Float32Array;                  // the residual stream's gradient, a norm output's [N,D]
-    dO: Float32Array; dq: Float32Array; dk: Float32Array; dv: Float32Array;
-    dSwiglu: Float32Array; dGate: Float32Array; dUp: Float32Array;
+    dx: Float32Array;
+    dh: Float32Array; // the residual stream's gradient, a norm output's [N,D]
+    dO: Float32Array;
+    dq: Float32Array;
+    dk: Float32Array;
+    dv: Float32Array;
+    dSwiglu: Float32Array;
+    dGate: Float32Array;
+    dUp: Float32Array;
   } | null;
 }
 
@@ -73,7 +98,8 @@ export class Llama {
   private readonly arenas = new Map<string, Arena>();
 
   constructor(c: LlamaConfig, kernels: Kernels, o: LlamaOptions) {
-    if (c.numHeads % c.numKvHeads !== 0) throw new UserError("M2", `num_key_value_heads ${c.numKvHeads} must divide num_attention_heads ${c.numHeads}`);
+    if (c.numHeads % c.numKvHeads !== 0)
+      throw new UserError("M2", `num_key_value_heads ${c.numKvHeads} must divide num_attention_heads ${c.numHeads}`);
     if (c.headDim % 2 !== 0) throw new UserError("M2", `head_dim ${c.headDim} must be even (RoPE)`);
     this.cfg = c;
     this.k = kernels;
@@ -86,23 +112,32 @@ export class Llama {
     for (let i = 0; i < c.numLayers; i++) {
       const p = `model.layers.${i}.`;
       layers.push({
-        inputNorm: get(p + "input_layernorm.weight"), wq: get(p + "self_attn.q_proj.weight"), wk: get(p + "self_attn.k_proj.weight"),
-        wv: get(p + "self_attn.v_proj.weight"), wo: get(p + "self_attn.o_proj.weight"), postAttnNorm: get(p + "post_attention_layernorm.weight"),
-        wGate: get(p + "mlp.gate_proj.weight"), wUp: get(p + "mlp.up_proj.weight"), wDown: get(p + "mlp.down_proj.weight"),
+        inputNorm: get(p + "input_layernorm.weight"),
+        wq: get(p + "self_attn.q_proj.weight"),
+        wk: get(p + "self_attn.k_proj.weight"),
+        wv: get(p + "self_attn.v_proj.weight"),
+        wo: get(p + "self_attn.o_proj.weight"),
+        postAttnNorm: get(p + "post_attention_layernorm.weight"),
+        wGate: get(p + "mlp.gate_proj.weight"),
+        wUp: get(p + "mlp.up_proj.weight"),
+        wDown: get(p + "mlp.down_proj.weight"),
       });
     }
     this.off = { embed: get("model.embed_tokens.weight"), norm: get("model.norm.weight"), layers };
     const hc = o.headChunkTokens ?? Math.max(1, Math.floor((1 << 24) / c.vocabSize));
-    if (!Number.isInteger(hc) || hc < 1) throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
+    if (!Number.isInteger(hc) || hc < 1)
+      throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
     this.headChunkTokens = hc;
     const kb = o.ckptKeepBytes ?? 512 * 1024 * 1024;
-    if (!Number.isFinite(kb) || kb < 0) throw new RangeError(`Llama: ckptKeepBytes ${o.ckptKeepBytes} must be a finite number >= 0`);
+    if (!Number.isFinite(kb) || kb < 0)
+      throw new RangeError(`Llama: ckptKeepBytes ${o.ckptKeepBytes} must be a finite number >= 0`);
     this.ckptKeepBytes = kb;
   }
 
   /** Binds the flat fp32 parameters (any Float32Array, e.g. a view on a SharedArrayBuffer): read at every call, never copied. */
   bindParams(params: Float32Array): void {
-    if (params.length !== this.total) throw new RangeError(`bindParams: params has ${params.length} floats, the layout needs ${this.total}`);
+    if (params.length !== this.total)
+      throw new RangeError(`bindParams: params has ${params.length} floats, the layout needs ${this.total}`);
     this.params = params;
   }
 
@@ -132,17 +167,37 @@ export class Llama {
    */
   lossAndGrads(ids: Int32Array, B: number, T: number, gradScale: number, gradOut: Float32Array): number {
     const P = this.check(ids, B, T);
-    if (gradOut.length !== this.total) throw new RangeError(`lossAndGrads: gradOut has ${gradOut.length} floats, the layout needs ${this.total}`);
-    if (!Number.isFinite(gradScale) || gradScale <= 0) throw new RangeError(`lossAndGrads: gradScale ${gradScale} must be a positive finite number`);
-    const a = this.arena(B, T, true), grads = a.grads!, L = this.cfg.numLayers;
+    if (gradOut.length !== this.total)
+      throw new RangeError(`lossAndGrads: gradOut has ${gradOut.length} floats, the layout needs ${this.total}`);
+    if (!Number.isFinite(gradScale) || gradScale <= 0)
+      throw new RangeError(`lossAndGrads: gradScale ${gradScale} must be a positive finite number`);
+    const a = this.arena(B, T, true),
+      grads = a.grads!,
+      L = this.cfg.numLayers;
     // ---- forward: keep every block's input; its activations too unless checkpointing
-    this.k.embeddingForward(a.xs[0], ids, this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize), B * T, this.cfg.hiddenSize);
+    this.k.embeddingForward(
+      a.xs[0],
+      ids,
+      this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize),
+      B * T,
+      this.cfg.hiddenSize,
+    );
     for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l], "forward");
     // ---- final norm, LM head + cross-entropy (dhF lands in grads.dh), final norm backward into dx
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
-    const N = B * T, D = this.cfg.hiddenSize;
+    const N = B * T,
+      D = this.cfg.hiddenSize;
     grads.dx.fill(0);
-    this.k.rmsnormBackward(grads.dx, this.w(gradOut, this.off.norm, D), grads.dh, a.xs[L], this.w(P, this.off.norm, D), a.rF, N, D);
+    this.k.rmsnormBackward(
+      grads.dx,
+      this.w(gradOut, this.off.norm, D),
+      grads.dh,
+      a.xs[L],
+      this.w(P, this.off.norm, D),
+      a.rF,
+      N,
+      D,
+    );
     // ---- blocks in reverse (M6: recompute the block's activations from its input first)
     for (let l = L - 1; l >= 0; l--) {
       if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l], "recompute");
@@ -157,13 +212,16 @@ export class Llama {
     const P = this.check(ids, B, T);
     const a = this.forwardHidden(P, ids, B, T);
     let sum = 0;
-    this.headChunks(P, a, (c0, len, logits) => { sum += this.k.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, this.cfg.vocabSize, 0); });
+    this.headChunks(P, a, (c0, len, logits) => {
+      sum += this.k.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, this.cfg.vocabSize, 0);
+    });
     return sum / (B * (T - 1));
   }
 
   /** Logits [B, T, V], row-major. */
   logits(ids: Int32Array, B: number, T: number): Float32Array {
-    const P = this.check(ids, B, T), V = this.cfg.vocabSize;
+    const P = this.check(ids, B, T),
+      V = this.cfg.vocabSize;
     const a = this.forwardHidden(P, ids, B, T);
     const out = new Float32Array(B * T * V);
     this.headChunks(P, a, (c0, len, logits) => out.set(logits.subarray(0, len * V), c0 * V));
@@ -177,14 +235,16 @@ export class Llama {
    * arena did not keep (mm false: the matmul outputs were kept), never the block's output.
    */
   private blockForward(P: Float32Array, l: number, a: Arena, s: Acts, pass: "forward" | "recompute"): void {
-    const W = this.blockParams(P, l), mm = pass === "forward" || a.recompute === "whole";
+    const W = this.blockParams(P, l),
+      mm = pass === "forward" || a.recompute === "whole";
     this.attentionForward(W, a, s, a.xs[l], mm);
     this.mlpForward(W, a, s, mm, pass === "forward" ? a.xs[l + 1] : null);
   }
 
   /** In: grads.dx = dL/d(block output). Out: grads.dx = dL/d(block input); weight gradients += into gradOut. */
   private blockBackward(P: Float32Array, l: number, a: Arena, s: Acts, gradOut: Float32Array): void {
-    const W = this.blockParams(P, l), dW = this.blockParams(gradOut, l);
+    const W = this.blockParams(P, l),
+      dW = this.blockParams(gradOut, l);
     this.mlpBackward(W, dW, a, s);
     this.attentionBackward(W, dW, a, s, a.xs[l]);
   }
@@ -192,7 +252,13 @@ export class Llama {
   // ---------------------------------------------------------------- attention: x1 = x + o_proj(attn(rope(qkv(norm1(x)))))
 
   private attentionForward(W: BlockParams, a: Arena, s: Acts, x: Float32Array, mm: boolean): void {
-    const c = this.cfg, k = this.k, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
+    const c = this.cfg,
+      k = this.k,
+      N = a.B * a.T,
+      D = c.hiddenSize,
+      H = c.numHeads,
+      K = c.numKvHeads,
+      E = c.headDim;
     k.rmsnormForward(s.h1, s.r1, x, W.inputNorm, N, D, c.rmsNormEps);
     if (mm) {
       k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
@@ -210,7 +276,15 @@ export class Llama {
 
   /** grads.dx = dL/dx1 in, dL/dx out (the residual passes dx1 through; norm1's backward adds into it). */
   private attentionBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts, x: Float32Array): void {
-    const c = this.cfg, k = this.k, grads = a.grads!, dy = grads.dx, N = a.B * a.T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim;
+    const c = this.cfg,
+      k = this.k,
+      grads = a.grads!,
+      dy = grads.dx,
+      N = a.B * a.T,
+      D = c.hiddenSize,
+      H = c.numHeads,
+      K = c.numKvHeads,
+      E = c.headDim;
     k.matmul(true, false, D, H * E, N, 1, dy, s.o, 1, dW.wo);
     k.matmul(false, false, N, H * E, D, 1, dy, W.wo, 0, grads.dO);
     k.attentionBackward(grads.dq, grads.dk, grads.dv, grads.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
@@ -228,7 +302,11 @@ export class Llama {
   // ---------------------------------------------------------------- MLP: out = x1 + down(silu(gate(h2)) * up(h2)), h2 = norm2(x1)
 
   private mlpForward(W: BlockParams, a: Arena, s: Acts, mm: boolean, out: Float32Array | null): void {
-    const c = this.cfg, k = this.k, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
+    const c = this.cfg,
+      k = this.k,
+      N = a.B * a.T,
+      D = c.hiddenSize,
+      F = c.intermediateSize;
     k.rmsnormForward(s.h2, s.r2, s.x1, W.postAttnNorm, N, D, c.rmsNormEps);
     if (mm) {
       k.matmul(false, true, N, F, D, 1, s.h2, W.wGate, 0, s.gate);
@@ -242,7 +320,13 @@ export class Llama {
 
   /** grads.dx = dL/dout in, dL/dx1 out. */
   private mlpBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts): void {
-    const c = this.cfg, k = this.k, grads = a.grads!, dy = grads.dx, N = a.B * a.T, D = c.hiddenSize, F = c.intermediateSize;
+    const c = this.cfg,
+      k = this.k,
+      grads = a.grads!,
+      dy = grads.dx,
+      N = a.B * a.T,
+      D = c.hiddenSize,
+      F = c.intermediateSize;
     k.matmul(true, false, D, F, N, 1, dy, s.swiglu, 1, dW.wDown);
     k.matmul(false, false, N, F, D, 1, dy, W.wDown, 0, grads.dSwiglu);
     k.swigluBackward(grads.dGate, grads.dUp, grads.dSwiglu, s.gate, s.up, N * F);
@@ -257,7 +341,10 @@ export class Llama {
 
   /** logits = hF @ E^T in chunks of C rows, [N, V] never at once; `each` sees one chunk's logits [len, V]. */
   private headChunks(P: Float32Array, a: Arena, each: (c0: number, len: number, logits: Float32Array) => void): void {
-    const N = a.B * a.T, D = this.cfg.hiddenSize, V = this.cfg.vocabSize, E = this.w(P, this.off.embed, V * D);
+    const N = a.B * a.T,
+      D = this.cfg.hiddenSize,
+      V = this.cfg.vocabSize,
+      E = this.w(P, this.off.embed, V * D);
     for (let c0 = 0; c0 < N; c0 += this.headChunkTokens) {
       const len = Math.min(this.headChunkTokens, N - c0);
       this.k.matmul(false, true, len, V, D, 1, a.hF.subarray(c0 * D, (c0 + len) * D), E, 0, a.logits);
@@ -267,8 +354,14 @@ export class Llama {
 
   /** Final norm, then per chunk: logits, cross-entropy (logits become dlogits), dhF = dlogits @ E, dE += dlogits^T @ hF. */
   private headForwardBackward(P: Float32Array, a: Arena, gradScale: number, gradOut: Float32Array): number {
-    const c = this.cfg, N = a.B * a.T, D = c.hiddenSize, V = c.vocabSize, L = c.numLayers;
-    const E = this.w(P, this.off.embed, V * D), dE = this.w(gradOut, this.off.embed, V * D), dh = a.grads!.dh;
+    const c = this.cfg,
+      N = a.B * a.T,
+      D = c.hiddenSize,
+      V = c.vocabSize,
+      L = c.numLayers;
+    const E = this.w(P, this.off.embed, V * D),
+      dE = this.w(gradOut, this.off.embed, V * D),
+      dh = a.grads!.dh;
     this.k.rmsnormForward(a.hF, a.rF, a.xs[L], this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
     const coef = gradScale / (a.B * (a.T - 1)); // d(mean loss * gradScale)/d(logits) = (softmax - onehot) * coef
     let sum = 0;
@@ -285,7 +378,10 @@ export class Llama {
 
   /** Embedding, the blocks and the final norm, activations of one block at a time (loss / logits). */
   private forwardHidden(P: Float32Array, ids: Int32Array, B: number, T: number): Arena {
-    const c = this.cfg, a = this.arena(B, T, false), D = c.hiddenSize, N = B * T;
+    const c = this.cfg,
+      a = this.arena(B, T, false),
+      D = c.hiddenSize,
+      N = B * T;
     this.k.embeddingForward(a.xs[0], ids, this.w(P, this.off.embed, c.vocabSize * D), N, D);
     for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0], "forward");
     this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers], this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
@@ -297,23 +393,39 @@ export class Llama {
   }
 
   private blockParams(flat: Float32Array, l: number): BlockParams {
-    const c = this.cfg, o = this.off.layers[l], D = c.hiddenSize, F = c.intermediateSize;
-    const qd = c.numHeads * c.headDim, kvd = c.numKvHeads * c.headDim;
+    const c = this.cfg,
+      o = this.off.layers[l],
+      D = c.hiddenSize,
+      F = c.intermediateSize;
+    const qd = c.numHeads * c.headDim,
+      kvd = c.numKvHeads * c.headDim;
     return {
-      inputNorm: this.w(flat, o.inputNorm, D), wq: this.w(flat, o.wq, qd * D), wk: this.w(flat, o.wk, kvd * D), wv: this.w(flat, o.wv, kvd * D),
-      wo: this.w(flat, o.wo, D * qd), postAttnNorm: this.w(flat, o.postAttnNorm, D), wGate: this.w(flat, o.wGate, F * D), wUp: this.w(flat, o.wUp, F * D), wDown: this.w(flat, o.wDown, D * F),
+      inputNorm: this.w(flat, o.inputNorm, D),
+      wq: this.w(flat, o.wq, qd * D),
+      wk: this.w(flat, o.wk, kvd * D),
+      wv: this.w(flat, o.wv, kvd * D),
+      wo: this.w(flat, o.wo, D * qd),
+      postAttnNorm: this.w(flat, o.postAttnNorm, D),
+      wGate: this.w(flat, o.wGate, F * D),
+      wUp: this.w(flat, o.wUp, F * D),
+      wDown: this.w(flat, o.wDown, D * F),
     };
   }
 
   /** Validates a pass's arguments before any compute; returns the bound parameters. */
   private check(ids: Int32Array, B: number, T: number): Float32Array {
     if (!this.params) throw new Error("Llama: bindParams() must be called before any pass");
-    if (!Number.isInteger(B) || B < 1 || !Number.isInteger(T) || T < 2) throw new RangeError(`Llama: batch ${B} and seqLen ${T} must be integers >= 1 and >= 2`);
+    if (!Number.isInteger(B) || B < 1 || !Number.isInteger(T) || T < 2)
+      throw new RangeError(`Llama: batch ${B} and seqLen ${T} must be integers >= 1 and >= 2`);
     if (ids.length !== B * T) throw new RangeError(`Llama: ${ids.length} token ids for batch ${B} x seqLen ${T}`);
     const V = this.cfg.vocabSize;
     for (let i = 0; i < ids.length; i++) {
       const t = ids[i];
-      if (t < 0 || t >= V) throw new UserError("M4", `token id ${t} at position ${i} is outside the vocabulary [0, ${V}); the data was tokenized with another tokenizer or the model's vocab_size is wrong`);
+      if (t < 0 || t >= V)
+        throw new UserError(
+          "M4",
+          `token id ${t} at position ${i} is outside the vocabulary [0, ${V}); the data was tokenized with another tokenizer or the model's vocab_size is wrong`,
+        );
     }
     const a = this.arena(B, T, false);
     for (let n = 0; n < B * T; n++) a.targets[n] = n % T === T - 1 ? -1 : ids[n + 1];
@@ -322,18 +434,45 @@ export class Llama {
 
   /** The (B, T) arena, grown to a full set of per-layer activations and gradient scratch when `training`. */
   private arena(B: number, T: number, training: boolean): Arena {
-    const c = this.cfg, N = B * T, D = c.hiddenSize, H = c.numHeads, K = c.numKvHeads, E = c.headDim, F = c.intermediateSize, L = c.numLayers;
+    const c = this.cfg,
+      N = B * T,
+      D = c.hiddenSize,
+      H = c.numHeads,
+      K = c.numKvHeads,
+      E = c.headDim,
+      F = c.intermediateSize,
+      L = c.numLayers;
     const f32 = (n: number): Float32Array => new Float32Array(n);
     const newActs = (): Acts => ({
-      h1: f32(N * D), r1: f32(N), q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), att: f32(B * H * T * T),
-      o: f32(N * H * E), x1: f32(N * D), h2: f32(N * D), r2: f32(N), gate: f32(N * F), up: f32(N * F), swiglu: f32(N * F),
+      h1: f32(N * D),
+      r1: f32(N),
+      q: f32(N * H * E),
+      k: f32(N * K * E),
+      v: f32(N * K * E),
+      att: f32(B * H * T * T),
+      o: f32(N * H * E),
+      x1: f32(N * D),
+      h2: f32(N * D),
+      r2: f32(N),
+      gate: f32(N * F),
+      up: f32(N * F),
+      swiglu: f32(N * F),
     });
     let a = this.arenas.get(`${B}x${T}`);
     if (!a) {
       const { cos, sin } = ropeTables(T, E, c.ropeTheta);
       a = {
-        B, T, xs: Array.from({ length: L + 1 }, () => f32(N * D)), acts: [newActs()], hF: f32(N * D), rF: f32(N),
-        logits: f32(Math.min(N, this.headChunkTokens) * c.vocabSize), targets: new Int32Array(N), cos, sin, grads: null,
+        B,
+        T,
+        xs: Array.from({ length: L + 1 }, () => f32(N * D)),
+        acts: [newActs()],
+        hF: f32(N * D),
+        rF: f32(N),
+        logits: f32(Math.min(N, this.headChunkTokens) * c.vocabSize),
+        targets: new Int32Array(N),
+        cos,
+        sin,
+        grads: null,
         recompute: "none",
       };
       this.arenas.set(`${B}x${T}`, a);
@@ -345,12 +484,29 @@ export class Llama {
       const s = a.acts[0];
       for (let l = 1; l < L; l++) {
         if (a.recompute === "none") a.acts.push(newActs());
-        else if (a.recompute === "kept") a.acts.push({ ...s, q: f32(N * H * E), k: f32(N * K * E), v: f32(N * K * E), o: f32(N * H * E), x1: f32(N * D), gate: f32(N * F), up: f32(N * F) });
+        else if (a.recompute === "kept")
+          a.acts.push({
+            ...s,
+            q: f32(N * H * E),
+            k: f32(N * K * E),
+            v: f32(N * K * E),
+            o: f32(N * H * E),
+            x1: f32(N * D),
+            gate: f32(N * F),
+            up: f32(N * F),
+          });
         else a.acts.push(s);
       }
       a.grads = {
-        dx: f32(N * D), dh: f32(N * D), dO: f32(N * H * E), dq: f32(N * H * E), dk: f32(N * K * E), dv: f32(N * K * E),
-        dSwiglu: f32(N * F), dGate: f32(N * F), dUp: f32(N * F),
+        dx: f32(N * D),
+        dh: f32(N * D),
+        dO: f32(N * H * E),
+        dq: f32(N * H * E),
+        dk: f32(N * K * E),
+        dv: f32(N * K * E),
+        dSwiglu: f32(N * F),
+        dGate: f32(N * F),
+        dUp: f32(N * F),
       };
     }
     return a;
@@ -359,7 +515,9 @@ export class Llama {
 
 /** RoPE tables [T, E/2] (M4): angle t / theta^(2i/E) in float64, its cos and sin rounded once to float32. */
 export function ropeTables(T: number, E: number, theta: number): { cos: Float32Array; sin: Float32Array } {
-  const h = E / 2, cos = new Float32Array(T * h), sin = new Float32Array(T * h);
+  const h = E / 2,
+    cos = new Float32Array(T * h),
+    sin = new Float32Array(T * h);
   for (let t = 0; t < T; t++) {
     for (let i = 0; i < h; i++) {
       const ang = t / Math.pow(theta, (2 * i) / E);

@@ -29,22 +29,32 @@ function numel(shape: number[]): number {
 
 function ctorFor(dtype: StDtype): { new (n: number): StTensor["data"] } {
   switch (dtype) {
-    case "F32": return Float32Array;
-    case "F64": return Float64Array;
-    case "I32": return Int32Array;
-    case "I64": return BigInt64Array;
-    case "U8": return Uint8Array;
+    case "F32":
+      return Float32Array;
+    case "F64":
+      return Float64Array;
+    case "I32":
+      return Int32Array;
+    case "I64":
+      return BigInt64Array;
+    case "U8":
+      return Uint8Array;
   }
 }
 
 function dtypeMatches(t: StTensor): boolean {
   const d = t.data;
   switch (t.dtype) {
-    case "F32": return d instanceof Float32Array;
-    case "F64": return d instanceof Float64Array;
-    case "I32": return d instanceof Int32Array;
-    case "I64": return d instanceof BigInt64Array;
-    case "U8": return d instanceof Uint8Array;
+    case "F32":
+      return d instanceof Float32Array;
+    case "F64":
+      return d instanceof Float64Array;
+    case "I32":
+      return d instanceof Int32Array;
+    case "I64":
+      return d instanceof BigInt64Array;
+    case "U8":
+      return d instanceof Uint8Array;
   }
 }
 
@@ -59,10 +69,14 @@ export function encodeSafetensors(tensors: StTensor[], metadata?: Record<string,
   let off = 0;
   const seen = new Set<string>();
   for (const t of tensors) {
-    if (t.name === "__metadata__" || seen.has(t.name)) throw new TypeError(`safetensors: tensor name "${t.name}" is reserved or repeated`);
+    if (t.name === "__metadata__" || seen.has(t.name))
+      throw new TypeError(`safetensors: tensor name "${t.name}" is reserved or repeated`);
     seen.add(t.name);
     if (!(t.dtype in BYTES)) throw new TypeError(`safetensors: tensor "${t.name}" has unsupported dtype ${t.dtype}`);
-    if (!dtypeMatches(t)) throw new TypeError(`safetensors: tensor "${t.name}" is declared ${t.dtype} but its data is a ${t.data.constructor.name}`);
+    if (!dtypeMatches(t))
+      throw new TypeError(
+        `safetensors: tensor "${t.name}" is declared ${t.dtype} but its data is a ${t.data.constructor.name}`,
+      );
     if (t.shape.some((d) => !Number.isInteger(d) || d < 0) || numel(t.shape) !== t.data.length) {
       throw new TypeError(`safetensors: tensor "${t.name}" has shape [${t.shape}] but ${t.data.length} elements`);
     }
@@ -91,7 +105,8 @@ export function decodeSafetensors(buf: Buffer): { tensors: Map<string, StTensor>
   };
   if (buf.length < 8) fail(`${buf.length} bytes, shorter than the 8-byte header length`);
   const hl = buf.readBigUInt64LE(0);
-  if (hl > BigInt(Math.min(MAX_HEADER, buf.length - 8))) fail(`header length ${hl} exceeds the file (${buf.length} bytes) or the 100 MB limit`);
+  if (hl > BigInt(Math.min(MAX_HEADER, buf.length - 8)))
+    fail(`header length ${hl} exceeds the file (${buf.length} bytes) or the 100 MB limit`);
   const hlen = Number(hl);
   let header: unknown;
   try {
@@ -100,7 +115,8 @@ export function decodeSafetensors(buf: Buffer): { tensors: Map<string, StTensor>
     fail(`the ${hlen}-byte JSON header does not parse (${(e as Error).message})`);
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) fail("the header is not a JSON object");
-  const dataStart = 8 + hlen, dataLen = buf.length - dataStart;
+  const dataStart = 8 + hlen,
+    dataLen = buf.length - dataStart;
   const metadata: Record<string, string> = {};
   const spans: { name: string; b: number; e: number }[] = [];
   const tensors = new Map<string, StTensor>();
@@ -116,15 +132,22 @@ export function decodeSafetensors(buf: Buffer): { tensors: Map<string, StTensor>
     const info = raw as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
     if (typeof info !== "object" || info === null) fail(`tensor "${name}": entry is not an object`);
     const dtype = info.dtype as StDtype;
-    if (typeof dtype !== "string" || !(dtype in BYTES)) fail(`tensor "${name}": dtype ${JSON.stringify(info.dtype)} is not one of ${Object.keys(BYTES).join(", ")}`);
+    if (typeof dtype !== "string" || !(dtype in BYTES))
+      fail(`tensor "${name}": dtype ${JSON.stringify(info.dtype)} is not one of ${Object.keys(BYTES).join(", ")}`);
     const shape = info.shape;
-    if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) fail(`tensor "${name}": shape ${JSON.stringify(shape)} is not a list of non-negative integers`);
+    if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0))
+      fail(`tensor "${name}": shape ${JSON.stringify(shape)} is not a list of non-negative integers`);
     const offs = info.data_offsets;
-    if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((x) => Number.isInteger(x) && x >= 0)) fail(`tensor "${name}": data_offsets ${JSON.stringify(offs)} is not [begin, end]`);
+    if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((x) => Number.isInteger(x) && x >= 0))
+      fail(`tensor "${name}": data_offsets ${JSON.stringify(offs)} is not [begin, end]`);
     const [b, e] = offs as [number, number];
     const n = numel(shape as number[]);
-    if (e < b || e - b !== n * BYTES[dtype]) fail(`tensor "${name}": data_offsets [${b}, ${e}] hold ${e - b} bytes, shape [${shape}] ${dtype} needs ${n * BYTES[dtype]}`);
-    if (e > dataLen) fail(`tensor "${name}": data_offsets end ${e} is past the data (${dataLen} bytes; the file is truncated?)`);
+    if (e < b || e - b !== n * BYTES[dtype])
+      fail(
+        `tensor "${name}": data_offsets [${b}, ${e}] hold ${e - b} bytes, shape [${shape}] ${dtype} needs ${n * BYTES[dtype]}`,
+      );
+    if (e > dataLen)
+      fail(`tensor "${name}": data_offsets end ${e} is past the data (${dataLen} bytes; the file is truncated?)`);
     spans.push({ name, b, e });
     const data = new (ctorFor(dtype))(n);
     buf.copy(Buffer.from(data.buffer, data.byteOffset, data.byteLength), 0, dataStart + b, dataStart + e);
@@ -133,7 +156,8 @@ export function decodeSafetensors(buf: Buffer): { tensors: Map<string, StTensor>
   spans.sort((x, y) => x.b - y.b || x.e - y.e);
   let at = 0;
   for (const s of spans) {
-    if (s.b !== at) fail(`tensor "${s.name}" starts at byte ${s.b} but the previous tensor ends at ${at} (overlap or hole)`);
+    if (s.b !== at)
+      fail(`tensor "${s.name}" starts at byte ${s.b} but the previous tensor ends at ${at} (overlap or hole)`);
     at = s.e;
   }
   if (at !== dataLen) fail(`the tensors cover ${at} bytes but the data section has ${dataLen} (trailing bytes)`);
@@ -165,8 +189,14 @@ export function readSafetensors(path: string): { tensors: Map<string, StTensor>;
 /** The flat layout as HF-named F32 tensors (copies, so the flat buffer may change afterwards). */
 export function flatToTensors(c: LlamaConfig, flat: Float32Array): StTensor[] {
   const { entries, total } = paramLayout(c);
-  if (flat.length !== total) throw new RangeError(`flatToTensors: flat has ${flat.length} floats, the layout needs ${total}`);
-  return entries.map((e) => ({ name: e.name, dtype: "F32" as const, shape: e.shape.slice(), data: flat.slice(e.offset, e.offset + e.size) }));
+  if (flat.length !== total)
+    throw new RangeError(`flatToTensors: flat has ${flat.length} floats, the layout needs ${total}`);
+  return entries.map((e) => ({
+    name: e.name,
+    dtype: "F32" as const,
+    shape: e.shape.slice(),
+    data: flat.slice(e.offset, e.offset + e.size),
+  }));
 }
 
 /**
@@ -176,17 +206,30 @@ export function flatToTensors(c: LlamaConfig, flat: Float32Array): StTensor[] {
  */
 export function tensorsToFlat(c: LlamaConfig, t: Map<string, StTensor>, out: Float32Array): void {
   const { entries, total } = paramLayout(c);
-  if (out.length !== total) throw new RangeError(`tensorsToFlat: out has ${out.length} floats, the layout needs ${total}`);
+  if (out.length !== total)
+    throw new RangeError(`tensorsToFlat: out has ${out.length} floats, the layout needs ${total}`);
   const known = new Set(entries.map((e) => e.name));
   const extra = [...t.keys()].filter((k) => !known.has(k) && k !== "lm_head.weight");
-  if (extra.length) throw new UserError("M7", `weights hold tensors this Llama shape does not have: ${extra.slice(0, 5).join(", ")}${extra.length > 5 ? ", ..." : ""}; check the config (layers/hidden) matches the weights`);
+  if (extra.length)
+    throw new UserError(
+      "M7",
+      `weights hold tensors this Llama shape does not have: ${extra.slice(0, 5).join(", ")}${extra.length > 5 ? ", ..." : ""}; check the config (layers/hidden) matches the weights`,
+    );
   for (const e of entries) {
     const s = t.get(e.name);
-    if (!s) throw new UserError("M7", `weights lack tensor "${e.name}" [${e.shape}]; the file is not a complete export of this model shape`);
+    if (!s)
+      throw new UserError(
+        "M7",
+        `weights lack tensor "${e.name}" [${e.shape}]; the file is not a complete export of this model shape`,
+      );
     if (s.shape.length !== e.shape.length || s.shape.some((d, i) => d !== e.shape[i])) {
-      throw new UserError("M7", `tensor "${e.name}" has shape [${s.shape}], the config needs [${e.shape}]; check the config matches the weights`);
+      throw new UserError(
+        "M7",
+        `tensor "${e.name}" has shape [${s.shape}], the config needs [${e.shape}]; check the config matches the weights`,
+      );
     }
-    if (s.dtype !== "F32" && s.dtype !== "F64") throw new UserError("M7", `tensor "${e.name}" is ${s.dtype}; weights must be F32 (or F64, rounded)`);
+    if (s.dtype !== "F32" && s.dtype !== "F64")
+      throw new UserError("M7", `tensor "${e.name}" is ${s.dtype}; weights must be F32 (or F64, rounded)`);
     out.set(s.data as Float32Array | Float64Array, e.offset); // F64 -> F32 rounds to nearest
   }
 }

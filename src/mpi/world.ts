@@ -39,7 +39,10 @@ export function launchPrefix(size: number, env: NodeJS.ProcessEnv = process.env)
 export function refuseLaunchWithoutDist(dist: string, env: NodeJS.ProcessEnv = process.env): void {
   const l = launcherSize(env);
   if (!l || dist === "mpi") return;
-  throw new UserError("A9", `this process is one of ${l.size} started by an MPI launcher (${l.from}=${l.size}) but --dist is ${dist}: the ${l.size} processes would train ${l.size} separate runs into one --out and one Hub repo. Add --dist mpi to the command after node dist/main.js`);
+  throw new UserError(
+    "A9",
+    `this process is one of ${l.size} started by an MPI launcher (${l.from}=${l.size}) but --dist is ${dist}: the ${l.size} processes would train ${l.size} separate runs into one --out and one Hub repo. Add --dist mpi to the command after node dist/main.js`,
+  );
 }
 
 interface Binding {
@@ -89,7 +92,10 @@ export function mpiLibrary(env: NodeJS.ProcessEnv = process.env): string {
 export function loadMpi(env: NodeJS.ProcessEnv = process.env): { binding: Binding; lib: string } {
   const file = bindingFile();
   if (!file || !fs.existsSync(file)) {
-    throw new UserError("A9", `--dist mpi needs the MPI binding, which is not built (no build/Release/tstrain_mpi.node): install a C toolchain (apt-get install build-essential python3), then npm run build:native`);
+    throw new UserError(
+      "A9",
+      `--dist mpi needs the MPI binding, which is not built (no build/Release/tstrain_mpi.node): install a C toolchain (apt-get install build-essential python3), then npm run build:native`,
+    );
   }
   const req: (id: string) => unknown = require;
   const binding = req(file) as Binding;
@@ -97,7 +103,10 @@ export function loadMpi(env: NodeJS.ProcessEnv = process.env): { binding: Bindin
   const why = binding.load(lib);
   if (why !== null) {
     const named = env[MPI_LIB_ENV] ? ` (${MPI_LIB_ENV}=${env[MPI_LIB_ENV]})` : "";
-    throw new UserError("A9", `--dist mpi needs an MPI library, and ${lib}${named} does not load: ${why.split("\n")[0]}. Install Open MPI with: ${MPI_INSTALL}${env[MPI_LIB_ENV] ? `, or point ${MPI_LIB_ENV} at its libmpi.so.40` : ""}`);
+    throw new UserError(
+      "A9",
+      `--dist mpi needs an MPI library, and ${lib}${named} does not load: ${why.split("\n")[0]}. Install Open MPI with: ${MPI_INSTALL}${env[MPI_LIB_ENV] ? `, or point ${MPI_LIB_ENV} at its libmpi.so.40` : ""}`,
+    );
   }
   return { binding, lib };
 }
@@ -117,7 +126,9 @@ export function initMpi(env: NodeJS.ProcessEnv = process.env): MpiWorld {
     return p;
   };
   return {
-    rank, size, lib,
+    rank,
+    size,
+    lib,
     bcast: (view, root) => queue(() => b.bcast(view, root)),
     allgather: (send, recv) => queue(() => b.allgather(send, recv)),
     reduceScatterSum: (send, recv) => queue(() => b.reduceScatterSum(send, recv)),

@@ -33,7 +33,10 @@ const fault = ((v = process.env.TSTRAIN_MPI_FAULT) => {
   return m ? { process: Number(m[1]), corrupt: Number(m[2]) } : { process: -1, corrupt: -1 };
 })();
 
-const CMD_START = 1, CMD_STEP = 2, CMD_VERIFY = 3, CMD_END = 4;
+const CMD_START = 1,
+  CMD_STEP = 2,
+  CMD_VERIFY = 3,
+  CMD_END = 4;
 /** Bytes of one process's status in an agreement or verification round. */
 const STATUS_BYTES = 1024;
 
@@ -74,7 +77,8 @@ export function codeVersion(): string {
 export function firstDifference(mine: Record<string, unknown>, theirs: Record<string, unknown>): string | null {
   const keys = [...new Set([...Object.keys(theirs), ...Object.keys(mine)])];
   for (const k of keys) {
-    const a = JSON.stringify(mine[k]), b = JSON.stringify(theirs[k]);
+    const a = JSON.stringify(mine[k]),
+      b = JSON.stringify(theirs[k]);
     if (a === b) continue;
     const name = k === "code" ? "code version" : `--${k.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase())}`;
     return `${name} ${a ?? "unset"} (process 0: ${b ?? "unset"})`;
@@ -82,7 +86,8 @@ export function firstDifference(mine: Record<string, unknown>, theirs: Record<st
   return null;
 }
 
-const enc = new TextEncoder(), dec = new TextDecoder();
+const enc = new TextEncoder(),
+  dec = new TextDecoder();
 
 /** The MPI side of a session: the leader's commands and the rounds every process takes part in. */
 export class DistLink {
@@ -114,7 +119,8 @@ export class DistLink {
     const recv = new Uint8Array(STATUS_BYTES * this.mpi.size);
     await this.mpi.allgather(send, recv);
     const out: string[] = [];
-    for (let p = 0; p < this.mpi.size; p++) out.push(dec.decode(recv.subarray(p * STATUS_BYTES, (p + 1) * STATUS_BYTES)).replace(/\0+$/, ""));
+    for (let p = 0; p < this.mpi.size; p++)
+      out.push(dec.decode(recv.subarray(p * STATUS_BYTES, (p + 1) * STATUS_BYTES)).replace(/\0+$/, ""));
     return out;
   }
 
@@ -124,13 +130,18 @@ export class DistLink {
     const p = all.findIndex((s) => s !== "");
     if (p < 0) return;
     this.allKnow = true;
-    throw new UserError("A11", `process ${p} of ${this.mpi.size} disagrees with process 0 on the ${what}: ${all[p]}. Start every process with the same flags and the same build (the same mpirun command line)`);
+    throw new UserError(
+      "A11",
+      `process ${p} of ${this.mpi.size} disagrees with process 0 on the ${what}: ${all[p]}. Start every process with the same flags and the same build (the same mpirun command line)`,
+    );
   }
 
   /** A11, before any work: every process's config and code version against process 0's. */
   async agreeOnConfig(cfg: RunConfig): Promise<void> {
     const mine = agreementDoc(cfg);
-    const theirs = JSON.parse(dec.decode(await this.bcastBytes(this.leader ? enc.encode(JSON.stringify(mine)) : null))) as Record<string, unknown>;
+    const theirs = JSON.parse(
+      dec.decode(await this.bcastBytes(this.leader ? enc.encode(JSON.stringify(mine)) : null)),
+    ) as Record<string, unknown>;
     await this.agreeOn("run config", this.leader ? null : firstDifference(mine, theirs));
   }
 
@@ -167,11 +178,15 @@ export class DistLink {
   /** The checksum every process holds at `step`; throws on every process when one differs. */
   private async compareWeights(step: number, coord: Coordinator): Promise<string> {
     const mine = stateChecksum(coord);
-    const all = await this.allStatuses(fault.corrupt === step && this.mpi.rank === fault.process ? "corrupted-by-TSTRAIN_MPI_FAULT" : mine);
+    const all = await this.allStatuses(
+      fault.corrupt === step && this.mpi.rank === fault.process ? "corrupted-by-TSTRAIN_MPI_FAULT" : mine,
+    );
     const p = all.findIndex((s) => s !== all[0]);
     if (p < 0) return all[0];
     this.allKnow = true;
-    throw new Error(`at step ${step} the weights of process ${p} (checksum ${all[p]}) differ from process 0's (${all[0]}): the processes have diverged; nothing of step ${step} is written or published (A11)`);
+    throw new Error(
+      `at step ${step} the weights of process ${p} (checksum ${all[p]}) differ from process 0's (${all[0]}): the processes have diverged; nothing of step ${step} is written or published (A11)`,
+    );
   }
 
   /** Leader: every process ends with `code` (the followers finalize MPI and exit). */
@@ -194,7 +209,12 @@ export class DistLink {
         if (op === CMD_START) {
           const doc = JSON.parse(dec.decode(await this.bcastBytes(null))) as StartDoc;
           const fp = mixFingerprint(doc.root, readManifest(doc.root));
-          await this.agreeOn("mix", fp === doc.fingerprint ? null : `mix fingerprint ${fp.slice(0, 16)} of ${doc.root} (process 0: ${doc.fingerprint.slice(0, 16)})`);
+          await this.agreeOn(
+            "mix",
+            fp === doc.fingerprint
+              ? null
+              : `mix fingerprint ${fp.slice(0, 16)} of ${doc.root} (process 0: ${doc.fingerprint.slice(0, 16)})`,
+          );
           coord = await this.followerRanks(cfg, backend, doc);
           ({ pos, lrShape } = doc);
         } else if (op === CMD_STEP) {
@@ -212,9 +232,22 @@ export class DistLink {
 
   private async followerRanks(cfg: RunConfig, backend: BackendName, doc: StartDoc): Promise<Coordinator> {
     const coord = Coordinator.create({
-      world: cfg.world, model: doc.model, gradCkpt: cfg.gradCkpt, backend, native: { gemm: cfg.gemm, isa: cfg.isa }, fault: null, mpi: this.mpi,
+      world: cfg.world,
+      model: doc.model,
+      gradCkpt: cfg.gradCkpt,
+      backend,
+      native: { gemm: cfg.gemm, isa: cfg.isa },
+      fault: null,
+      mpi: this.mpi,
       stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step
-      data: { root: doc.root, seqLen: cfg.seqLen, dataSeed: cfg.dataSeed, microBatch: cfg.microBatch, accum: cfg.accum, nVal: 0 },
+      data: {
+        root: doc.root,
+        seqLen: cfg.seqLen,
+        dataSeed: cfg.dataSeed,
+        microBatch: cfg.microBatch,
+        accum: cfg.accum,
+        nVal: 0,
+      },
     });
     for (const v of [coord.views.params, coord.views.m, coord.views.v]) await this.mpi.bcast(v, 0);
     await coord.spawn();
@@ -225,6 +258,7 @@ export class DistLink {
 /** A checksum of this process's weights and AdamW moments (A11). */
 export function stateChecksum(coord: Coordinator): string {
   const h = crypto.createHash("sha256");
-  for (const v of [coord.views.params, coord.views.m, coord.views.v]) h.update(new Uint8Array(v.buffer, v.byteOffset, v.byteLength));
+  for (const v of [coord.views.params, coord.views.m, coord.views.v])
+    h.update(new Uint8Array(v.buffer, v.byteOffset, v.byteLength));
   return h.digest("hex").slice(0, 32);
 }

@@ -12,7 +12,13 @@ import { loadTokenizerFile } from "./generation";
 import { vocabSha256 } from "../data/vocab-hash";
 import { cursorAt, type Session } from "./setup";
 
-export const TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"] as const;
+export const TOKENIZER_FILES = [
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "vocab.json",
+  "merges.txt",
+] as const;
 
 /** G4: the export of the weights as they are now. Never overwrites: an earlier final/ is moved aside. */
 export function exportFinal(s: Session, coord: Coordinator, figures: Record<string, unknown>, rep: Reporter): string {
@@ -31,9 +37,14 @@ export function exportFinal(s: Session, coord: Coordinator, figures: Record<stri
   const shipped: string[] = [];
   for (const fn of TOKENIZER_FILES) {
     const src = path.join(s.root, fn);
-    if (fs.existsSync(src)) { fs.copyFileSync(src, path.join(tmp, fn)); shipped.push(fn); }
+    if (fs.existsSync(src)) {
+      fs.copyFileSync(src, path.join(tmp, fn));
+      shipped.push(fn);
+    }
   }
-  rep.say(`tokenizer files shipped with the export: ${shipped.length ? shipped.join(", ") : "NONE: the mix root has no tokenizer files"}`);
+  rep.say(
+    `tokenizer files shipped with the export: ${shipped.length ? shipped.join(", ") : "NONE: the mix root has no tokenizer files"}`,
+  );
   saveCursor(tmp, cursorAt(s, s.endStep));
   const summary = { ...runSummary(s, coord, figures, shipped), tokenizer_vocab_sha256: shippedVocabSha(tmp, shipped) };
   fs.writeFileSync(path.join(tmp, "run_summary.json"), JSON.stringify(summary, null, 1) + "\n");
@@ -44,19 +55,47 @@ export function exportFinal(s: Session, coord: Coordinator, figures: Record<stri
 
 /** G11: the vocabulary hash of the shipped tokenizer.json (generate checks a tokenizer against it); null when none is shipped. */
 function shippedVocabSha(dir: string, shipped: string[]): string | null {
-  return shipped.includes("tokenizer.json") ? vocabSha256(loadTokenizerFile(path.join(dir, "tokenizer.json")).tk.get_vocab(true)) : null;
+  return shipped.includes("tokenizer.json")
+    ? vocabSha256(loadTokenizerFile(path.join(dir, "tokenizer.json")).tk.get_vocab(true))
+    : null;
 }
 
 /** run_summary.json: the session's figures, the data identity and the whole recipe, optimizer constants included. */
-function runSummary(s: Session, coord: Coordinator, figures: Record<string, unknown>, shipped: string[]): Record<string, unknown> {
+function runSummary(
+  s: Session,
+  coord: Coordinator,
+  figures: Record<string, unknown>,
+  shipped: string[],
+): Record<string, unknown> {
   const { cfg } = s;
   return {
-    ...figures, params: s.params, params_total: s.params.sum_numel, fingerprint: s.fingerprint, shuffle_perm_sha: s.permSha,
-    samples_consumed: s.endStep * s.plan.seqsPerStep, steps_planned: s.plan.stepsPlanned, seq_len: cfg.seqLen, micro_batch: cfg.microBatch,
-    accum: cfg.accum, world: cfg.world, processes: cfg.hosts, tokens_per_step: s.plan.tokensPerStep, backend: coord.backendInfo.backend, grad_ckpt: cfg.gradCkpt,
-    optim: cfg.optim, lr: cfg.lr, betas: [ADAMW_DEFAULTS.beta1, ADAMW_DEFAULTS.beta2], eps: ADAMW_DEFAULTS.eps,
-    weight_decay: ADAMW_DEFAULTS.weightDecay, max_grad_norm: MAX_GRAD_NORM, warmup_frac: cfg.warmupFrac,
-    decay_frac: cfg.decayFrac, warmup_steps: s.lrShape.warmup, decay_start: s.lrShape.decayStart, seed: cfg.seed, data_seed: cfg.dataSeed,
+    ...figures,
+    params: s.params,
+    params_total: s.params.sum_numel,
+    fingerprint: s.fingerprint,
+    shuffle_perm_sha: s.permSha,
+    samples_consumed: s.endStep * s.plan.seqsPerStep,
+    steps_planned: s.plan.stepsPlanned,
+    seq_len: cfg.seqLen,
+    micro_batch: cfg.microBatch,
+    accum: cfg.accum,
+    world: cfg.world,
+    processes: cfg.hosts,
+    tokens_per_step: s.plan.tokensPerStep,
+    backend: coord.backendInfo.backend,
+    grad_ckpt: cfg.gradCkpt,
+    optim: cfg.optim,
+    lr: cfg.lr,
+    betas: [ADAMW_DEFAULTS.beta1, ADAMW_DEFAULTS.beta2],
+    eps: ADAMW_DEFAULTS.eps,
+    weight_decay: ADAMW_DEFAULTS.weightDecay,
+    max_grad_norm: MAX_GRAD_NORM,
+    warmup_frac: cfg.warmupFrac,
+    decay_frac: cfg.decayFrac,
+    warmup_steps: s.lrShape.warmup,
+    decay_start: s.lrShape.decayStart,
+    seed: cfg.seed,
+    data_seed: cfg.dataSeed,
     tokenizer_files: shipped,
   };
 }

@@ -13,14 +13,26 @@ import { readSafetensors, tensorsToFlat } from "../model/safetensors";
 import { paramLayout } from "../model/layout";
 import { initEngine, type BackendName, type Engine } from "../model/backend";
 import type { Kernels } from "../model/kernels";
-import { checkSampling, generateNoCache, generateWithCache, GREEDY, KvDecoder, type SamplingOptions } from "../model/decode";
+import {
+  checkSampling,
+  generateNoCache,
+  generateWithCache,
+  GREEDY,
+  KvDecoder,
+  type SamplingOptions,
+} from "../model/decode";
 import { Llama } from "../model/llama";
 import { readHfConfig, readRunConfigIfAny } from "../checkpoint";
 import { recordSample } from "../report";
 import { vocabSha256 } from "../data/vocab-hash";
 
-
-export interface LoadedModel { cfg: LlamaConfig; params: Float32Array; tokenizer: Tokenizer; eosId: number | null; dir: string }
+export interface LoadedModel {
+  cfg: LlamaConfig;
+  params: Float32Array;
+  tokenizer: Tokenizer;
+  eosId: number | null;
+  dir: string;
+}
 
 const TOKENIZER_HINT = "pass --tokenizer PATH/tokenizer.json (the mix root holds one)";
 
@@ -36,25 +48,40 @@ export function loadTokenizerFile(file: string): { tk: Tokenizer; eosText: strin
   try {
     if (fs.existsSync(cfgPath)) cfg = JSON.parse(fs.readFileSync(cfgPath, "utf8")) as Record<string, unknown>;
   } catch (e) {
-    throw new UserError("G11", `${cfgPath} beside the tokenizer is not valid JSON (${(e as Error).message}): fix or remove it`);
+    throw new UserError(
+      "G11",
+      `${cfgPath} beside the tokenizer is not valid JSON (${(e as Error).message}): fix or remove it`,
+    );
   }
-  const eos = typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: string } | undefined)?.content ?? null;
+  const eos =
+    typeof cfg.eos_token === "string"
+      ? cfg.eos_token
+      : ((cfg.eos_token as { content?: string } | undefined)?.content ?? null);
   try {
     const tk = new Tokenizer(json as object, cfg);
     tk.encode("generate self-check: Hello, world! 123", { add_special_tokens: false });
     return { tk, eosText: eos };
   } catch (e) {
-    throw new UserError("G11", `the tokenizer ${file} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it is not a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens); ${TOKENIZER_HINT}`);
+    throw new UserError(
+      "G11",
+      `the tokenizer ${file} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it is not a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens); ${TOKENIZER_HINT}`,
+    );
   }
 }
 
 /** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
 /** G11: --model names a path that is not there: say so, and name the checkpoints still on disk beside it. */
 function refuseMissingModelDir(dir: string): never {
-  const ckpts = path.basename(path.dirname(dir)) === "ckpt" && fs.existsSync(path.dirname(dir))
-    ? fs.readdirSync(path.dirname(dir)).filter((n) => /^checkpoint-\d+$/.test(n)).sort((a, b) => Number(a.slice(11)) - Number(b.slice(11)))
-    : [];
-  const there = ckpts.length ? ` ${path.dirname(dir)} holds ${ckpts.join(", ")} (only the newest checkpoints stay on disk); e.g. --model ${path.join(path.dirname(dir), ckpts[ckpts.length - 1])}` : " Name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)";
+  const ckpts =
+    path.basename(path.dirname(dir)) === "ckpt" && fs.existsSync(path.dirname(dir))
+      ? fs
+          .readdirSync(path.dirname(dir))
+          .filter((n) => /^checkpoint-\d+$/.test(n))
+          .sort((a, b) => Number(a.slice(11)) - Number(b.slice(11)))
+      : [];
+  const there = ckpts.length
+    ? ` ${path.dirname(dir)} holds ${ckpts.join(", ")} (only the newest checkpoints stay on disk); e.g. --model ${path.join(path.dirname(dir), ckpts[ckpts.length - 1])}`
+    : " Name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)";
   throw new UserError("G11", `--model ${dir} does not exist.${there}`);
 }
 
@@ -67,13 +94,21 @@ function recordedVocab(dir: string): { sha: string; where: string } | null {
     try {
       recorded = (JSON.parse(fs.readFileSync(summaryFile, "utf8")) as Record<string, unknown>).tokenizer_vocab_sha256;
     } catch (e) {
-      throw new UserError("G11", `${summaryFile} is not valid JSON (${(e as Error).message}); restore it from the Hub's copy of the export`);
+      throw new UserError(
+        "G11",
+        `${summaryFile} is not valid JSON (${(e as Error).message}); restore it from the Hub's copy of the export`,
+      );
     }
     return typeof recorded === "string" ? { sha: recorded, where: "run_summary.json records" } : null; // older exports record none
   }
   const root = readRunConfigIfAny(dir)?.root;
-  const mixTok = typeof root === "string" ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f)) : undefined;
-  return mixTok ? { sha: vocabSha256(loadTokenizerFile(mixTok).tk.get_vocab(true)), where: `the run's mix root (${mixTok}) has` } : null;
+  const mixTok =
+    typeof root === "string"
+      ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f))
+      : undefined;
+  return mixTok
+    ? { sha: vocabSha256(loadTokenizerFile(mixTok).tk.get_vocab(true)), where: `the run's mix root (${mixTok}) has` }
+    : null;
 }
 
 /** G11: a tokenizer whose ids differ from the ones the model was trained with would print garbage: refused unless allowed. */
@@ -82,14 +117,21 @@ function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, all
   if (!recorded) return;
   const got = vocabSha256(tk.get_vocab(true));
   if (got === recorded.sha) return;
-  throw new UserError("G11", `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, ${recorded.where} ${recorded.sha.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage). Use the model's own tokenizer (drop --tokenizer: the export's tokenizer.json, or the mix root's), or pass --allow-other-tokenizer if its ids are known to match`);
+  throw new UserError(
+    "G11",
+    `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, ${recorded.where} ${recorded.sha.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage). Use the model's own tokenizer (drop --tokenizer: the export's tokenizer.json, or the mix root's), or pass --allow-other-tokenizer if its ids are known to match`,
+  );
 }
 
 export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherTokenizer = false): LoadedModel {
-  const cfgFile = path.join(dir, "config.json"), wFile = path.join(dir, "model.safetensors");
+  const cfgFile = path.join(dir, "config.json"),
+    wFile = path.join(dir, "model.safetensors");
   if (!fs.existsSync(dir)) refuseMissingModelDir(dir);
   if (!fs.existsSync(cfgFile) || !fs.existsSync(wFile)) {
-    throw new UserError("G11", `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`);
+    throw new UserError(
+      "G11",
+      `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`,
+    );
   }
   const cfg = configFromHf(readHfConfig(dir));
   const params = new Float32Array(paramLayout(cfg).total);
@@ -99,17 +141,27 @@ export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherToke
     const recorded = readRunConfigIfAny(dir)?.root;
     const root = typeof recorded === "string" ? recorded : undefined;
     // the mix root (a --demo run records its data folder, whose mix/ is the root)
-    const found = root ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f)) : undefined;
+    const found = root
+      ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f))
+      : undefined;
     if (found) tokFile = found;
-    else throw new UserError("G11", `no tokenizer.json in ${dir}${root ? ` nor in the run's mix root ${root}` : ""}; ${TOKENIZER_HINT}`);
+    else
+      throw new UserError(
+        "G11",
+        `no tokenizer.json in ${dir}${root ? ` nor in the run's mix root ${root}` : ""}; ${TOKENIZER_HINT}`,
+      );
   }
   const { tk, eosText } = loadTokenizerFile(tokFile);
   checkTokenizerIdentity(dir, tokFile, tk, allowOtherTokenizer);
   const vocab = tk.get_vocab(true);
   let maxId = -1;
   for (const id of vocab.values()) if (id > maxId) maxId = id;
-  if (maxId >= cfg.vocabSize) throw new UserError("G11", `the tokenizer ${tokFile} has ids up to ${maxId} but the model's vocabulary is ${cfg.vocabSize}; ${TOKENIZER_HINT}`);
-  const eosId = eosText !== null ? tk.token_to_id(eosText) ?? cfg.eosTokenId : cfg.eosTokenId;
+  if (maxId >= cfg.vocabSize)
+    throw new UserError(
+      "G11",
+      `the tokenizer ${tokFile} has ids up to ${maxId} but the model's vocabulary is ${cfg.vocabSize}; ${TOKENIZER_HINT}`,
+    );
+  const eosId = eosText !== null ? (tk.token_to_id(eosText) ?? cfg.eosTokenId) : cfg.eosTokenId;
   return { cfg, params, tokenizer: tk, eosId, dir };
 }
 
@@ -126,19 +178,43 @@ export function streamingDecoder(tk: Tokenizer, write: (s: string) => void): { p
       shown = text;
     }
   };
-  return { push(id) { ids.push(id); flush(false); }, end() { flush(true); return shown; } };
+  return {
+    push(id) {
+      ids.push(id);
+      flush(false);
+    },
+    end() {
+      flush(true);
+      return shown;
+    },
+  };
 }
 
-export interface GenerateRequest extends SamplingOptions { prompt: string; maxNewTokens: number; cache: boolean }
+export interface GenerateRequest extends SamplingOptions {
+  prompt: string;
+  maxNewTokens: number;
+  cache: boolean;
+}
 
 /** Generates text from a loaded model on an engine's kernels; `onText` sees the text as it streams. */
-export function generateText(m: LoadedModel, kernels: Kernels, r: GenerateRequest, onText: (s: string) => void = () => undefined): { ids: number[]; text: string } {
+export function generateText(
+  m: LoadedModel,
+  kernels: Kernels,
+  r: GenerateRequest,
+  onText: (s: string) => void = () => undefined,
+): { ids: number[]; text: string } {
   checkSampling(r);
-  if (!Number.isInteger(r.maxNewTokens) || r.maxNewTokens < 1) throw new UserError("G11", `--max-new-tokens ${r.maxNewTokens} must be a whole number >= 1`);
+  if (!Number.isInteger(r.maxNewTokens) || r.maxNewTokens < 1)
+    throw new UserError("G11", `--max-new-tokens ${r.maxNewTokens} must be a whole number >= 1`);
   const prompt = m.tokenizer.encode(r.prompt, { add_special_tokens: false }).ids;
-  if (prompt.length === 0) throw new UserError("G11", `--prompt ${JSON.stringify(r.prompt)} encodes to no tokens: give some text`);
+  if (prompt.length === 0)
+    throw new UserError("G11", `--prompt ${JSON.stringify(r.prompt)} encodes to no tokens: give some text`);
   const room = m.cfg.maxPositionEmbeddings - prompt.length;
-  if (room < 1) throw new UserError("G11", `the prompt is ${prompt.length} tokens, the model has ${m.cfg.maxPositionEmbeddings} positions: shorten it`);
+  if (room < 1)
+    throw new UserError(
+      "G11",
+      `the prompt is ${prompt.length} tokens, the model has ${m.cfg.maxPositionEmbeddings} positions: shorten it`,
+    );
   const n = Math.min(r.maxNewTokens, room);
   const dec = streamingDecoder(m.tokenizer, onText);
   const o = { ...r, maxNewTokens: n, eosId: m.eosId, onToken: (id: number) => dec.push(id) };
@@ -175,16 +251,28 @@ let sampleEngine: Promise<Engine> | null = null;
  * steps), appended to <out>/samples.jsonl and returned as one log line. Never fails the run: an error becomes
  * the line.
  */
-export async function sampleAtCheckpoint(o: { out: string; root: string; cfg: LlamaConfig; params: Float32Array; step: number; backend: BackendName }): Promise<string> {
+export async function sampleAtCheckpoint(o: {
+  out: string;
+  root: string;
+  cfg: LlamaConfig;
+  params: Float32Array;
+  step: number;
+  backend: BackendName;
+}): Promise<string> {
   try {
     sampleEngine ??= initEngine(o.backend === "native" || o.backend === "auto" ? o.backend : "cpu");
     const { kernels } = await sampleEngine;
     const tokFile = path.join(o.root, "tokenizer.json");
     const { tk, eosText } = loadTokenizerFile(tokFile);
-    const eosId = eosText !== null ? tk.token_to_id(eosText) ?? o.cfg.eosTokenId : o.cfg.eosTokenId;
+    const eosId = eosText !== null ? (tk.token_to_id(eosText) ?? o.cfg.eosTokenId) : o.cfg.eosTokenId;
     const m: LoadedModel = { cfg: o.cfg, params: o.params, tokenizer: tk, eosId, dir: o.out };
     const r = generateText(m, kernels, { ...GREEDY, prompt: SAMPLE_PROMPT, maxNewTokens: SAMPLE_TOKENS, cache: true });
-    recordSample(o.out, { step: o.step, prompt: SAMPLE_PROMPT, text: r.text, decoding: `greedy, ${SAMPLE_TOKENS} tokens` });
+    recordSample(o.out, {
+      step: o.step,
+      prompt: SAMPLE_PROMPT,
+      text: r.text,
+      decoding: `greedy, ${SAMPLE_TOKENS} tokens`,
+    });
     return `sample @ step ${o.step}: ${JSON.stringify(SAMPLE_PROMPT + r.text)}`;
   } catch (e) {
     return `sample @ step ${o.step} failed (training goes on): ${(e as Error).message}`;

@@ -11,7 +11,16 @@ import { hfConfigJson } from "../model/llama-config";
 import type { Coordinator } from "../actors/coordinator";
 import type { OptimizerPosition } from "../actors/optim";
 import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
-import { MANIFEST_FILE, checkpointDir, checkpointDocs, checkpointRepoPath, checkpointRoot, listCheckpointFolders, type LogEntry, type TrainerState } from "../checkpoint";
+import {
+  MANIFEST_FILE,
+  checkpointDir,
+  checkpointDocs,
+  checkpointRepoPath,
+  checkpointRoot,
+  listCheckpointFolders,
+  type LogEntry,
+  type TrainerState,
+} from "../checkpoint";
 import type { Reporter } from "../report";
 import { cursorAt, pointerAt, type Session } from "./setup";
 import { resumeCommand } from "./stop";
@@ -32,8 +41,12 @@ export class CheckpointsInFlight {
   private waitsSaid = 0;
 
   constructor(
-    private readonly s: Session, private readonly coord: Coordinator, private readonly pos: OptimizerPosition,
-    private readonly history: LogEntry[], private readonly events: UploaderEvent[], private readonly rep: Reporter,
+    private readonly s: Session,
+    private readonly coord: Coordinator,
+    private readonly pos: OptimizerPosition,
+    private readonly history: LogEntry[],
+    private readonly events: UploaderEvent[],
+    private readonly rep: Reporter,
   ) {}
 
   /** A write or a publication has failed: the loop stops at this step boundary. */
@@ -45,7 +58,10 @@ export class CheckpointsInFlight {
   absorb(): void {
     for (const e of this.events.splice(0)) {
       if (e.type === "published") this.landed(e.outcome);
-      else if (!this.uploadError) { this.uploadError = Object.assign(new Error(e.error.message), e.error); this.failedStep = e.step; }
+      else if (!this.uploadError) {
+        this.uploadError = Object.assign(new Error(e.error.message), e.error);
+        this.failedStep = e.step;
+      }
     }
   }
 
@@ -56,9 +72,11 @@ export class CheckpointsInFlight {
       const t = performance.now();
       await this.waitWrite();
       const secs = ((performance.now() - t) / 1000).toFixed(1);
-      this.rep.say(this.waitsSaid++ === 0
-        ? `checkpoint ${done}: the ranks waited ${secs}s for checkpoint ${[...this.staged].pop()} to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk (a slow disk makes training wait here; later waits are one short line each)`
-        : `checkpoint ${done}: the ranks waited ${secs}s for the previous checkpoint's write`);
+      this.rep.say(
+        this.waitsSaid++ === 0
+          ? `checkpoint ${done}: the ranks waited ${secs}s for checkpoint ${[...this.staged].pop()} to be written: the weights are copied into one staging buffer, which is free again only once the previous folder is on disk (a slow disk makes training wait here; later waits are one short line each)`
+          : `checkpoint ${done}: the ranks waited ${secs}s for the previous checkpoint's write`,
+      );
     }
     this.absorb();
     if (this.failed) return false;
@@ -83,7 +101,10 @@ export class CheckpointsInFlight {
     // The drain's account is authoritative (events travel on their own channel and may lag).
     for (const o of d.outcomes) if (!this.outcomes.some((x) => x.step === o.step)) this.landed(o);
     this.outcomes.sort((a, b) => a.step - b.step);
-    if (d.failure) { this.uploadError = Object.assign(new Error(d.failure.error.message), d.failure.error); this.failedStep = d.failure.step; }
+    if (d.failure) {
+      this.uploadError = Object.assign(new Error(d.failure.error.message), d.failure.error);
+      this.failedStep = d.failure.step;
+    }
     if (this.s.hub && d.head) await this.s.hub.followHead(d.head); // K8: the uploader's commits are this run's own
   }
 
@@ -107,25 +128,48 @@ export class CheckpointsInFlight {
   private stage(done: number, loss: number): void {
     const { s, pos } = this;
     const trainerState: TrainerState = {
-      format: "tstrain-trainer-state/1", step: done, opt_steps: pos.optSteps, skipped_steps: pos.skipped, scaler: pos.scaler,
-      lr_shape: s.lrShape, seqs_per_step: s.plan.seqsPerStep, log_history: this.history,
+      format: "tstrain-trainer-state/1",
+      step: done,
+      opt_steps: pos.optSteps,
+      skipped_steps: pos.skipped,
+      scaler: pos.scaler,
+      lr_shape: s.lrShape,
+      seqs_per_step: s.plan.seqsPerStep,
+      log_history: this.history,
     };
     const pathInRepo = checkpointRepoPath(done);
     this.staged.add(done);
     const w: Promise<WriteOutcome> = this.coord.stageWrite({
       step: done,
       dir: checkpointDir(s.cfg.out, done),
-      docs: checkpointDocs({ trainerState, cursor: cursorAt(s, done), hfConfig: hfConfigJson(s.model), runConfig: runConfigDoc(s.cfg) }),
+      docs: checkpointDocs({
+        trainerState,
+        cursor: cursorAt(s, done),
+        hfConfig: hfConfigJson(s.model),
+        runConfig: runConfigDoc(s.cfg),
+      }),
       publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss } : null,
     });
     w.catch((e) => {
       // A failed write (ENOSPC ...) is this step's; any other rejection repeats the publishing failure the drain reports.
-      if ((e as Error)?.name === "CheckpointWriteError") { this.writeError = this.writeError ?? e; this.failedStep = done; }
-      else if (!this.uploadError) { this.uploadError = e; this.failedStep = done; }
+      if ((e as Error)?.name === "CheckpointWriteError") {
+        this.writeError = this.writeError ?? e;
+        this.failedStep = done;
+      } else if (!this.uploadError) {
+        this.uploadError = e;
+        this.failedStep = done;
+      }
     });
     this.writing = w;
     this.written = false;
-    w.then(() => { this.written = true; }, () => { this.written = true; });
+    w.then(
+      () => {
+        this.written = true;
+      },
+      () => {
+        this.written = true;
+      },
+    );
   }
 
   private writeRefusal(e: Error & { code?: string }): UserError {
@@ -135,34 +179,54 @@ export class CheckpointsInFlight {
     e.code = e.code ?? /\((ENOSPC|EDQUOT|EROFS|EACCES)\)/.exec(e.message)?.[1];
     const noSpace = e.code === "ENOSPC" || e.code === "EDQUOT";
     const last = [...this.published].sort((a, b) => a - b).pop();
-    const where = last === undefined ? "no checkpoint of this session is saved yet" :
-      s.hub ? `checkpoint ${last} is verified on the Hub (latest.json points at it)` : `checkpoint ${last} is saved in ${checkpointRoot(out)}`;
-    const next = s.hub ? resumeCommand("auto", noSpace ? ["--prune"] : []) :
-      last !== undefined ? resumeCommand(checkpointDir(out, last)) : null;
-    return new UserError("O5", `${e.message}. Training stopped at step ${this.failedStep}; ${where}. ` +
-      (noSpace ? `Free space under ${path.resolve(out)}${s.hub ? ", or let the run make room by removing local copies already verified on the Hub (--prune)" : ""}` : "Fix the folder") +
-      (next ? `, then continue with: ${next}` : ", then run the same command again"));
+    const where =
+      last === undefined
+        ? "no checkpoint of this session is saved yet"
+        : s.hub
+          ? `checkpoint ${last} is verified on the Hub (latest.json points at it)`
+          : `checkpoint ${last} is saved in ${checkpointRoot(out)}`;
+    const next = s.hub
+      ? resumeCommand("auto", noSpace ? ["--prune"] : [])
+      : last !== undefined
+        ? resumeCommand(checkpointDir(out, last))
+        : null;
+    return new UserError(
+      "O5",
+      `${e.message}. Training stopped at step ${this.failedStep}; ${where}. ` +
+        (noSpace
+          ? `Free space under ${path.resolve(out)}${s.hub ? ", or let the run make room by removing local copies already verified on the Hub (--prune)" : ""}`
+          : "Fix the folder") +
+        (next ? `, then continue with: ${next}` : ", then run the same command again"),
+    );
   }
 
   /** The newest complete local checkpoint of this session that the Hub does not hold verified: the best resume point. */
   private newerLocalCopy(): { step: number; dir: string } | null {
     const onHub = Math.max(this.s.startStep, ...this.published);
-    const local = listCheckpointFolders(checkpointRoot(this.s.cfg.out)).filter((c) => c.step > onHub && fs.existsSync(path.join(c.dir, MANIFEST_FILE)));
+    const local = listCheckpointFolders(checkpointRoot(this.s.cfg.out)).filter(
+      (c) => c.step > onHub && fs.existsSync(path.join(c.dir, MANIFEST_FILE)),
+    );
     const newest = local[local.length - 1];
     return newest ? { step: newest.step, dir: newest.dir } : null;
   }
 
   private uploadRefusal(e: Error): UserError {
     const msg = e.message.replace(/ \[(K\d|R\d)\]$/, "").replace(/\.$/, "");
-    const ruleOf = (e as { rule?: string }).rule ?? (/\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4");
+    const ruleOf = (e as { rule?: string }).rule ?? /\[(K\d)\]$/.exec(e.message)?.[1] ?? "K4";
     // The local copy is the better resume point only when the Hub does not hold that checkpoint verified: not
     // after a mismatch (K4: the advised --resume auto ignores the failed folder), not when only the pointer
     // failed (--resume auto rolls forward onto the verified folder, on any machine, R5).
     const pointerOnly = / is verified on the Hub at .* but latest\.json could not be moved to it/.test(e.message);
     const local = e.name === "CheckpointVerifyError" || pointerOnly ? null : this.newerLocalCopy();
-    const advice = e.name === "ConcurrentWriterError" ? "" : local
-      ? ` Continue from the local copy of checkpoint ${local.step} with: ${resumeCommand(local.dir)} (--resume auto would restart from the Hub's last verified checkpoint and redo the steps since)`
-      : ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
-    return new UserError(ruleOf, `checkpoint ${this.failedStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved past verified bytes.${advice}`);
+    const advice =
+      e.name === "ConcurrentWriterError"
+        ? ""
+        : local
+          ? ` Continue from the local copy of checkpoint ${local.step} with: ${resumeCommand(local.dir)} (--resume auto would restart from the Hub's last verified checkpoint and redo the steps since)`
+          : ` Continue with: ${resumeCommand("auto")}${e.name === "CheckpointVerifyError" ? " (it resumes from the last verified checkpoint; the failed folder is ignored and overwritten)" : ""}`;
+    return new UserError(
+      ruleOf,
+      `checkpoint ${this.failedStep} failed: ${msg}. Training stopped at the next step boundary; the local copy is kept and latest.json was not moved past verified bytes.${advice}`,
+    );
   }
 }

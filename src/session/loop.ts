@@ -15,7 +15,15 @@ import { requestStop, resumeCommand, RunStopped, stopRequested } from "./stop";
 import { recordSessionEnd } from "./record";
 
 /** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
-export async function trainLoop(s: Session, coord: Coordinator, pos: OptimizerPosition, history: LogEntry[], rep: Reporter, t0: number, events: UploaderEvent[]): Promise<RunResult> {
+export async function trainLoop(
+  s: Session,
+  coord: Coordinator,
+  pos: OptimizerPosition,
+  history: LogEntry[],
+  rep: Reporter,
+  t0: number,
+  events: UploaderEvent[],
+): Promise<RunResult> {
   const { cfg, plan } = s;
   const checkpoints = new CheckpointsInFlight(s, coord, pos, history, events, rep);
   const metrics = new MetricWindow(s, history, rep);
@@ -37,14 +45,22 @@ export async function trainLoop(s: Session, coord: Coordinator, pos: OptimizerPo
     metrics.record(done, r, pos);
     lastDone = done;
     if (done % plan.ckptEvery === 0) {
-      if (s.dist) rep.say(`step ${done}: weights and moments identical on all ${s.dist.mpi.size} processes (sha256 ${await verifyOrDrain(s, coord, checkpoints, done)}) (A11)`);
+      if (s.dist)
+        rep.say(
+          `step ${done}: weights and moments identical on all ${s.dist.mpi.size} processes (sha256 ${await verifyOrDrain(s, coord, checkpoints, done)}) (A11)`,
+        );
       if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
-      if (cfg.sample) rep.say(lastSample = await sampleNow(s, coord, done));
+      if (cfg.sample) rep.say((lastSample = await sampleNow(s, coord, done)));
     }
   }
   await checkpoints.drain("end of the session");
   if (checkpoints.failed || stoppedAt >= 0) {
-    recordSessionEnd(s, { ended: checkpoints.failed ? "failed" : "stopped", finalStep: lastDone, seconds: (performance.now() - t0) / 1000, outcomes: checkpoints.outcomes });
+    recordSessionEnd(s, {
+      ended: checkpoints.failed ? "failed" : "stopped",
+      finalStep: lastDone,
+      seconds: (performance.now() - t0) / 1000,
+      outcomes: checkpoints.outcomes,
+    });
   }
   checkpoints.throwIfFailed();
   if (stoppedAt >= 0) throw stoppedBySignal(s, stoppedAt);
@@ -52,7 +68,13 @@ export async function trainLoop(s: Session, coord: Coordinator, pos: OptimizerPo
 }
 
 /** One optimizer step. When a rank fails, the checkpoints handed over hold the last good steps: let them land, then stop. */
-async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight, step: number, pos: OptimizerPosition, s: Session): Promise<StepResult> {
+async function stepOrDrain(
+  coord: Coordinator,
+  checkpoints: CheckpointsInFlight,
+  step: number,
+  pos: OptimizerPosition,
+  s: Session,
+): Promise<StepResult> {
   try {
     if (!s.dist) return await coord.step(step, pos, s.cfg.lr, s.lrShape);
     await s.dist.step(step); // A9: every process runs this step with its ranks
@@ -70,7 +92,12 @@ async function stepOrDrain(coord: Coordinator, checkpoints: CheckpointsInFlight,
  * A11: every process holds the same weights and moments at `step` (the checksum they agree on), or the run stops; the
  * checkpoints already handed over (agreed at their own step) land first.
  */
-async function verifyOrDrain(s: Session, coord: Coordinator, checkpoints: CheckpointsInFlight, step: number): Promise<string> {
+async function verifyOrDrain(
+  s: Session,
+  coord: Coordinator,
+  checkpoints: CheckpointsInFlight,
+  step: number,
+): Promise<string> {
   try {
     return await s.dist!.verify(step, coord);
   } catch (e) {
@@ -80,8 +107,16 @@ async function verifyOrDrain(s: Session, coord: Coordinator, checkpoints: Checkp
 }
 
 /** O3: the step in progress has finished; save it and publish it, then stop. */
-async function checkpointOnSignal(s: Session, checkpoints: CheckpointsInFlight, step: number, loss: number, rep: Reporter): Promise<void> {
-  rep.say(`${stopRequested()}: stopping after step ${step}; writing${s.hub ? " and publishing" : ""} a checkpoint at step ${step} first (a second signal exits at once)`);
+async function checkpointOnSignal(
+  s: Session,
+  checkpoints: CheckpointsInFlight,
+  step: number,
+  loss: number,
+  rep: Reporter,
+): Promise<void> {
+  rep.say(
+    `${stopRequested()}: stopping after step ${step}; writing${s.hub ? " and publishing" : ""} a checkpoint at step ${step} first (a second signal exits at once)`,
+  );
   await checkpoints.checkpointOnStop(step, loss);
 }
 
@@ -89,7 +124,10 @@ async function checkpointOnSignal(s: Session, checkpoints: CheckpointsInFlight, 
 function stoppedBySignal(s: Session, stoppedAt: number): RunStopped {
   const saved = stoppedAt > s.startStep;
   const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(checkpointDir(s.cfg.out, stoppedAt))) : null;
-  return new RunStopped(saved
-    ? `stopped by ${stopRequested()} at step ${stoppedAt}: checkpoint ${stoppedAt} is ${s.hub ? "published and verified on the Hub" : `saved in ${checkpointRoot(s.cfg.out)}`}. Resume with: ${cmd}`
-    : `stopped by ${stopRequested()} before any step of this session finished: nothing new to save. Run the same command again to start.`, stoppedAt);
+  return new RunStopped(
+    saved
+      ? `stopped by ${stopRequested()} at step ${stoppedAt}: checkpoint ${stoppedAt} is ${s.hub ? "published and verified on the Hub" : `saved in ${checkpointRoot(s.cfg.out)}`}. Resume with: ${cmd}`
+      : `stopped by ${stopRequested()} before any step of this session finished: nothing new to save. Run the same command again to start.`,
+    stoppedAt,
+  );
 }

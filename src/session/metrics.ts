@@ -21,7 +21,11 @@ export class MetricWindow {
   private tokens = 0;
   private t0 = performance.now();
 
-  constructor(private readonly s: Session, private readonly history: LogEntry[], private readonly rep: Reporter) {}
+  constructor(
+    private readonly s: Session,
+    private readonly history: LogEntry[],
+    private readonly rep: Reporter,
+  ) {}
 
   /** Seconds since training began. */
   trainSeconds(): number {
@@ -33,30 +37,53 @@ export class MetricWindow {
     const { s, rep } = this;
     const tokensPerStep = s.plan.tokensPerStep;
     this.lastLoss = r.loss;
-    if (!r.applied) rep.say(`step ${done}: non-finite gradient -> step skipped (P2), ${pos.skipped} skipped so far, loss scale now ${pos.scaler.scale}`);
-    this.loss += r.loss; this.allreduceMs += r.allreduceMs; this.steps++; this.tokens += tokensPerStep;
+    if (!r.applied)
+      rep.say(
+        `step ${done}: non-finite gradient -> step skipped (P2), ${pos.skipped} skipped so far, loss scale now ${pos.scaler.scale}`,
+      );
+    this.loss += r.loss;
+    this.allreduceMs += r.allreduceMs;
+    this.steps++;
+    this.tokens += tokensPerStep;
     const elapsedTrain = this.trainSeconds();
     const tokS = ((done - s.startStep) * tokensPerStep) / Math.max(1e-9, elapsedTrain);
-    const eta = fmtDuration((s.endStep - done) * tokensPerStep / Math.max(1e-9, tokS));
+    const eta = fmtDuration(((s.endStep - done) * tokensPerStep) / Math.max(1e-9, tokS));
     const pct = Math.floor((100 * (done - s.startStep)) / Math.max(1, s.endStep - s.startStep));
-    rep.progress(`step ${done}/${s.plan.stepsPlanned} (${pct}% of this session) loss ${r.loss.toFixed(4)} lr ${r.lr.toExponential(2)} scale ${pos.scaler.scale} | ${tokS.toFixed(0)} tok/s | elapsed ${fmtDuration(elapsedTrain)} | ETA ${eta}`);
+    rep.progress(
+      `step ${done}/${s.plan.stepsPlanned} (${pct}% of this session) loss ${r.loss.toFixed(4)} lr ${r.lr.toExponential(2)} scale ${pos.scaler.scale} | ${tokS.toFixed(0)} tok/s | elapsed ${fmtDuration(elapsedTrain)} | ETA ${eta}`,
+    );
     if (done % s.cfg.logEvery === 0 || done === s.endStep) this.log(done, r, pos, elapsedTrain, eta);
   }
 
   private log(done: number, r: StepResult, pos: OptimizerPosition, elapsedTrain: number, eta: string): void {
     const winSec = (performance.now() - this.t0) / 1000;
     const e: LogEntry = {
-      step: done, loss: this.loss / this.steps, lr: r.lr, grad_norm: r.gradNorm, loss_scale: pos.scaler.scale,
-      skipped_steps: pos.skipped, tok_per_s: Math.round(this.tokens / Math.max(1e-9, winSec)), elapsed_s: Math.round(elapsedTrain * 10) / 10,
+      step: done,
+      loss: this.loss / this.steps,
+      lr: r.lr,
+      grad_norm: r.gradNorm,
+      loss_scale: pos.scaler.scale,
+      skipped_steps: pos.skipped,
+      tok_per_s: Math.round(this.tokens / Math.max(1e-9, winSec)),
+      elapsed_s: Math.round(elapsedTrain * 10) / 10,
     };
     // A9: the combine across processes, per step, and its share of the window's wall time
     if (this.s.dist) e.allreduce_ms = Math.round((this.allreduceMs / this.steps) * 10) / 10;
-    const share = e.allreduce_ms === undefined ? "" : ` allreduce_ms=${e.allreduce_ms} (${((100 * this.allreduceMs) / Math.max(1e-9, winSec * 1000)).toFixed(1)} % of the step)`;
+    const share =
+      e.allreduce_ms === undefined
+        ? ""
+        : ` allreduce_ms=${e.allreduce_ms} (${((100 * this.allreduceMs) / Math.max(1e-9, winSec * 1000)).toFixed(1)} % of the step)`;
     this.history.push(e);
     this.rep.metric(e);
     this.rep.curve(this.history);
-    this.rep.say(`step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}${share} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`);
-    this.loss = 0; this.allreduceMs = 0; this.steps = 0; this.tokens = 0; this.t0 = performance.now();
+    this.rep.say(
+      `step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}${share} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`,
+    );
+    this.loss = 0;
+    this.allreduceMs = 0;
+    this.steps = 0;
+    this.tokens = 0;
+    this.t0 = performance.now();
   }
 }
 
@@ -72,8 +99,16 @@ export async function memoryReport(coord: Coordinator, rep: Reporter): Promise<M
   const mem: RankMemory[] = await coord.memory();
   const rss = process.memoryUsage().rss;
   const memJson: MemoryReport = {
-    per_rank: mem.map((m) => ({ rank: m.rank, heap_mb: megabytes(m.heapPeakBytes), tf_tensors_mb: megabytes(m.tfPeakBytes), wasm_heap_mb: megabytes(m.wasmHeapBytes), arena_mb: megabytes(m.arenaBytes) })),
-    max_rank_mb: Math.max(...mem.map((m) => megabytes(m.heapPeakBytes + m.arenaBytes + Math.max(m.tfPeakBytes, m.wasmHeapBytes)))),
+    per_rank: mem.map((m) => ({
+      rank: m.rank,
+      heap_mb: megabytes(m.heapPeakBytes),
+      tf_tensors_mb: megabytes(m.tfPeakBytes),
+      wasm_heap_mb: megabytes(m.wasmHeapBytes),
+      arena_mb: megabytes(m.arenaBytes),
+    })),
+    max_rank_mb: Math.max(
+      ...mem.map((m) => megabytes(m.heapPeakBytes + m.arenaBytes + Math.max(m.tfPeakBytes, m.wasmHeapBytes))),
+    ),
     process_rss_mb: megabytes(rss),
   };
   rep.say(`memory: ${JSON.stringify(memJson)}`);
@@ -86,5 +121,12 @@ function megabytes(n: number): number {
 
 /** G11: a short greedy sample from the current weights (read between steps), logged and kept for the report. */
 export function sampleNow(s: Session, coord: Coordinator, step: number): Promise<string> {
-  return sampleAtCheckpoint({ out: s.cfg.out, root: s.root, cfg: s.model, params: coord.views.params, step, backend: s.cfg.backend });
+  return sampleAtCheckpoint({
+    out: s.cfg.out,
+    root: s.root,
+    cfg: s.model,
+    params: coord.views.params,
+    step,
+    backend: s.cfg.backend,
+  });
 }

@@ -13,24 +13,50 @@ let current: string | null = null;
 export function recordSessionStart(s: Session): void {
   current = `${process.pid}-${Date.now()}`;
   recordSessionEvent(s.cfg.out, {
-    event: "start", session: current, at: new Date().toISOString(), start_step: s.startStep, steps_planned: s.plan.stepsPlanned, resumed_from: s.resumeDir,
+    event: "start",
+    session: current,
+    at: new Date().toISOString(),
+    start_step: s.startStep,
+    steps_planned: s.plan.stepsPlanned,
+    resumed_from: s.resumeDir,
   });
 }
 
 function publication(r: PublishResult): HubPublication {
   const r1 = (x: number) => Math.round(x * 10) / 10;
-  return { step: r.step, path: r.pathInRepo, ok: r.ok, upload_s: r1(r.uploadSeconds), verify_s: r1(r.verifySeconds), total_s: r1(r.pushVerifySeconds), retries: r.retries };
+  return {
+    step: r.step,
+    path: r.pathInRepo,
+    ok: r.ok,
+    upload_s: r1(r.uploadSeconds),
+    verify_s: r1(r.verifySeconds),
+    total_s: r1(r.pushVerifySeconds),
+    retries: r.retries,
+  };
 }
 
 export function recordSessionEnd(
-  s: Session, o: { ended: Extract<SessionEvent, { event: "end" }>["ended"]; finalStep: number; seconds: number; outcomes: CheckpointOutcome[]; final?: PublishResult | null },
+  s: Session,
+  o: {
+    ended: Extract<SessionEvent, { event: "end" }>["ended"];
+    finalStep: number;
+    seconds: number;
+    outcomes: CheckpointOutcome[];
+    final?: PublishResult | null;
+  },
 ): void {
   if (!current) return;
   const hub = o.outcomes.filter((c) => c.published).map((c) => publication(c.published!));
   if (o.final) hub.push(publication(o.final));
   recordSessionEvent(s.cfg.out, {
-    event: "end", session: current, at: new Date().toISOString(), final_step: o.finalStep, ended: o.ended,
-    seconds: Math.round(o.seconds * 10) / 10, checkpoints: o.outcomes.map((c) => c.step), hub,
+    event: "end",
+    session: current,
+    at: new Date().toISOString(),
+    final_step: o.finalStep,
+    ended: o.ended,
+    seconds: Math.round(o.seconds * 10) / 10,
+    checkpoints: o.outcomes.map((c) => c.step),
+    hub,
   });
   current = null;
 }

@@ -11,7 +11,13 @@ import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../actors/optim";
 
 /** The update's constants, as run_config.json records them under `update`. */
 export function updateConstants(): Record<string, number> {
-  return { max_grad_norm: MAX_GRAD_NORM, beta1: ADAMW_DEFAULTS.beta1, beta2: ADAMW_DEFAULTS.beta2, eps: ADAMW_DEFAULTS.eps, weight_decay: ADAMW_DEFAULTS.weightDecay };
+  return {
+    max_grad_norm: MAX_GRAD_NORM,
+    beta1: ADAMW_DEFAULTS.beta1,
+    beta2: ADAMW_DEFAULTS.beta2,
+    eps: ADAMW_DEFAULTS.eps,
+    weight_decay: ADAMW_DEFAULTS.weightDecay,
+  };
 }
 
 /** run_config.json's document: the validated run config and the update's constants. */
@@ -20,9 +26,17 @@ export function runConfigDoc(cfg: RunConfig): Record<string, unknown> {
 }
 
 /** The flags compared on resume, by their config key. */
-const UPDATE_FLAGS: ReadonlyArray<[key: keyof RunConfig, flag: string]> = [["lr", "--lr"], ["warmupFrac", "--warmup-frac"], ["decayFrac", "--decay-frac"]];
+const UPDATE_FLAGS: ReadonlyArray<[key: keyof RunConfig, flag: string]> = [
+  ["lr", "--lr"],
+  ["warmupFrac", "--warmup-frac"],
+  ["decayFrac", "--decay-frac"],
+];
 
-export interface ConfigChange { what: string; old: number; now: number }
+export interface ConfigChange {
+  what: string;
+  old: number;
+  now: number;
+}
 
 /** What this run changes against the checkpoint's run_config.json (a value the checkpoint does not record is not compared). */
 export function configChanges(saved: Record<string, unknown> | null, cfg: RunConfig): ConfigChange[] {
@@ -50,6 +64,11 @@ export function checkConfigChanges(dir: string, saved: Record<string, unknown> |
   const ch = configChanges(saved, cfg);
   if (!ch.length || cfg.allowConfigChange) return ch;
   const flags = ch.filter((c) => c.what.startsWith("--"));
-  const back = flags.length ? `Resume with the checkpoint's values (${flags.map((c) => `${c.what} ${c.old}`).join(" ")}), or pass` : "Pass";
-  throw new UserError("P7", `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back} --allow-config-change to train on from there with the new values`);
+  const back = flags.length
+    ? `Resume with the checkpoint's values (${flags.map((c) => `${c.what} ${c.old}`).join(" ")}), or pass`
+    : "Pass";
+  throw new UserError(
+    "P7",
+    `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back} --allow-config-change to train on from there with the new values`,
+  );
 }

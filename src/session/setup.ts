@@ -16,7 +16,18 @@ import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cur
 import { checkNoWrap, valWindowCount } from "../data/budget";
 import { ensureDemoMix } from "../data/demo";
 import {
-  MANIFEST_FILE, readHfConfig, readRunConfigIfAny, verifyCheckpointFolder, checkpointRoot, estimateCheckpointBytes, lastLoggedLoss, listCheckpointFolders, makePointer, readTrainerState, type LrShape, type Pointer,
+  MANIFEST_FILE,
+  readHfConfig,
+  readRunConfigIfAny,
+  verifyCheckpointFolder,
+  checkpointRoot,
+  estimateCheckpointBytes,
+  lastLoggedLoss,
+  listCheckpointFolders,
+  makePointer,
+  readTrainerState,
+  type LrShape,
+  type Pointer,
 } from "../checkpoint";
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
@@ -52,31 +63,80 @@ export interface Session {
 }
 
 /** The mix and its identity (D1-D7). */
-interface DataPlan { root: string; manifest: Manifest; nWindows: number; fingerprint: string; permSha: string; tokenIds: TokenIdScan }
+interface DataPlan {
+  root: string;
+  manifest: Manifest;
+  nWindows: number;
+  fingerprint: string;
+  permSha: string;
+  tokenIds: TokenIdScan;
+}
 
 /** The model and what one checkpoint of it takes (M1-M3, O1). */
-interface ModelPlan { model: LlamaConfig; params: Session["params"]; checkpointBytes: number; roomFor: string }
+interface ModelPlan {
+  model: LlamaConfig;
+  params: Session["params"];
+  checkpointBytes: number;
+  roomFor: string;
+}
 
 /** Where this session starts (R1-R6, C3). */
-interface StartPoint { startStep: number; resumeDir: string | null; priorLoss: number | null; resumeVerifiedLocal: boolean }
+interface StartPoint {
+  startStep: number;
+  resumeDir: string | null;
+  priorLoss: number | null;
+  resumeVerifiedLocal: boolean;
+}
 
 export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Session> {
   const data = await planData(cfg, rep);
   const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
   const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
-  rep.say(`mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`);
+  rep.say(
+    `mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`,
+  );
   rep.say(`params: ${JSON.stringify(m.params)}`);
-  const hub = cfg.hubRepo ? createHubClient({ hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }) : null;
+  const hub = cfg.hubRepo
+    ? createHubClient({
+        hubUrl: cfg.hubUrl,
+        repo: cfg.hubRepo,
+        repoType: cfg.hubRepoType,
+        timeoutMs: cfg.hubTimeoutSeconds * 1000,
+      })
+    : null;
   const start = await planStart(cfg, hub, data, plan, m, rep);
-  const room = checkNoWrap({ nWindows: data.nWindows, startStep: start.startStep, stepsPlanned: plan.stepsPlanned, seqsPerStep: plan.seqsPerStep, seqLen: cfg.seqLen });
+  const room = checkNoWrap({
+    nWindows: data.nWindows,
+    startStep: start.startStep,
+    stepsPlanned: plan.stepsPlanned,
+    seqsPerStep: plan.seqsPerStep,
+    seqLen: cfg.seqLen,
+  });
   const nVal = valWindowCount(cfg.valTokens, data.manifest.val_total_tokens, cfg.seqLen);
-  rep.say(`data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`);
+  rep.say(
+    `data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`,
+  );
   const endStep = planSegmentEnd(cfg, plan, start.startStep);
   return {
-    cfg, root: data.root, manifest: data.manifest, fingerprint: data.fingerprint, permSha: data.permSha, nWindows: data.nWindows, nVal,
-    model: m.model, params: m.params, plan, lrShape, startStep: start.startStep, endStep, resumeDir: start.resumeDir, priorLoss: start.priorLoss,
-    hub, resumeVerifiedLocal: start.resumeVerifiedLocal, checkpointBytes: m.checkpointBytes,
+    cfg,
+    root: data.root,
+    manifest: data.manifest,
+    fingerprint: data.fingerprint,
+    permSha: data.permSha,
+    nWindows: data.nWindows,
+    nVal,
+    model: m.model,
+    params: m.params,
+    plan,
+    lrShape,
+    startStep: start.startStep,
+    endStep,
+    resumeDir: start.resumeDir,
+    priorLoss: start.priorLoss,
+    hub,
+    resumeVerifiedLocal: start.resumeVerifiedLocal,
+    checkpointBytes: m.checkpointBytes,
   };
 }
 
@@ -84,7 +144,9 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const root = cfg.demo ? await ensureDemoMix(cfg.root, { log: rep.say }) : cfg.root;
   const manifest = readManifest(root);
   if (manifest.total_tokens < cfg.tokens) {
-    rep.say(`WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`);
+    rep.say(
+      `WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`,
+    );
   }
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
@@ -108,14 +170,18 @@ const VOCAB_PAD = 64;
  */
 function modelFor(cfg: RunConfig, manifest: Manifest, rep: Reporter): LlamaConfig {
   const shape = { seqLen: cfg.seqLen, layers: cfg.layers || undefined, hidden: cfg.hidden || undefined };
-  const vocab = cfg.vocabSize || (cfg.demo ? manifest.vocab_size : cfg.layers > 0 || cfg.hidden > 0 ? paddedVocab(manifest.vocab_size) : 0);
+  const vocab =
+    cfg.vocabSize ||
+    (cfg.demo ? manifest.vocab_size : cfg.layers > 0 || cfg.hidden > 0 ? paddedVocab(manifest.vocab_size) : 0);
   const model = buildConfig({ ...shape, vocabSize: vocab || undefined });
   const padded = paddedVocab(manifest.vocab_size);
   if (!cfg.vocabSize && model.vocabSize > padded) {
     const small = countParams(buildConfig({ ...shape, vocabSize: padded })).sum_numel;
     const ln = (n: number) => Math.log(n).toFixed(2);
     const f = (n: number) => n.toLocaleString("en-US");
-    rep.say(`WARNING the mix's tokenizer has ${f(manifest.vocab_size)} ids but the model's vocabulary is ${f(model.vocabSize)} (the frozen default): ${f(model.vocabSize - manifest.vocab_size)} embedding rows never see a token, the loss starts near ln(${f(model.vocabSize)}) = ${ln(model.vocabSize)} instead of ln(${f(manifest.vocab_size)}) = ${ln(manifest.vocab_size)}, and the LM head does ${(model.vocabSize / padded).toFixed(0)}x the work. --vocab-size ${padded} trains a ${f(small)}-parameter model on the same mix (M2)`);
+    rep.say(
+      `WARNING the mix's tokenizer has ${f(manifest.vocab_size)} ids but the model's vocabulary is ${f(model.vocabSize)} (the frozen default): ${f(model.vocabSize - manifest.vocab_size)} embedding rows never see a token, the loss starts near ln(${f(model.vocabSize)}) = ${ln(model.vocabSize)} instead of ln(${f(manifest.vocab_size)}) = ${ln(manifest.vocab_size)}, and the LM head does ${(model.vocabSize / padded).toFixed(0)}x the work. --vocab-size ${padded} trains a ${f(small)}-parameter model on the same mix (M2)`,
+    );
   }
   return model;
 }
@@ -125,10 +191,16 @@ function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
   const variant = cfg.layers > 0 || cfg.hidden > 0 || cfg.vocabSize > 0 || cfg.demo;
   const model = modelFor(cfg, manifest, rep);
   if (manifest.vocab_size > model.vocabSize) {
-    throw new UserError("D1", `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`);
+    throw new UserError(
+      "D1",
+      `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`,
+    );
   }
   if (data.tokenIds.maxTokenId >= model.vocabSize) {
-    throw new UserError("D1", `shard ${data.tokenIds.file} holds token id ${data.tokenIds.maxTokenId}, outside the model's vocabulary [0, ${model.vocabSize}) (the manifest says its tokenizer has ${manifest.vocab_size} ids): the shards were not written by this mix's tokenizer. Rebuild the mix with node dist/prepare.js, or pass --vocab-size ${data.tokenIds.maxTokenId + 1} or more if the ids are meant`);
+    throw new UserError(
+      "D1",
+      `shard ${data.tokenIds.file} holds token id ${data.tokenIds.maxTokenId}, outside the model's vocabulary [0, ${model.vocabSize}) (the manifest says its tokenizer has ${manifest.vocab_size} ids): the shards were not written by this mix's tokenizer. Rebuild the mix with node dist/prepare.js, or pass --vocab-size ${data.tokenIds.maxTokenId + 1} or more if the ids are meant`,
+    );
   }
   const params = countParams(model);
   const checkpointBytes = estimateCheckpointBytes(params.sum_numel);
@@ -136,38 +208,66 @@ function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
   // O1 before any download: a fresh run must fit one checkpoint now.
   if (!cfg.benchmark && cfg.resume === "") checkOutRoom(cfg.out, checkpointBytes, roomFor);
   if (!variant && (params.sum_numel < 90_000_000 || params.sum_numel > 110_000_000)) {
-    throw new UserError("M3", `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`);
+    throw new UserError(
+      "M3",
+      `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`,
+    );
   }
   return { model, params, checkpointBytes, roomFor };
 }
 
 /** The resume point: the checkpoint to start from (or none), checked against this plan, and room for the next one. */
-async function planStart(cfg: RunConfig, hub: HubClient | null, data: DataPlan, plan: StepPlan, m: ModelPlan, rep: Reporter): Promise<StartPoint> {
+async function planStart(
+  cfg: RunConfig,
+  hub: HubClient | null,
+  data: DataPlan,
+  plan: StepPlan,
+  m: ModelPlan,
+  rep: Reporter,
+): Promise<StartPoint> {
   const start = await findResumeDir(cfg, hub, rep);
   if (!start.resumeDir) await refuseFreshOverExistingRun(cfg, hub);
   if (start.resumeDir) {
     const dir = start.resumeDir;
     const cur = loadCursor(dir);
-    ({ startStep: start.startStep } = validateResume(cur, { seqLen: cfg.seqLen, seed: cfg.dataSeed, permSha: data.permSha, fingerprint: data.fingerprint, seqsPerStep: plan.seqsPerStep }, dir));
+    ({ startStep: start.startStep } = validateResume(
+      cur,
+      {
+        seqLen: cfg.seqLen,
+        seed: cfg.dataSeed,
+        permSha: data.permSha,
+        fingerprint: data.fingerprint,
+        seqsPerStep: plan.seqsPerStep,
+      },
+      dir,
+    ));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
     checkModelShape(dir, m.model);
     const changed = checkConfigChanges(dir, readRunConfigIfAny(dir), cfg); // P7
     const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
-    rep.say(`resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}`);
+    rep.say(
+      `resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}`,
+    );
     moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
   }
   // O1 for a resume: a local copy proven equal to the Hub's verified checkpoint counts as room when
   // --prune lets the run remove it before its next checkpoint.
   if (!cfg.benchmark && cfg.resume !== "") {
-    const reclaim = cfg.prune && hub && start.resumeVerifiedLocal && start.resumeDir ? dirBytesSync(start.resumeDir) : 0;
+    const reclaim =
+      cfg.prune && hub && start.resumeVerifiedLocal && start.resumeDir ? dirBytesSync(start.resumeDir) : 0;
     checkOutRoom(cfg.out, m.checkpointBytes - reclaim, m.roomFor);
   }
   if (start.startStep > plan.stepsPlanned) {
-    throw new UserError("P5", `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Use the original --tokens/--max-steps`);
+    throw new UserError(
+      "P5",
+      `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Use the original --tokens/--max-steps`,
+    );
   }
   if (start.startStep === plan.stepsPlanned) {
     // A checkpoint at the horizon whose session stopped before validating and exporting (R5 can roll onto it).
-    rep.say(`resume point step ${start.startStep} is the horizon: nothing left to train; validating and exporting final/`);
+    rep.say(
+      `resume point step ${start.startStep} is the horizon: nothing left to train; validating and exporting final/`,
+    );
   }
   return start;
 }
@@ -183,27 +283,45 @@ async function findResumeDir(cfg: RunConfig, hub: HubClient | null, rep: Reporte
   }
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
-    destDir: path.join(cfg.out, "resume"), log: rep.say, ignoreUnproven: cfg.resumeIgnoreUnproven,
+    destDir: path.join(cfg.out, "resume"),
+    log: rep.say,
+    ignoreUnproven: cfg.resumeIgnoreUnproven,
     localRoots: [checkpointRoot(cfg.out), path.join(cfg.out, "resume")],
   });
   if (got.kind === "fresh") return start; // resolveAutoResume has said why (R2); nothing to add.
   if (got.kind === "complete") {
-    throw new RunComplete(`resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. A new run needs a new --hub-repo.`);
+    throw new RunComplete(
+      `resume auto: ${cfg.hubRepo} says the run is complete (latest.json points at ${got.pointer.path_in_repo}, step ${got.pointer.step}); nothing to train. A new run needs a new --hub-repo.`,
+    );
   }
   rep.say(`auto-resume: hub says step ${got.pointer.step} at ${got.pointer.path_in_repo}; resuming from ${got.dir}`);
-  return { ...start, resumeDir: got.dir, priorLoss: got.priorLoss, resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(checkpointRoot(cfg.out)) };
+  return {
+    ...start,
+    resumeDir: got.dir,
+    priorLoss: got.priorLoss,
+    resumeVerifiedLocal: path.resolve(path.dirname(got.dir)) === path.resolve(checkpointRoot(cfg.out)),
+  };
 }
 
 /** K7: a --resume DIR folder proves itself against its manifest before anything in it is read. */
 function verifyLocalResume(cfg: RunConfig, hub: HubClient | null, rep: Reporter): void {
   const dir = cfg.resume;
-  const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter((c) => path.resolve(c.dir) !== path.resolve(dir));
-  const ways = [...(others.length ? [`--resume ${others[others.length - 1].dir}`] : []), ...(hub ? ["--resume auto"] : [])];
-  const advice = ways.length ? `Resume from another checkpoint (${ways.join(" or ")}).` : "Resume from another checkpoint folder, or start fresh with another --out.";
+  const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter(
+    (c) => path.resolve(c.dir) !== path.resolve(dir),
+  );
+  const ways = [
+    ...(others.length ? [`--resume ${others[others.length - 1].dir}`] : []),
+    ...(hub ? ["--resume auto"] : []),
+  ];
+  const advice = ways.length
+    ? `Resume from another checkpoint (${ways.join(" or ")}).`
+    : "Resume from another checkpoint folder, or start fresh with another --out.";
   const verified = verifyCheckpointFolder(dir, { allowNoManifest: cfg.resumeWithoutManifest, advice });
-  rep.say(verified
-    ? `resume: ${dir} matches its ${MANIFEST_FILE} (size and sha256 of every file, K7)`
-    : `resume: ${dir} has no ${MANIFEST_FILE}; reading it unchecked as --resume-without-manifest asks (K7)`);
+  rep.say(
+    verified
+      ? `resume: ${dir} matches its ${MANIFEST_FILE} (size and sha256 of every file, K7)`
+      : `resume: ${dir} has no ${MANIFEST_FILE}; reading it unchecked as --resume-without-manifest asks (K7)`,
+  );
 }
 
 /**
@@ -212,10 +330,17 @@ function verifyLocalResume(cfg: RunConfig, hub: HubClient | null, rep: Reporter)
  */
 function checkModelShape(dir: string, model: LlamaConfig): void {
   const hf = readHfConfig(dir);
-  const want: Array<[string, string, number]> = [["num_hidden_layers", "--layers", model.numLayers], ["hidden_size", "--hidden", model.hiddenSize], ["vocab_size", "--vocab-size", model.vocabSize]];
+  const want: Array<[string, string, number]> = [
+    ["num_hidden_layers", "--layers", model.numLayers],
+    ["hidden_size", "--hidden", model.hiddenSize],
+    ["vocab_size", "--vocab-size", model.vocabSize],
+  ];
   const diff = want.filter(([k, , v]) => hf[k] !== v);
   if (!diff.length) return;
-  throw new UserError("M2", `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k, , v]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`);
+  throw new UserError(
+    "M2",
+    `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k, , v]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`,
+  );
 }
 
 /** C3: --resume DIR names a folder that is there; if not, say so and name the checkpoints that are. */
@@ -232,15 +357,30 @@ function existingResumeDir(cfg: RunConfig): string {
   const there = local.length
     ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest with --resume ${local[local.length - 1].dir}`
     : ` ${checkpointRoot(cfg.out)} holds no checkpoint; name a checkpoint folder (RUN/ckpt/checkpoint-N)${cfg.hubRepo ? ", pass --resume auto to continue from the Hub," : ""} or start fresh without --resume`;
-  throw new UserError("C3", `resume refused: --resume ${dir} ${isDir === false ? "is a file, not a checkpoint folder" : "does not exist"}.${there}`);
+  throw new UserError(
+    "C3",
+    `resume refused: --resume ${dir} ${isDir === false ? "is a file, not a checkpoint folder" : "does not exist"}.${there}`,
+  );
 }
 
 /** K2, C3, P5: the trainer state is whole and agrees with the cursor and the horizon; returns the prior loss (the Hub's, else the state's last). */
-function checkTrainerState(resumeDir: string, startStep: number, plan: StepPlan, priorLoss: number | null): number | null {
+function checkTrainerState(
+  resumeDir: string,
+  startStep: number,
+  plan: StepPlan,
+  priorLoss: number | null,
+): number | null {
   const st = readTrainerState(resumeDir);
-  if (st.step !== startStep) throw new UserError("C3", `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`);
+  if (st.step !== startStep)
+    throw new UserError(
+      "C3",
+      `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`,
+    );
   if (st.lr_shape.total !== plan.stepsPlanned) {
-    throw new UserError("P5", `resume refused: the checkpoint's horizon is ${st.lr_shape.total} steps but this plan has ${plan.stepsPlanned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`);
+    throw new UserError(
+      "P5",
+      `resume refused: the checkpoint's horizon is ${st.lr_shape.total} steps but this plan has ${plan.stepsPlanned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`,
+    );
   }
   return priorLoss ?? lastLoggedLoss(st);
 }
@@ -249,9 +389,21 @@ function checkTrainerState(resumeDir: string, startStep: number, plan: StepPlan,
 function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): number {
   if (!cfg.stopAfterSteps) return plan.stepsPlanned;
   const S = cfg.stopAfterSteps;
-  if (S % plan.ckptEvery) throw new UserError("G1", `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${plan.ckptEvery}: the session would end between two checkpoints`);
-  if (S <= startStep) throw new UserError("G1", `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing`);
-  if (S > plan.stepsPlanned) throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`);
+  if (S % plan.ckptEvery)
+    throw new UserError(
+      "G1",
+      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${plan.ckptEvery}: the session would end between two checkpoints`,
+    );
+  if (S <= startStep)
+    throw new UserError(
+      "G1",
+      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing`,
+    );
+  if (S > plan.stepsPlanned)
+    throw new UserError(
+      "G1",
+      `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`,
+    );
   return S;
 }
 
@@ -262,7 +414,10 @@ function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): numb
 async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubClient | null): Promise<void> {
   const local = listCheckpointFolders(checkpointRoot(cfg.out));
   if (local.length) {
-    throw new UserError("R1", `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1].dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`);
+    throw new UserError(
+      "R1",
+      `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1].dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`,
+    );
   }
   if (!hub) return;
   let ptr: Pointer | null;
@@ -270,12 +425,22 @@ async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubClient | null)
     if (!(await hub.repoExists())) return;
     ptr = await hub.readPointer();
   } catch (e) {
-    const status = (e as { status?: unknown; statusCode?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;
-    const advice = status === 401 || status === 403 ? "Fix the token as said, then run the same command again." : "Retry, or pass --resume auto.";
-    throw new UserError("R2", `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". ${advice}`);
+    const status =
+      (e as { status?: unknown; statusCode?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;
+    const advice =
+      status === 401 || status === 403
+        ? "Fix the token as said, then run the same command again."
+        : "Retry, or pass --resume auto.";
+    throw new UserError(
+      "R2",
+      `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". ${advice}`,
+    );
   }
   if (ptr) {
-    throw new UserError("R1", `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`);
+    throw new UserError(
+      "R1",
+      `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`,
+    );
   }
 }
 
@@ -295,16 +460,31 @@ function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Rep
 
 function dirBytesSync(d: string): number {
   let n = 0;
-  for (const e of fs.readdirSync(d, { withFileTypes: true })) n += e.isDirectory() ? dirBytesSync(path.join(d, e.name)) : fs.statSync(path.join(d, e.name)).size;
+  for (const e of fs.readdirSync(d, { withFileTypes: true }))
+    n += e.isDirectory() ? dirBytesSync(path.join(d, e.name)) : fs.statSync(path.join(d, e.name)).size;
   return n;
 }
 
 /** The data position after `step` steps (C1, C2). */
 export function cursorAt(s: Session, step: number): Cursor {
-  return makeCursor({ step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, seed: s.cfg.dataSeed, fingerprint: s.fingerprint, permSha: s.permSha });
+  return makeCursor({
+    step,
+    seqsPerStep: s.plan.seqsPerStep,
+    seqLen: s.cfg.seqLen,
+    seed: s.cfg.dataSeed,
+    fingerprint: s.fingerprint,
+    permSha: s.permSha,
+  });
 }
 
 /** The latest.json pointer for the checkpoint of `step` at `pathInRepo`. */
 export function pointerAt(s: Session, step: number, pathInRepo: string): Pointer {
-  return makePointer({ pathInRepo, step, seqsPerStep: s.plan.seqsPerStep, seqLen: s.cfg.seqLen, fingerprint: s.fingerprint, seed: s.cfg.dataSeed });
+  return makePointer({
+    pathInRepo,
+    step,
+    seqsPerStep: s.plan.seqsPerStep,
+    seqLen: s.cfg.seqLen,
+    fingerprint: s.fingerprint,
+    seed: s.cfg.dataSeed,
+  });
 }

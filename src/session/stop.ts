@@ -26,7 +26,10 @@ export function resumeCommand(resume: string, extra: string[] = []): string {
   const out: string[] = [];
   for (let i = 0; i < commandLine.length; i++) {
     const a = commandLine[i];
-    if (a === "--resume") { i++; continue; }
+    if (a === "--resume") {
+      i++;
+      continue;
+    }
     if (a.startsWith("--resume=")) continue;
     if (extra.includes(a)) continue;
     out.push(a);
@@ -53,7 +56,10 @@ export const EXIT_STOPPED = 3;
 
 /** Thrown when a signal stopped the run cleanly; main prints the message and exits EXIT_STOPPED. */
 export class RunStopped extends Error {
-  constructor(message: string, readonly step: number) {
+  constructor(
+    message: string,
+    readonly step: number,
+  ) {
     super(message);
     this.name = "RunStopped";
   }

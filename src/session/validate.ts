@@ -4,7 +4,11 @@ import type { Reporter } from "../report";
 import type { Session } from "./setup";
 import { progressEverySeconds } from "../config";
 
-export interface Validation { valLoss: number | null; ppl: number | null; valError: string | null }
+export interface Validation {
+  valLoss: number | null;
+  ppl: number | null;
+  valError: string | null;
+}
 
 export async function validate(s: Session, coord: Coordinator, segment: boolean, rep: Reporter): Promise<Validation> {
   if (segment) {
@@ -12,9 +16,14 @@ export async function validate(s: Session, coord: Coordinator, segment: boolean,
     return { valLoss: null, ppl: null, valError: null };
   }
   // The pass is one request to the ranks: say what it covers, and that it is still running.
-  rep.say(`validation: ${s.nVal.toLocaleString("en-US")} held-out windows of ${s.cfg.seqLen} tokens on ${s.cfg.world} rank(s)`);
+  rep.say(
+    `validation: ${s.nVal.toLocaleString("en-US")} held-out windows of ${s.cfg.seqLen} tokens on ${s.cfg.world} rank(s)`,
+  );
   const t0 = performance.now();
-  const beat = setInterval(() => rep.say(`validation: still running, ${((performance.now() - t0) / 1000).toFixed(0)}s so far`), Math.max(100, progressEverySeconds() * 1000));
+  const beat = setInterval(
+    () => rep.say(`validation: still running, ${((performance.now() - t0) / 1000).toFixed(0)}s so far`),
+    Math.max(100, progressEverySeconds() * 1000),
+  );
   beat.unref();
   try {
     const valLoss = await coord.evaluate(s.nVal);

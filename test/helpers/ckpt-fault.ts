@@ -19,9 +19,12 @@ if (spec) {
   const partial = new RegExp(`[/\\\\]checkpoint-${step}\\.partial-\\d+$`);
   // Its manifest wherever it is written: in the partial folder, or (a broken writer) in the final one.
   const folder = new RegExp(`[/\\\\]checkpoint-${step}(\\.partial-\\d+)?$`);
-  const isManifest = (p: unknown) => typeof p === "string" && path.basename(p) === "manifest.json" && folder.test(path.dirname(p));
+  const isManifest = (p: unknown) =>
+    typeof p === "string" && path.basename(p) === "manifest.json" && folder.test(path.dirname(p));
   const manifestFds = new Set<number>();
-  const open = fs.openSync, write = fs.writeSync, rename = fs.renameSync;
+  const open = fs.openSync,
+    write = fs.writeSync,
+    rename = fs.renameSync;
   (fs as { openSync: unknown }).openSync = (...a: unknown[]): number => {
     const fd = (open as (...x: unknown[]) => number)(...a);
     if (isManifest(a[0])) manifestFds.add(fd);
@@ -32,13 +35,21 @@ if (spec) {
     if (manifestFds.has(fd) && (mode === "manifest-fails" || mode === "die-in-manifest")) {
       write(fd, buf, 0, Math.max(1, buf.byteLength >> 1));
       if (mode === "die-in-manifest") process.kill(process.pid, "SIGKILL");
-      throw Object.assign(new Error("EIO: i/o error, write (injected by test/helpers/ckpt-fault)"), { code: "EIO", errno: -5, syscall: "write" });
+      throw Object.assign(new Error("EIO: i/o error, write (injected by test/helpers/ckpt-fault)"), {
+        code: "EIO",
+        errno: -5,
+        syscall: "write",
+      });
     }
     return (write as (...x: unknown[]) => number)(...a);
   };
-  (fs as { renameSync: unknown }).renameSync = (from: import("node:fs").PathLike, to: import("node:fs").PathLike): void => {
+  (fs as { renameSync: unknown }).renameSync = (
+    from: import("node:fs").PathLike,
+    to: import("node:fs").PathLike,
+  ): void => {
     if (mode === "die-before-rename" && partial.test(String(from))) process.kill(process.pid, "SIGKILL");
-    if (mode === "slow-write" && /[/\\]checkpoint-\d+\.partial-\d+$/.test(String(from))) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(step));
+    if (mode === "slow-write" && /[/\\]checkpoint-\d+\.partial-\d+$/.test(String(from)))
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(step));
     rename(from, to);
   };
 }

@@ -47,7 +47,11 @@ export function runEngineArgs(t: TestContext, name: "wasm" | "native" | "openbla
   let why: string | null = null;
   if (!("kernels" in n)) why = `${name} engine unavailable here: ${n.reason}; fix: ${n.fix}`;
   else {
-    try { parseArgs(args); } catch (e) { why = `${args.join(" ")} is not accepted here (${(e as Error).message.split("\n")[0]})`; }
+    try {
+      parseArgs(args);
+    } catch (e) {
+      why = `${args.join(" ")} is not accepted here (${(e as Error).message.split("\n")[0]})`;
+    }
   }
   if (why === null) return args;
   if (process.env[require] === "1") throw new Error(`${require}=1 but ${why}`);

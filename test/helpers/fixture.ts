@@ -20,5 +20,13 @@ export function loadTinyFixture() {
   const layout = paramLayout(cfg);
   const weights = new Float32Array(layout.total);
   tensorsToFlat(cfg, readSafetensors(path.join(FIX, "model.safetensors")).tensors, weights);
-  return { cfg, ref, layout, weights, B: ref.input_ids.length, T: ref.input_ids[0].length, ids: Int32Array.from(ref.input_ids.flat()) };
+  return {
+    cfg,
+    ref,
+    layout,
+    weights,
+    B: ref.input_ids.length,
+    T: ref.input_ids[0].length,
+    ids: Int32Array.from(ref.input_ids.flat()),
+  };
 }

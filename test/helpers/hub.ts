@@ -31,7 +31,10 @@ export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Poin
   const n = o.modelValues ?? 64;
   fs.mkdirSync(dir, { recursive: true });
   const w = new Float32Array(n).map((_, i) => Math.sin(i + o.step));
-  fs.writeFileSync(path.join(dir, "model.safetensors"), encodeSafetensors([{ name: "model.embed_tokens.weight", dtype: "F32", shape: [n / 8, 8], data: w }]));
+  fs.writeFileSync(
+    path.join(dir, "model.safetensors"),
+    encodeSafetensors([{ name: "model.embed_tokens.weight", dtype: "F32", shape: [n / 8, 8], data: w }]),
+  );
   fs.writeFileSync(
     path.join(dir, "optimizer.safetensors"),
     encodeSafetensors([
@@ -40,14 +43,26 @@ export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Poin
     ]),
   );
   const state: TrainerState = {
-    format: "tstrain-trainer-state/1", step: o.step, opt_steps: o.step, skipped_steps: 0, scaler: { scale: 65536, growthTracker: 0 },
-    lr_shape: { warmup: 0, decayStart: 0, total: o.step }, seqs_per_step: sps,
+    format: "tstrain-trainer-state/1",
+    step: o.step,
+    opt_steps: o.step,
+    skipped_steps: 0,
+    scaler: { scale: 65536, growthTracker: 0 },
+    lr_shape: { warmup: 0, decayStart: 0, total: o.step },
+    seqs_per_step: sps,
     log_history: [logEntry(o.step - 1, (o.loss ?? 3) + 0.1), logEntry(o.step, o.loss ?? 3)],
   };
   fs.writeFileSync(path.join(dir, "trainer_state.json"), JSON.stringify(state));
   fs.writeFileSync(
     path.join(dir, "cursor.json"),
-    JSON.stringify({ seq_len: seqLen, samples_consumed: o.step * sps, shuffle_seed: seed, dataset_files_sha: fingerprint, shuffle_perm_sha: "c".repeat(64), step: o.step }),
+    JSON.stringify({
+      seq_len: seqLen,
+      samples_consumed: o.step * sps,
+      shuffle_seed: seed,
+      dataset_files_sha: fingerprint,
+      shuffle_perm_sha: "c".repeat(64),
+      step: o.step,
+    }),
   );
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({ model_type: "llama", hidden_size: 8 }));
   return {
@@ -66,7 +81,14 @@ function logEntry(step: number, loss: number): LogEntry {
 }
 
 export function pointerOf(p: Pointer & { dir?: string }): Pointer {
-  return { path_in_repo: p.path_in_repo, step: p.step, samples_consumed: p.samples_consumed, tokens_consumed: p.tokens_consumed, fingerprint: p.fingerprint, seed: p.seed };
+  return {
+    path_in_repo: p.path_in_repo,
+    step: p.step,
+    samples_consumed: p.samples_consumed,
+    tokens_consumed: p.tokens_consumed,
+    fingerprint: p.fingerprint,
+    seed: p.seed,
+  };
 }
 
 // ---- a LocalHub on loopback plus stores pointed at it ------------------------------------------
@@ -80,7 +102,9 @@ export interface TestHub {
   close(): Promise<void>;
 }
 
-export async function startTestHub(o: Partial<LocalHubOptions> & { repo?: string; repoType?: "dataset" | "model" } = {}): Promise<TestHub> {
+export async function startTestHub(
+  o: Partial<LocalHubOptions> & { repo?: string; repoType?: "dataset" | "model" } = {},
+): Promise<TestHub> {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-hub-"));
   const hub = new LocalHub({ dir: path.join(tmp, "hub"), ...o });
   const url = await hub.start();
@@ -88,7 +112,14 @@ export async function startTestHub(o: Partial<LocalHubOptions> & { repo?: string
     hub,
     url,
     tmp,
-    store: (s = {}) => createHubClient({ hubUrl: url, repo: o.repo ?? "tester/run", repoType: o.repoType ?? "dataset", timeoutMs: 10_000, ...s }),
+    store: (s = {}) =>
+      createHubClient({
+        hubUrl: url,
+        repo: o.repo ?? "tester/run",
+        repoType: o.repoType ?? "dataset",
+        timeoutMs: 10_000,
+        ...s,
+      }),
     close: async () => {
       await hub.stop();
       fs.rmSync(tmp, { recursive: true, force: true });

@@ -13,7 +13,9 @@ import { tmpDir } from "./tmp";
 export type { SyntheticMix };
 
 /** data/synthetic.ts's mix, in a fresh temp dir unless `dir` is given. */
-export function writeSyntheticMix(o: { vocab?: number; trainTokens?: number; valTokens?: number; shards?: number; seed?: number; dir?: string } = {}): SyntheticMix {
+export function writeSyntheticMix(
+  o: { vocab?: number; trainTokens?: number; valTokens?: number; shards?: number; seed?: number; dir?: string } = {},
+): SyntheticMix {
   return writeSynthetic({ ...o, dir: o.dir ?? tmpDir("mix") });
 }
 
@@ -31,7 +33,12 @@ function writeShards(root: string, prefix: string, sizes: number[], dtype: "uint
 }
 
 /** A mix root whose train (and val) tokens equal their stream position (shard sizes given). Returns the manifest written. */
-export function writePositionalMix(root: string, train: number[], val: number[], dtype: "uint16" | "uint32" = "uint32"): Manifest {
+export function writePositionalMix(
+  root: string,
+  train: number[],
+  val: number[],
+  dtype: "uint16" | "uint32" = "uint32",
+): Manifest {
   fs.mkdirSync(root, { recursive: true });
   const shards = writeShards(root, "train", train, dtype);
   const valShards = writeShards(root, "val", val, dtype);

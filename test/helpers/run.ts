@@ -4,33 +4,78 @@ import { runSession, type RunResult } from "../../src/run";
 import type { Reporter } from "../../src/report";
 import type { LogEntry } from "../../src/checkpoint";
 
-export interface Captured extends Reporter { lines: string[]; metrics: LogEntry[] }
+export interface Captured extends Reporter {
+  lines: string[];
+  metrics: LogEntry[];
+}
 
 export function captureReporter(echo = false): Captured {
   const lines: string[] = [];
   const metrics: LogEntry[] = [];
   return {
-    lines, metrics,
-    say(l: string) { lines.push(l); if (echo) console.log(l); },
-    progress() { /* no terminal in tests */ },
-    metric(e: LogEntry) { metrics.push(e); },
-    curve() { /* pictures are tested in report tests */ },
+    lines,
+    metrics,
+    say(l: string) {
+      lines.push(l);
+      if (echo) console.log(l);
+    },
+    progress() {
+      /* no terminal in tests */
+    },
+    metric(e: LogEntry) {
+      metrics.push(e);
+    },
+    curve() {
+      /* pictures are tested in report tests */
+    },
   };
 }
 
 /** A tiny Llama (2 layers, width 36, vocab from the mix) on a synthetic mix. */
 export function tinyConfig(root: string, out: string, argv: string[] = [], vocab = 64): RunConfig {
   const base = parseArgs([
-    "--root", root, "--out", out, "--seq-len", "16", "--layers", "2", "--hidden", "36", "--micro-batch", "2",
-    "--accum", "1", "--world", "1", "--max-steps", "8", "--push-every-steps", "4", "--log-every", "2",
-    "--val-tokens", "256", "--lr", "3e-3", "--backend", "wasm", ...argv,
+    "--root",
+    root,
+    "--out",
+    out,
+    "--seq-len",
+    "16",
+    "--layers",
+    "2",
+    "--hidden",
+    "36",
+    "--micro-batch",
+    "2",
+    "--accum",
+    "1",
+    "--world",
+    "1",
+    "--max-steps",
+    "8",
+    "--push-every-steps",
+    "4",
+    "--log-every",
+    "2",
+    "--val-tokens",
+    "256",
+    "--lr",
+    "3e-3",
+    "--backend",
+    "wasm",
+    ...argv,
   ]).config;
   return validate({ ...base, vocabSize: vocab });
 }
 
-export async function runTiny(cfg: RunConfig, env: Record<string, string> = {}): Promise<RunResult & { rep: Captured }> {
+export async function runTiny(
+  cfg: RunConfig,
+  env: Record<string, string> = {},
+): Promise<RunResult & { rep: Captured }> {
   const saved: Record<string, string | undefined> = {};
-  for (const [k, v] of Object.entries(env)) { saved[k] = process.env[k]; process.env[k] = v; }
+  for (const [k, v] of Object.entries(env)) {
+    saved[k] = process.env[k];
+    process.env[k] = v;
+  }
   const rep = captureReporter(Boolean(process.env.TSTRAIN_TEST_ECHO));
   try {
     const r = await runSession(cfg, rep);
@@ -39,6 +84,9 @@ export async function runTiny(cfg: RunConfig, env: Record<string, string> = {}):
     (e as { lines?: string[] }).lines = rep.lines;
     throw e;
   } finally {
-    for (const [k, v] of Object.entries(saved)) { if (v === undefined) delete process.env[k]; else process.env[k] = v; }
+    for (const [k, v] of Object.entries(saved)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
   }
 }

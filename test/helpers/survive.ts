@@ -10,7 +10,12 @@ import { tmpDir } from "./tmp";
 export const REPO_ROOT = path.join(__dirname, "..", "..", "..");
 export const MAIN = path.join(REPO_ROOT, "dist", "main.js");
 
-export interface Child { code: number | null; signal: string | null; stdout: string; stderr: string }
+export interface Child {
+  code: number | null;
+  signal: string | null;
+  stdout: string;
+  stderr: string;
+}
 
 export interface Live {
   done: Promise<Child>;
@@ -18,14 +23,23 @@ export interface Live {
 }
 
 /** Starts `node dist/main.js args` in `cwd`; onLine sees every stdout and stderr line as it comes. */
-export function startCli(args: string[], o: { env?: Record<string, string>; cwd?: string; onLine?: (l: string, c: ChildProcess) => void } = {}): Live {
-  const cp = spawn(process.execPath, args, { cwd: o.cwd ?? REPO_ROOT, env: { ...process.env, ...o.env }, stdio: ["ignore", "pipe", "pipe"] });
-  let stdout = "", stderr = "";
+export function startCli(
+  args: string[],
+  o: { env?: Record<string, string>; cwd?: string; onLine?: (l: string, c: ChildProcess) => void } = {},
+): Live {
+  const cp = spawn(process.execPath, args, {
+    cwd: o.cwd ?? REPO_ROOT,
+    env: { ...process.env, ...o.env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stdout = "",
+    stderr = "";
   const lines = (src: "out" | "err") => {
     let buf = "";
     return (d: Buffer) => {
       const s = d.toString();
-      if (src === "out") stdout += s; else stderr += s;
+      if (src === "out") stdout += s;
+      else stderr += s;
       if (process.env.TSTRAIN_TEST_ECHO) process.stderr.write(s);
       buf += s;
       let i;
@@ -38,7 +52,9 @@ export function startCli(args: string[], o: { env?: Record<string, string>; cwd?
   };
   cp.stdout.on("data", lines("out"));
   cp.stderr.on("data", lines("err"));
-  const done = new Promise<Child>((resolve) => cp.on("close", (code, signal) => resolve({ code, signal, stdout, stderr })));
+  const done = new Promise<Child>((resolve) =>
+    cp.on("close", (code, signal) => resolve({ code, signal, stdout, stderr })),
+  );
   return { done, child: cp };
 }
 
@@ -67,7 +83,12 @@ export function adviceAfter(text: string, label: RegExp): string[] {
 /** model.safetensors of a folder as one buffer, tensors in name order (bit-identity checks). */
 export function modelBytes(dir: string): Buffer {
   const t = readSafetensors(path.join(dir, "model.safetensors")).tensors;
-  return Buffer.concat([...t.keys()].sort().map((k) => { const d = t.get(k)!.data; return Buffer.from(d.buffer, d.byteOffset, d.byteLength); }));
+  return Buffer.concat(
+    [...t.keys()].sort().map((k) => {
+      const d = t.get(k)!.data;
+      return Buffer.from(d.buffer, d.byteOffset, d.byteLength);
+    }),
+  );
 }
 
 /** A LocalHub that can be stopped and started again on the same port and files (a Hub restart). */

@@ -7,7 +7,11 @@ const made: string[] = [];
 process.on("exit", () => {
   if (process.env.TSTRAIN_KEEP_TMP) return;
   for (const d of made) {
-    try { fs.rmSync(d, { recursive: true, force: true }); } catch { /* best effort at exit */ }
+    try {
+      fs.rmSync(d, { recursive: true, force: true });
+    } catch {
+      /* best effort at exit */
+    }
   }
 });
 

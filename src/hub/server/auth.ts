@@ -9,7 +9,11 @@ import * as fs from "node:fs";
 import { HttpError } from "./http";
 
 export type TokenRole = "read" | "write";
-export interface HubToken { token: string; role: TokenRole; name?: string }
+export interface HubToken {
+  token: string;
+  role: TokenRole;
+  name?: string;
+}
 export type Access = "read" | "write" | "none";
 
 /** A tokens file: `{"tokens": [{"token": "hf_…", "role": "read"|"write", "name": "ci"}]}`. The values
@@ -19,15 +23,19 @@ export function loadTokensFile(file: string): HubToken[] {
   try {
     v = JSON.parse(fs.readFileSync(file, "utf8"));
   } catch (e) {
-    throw new Error(`--tokens ${file}: cannot read it as JSON (${(e as NodeJS.ErrnoException).code ?? "invalid JSON"})`);
+    throw new Error(
+      `--tokens ${file}: cannot read it as JSON (${(e as NodeJS.ErrnoException).code ?? "invalid JSON"})`,
+    );
   }
-  if (!v || !Array.isArray(v.tokens)) throw new Error(`--tokens ${file}: expected {"tokens": [{"token": "hf_...", "role": "read"|"write"}]}`);
+  if (!v || !Array.isArray(v.tokens))
+    throw new Error(`--tokens ${file}: expected {"tokens": [{"token": "hf_...", "role": "read"|"write"}]}`);
   return v.tokens.map((t: unknown, i: number) => checkToken(t, `--tokens ${file}: tokens[${i}]`));
 }
 
 export function checkToken(t: unknown, where: string): HubToken {
   const o = t as Partial<HubToken>;
-  if (!o || typeof o.token !== "string" || !o.token.startsWith("hf_") || o.token.length < 8) throw new Error(`${where}: token must be a string starting with "hf_" (the client refuses others)`);
+  if (!o || typeof o.token !== "string" || !o.token.startsWith("hf_") || o.token.length < 8)
+    throw new Error(`${where}: token must be a string starting with "hf_" (the client refuses others)`);
   if (o.role !== "read" && o.role !== "write") throw new Error(`${where}: role must be "read" or "write"`);
   return { token: o.token, role: o.role, name: typeof o.name === "string" ? o.name : undefined };
 }
@@ -61,6 +69,7 @@ export class Auth {
       if (repoPrivate) throw new HttpError(401, "Repository not found", "RepoNotFound");
       return;
     }
-    if (need === "write" && who.role !== "write") throw new HttpError(403, "This token has the read role; writing needs a token with the write role");
+    if (need === "write" && who.role !== "write")
+      throw new HttpError(403, "This token has the read role; writing needs a token with the write role");
   }
 }

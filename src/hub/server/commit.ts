@@ -8,7 +8,15 @@ import * as fsp from "node:fs/promises";
 import { HttpError, checkRepoPath, readBody, sendJson } from "./http";
 import { repoUrl, type HubContext } from "./context";
 import { applyCommit } from "./history";
-import { gitBlobOid, lfsPointerText, repoId, type CommitRecord, type FileMap, type RepoRef, type StoredFile } from "./repo";
+import {
+  gitBlobOid,
+  lfsPointerText,
+  repoId,
+  type CommitRecord,
+  type FileMap,
+  type RepoRef,
+  type StoredFile,
+} from "./repo";
 import { POINTER_PATH } from "./routes";
 import type { HubFaults } from "./faults";
 
@@ -16,7 +24,12 @@ type Op =
   | { kind: "add"; path: string; content?: Buffer; sha256?: string; size?: number }
   | { kind: "delete"; path: string }
   | { kind: "deleteFolder"; path: string };
-interface CommitBody { summary: string; description: string; parentCommit?: string; ops: Op[] }
+interface CommitBody {
+  summary: string;
+  description: string;
+  parentCommit?: string;
+  ops: Op[];
+}
 
 function parseLine(line: string, body: CommitBody): void {
   let o: { key: string; value: any };
@@ -33,11 +46,13 @@ function parseLine(line: string, body: CommitBody): void {
       if (v.parentCommit !== undefined && v.parentCommit !== null) body.parentCommit = String(v.parentCommit);
       return;
     case "file":
-      if (v.encoding !== "base64" || typeof v.content !== "string") throw new HttpError(400, "commit body: 'file' needs base64 content");
+      if (v.encoding !== "base64" || typeof v.content !== "string")
+        throw new HttpError(400, "commit body: 'file' needs base64 content");
       body.ops.push({ kind: "add", path: checkRepoPath(v.path), content: Buffer.from(v.content, "base64") });
       return;
     case "lfsFile":
-      if (v.algo !== "sha256" || !/^[0-9a-f]{64}$/.test(String(v.oid))) throw new HttpError(400, "commit body: 'lfsFile' needs algo sha256 and a hex oid");
+      if (v.algo !== "sha256" || !/^[0-9a-f]{64}$/.test(String(v.oid)))
+        throw new HttpError(400, "commit body: 'lfsFile' needs algo sha256 and a hex oid");
       body.ops.push({ kind: "add", path: checkRepoPath(v.path), sha256: String(v.oid), size: Number(v.size) });
       return;
     case "deletedFile":
@@ -65,7 +80,8 @@ async function storeAdd(ctx: HubContext, r: RepoRef, op: Extract<Op, { kind: "ad
   if (op.content) return ctx.store.putObject(r, op.content);
   const size = await ctx.store.hasObject(r, op.sha256!);
   if (size === null) throw new HttpError(422, `lfsFile ${op.path}: object ${op.sha256} was never uploaded`);
-  if (size !== op.size) throw new HttpError(422, `lfsFile ${op.path}: object ${op.sha256} holds ${size} bytes, commit says ${op.size}`);
+  if (size !== op.size)
+    throw new HttpError(422, `lfsFile ${op.path}: object ${op.sha256} holds ${size} bytes, commit says ${op.size}`);
   return { sha256: op.sha256!, size, lfs: true, gitOid: gitBlobOid(Buffer.from(lfsPointerText(op.sha256!, size))) };
 }
 
@@ -113,7 +129,14 @@ async function pauseIfAsked(ctx: HubContext, r: RepoRef, rev: string, c: CommitR
   }
 }
 
-export async function commitEndpoint(ctx: HubContext, req: http.IncomingMessage, res: http.ServerResponse, r: RepoRef, rest: string[], u: URL): Promise<void> {
+export async function commitEndpoint(
+  ctx: HubContext,
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  r: RepoRef,
+  rest: string[],
+  u: URL,
+): Promise<void> {
   const body = parseCommitBody((await readBody(req)).toString("utf8"));
   const rev = rest.join("/") || "main";
   const createPr = ["1", "true"].includes(u.searchParams.get("create_pr") ?? "");
@@ -123,7 +146,11 @@ export async function commitEndpoint(ctx: HubContext, req: http.IncomingMessage,
     throw new HttpError(500, "injected fault: the commit touching latest.json failed");
   }
   const done = await applyCommit(ctx.store, r, {
-    rev, createPr, parentCommit: body.parentCommit, title: body.summary, message: body.description,
+    rev,
+    createPr,
+    parentCommit: body.parentCommit,
+    title: body.summary,
+    message: body.description,
     build: (base) => buildTree(ctx, r, base, body.ops, f),
     beforeRefs: (c) => pauseIfAsked(ctx, r, rev, c),
   });
@@ -132,7 +159,12 @@ export async function commitEndpoint(ctx: HubContext, req: http.IncomingMessage,
     ctx.faults.consume(f);
     throw new HttpError(500, "injected fault: the commit landed but its answer was lost");
   }
-  const answer: Record<string, unknown> = { success: true, commitOid: done.commit.id, commitUrl: `${repoUrl(ctx, r)}/commit/${done.commit.id}`, hookOutput: "" };
+  const answer: Record<string, unknown> = {
+    success: true,
+    commitOid: done.commit.id,
+    commitUrl: `${repoUrl(ctx, r)}/commit/${done.commit.id}`,
+    hookOutput: "",
+  };
   if (done.pr !== null) answer.pullRequestUrl = `${repoUrl(ctx, r)}/discussions/${done.pr}`;
   sendJson(res, 200, answer);
 }

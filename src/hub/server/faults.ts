@@ -25,8 +25,24 @@ export type HubEndpoint =
   | "raw" //           GET/HEAD …/raw/{rev}/{path}      (every file except latest.json)
   | "pointerRead"; //  GET/HEAD …/resolve|raw/{rev}/latest.json
 export const HUB_ENDPOINTS: readonly HubEndpoint[] = [
-  "createRepo", "deleteRepo", "repoInfo", "revisionInfo", "whoami", "preupload", "lfsBatch", "upload", "commit", "commits",
-  "createBranch", "deleteBranch", "superSquash", "list", "pathsInfo", "resolve", "raw", "pointerRead",
+  "createRepo",
+  "deleteRepo",
+  "repoInfo",
+  "revisionInfo",
+  "whoami",
+  "preupload",
+  "lfsBatch",
+  "upload",
+  "commit",
+  "commits",
+  "createBranch",
+  "deleteBranch",
+  "superSquash",
+  "list",
+  "pathsInfo",
+  "resolve",
+  "raw",
+  "pointerRead",
 ];
 
 export interface HubFaults {
@@ -59,8 +75,17 @@ export interface HubFaults {
 
 export function noFaults(): HubFaults {
   return {
-    status: {}, delayMs: {}, dropOnCommit: [], corruptOnCommit: [], extraOnCommit: [],
-    failPointerWrite: false, loseCommitAnswer: [], truncateDownload: [], truncateMode: "cut", pauseCommit: false, failCount: null,
+    status: {},
+    delayMs: {},
+    dropOnCommit: [],
+    corruptOnCommit: [],
+    extraOnCommit: [],
+    failPointerWrite: false,
+    loseCommitAnswer: [],
+    truncateDownload: [],
+    truncateMode: "cut",
+    pauseCommit: false,
+    failCount: null,
   };
 }
 
@@ -68,23 +93,34 @@ const KEYS = Object.keys(noFaults()) as (keyof HubFaults)[];
 
 /** A partial HubFaults from JSON, checked key by key; the error names the key and what it needs. */
 export function parseFaults(v: unknown, where: string): Partial<HubFaults> {
-  if (!v || typeof v !== "object" || Array.isArray(v)) throw new Error(`${where}: faults must be a JSON object with keys ${KEYS.join(", ")}`);
+  if (!v || typeof v !== "object" || Array.isArray(v))
+    throw new Error(`${where}: faults must be a JSON object with keys ${KEYS.join(", ")}`);
   const o = v as Record<string, unknown>;
-  for (const k of Object.keys(o)) if (!KEYS.includes(k as keyof HubFaults)) throw new Error(`${where}: unknown fault ${JSON.stringify(k)}; known: ${KEYS.join(", ")}`);
+  for (const k of Object.keys(o))
+    if (!KEYS.includes(k as keyof HubFaults))
+      throw new Error(`${where}: unknown fault ${JSON.stringify(k)}; known: ${KEYS.join(", ")}`);
   for (const k of ["status", "delayMs"] as const) {
     const m = o[k];
     if (m === undefined) continue;
     if (!m || typeof m !== "object") throw new Error(`${where}: ${k} must map endpoint names to numbers`);
     for (const [e, n] of Object.entries(m)) {
-      if (!HUB_ENDPOINTS.includes(e as HubEndpoint)) throw new Error(`${where}: ${k}.${e} is not an endpoint; known: ${HUB_ENDPOINTS.join(", ")}`);
+      if (!HUB_ENDPOINTS.includes(e as HubEndpoint))
+        throw new Error(`${where}: ${k}.${e} is not an endpoint; known: ${HUB_ENDPOINTS.join(", ")}`);
       if (typeof n !== "number" || !(n >= 0)) throw new Error(`${where}: ${k}.${e} must be a non-negative number`);
     }
   }
   for (const k of ["dropOnCommit", "corruptOnCommit", "loseCommitAnswer", "truncateDownload"] as const) {
-    if (o[k] !== undefined && !(Array.isArray(o[k]) && (o[k] as unknown[]).every((s) => typeof s === "string"))) throw new Error(`${where}: ${k} must be an array of path suffixes`);
+    if (o[k] !== undefined && !(Array.isArray(o[k]) && (o[k] as unknown[]).every((s) => typeof s === "string")))
+      throw new Error(`${where}: ${k} must be an array of path suffixes`);
   }
-  if (o.truncateMode !== undefined && o.truncateMode !== "cut" && o.truncateMode !== "short") throw new Error(`${where}: truncateMode must be "cut" or "short"`);
-  if (o.failCount !== undefined && o.failCount !== null && !(Number.isInteger(o.failCount) && (o.failCount as number) > 0)) throw new Error(`${where}: failCount must be a positive integer or null`);
+  if (o.truncateMode !== undefined && o.truncateMode !== "cut" && o.truncateMode !== "short")
+    throw new Error(`${where}: truncateMode must be "cut" or "short"`);
+  if (
+    o.failCount !== undefined &&
+    o.failCount !== null &&
+    !(Number.isInteger(o.failCount) && (o.failCount as number) > 0)
+  )
+    throw new Error(`${where}: failCount must be a positive integer or null`);
   return o as Partial<HubFaults>;
 }
 
@@ -93,7 +129,10 @@ export class FaultSwitch {
   private faults: HubFaults = noFaults();
   private fileStamp = "";
 
-  constructor(private readonly file: string | null, private readonly warn: (line: string) => void) {}
+  constructor(
+    private readonly file: string | null,
+    private readonly warn: (line: string) => void,
+  ) {}
 
   get current(): HubFaults {
     this.reload();

@@ -20,12 +20,18 @@ export interface CommitRequest {
   /** Runs after the commit file is durable and before refs move (the crash-test hook, L5). */
   beforeRefs?: (c: CommitRecord) => Promise<void>;
 }
-export interface CommitResult { commit: CommitRecord; pr: number | null }
+export interface CommitResult {
+  commit: CommitRecord;
+  pr: number | null;
+}
 
 const BRANCH_RE = /^[A-Za-z0-9][A-Za-z0-9._\-/]*$/;
 
 /** The commit the new one goes on top of; a stale or unknown parentCommit is the real Hub's 412. */
-function pickParent(refs: RefsState, q: CommitRequest): { parent: string; set: (refs: RefsState, id: string) => number | null } {
+function pickParent(
+  refs: RefsState,
+  q: CommitRequest,
+): { parent: string; set: (refs: RefsState, id: string) => number | null } {
   const pr = /^refs\/pr\/(\d+)$/.exec(q.rev);
   const head = pr ? refs.prs[pr[1]] : refs.branches[q.rev === "HEAD" ? "main" : q.rev];
   if (!head) throw revisionNotFound(q.rev);
@@ -55,11 +61,18 @@ export async function applyCommit(store: RepoStore, r: RepoRef, q: CommitRequest
   });
 }
 
-export async function createBranch(store: RepoStore, r: RepoRef, branch: string, o: { startingPoint?: string; empty?: boolean; overwrite?: boolean }): Promise<void> {
-  if (!BRANCH_RE.test(branch) || branch.startsWith("refs/") || /^[0-9a-f]{40}$/.test(branch)) throw new HttpError(400, `invalid branch name ${JSON.stringify(branch)}`);
+export async function createBranch(
+  store: RepoStore,
+  r: RepoRef,
+  branch: string,
+  o: { startingPoint?: string; empty?: boolean; overwrite?: boolean },
+): Promise<void> {
+  if (!BRANCH_RE.test(branch) || branch.startsWith("refs/") || /^[0-9a-f]{40}$/.test(branch))
+    throw new HttpError(400, `invalid branch name ${JSON.stringify(branch)}`);
   await store.lock(r, async () => {
     const refs = await store.mustRefs(r);
-    if (refs.branches[branch] && !o.overwrite) throw new HttpError(409, `Reference already exists: refs/heads/${branch}`);
+    if (refs.branches[branch] && !o.overwrite)
+      throw new HttpError(409, `Reference already exists: refs/heads/${branch}`);
     let id: string;
     if (o.empty) {
       const c = store.newCommit([], `Create branch ${branch}`, "", {});
@@ -85,7 +98,13 @@ export async function deleteBranch(store: RepoStore, r: RepoRef, branch: string)
 
 /** The real Hub's super-squash: the branch becomes one commit with its current tree and no parent;
  *  then everything no ref reaches is collected, which frees pruned checkpoints' bytes (L6). */
-export async function superSquash(store: RepoStore, r: RepoRef, branch: string, message: string | undefined, graceMs: number): Promise<{ commit: CommitRecord; freed: GcResult }> {
+export async function superSquash(
+  store: RepoStore,
+  r: RepoRef,
+  branch: string,
+  message: string | undefined,
+  graceMs: number,
+): Promise<{ commit: CommitRecord; freed: GcResult }> {
   const c = await store.lock(r, async () => {
     const refs = await store.mustRefs(r);
     const head = refs.branches[branch];
@@ -100,7 +119,11 @@ export async function superSquash(store: RepoStore, r: RepoRef, branch: string, 
   return { commit: c, freed: await collectGarbage(store, r, graceMs) };
 }
 
-export interface GcResult { commits: number; objects: number; bytes: number }
+export interface GcResult {
+  commits: number;
+  objects: number;
+  bytes: number;
+}
 
 /** Every commit some ref reaches, with every ancestor. */
 async function reachable(store: RepoStore, r: RepoRef, refs: RefsState): Promise<Map<string, CommitRecord>> {
@@ -118,7 +141,11 @@ async function reachable(store: RepoStore, r: RepoRef, refs: RefsState): Promise
 }
 
 /** The commit files no ref reaches; their objects are what a squash or a deleted branch freed. */
-async function unreachable(store: RepoStore, r: RepoRef, kept: Map<string, CommitRecord>): Promise<{ files: string[]; objects: Set<string> }> {
+async function unreachable(
+  store: RepoStore,
+  r: RepoRef,
+  kept: Map<string, CommitRecord>,
+): Promise<{ files: string[]; objects: Set<string> }> {
   const dir = path.join(store.repoDir(r), "commits");
   const out = { files: [] as string[], objects: new Set<string>() };
   for (const n of await fsp.readdir(dir).catch(() => [] as string[])) {

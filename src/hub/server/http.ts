@@ -2,14 +2,23 @@
 import type * as http from "node:http";
 
 export class HttpError extends Error {
-  constructor(readonly status: number, message: string, readonly code?: string) {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly code?: string,
+  ) {
     super(message);
   }
 }
 
 /** A repo path the store accepts: relative, no empty, "." or ".." segments. */
 export function checkRepoPath(p: unknown): string {
-  if (typeof p !== "string" || p === "" || p.startsWith("/") || p.split("/").some((s) => s === "" || s === "." || s === "..")) {
+  if (
+    typeof p !== "string" ||
+    p === "" ||
+    p.startsWith("/") ||
+    p.split("/").some((s) => s === "" || s === "." || s === "..")
+  ) {
     throw new HttpError(400, `invalid path in repo: ${JSON.stringify(p)}`);
   }
   return p;
@@ -35,7 +44,13 @@ export function parseJson(b: Buffer): any {
   }
 }
 
-export function sendError(req: http.IncomingMessage, res: http.ServerResponse, status: number, message: string, code?: string): void {
+export function sendError(
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  status: number,
+  message: string,
+  code?: string,
+): void {
   if (res.headersSent) {
     res.destroy();
     return;
@@ -53,7 +68,13 @@ export function sendError(req: http.IncomingMessage, res: http.ServerResponse, s
   res.end(body);
 }
 
-export function sendJson(res: http.ServerResponse, status: number, value: unknown, extra: http.OutgoingHttpHeaders = {}, type = "application/json"): void {
+export function sendJson(
+  res: http.ServerResponse,
+  status: number,
+  value: unknown,
+  extra: http.OutgoingHttpHeaders = {},
+  type = "application/json",
+): void {
   const body = JSON.stringify(value);
   res.writeHead(status, { "Content-Type": type, "Content-Length": Buffer.byteLength(body), ...extra });
   res.end(body);
@@ -61,4 +82,5 @@ export function sendJson(res: http.ServerResponse, status: number, value: unknow
 
 /** 404 answers the client tells apart (HUB-PROTOCOL.md, R2). */
 export const repoNotFound = (): HttpError => new HttpError(404, "Repository not found", "RepoNotFound");
-export const revisionNotFound = (rev: string): HttpError => new HttpError(404, `Invalid rev id: ${rev}`, "RevisionNotFound");
+export const revisionNotFound = (rev: string): HttpError =>
+  new HttpError(404, `Invalid rev id: ${rev}`, "RevisionNotFound");

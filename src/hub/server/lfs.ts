@@ -18,7 +18,9 @@ export class Signer {
   private readonly secret = randomBytes(32);
 
   private sign(r: RepoRef, oid: string, size: number, exp: number): string {
-    return createHmac("sha256", this.secret).update(`${r.type}/${r.owner}/${r.name}/${oid}/${size}/${exp}`).digest("hex");
+    return createHmac("sha256", this.secret)
+      .update(`${r.type}/${r.owner}/${r.name}/${oid}/${size}/${exp}`)
+      .digest("hex");
   }
 
   href(base: string, r: RepoRef, oid: string, size: number): string {
@@ -38,26 +40,51 @@ export class Signer {
   }
 }
 
-export async function lfsBatch(req: http.IncomingMessage, res: http.ServerResponse, store: RepoStore, r: RepoRef, signer: Signer, base: string): Promise<void> {
+export async function lfsBatch(
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  store: RepoStore,
+  r: RepoRef,
+  signer: Signer,
+  base: string,
+): Promise<void> {
   const body = parseJson(await readBody(req));
   await store.mustRefs(r);
-  if (body.operation !== "upload" || !Array.isArray(body.objects)) throw new HttpError(400, "LFS batch: only {operation: 'upload', objects: [...]} is supported");
+  if (body.operation !== "upload" || !Array.isArray(body.objects))
+    throw new HttpError(400, "LFS batch: only {operation: 'upload', objects: [...]} is supported");
   const objects = await Promise.all(
     body.objects.map(async (o: { oid: unknown; size: unknown }) => {
       const oid = String(o.oid);
       const size = Number(o.size);
       if (!/^[0-9a-f]{64}$/.test(oid) || !Number.isInteger(size) || size < 0) {
-        return { oid, size, error: { code: 422, message: "oid must be a sha256 hex digest and size a non-negative integer" } };
+        return {
+          oid,
+          size,
+          error: { code: 422, message: "oid must be a sha256 hex digest and size a non-negative integer" },
+        };
       }
       // No `actions` = already stored. Never multipart (no chunk_size), never xet.
       if ((await store.hasObject(r, oid)) === size) return { oid, size };
-      return { oid, size, authenticated: true, actions: { upload: { href: signer.href(base, r, oid, size), expires_in: 3600 } } };
+      return {
+        oid,
+        size,
+        authenticated: true,
+        actions: { upload: { href: signer.href(base, r, oid, size), expires_in: 3600 } },
+      };
     }),
   );
   sendJson(res, 200, { transfer: "basic", objects }, {}, "application/vnd.git-lfs+json");
 }
 
-export async function lfsUpload(req: http.IncomingMessage, res: http.ServerResponse, store: RepoStore, r: RepoRef, signer: Signer, oid: string, q: URLSearchParams): Promise<void> {
+export async function lfsUpload(
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  store: RepoStore,
+  r: RepoRef,
+  signer: Signer,
+  oid: string,
+  q: URLSearchParams,
+): Promise<void> {
   let size: number;
   try {
     size = signer.check(r, oid, q);

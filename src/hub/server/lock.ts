@@ -68,7 +68,12 @@ async function release(lockPath: string, token: string): Promise<void> {
 }
 
 /** Runs fn holding the repo's lock (in this process and across processes on the same directory). */
-export function withRepoLock<T>(lockPath: string, fn: () => Promise<T>, onWait: () => void = () => undefined, timeoutMs = 60_000): Promise<T> {
+export function withRepoLock<T>(
+  lockPath: string,
+  fn: () => Promise<T>,
+  onWait: () => void = () => undefined,
+  timeoutMs = 60_000,
+): Promise<T> {
   const run = async (): Promise<T> => {
     const token = await acquire(lockPath, timeoutMs, onWait);
     try {

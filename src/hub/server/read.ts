@@ -9,33 +9,71 @@ import { splitRevPath } from "./routes";
 import { dirEntry, entries, fileEntry, isDir, lastCommit, type TreeEntry } from "./tree";
 
 /** repoExists (`GET /api/{type}s/{name}`) and modelInfo / datasetInfo (`…/revision/{rev}`). */
-export async function repoInfoEndpoint(ctx: HubContext, res: http.ServerResponse, r: RepoRef, rest: string[]): Promise<void> {
+export async function repoInfoEndpoint(
+  ctx: HubContext,
+  res: http.ServerResponse,
+  r: RepoRef,
+  rest: string[],
+): Promise<void> {
   const { refs, commit } = await ctx.store.resolve(r, rest.join("/") || "main");
   sendJson(res, 200, {
-    _id: createdId(refs.createdAt, r), id: repoId(r), author: r.owner, private: refs.private, sha: commit.id,
-    lastModified: commit.date, createdAt: refs.createdAt, gated: false, disabled: false, downloads: 0, likes: 0,
+    _id: createdId(refs.createdAt, r),
+    id: repoId(r),
+    author: r.owner,
+    private: refs.private,
+    sha: commit.id,
+    lastModified: commit.date,
+    createdAt: refs.createdAt,
+    gated: false,
+    disabled: false,
+    downloads: 0,
+    likes: 0,
     cardData: refs.license ? { license: refs.license } : {},
-    siblings: Object.keys(commit.files).sort().map((rfilename) => ({ rfilename })),
+    siblings: Object.keys(commit.files)
+      .sort()
+      .map((rfilename) => ({ rfilename })),
   });
 }
 
 /** A stable 24-hex id for the repo, like the real Hub's Mongo ids. */
 function createdId(createdAt: string, r: RepoRef): string {
-  return Buffer.from(`${createdAt}${repoId(r)}`).toString("hex").slice(0, 24).padEnd(24, "0");
+  return Buffer.from(`${createdAt}${repoId(r)}`)
+    .toString("hex")
+    .slice(0, 24)
+    .padEnd(24, "0");
 }
 
 export function whoamiEndpoint(res: http.ServerResponse, who: HubToken | null): void {
   if (!who) throw new HttpError(401, "Invalid credentials in Authorization header");
   const name = who.name ?? "local";
   sendJson(res, 200, {
-    type: "user", id: Buffer.from(name).toString("hex").slice(0, 24).padEnd(24, "0"), name, fullname: name, email: null,
-    emailVerified: false, isPro: false, orgs: [], canPay: false, avatarUrl: "", periodEnd: null, billingMode: "postpaid",
-    auth: { type: "access_token", accessToken: { displayName: name, role: who.role, createdAt: new Date(0).toISOString() } },
+    type: "user",
+    id: Buffer.from(name).toString("hex").slice(0, 24).padEnd(24, "0"),
+    name,
+    fullname: name,
+    email: null,
+    emailVerified: false,
+    isPro: false,
+    orgs: [],
+    canPay: false,
+    avatarUrl: "",
+    periodEnd: null,
+    billingMode: "postpaid",
+    auth: {
+      type: "access_token",
+      accessToken: { displayName: name, role: who.role, createdAt: new Date(0).toISOString() },
+    },
   });
 }
 
 /** listCommits / countCommits: newest first along first parents, `?limit=&p=` pages, X-Total-Count. */
-export async function commitsEndpoint(ctx: HubContext, res: http.ServerResponse, r: RepoRef, rest: string[], u: URL): Promise<void> {
+export async function commitsEndpoint(
+  ctx: HubContext,
+  res: http.ServerResponse,
+  r: RepoRef,
+  rest: string[],
+  u: URL,
+): Promise<void> {
   const { commit } = await ctx.store.resolve(r, rest.join("/") || "main");
   const chain = await ctx.store.history(r, commit.id);
   const limit = Math.max(1, Math.min(1000, Number(u.searchParams.get("limit") ?? "50") || 50));
@@ -47,7 +85,13 @@ export async function commitsEndpoint(ctx: HubContext, res: http.ServerResponse,
     next.searchParams.set("p", String(page + 1));
     headers["Link"] = `<${next.toString()}>; rel="next"`;
   }
-  const out = slice.map((c) => ({ id: c.id, title: c.title, message: c.message, authors: [{ user: "local", avatar: "" }], date: c.date }));
+  const out = slice.map((c) => ({
+    id: c.id,
+    title: c.title,
+    message: c.message,
+    authors: [{ user: "local", avatar: "" }],
+    date: c.date,
+  }));
   sendJson(res, 200, out, headers);
 }
 
@@ -55,7 +99,13 @@ function withLastCommit(e: TreeEntry, chain: CommitRecord[]): TreeEntry {
   return { ...e, lastCommit: lastCommit(chain, e.path) };
 }
 
-export async function treeEndpoint(ctx: HubContext, res: http.ServerResponse, r: RepoRef, rest: string[], u: URL): Promise<void> {
+export async function treeEndpoint(
+  ctx: HubContext,
+  res: http.ServerResponse,
+  r: RepoRef,
+  rest: string[],
+  u: URL,
+): Promise<void> {
   const { rev, path: p } = splitRevPath(rest);
   const { commit } = await ctx.store.resolve(r, rev);
   const under = p.join("/").replace(/\/+$/, "");
@@ -80,7 +130,13 @@ export async function treeEndpoint(ctx: HubContext, res: http.ServerResponse, r:
   sendJson(res, 200, page, headers);
 }
 
-export async function pathsInfoEndpoint(ctx: HubContext, req: http.IncomingMessage, res: http.ServerResponse, r: RepoRef, rest: string[]): Promise<void> {
+export async function pathsInfoEndpoint(
+  ctx: HubContext,
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  r: RepoRef,
+  rest: string[],
+): Promise<void> {
   const body = parseJson(await readBody(req));
   const { commit } = await ctx.store.resolve(r, rest.join("/") || "main");
   if (!Array.isArray(body.paths)) throw new HttpError(400, "paths-info needs {paths: [...]}");
@@ -88,13 +144,22 @@ export async function pathsInfoEndpoint(ctx: HubContext, req: http.IncomingMessa
   const out: TreeEntry[] = [];
   for (const raw of body.paths) {
     const p = String(raw).replace(/\/+$/, "");
-    const e = commit.files[p] ? fileEntry(p, commit.files[p]) : isDir(commit.files, p) ? dirEntry(p, commit.files) : null;
+    const e = commit.files[p]
+      ? fileEntry(p, commit.files[p])
+      : isDir(commit.files, p)
+        ? dirEntry(p, commit.files)
+        : null;
     if (e) out.push(chain ? withLastCommit(e, chain) : e);
   }
   sendJson(res, 200, out);
 }
 
-interface Span { start: number; end: number; status: number; total: number }
+interface Span {
+  start: number;
+  end: number;
+  status: number;
+  total: number;
+}
 
 /** The byte range a Range header asks of a file of `total` bytes; null = 416. */
 function parseRange(range: string | undefined, total: number): Span | null {
@@ -115,8 +180,11 @@ function parseRange(range: string | undefined, total: number): Span | null {
 
 function fileHeaders(f: StoredFile, raw: boolean, commit: string, s: Span, ranged: boolean): http.OutgoingHttpHeaders {
   const headers: http.OutgoingHttpHeaders = {
-    "Content-Type": "application/octet-stream", "Content-Length": s.end - s.start + 1, "Accept-Ranges": "bytes",
-    ETag: `"${raw ? f.gitOid : f.lfs ? f.sha256 : f.gitOid}"`, "X-Repo-Commit": commit,
+    "Content-Type": "application/octet-stream",
+    "Content-Length": s.end - s.start + 1,
+    "Accept-Ranges": "bytes",
+    ETag: `"${raw ? f.gitOid : f.lfs ? f.sha256 : f.gitOid}"`,
+    "X-Repo-Commit": commit,
   };
   if (s.status === 206) headers["Content-Range"] = `bytes ${s.start}-${s.end}/${s.total}`;
   else if (ranged && s.total === 0) headers["Content-Range"] = "bytes */0";
@@ -128,7 +196,13 @@ function fileHeaders(f: StoredFile, raw: boolean, commit: string, s: Span, range
 }
 
 /** GET/HEAD …/resolve|raw/{rev}/{path} at any revision, with Range and the truncation faults. */
-export async function resolveEndpoint(ctx: HubContext, req: http.IncomingMessage, res: http.ServerResponse, r: RepoRef, rest: string[]): Promise<void> {
+export async function resolveEndpoint(
+  ctx: HubContext,
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+  r: RepoRef,
+  rest: string[],
+): Promise<void> {
   const [kind, rev, ...p] = rest;
   const { commit } = await ctx.store.resolve(r, rev);
   const filePath = p.join("/");
@@ -162,7 +236,10 @@ export async function resolveEndpoint(ctx: HubContext, req: http.IncomingMessage
 /** Streams the span; a cut sends half of it and then drops the connection. */
 function sendObject(res: http.ServerResponse, file: string, s: Span, cut: boolean): void {
   const len = s.end - s.start + 1;
-  const stream = fs.createReadStream(file, { start: s.start, end: cut ? s.start + Math.max(0, (len >> 1) - 1) : s.end });
+  const stream = fs.createReadStream(file, {
+    start: s.start,
+    end: cut ? s.start + Math.max(0, (len >> 1) - 1) : s.end,
+  });
   stream.on("error", () => res.destroy());
   if (!cut) {
     stream.pipe(res);

@@ -18,10 +18,26 @@ import { withRepoLock } from "./lock";
 import { fsyncDir, readJsonOrNull, tmpName, writeDurable } from "./fsio";
 
 export type RepoType = "model" | "dataset";
-export interface RepoRef { type: RepoType; owner: string; name: string }
-export interface StoredFile { sha256: string; size: number; lfs: boolean; gitOid: string }
+export interface RepoRef {
+  type: RepoType;
+  owner: string;
+  name: string;
+}
+export interface StoredFile {
+  sha256: string;
+  size: number;
+  lfs: boolean;
+  gitOid: string;
+}
 export type FileMap = Record<string, StoredFile>;
-export interface CommitRecord { id: string; parents: string[]; title: string; message: string; date: string; files: FileMap }
+export interface CommitRecord {
+  id: string;
+  parents: string[];
+  title: string;
+  message: string;
+  date: string;
+  files: FileMap;
+}
 export interface RefsState {
   branches: Record<string, string>;
   /** Open pull requests: number → head commit (refs/pr/N). */
@@ -30,7 +46,11 @@ export interface RefsState {
   license?: string;
   createdAt: string;
 }
-export interface Resolved { refs: RefsState; commit: CommitRecord; branch: string | null }
+export interface Resolved {
+  refs: RefsState;
+  commit: CommitRecord;
+  branch: string | null;
+}
 
 export const STALE_PARENT = "A commit has happened since. Please refresh and try again.";
 const HEX40 = /^[0-9a-f]{40}$/;
@@ -59,7 +79,10 @@ function refTarget(refs: RefsState, rev: string): { id: string; branch: string |
 
 export class RepoStore {
   /** onLockWait: another process holds a repo's commit lock and this one waits for it. */
-  constructor(readonly root: string, private readonly onLockWait: (r: RepoRef) => void = () => undefined) {}
+  constructor(
+    readonly root: string,
+    private readonly onLockWait: (r: RepoRef) => void = () => undefined,
+  ) {}
 
   repoDir(r: RepoRef): string {
     return path.join(this.root, r.type === "model" ? "models" : "datasets", r.owner, r.name);
@@ -105,7 +128,10 @@ export class RepoStore {
   /** A new commit record (not yet written) on top of parents. */
   newCommit(parents: string[], title: string, message: string, files: FileMap): CommitRecord {
     const date = new Date().toISOString();
-    const id = createHash("sha1").update(JSON.stringify({ parents, title, message, date, files })).update(randomBytes(8)).digest("hex");
+    const id = createHash("sha1")
+      .update(JSON.stringify({ parents, title, message, date, files }))
+      .update(randomBytes(8))
+      .digest("hex");
     return { id, parents, title, message, date, files };
   }
 
@@ -120,7 +146,8 @@ export class RepoStore {
   /** The first-parent chain from id back to the root, newest first. */
   async history(r: RepoRef, id: string): Promise<CommitRecord[]> {
     const out: CommitRecord[] = [];
-    for (let c = await this.readCommit(r, id); c; c = c.parents[0] ? await this.readCommit(r, c.parents[0]) : null) out.push(c);
+    for (let c = await this.readCommit(r, id); c; c = c.parents[0] ? await this.readCommit(r, c.parents[0]) : null)
+      out.push(c);
     return out;
   }
 
@@ -186,7 +213,14 @@ export class RepoStore {
     const old = await readJsonOrNull<{ commit: string; files: FileMap }>(path.join(this.repoDir(r), "main.json"));
     if (!old || !HEX40.test(old.commit)) return null;
     const date = new Date().toISOString();
-    await this.writeCommit(r, { id: old.commit, parents: [], title: "imported from main.json", message: "", date, files: old.files });
+    await this.writeCommit(r, {
+      id: old.commit,
+      parents: [],
+      title: "imported from main.json",
+      message: "",
+      date,
+      files: old.files,
+    });
     const refs: RefsState = { branches: { main: old.commit }, prs: {}, private: false, createdAt: date };
     await this.writeRefs(r, refs);
     await fsp.rm(path.join(this.repoDir(r), "main.json"), { force: true });

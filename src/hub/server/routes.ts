@@ -3,7 +3,12 @@ import type { Access } from "./auth";
 import type { HubEndpoint } from "./faults";
 import type { RepoRef, RepoType } from "./repo";
 
-export interface Route { endpoint: HubEndpoint | null; repo?: RepoRef; rest: string[]; access: Access }
+export interface Route {
+  endpoint: HubEndpoint | null;
+  repo?: RepoRef;
+  rest: string[];
+  access: Access;
+}
 
 /**
  * The pointer file a checkpointing client moves last (HUB-PROTOCOL.md: latest.json), which the pointer faults
@@ -36,7 +41,8 @@ function api(method: string, segs: string[]): Route {
     if (segs[2] === "create" && method === "POST") return { endpoint: "createRepo", rest: [], access: "write" };
     if (segs[2] === "delete" && method === "DELETE") return { endpoint: "deleteRepo", rest: [], access: "write" };
   }
-  if (segs[1] === "whoami-v2" && segs.length === 2 && method === "GET") return { endpoint: "whoami", rest: [], access: "none" };
+  if (segs[1] === "whoami-v2" && segs.length === 2 && method === "GET")
+    return { endpoint: "whoami", rest: [], access: "none" };
   const t = typeOf(segs[1] ?? "");
   if (!t || segs.length < 4) return NONE;
   return repoApi(method, { type: t, owner: segs[2], name: segs[3] }, segs[4], segs.slice(5));
@@ -46,11 +52,18 @@ function api(method: string, segs: string[]): Route {
 function files(method: string, segs: string[]): Route {
   if (segs[0] === "__lfs" && segs[1] === "upload" && segs.length === 6 && method === "PUT") {
     const t = segs[2] === "model" || segs[2] === "dataset" ? (segs[2] as RepoType) : null;
-    return t ? { endpoint: "upload", repo: { type: t, owner: segs[3], name: segs[4] }, rest: [segs[5]], access: "none" } : NONE;
+    return t
+      ? { endpoint: "upload", repo: { type: t, owner: segs[3], name: segs[4] }, rest: [segs[5]], access: "none" }
+      : NONE;
   }
   const type: RepoType = segs[0] === "datasets" ? "dataset" : "model";
   const s = type === "dataset" ? segs.slice(1) : segs;
-  if (s.length === 6 && s[1].endsWith(".git") && s.slice(2).join("/") === "info/lfs/objects/batch" && method === "POST") {
+  if (
+    s.length === 6 &&
+    s[1].endsWith(".git") &&
+    s.slice(2).join("/") === "info/lfs/objects/batch" &&
+    method === "POST"
+  ) {
     return { endpoint: "lfsBatch", repo: { type, owner: s[0], name: s[1].slice(0, -4) }, rest: [], access: "write" };
   }
   if (s.length >= 5 && (s[2] === "resolve" || s[2] === "raw") && (method === "GET" || method === "HEAD")) {
@@ -68,6 +81,7 @@ export function route(method: string, segs: string[]): Route {
 /** A revision followed by a path, as the tree listing sends them unencoded: refs/pr/N and
  *  refs/heads/X take three segments (a branch with a '/' in its name is ambiguous there). */
 export function splitRevPath(rest: string[]): { rev: string; path: string[] } {
-  if (rest[0] === "refs" && (rest[1] === "pr" || rest[1] === "heads") && rest.length >= 3) return { rev: rest.slice(0, 3).join("/"), path: rest.slice(3) };
+  if (rest[0] === "refs" && (rest[1] === "pr" || rest[1] === "heads") && rest.length >= 3)
+    return { rev: rest.slice(0, 3).join("/"), path: rest.slice(3) };
   return { rev: rest[0] ?? "main", path: rest.slice(1) };
 }

@@ -18,7 +18,14 @@ export function fileEntry(p: string, f: StoredFile): TreeEntry {
 }
 
 export function dirEntry(p: string, files: FileMap): TreeEntry {
-  return { type: "directory", path: p, size: 0, oid: createHash("sha1").update(`tree ${p}\0${dirSignature(files, p)}`).digest("hex") };
+  return {
+    type: "directory",
+    path: p,
+    size: 0,
+    oid: createHash("sha1")
+      .update(`tree ${p}\0${dirSignature(files, p)}`)
+      .digest("hex"),
+  };
 }
 
 export function isDir(files: FileMap, p: string): boolean {
@@ -46,7 +53,11 @@ export function entries(files: FileMap, under: string, recursive: boolean): Tree
 
 /** What a path is in a tree: a file's oid, a folder's list of (path, oid), or "" when absent. */
 function dirSignature(files: FileMap, p: string): string {
-  return Object.keys(files).filter((k) => k.startsWith(p + "/")).sort().map((k) => `${k}:${files[k].gitOid}`).join("\n");
+  return Object.keys(files)
+    .filter((k) => k.startsWith(p + "/"))
+    .sort()
+    .map((k) => `${k}:${files[k].gitOid}`)
+    .join("\n");
 }
 function signature(files: FileMap, p: string): string {
   const f = files[p];

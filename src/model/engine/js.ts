@@ -19,14 +19,23 @@ function embeddingForward(out: Float32Array, ids: Int32Array, E: Float32Array, N
 
 function embeddingBackward(dE: Float32Array, ids: Int32Array, dout: Float32Array, N: number, D: number): void {
   for (let n = 0; n < N; n++) {
-    const dst = ids[n] * D, src = n * D;
+    const dst = ids[n] * D,
+      src = n * D;
     for (let d = 0; d < D; d++) dE[dst + d] += dout[src + d];
   }
 }
 
 // ------------------------------------------------------------------ RMSNorm
 
-function rmsnormForward(out: Float32Array, rstd: Float32Array, x: Float32Array, w: Float32Array, N: number, D: number, eps: number): void {
+function rmsnormForward(
+  out: Float32Array,
+  rstd: Float32Array,
+  x: Float32Array,
+  w: Float32Array,
+  N: number,
+  D: number,
+  eps: number,
+): void {
   for (let n = 0; n < N; n++) {
     const o = n * D;
     let ss = 0;
@@ -38,11 +47,20 @@ function rmsnormForward(out: Float32Array, rstd: Float32Array, x: Float32Array, 
 }
 
 /** xhat = x * rstd, dxhat = dout * w:  dx += rstd * (dxhat - xhat * mean(dxhat * xhat)),  dw += sum_n dout * xhat. */
-function rmsnormBackward(dx: Float32Array, dw: Float32Array, dout: Float32Array, x: Float32Array, w: Float32Array,
-  rstd: Float32Array, N: number, D: number): void {
+function rmsnormBackward(
+  dx: Float32Array,
+  dw: Float32Array,
+  dout: Float32Array,
+  x: Float32Array,
+  w: Float32Array,
+  rstd: Float32Array,
+  N: number,
+  D: number,
+): void {
   const dwAcc = new Float64Array(D);
   for (let n = 0; n < N; n++) {
-    const o = n * D, r = rstd[n];
+    const o = n * D,
+      r = rstd[n];
     let dot = 0; // sum_d dxhat * xhat
     for (let d = 0; d < D; d++) {
       const xh = x[o + d] * r;
@@ -57,7 +75,16 @@ function rmsnormBackward(dx: Float32Array, dw: Float32Array, dout: Float32Array,
 
 // ------------------------------------------------------------------ RoPE
 
-function ropeApply(x: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number, sign: 1 | -1): void {
+function ropeApply(
+  x: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  B: number,
+  T: number,
+  nh: number,
+  E: number,
+  sign: 1 | -1,
+): void {
   const h = E / 2;
   for (let b = 0; b < B; b++) {
     for (let t = 0; t < T; t++) {
@@ -65,8 +92,10 @@ function ropeApply(x: Float32Array, cos: Float32Array, sin: Float32Array, B: num
       for (let j = 0; j < nh; j++) {
         const o = ((b * T + t) * nh + j) * E;
         for (let i = 0; i < h; i++) {
-          const c = cos[tab + i], s = sign * sin[tab + i];
-          const a = x[o + i], z = x[o + i + h];
+          const c = cos[tab + i],
+            s = sign * sin[tab + i];
+          const a = x[o + i],
+            z = x[o + i + h];
           x[o + i] = a * c - z * s;
           x[o + i + h] = z * c + a * s;
         }
@@ -75,19 +104,45 @@ function ropeApply(x: Float32Array, cos: Float32Array, sin: Float32Array, B: num
   }
 }
 
-function ropeForward(x: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number): void {
+function ropeForward(
+  x: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  B: number,
+  T: number,
+  nh: number,
+  E: number,
+): void {
   ropeApply(x, cos, sin, B, T, nh, E, 1);
 }
 
 /** The adjoint of a rotation by +angle is the rotation by -angle. */
-function ropeBackward(dx: Float32Array, cos: Float32Array, sin: Float32Array, B: number, T: number, nh: number, E: number): void {
+function ropeBackward(
+  dx: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  B: number,
+  T: number,
+  nh: number,
+  E: number,
+): void {
   ropeApply(dx, cos, sin, B, T, nh, E, -1);
 }
 
 // ------------------------------------------------------------------ causal attention (GQA)
 
-function attentionForward(out: Float32Array, att: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
-  B: number, T: number, H: number, K: number, E: number): void {
+function attentionForward(
+  out: Float32Array,
+  att: Float32Array,
+  q: Float32Array,
+  k: Float32Array,
+  v: Float32Array,
+  B: number,
+  T: number,
+  H: number,
+  K: number,
+  E: number,
+): void {
   const scale = 1 / Math.sqrt(E);
   const acc = new Float64Array(E);
   for (let b = 0; b < B; b++) {
@@ -114,7 +169,8 @@ function attentionForward(out: Float32Array, att: Float32Array, q: Float32Array,
         // out = att @ v
         acc.fill(0);
         for (let u = 0; u <= t; u++) {
-          const p = att[row + u], vo = ((b * T + u) * K + j) * E;
+          const p = att[row + u],
+            vo = ((b * T + u) * K + j) * E;
           for (let e = 0; e < E; e++) acc[e] += p * v[vo + e];
         }
         for (let e = 0; e < E; e++) out[qo + e] = acc[e];
@@ -127,12 +183,26 @@ function attentionForward(out: Float32Array, att: Float32Array, q: Float32Array,
  * dv[u] = sum_t att[t,u] dout[t];  dP[t,u] = dout[t] . v[u];  dS = att * (dP - sum_u att*dP) / sqrt(E);
  * dq[t] = sum_u dS[t,u] k[u];  dk[u] = sum_t dS[t,u] q[t]   (dk, dv summed over the kv head's query heads).
  */
-function attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
-  q: Float32Array, k: Float32Array, v: Float32Array, att: Float32Array,
-  B: number, T: number, H: number, K: number, E: number): void {
+function attentionBackward(
+  dq: Float32Array,
+  dk: Float32Array,
+  dv: Float32Array,
+  dout: Float32Array,
+  q: Float32Array,
+  k: Float32Array,
+  v: Float32Array,
+  att: Float32Array,
+  B: number,
+  T: number,
+  H: number,
+  K: number,
+  E: number,
+): void {
   const scale = 1 / Math.sqrt(E);
-  const dkAcc = new Float64Array(T * K * E), dvAcc = new Float64Array(T * K * E); // one sequence's dk, dv
-  const dS = new Float64Array(T), acc = new Float64Array(E);
+  const dkAcc = new Float64Array(T * K * E),
+    dvAcc = new Float64Array(T * K * E); // one sequence's dk, dv
+  const dS = new Float64Array(T),
+    acc = new Float64Array(E);
   for (let b = 0; b < B; b++) {
     dkAcc.fill(0);
     dvAcc.fill(0);
@@ -153,7 +223,8 @@ function attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array,
         for (let u = 0; u <= t; u++) {
           const p = att[row + u];
           const ds = p * (dS[u] - dot) * scale;
-          const ko = ((b * T + u) * K + j) * E, lo = (u * K + j) * E;
+          const ko = ((b * T + u) * K + j) * E,
+            lo = (u * K + j) * E;
           for (let e = 0; e < E; e++) {
             acc[e] += ds * k[ko + e];
             dkAcc[lo + e] += ds * q[qo + e];
@@ -164,7 +235,10 @@ function attentionBackward(dq: Float32Array, dk: Float32Array, dv: Float32Array,
       }
     }
     const o = b * T * K * E;
-    for (let i = 0; i < T * K * E; i++) { dk[o + i] = dkAcc[i]; dv[o + i] = dvAcc[i]; }
+    for (let i = 0; i < T * K * E; i++) {
+      dk[o + i] = dkAcc[i];
+      dv[o + i] = dvAcc[i];
+    }
   }
 }
 
@@ -178,9 +252,18 @@ function swigluForward(out: Float32Array, gate: Float32Array, up: Float32Array, 
 }
 
 /** silu'(g) = sg * (1 + g * (1 - sg)), sg = sigmoid(g). */
-function swigluBackward(dgate: Float32Array, dup: Float32Array, dout: Float32Array, gate: Float32Array, up: Float32Array, n: number): void {
+function swigluBackward(
+  dgate: Float32Array,
+  dup: Float32Array,
+  dout: Float32Array,
+  gate: Float32Array,
+  up: Float32Array,
+  n: number,
+): void {
   for (let i = 0; i < n; i++) {
-    const g = gate[i], sg = 1 / (1 + Math.exp(-g)), d = dout[i];
+    const g = gate[i],
+      sg = 1 / (1 + Math.exp(-g)),
+      d = dout[i];
     dup[i] = d * g * sg;
     dgate[i] = d * up[i] * sg * (1 + g * (1 - sg));
   }
@@ -191,15 +274,23 @@ function swigluBackward(dgate: Float32Array, dup: Float32Array, dout: Float32Arr
 function crossEntropy(logits: Float32Array, targets: Int32Array, rows: number, V: number, gradScale: number): number {
   let loss = 0;
   for (let r = 0; r < rows; r++) {
-    const o = r * V, y = targets[r];
-    if (y < 0) { if (gradScale > 0) logits.fill(0, o, o + V); continue; }
+    const o = r * V,
+      y = targets[r];
+    if (y < 0) {
+      if (gradScale > 0) logits.fill(0, o, o + V);
+      continue;
+    }
     const xy = logits[o + y];
     let mx = -Infinity;
     for (let i = 0; i < V; i++) if (logits[o + i] > mx) mx = logits[o + i];
     let sum = 0;
     if (gradScale > 0) {
       // exp once per logit: kept in place (float32) for the gradient
-      for (let i = 0; i < V; i++) { const e = Math.exp(logits[o + i] - mx); logits[o + i] = e; sum += e; }
+      for (let i = 0; i < V; i++) {
+        const e = Math.exp(logits[o + i] - mx);
+        logits[o + i] = e;
+        sum += e;
+      }
       const inv = 1 / sum;
       for (let i = 0; i < V; i++) logits[o + i] = logits[o + i] * inv * gradScale;
       logits[o + y] = (Math.exp(xy - mx) * inv - 1) * gradScale;
@@ -212,6 +303,15 @@ function crossEntropy(logits: Float32Array, targets: Int32Array, rows: number, V
 }
 
 export const jsKernels: NonMatmulKernels = {
-  embeddingForward, embeddingBackward, rmsnormForward, rmsnormBackward, ropeForward, ropeBackward,
-  attentionForward, attentionBackward, swigluForward, swigluBackward, crossEntropy,
+  embeddingForward,
+  embeddingBackward,
+  rmsnormForward,
+  rmsnormBackward,
+  ropeForward,
+  ropeBackward,
+  attentionForward,
+  attentionBackward,
+  swigluForward,
+  swigluBackward,
+  crossEntropy,
 };

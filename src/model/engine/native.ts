@@ -19,10 +19,27 @@ interface Addon {
   loadBlas(paths: string[]): { ok: boolean; path: string; config: string; threads: number; tried: string };
   simd(): string;
   /** This thread's GEMM from now on; throws a RangeError for an instruction set the CPU lacks. */
-  setGemm(kind: "builtin" | "blas", isa: IsaChoice): { kind: string; isa: string; detail: string; best: string; supported: string[] };
+  setGemm(
+    kind: "builtin" | "blas",
+    isa: IsaChoice,
+  ): { kind: string; isa: string; detail: string; best: string; supported: string[] };
   gemmPeak(isa: IsaChoice, iters: number): number;
-  gemm(isa: IsaChoice, transA: boolean, transB: boolean, M: number, N: number, K: number, alpha: number, A: Float32Array, lda: number,
-    B: Float32Array, ldb: number, beta: number, C: Float32Array, ldc: number): void;
+  gemm(
+    isa: IsaChoice,
+    transA: boolean,
+    transB: boolean,
+    M: number,
+    N: number,
+    K: number,
+    alpha: number,
+    A: Float32Array,
+    lda: number,
+    B: Float32Array,
+    ldb: number,
+    beta: number,
+    C: Float32Array,
+    ldc: number,
+  ): void;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
   embeddingBackward: Kernels["embeddingBackward"];
@@ -40,13 +57,17 @@ interface Addon {
 export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
 
 export type { GemmChoice, IsaChoice };
-export interface NativeOptions { gemm: GemmChoice; isa: IsaChoice }
+export interface NativeOptions {
+  gemm: GemmChoice;
+  isa: IsaChoice;
+}
 export const DEFAULT_NATIVE: NativeOptions = { gemm: "builtin", isa: "auto" };
 export const GEMM_CHOICES: readonly GemmChoice[] = ["builtin", "openblas"];
 export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "avx512", "avx2", "portable"];
 
 /** The command that builds the addon, in any state of the checkout (it never fails; it says what is missing). */
-export const NATIVE_BUILD_FIX = "npm run build:native (needs a C compiler, make and python3: apt-get install build-essential python3)";
+export const NATIVE_BUILD_FIX =
+  "npm run build:native (needs a C compiler, make and python3: apt-get install build-essential python3)";
 export const BLAS_FIX = "apt-get install libopenblas0-pthread (or set TSTRAIN_BLAS=/path/to/libopenblas.so)";
 
 /** The repository root: the nearest folder above this file with binding.gyp (dist/src/model/engine or src/model/engine). */
@@ -66,7 +87,11 @@ export function blasCandidates(env: NodeJS.ProcessEnv = process.env): string[] {
   if (env.TSTRAIN_BLAS) return [env.TSTRAIN_BLAS];
   const arch = process.arch === "arm64" ? "aarch64" : process.arch === "x64" ? "x86_64" : process.arch;
   if (process.platform === "darwin") {
-    return ["libopenblas.dylib", "/opt/homebrew/opt/openblas/lib/libopenblas.dylib", "/usr/local/opt/openblas/lib/libopenblas.dylib"];
+    return [
+      "libopenblas.dylib",
+      "/opt/homebrew/opt/openblas/lib/libopenblas.dylib",
+      "/usr/local/opt/openblas/lib/libopenblas.dylib",
+    ];
   }
   return [
     "libopenblas.so.0",
@@ -105,7 +130,10 @@ function requireAddon(): { addon: Addon; file: string } | { reason: string; fix:
   const root = repoRoot();
   const file = root ? path.join(root, "build", "Release", "tstrain_native.node") : null;
   if (!file || !fs.existsSync(file)) {
-    return { reason: `the addon is not built (no ${file ? path.relative(process.cwd(), file) || file : "build/Release/tstrain_native.node"})`, fix: NATIVE_BUILD_FIX };
+    return {
+      reason: `the addon is not built (no ${file ? path.relative(process.cwd(), file) || file : "build/Release/tstrain_native.node"})`,
+      fix: NATIVE_BUILD_FIX,
+    };
   }
   let addon: Addon;
   try {
@@ -116,7 +144,8 @@ function requireAddon(): { addon: Addon; file: string } | { reason: string; fix:
     const m = (e instanceof Error ? e.message : String(e)).split("\n")[0].slice(0, 200);
     return { reason: `the addon does not load (${m})`, fix: NATIVE_BUILD_FIX };
   }
-  if (typeof addon.setGemm !== "function") return { reason: "the addon is older than this checkout (no setGemm)", fix: NATIVE_BUILD_FIX };
+  if (typeof addon.setGemm !== "function")
+    return { reason: "the addon is older than this checkout (no setGemm)", fix: NATIVE_BUILD_FIX };
   return { addon, file };
 }
 
@@ -128,7 +157,10 @@ function load(opts: NativeOptions): NativeLoad {
     const b = addon.loadBlas(blasCandidates());
     if (!b.ok) {
       const where = process.env.TSTRAIN_BLAS ? `TSTRAIN_BLAS=${process.env.TSTRAIN_BLAS}` : "OpenBLAS";
-      return { reason: `no BLAS found (${where}: ${b.tried || "no candidate"})`, fix: `${BLAS_FIX}, or pass --gemm builtin` };
+      return {
+        reason: `no BLAS found (${where}: ${b.tried || "no candidate"})`,
+        fix: `${BLAS_FIX}, or pass --gemm builtin`,
+      };
     }
     const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
     const name = `native (GEMM: ${b.config} from ${b.path}, ${threads}; C kernels ${addon.simd()})`;
@@ -141,7 +173,10 @@ function load(opts: NativeOptions): NativeLoad {
   } catch (e) {
     const best = addon.setGemm("builtin", "auto");
     current = "";
-    return { reason: `--isa ${opts.isa}: this CPU has no ${opts.isa} (it runs ${best.supported.join(", ")}: ${(e as Error).message})`, fix: `pass --isa auto (here: ${best.best})` };
+    return {
+      reason: `--isa ${opts.isa}: this CPU has no ${opts.isa} (it runs ${best.supported.join(", ")}: ${(e as Error).message})`,
+      fix: `pass --isa auto (here: ${best.best})`,
+    };
   }
   const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel; C kernels ${addon.simd()})`;
   return { kernels: nativeKernels(addon, name, "builtin", opts.isa), blas: `built-in ${info.isa}`, addon: file };
@@ -182,15 +217,24 @@ function nativeKernels(a: Addon, name: string, kind: "builtin" | "blas", isa: Is
   };
   return {
     name,
-    matmul: (...args) => { use(); a.matmul(...args); },
+    matmul: (...args) => {
+      use();
+      a.matmul(...args);
+    },
     embeddingForward: a.embeddingForward,
     embeddingBackward: a.embeddingBackward,
     rmsnormForward: a.rmsnormForward,
     rmsnormBackward: a.rmsnormBackward,
     ropeForward: a.ropeForward,
     ropeBackward: a.ropeBackward,
-    attentionForward: (...args) => { use(); a.attentionForward(...args); },
-    attentionBackward: (...args) => { use(); a.attentionBackward(...args); },
+    attentionForward: (...args) => {
+      use();
+      a.attentionForward(...args);
+    },
+    attentionBackward: (...args) => {
+      use();
+      a.attentionBackward(...args);
+    },
     swigluForward: a.swigluForward,
     swigluBackward: a.swigluBackward,
     crossEntropy: a.crossEntropy,

@@ -30,7 +30,11 @@ type Matmul = Kernels["matmul"];
  * Visits the index space [outer, inner] in 64x64 tiles, outer-major, calling visit(o0, o1, i0, i1) for each
  * tile [o0, o1) x [i0, i1): the blocked order of transposeInto and combineTransposed (the faster one measured).
  */
-function forEachTile(outer: number, inner: number, visit: (o0: number, o1: number, i0: number, i1: number) => void): void {
+function forEachTile(
+  outer: number,
+  inner: number,
+  visit: (o0: number, o1: number, i0: number, i1: number) => void,
+): void {
   const BS = 64;
   for (let o0 = 0; o0 < outer; o0 += BS) {
     const o1 = Math.min(outer, o0 + BS);
@@ -64,7 +68,10 @@ class TransposeScratch {
   private b = new Float32Array(0);
   /** A view of n floats of buffer "a" or "b" (one per operand: a product may transpose both). */
   take(which: "a" | "b", n: number): Float32Array {
-    if (which === "a") { if (this.a.length < n) this.a = new Float32Array(n); return this.a.subarray(0, n); }
+    if (which === "a") {
+      if (this.a.length < n) this.a = new Float32Array(n);
+      return this.a.subarray(0, n);
+    }
     if (this.b.length < n) this.b = new Float32Array(n);
     return this.b.subarray(0, n);
   }
@@ -86,9 +93,13 @@ export function createTfjsKernels(o: { attention?: "matmul" | "js" } = {}): Kern
     if (A.length < M * K || B.length < K * N || C.length < M * N) {
       throw new RangeError(`matmul: A ${A.length}, B ${B.length}, C ${C.length} floats for M=${M} N=${N} K=${K}`);
     }
-    if (tf.getBackend() !== backend) throw new Error(`matmul: the tfjs backend changed from ${backend} to ${tf.getBackend()} under this engine`);
+    if (tf.getBackend() !== backend)
+      throw new Error(`matmul: the tfjs backend changed from ${backend} to ${tf.getBackend()} under this engine`);
     if (M === 0 || N === 0) return;
-    if (K === 0) { scaleC(C, M * N, beta); return; }
+    if (K === 0) {
+      scaleC(C, M * N, beta);
+      return;
+    }
     if (K > K_BLOCK_OVER && !transA && !transB) productInKBlocks(scratch, M, N, K, alpha, A, B, beta, C);
     else product(scratch, transA, transB, M, N, K, alpha, A, B, beta, C);
   };
@@ -108,18 +119,39 @@ const K_BLOCK_OVER = 8192;
 const K_BLOCK = 2048;
 
 /** C = beta C + sum over K blocks of alpha A[:, kb] @ B[kb, :] (B's rows are contiguous; A's column block is copied). */
-function productInKBlocks(scratch: TransposeScratch, M: number, N: number, K: number,
-  alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void {
+function productInKBlocks(
+  scratch: TransposeScratch,
+  M: number,
+  N: number,
+  K: number,
+  alpha: number,
+  A: Float32Array,
+  B: Float32Array,
+  beta: number,
+  C: Float32Array,
+): void {
   for (let k0 = 0; k0 < K; k0 += K_BLOCK) {
-    const kb = Math.min(K_BLOCK, K - k0), a = scratch.take("a", M * kb);
+    const kb = Math.min(K_BLOCK, K - k0),
+      a = scratch.take("a", M * kb);
     for (let m = 0; m < M; m++) a.set(A.subarray(m * K + k0, m * K + k0 + kb), m * kb);
     product(scratch, false, false, M, N, kb, alpha, a, B.subarray(k0 * N, (k0 + kb) * N), k0 === 0 ? beta : 1, C);
   }
 }
 
 /** One tfjs matMul for C = alpha op(A) @ op(B) + beta C, on the plan that moves fewer floats (see the header). */
-function product(scratch: TransposeScratch, transA: boolean, transB: boolean, M: number, N: number, K: number,
-  alpha: number, A: Float32Array, B: Float32Array, beta: number, C: Float32Array): void {
+function product(
+  scratch: TransposeScratch,
+  transA: boolean,
+  transB: boolean,
+  M: number,
+  N: number,
+  K: number,
+  alpha: number,
+  A: Float32Array,
+  B: Float32Array,
+  beta: number,
+  C: Float32Array,
+): void {
   // floats moved in JS (transposes) + floats XNNPACK packs (the right operand), per plan
   const direct = (transA ? M * K : 0) + (transB ? K * N : 0) + K * N;
   const swapped = (transB ? 0 : K * N) + (transA ? 0 : M * K) + M * N + K * M;
@@ -129,13 +161,16 @@ function product(scratch: TransposeScratch, transA: boolean, transB: boolean, M:
   if (!swap) {
     left = transA ? transposeInto(A.subarray(0, K * M), K, M, scratch.take("a", M * K)) : A.subarray(0, M * K);
     right = transB ? transposeInto(B.subarray(0, N * K), N, K, scratch.take("b", K * N)) : B.subarray(0, K * N);
-    rows = M; cols = N;
+    rows = M;
+    cols = N;
   } else {
     left = transB ? B.subarray(0, N * K) : transposeInto(B.subarray(0, K * N), K, N, scratch.take("b", N * K));
     right = transA ? A.subarray(0, K * M) : transposeInto(A.subarray(0, M * K), M, K, scratch.take("a", K * M));
-    rows = N; cols = M;
+    rows = N;
+    cols = M;
   }
-  const leftTensor = tf.tensor2d(left, [rows, K]), rightTensor = tf.tensor2d(right, [K, cols]);
+  const leftTensor = tf.tensor2d(left, [rows, K]),
+    rightTensor = tf.tensor2d(right, [K, cols]);
   let productTensor: tf.Tensor | null = null;
   try {
     productTensor = tf.matMul(leftTensor, rightTensor);
@@ -143,7 +178,8 @@ function product(scratch: TransposeScratch, transA: boolean, transB: boolean, M:
     if (!swap) combine(C, P, M * N, alpha, beta);
     else combineTransposed(C, P, M, N, alpha, beta);
   } finally {
-    leftTensor.dispose(); rightTensor.dispose();
+    leftTensor.dispose();
+    rightTensor.dispose();
     if (productTensor) productTensor.dispose();
   }
 }
@@ -151,9 +187,14 @@ function product(scratch: TransposeScratch, transA: boolean, transB: boolean, M:
 /** Attention scratch views for one GQA group of R query heads over T positions of head size E. */
 interface GroupScratch {
   /** [R*T, E]: the group's queries, output gradients, query gradients (also the forward's output). */
-  groupQ: Float32Array; groupDOut: Float32Array; groupDQ: Float32Array;
+  groupQ: Float32Array;
+  groupDOut: Float32Array;
+  groupDQ: Float32Array;
   /** [T, E]: the group's one kv head: keys, values and their gradients. */
-  headK: Float32Array; headV: Float32Array; headDK: Float32Array; headDV: Float32Array;
+  headK: Float32Array;
+  headV: Float32Array;
+  headDK: Float32Array;
+  headDV: Float32Array;
   /** [R*T, T]: gradient of the attention probabilities, then of the scores. */
   dScores: Float32Array;
 }
@@ -162,35 +203,69 @@ interface GroupScratch {
 class AttentionScratch {
   private buf = new Float32Array(0);
   views(R: number, T: number, E: number): GroupScratch {
-    const q = R * T * E, kv = T * E, need = 3 * q + 4 * kv + R * T * T;
+    const q = R * T * E,
+      kv = T * E,
+      need = 3 * q + 4 * kv + R * T * T;
     if (this.buf.length < need) this.buf = new Float32Array(need);
     let o = 0;
     const take = (n: number) => this.buf.subarray(o, (o += n));
     return {
-      groupQ: take(q), groupDOut: take(q), groupDQ: take(q),
-      headK: take(kv), headV: take(kv), headDK: take(kv), headDV: take(kv), dScores: take(R * T * T),
+      groupQ: take(q),
+      groupDOut: take(q),
+      groupDQ: take(q),
+      headK: take(kv),
+      headV: take(kv),
+      headDK: take(kv),
+      headDV: take(kv),
+      dScores: take(R * T * T),
     };
   }
 }
 
 /** Rows of a [B,T,nh,E] tensor for head `h` of sequence b, t = 0..T-1, into a [T, E] block at row offset r0 of dst. */
-function gatherHead(dst: Float32Array, r0: number, x: Float32Array, b: number, h: number, T: number, nh: number, E: number): void {
-  for (let t = 0; t < T; t++) { const o = ((b * T + t) * nh + h) * E; dst.set(x.subarray(o, o + E), (r0 + t) * E); }
+function gatherHead(
+  dst: Float32Array,
+  r0: number,
+  x: Float32Array,
+  b: number,
+  h: number,
+  T: number,
+  nh: number,
+  E: number,
+): void {
+  for (let t = 0; t < T; t++) {
+    const o = ((b * T + t) * nh + h) * E;
+    dst.set(x.subarray(o, o + E), (r0 + t) * E);
+  }
 }
 
 /** The reverse of gatherHead: the [T, E] block at row offset r0 of src into head `h` of sequence b of x. */
-function scatterHead(x: Float32Array, src: Float32Array, r0: number, b: number, h: number, T: number, nh: number, E: number): void {
+function scatterHead(
+  x: Float32Array,
+  src: Float32Array,
+  r0: number,
+  b: number,
+  h: number,
+  T: number,
+  nh: number,
+  E: number,
+): void {
   for (let t = 0; t < T; t++) x.set(src.subarray((r0 + t) * E, (r0 + t + 1) * E), ((b * T + t) * nh + h) * E);
 }
 
 /** In place, each of the `rows` rows of P [rows, T] (row r is position t = r % T): softmax over u <= t, zeros after. */
 function causalSoftmaxRows(P: Float32Array, rows: number, T: number): void {
   for (let r = 0; r < rows; r++) {
-    const t = r % T, o = r * T;
+    const t = r % T,
+      o = r * T;
     let mx = -Infinity;
     for (let u = 0; u <= t; u++) if (P[o + u] > mx) mx = P[o + u];
     let sum = 0;
-    for (let u = 0; u <= t; u++) { const e = Math.exp(P[o + u] - mx); P[o + u] = e; sum += e; }
+    for (let u = 0; u <= t; u++) {
+      const e = Math.exp(P[o + u] - mx);
+      P[o + u] = e;
+      sum += e;
+    }
     const inv = 1 / sum;
     for (let u = 0; u <= t; u++) P[o + u] = P[o + u] * inv;
     P.fill(0, o + t + 1, o + T);
@@ -216,22 +291,26 @@ function matmulAttention(mm: Matmul): Pick<Kernels, "attentionForward" | "attent
   const scratch = new AttentionScratch();
   return {
     attentionForward(out, att, q, k, v, B, T, H, K, E) {
-      const R = H / K, s = scratch.views(R, T, E), scale = 1 / Math.sqrt(E);
+      const R = H / K,
+        s = scratch.views(R, T, E),
+        scale = 1 / Math.sqrt(E);
       for (let b = 0; b < B; b++) {
         for (let j = 0; j < K; j++) {
           for (let i = 0; i < R; i++) gatherHead(s.groupQ, i * T, q, b, j * R + i, T, H, E);
           gatherHead(s.headK, 0, k, b, j, T, K, E);
           gatherHead(s.headV, 0, v, b, j, T, K, E);
           const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T);
-          mm(false, true, R * T, T, E, scale, s.groupQ, s.headK, 0, P);       // scores / sqrt(E)
+          mm(false, true, R * T, T, E, scale, s.groupQ, s.headK, 0, P); // scores / sqrt(E)
           causalSoftmaxRows(P, R * T, T);
-          mm(false, false, R * T, E, T, 1, P, s.headV, 0, s.groupDQ);         // out = P @ V (groupDQ as scratch)
+          mm(false, false, R * T, E, T, 1, P, s.headV, 0, s.groupDQ); // out = P @ V (groupDQ as scratch)
           for (let i = 0; i < R; i++) scatterHead(out, s.groupDQ, i * T, b, j * R + i, T, H, E);
         }
       }
     },
     attentionBackward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) {
-      const R = H / K, s = scratch.views(R, T, E), scale = 1 / Math.sqrt(E);
+      const R = H / K,
+        s = scratch.views(R, T, E),
+        scale = 1 / Math.sqrt(E);
       for (let b = 0; b < B; b++) {
         for (let j = 0; j < K; j++) {
           for (let i = 0; i < R; i++) {
@@ -240,12 +319,13 @@ function matmulAttention(mm: Matmul): Pick<Kernels, "attentionForward" | "attent
           }
           gatherHead(s.headK, 0, k, b, j, T, K, E);
           gatherHead(s.headV, 0, v, b, j, T, K, E);
-          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T), dS = s.dScores;
-          mm(false, true, R * T, T, E, 1, s.groupDOut, s.headV, 0, dS);        // dP = dO @ V^T
-          softmaxBackwardRows(P, dS, R * T, T, scale);                         // dS = P * (dP - rowsum(P * dP)) / sqrt(E)
-          mm(false, false, R * T, E, T, 1, dS, s.headK, 0, s.groupDQ);         // dQ = dS @ K
-          mm(true, false, T, E, R * T, 1, dS, s.groupQ, 0, s.headDK);          // dK = dS^T @ Q (sums the R heads)
-          mm(true, false, T, E, R * T, 1, P, s.groupDOut, 0, s.headDV);        // dV = P^T @ dO
+          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T),
+            dS = s.dScores;
+          mm(false, true, R * T, T, E, 1, s.groupDOut, s.headV, 0, dS); // dP = dO @ V^T
+          softmaxBackwardRows(P, dS, R * T, T, scale); // dS = P * (dP - rowsum(P * dP)) / sqrt(E)
+          mm(false, false, R * T, E, T, 1, dS, s.headK, 0, s.groupDQ); // dQ = dS @ K
+          mm(true, false, T, E, R * T, 1, dS, s.groupQ, 0, s.headDK); // dK = dS^T @ Q (sums the R heads)
+          mm(true, false, T, E, R * T, 1, P, s.groupDOut, 0, s.headDV); // dV = P^T @ dO
           for (let i = 0; i < R; i++) scatterHead(dq, s.groupDQ, i * T, b, j * R + i, T, H, E);
           scatterHead(dk, s.headDK, 0, b, j, T, K, E);
           scatterHead(dv, s.headDV, 0, b, j, T, K, E);
