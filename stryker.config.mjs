@@ -25,7 +25,7 @@ export default {
   disableTypeChecks: "{src,test}/**/*.ts",
   ignorePatterns: ["dist", "build", "run", "mix", ".demo", "bench-out", "reports", ".stryker-tmp"],
   reporters: ["clear-text", "json", "progress"],
-  jsonReporter: { fileName: `reports/mutation/${mutate[0].replace(/:.*$/, "").replace(/[\/.]/g, "_")}.json` },
+  jsonReporter: { fileName: `reports/mutation/${mutate[0].replace(/:.*$/, "").replace(/[/.]/g, "_")}.json` },
   tempDirName: ".stryker-tmp",
   cleanTempDir: true,
 };

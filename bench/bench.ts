@@ -179,7 +179,7 @@ function parseOptions(argv: string[]): Options {
     switch (a) {
       case "--help":
       case "-h":
-        process.stdout.write(usage() + "\n");
+        process.stdout.write(`${usage()}\n`);
         process.exit(0);
         break;
       case "--model": {
@@ -278,11 +278,11 @@ function parseOptions(argv: string[]): Options {
 }
 
 function log(s: string): void {
-  process.stderr.write(s + "\n");
+  process.stderr.write(`${s}\n`);
 }
 
 function emit(x: object): void {
-  process.stdout.write("BENCH_JSON " + JSON.stringify(x) + "\n");
+  process.stdout.write(`BENCH_JSON ${JSON.stringify(x)}\n`);
 }
 
 function machine(): Machine {
@@ -354,9 +354,7 @@ class BenchRun {
       const msg = `${what} failed: ${(e as Error).message ?? String(e)}`;
       this.notes.push(msg);
       log(`!! ${msg}`);
-      process.stdout.write(
-        "BENCH_ERROR " + JSON.stringify({ case: what, error: (e as Error).message ?? String(e) }) + "\n",
-      );
+      process.stdout.write(`BENCH_ERROR ${JSON.stringify({ case: what, error: (e as Error).message ?? String(e) })}\n`);
     }
   }
 }
@@ -508,7 +506,7 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
   if (o.cases.has("optim")) {
     await run.guard("optim", async () => {
       log(
-        `optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => (p / 1e6).toFixed(0) + "M").join(", ")}, 1 thread vs ${o.optimThreads} threads`,
+        `optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => `${(p / 1e6).toFixed(0)}M`).join(", ")}, 1 thread vs ${o.optimThreads} threads`,
       );
       for (const row of await runOptimCase({
         sizes: o.optimSizes,
@@ -995,7 +993,7 @@ async function main(): Promise<number> {
     wall_s: r(wallS),
     failed_cases: failed,
   };
-  fs.writeFileSync(path.join(o.out, "latest.json"), JSON.stringify(result, null, 1) + "\n");
+  fs.writeFileSync(path.join(o.out, "latest.json"), `${JSON.stringify(result, null, 1)}\n`);
   const md = markdown({ machine: mach, shape: shapeInfo, rows, ratios, notes, wallS, command });
   fs.writeFileSync(path.join(o.out, "latest.md"), md);
   if (run.gemm) {
@@ -1007,7 +1005,7 @@ async function main(): Promise<number> {
     fs.writeFileSync(path.join(o.out, "gemm-shapes.md"), mdGemm);
     fs.writeFileSync(
       path.join(o.out, "gemm-shapes.json"),
-      JSON.stringify({ command, machine: mach, peaks: run.gemm.peaks, rows: run.gemm.rows }, null, 1) + "\n",
+      `${JSON.stringify({ command, machine: mach, peaks: run.gemm.peaks, rows: run.gemm.rows }, null, 1)}\n`,
     );
   }
   const kernelProfile = run.profiled;
@@ -1020,7 +1018,7 @@ async function main(): Promise<number> {
     );
     fs.writeFileSync(
       path.join(o.out, "kernels-frozen-step.json"),
-      JSON.stringify(
+      `${JSON.stringify(
         {
           command,
           machine: mach,
@@ -1030,10 +1028,10 @@ async function main(): Promise<number> {
         },
         null,
         1,
-      ) + "\n",
+      )}\n`,
     );
   }
-  process.stdout.write("\n" + md + "\n");
+  process.stdout.write(`\n${md}\n`);
   log(
     `wrote ${path.join(o.out, "latest.json")} and latest.md in ${wallS.toFixed(0)} s${failed ? `; ${failed} case(s) FAILED` : ""}`,
   );

@@ -188,5 +188,5 @@ export function gemmTableMarkdown(rows: GemmRow[], peaks: Record<string, number>
       .filter((k) => k.startsWith("builtin"))
       .map((k) => `Lowest fraction of peak, ${k}: ${worst(k).toFixed(3)}.`),
   );
-  return lines.join("\n") + "\n";
+  return `${lines.join("\n")}\n`;
 }

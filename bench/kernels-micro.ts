@@ -190,9 +190,7 @@ async function main(): Promise<void> {
     process.stdout.write(
       `${pad(r.kernel, 32)}${pad(r.shape, 26)}${pad(r.ms.toFixed(3), 10)}${pad(r.gflops === null ? "" : r.gflops.toFixed(1), 9)}${pad(String(r.per_step), 7)}${pad(r.step_ms.toFixed(1), 10)}${((100 * r.step_ms) / total).toFixed(1)}%\n`,
     );
-    process.stdout.write(
-      "BENCH_JSON " + JSON.stringify({ case: "kernel-micro", engine: "native", tokens: N, ...r }) + "\n",
-    );
+    process.stdout.write(`BENCH_JSON ${JSON.stringify({ case: "kernel-micro", engine: "native", tokens: N, ...r })}\n`);
   }
   const sq = sgemmRate(k, 2048, 3);
   process.stdout.write(

@@ -218,7 +218,7 @@ async function main(): Promise<void> {
     backend: arg("--backend", "auto") as BackendName,
     log: (s) => console.log(s),
   });
-  console.log("BENCH_JSON " + JSON.stringify(res));
+  console.log(`BENCH_JSON ${JSON.stringify(res)}`);
 }
 
 if (require.main === module)

@@ -53,7 +53,7 @@ function lastJsonLine(out: string, prefix: string | null): Record<string, unknow
     .reverse();
   for (const l of lines) {
     const body = prefix ? (l.startsWith(prefix) ? l.slice(prefix.length).trim() : null) : l;
-    if (!body || !body.startsWith("{")) continue;
+    if (!body?.startsWith("{")) continue;
     try {
       return JSON.parse(body) as Record<string, unknown>;
     } catch {

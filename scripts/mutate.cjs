@@ -72,7 +72,7 @@ for (const m of wanted) {
       env: { ...process.env, STRYKER_MUTATE: mutateEntries(m).join(","), STRYKER_TESTS: tests.join(",") },
     },
   );
-  const report = path.join(root, "reports", "mutation", `${file(m).replace(/[\/.]/g, "_")}.json`);
+  const report = path.join(root, "reports", "mutation", `${file(m).replace(/[/.]/g, "_")}.json`);
   if (r.status !== 0 || !fs.existsSync(report)) {
     rows.push({ m, error: `stryker exited ${r.status}` });
     continue;

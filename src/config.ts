@@ -156,7 +156,7 @@ export function usage(): string {
   for (const f of FLAGS) {
     const name =
       f.kind === "bool"
-        ? `--${f.flag}${f.negatable ? " / --no-" + f.flag : ""}`
+        ? `--${f.flag}${f.negatable ? ` / --no-${f.flag}` : ""}`
         : `--${f.flag} ${f.kind === "string" ? (f.choices ? f.choices.join("|") : "S") : "N"}`;
     const def = f.kind === "bool" ? (f.def ? "on" : "off") : JSON.stringify(f.def);
     lines.push(`  ${name.padEnd(40)} ${f.help} (default ${def})`);

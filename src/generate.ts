@@ -154,7 +154,7 @@ async function main(): Promise<void> {
   try {
     const a = parseGenerateArgs(process.argv.slice(2));
     if (a === null) {
-      process.stdout.write(USAGE + "\n");
+      process.stdout.write(`${USAGE}\n`);
       return;
     }
     let dir = a.model;

@@ -66,7 +66,7 @@ async function main(): Promise<void> {
     return;
   }
   if (!o) {
-    process.stdout.write(HELP + "\n");
+    process.stdout.write(`${HELP}\n`);
     return;
   }
   const token = process.env.HF_TOKEN || undefined;

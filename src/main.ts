@@ -33,7 +33,7 @@ function onSignals(): void {
 async function main(): Promise<number> {
   const { config, help } = parseArgs(process.argv.slice(2));
   if (help) {
-    process.stdout.write(usage() + "\n");
+    process.stdout.write(`${usage()}\n`);
     return 0;
   }
   setCommandLine(process.argv.slice(2));
@@ -42,11 +42,11 @@ async function main(): Promise<number> {
     await runSession(config);
   } catch (e) {
     if (e instanceof RunStopped) {
-      process.stdout.write(e.message + "\n");
+      process.stdout.write(`${e.message}\n`);
       return EXIT_STOPPED;
     }
     if (!(e instanceof RunComplete)) throw e;
-    process.stdout.write(e.message + "\n");
+    process.stdout.write(`${e.message}\n`);
   }
   return 0;
 }

@@ -137,7 +137,7 @@ export function lockOut(out: string, say: (l: string) => void): OutLock {
   };
   for (let attempt = 0; attempt < 3; attempt++) {
     try {
-      fs.writeFileSync(p, JSON.stringify(body) + "\n", { flag: "wx" });
+      fs.writeFileSync(p, `${JSON.stringify(body)}\n`, { flag: "wx" });
       let released = false;
       return {
         path: p,

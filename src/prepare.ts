@@ -8,7 +8,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { removeScratchNow } from "./data/prepare-scratch";
-import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, PrepareOptions } from "./data/prepare-mix";
+import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
 
 const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name --out ROOT
   inputs: .txt .text .md (documents split at lines holding only the EOS token), .jsonl, .jsonl.gz, .jsonl.zst, .parquet
@@ -99,7 +99,7 @@ async function main(): Promise<void> {
   try {
     const o = parsePrepareArgs(process.argv.slice(2));
     if (o === null) {
-      process.stdout.write(USAGE + "\n");
+      process.stdout.write(`${USAGE}\n`);
       return;
     }
     onSignals(o.out);

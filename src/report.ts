@@ -28,7 +28,7 @@ export function createReporter(outDir: string, stream: NodeJS.WriteStream = proc
   return {
     say(line: string) {
       clear();
-      stream.write(line + "\n");
+      stream.write(`${line}\n`);
     },
     progress(line: string) {
       if (!tty) {
@@ -39,12 +39,12 @@ export function createReporter(outDir: string, stream: NodeJS.WriteStream = proc
         stream.write(`progress: ${line}\n`);
         return;
       }
-      stream.write("\r\x1b[2K" + line.slice(0, (stream.columns || 120) - 1));
+      stream.write(`\r\x1b[2K${line.slice(0, (stream.columns || 120) - 1)}`);
       progressShown = true;
     },
     metric(entry: LogEntry) {
       fs.mkdirSync(outDir, { recursive: true });
-      fs.appendFileSync(path.join(outDir, "metrics.jsonl"), JSON.stringify(entry) + "\n");
+      fs.appendFileSync(path.join(outDir, "metrics.jsonl"), `${JSON.stringify(entry)}\n`);
     },
     curve(history: readonly LogEntry[]) {
       fs.mkdirSync(outDir, { recursive: true });
@@ -99,7 +99,7 @@ export function lossCurveSvg(history: readonly LogEntry[], val: readonly ValPoin
   const head =
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="11">` +
     `<rect width="${W}" height="${H}" fill="white"/><text x="${L}" y="18" font-size="13" font-weight="bold">training loss, validation loss and learning rate</text>`;
-  if (pts.length === 0) return head + `<text x="${L}" y="${H / 2}">no finite loss logged yet</text></svg>\n`;
+  if (pts.length === 0) return `${head}<text x="${L}" y="${H / 2}">no finite loss logged yet</text></svg>\n`;
   const steps = [...pts.map((p) => p.step), ...vpts.map((v) => v.step)];
   const xAxis = niceTicks(Math.min(...steps), Math.max(Math.max(...steps), Math.min(...steps) + 1), 5, 1);
   const x0 = xAxis.lo,
@@ -194,7 +194,7 @@ function readJsonl<T>(file: string): T[] {
 /** Appends a sample to <out>/samples.jsonl (read by the report). */
 export function recordSample(outDir: string, s: SampleEntry): void {
   fs.mkdirSync(outDir, { recursive: true });
-  fs.appendFileSync(path.join(outDir, SAMPLES_FILE), JSON.stringify(s) + "\n");
+  fs.appendFileSync(path.join(outDir, SAMPLES_FILE), `${JSON.stringify(s)}\n`);
 }
 
 /** A sample's newlines shown as "↵" (a run of them as "↵×N") so a model that emits many blank lines stays readable. */
@@ -253,7 +253,7 @@ export type SessionEvent =
 
 export function recordSessionEvent(outDir: string, e: SessionEvent): void {
   fs.mkdirSync(outDir, { recursive: true });
-  fs.appendFileSync(path.join(outDir, SESSIONS_FILE), JSON.stringify(e) + "\n");
+  fs.appendFileSync(path.join(outDir, SESSIONS_FILE), `${JSON.stringify(e)}\n`);
 }
 
 interface SessionRow {

@@ -216,6 +216,6 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     loss: last?.loss ?? null,
     grad_ckpt: cfg.gradCkpt,
   };
-  rep.say("BENCH_JSON " + JSON.stringify(j));
+  rep.say(`BENCH_JSON ${JSON.stringify(j)}`);
   return j;
 }

@@ -45,7 +45,7 @@ const isK2 = (re: RegExp) => (e: unknown) => {
   const m = (e as Error).message;
   assert.equal((e as Error).name, "UserError", m);
   assert.match(m, /\[K2\]$/);
-  assert.ok(m.startsWith(WHERE + " "), `names the file: ${m}`);
+  assert.ok(m.startsWith(`${WHERE} `), `names the file: ${m}`);
   assert.match(m, /the checkpoint is damaged; resume from an earlier verified checkpoint/);
   assert.match(m, re);
   return true;
@@ -195,7 +195,7 @@ test("manifest.json parses when every entry is {size, sha256} and is refused nam
     ["a", { sha256: SHA }],
     ["a", { size: 1, sha256: SHA.toUpperCase() }],
     ["a", { size: 1, sha256: SHA.slice(1) }],
-    ["a", { size: 1, sha256: SHA + "0" }],
+    ["a", { size: 1, sha256: `${SHA}0` }],
     ["a", { size: 1 }],
     ["a", null],
     ["a", { size: 1, sha256: [SHA] }],
@@ -226,7 +226,7 @@ test("latest.json parses to exactly the six pointer fields, is written as it is 
     fingerprint: "fp",
     seed: 3,
   });
-  assert.equal(pointerBytes(p), JSON.stringify(p, null, 1) + "\n");
+  assert.equal(pointerBytes(p), `${JSON.stringify(p, null, 1)}\n`);
   assert.deepEqual(parsePointer(pointerBytes(p), "latest.json on o/r"), p);
   assert.deepEqual(parsePointer(JSON.stringify({ ...p, extra: 1 }), "w"), p, "unknown fields are dropped");
   assert.throws(

@@ -271,10 +271,10 @@ test("a checkpoint's JSON documents and manifest are written as indented JSON en
   const docs = docsAt(5);
   writeCheckpointFolder(dir, cfg, filled(1), filled(2), filled(3), docs);
   for (const [name, doc] of Object.entries(docs))
-    assert.equal(fs.readFileSync(path.join(dir, name), "utf8"), JSON.stringify(doc, null, 1) + "\n", name);
+    assert.equal(fs.readFileSync(path.join(dir, name), "utf8"), `${JSON.stringify(doc, null, 1)}\n`, name);
   assert.match(
     fs.readFileSync(path.join(dir, "manifest.json"), "utf8"),
-    /^\{\n "format": "tstrain-manifest\/1",[^]*\}\n$/,
+    /^\{\n "format": "tstrain-manifest\/1",[\s\S]*\}\n$/,
   );
   for (const name of ["model.safetensors", "optimizer.safetensors"]) {
     assert.deepEqual(

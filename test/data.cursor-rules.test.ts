@@ -58,7 +58,7 @@ test("makeCursor records the position and identity, and refuses a field out of i
     isRange(/^makeCursor: cursor shuffle_seed=-1 must be a whole number >= 0$/),
   );
   assert.throws(() => makeCursor({ ...good, seed: 0.5 }), isRange(/shuffle_seed=0.5/));
-  for (const bad of ["A".repeat(64), "a".repeat(63), "a".repeat(65), "x" + "a".repeat(64), "a".repeat(64) + "x"]) {
+  for (const bad of ["A".repeat(64), "a".repeat(63), "a".repeat(65), `x${"a".repeat(64)}`, `${"a".repeat(64)}x`]) {
     assert.throws(
       () => makeCursor({ ...good, fingerprint: bad }),
       isRange(/^makeCursor: cursor dataset_files_sha=".*" must be 64 lowercase hex digits$/),

@@ -2,7 +2,15 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { CURSOR_FILE, Cursor, loadCursor, makeCursor, samplesAt, saveCursor, validateResume } from "../src/data/cursor";
+import {
+  CURSOR_FILE,
+  type Cursor,
+  loadCursor,
+  makeCursor,
+  samplesAt,
+  saveCursor,
+  validateResume,
+} from "../src/data/cursor";
 import { mixFingerprint, verifyShards } from "../src/data/fingerprint";
 import { readManifest } from "../src/data/manifest";
 import { mixTokenWarning, valWindowCount } from "../src/data/budget";

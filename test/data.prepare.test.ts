@@ -29,7 +29,7 @@ for (let i = 1; i <= 30; i++) {
   lines.push(JSON.stringify({ text: doc(i) }));
   docs[i] = doc(i);
 }
-fs.writeFileSync(path.join(corpus, "b-nested", "part.jsonl"), lines.join("\n") + "\n\n");
+fs.writeFileSync(path.join(corpus, "b-nested", "part.jsonl"), `${lines.join("\n")}\n\n`);
 fs.writeFileSync(path.join(corpus, "c.md"), doc(31));
 docs[31] = doc(31);
 fs.writeFileSync(path.join(corpus, "z.bin"), Buffer.from([0, 1, 2, 255]));
@@ -295,7 +295,7 @@ test("prepare onto a full disk (a 64 KiB tmpfs) is refused, exit 2, naming the p
     const big = path.join(tmpDir("prep-full-src"), "big.jsonl");
     const rows: string[] = [];
     for (let i = 0; i < 3000; i++) rows.push(JSON.stringify({ text: docs[i % docs.length] }));
-    fs.writeFileSync(big, rows.join("\n") + "\n"); // ~500 KB of text: far more tokens than 64 KiB holds
+    fs.writeFileSync(big, `${rows.join("\n")}\n`); // ~500 KB of text: far more tokens than 64 KiB holds
     const out = path.join(mnt, "mix");
     const r = spawnSync(
       process.execPath,

@@ -7,7 +7,7 @@ import { mixFingerprint } from "../src/data/fingerprint";
 import { readManifest } from "../src/data/manifest";
 import { permSha, WindowPermutation } from "../src/data/permutation";
 import { checkNoWrap, valWindowCount } from "../src/data/budget";
-import { Geometry, permIndex, seqsPerStep, TrainStream, ValStream } from "../src/data/sampler";
+import { type Geometry, permIndex, seqsPerStep, TrainStream, ValStream } from "../src/data/sampler";
 import { PackedTokenStore } from "../src/data/token-store";
 import { editManifest, writePositionalMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";

@@ -128,7 +128,7 @@ const UNPROVEN: { name: string; make: (ck: Ck) => void; reason: RegExp }[] = [
   },
   {
     name: "a file whose sha256 differs from the manifest",
-    make: (ck) => addManifest(ck.dir, 20, (f) => (f["model.safetensors"].sha256 = "0123456789ab" + "c".repeat(52))),
+    make: (ck) => addManifest(ck.dir, 20, (f) => (f["model.safetensors"].sha256 = `0123456789ab${"c".repeat(52)}`)),
     reason:
       /it does not match its manifest: model\.safetensors has sha256 [0-9a-f]{12}…, the manifest says 0123456789ab…$/,
   },

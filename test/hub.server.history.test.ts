@@ -20,7 +20,7 @@ import {
   pathsInfo,
   repoExists,
   whoAmI,
-  HubApiError,
+  type HubApiError,
 } from "@huggingface/hub";
 import { useTestHub, type TestHub } from "./helpers/hub";
 
@@ -136,7 +136,7 @@ describe("history (L1)", () => {
       listed.slice(0, 4).map((c) => c.oid),
       ids.reverse(),
     );
-    assert.ok(listed.every((c) => c.date instanceof Date && !isNaN(c.date.getTime())));
+    assert.ok(listed.every((c) => c.date instanceof Date && !Number.isNaN(c.date.getTime())));
     assert.equal(await countCommits({ repo: r, hubUrl: th.url }), 5);
     assert.equal(await countCommits({ repo: r, revision: listed[2].oid, hubUrl: th.url }), 3);
   });

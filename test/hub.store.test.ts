@@ -262,7 +262,7 @@ describe("HubClient", () => {
   });
 
   test("a hubUrl with a trailing slash works", async () => {
-    const store = th.store({ repo: `tester/store-${++n}`, hubUrl: th.url + "/" });
+    const store = th.store({ repo: `tester/store-${++n}`, hubUrl: `${th.url}/` });
     assert.deepEqual(await store.ensureRepo(), { created: true });
   });
 

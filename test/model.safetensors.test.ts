@@ -58,7 +58,7 @@ test("writeSafetensors writes through a .tmp file and readSafetensors reads it b
   try {
     const p = path.join(dir, "model.safetensors");
     writeSafetensors(p, sample());
-    assert.ok(!fs.existsSync(p + ".tmp"));
+    assert.ok(!fs.existsSync(`${p}.tmp`));
     const back = readSafetensors(p);
     assert.ok(bytesOf(back.tensors.get("b.f64")!).equals(bytesOf(sample()[1])));
   } finally {

@@ -202,6 +202,7 @@ test("the pattern finds ids in comments and literals only, standing alone, and n
     "// K4 stops the run; M1–M7 and R2-R4 are ranges",
     `const B1 = 0.9, x = 0xB1, h = "00ab12B1ff", t = "T1 p2 d4 P0 K123 M10x", e = "${undef}";`,
     "/** a JSDoc block citing G10 */",
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: source text under test, not a template
     "const s = `segment ${B1} skips validation (G1)`; const re = / \\[M7\\]$/;",
     "if (n) { /* trailing D6 */ }",
     `throw new UserError("${"Z" + "7"}", "no"); class E { readonly rule = "${"Q" + "3"}"; } const o = { rule: "K5" };`,
@@ -230,7 +231,9 @@ test("the pattern finds ids in comments and literals only, standing alone, and n
 
 test("test names are read from test(), it() and describe() calls, a template as written", () => {
   const src =
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: source text under test, not a template
     'describe("suite (K4)", () => { for (const e of ["a"]) test(`on ${e}, works (M6)`, () => {}); it("plain", () => {}); });';
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: the name as written in the source
   assert.deepEqual([...testNamesIn("x.test.ts", src)].sort(), ["on ${e}, works (M6)", "plain", "suite (K4)"]);
 });
 

@@ -73,7 +73,7 @@ interface Mount {
 /** Mounts a tmpfs of `size` (e.g. "20m", options like "ro") at a new temp dir, or says why it cannot. */
 function mountTmpfs(size: string, extra = ""): Mount | string {
   const dir = tmpDir("tstrain-tmpfs-");
-  const r = spawnSync("mount", ["-t", "tmpfs", "-o", `size=${size}${extra ? "," + extra : ""}`, "tmpfs", dir], {
+  const r = spawnSync("mount", ["-t", "tmpfs", "-o", `size=${size}${extra ? `,${extra}` : ""}`, "tmpfs", dir], {
     encoding: "utf8",
   });
   if (r.status !== 0) {

@@ -516,14 +516,14 @@ test("output to a file or pipe gets progress lines with done/total, rate, elapse
   assert.equal(r.status, 0, r.stderr);
   const progress = r.stdout.split("\n").filter((l) => l.startsWith("progress: "));
   assert.equal(progress.length, 8, r.stdout);
-  progress.forEach((l, i) =>
+  progress.forEach((l, i) => {
     assert.match(
       l,
       new RegExp(
         `^progress: step ${i + 1}/8 \\(${Math.floor((100 * (i + 1)) / 8)}% of this session\\) loss \\d+\\.\\d{4} lr \\S+ scale \\d+ \\| \\d+ tok/s \\| elapsed \\S+ \\| ETA (\\d+h)?(\\d+m)?\\d+s$`,
       ),
-    ),
-  );
+    );
+  });
   const logs = r.stdout.split("\n").filter((l) => /^step \d+\/8 loss=/.test(l));
   assert.equal(logs.length, 2);
   for (const l of logs) assert.match(l, / tok\/s=\d+ elapsed=\S+ eta=(\d+h)?(\d+m)?\d+s$/);

@@ -152,7 +152,8 @@ test("a NaN in one rank's gradient skips the step with the coordinator's slice t
     assert.equal(r.applied, false);
     assert.equal(r.gradNorm, null);
     assert.equal(r.updateMs, 0, "no update ran");
-    [c.views.params, c.views.m, c.views.v].forEach((a, i) => assert.ok(sameBits(a, before[i]), `array ${i} untouched`));
+    for (const [i, a] of [c.views.params, c.views.m, c.views.v].entries())
+      assert.ok(sameBits(a, before[i]), `array ${i} untouched`);
     assert.deepEqual(pos, { optSteps: 0, scaler: { scale: 32768, growthTracker: 0 }, skipped: 1 });
   });
 });
@@ -340,12 +341,11 @@ test("a checkpoint captures the weights and both moments of the step it is taken
       const got = [new Float32Array(P), new Float32Array(P), new Float32Array(P)];
       const dir = path.join(runDir, "ckpt", `checkpoint-${s + 1}`);
       const docs = readCheckpointFolder(dir, model, got[0], got[1], got[2]);
-      got.forEach((a, i) =>
+      for (const [i, a] of got.entries())
         assert.ok(
           sameBits(a, saved[s][i]),
           `checkpoint ${s + 1}: ${["weights", "m", "v"][i]} are those after step ${s}`,
-        ),
-      );
+        );
       assert.ok(!sameBits(got[0], c.views.params), "and not the live weights");
       assert.equal(docs.state.step, s + 1);
       assert.deepEqual(docs.hfConfig, { model_type: "llama", s });

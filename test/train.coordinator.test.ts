@@ -59,9 +59,8 @@ test("the coordinator's optimizer slice changes nothing but the clip coefficient
   let worst = 0;
   for (const r of [shared, w2]) {
     for (let i = 0; i < r.params.length; i++) worst = Math.max(worst, Math.abs(r.params[i] - ranksOnly.params[i]));
-    r.norms.forEach((n, i) =>
-      assert.ok(Math.abs(n - ranksOnly.norms[i]) <= 1e-5 * n, `step ${i} norm ${n} vs ${ranksOnly.norms[i]}`),
-    );
+    for (const [i, n] of r.norms.entries())
+      assert.ok(Math.abs(n - ranksOnly.norms[i]) <= 1e-5 * n, `step ${i} norm ${n} vs ${ranksOnly.norms[i]}`);
   }
   assert.ok(worst <= 1e-5, `largest weight difference ${worst}`);
   // The comparison above means something only if the weights moved: AdamW moves each weight by about lr per step

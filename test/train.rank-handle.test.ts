@@ -29,7 +29,8 @@ function recording(w: Worker): { thread: RankThread; posted: ToRank[]; terminate
   const posted: ToRank[] = [];
   let n = 0;
   const thread: RankThread = {
-    on: (event: string, listener: (a: any) => void) => w.on(event, listener), // eslint-disable-line @typescript-eslint/no-explicit-any
+    // biome-ignore lint/suspicious/noExplicitAny: the Worker's own listener type
+    on: (event: string, listener: (a: any) => void) => w.on(event, listener),
     postMessage: (m: ToRank) => {
       posted.push(m);
       w.postMessage(m);

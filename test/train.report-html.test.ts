@@ -69,7 +69,7 @@ test("the chart draws train loss, validation points and the LR on a second axis 
 test("report.html holds the chart, the run summary figures and the samples, escaped and well-formed (B5)", () => {
   const out = tmpDir("report");
   const hist = [entry(10, 5.25, 1e-4), entry(20, 4.5, 6e-4), entry(30, 3.75, 3e-4)];
-  fs.writeFileSync(path.join(out, "metrics.jsonl"), hist.map((h) => JSON.stringify(h)).join("\n") + '\n{"torn');
+  fs.writeFileSync(path.join(out, "metrics.jsonl"), `${hist.map((h) => JSON.stringify(h)).join("\n")}\n{"torn`);
   recordSample(out, { step: 10, prompt: "The", text: " cat <script>alert(1)</script> & dog", decoding: "greedy" });
   recordSample(out, { step: 30, prompt: "The", text: " end of the run\n\n\n\n\nmore", decoding: "greedy" });
   const summary = {

@@ -48,19 +48,19 @@ import {
 import type { MpiWorld } from "../mpi/world";
 import type { LrShape } from "../checkpoint";
 import { updateSlice } from "./optim-simd";
-import {
-  type CheckpointJob,
-  type FromRank,
-  type RankInit,
-  type RankMemory,
-  type ToRank,
-  type UploaderApi,
-  type UploaderEvent,
-  type CheckpointOutcome,
-  type DrainResult,
-  type UploaderInit,
-  type WireError,
-  type WriteOutcome,
+import type {
+  CheckpointJob,
+  FromRank,
+  RankInit,
+  RankMemory,
+  ToRank,
+  UploaderApi,
+  UploaderEvent,
+  CheckpointOutcome,
+  DrainResult,
+  UploaderInit,
+  WireError,
+  WriteOutcome,
 } from "./protocol";
 
 /**
@@ -361,11 +361,11 @@ export class Coordinator {
     const A = this.setup.data.accum;
     const n = this.setup.world * A;
     const mine = new Float64Array(n + 1).fill(Number.NaN);
-    computed.forEach((m, t) =>
+    computed.forEach((m, t) => {
       m.losses.forEach((l, i) => {
         mine[t * A + i] = l;
-      }),
-    );
+      });
+    });
     mine[n] = this.setup.stopAsked?.() ? 1 : 0;
     if (!this.mpi) return { losses: mine.subarray(0, n), stopAsked: false };
     const all = new Float64Array(mine.length * this.mpi.size);

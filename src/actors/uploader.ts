@@ -50,7 +50,7 @@ const clock = { failingSince: null as number | null };
 
 function log(line: string): void {
   // One line per event, on the run's stdout (the coordinator's process).
-  process.stdout.write(line + "\n");
+  process.stdout.write(`${line}\n`);
 }
 
 /** K1: keep at most `keepLocal` checkpoint folders besides `current`, oldest removed first. */

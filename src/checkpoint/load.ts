@@ -117,7 +117,7 @@ function sha256OfFile(p: string): string {
   const buf = Buffer.allocUnsafe(8 << 20);
   const fd = fs.openSync(p, "r");
   try {
-    for (let n; (n = fs.readSync(fd, buf, 0, buf.length, null)) > 0; ) h.update(buf.subarray(0, n));
+    for (let n: number; (n = fs.readSync(fd, buf, 0, buf.length, null)) > 0; ) h.update(buf.subarray(0, n));
   } finally {
     fs.closeSync(fd);
   }
@@ -154,7 +154,7 @@ export function verifyCheckpointFolder(dir: string, o: { allowNoManifest: boolea
       `--resume ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`,
     );
   }
-  let m;
+  let m: ReturnType<typeof parseManifest>;
   try {
     m = parseManifest(fs.readFileSync(mp), mp);
   } catch (e) {

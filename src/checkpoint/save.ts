@@ -45,7 +45,7 @@ export function optimizerTensors(cfg: LlamaConfig, m: Float32Array, v: Float32Ar
 }
 
 function jsonBytes(v: unknown): Buffer {
-  return Buffer.from(JSON.stringify(v, null, 1) + "\n");
+  return Buffer.from(`${JSON.stringify(v, null, 1)}\n`);
 }
 
 /** Writes `bytes` to `p` and fsyncs it before returning. */

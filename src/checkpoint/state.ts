@@ -248,5 +248,5 @@ export function parsePointer(raw: string | Uint8Array, where: string): Pointer {
 
 /** The bytes latest.json is written as. */
 export function pointerBytes(p: Pointer): string {
-  return JSON.stringify(p, null, 1) + "\n";
+  return `${JSON.stringify(p, null, 1)}\n`;
 }

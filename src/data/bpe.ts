@@ -263,45 +263,41 @@ export function tokenizerJson(r: BpeResult): string {
 export function tokenizerConfigJson(r: BpeResult, modelMaxLength = 2048): string {
   const eos = r.vocab[r.eosId];
   const pad = r.vocab[r.padId];
-  return (
-    JSON.stringify(
-      {
-        tokenizer_class: "PreTrainedTokenizerFast",
-        bos_token: eos,
-        eos_token: eos,
-        unk_token: eos,
-        pad_token: pad,
-        add_prefix_space: false,
-        clean_up_tokenization_spaces: false,
-        model_max_length: modelMaxLength,
-        added_tokens_decoder: {
-          [String(r.eosId)]: {
-            content: eos,
-            lstrip: false,
-            normalized: false,
-            rstrip: false,
-            single_word: false,
-            special: true,
-          },
-          [String(r.padId)]: {
-            content: pad,
-            lstrip: false,
-            normalized: false,
-            rstrip: false,
-            single_word: false,
-            special: true,
-          },
+  return `${JSON.stringify(
+    {
+      tokenizer_class: "PreTrainedTokenizerFast",
+      bos_token: eos,
+      eos_token: eos,
+      unk_token: eos,
+      pad_token: pad,
+      add_prefix_space: false,
+      clean_up_tokenization_spaces: false,
+      model_max_length: modelMaxLength,
+      added_tokens_decoder: {
+        [String(r.eosId)]: {
+          content: eos,
+          lstrip: false,
+          normalized: false,
+          rstrip: false,
+          single_word: false,
+          special: true,
+        },
+        [String(r.padId)]: {
+          content: pad,
+          lstrip: false,
+          normalized: false,
+          rstrip: false,
+          single_word: false,
+          special: true,
         },
       },
-      null,
-      2,
-    ) + "\n"
-  );
+    },
+    null,
+    2,
+  )}\n`;
 }
 
 export function specialTokensMapJson(r: BpeResult): string {
   const eos = r.vocab[r.eosId];
-  return (
-    JSON.stringify({ bos_token: eos, eos_token: eos, unk_token: eos, pad_token: r.vocab[r.padId] }, null, 2) + "\n"
-  );
+  return `${JSON.stringify({ bos_token: eos, eos_token: eos, unk_token: eos, pad_token: r.vocab[r.padId] }, null, 2)}\n`;
 }

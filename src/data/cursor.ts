@@ -84,7 +84,7 @@ export function saveCursor(dir: string, c: Cursor): void {
   const tmp = path.join(dir, `.${CURSOR_FILE}.${process.pid}.${Date.now()}.tmp`);
   const fd = fs.openSync(tmp, "w");
   try {
-    fs.writeSync(fd, JSON.stringify(body, null, 2) + "\n");
+    fs.writeSync(fd, `${JSON.stringify(body, null, 2)}\n`);
     fs.fsyncSync(fd);
   } finally {
     fs.closeSync(fd);

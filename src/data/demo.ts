@@ -85,7 +85,7 @@ export async function ensureDemoMix(
 
   const docs = brownDocuments();
   const corpus = path.join(dir, "brown.jsonl");
-  writeIfChanged(corpus, docs.map((text) => JSON.stringify({ text })).join("\n") + "\n");
+  writeIfChanged(corpus, `${docs.map((text) => JSON.stringify({ text })).join("\n")}\n`);
 
   const ppm = valPpm(DEMO_VAL_FRACTION);
   const bp = bpeProgress(log, docs.length);
@@ -119,7 +119,7 @@ export async function ensureDemoMix(
   const m = readManifest(root);
   writeIfChanged(
     path.join(dir, "demo.json"),
-    JSON.stringify({ recipe: DEMO_RECIPE, fingerprint: mixFingerprint(root, m) }, null, 2) + "\n",
+    `${JSON.stringify({ recipe: DEMO_RECIPE, fingerprint: mixFingerprint(root, m) }, null, 2)}\n`,
   );
   return root;
 }

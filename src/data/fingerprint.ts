@@ -14,7 +14,7 @@ import { createHash } from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { bytesPerToken, Manifest, ShardInfo } from "./manifest";
+import { bytesPerToken, type Manifest, type ShardInfo } from "./manifest";
 
 const CHUNK = 4 << 20;
 

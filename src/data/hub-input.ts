@@ -280,7 +280,7 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
     const pick = (all: Listed[]): Listed[] =>
       all.filter(
         (f) =>
-          (re ? re.test(f.path) : spec.glob === "" || f.path === spec.glob || f.path.startsWith(spec.glob + "/")) &&
+          (re ? re.test(f.path) : spec.glob === "" || f.path === spec.glob || f.path.startsWith(`${spec.glob}/`)) &&
           kindOf(f.path) !== null,
       );
     const first = pick(await listAt(c, spec.revision, dir || undefined));

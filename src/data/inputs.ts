@@ -288,7 +288,7 @@ class PlainTextDocs {
   }
 
   private isSeparator(line: string): boolean {
-    return !this.longLine && (line === this.sep || line === this.sep + "\r");
+    return !this.longLine && (line === this.sep || line === `${this.sep}\r`);
   }
 
   /** One complete line: a separator ends the document, any other line joins it. */

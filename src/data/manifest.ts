@@ -283,5 +283,5 @@ export function manifestBytes(m: Manifest): string {
     }));
   }
   if (m.prepare) ordered.prepare = m.prepare;
-  return JSON.stringify(ordered, null, 2) + "\n";
+  return `${JSON.stringify(ordered, null, 2)}\n`;
 }

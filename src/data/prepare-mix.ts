@@ -28,7 +28,7 @@ import * as path from "node:path";
 import { Piscina } from "piscina";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { UserError } from "../errors";
-import { dtypeForVocab, Manifest, MANIFEST_FILE, manifestBytes, ShardInfo } from "./manifest";
+import { dtypeForVocab, type Manifest, MANIFEST_FILE, manifestBytes, type ShardInfo } from "./manifest";
 import type { TokenizeTask } from "./tokenize-worker";
 import {
   DEFAULT_CHUNK_BYTES,
@@ -346,7 +346,7 @@ class Progress {
       if (!final && decile === this.lastPct && now - this.lastLine < 10_000) return;
       this.lastPct = decile;
       this.lastLine = now;
-      process.stderr.write(line + "\n");
+      process.stderr.write(`${line}\n`);
     }
   }
 }
@@ -393,7 +393,7 @@ function checkOptions(o: PrepareOptions): CheckedOptions {
   if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16)
     throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
   const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
-  const log = o.log ?? ((s: string) => process.stdout.write(s + "\n"));
+  const log = o.log ?? ((s: string) => process.stdout.write(`${s}\n`));
   return { valFraction, shardTokens, workers, textField, chunkBytes, pieceChars, hubUrl, log };
 }
 

@@ -12,8 +12,8 @@
  * (permutation-index) order. Indices are never reused and never wrap: p >= n is refused (D6).
  */
 import { UserError } from "../errors";
-import { WindowPermutation } from "./permutation";
-import { PackedTokenStore } from "./token-store";
+import type { WindowPermutation } from "./permutation";
+import type { PackedTokenStore } from "./token-store";
 
 export interface Geometry {
   world: number;

@@ -10,7 +10,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { bytesPerToken, Manifest, ShardInfo } from "./manifest";
+import { bytesPerToken, type Manifest, type ShardInfo } from "./manifest";
 
 const MAX_OPEN_FDS = 32;
 const LITTLE_ENDIAN_HOST = os.endianness() === "LE";

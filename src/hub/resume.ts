@@ -56,7 +56,7 @@ async function proveCheckpoint(store: HubClient, step: number, ref: Pointer | nu
   const prefix = checkpointRepoPath(step);
   const raw = await store.download(`${prefix}/${MANIFEST_FILE}`);
   if (raw === null) return { ok: false, noManifest: true, reason: `it has no ${MANIFEST_FILE}` };
-  let m;
+  let m: ReturnType<typeof parseManifest>;
   try {
     m = parseManifest(raw, `${prefix}/${MANIFEST_FILE}`);
   } catch (e) {
@@ -196,7 +196,7 @@ export async function resolveAutoResume(store: HubClient, o: AutoResumeOptions):
   const listed = await listForNewest(store, ptr, o);
   if (ptr.path_in_repo !== FINAL_DIR && (await rolledOntoNewer(store, ptr, checkpointSteps(listed), o)))
     return resolveAutoResume(store, o);
-  const pointed = listed.filter((f) => f.path.startsWith(ptr.path_in_repo + "/"));
+  const pointed = listed.filter((f) => f.path.startsWith(`${ptr.path_in_repo}/`));
   if (pointed.length === 0) {
     throw new UserError(
       "R3",

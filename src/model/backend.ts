@@ -53,7 +53,7 @@ async function tryTensorflow(tried: string[]): Promise<string | null> {
 async function tryWasm(tried: string[]): Promise<boolean> {
   try {
     const wasm = require("@tensorflow/tfjs-backend-wasm") as typeof import("@tensorflow/tfjs-backend-wasm");
-    if (!wasmPathsSet && !tf.engine().registry["wasm"]) {
+    if (!wasmPathsSet && !tf.engine().registry.wasm) {
       // Load the .wasm binaries from the package's own dist folder: no network, any cwd, any thread.
       wasm.setWasmPaths(path.dirname(require.resolve("@tensorflow/tfjs-backend-wasm")) + path.sep);
       wasmPathsSet = true;

@@ -78,15 +78,15 @@ export class KvDecoder {
     for (let l = 0; l < cfg.numLayers; l++) {
       const p = `model.layers.${l}.`;
       this.layers.push({
-        inputNorm: w(p + "input_layernorm.weight"),
-        wq: w(p + "self_attn.q_proj.weight"),
-        wk: w(p + "self_attn.k_proj.weight"),
-        wv: w(p + "self_attn.v_proj.weight"),
-        wo: w(p + "self_attn.o_proj.weight"),
-        postAttnNorm: w(p + "post_attention_layernorm.weight"),
-        wGate: w(p + "mlp.gate_proj.weight"),
-        wUp: w(p + "mlp.up_proj.weight"),
-        wDown: w(p + "mlp.down_proj.weight"),
+        inputNorm: w(`${p}input_layernorm.weight`),
+        wq: w(`${p}self_attn.q_proj.weight`),
+        wk: w(`${p}self_attn.k_proj.weight`),
+        wv: w(`${p}self_attn.v_proj.weight`),
+        wo: w(`${p}self_attn.o_proj.weight`),
+        postAttnNorm: w(`${p}post_attention_layernorm.weight`),
+        wGate: w(`${p}mlp.gate_proj.weight`),
+        wUp: w(`${p}mlp.up_proj.weight`),
+        wDown: w(`${p}mlp.down_proj.weight`),
       });
     }
     const D = cfg.hiddenSize,

@@ -31,15 +31,15 @@ export function paramLayout(c: LlamaConfig): { entries: ParamEntry[]; total: num
   add("model.embed_tokens.weight", [c.vocabSize, D]);
   for (let i = 0; i < c.numLayers; i++) {
     const L = `model.layers.${i}.`;
-    add(L + "input_layernorm.weight", [D]);
-    add(L + "self_attn.q_proj.weight", [qd, D]);
-    add(L + "self_attn.k_proj.weight", [kvd, D]);
-    add(L + "self_attn.v_proj.weight", [kvd, D]);
-    add(L + "self_attn.o_proj.weight", [D, qd]);
-    add(L + "post_attention_layernorm.weight", [D]);
-    add(L + "mlp.gate_proj.weight", [F, D]);
-    add(L + "mlp.up_proj.weight", [F, D]);
-    add(L + "mlp.down_proj.weight", [D, F]);
+    add(`${L}input_layernorm.weight`, [D]);
+    add(`${L}self_attn.q_proj.weight`, [qd, D]);
+    add(`${L}self_attn.k_proj.weight`, [kvd, D]);
+    add(`${L}self_attn.v_proj.weight`, [kvd, D]);
+    add(`${L}self_attn.o_proj.weight`, [D, qd]);
+    add(`${L}post_attention_layernorm.weight`, [D]);
+    add(`${L}mlp.gate_proj.weight`, [F, D]);
+    add(`${L}mlp.up_proj.weight`, [F, D]);
+    add(`${L}mlp.down_proj.weight`, [D, F]);
   }
   add("model.norm.weight", [D]);
   return { entries, total: offset };

@@ -112,15 +112,15 @@ export class Llama {
     for (let i = 0; i < c.numLayers; i++) {
       const p = `model.layers.${i}.`;
       layers.push({
-        inputNorm: get(p + "input_layernorm.weight"),
-        wq: get(p + "self_attn.q_proj.weight"),
-        wk: get(p + "self_attn.k_proj.weight"),
-        wv: get(p + "self_attn.v_proj.weight"),
-        wo: get(p + "self_attn.o_proj.weight"),
-        postAttnNorm: get(p + "post_attention_layernorm.weight"),
-        wGate: get(p + "mlp.gate_proj.weight"),
-        wUp: get(p + "mlp.up_proj.weight"),
-        wDown: get(p + "mlp.down_proj.weight"),
+        inputNorm: get(`${p}input_layernorm.weight`),
+        wq: get(`${p}self_attn.q_proj.weight`),
+        wk: get(`${p}self_attn.k_proj.weight`),
+        wv: get(`${p}self_attn.v_proj.weight`),
+        wo: get(`${p}self_attn.o_proj.weight`),
+        postAttnNorm: get(`${p}post_attention_layernorm.weight`),
+        wGate: get(`${p}mlp.gate_proj.weight`),
+        wUp: get(`${p}mlp.up_proj.weight`),
+        wDown: get(`${p}mlp.down_proj.weight`),
       });
     }
     this.off = { embed: get("model.embed_tokens.weight"), norm: get("model.norm.weight"), layers };

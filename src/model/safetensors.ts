@@ -166,7 +166,7 @@ export function decodeSafetensors(buf: Buffer): { tensors: Map<string, StTensor>
 
 /** Written to path.tmp and renamed, so a crash never leaves a half-written file under the real name. */
 export function writeSafetensors(path: string, tensors: StTensor[], metadata?: Record<string, string>): void {
-  const tmp = path + ".tmp";
+  const tmp = `${path}.tmp`;
   const fd = fs.openSync(tmp, "w");
   try {
     fs.writeSync(fd, encodeSafetensors(tensors, metadata));

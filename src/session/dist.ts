@@ -80,7 +80,7 @@ export function firstDifference(mine: Record<string, unknown>, theirs: Record<st
     const a = JSON.stringify(mine[k]),
       b = JSON.stringify(theirs[k]);
     if (a === b) continue;
-    const name = k === "code" ? "code version" : `--${k.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase())}`;
+    const name = k === "code" ? "code version" : `--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
     return `${name} ${a ?? "unset"} (process 0: ${b ?? "unset"})`;
   }
   return null;

@@ -33,7 +33,7 @@ export function exportFinal(s: Session, coord: Coordinator, figures: Record<stri
   fs.rmSync(tmp, { recursive: true, force: true });
   fs.mkdirSync(tmp, { recursive: true });
   writeSafetensors(path.join(tmp, "model.safetensors"), flatToTensors(s.model, coord.views.params), { format: "pt" });
-  fs.writeFileSync(path.join(tmp, "config.json"), JSON.stringify(hfConfigJson(s.model), null, 1) + "\n");
+  fs.writeFileSync(path.join(tmp, "config.json"), `${JSON.stringify(hfConfigJson(s.model), null, 1)}\n`);
   const shipped: string[] = [];
   for (const fn of TOKENIZER_FILES) {
     const src = path.join(s.root, fn);
@@ -47,7 +47,7 @@ export function exportFinal(s: Session, coord: Coordinator, figures: Record<stri
   );
   saveCursor(tmp, cursorAt(s, s.endStep));
   const summary = { ...runSummary(s, coord, figures, shipped), tokenizer_vocab_sha256: shippedVocabSha(tmp, shipped) };
-  fs.writeFileSync(path.join(tmp, "run_summary.json"), JSON.stringify(summary, null, 1) + "\n");
+  fs.writeFileSync(path.join(tmp, "run_summary.json"), `${JSON.stringify(summary, null, 1)}\n`);
   fs.renameSync(tmp, exp);
   rep.say(`exported ${exp}`);
   return exp;

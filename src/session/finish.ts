@@ -84,7 +84,7 @@ export async function finishSession(s: Session, coord: Coordinator, l: LoopState
     rep.say(
       `final ${l.lastSample.startsWith(`sample @ step ${step}:`) ? l.lastSample : await sampleNow(s, coord, step)}`,
     );
-  rep.say("RUN_JSON " + JSON.stringify(runJson));
+  rep.say(`RUN_JSON ${JSON.stringify(runJson)}`);
   recordSessionEnd(s, {
     ended: segment ? "segment" : "complete",
     finalStep: step,

@@ -339,7 +339,7 @@ function checkModelShape(dir: string, model: LlamaConfig): void {
   if (!diff.length) return;
   throw new UserError(
     "M2",
-    `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k, , v]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`,
+    `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`,
   );
 }
 

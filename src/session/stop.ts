@@ -22,7 +22,7 @@ export function setLauncher(prefix: readonly string[]): void {
 export function resumeCommand(resume: string, extra: string[] = []): string {
   const q = (a: string) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`);
   const head = [...launcher, "node", "dist/main.js"].join(" ");
-  if (!commandLine) return `${head} <the same flags> --resume ${resume}${extra.length ? " " + extra.join(" ") : ""}`;
+  if (!commandLine) return `${head} <the same flags> --resume ${resume}${extra.length ? ` ${extra.join(" ")}` : ""}`;
   const out: string[] = [];
   for (let i = 0; i < commandLine.length; i++) {
     const a = commandLine[i];

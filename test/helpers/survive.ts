@@ -42,7 +42,7 @@ export function startCli(
       else stderr += s;
       if (process.env.TSTRAIN_TEST_ECHO) process.stderr.write(s);
       buf += s;
-      let i;
+      let i: number;
       while ((i = buf.indexOf("\n")) >= 0) {
         const l = buf.slice(0, i);
         buf = buf.slice(i + 1);
@@ -66,14 +66,14 @@ export function runCli(args: string[], o: Parameters<typeof startCli>[1] = {}): 
 export function adviceArgv(cmd: string): string[] {
   const out: string[] = [];
   const re = /'((?:[^']|'\\'')*)'|(\S+)/g;
-  let m;
+  let m: RegExpExecArray | null;
   while ((m = re.exec(cmd))) out.push(m[1] !== undefined ? m[1].replace(/'\\''/g, "'") : m[2]);
   return out;
 }
 
 /** The command after `label` in text (up to the end of the line), as argv without the leading `node`. */
 export function adviceAfter(text: string, label: RegExp): string[] {
-  const m = new RegExp(label.source + "\\s*(node dist/main\\.js[^\\n]*?)(?: \\(|\\s*\\[|\\s*$)", "m").exec(text);
+  const m = new RegExp(`${label.source}\\s*(node dist/main\\.js[^\\n]*?)(?: \\(|\\s*\\[|\\s*$)`, "m").exec(text);
   if (!m) throw new Error(`no advice after ${label} in:\n${text}`);
   const argv = adviceArgv(m[1].trim());
   if (argv[0] !== "node") throw new Error(`advice is not a node command: ${m[1]}`);

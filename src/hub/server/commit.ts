@@ -32,6 +32,7 @@ interface CommitBody {
 }
 
 function parseLine(line: string, body: CommitBody): void {
+  // biome-ignore lint/suspicious/noExplicitAny: one NDJSON line of a commit, checked field by field below
   let o: { key: string; value: any };
   try {
     o = JSON.parse(line);
@@ -102,7 +103,7 @@ async function buildTree(ctx: HubContext, r: RepoRef, files: FileMap, ops: Op[],
       if (!files[op.path]) throw new HttpError(404, `cannot delete ${op.path}: no such file`, "EntryNotFound");
       delete files[op.path];
     } else if (op.kind === "deleteFolder") {
-      for (const k of Object.keys(files)) if (k.startsWith(op.path + "/")) delete files[k];
+      for (const k of Object.keys(files)) if (k.startsWith(`${op.path}/`)) delete files[k];
     } else if (endsWithAny(op.path, f.dropOnCommit)) {
       faulted = true; // "succeeds" without storing it
     } else {

@@ -35,6 +35,7 @@ export async function readBody(req: http.IncomingMessage, limit = 512 * 1024 * 1
   return Buffer.concat(chunks);
 }
 
+// biome-ignore lint/suspicious/noExplicitAny: a request body; every route checks the fields it reads
 export function parseJson(b: Buffer): any {
   if (b.length === 0) return {};
   try {

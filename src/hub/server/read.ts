@@ -83,7 +83,7 @@ export async function commitsEndpoint(
   if ((page + 1) * limit < chain.length) {
     const next = new URL(`${ctx.base()}${u.pathname}${u.search}`);
     next.searchParams.set("p", String(page + 1));
-    headers["Link"] = `<${next.toString()}>; rel="next"`;
+    headers.Link = `<${next.toString()}>; rel="next"`;
   }
   const out = slice.map((c) => ({
     id: c.id,
@@ -125,7 +125,7 @@ export async function treeEndpoint(
   if (cursor + ctx.pageSize < all.length) {
     const next = new URL(`${ctx.base()}${u.pathname}${u.search}`);
     next.searchParams.set("cursor", String(cursor + ctx.pageSize));
-    headers["Link"] = `<${next.toString()}>; rel="next"`;
+    headers.Link = `<${next.toString()}>; rel="next"`;
   }
   sendJson(res, 200, page, headers);
 }

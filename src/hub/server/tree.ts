@@ -29,14 +29,14 @@ export function dirEntry(p: string, files: FileMap): TreeEntry {
 }
 
 export function isDir(files: FileMap, p: string): boolean {
-  return Object.keys(files).some((k) => k.startsWith(p + "/"));
+  return Object.keys(files).some((k) => k.startsWith(`${p}/`));
 }
 
 /** Entries under `under` ("" = the root), sorted by path; directories included. */
 export function entries(files: FileMap, under: string, recursive: boolean): TreeEntry[] {
   const dirs = new Set<string>();
   const out: TreeEntry[] = [];
-  const pre = under ? under + "/" : "";
+  const pre = under ? `${under}/` : "";
   for (const [p, f] of Object.entries(files)) {
     if (!p.startsWith(pre)) continue;
     const parts = p.slice(pre.length).split("/");
@@ -54,7 +54,7 @@ export function entries(files: FileMap, under: string, recursive: boolean): Tree
 /** What a path is in a tree: a file's oid, a folder's list of (path, oid), or "" when absent. */
 function dirSignature(files: FileMap, p: string): string {
   return Object.keys(files)
-    .filter((k) => k.startsWith(p + "/"))
+    .filter((k) => k.startsWith(`${p}/`))
     .sort()
     .map((k) => `${k}:${files[k].gitOid}`)
     .join("\n");

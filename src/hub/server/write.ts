@@ -15,6 +15,7 @@ export function validRepoName(r: RepoRef): boolean {
 }
 
 /** {name, organization, type} of createRepo / deleteRepo bodies. */
+// biome-ignore lint/suspicious/noExplicitAny: a parsed request body, checked here field by field
 function repoFromBody(body: any, what: string): RepoRef {
   if (body.type !== undefined && body.type !== "model" && body.type !== "dataset")
     throw new HttpError(
