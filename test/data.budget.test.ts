@@ -1,4 +1,4 @@
-// The data plan's own rules (D1, D6, D7), argument by argument. Written to kill the mutants StrykerJS found
+// The data budget's rules (D1, D6, D7): the mix's token budget, no wrap, the validation windows, argument by argument. Written to kill the mutants StrykerJS found
 // surviving in src/data/budget.ts (test/MUTATION.md).
 import { test } from "node:test";
 import assert from "node:assert/strict";
