@@ -66,7 +66,7 @@ const ALL_CASES = [
   "mpi",
 ] as const;
 type CaseName = (typeof ALL_CASES)[number];
-/** frozen-step (issue 7's MFU figure on the 106M model) takes minutes, so it runs only when asked. */
+/** frozen-step (the MFU figure on the 106M model) takes minutes, so it runs only when asked. */
 const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" && c !== "mpi");
 
 interface Options {
@@ -359,7 +359,7 @@ class BenchRun {
   }
 }
 
-/** Case `mpi` (issue 21): two MPI processes x world 1 against one process at world 2, same steps. */
+/** Case `mpi`: two MPI processes x world 1 against one process at world 2, same steps. */
 async function runMpi(run: BenchRun, o: Options, shape: Shape, scratch: string): Promise<void> {
   await run.guard("mpi", async () => {
     log(
@@ -546,7 +546,7 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
     });
   }
 
-  // ---- 7: the frozen 106M model's forward+backward and its MFU (issue 7), whatever --model says
+  // ---- 7: the frozen 106M model's forward+backward and its MFU, whatever --model says
   if (o.cases.has("frozen-step")) {
     await run.guard("frozen-step", async () => {
       log(
@@ -647,7 +647,7 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
         w === 2 ? { op: ">=", v: 1.85 } : null,
       ),
     );
-  // issue 11's targets against PyTorch on the same machine, same shape, same run
+  // the targets against PyTorch on the same machine, same shape, same run
   {
     const tok = (c: string) => rows.find((x) => x.case === c)?.tok_per_s;
     const torchRows = rows.filter((x) => String(x.case).startsWith("torch-") && typeof x.tok_per_s === "number");
@@ -716,14 +716,10 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
       ),
     );
   add(
-    ratio(
-      rows,
-      "mpi: 2 processes x world 1 / one process x world 2, tok/s (issue 21)",
-      "mpi-np2-w1",
-      "mpi-ref-w2",
-      "tok_per_s",
-      { op: ">=", v: 0.9 },
-    ),
+    ratio(rows, "mpi: 2 processes x world 1 / one process x world 2, tok/s", "mpi-np2-w1", "mpi-ref-w2", "tok_per_s", {
+      op: ">=",
+      v: 0.9,
+    }),
   );
   add(ratio(rows, "actor/single-thread tok/s (world 1, same work)", "actor-w1", "single-thread", "tok_per_s", null));
   const wMax = Math.max(...o.worlds);

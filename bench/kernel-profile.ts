@@ -1,5 +1,5 @@
 /**
- * Bench-only timing proxy over a Kernels object (issue 11): every call is timed with performance.now() and added
+ * Bench-only timing proxy over a Kernels object: every call is timed with performance.now() and added
  * to a row per kernel (matmul: per transpose pair and shape), so one training step gives each kernel's share of
  * the step. The proxy costs two clock reads per call (~0.1 us; a step makes a few thousand calls), and the
  * profiled call is run apart from the timed ones.

@@ -1,5 +1,5 @@
 /**
- * Kernel microbench for the native engine (issue 11): one thread, the frozen model's shapes (M1: hidden 576,
+ * Kernel microbench for the native engine: one thread, the frozen model's shapes (M1: hidden 576,
  * 9/3 heads of 64, ffn 1536, vocab 49,152) at N tokens, every product with the transpose flags the model uses.
  * Prints a table (and a BENCH_JSON line per row): best-of-reps time, GFLOP/s for products, and an estimate of
  * each kernel's time per training step (calls per step x time). Also the single-thread sgemm rate at 2048^2.

@@ -262,7 +262,7 @@ function stepFigures(
 }
 
 /**
- * Case `mpi` (issue 21): the same training steps as `mpirun -np 2 ... --dist mpi --world 1` (two processes, the
+ * Case `mpi`: the same training steps as `mpirun -np 2 ... --dist mpi --world 1` (two processes, the
  * gradient combined over MPI every step) and as one process at `--world 2`, one after the other; their tok/s, and
  * the per-step allreduce time and its share of the step. Needs Open MPI (mpirun, libmpi.so.40).
  */

@@ -1,5 +1,5 @@
 /*
- * tstrain_mpi: the few MPI calls the trainer makes across processes (issue 21), as a Node-API addon of its own.
+ * tstrain_mpi: the few MPI calls the trainer makes across processes, as a Node-API addon of its own.
  *
  * MPI is not linked: `load(path)` dlopens libmpi (Open MPI's libmpi.so.40 by default) with RTLD_GLOBAL (Open
  * MPI's plugins resolve libmpi's symbols from the global namespace) and resolves every function with dlsym, so

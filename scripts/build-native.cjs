@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-// Builds the native CPU engine (native/tstrain.c -> build/Release/tstrain_native.node, issue 11) and the MPI
-// binding (native/mpi.c -> build/Release/tstrain_mpi.node, issue 21) with npm's own
+// Builds the native CPU engine (native/tstrain.c -> build/Release/tstrain_native.node) and the MPI
+// binding (native/mpi.c -> build/Release/tstrain_mpi.node) with npm's own
 // node-gyp against the local Node headers. Runs as the package's `install` script during `npm ci`, and by hand
 // as `npm run build:native`. It NEVER fails the install: without a C toolchain, Node headers or node-gyp it prints
 // one line saying how to get the fast path and exits 0 (the trainer then runs on tfjs). No network: node-gyp
@@ -76,7 +76,7 @@ if (r.status !== 0 || !fs.existsSync(built)) {
   const why = r.error ? r.error.message : `node-gyp exited ${r.status}`;
   skip(`${why}; log: ${path.relative(process.cwd(), logFile)}`);
 }
-// The MPI binding (issue 21) is a second target of binding.gyp: libmpi is dlopened at run time, so it builds without MPI.
+// The MPI binding is a second target of binding.gyp: libmpi is dlopened at run time, so it builds without MPI.
 const mpiBuilt = path.join(root, "build", "Release", "tstrain_mpi.node");
 if (!fs.existsSync(mpiBuilt))
   process.stdout.write(

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // `npm run deps`: the import graph of src/, its cycles, its upward imports against the layer table
-// below, and the functions of src/ longer than LONG_FUNCTION_LINES lines (#16).
+// below, and the functions of src/ longer than LONG_FUNCTION_LINES lines.
 //
 // Imports are read with the TypeScript parser (the `typescript` devDependency), not a regex: every
 // `import ... from`, `export ... from`, `import x = require()`, `require("...")`, `import("...")`
@@ -12,8 +12,8 @@
 // Exit status: 1 on a cycle, an upward import, or a module that no layer claims (a new file must be
 // placed in the table, or it would escape the check), a fenced import (the local Hub server imports only
 // from hub/ and errors.ts), two files of src/ with the same name, or bench/ importing from test/; 0
-// otherwise. Long functions are reported, not fatal (issue #16 allows one to stay whole when the closing
-// note says why).
+// otherwise. Long functions are reported, not fatal (a function may stay whole when splitting it would
+// not make it clearer).
 //
 // test/structure.test.ts requires this file and runs `analyze` on src/ (so `npm test` fails on a cycle
 // or an upward import) and on planted trees (so the checks themselves are shown to catch them).

@@ -1,6 +1,6 @@
 // tsc compiles src/, test/ and bench/ under dist/ (rootDir "."), so src/main.ts lands in
-// dist/src/main.js. The documented entry points are dist/main.js, dist/prepare.js and
-// dist/hub-server.js: this writes those three one-line launchers after every build.
+// dist/src/main.js. The documented entry points are dist/main.js, dist/prepare.js, dist/hub-server.js and
+// dist/generate.js: this writes those four one-line launchers after every build.
 const fs = require("node:fs");
 const path = require("node:path");
 const dist = path.join(__dirname, "..", "dist");

@@ -1,6 +1,6 @@
 /**
  * A refusal the user can act on: bad input, a failed guard, a plan that cannot run.
- * The message names the value, the rule (SPEC id) and what to do instead. `main` prints it
+ * The message names the value, the rule (its id in docs/RULES.md) and what to do instead. `main` prints it
  * without a stack trace and exits 2; anything else is a bug and keeps its stack.
  */
 export class UserError extends Error {

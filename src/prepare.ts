@@ -1,7 +1,7 @@
 /**
  * `node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name
  *   --out ROOT [--text-field NAME] [--hub-url URL] [--val-fraction F] [--shard-tokens N] [--workers N] [--eos-token NAME] [--force]`
- * Builds a mix root (SPEC D2). See src/data/prepare-mix.ts for the format and the rules.
+ * Builds a mix root (D2). See src/data/prepare-mix.ts for the format and the rules.
  * A refusal prints one line without a stack and exits 2; a bug keeps its stack and exits 1.
  */
 import * as fs from "node:fs";

@@ -1,4 +1,4 @@
-// Data parallel across processes over MPI (issue 21): every test goes through the real CLI, under the real
+// Data parallel across processes over MPI (A9–A12): every test goes through the real CLI, under the real
 // `mpirun` on loopback where one is needed. Without Open MPI (mpirun, libmpi.so.40) those tests say why they skip;
 // with TSTRAIN_REQUIRE_MPI=1 (CI, .ci/run) they fail instead. The refusals that need no MPI always run.
 import { test, type TestContext } from "node:test";

@@ -115,7 +115,7 @@ describe("resolveAutoResume: the pointer lookup fails (R2)", () => {
 
   test("a pointer read that times out is refused", async () => {
     // The set-up (create, upload, pointer) runs with the default timeout: only the request under test
-    // gets the short one, so a busy machine cannot fail the set-up (issue #24, item 14).
+    // gets the short one, so a busy machine cannot fail the set-up.
     const store = freshStore();
     const [p] = await publishSteps(store, [10]);
     const impatient = th.store({ repo: store.repo, timeoutMs: 300 });

@@ -1,4 +1,4 @@
-/** Backend selection (DESIGN "Backends", P1): auto falls through with a reason, explicit requests fail clearly. */
+/** Backend selection (P1): auto falls through with a reason, explicit requests fail clearly. */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";

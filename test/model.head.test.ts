@@ -1,5 +1,5 @@
 /**
- * The engines agree (#11): on a 3-kv-head GQA shape (9 query heads, head_dim 22) with a vocabulary the LM head
+ * The engines agree: on a 3-kv-head GQA shape (9 query heads, head_dim 22) with a vocabulary the LM head
  * covers in several token chunks, every engine's loss and every gradient match tfjs-wasm's within float rounding
  * (1e-5 relative), with the head chunked or not. tfjs-wasm is the reference: its matmul is XNNPACK's, the rest
  * is the plain-JS kernels (src/model/engine/js.ts); native is OpenBLAS + C.

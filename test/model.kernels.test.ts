@@ -1,5 +1,5 @@
 /**
- * The native engine's kernels (src/model/engine/native.ts, native/tstrain.c; issue 11) against float64
+ * The native engine's kernels (src/model/engine/native.ts, native/tstrain.c) against float64
  * references written here: every method of the Kernels interface, on odd shapes, on views of a
  * SharedArrayBuffer at odd offsets, with the "+=" (accumulate) and "=" (overwrite, old contents ignored)
  * semantics of src/model/kernels.ts, and bit-identical run to run.

@@ -5,8 +5,8 @@
  * What counts as a citation (the pattern, also stated in docs/RULES.md):
  * - an uppercase letter of a rule group, then a number 1..99 with no leading zero, standing alone: no letter,
  *   digit or underscore right before or right after it. So `0xB1`, a hex digest, `B1C`, `M10x` or a lowercase
- *   `d4` are not citations. The groups are SPEC's A M P D C K R G B, and two the project added: L (the local
- *   Hub server, #13) and O (the run folder and the process, #12). A new group's letter goes into GROUPS.
+ *   `d4` are not citations. The groups are A M P D C K R G B, and L (the local Hub
+ *   server) and O (the run folder and the process). A new group's letter goes into GROUPS.
  * - only inside comments and string or template literals (and regex literals) of the .ts files under src/,
  *   test/ and bench/. Identifiers are names, not citations: a constant called after Adam's beta1 is code.
  *   The TypeScript parser decides what is a comment or a literal, so a `//` inside a string or a quote inside
@@ -31,7 +31,7 @@ const ROOT = path.join(__dirname, "..", "..");
 const RULES_MD = path.join(ROOT, "docs", "RULES.md");
 const SCANNED = ["src", "test", "bench"];
 
-/** The rule groups' letters: SPEC's nine, L (local Hub server) and O (run folder and process). */
+/** The rule groups' letters: nine for the trainer, L (local Hub server) and O (run folder and process). */
 const GROUPS = "AMPDCKRGBLO";
 /** A rule id as cited: group letter, 1..99, standing alone. */
 const ID_PATTERN = new RegExp(`(?<![A-Za-z0-9_])[${GROUPS}][1-9][0-9]?(?![A-Za-z0-9_])`, "g");

@@ -1,5 +1,5 @@
 /**
- * The structure of src/ (#16): no import cycle, no upward import against the layer table, every module in a
+ * The structure of src/: no import cycle, no upward import against the layer table, every module in a
  * layer. The checks are those of `npm run deps` (scripts/deps.cjs), required here, not written again; the
  * planted trees below show that each check catches the defect it names.
  */

@@ -1,4 +1,4 @@
-// Runs survive what real runs meet (#12): a Hub that goes away and comes back, transient errors, a
+// Runs survive what real runs meet: a Hub that goes away and comes back, transient errors, a
 // corrupt newer checkpoint, a pointer write that failed, a second writer, SIGTERM. Every run here is
 // the real CLI (real signals and exit codes) against the real local Hub through the real client;
 // faults are injected in the server, and every action is triggered by a line the run prints.

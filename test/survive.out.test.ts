@@ -1,4 +1,4 @@
-// The run folder (#12): checked before step 1 (O1), claimed with a lock (O2), cleaned (O4), and a full
+// The run folder: checked before step 1 (O1), claimed with a lock (O2), cleaned (O4), and a full
 // disk (O5) on a real 20 MB tmpfs. Real CLI runs; the Hub is the real local Hub.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";

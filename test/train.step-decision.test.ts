@@ -1,7 +1,7 @@
 /**
  * decideStep (src/actors/optim.ts), the one decision of a step that the actor runtime (Coordinator.step) and the
  * single-thread loop (SingleThreadTrainer.step) both call, rule by rule. The expected figures are written out from
- * SPEC here, not computed with the functions decideStep uses (lrFactor, clipCoef, scalerUpdate):
+ * the rules in docs/RULES.md here, not computed with the functions decideStep uses (lrFactor, clipCoef, scalerUpdate):
  * - P2: a non-finite gradient is not applied, the skip is counted, the optimizer step does not advance, the scale
  *   halves and the growth count restarts; a finite one advances the count, and the 2000th clean step doubles it;
  * - P4: the clip coefficient is min(1, 1/(norm + 1e-6)) of norm = sqrt(sumSq);

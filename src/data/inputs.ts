@@ -1,5 +1,5 @@
 /**
- * The corpus side of `prepare` (SPEC D2, D8): which files an --input names, and the documents in
+ * The corpus side of `prepare` (D2, D8): which files an --input names, and the documents in
  * each, read as a stream so that memory stays flat in the input size.
  *
  * Formats (by file name):

@@ -1,5 +1,5 @@
 /**
- * The mix root's manifest (SPEC D1, D2): what `prepare` wrote and what every reader trusts only after
+ * The mix root's manifest (D1, D2): what `prepare` wrote and what every reader trusts only after
  * checking it. `readManifest` validates every field, that every shard file exists with exactly
  * tokens * bytes-per-token bytes, and that the totals agree with the shards. Shard contents (sha256)
  * are checked by `verifyShards` / `mixFingerprint` (fingerprint.ts), which read every byte.

@@ -1,5 +1,5 @@
 /**
- * The training-window permutation (SPEC D4, D5): a keyed bijection over [0, n) that needs no O(n)
+ * The training-window permutation (D4, D5): a keyed bijection over [0, n) that needs no O(n)
  * array, is specified here down to the bit, and so does not depend on any library version.
  *
  * Algorithm `tstrain-feistel4-fmix32-v1`:

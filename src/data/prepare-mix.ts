@@ -1,5 +1,5 @@
 /**
- * `prepare` (SPEC D2): corpus files + a tokenizer.json -> a mix root.
+ * `prepare` (D2): corpus files + a tokenizer.json -> a mix root.
  *
  *   ROOT/manifest.json         written last (the build's "done" marker)
  *   ROOT/train-00000.bin …     little-endian uint16 tokens (uint32 when vocab_size > 65,535)

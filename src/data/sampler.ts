@@ -1,5 +1,5 @@
 /**
- * Which window each (step, rank, micro, row) reads (SPEC D6, P6).
+ * Which window each (step, rank, micro, row) reads (D6, P6).
  *
  * The rule, in one place:
  *   S = seqs_per_step = microBatch * world * accum.

@@ -1,5 +1,5 @@
 /**
- * Packed token store (SPEC D4, D7, D8): the concatenation of one split's shards, read a window at a
+ * Packed token store (D4, D7, D8): the concatenation of one split's shards, read a window at a
  * time with positioned reads (fs.readSync at a byte offset). Nothing is loaded up front: memory is
  * one read buffer plus at most MAX_OPEN_FDS file descriptors, whatever the corpus size.
  *

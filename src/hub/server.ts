@@ -1,6 +1,6 @@
 /**
  * LocalHub — a small, file-backed Hugging Face Hub that the real `@huggingface/hub` client talks to
- * (HUB-PROTOCOL.md). It is the fake Hub of the integration tests (A6) and the embedded Hub of the
+ * (the part of huggingface.co's HTTP API that @huggingface/hub uses; group L in docs/RULES.md). It is the fake Hub of the integration tests (A6) and the embedded Hub of the
  * offline demo (B6), and it can inject every fault the checkpoint cycle must survive (K3, K4, R2–R4).
  *
  * Like the real Hub it keeps a history per repo (commit ids and parents, branches, PR refs, reads at

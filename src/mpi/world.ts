@@ -1,5 +1,5 @@
 /**
- * MPI across processes (issue 21, A9): whether this process was started by an MPI launcher, the refusals that
+ * MPI across processes (A9): whether this process was started by an MPI launcher, the refusals that
  * keep a run from going wrong there, and the binding (native/mpi.c, build/Release/tstrain_mpi.node) that loads
  * libmpi at run time. Nothing here runs, and MPI is never loaded, unless `--dist mpi` is given.
  *

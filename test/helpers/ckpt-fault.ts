@@ -6,7 +6,7 @@
  *   die-before-rename  the process is SIGKILLed after the manifest, as the folder is renamed into place
  *   slow-write         (TSTRAIN_TEST_CKPT_FAULT=slow-write:<ms>) every checkpoint folder's write takes <ms>
  *                      longer: the uploader's thread sleeps before renaming it into place
- * Test-only: the trainer knows nothing of it (issue #24, item 15).
+ * Test-only: the trainer knows nothing of it.
  */
 import * as path from "node:path";
 // The module object itself (not an import's read-only view of it), so the trainer's fs calls see the patches.

@@ -1,5 +1,5 @@
 /**
- * Test-only builders for the Hub tests: a checkpoint folder in the DESIGN.md layout with real (tiny)
+ * Test-only builders for the Hub tests: a checkpoint folder in the layout of src/checkpoint/names.ts with real (tiny)
  * safetensors, the pointer that names it, and a real LocalHub on an ephemeral loopback port.
  */
 import * as fs from "node:fs";

@@ -1,7 +1,7 @@
 // Synthetic mix roots (the format of src/data/manifest.ts), one module for every test:
 // - writeSyntheticMix: a learnable token stream for training tests (uint16, small vocab);
 // - writePositionalMix: every token equals its position in its split's stream, so "which window
-//   did we read" becomes arithmetic (the data tests, STYLE 9);
+//   did we read" becomes arithmetic (the data tests);
 // - editManifest: a raw edit of manifest.json for the refusal tests.
 import * as fs from "node:fs";
 import * as path from "node:path";

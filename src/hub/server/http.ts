@@ -59,7 +59,7 @@ export function sendError(
   const headers: http.OutgoingHttpHeaders = { "X-Error-Message": message.replace(/[^\x20-\x7e]/g, "?") };
   if (code) headers["X-Error-Code"] = code;
   if (req.method === "HEAD") {
-    // The client must not try to parse a JSON body it will never get (HUB-PROTOCOL.md).
+    // The client must not try to parse a JSON body it will never get.
     res.writeHead(status, { ...headers, "Content-Type": "text/plain" });
     res.end();
     return;
@@ -81,7 +81,7 @@ export function sendJson(
   res.end(body);
 }
 
-/** 404 answers the client tells apart (HUB-PROTOCOL.md, R2). */
+/** 404 answers the client tells apart (R2). */
 export const repoNotFound = (): HttpError => new HttpError(404, "Repository not found", "RepoNotFound");
 export const revisionNotFound = (rev: string): HttpError =>
   new HttpError(404, `Invalid rev id: ${rev}`, "RevisionNotFound");

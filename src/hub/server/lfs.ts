@@ -1,7 +1,7 @@
 /**
  * The LFS side of a commit: the batch answer (basic transfer only, signed upload hrefs, never
  * multipart or xet) and the signed PUT, whose bytes are checked against the announced sha256 here
- * because the client never checks what it sent (HUB-PROTOCOL.md).
+ * because the client never checks what it sent.
  */
 import type * as http from "node:http";
 import * as fs from "node:fs";

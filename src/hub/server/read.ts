@@ -166,7 +166,7 @@ function parseRange(range: string | undefined, total: number): Span | null {
   if (!range) return { start: 0, end: total - 1, status: 200, total };
   const m = /^bytes=(\d*)-(\d*)$/.exec(range.trim());
   if (!m || (m[1] === "" && m[2] === "")) throw new HttpError(416, `unsupported Range ${range}`);
-  // An empty file answers a range probe with 200 and its size, not 416 (HUB-PROTOCOL.md).
+  // An empty file answers a range probe with 200 and its size, not 416.
   if (total === 0) return { start: 0, end: -1, status: 200, total };
   let start: number;
   let end = total - 1;

@@ -1,4 +1,4 @@
-/** URL → endpoint of the local Hub, with what access each needs (HUB-PROTOCOL.md, L4). */
+/** URL → endpoint of the local Hub, with what access each needs (L4 in docs/RULES.md). */
 import type { Access } from "./auth";
 import type { HubEndpoint } from "./faults";
 import type { RepoRef, RepoType } from "./repo";
@@ -11,7 +11,7 @@ export interface Route {
 }
 
 /**
- * The pointer file a checkpointing client moves last (HUB-PROTOCOL.md: latest.json), which the pointer faults
+ * The pointer file a checkpointing client moves last (latest.json, K3), which the pointer faults
  * single out. The server knows the name, not the trainer: hub.server tests check it equals checkpoint/names.ts's.
  */
 export const POINTER_PATH = "latest.json";
