@@ -1,13 +1,20 @@
 /*
- * tstrain's native CPU engine (issue 11): the Kernels interface of src/model/kernels.ts in C, as a Node-API
- * addon. Matrix products go to the system's BLAS (cblas_sgemm), which is found at RUN time with dlopen/dlsym
- * (loadBlas): the addon has no link-time dependency on any BLAS, so it builds where OpenBLAS is not installed.
- * The other kernels are plain C that the compiler vectorises (-O3 -march=native, never -ffast-math: every
- * kernel is deterministic, bit-identical run to run; sums that need it run in double, in a fixed order).
+ * tstrain's native CPU engine: the Kernels interface of src/model/kernels.ts in C, as a Node-API addon.
+ *
+ * The file reads top to bottom as llm.c does: the matrix-product dispatch and the deterministic helpers, then
+ * the kernels as plain static C functions, one forward and one backward per op side by side (the maths only,
+ * on raw pointers and sizes), then the Node-API layer: argument checks and a thin wrapper per kernel, and the
+ * table of exported names at the end.
+ *
+ * Matrix products run on the built-in GEMM (native/gemm.c: one summation order on every CPU) or on a BLAS
+ * (cblas_sgemm) found at RUN time with dlopen/dlsym (loadBlas): the addon has no link-time dependency on any
+ * BLAS, so it builds where OpenBLAS is not installed. The other kernels are plain C that the compiler vectorises
+ * (-O3, -ffp-contract=off, never -ffast-math: every kernel is deterministic, bit-identical run to run; sums
+ * that need it run in double, in a fixed order).
  *
  * Every Float32Array / Int32Array is read in place through napi_get_typedarray_info (ArrayBuffer,
- * SharedArrayBuffer, subarray views alike): no copies. Each entry point checks the arrays' types and that
- * they are long enough for the shapes it was given, and throws a RangeError/TypeError before touching memory.
+ * SharedArrayBuffer, subarray views alike): no copies. Each wrapper checks the arrays' types and that they are
+ * long enough for the shapes it was given, and throws a RangeError/TypeError before any kernel touches memory.
  */
 #define NAPI_VERSION 8
 #include <node_api.h>
@@ -127,7 +134,237 @@ static inline float exp_ps(float x) {
   return y * sc;
 }
 
-/* ------------------------------------------------------------------ napi helpers */
+/* ================================================================== the kernels (maths only) */
+/* Each returns 0, or GEMM_NOMEM when the built-in GEMM (or a scratch buffer) could not be allocated. */
+enum { GEMM_NOMEM = -1 };
+
+/* ------------------------------------------------------------------ matmul: C = alpha * op(A) @ op(B) + beta * C */
+static int matmul(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  const float *B, float beta, float *C) {
+  if (M == 0 || N == 0) return 0;
+  if (K == 0) { /* C = beta*C, with beta = 0 ignoring C's old contents */
+    for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0.0f : beta * C[i];
+    return 0;
+  }
+  return sgemm(transA, transB, (int)M, (int)N, (int)K, alpha, A, transA ? (int)M : (int)K, B,
+               transB ? (int)K : (int)N, beta, C, (int)N)
+             ? GEMM_NOMEM
+             : 0;
+}
+
+/* ------------------------------------------------------------------ embedding: out[n] = E[ids[n]]; dE[ids[n]] += dout[n] */
+static void embedding_forward(float *out, const int32_t *ids, const float *E, int64_t N, int64_t D) {
+  for (int64_t n = 0; n < N; n++) memcpy(out + n * D, E + (int64_t)ids[n] * D, (size_t)D * sizeof(float));
+}
+
+static void embedding_backward(float *dE, const int32_t *ids, const float *dout, int64_t N, int64_t D) {
+  for (int64_t n = 0; n < N; n++) {
+    float *dst = dE + (int64_t)ids[n] * D;
+    const float *src = dout + n * D;
+    for (int64_t i = 0; i < D; i++) dst[i] += src[i];
+  }
+}
+
+/* ------------------------------------------------------------------ RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) */
+static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t D, double eps) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *xr = x + n * D;
+    float *o = out + n * D;
+    const double ss = dot_f64(xr, xr, D);
+    float r = (float)(1.0 / sqrt(ss / (double)D + eps));
+    rstd[n] = r;
+    for (int64_t i = 0; i < D; i++) o[i] = (xr[i] * r) * w[i];
+  }
+}
+
+/* dx += the input gradient, dw += the weight gradient (both accumulate) */
+static void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                             const float *rstd, int64_t N, int64_t D) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *xr = x + n * D, *g = dout + n * D;
+    float *dxr = dx + n * D;
+    const float r = rstd[n];
+    const double dot = dot3_f64(g, w, xr, D); /* sum_i dout_i * w_i * x_i */
+    /* dx_i = r * (dout_i w_i) - x_i * r^3 * dot / D */
+    const float c = (float)((double)r * (double)r * (double)r * dot / (double)D);
+    for (int64_t i = 0; i < D; i++) {
+      dxr[i] += r * (g[i] * w[i]) - xr[i] * c;
+      dw[i] += g[i] * (xr[i] * r);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ RoPE, in place on x[B, T, nh, E] */
+/* The forward rotates each (i, i + E/2) pair by +theta_t,i; the backward (its adjoint) by -theta_t,i. */
+static void rope_rotate(float *x, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh, int64_t E,
+                        float sg) {
+  const int64_t h = E / 2;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      const float *c = cs + t * h, *s = sn + t * h;
+      for (int64_t j = 0; j < nh; j++) {
+        float *p = x + ((b * T + t) * nh + j) * E;
+        for (int64_t i = 0; i < h; i++) {
+          const float x0 = p[i], x1 = p[i + h], si = sg * s[i];
+          p[i] = x0 * c[i] - x1 * si;
+          p[i + h] = x1 * c[i] + x0 * si;
+        }
+      }
+    }
+}
+
+static void rope_forward(float *x, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh, int64_t E) {
+  rope_rotate(x, cs, sn, B, T, nh, E, 1.0f);
+}
+
+static void rope_backward(float *dx, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh, int64_t E) {
+  rope_rotate(dx, cs, sn, B, T, nh, E, -1.0f);
+}
+
+/* ------------------------------------------------------------------ causal attention (GQA) */
+/* q[B, T, H, E], k and v [B, T, K, E] (query head hh reads kv head hh*K/H), att[B, H, T, T] the probabilities.
+ * Row blocks of the causal products: a block of query rows [t0, t1) only meets keys [0, t1), so the products
+ * skip (nearly) the upper triangle instead of computing it and throwing it away. */
+#define ATT_BLOCK 64
+
+static int attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
+                             int64_t T, int64_t H, int64_t K, int64_t E) {
+  if (T == 0 || E == 0) return 0;
+  const float scale = (float)(1.0 / sqrt((double)E));
+  const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  int oom = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t hh = 0; hh < H; hh++) {
+      const int64_t j = hh * K / H;
+      const float *qp = q + (b * T * H + hh) * E;
+      const float *kp = k + (b * T * K + j) * E;
+      const float *vp = v + (b * T * K + j) * E;
+      float *ap = att + (b * H + hh) * T * T;
+      float *op = out + (b * T * H + hh) * E;
+      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+        const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
+        /* scores[t0:t1, 0:t1] = scale * q_rows @ k^T */
+        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
+        for (int64_t t = t0; t < t1; t++) {
+          float *row = ap + t * T;
+          const float mx = max_f32(row, t + 1);
+          for (int64_t u = 0; u <= t; u++) row[u] = exp_ps(row[u] - mx);
+          const double sum = sum_f64(row, t + 1);
+          const float inv = (float)(1.0 / sum);
+          for (int64_t u = 0; u <= t; u++) row[u] *= inv;
+          for (int64_t u = t + 1; u < T; u++) row[u] = 0.0f;
+        }
+        /* out[t0:t1] = att[t0:t1, 0:t1] @ v[0:t1] */
+        oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ap + t0 * T, lda, vp, ldk, 0.0f, op + t0 * ldq, ldq);
+      }
+    }
+  return oom ? GEMM_NOMEM : 0;
+}
+
+/* dq = dscores @ k, dk = dscores^T @ q, dv = att^T @ dout, with dscores = att * (datt - rowsum(att * datt)) *
+ * scale and datt = dout @ v^T (dq, dk and dv are overwritten) */
+static int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                              const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K,
+                              int64_t E) {
+  memset(dk, 0, (size_t)(B * T * K * E) * sizeof(float));
+  memset(dv, 0, (size_t)(B * T * K * E) * sizeof(float));
+  if (T == 0 || E == 0) {
+    memset(dq, 0, (size_t)(B * T * H * E) * sizeof(float));
+    return 0;
+  }
+  float *ds = (float *)malloc((size_t)(T * T) * sizeof(float));
+  if (!ds) return GEMM_NOMEM;
+  const float scale = (float)(1.0 / sqrt((double)E));
+  const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  int oom = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t hh = 0; hh < H; hh++) {
+      const int64_t j = hh * K / H;
+      const float *qp = q + (b * T * H + hh) * E, *dop = dout + (b * T * H + hh) * E;
+      const float *kp = k + (b * T * K + j) * E, *vp = v + (b * T * K + j) * E;
+      const float *ap = att + (b * H + hh) * T * T;
+      float *dqp = dq + (b * T * H + hh) * E, *dkp = dk + (b * T * K + j) * E, *dvp = dv + (b * T * K + j) * E;
+      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+        const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
+        /* datt[t0:t1, 0:t1] = dout_rows @ v^T */
+        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vp, ldk, 0.0f, ds + t0 * T, lda);
+        /* dscores = att * (datt - sum_u att*datt) * scale, over u <= t; 0 above the diagonal */
+        for (int64_t t = t0; t < t1; t++) {
+          const float *ar = ap + t * T;
+          float *dr = ds + t * T;
+          const float d = (float)dot_f64(ar, dr, t + 1);
+          for (int64_t u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - d) * scale;
+          for (int64_t u = t + 1; u < t1; u++) dr[u] = 0.0f;
+        }
+        /* dq[t0:t1] = dscores[t0:t1, 0:t1] @ k[0:t1] */
+        oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ds + t0 * T, lda, kp, ldk, 0.0f, dqp + t0 * ldq, ldq);
+      }
+      /* key/value block [u0, u1) gets contributions from query rows t >= u0 only:
+       *   dv[u0:u1] += att[u0:T, u0:u1]^T @ dout[u0:T],   dk[u0:u1] += dscores[u0:T, u0:u1]^T @ q[u0:T] */
+      for (int64_t u0 = 0; u0 < T; u0 += ATT_BLOCK) {
+        const int64_t u1 = u0 + ATT_BLOCK < T ? u0 + ATT_BLOCK : T;
+        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq, 1.0f,
+                     dvp + u0 * ldk, ldk);
+        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ds + u0 * T + u0, lda, qp + u0 * ldq, ldq, 1.0f,
+                     dkp + u0 * ldk, ldk);
+      }
+    }
+  free(ds);
+  return oom ? GEMM_NOMEM : 0;
+}
+
+/* ------------------------------------------------------------------ SwiGLU: out = silu(gate) * up */
+static void swiglu_forward(float *out, const float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_ps(-g[i])) * u[i];
+}
+
+static void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float x = g[i], sig = 1.0f / (1.0f + exp_ps(-x)), d = dout[i];
+    /* read everything before writing: dgate/dup may alias dout in a caller that works in place */
+    const float up = u[i];
+    du[i] = d * (x * sig);
+    dg[i] = d * up * (sig * (1.0f + x * (1.0f - sig)));
+  }
+}
+
+/* ------------------------------------------------------------------ cross-entropy (forward and backward in one) */
+/* Returns the summed loss over rows whose target is >= 0 (target -1: ignored). With gradScale > 0 the logits are
+ * replaced by gradScale * (softmax - onehot) (ignored rows: 0); with gradScale = 0 they are left as they are. */
+static double cross_entropy(float *lg, const int32_t *tg, int64_t rows, int64_t V, double gradScale) {
+  double loss = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    float *x = lg + r * V;
+    const int32_t t = tg[r];
+    if (t < 0) {
+      if (gradScale > 0) memset(x, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    if (V == 0) continue;
+    const float mx = max_f32(x, V);
+    const double xt = x[t];
+    double sum = 0;
+    if (gradScale > 0) {
+      for (int64_t i = 0; i < V; i++) x[i] = exp_ps(x[i] - mx);
+      sum = sum_f64(x, V);
+      const double k = gradScale / sum;
+      for (int64_t i = 0; i < V; i++) x[i] = (float)((double)x[i] * k);
+      x[t] = (float)((double)x[t] - gradScale);
+    } else { /* evaluation: the logits stay as they are; exp in blocks through a small buffer */
+      float e[1024];
+      for (int64_t i0 = 0; i0 < V; i0 += 1024) {
+        const int64_t m = V - i0 < 1024 ? V - i0 : 1024;
+        for (int64_t i = 0; i < m; i++) e[i] = exp_ps(x[i0 + i] - mx);
+        sum += sum_f64(e, m);
+      }
+    }
+    loss += (double)mx + log(sum) - xt;
+  }
+  return loss;
+}
+
+/* ================================================================== the Node-API layer */
+/* ------------------------------------------------------------------ argument checks */
 #define CHECK_NAPI(call)                                                                                   \
   do {                                                                                                     \
     if ((call) != napi_ok) {                                                                               \
@@ -207,24 +444,32 @@ static int get_bool(napi_env env, napi_value v, bool *out, const char *fn, const
     return NULL;                                                                                           \
   }
 
-#define NEED_BLAS(fn)                                                                                      \
+/* In every wrapper `fn` names the kernel for the error messages (static const char fn[] = "...";). */
+static int throw_error(napi_env env, const char *fn, const char *what) {
+  char msg[300];
+  snprintf(msg, sizeof msg, "tstrain native %s: %s", fn, what);
+  napi_throw_error(env, NULL, msg);
+  return 0;
+}
+#define NEED_BLAS()                                                                                        \
   if (gemm_kind == GEMM_BLAS && !blas_sgemm) {                                                             \
-    napi_throw_error(env, NULL, "tstrain native " fn ": no BLAS loaded (call loadBlas first)");            \
+    throw_error(env, fn, "no BLAS loaded (call loadBlas first)");                                          \
     return NULL;                                                                                           \
   }
-#define GEMM_OOM(fn)                                                                                       \
+#define GEMM_OOM()                                                                                         \
   do {                                                                                                     \
-    napi_throw_error(env, NULL, "tstrain native " fn ": out of memory for the GEMM's packing buffers");    \
+    throw_error(env, fn, "out of memory for the GEMM's packing buffers");                                  \
     return NULL;                                                                                           \
   } while (0)
 
-#define F32(i, ptr, need, name) if (!get_array(env, argv[i], napi_float32_array, (size_t)(need), (void **)&(ptr), FN, name)) return NULL
-#define I32(i, ptr, need, name) if (!get_array(env, argv[i], napi_int32_array, (size_t)(need), (void **)&(ptr), FN, name)) return NULL
-#define DIM(i, var) int64_t var; if (!get_dim(env, argv[i], &var, FN, #var)) return NULL
-#define NUM(i, var) double var; if (!get_num(env, argv[i], &var, FN, #var)) return NULL
-#define BOOL(i, var) bool var; if (!get_bool(env, argv[i], &var, FN, #var)) return NULL
+#define F32(i, ptr, need, name) if (!get_array(env, argv[i], napi_float32_array, (size_t)(need), (void **)&(ptr), fn, name)) return NULL
+#define I32(i, ptr, need, name) if (!get_array(env, argv[i], napi_int32_array, (size_t)(need), (void **)&(ptr), fn, name)) return NULL
+#define DIM(i, var) int64_t var; if (!get_dim(env, argv[i], &var, fn, #var)) return NULL
+#define NUM(i, var) double var; if (!get_num(env, argv[i], &var, fn, #var)) return NULL
+#define BOOL(i, var) bool var; if (!get_bool(env, argv[i], &var, fn, #var)) return NULL
 
-/* ------------------------------------------------------------------ loadBlas(paths: string[]) */
+/* ------------------------------------------------------------------ engine setup: loadBlas, simd, setGemm, gemmPeak */
+/* loadBlas(paths: string[]) */
 /* Tries each path with dlopen; the first that has cblas_sgemm wins. Returns { ok, path, config, threads, tried }:
  * tried = one "path: reason" per failed candidate. Once loaded, later calls return the loaded library. */
 static napi_value set_str(napi_env env, napi_value obj, const char *key, const char *s) {
@@ -401,11 +646,11 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
   return v;
 }
 
+/* ------------------------------------------------------------------ the kernels' wrappers */
 /* gemm(isa, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): the built-in GEMM on one kernel with
  * leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it). */
-#undef FN
-#define FN "gemm"
 static napi_value Gemm(napi_env env, napi_callback_info info) {
+  static const char fn[] = "gemm";
   ARGS(14);
   char isa[32] = {0};
   size_t len = 0;
@@ -415,29 +660,28 @@ static napi_value Gemm(napi_env env, napi_callback_info info) {
   }
   const gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
                         : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
-  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, FN, "isa must be auto, avx512, avx2 or portable"); return NULL; }
-  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want)) { throw_range(env, FN, "this CPU does not have that instruction set"); return NULL; }
+  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, fn, "isa must be auto, avx512, avx2 or portable"); return NULL; }
+  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want)) { throw_range(env, fn, "this CPU does not have that instruction set"); return NULL; }
   BOOL(1, transA); BOOL(2, transB);
   DIM(3, M); DIM(4, N); DIM(5, K);
   NUM(6, alpha);
   DIM(8, lda); DIM(10, ldb); DIM(13, ldc);
   NUM(11, beta);
   const int64_t ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
-  if (lda < ac || ldb < bc || ldc < N || lda < 1 || ldb < 1 || ldc < 1) { throw_range(env, FN, "a leading dimension is smaller than its row"); return NULL; }
+  if (lda < ac || ldb < bc || ldc < N || lda < 1 || ldb < 1 || ldc < 1) { throw_range(env, fn, "a leading dimension is smaller than its row"); return NULL; }
   float *A, *Bm, *C;
   F32(7, A, ar > 0 ? (ar - 1) * lda + ac : 0, "A");
   F32(9, Bm, br > 0 ? (br - 1) * ldb + bc : 0, "B");
   F32(12, C, M > 0 ? (M - 1) * ldc + N : 0, "C");
-  if (gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc)) GEMM_OOM(FN);
+  if (gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc)) GEMM_OOM();
   return NULL;
 }
 
-/* ------------------------------------------------------------------ matmul */
-#undef FN
-#define FN "matmul"
+/* matmul(transA, transB, M, N, K, alpha, A, B, beta, C) */
 static napi_value Matmul(napi_env env, napi_callback_info info) {
+  static const char fn[] = "matmul";
   ARGS(10);
-  NEED_BLAS(FN);
+  NEED_BLAS();
   BOOL(0, transA); BOOL(1, transB);
   DIM(2, M); DIM(3, N); DIM(4, K);
   NUM(5, alpha);
@@ -446,78 +690,69 @@ static napi_value Matmul(napi_env env, napi_callback_info info) {
   F32(7, Bm, K * N, "B");
   NUM(8, beta);
   F32(9, C, M * N, "C");
-  if (M == 0 || N == 0) return NULL;
-  if (K == 0) { /* C = beta*C, with beta = 0 ignoring C's old contents */
-    for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0.0f : (float)beta * C[i];
-    return NULL;
-  }
-  if (sgemm(transA, transB, (int)M, (int)N, (int)K, (float)alpha, A, transA ? (int)M : (int)K, Bm,
-            transB ? (int)K : (int)N, (float)beta, C, (int)N))
-    GEMM_OOM(FN);
+  if (matmul(transA, transB, M, N, K, (float)alpha, A, Bm, (float)beta, C)) GEMM_OOM();
   return NULL;
 }
 
-/* ------------------------------------------------------------------ embedding */
-#undef FN
-#define FN "embeddingForward"
+/* A Float32Array of any length (an embedding table, whose row count the ids are checked against); 0 if not. */
+static int get_table(napi_env env, napi_value v, float **data, size_t *len, const char *fn, const char *name) {
+  bool is = false;
+  napi_typedarray_type t;
+  void *d = NULL;
+  if (napi_is_typedarray(env, v, &is) != napi_ok || !is ||
+      napi_get_typedarray_info(env, v, &t, len, &d, NULL, NULL) != napi_ok || t != napi_float32_array) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a Float32Array", fn, name);
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  *data = (float *)d;
+  return 1;
+}
+
+static int ids_in_rows(napi_env env, const int32_t *ids, int64_t N, int64_t V, const char *fn) {
+  for (int64_t n = 0; n < N; n++)
+    if (ids[n] < 0 || ids[n] >= V) return throw_range(env, fn, "an id is outside the embedding's rows");
+  return 1;
+}
+
+/* embeddingForward(out, ids, E, N, D) */
 static napi_value EmbeddingForward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "embeddingForward";
   ARGS(5);
   DIM(3, N); DIM(4, D);
-  float *out, *E;
+  float *out;
   int32_t *ids;
   F32(0, out, N * D, "out");
   I32(1, ids, N, "ids");
-  bool is = false;
-  napi_typedarray_type t;
   size_t elen = 0;
-  void *ed = NULL;
-  if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is ||
-      napi_get_typedarray_info(env, argv[2], &t, &elen, &ed, NULL, NULL) != napi_ok || t != napi_float32_array) {
-    napi_throw_type_error(env, NULL, "tstrain native embeddingForward: E must be a Float32Array");
-    return NULL;
-  }
-  E = (float *)ed;
-  int64_t V = D > 0 ? (int64_t)elen / D : 0;
-  for (int64_t n = 0; n < N; n++)
-    if (ids[n] < 0 || ids[n] >= V) { throw_range(env, FN, "an id is outside the embedding's rows"); return NULL; }
-  for (int64_t n = 0; n < N; n++) memcpy(out + n * D, E + (int64_t)ids[n] * D, (size_t)D * sizeof(float));
+  float *E;
+  if (!get_table(env, argv[2], &E, &elen, fn, "E")) return NULL;
+  if (!ids_in_rows(env, ids, N, D > 0 ? (int64_t)elen / D : 0, fn)) return NULL;
+  embedding_forward(out, ids, E, N, D);
   return NULL;
 }
 
-#undef FN
-#define FN "embeddingBackward"
+/* embeddingBackward(dE, ids, dout, N, D): dE[ids[n]] += dout[n] */
 static napi_value EmbeddingBackward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "embeddingBackward";
   ARGS(5);
   DIM(3, N); DIM(4, D);
-  float *dE, *dout;
-  int32_t *ids;
-  bool is = false;
-  napi_typedarray_type t;
   size_t elen = 0;
-  void *ed = NULL;
-  if (napi_is_typedarray(env, argv[0], &is) != napi_ok || !is ||
-      napi_get_typedarray_info(env, argv[0], &t, &elen, &ed, NULL, NULL) != napi_ok || t != napi_float32_array) {
-    napi_throw_type_error(env, NULL, "tstrain native embeddingBackward: dE must be a Float32Array");
-    return NULL;
-  }
-  dE = (float *)ed;
+  float *dE;
+  if (!get_table(env, argv[0], &dE, &elen, fn, "dE")) return NULL;
+  float *dout;
+  int32_t *ids;
   I32(1, ids, N, "ids");
   F32(2, dout, N * D, "dout");
-  int64_t V = D > 0 ? (int64_t)elen / D : 0;
-  for (int64_t n = 0; n < N; n++)
-    if (ids[n] < 0 || ids[n] >= V) { throw_range(env, FN, "an id is outside the embedding's rows"); return NULL; }
-  for (int64_t n = 0; n < N; n++) {
-    float *dst = dE + (int64_t)ids[n] * D;
-    const float *src = dout + n * D;
-    for (int64_t i = 0; i < D; i++) dst[i] += src[i];
-  }
+  if (!ids_in_rows(env, ids, N, D > 0 ? (int64_t)elen / D : 0, fn)) return NULL;
+  embedding_backward(dE, ids, dout, N, D);
   return NULL;
 }
 
-/* ------------------------------------------------------------------ RMSNorm */
-#undef FN
-#define FN "rmsnormForward"
+/* rmsnormForward(out, rstd, x, w, N, D, eps) */
 static napi_value RmsnormForward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "rmsnormForward";
   ARGS(7);
   DIM(4, N); DIM(5, D);
   NUM(6, eps);
@@ -526,20 +761,13 @@ static napi_value RmsnormForward(napi_env env, napi_callback_info info) {
   F32(1, rstd, N, "rstd");
   F32(2, x, N * D, "x");
   F32(3, w, D, "w");
-  for (int64_t n = 0; n < N; n++) {
-    const float *xr = x + n * D;
-    float *o = out + n * D;
-    const double ss = dot_f64(xr, xr, D);
-    float r = (float)(1.0 / sqrt(ss / (double)D + eps));
-    rstd[n] = r;
-    for (int64_t i = 0; i < D; i++) o[i] = (xr[i] * r) * w[i];
-  }
+  rmsnorm_forward(out, rstd, x, w, N, D, eps);
   return NULL;
 }
 
-#undef FN
-#define FN "rmsnormBackward"
+/* rmsnormBackward(dx, dw, dout, x, w, rstd, N, D) */
 static napi_value RmsnormBackward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "rmsnormBackward";
   ARGS(8);
   DIM(6, N); DIM(7, D);
   float *dx, *dw, *dout, *x, *w, *rstd;
@@ -549,109 +777,51 @@ static napi_value RmsnormBackward(napi_env env, napi_callback_info info) {
   F32(3, x, N * D, "x");
   F32(4, w, D, "w");
   F32(5, rstd, N, "rstd");
-  for (int64_t n = 0; n < N; n++) {
-    const float *xr = x + n * D, *g = dout + n * D;
-    float *dxr = dx + n * D;
-    const float r = rstd[n];
-    const double dot = dot3_f64(g, w, xr, D); /* sum_i dout_i * w_i * x_i */
-    /* dx_i = r * (dout_i w_i) - x_i * r^3 * dot / D */
-    const float c = (float)((double)r * (double)r * (double)r * dot / (double)D);
-    for (int64_t i = 0; i < D; i++) {
-      dxr[i] += r * (g[i] * w[i]) - xr[i] * c;
-      dw[i] += g[i] * (xr[i] * r);
-    }
-  }
+  rmsnorm_backward(dx, dw, dout, x, w, rstd, N, D);
   return NULL;
 }
 
-/* ------------------------------------------------------------------ RoPE */
-static napi_value rope(napi_env env, napi_callback_info info, int backward, const char *fn) {
-#undef FN
-#define FN fn
+/* ropeForward / ropeBackward(x, cos, sin, B, T, nh, E): in place */
+static napi_value rope(napi_env env, napi_callback_info info, int backward) {
+  const char *fn = backward ? "ropeBackward" : "ropeForward";
   ARGS(7);
   DIM(3, B); DIM(4, T); DIM(5, nh); DIM(6, E);
-  if (E % 2) { throw_range(env, FN, "E (head_dim) must be even"); return NULL; }
-  const int64_t h = E / 2;
+  if (E % 2) { throw_range(env, fn, "E (head_dim) must be even"); return NULL; }
   float *x, *cs, *sn;
   F32(0, x, B * T * nh * E, "x");
-  F32(1, cs, T * h, "cos");
-  F32(2, sn, T * h, "sin");
-  const float sg = backward ? -1.0f : 1.0f; /* forward rotates by +theta, the adjoint by -theta */
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < T; t++) {
-      const float *c = cs + t * h, *s = sn + t * h;
-      for (int64_t j = 0; j < nh; j++) {
-        float *p = x + ((b * T + t) * nh + j) * E;
-        for (int64_t i = 0; i < h; i++) {
-          const float x0 = p[i], x1 = p[i + h], si = sg * s[i];
-          p[i] = x0 * c[i] - x1 * si;
-          p[i + h] = x1 * c[i] + x0 * si;
-        }
-      }
-    }
+  F32(1, cs, T * (E / 2), "cos");
+  F32(2, sn, T * (E / 2), "sin");
+  if (backward) rope_backward(x, cs, sn, B, T, nh, E);
+  else rope_forward(x, cs, sn, B, T, nh, E);
   return NULL;
-#undef FN
 }
-static napi_value RopeForward(napi_env env, napi_callback_info info) { return rope(env, info, 0, "ropeForward"); }
-static napi_value RopeBackward(napi_env env, napi_callback_info info) { return rope(env, info, 1, "ropeBackward"); }
+static napi_value RopeForward(napi_env env, napi_callback_info info) { return rope(env, info, 0); }
+static napi_value RopeBackward(napi_env env, napi_callback_info info) { return rope(env, info, 1); }
 
-/* ------------------------------------------------------------------ causal attention (GQA) */
-/* Row blocks of the causal products: a block of query rows [t0, t1) only meets keys [0, t1), so the
- * products skip (nearly) the upper triangle instead of computing it and throwing it away. */
-#define ATT_BLOCK 64
-
-#define FN "attentionForward"
+/* attentionForward(out, att, q, k, v, B, T, H, K, E) */
 static napi_value AttentionForward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionForward";
   ARGS(10);
-  NEED_BLAS(FN);
+  NEED_BLAS();
   DIM(5, B); DIM(6, T); DIM(7, H); DIM(8, K); DIM(9, E);
-  if (K == 0 || H % K) { throw_range(env, FN, "H must be a multiple of K (GQA)"); return NULL; }
+  if (K == 0 || H % K) { throw_range(env, fn, "H must be a multiple of K (GQA)"); return NULL; }
   float *out, *att, *q, *k, *v;
   F32(0, out, B * T * H * E, "out");
   F32(1, att, B * H * T * T, "att");
   F32(2, q, B * T * H * E, "q");
   F32(3, k, B * T * K * E, "k");
   F32(4, v, B * T * K * E, "v");
-  if (T == 0 || E == 0) return NULL;
-  const float scale = (float)(1.0 / sqrt((double)E));
-  const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
-  int oom = 0;
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t hh = 0; hh < H; hh++) {
-      const int64_t j = hh * K / H;
-      const float *qp = q + (b * T * H + hh) * E;
-      const float *kp = k + (b * T * K + j) * E;
-      const float *vp = v + (b * T * K + j) * E;
-      float *ap = att + (b * H + hh) * T * T;
-      float *op = out + (b * T * H + hh) * E;
-      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-        const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
-        /* scores[t0:t1, 0:t1] = scale * q_rows @ k^T */
-        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
-        for (int64_t t = t0; t < t1; t++) {
-          float *row = ap + t * T;
-          const float mx = max_f32(row, t + 1);
-          for (int64_t u = 0; u <= t; u++) row[u] = exp_ps(row[u] - mx);
-          const double sum = sum_f64(row, t + 1);
-          const float inv = (float)(1.0 / sum);
-          for (int64_t u = 0; u <= t; u++) row[u] *= inv;
-          for (int64_t u = t + 1; u < T; u++) row[u] = 0.0f;
-        }
-        /* out[t0:t1] = att[t0:t1, 0:t1] @ v[0:t1] */
-        oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ap + t0 * T, lda, vp, ldk, 0.0f, op + t0 * ldq, ldq);
-      }
-    }
-  if (oom) GEMM_OOM(FN);
+  if (attention_forward(out, att, q, k, v, B, T, H, K, E)) GEMM_OOM();
   return NULL;
 }
 
-#undef FN
-#define FN "attentionBackward"
+/* attentionBackward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) */
 static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionBackward";
   ARGS(13);
-  NEED_BLAS(FN);
+  NEED_BLAS();
   DIM(8, B); DIM(9, T); DIM(10, H); DIM(11, K); DIM(12, E);
-  if (K == 0 || H % K) { throw_range(env, FN, "H must be a multiple of K (GQA)"); return NULL; }
+  if (K == 0 || H % K) { throw_range(env, fn, "H must be a multiple of K (GQA)"); return NULL; }
   float *dq, *dk, *dv, *dout, *q, *k, *v, *att;
   F32(0, dq, B * T * H * E, "dq");
   F32(1, dk, B * T * K * E, "dk");
@@ -661,68 +831,26 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
   F32(5, k, B * T * K * E, "k");
   F32(6, v, B * T * K * E, "v");
   F32(7, att, B * H * T * T, "att");
-  memset(dk, 0, (size_t)(B * T * K * E) * sizeof(float));
-  memset(dv, 0, (size_t)(B * T * K * E) * sizeof(float));
-  if (T == 0 || E == 0) { memset(dq, 0, (size_t)(B * T * H * E) * sizeof(float)); return NULL; }
-  float *ds = (float *)malloc((size_t)(T * T) * sizeof(float));
-  if (!ds) { napi_throw_error(env, NULL, "tstrain native attentionBackward: out of memory"); return NULL; }
-  const float scale = (float)(1.0 / sqrt((double)E));
-  const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
-  int oom = 0;
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t hh = 0; hh < H; hh++) {
-      const int64_t j = hh * K / H;
-      const float *qp = q + (b * T * H + hh) * E, *dop = dout + (b * T * H + hh) * E;
-      const float *kp = k + (b * T * K + j) * E, *vp = v + (b * T * K + j) * E;
-      const float *ap = att + (b * H + hh) * T * T;
-      float *dqp = dq + (b * T * H + hh) * E, *dkp = dk + (b * T * K + j) * E, *dvp = dv + (b * T * K + j) * E;
-      for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
-        const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
-        /* datt[t0:t1, 0:t1] = dout_rows @ v^T */
-        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vp, ldk, 0.0f, ds + t0 * T, lda);
-        /* dscores = att * (datt - sum_u att*datt) * scale, over u <= t; 0 above the diagonal */
-        for (int64_t t = t0; t < t1; t++) {
-          const float *ar = ap + t * T;
-          float *dr = ds + t * T;
-          const float d = (float)dot_f64(ar, dr, t + 1);
-          for (int64_t u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - d) * scale;
-          for (int64_t u = t + 1; u < t1; u++) dr[u] = 0.0f;
-        }
-        /* dq[t0:t1] = dscores[t0:t1, 0:t1] @ k[0:t1] */
-        oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ds + t0 * T, lda, kp, ldk, 0.0f, dqp + t0 * ldq, ldq);
-      }
-      /* key/value block [u0, u1) gets contributions from query rows t >= u0 only:
-       *   dv[u0:u1] += att[u0:T, u0:u1]^T @ dout[u0:T],   dk[u0:u1] += dscores[u0:T, u0:u1]^T @ q[u0:T] */
-      for (int64_t u0 = 0; u0 < T; u0 += ATT_BLOCK) {
-        const int64_t u1 = u0 + ATT_BLOCK < T ? u0 + ATT_BLOCK : T;
-        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq, 1.0f,
-              dvp + u0 * ldk, ldk);
-        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ds + u0 * T + u0, lda, qp + u0 * ldq, ldq, 1.0f,
-              dkp + u0 * ldk, ldk);
-      }
-    }
-  free(ds);
-  if (oom) GEMM_OOM(FN);
+  if (attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E)) GEMM_OOM();
   return NULL;
 }
 
-/* ------------------------------------------------------------------ SwiGLU */
-#undef FN
-#define FN "swigluForward"
+/* swigluForward(out, gate, up, n) */
 static napi_value SwigluForward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "swigluForward";
   ARGS(4);
   DIM(3, n);
   float *out, *g, *u;
   F32(0, out, n, "out");
   F32(1, g, n, "gate");
   F32(2, u, n, "up");
-  for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_ps(-g[i])) * u[i];
+  swiglu_forward(out, g, u, n);
   return NULL;
 }
 
-#undef FN
-#define FN "swigluBackward"
+/* swigluBackward(dgate, dup, dout, gate, up, n) */
 static napi_value SwigluBackward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "swigluBackward";
   ARGS(6);
   DIM(5, n);
   float *dg, *du, *dout, *g, *u;
@@ -731,20 +859,13 @@ static napi_value SwigluBackward(napi_env env, napi_callback_info info) {
   F32(2, dout, n, "dout");
   F32(3, g, n, "gate");
   F32(4, u, n, "up");
-  for (int64_t i = 0; i < n; i++) {
-    const float x = g[i], sig = 1.0f / (1.0f + exp_ps(-x)), d = dout[i];
-    /* read everything before writing: dgate/dup may alias dout in a caller that works in place */
-    const float up = u[i];
-    du[i] = d * (x * sig);
-    dg[i] = d * up * (sig * (1.0f + x * (1.0f - sig)));
-  }
+  swiglu_backward(dg, du, dout, g, u, n);
   return NULL;
 }
 
-/* ------------------------------------------------------------------ cross-entropy */
-#undef FN
-#define FN "crossEntropy"
+/* crossEntropy(logits, targets, rows, V, gradScale): the summed loss; the logits become gradients when gradScale > 0 */
 static napi_value CrossEntropy(napi_env env, napi_callback_info info) {
+  static const char fn[] = "crossEntropy";
   ARGS(5);
   DIM(2, rows); DIM(3, V);
   NUM(4, gradScale);
@@ -752,39 +873,11 @@ static napi_value CrossEntropy(napi_env env, napi_callback_info info) {
   int32_t *tg;
   F32(0, lg, rows * V, "logits");
   I32(1, tg, rows, "targets");
-  if (!(gradScale >= 0) || !isfinite(gradScale)) { throw_range(env, FN, "gradScale must be finite and >= 0"); return NULL; }
+  if (!(gradScale >= 0) || !isfinite(gradScale)) { throw_range(env, fn, "gradScale must be finite and >= 0"); return NULL; }
   for (int64_t r = 0; r < rows; r++)
-    if (tg[r] < -1 || tg[r] >= V) { throw_range(env, FN, "a target is outside [-1, V)"); return NULL; }
-  double loss = 0;
-  for (int64_t r = 0; r < rows; r++) {
-    float *x = lg + r * V;
-    const int32_t t = tg[r];
-    if (t < 0) {
-      if (gradScale > 0) memset(x, 0, (size_t)V * sizeof(float));
-      continue;
-    }
-    if (V == 0) continue;
-    const float mx = max_f32(x, V);
-    const double xt = x[t];
-    double sum = 0;
-    if (gradScale > 0) {
-      for (int64_t i = 0; i < V; i++) x[i] = exp_ps(x[i] - mx);
-      sum = sum_f64(x, V);
-      const double k = gradScale / sum;
-      for (int64_t i = 0; i < V; i++) x[i] = (float)((double)x[i] * k);
-      x[t] = (float)((double)x[t] - gradScale);
-    } else { /* evaluation: the logits stay as they are; exp in blocks through a small buffer */
-      float e[1024];
-      for (int64_t i0 = 0; i0 < V; i0 += 1024) {
-        const int64_t m = V - i0 < 1024 ? V - i0 : 1024;
-        for (int64_t i = 0; i < m; i++) e[i] = exp_ps(x[i0 + i] - mx);
-        sum += sum_f64(e, m);
-      }
-    }
-    loss += (double)mx + log(sum) - xt;
-  }
+    if (tg[r] < -1 || tg[r] >= V) { throw_range(env, fn, "a target is outside [-1, V)"); return NULL; }
   napi_value ret;
-  CHECK_NAPI(napi_create_double(env, loss, &ret));
+  CHECK_NAPI(napi_create_double(env, cross_entropy(lg, tg, rows, V, gradScale), &ret));
   return ret;
 }
 
