@@ -189,7 +189,7 @@ test("mpirun -np 2 --dist mpi --world 1 --demo ends with final/model.safetensors
 }, async (t) => {
   if (!needMpi(t)) return;
   // The whole demo, every default, in a folder of its own (the demo prepares its data under ./.demo there). One process
-  // at --world 2 --demo ends with DEMO_SHA256: train.isa.test.ts runs exactly that and checks the same constant.
+  // at --world 2 --demo ends with DEMO_SHA256: test/train.isa-*.test.ts run exactly that and check the same constant.
   const cwd = tmpDir("tstrain-demo-np2-");
   const b = await mpirun(2, ["--demo", "--dist", "mpi", "--world", "1", "--out", "run"], { cwd, timeoutMs: 1_700_000 });
   ok(b, "mpirun -np 2 --world 1 --demo");
@@ -629,7 +629,7 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
     ok(r, "mpirun across the two namespaces");
     assert.match(r.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
     assert.match(r.out, /^RUN_JSON .*"final_step":300,/m, "the whole demo ran");
-    // one process at --world 2 --demo ends with DEMO_SHA256 (train.isa.test.ts), as does mpirun -np 2 on loopback (above)
+    // one process at --world 2 --demo ends with DEMO_SHA256 (test/train.isa-*.test.ts), as does mpirun -np 2 on loopback (above)
     assert.equal(sha256(finalWeights(two)), DEMO_SHA256, "final/model.safetensors byte-identical to one machine");
   } finally {
     // The namespaces (and the veth pair and addresses inside them) go with the test; a busy one is retried.
