@@ -313,6 +313,42 @@ static int attention_backward(float *dq, float *dk, float *dv, const float *dout
   return oom ? GEMM_NOMEM : 0;
 }
 
+/* ------------------------------------------------------------------ cached attention (generation, forward only) */
+/* kernels.ts attentionCachedForward: new position t of T (absolute P+t) and query head h attend to cache rows
+ * u <= P+t of kv head j = h*K/H. The arithmetic is the JS reference's (src/model/engine/js.ts): dot products in
+ * double, in e order; scores rounded to float; the softmax in double from the float scores; probabilities rounded
+ * to float; the weighted sum of values in double. sc holds P+T floats, acc E doubles (the caller's scratch). */
+static void attention_cached(float *out, const float *q, const float *kc, const float *vc, int64_t P, int64_t T,
+                             int64_t H, int64_t K, int64_t E, float *sc, double *acc) {
+  const double scale = 1.0 / sqrt((double)E);
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t last = P + t;
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t j = h * K / H;
+      const float *qh = q + (t * H + h) * E;
+      float mx = -INFINITY;
+      for (int64_t u = 0; u <= last; u++) {
+        const float *ku = kc + (u * K + j) * E;
+        double s = 0;
+        for (int64_t e = 0; e < E; e++) s += (double)qh[e] * (double)ku[e];
+        sc[u] = (float)(s * scale);
+        if (sc[u] > mx) mx = sc[u];
+      }
+      double sum = 0;
+      for (int64_t u = 0; u <= last; u++) sum += exp((double)sc[u] - (double)mx);
+      for (int64_t u = 0; u <= last; u++) sc[u] = (float)(exp((double)sc[u] - (double)mx) / sum);
+      for (int64_t e = 0; e < E; e++) acc[e] = 0;
+      for (int64_t u = 0; u <= last; u++) {
+        const double p = (double)sc[u];
+        const float *vu = vc + (u * K + j) * E;
+        for (int64_t e = 0; e < E; e++) acc[e] += p * (double)vu[e];
+      }
+      float *oh = out + (t * H + h) * E;
+      for (int64_t e = 0; e < E; e++) oh[e] = (float)acc[e];
+    }
+  }
+}
+
 /* ------------------------------------------------------------------ SwiGLU: out = silu(gate) * up */
 static void swiglu_forward(float *out, const float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_ps(-g[i])) * u[i];
@@ -835,6 +871,28 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* attentionCachedForward(out, q, kCache, vCache, P, T, H, K, E): T new positions against a cache of P + T */
+static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionCachedForward";
+  ARGS(9);
+  DIM(4, P); DIM(5, T); DIM(6, H); DIM(7, K); DIM(8, E);
+  if (K == 0 || H % K) { throw_range(env, fn, "H must be a multiple of K (GQA)"); return NULL; }
+  float *out, *q, *kc, *vc;
+  F32(0, out, T * H * E, "out");
+  F32(1, q, T * H * E, "q");
+  F32(2, kc, (P + T) * K * E, "kCache");
+  F32(3, vc, (P + T) * K * E, "vCache");
+  if (T == 0 || H == 0 || E == 0) return NULL;
+  float *sc = (float *)malloc((size_t)(P + T) * sizeof(float));
+  double *acc = (double *)malloc((size_t)E * sizeof(double));
+  if (sc && acc) attention_cached(out, q, kc, vc, P, T, H, K, E, sc, acc);
+  const int oom = !sc || !acc;
+  free(sc);
+  free(acc);
+  if (oom) throw_error(env, fn, "out of memory");
+  return NULL;
+}
+
 /* swigluForward(out, gate, up, n) */
 static napi_value SwigluForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "swigluForward";
@@ -905,6 +963,7 @@ NAPI_MODULE_INIT() {
       {"ropeBackward", NULL, RopeBackward, NULL, NULL, NULL, napi_default, NULL},
       {"attentionForward", NULL, AttentionForward, NULL, NULL, NULL, napi_default, NULL},
       {"attentionBackward", NULL, AttentionBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionCachedForward", NULL, AttentionCachedForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
       {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},

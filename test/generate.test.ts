@@ -7,7 +7,9 @@ import * as path from "node:path";
 import { buildConfig, hfConfigJson } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
-import { Llama } from "../src/model/llama";
+import { KvCache, Llama } from "../src/model/llama";
+import type { Kernels } from "../src/model/kernels";
+import { jsKernels } from "../src/model/engine/js";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { generateNoCache, generateWithCache, GREEDY, KvDecoder, pickToken, seededRandom } from "../src/model/decode";
 import { lastLogits, loadModelDir } from "../src/session/generation";
@@ -79,6 +81,147 @@ for (const engine of ENGINES) {
     );
   });
 }
+
+/** Float64 cached attention: new position t of T (absolute P+t), query head h, kv head floor(h*K/H), over u <= P+t. */
+function refCachedAttention(
+  q: Float32Array,
+  kc: Float32Array,
+  vc: Float32Array,
+  P: number,
+  T: number,
+  H: number,
+  K: number,
+  E: number,
+): Float64Array {
+  const out = new Float64Array(T * H * E);
+  for (let t = 0; t < T; t++)
+    for (let h = 0; h < H; h++) {
+      const j = Math.floor((h * K) / H),
+        sc: number[] = [];
+      for (let u = 0; u <= P + t; u++) {
+        let s = 0;
+        for (let e = 0; e < E; e++) s += q[(t * H + h) * E + e] * kc[(u * K + j) * E + e];
+        sc.push(s / Math.sqrt(E));
+      }
+      const mx = Math.max(...sc),
+        ex = sc.map((x) => Math.exp(x - mx)),
+        sum = ex.reduce((a, b) => a + b, 0);
+      for (let u = 0; u <= P + t; u++)
+        for (let e = 0; e < E; e++) out[(t * H + h) * E + e] += (ex[u] / sum) * vc[(u * K + j) * E + e];
+    }
+  return out;
+}
+
+for (const engine of ENGINES) {
+  test(`on ${engine}, the cached-attention kernel equals the JS reference and float64: GQA, a cache of past positions, several new ones (G11)`, async (t) => {
+    const e = await useEngine(t, engine);
+    if (!e) return;
+    const rnd = seededRandom(21);
+    const r = (n: number, scale: number) => Float32Array.from({ length: n }, () => (rnd() * 2 - 1) * scale);
+    for (const [P, T, H, K, E] of [
+      [0, 1, 1, 1, 4],
+      [0, 5, 4, 2, 6],
+      [7, 1, 9, 3, 16],
+      [37, 3, 6, 2, 8],
+      [70, 4, 4, 1, 5],
+    ] as const) {
+      const what = `P${P} T${T} H${H} K${K} E${E}`,
+        S = P + T + 3; // rows past P+T-1 hold NaN: the kernel must not read them
+      const q = r(T * H * E, 2),
+        kc = r(S * K * E, 2),
+        vc = r(S * K * E, 1);
+      kc.fill(NaN, (P + T) * K * E);
+      vc.fill(NaN, (P + T) * K * E);
+      const got = new Float32Array(T * H * E).fill(NaN),
+        want = new Float32Array(T * H * E).fill(NaN);
+      e.kernels.attentionCachedForward(got, q, kc, vc, P, T, H, K, E);
+      jsKernels.attentionCachedForward(want, q, kc, vc, P, T, H, K, E);
+      const ref = refCachedAttention(q, kc, vc, P, T, H, K, E);
+      const vsJs = maxAbsDiff(got, want),
+        vs64 = maxAbsDiff(got, ref);
+      assert.ok(vsJs.diff <= 1e-6, `${what}: max |${engine} - js| ${vsJs.diff} at ${vsJs.at}`);
+      assert.ok(vs64.diff <= 2e-5, `${what}: max |${engine} - float64| ${vs64.diff} at ${vs64.at}`);
+      if (P === 0) {
+        // with nothing cached before, it is the training kernel's attention of one sequence
+        const out = new Float32Array(T * H * E),
+          att = new Float32Array(H * T * T);
+        e.kernels.attentionForward(out, att, q, kc.subarray(0, T * K * E), vc.subarray(0, T * K * E), 1, T, H, K, E);
+        const d = maxAbsDiff(got, out);
+        assert.ok(d.diff <= 1e-5, `${what}: max |cached - attentionForward| ${d.diff} at ${d.at}`);
+      }
+    }
+  });
+
+  test(`on ${engine}, the model's cached forward takes a prompt in one pass, then one token at a time, with the training forward's logits (G11)`, async (t) => {
+    const e = await useEngine(t, engine);
+    if (!e) return;
+    const model = new Llama(cfg, e.kernels, { gradCkpt: false });
+    model.bindParams(params);
+    const T = 16,
+      V = cfg.vocabSize,
+      rnd = seededRandom(13);
+    const ids = Int32Array.from({ length: T }, () => Math.floor(rnd() * V));
+    const full = model.logits(ids, 1, T),
+      scale = maxAbs(full);
+    const cache = new KvCache(cfg, T);
+    const got = new Float32Array(T * V);
+    got.set(model.forwardCached(ids.subarray(0, 7), cache), 0); // the prompt: 7 new positions at once
+    for (let p = 7; p < T; p++) got.set(model.forwardCached(ids.subarray(p, p + 1), cache), p * V);
+    assert.equal(cache.length, T);
+    const { diff, at } = maxAbsDiff(got, full);
+    assert.ok(diff <= 1e-5 * scale, `max |diff| ${diff} at ${at} (position ${Math.floor(at / V)}, scale ${scale})`);
+    assert.throws(() => model.forwardCached(ids.subarray(0, 1), cache), /reached the model's 16 positions/);
+    cache.reset();
+    assert.throws(() => model.forwardCached(Int32Array.of(3, V), cache), /token id 300 is outside the vocabulary/);
+    assert.equal(cache.length, 0, "a refused pass leaves the cache as it was");
+  });
+}
+
+test("generation runs training's forward ops through the kernel interface, attention only as attentionCachedForward (G11)", async () => {
+  const e = await useEngine({ skip: () => undefined } as never, "cpu");
+  const counting = (calls: Map<string, number>): Kernels =>
+    new Proxy(e!.kernels, {
+      get(target, prop, recv) {
+        const v = Reflect.get(target, prop, recv);
+        if (typeof v !== "function") return v;
+        return (...args: unknown[]) => {
+          calls.set(String(prop), (calls.get(String(prop)) ?? 0) + 1);
+          return (v as (...a: unknown[]) => unknown).apply(target, args);
+        };
+      },
+    });
+  const L = cfg.numLayers;
+  const dec = new Map<string, number>(),
+    fwd = new Map<string, number>();
+  new KvDecoder(cfg, counting(dec), params, 4).step(5);
+  const model = new Llama(cfg, counting(fwd), { gradCkpt: false, headChunkTokens: 2 });
+  model.bindParams(params);
+  model.logits(Int32Array.of(5, 6), 1, 2); // one head chunk, as one decoder step has
+  assert.equal(dec.get("attentionCachedForward"), L, "one cached attention per layer");
+  assert.equal(dec.get("attentionForward"), undefined, "the decoder runs no other attention");
+  assert.equal(fwd.get("attentionForward"), L);
+  dec.delete("attentionCachedForward");
+  fwd.delete("attentionForward");
+  // every other op the training forward calls, the same number of times: embedding, 2L+1 norms, 7L+1 products,
+  // 2L RoPE, L SwiGLU
+  assert.deepEqual(Object.fromEntries([...dec].sort()), Object.fromEntries([...fwd].sort()));
+  assert.equal(dec.get("matmul"), 7 * L + 1);
+  assert.equal(dec.get("rmsnormForward"), 2 * L + 1);
+});
+
+test("a layer's weights are named in one place, src/model/layout.ts (one forward pass)", () => {
+  const src = path.join(__dirname, "..", "..", "src");
+  const files = (fs.readdirSync(src, { recursive: true }) as string[]).filter((f) => f.endsWith(".ts"));
+  assert.ok(files.length > 20, `found the sources (${files.length} files under ${src})`);
+  const naming: string[] = [];
+  for (const f of files) {
+    const text = fs.readFileSync(path.join(src, f), "utf8");
+    // an HF per-layer tensor name, or a field list of a layer's weights
+    if (/_proj\.weight|input_layernorm|post_attention_layernorm|(?<!\.)\b(wq|wGate|inputNorm)\s*:/.test(text))
+      naming.push(f.split(path.sep).join("/"));
+  }
+  assert.deepEqual(naming, ["model/layout.ts"]);
+});
 
 test("decoding: greedy is the argmax, top-k 1 is greedy, a seed repeats, EOS stops and is not emitted (G11)", async () => {
   const logits = Float32Array.from([0.1, 2.5, -1, 2.4, 0]);

@@ -386,6 +386,31 @@ test("attention: causal GQA forward (out, att) and backward (dq, dk, dv overwrit
   );
 });
 
+test("cached attention refuses a cache shorter than the positions it reads, and H not a multiple of K, before touching memory", {
+  skip,
+}, () => {
+  const k = K!;
+  const out = new Float32Array(2 * 4 * 3).fill(7),
+    q = new Float32Array(2 * 4 * 3);
+  // P 5 + T 2 positions of K 2 heads x E 3 need 42 floats per cache
+  assert.throws(
+    () => k.attentionCachedForward(out, q, new Float32Array(36), new Float32Array(42), 5, 2, 4, 2, 3),
+    /kCache has 36 elements, the shapes need 42/,
+  );
+  assert.throws(
+    () => k.attentionCachedForward(out, q, new Float32Array(42), new Float32Array(41), 5, 2, 4, 2, 3),
+    /vCache has 41 elements, the shapes need 42/,
+  );
+  assert.throws(
+    () => k.attentionCachedForward(out, q, new Float32Array(63), new Float32Array(63), 5, 2, 4, 3, 3),
+    /H must be a multiple of K/,
+  );
+  assert.ok(
+    out.every((x) => x === 7),
+    "out untouched",
+  );
+});
+
 // ------------------------------------------------------------------ SwiGLU
 test("swiglu: forward and backward (dgate, dup overwritten) against float64", { skip }, () => {
   const k = K!;

@@ -122,6 +122,27 @@ export interface Kernels {
     E: number,
   ): void;
 
+  /**
+   * Cached attention (generation, forward only), one sequence: T new query positions P..P+T-1 against a key/value
+   * cache that already holds positions 0..P+T-1 (the new ones included; all after RoPE). q [T,H,E]; kCache and
+   * vCache [S,K,E] with S >= P+T (rows past P+T-1 are not read). For new position t and query head h (kv head
+   * j = floor(h*K/H)), causal over the cache:
+   *   p[u] = softmax_u<=P+t( q[t,h,:] . kCache[u,j,:] / sqrt(E) )     (scores rounded to float32, softmax in float64)
+   *   out[t,h,:] = sum_u p[u] * vCache[u,j,:]                           (= out [T,H,E])
+   * With P = 0 it is attentionForward's out for B = 1.
+   */
+  attentionCachedForward(
+    out: Float32Array,
+    q: Float32Array,
+    kCache: Float32Array,
+    vCache: Float32Array,
+    P: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
+
   // ------------------------------------------------------------------ SwiGLU
   /** out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n = N*F elements. */
   swigluForward(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;

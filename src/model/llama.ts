@@ -15,24 +15,14 @@
  * x micro-batch 1 of the frozen model does) it also keeps the blocks' matmul outputs (q, k, v, o, x1, gate, up:
  * ~5.2k floats per token per layer) and recomputes only the norms, the attention softmax and SwiGLU, which hold
  * the big per-block tensors ([B,H,T,T] attention, [N,F]); otherwise whole blocks (minus the down projection).
+ * Generation runs this same forward on new positions with a key/value cache (forwardCached, KvCache): the only
+ * difference is attention, over the cache through the kernels' attentionCachedForward.
+ * A layer's weights are bound by name in one place (layout.ts: weightBinder).
  */
 import { UserError } from "../errors";
 import type { LlamaConfig } from "./llama-config";
 import type { Kernels } from "./kernels";
-import { paramLayout } from "./layout";
-
-/** A block's weights or gradients: views into the flat layout (params or gradOut). */
-interface BlockParams {
-  inputNorm: Float32Array;
-  wq: Float32Array;
-  wk: Float32Array;
-  wv: Float32Array;
-  wo: Float32Array;
-  postAttnNorm: Float32Array;
-  wGate: Float32Array;
-  wUp: Float32Array;
-  wDown: Float32Array;
-}
+import { type LayerWeights, type WeightBinder, weightBinder } from "./layout";
 
 /** One block's activations: what its backward reads. */
 interface Acts {
@@ -90,8 +80,7 @@ export class Llama {
   readonly cfg: LlamaConfig;
   readonly gradCkpt: boolean;
   private readonly k: Kernels;
-  private readonly total: number;
-  private readonly off: { embed: number; norm: number; layers: Record<keyof BlockParams, number>[] };
+  private readonly bind: WeightBinder;
   private readonly headChunkTokens: number;
   private readonly ckptKeepBytes: number;
   private params: Float32Array | null = null;
@@ -104,26 +93,7 @@ export class Llama {
     this.cfg = c;
     this.k = kernels;
     this.gradCkpt = o.gradCkpt;
-    const { entries, total } = paramLayout(c);
-    this.total = total;
-    const at = new Map(entries.map((e) => [e.name, e.offset]));
-    const get = (n: string): number => at.get(n)!;
-    const layers = [];
-    for (let i = 0; i < c.numLayers; i++) {
-      const p = `model.layers.${i}.`;
-      layers.push({
-        inputNorm: get(`${p}input_layernorm.weight`),
-        wq: get(`${p}self_attn.q_proj.weight`),
-        wk: get(`${p}self_attn.k_proj.weight`),
-        wv: get(`${p}self_attn.v_proj.weight`),
-        wo: get(`${p}self_attn.o_proj.weight`),
-        postAttnNorm: get(`${p}post_attention_layernorm.weight`),
-        wGate: get(`${p}mlp.gate_proj.weight`),
-        wUp: get(`${p}mlp.up_proj.weight`),
-        wDown: get(`${p}mlp.down_proj.weight`),
-      });
-    }
-    this.off = { embed: get("model.embed_tokens.weight"), norm: get("model.norm.weight"), layers };
+    this.bind = weightBinder(c);
     const hc = o.headChunkTokens ?? Math.max(1, Math.floor((1 << 24) / c.vocabSize));
     if (!Number.isInteger(hc) || hc < 1)
       throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
@@ -136,8 +106,8 @@ export class Llama {
 
   /** Binds the flat fp32 parameters (any Float32Array, e.g. a view on a SharedArrayBuffer): read at every call, never copied. */
   bindParams(params: Float32Array): void {
-    if (params.length !== this.total)
-      throw new RangeError(`bindParams: params has ${params.length} floats, the layout needs ${this.total}`);
+    if (params.length !== this.bind.total)
+      throw new RangeError(`bindParams: params has ${params.length} floats, the layout needs ${this.bind.total}`);
     this.params = params;
   }
 
@@ -167,21 +137,15 @@ export class Llama {
    */
   lossAndGrads(ids: Int32Array, B: number, T: number, gradScale: number, gradOut: Float32Array): number {
     const P = this.check(ids, B, T);
-    if (gradOut.length !== this.total)
-      throw new RangeError(`lossAndGrads: gradOut has ${gradOut.length} floats, the layout needs ${this.total}`);
+    if (gradOut.length !== this.bind.total)
+      throw new RangeError(`lossAndGrads: gradOut has ${gradOut.length} floats, the layout needs ${this.bind.total}`);
     if (!Number.isFinite(gradScale) || gradScale <= 0)
       throw new RangeError(`lossAndGrads: gradScale ${gradScale} must be a positive finite number`);
     const a = this.arena(B, T, true),
       grads = a.grads!,
       L = this.cfg.numLayers;
     // ---- forward: keep every block's input; its activations too unless checkpointing
-    this.k.embeddingForward(
-      a.xs[0],
-      ids,
-      this.w(P, this.off.embed, this.cfg.vocabSize * this.cfg.hiddenSize),
-      B * T,
-      this.cfg.hiddenSize,
-    );
+    this.k.embeddingForward(a.xs[0], ids, this.bind.embed(P), B * T, this.cfg.hiddenSize);
     for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l], "forward");
     // ---- final norm, LM head + cross-entropy (dhF lands in grads.dh), final norm backward into dx
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
@@ -190,10 +154,10 @@ export class Llama {
     grads.dx.fill(0);
     this.k.rmsnormBackward(
       grads.dx,
-      this.w(gradOut, this.off.norm, D),
+      this.bind.finalNorm(gradOut),
       grads.dh,
       a.xs[L],
-      this.w(P, this.off.norm, D),
+      this.bind.finalNorm(P),
       a.rF,
       N,
       D,
@@ -203,14 +167,14 @@ export class Llama {
       if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l], "recompute");
       this.blockBackward(P, l, a, a.acts[l], gradOut);
     }
-    this.k.embeddingBackward(this.w(gradOut, this.off.embed, this.cfg.vocabSize * D), ids, grads.dx, N, D);
+    this.k.embeddingBackward(this.bind.embed(gradOut), ids, grads.dx, N, D);
     return loss;
   }
 
   /** The loss alone (no gradients). */
   loss(ids: Int32Array, B: number, T: number): number {
     const P = this.check(ids, B, T);
-    const a = this.forwardHidden(P, ids, B, T);
+    const a = this.forwardHidden(P, ids, B, T, null);
     let sum = 0;
     this.headChunks(P, a, (c0, len, logits) => {
       sum += this.k.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, this.cfg.vocabSize, 0);
@@ -220,11 +184,20 @@ export class Llama {
 
   /** Logits [B, T, V], row-major. */
   logits(ids: Int32Array, B: number, T: number): Float32Array {
-    const P = this.check(ids, B, T),
-      V = this.cfg.vocabSize;
-    const a = this.forwardHidden(P, ids, B, T);
-    const out = new Float32Array(B * T * V);
-    this.headChunks(P, a, (c0, len, logits) => out.set(logits.subarray(0, len * V), c0 * V));
+    const P = this.check(ids, B, T);
+    return this.headLogits(P, this.forwardHidden(P, ids, B, T, null));
+  }
+
+  /**
+   * Generation (G11): logits [T, V] of T new tokens of one sequence at positions cache.length .. cache.length+T-1.
+   * The same forward as training's (embedding, each block's norms, projections, RoPE, SwiGLU and residuals, the
+   * final norm, the tied head, through the same kernels), except that each block writes its new keys and values into
+   * the cache and attends over the whole cache (attentionCachedForward). The cache then holds T more positions.
+   */
+  forwardCached(ids: Int32Array, cache: KvCache): Float32Array {
+    const P = this.checkCached(ids, cache);
+    const out = this.headLogits(P, this.forwardHidden(P, ids, 1, ids.length, cache));
+    cache.length += ids.length;
     return out;
   }
 
@@ -234,24 +207,39 @@ export class Llama {
    * "forward": xs[l+1] = block(xs[l]), activations into s. "recompute" (M6) redoes what the backward reads and the
    * arena did not keep (mm false: the matmul outputs were kept), never the block's output.
    */
-  private blockForward(P: Float32Array, l: number, a: Arena, s: Acts, pass: "forward" | "recompute"): void {
-    const W = this.blockParams(P, l),
+  private blockForward(
+    P: Float32Array,
+    l: number,
+    a: Arena,
+    s: Acts,
+    pass: "forward" | "recompute",
+    cache: KvCache | null = null,
+  ): void {
+    const W = this.bind.layer(P, l),
       mm = pass === "forward" || a.recompute === "whole";
-    this.attentionForward(W, a, s, a.xs[l], mm);
+    this.attentionForward(W, a, s, a.xs[l], mm, cache?.layer(l, a.T) ?? null);
     this.mlpForward(W, a, s, mm, pass === "forward" ? a.xs[l + 1] : null);
   }
 
   /** In: grads.dx = dL/d(block output). Out: grads.dx = dL/d(block input); weight gradients += into gradOut. */
   private blockBackward(P: Float32Array, l: number, a: Arena, s: Acts, gradOut: Float32Array): void {
-    const W = this.blockParams(P, l),
-      dW = this.blockParams(gradOut, l);
+    const W = this.bind.layer(P, l),
+      dW = this.bind.layer(gradOut, l);
     this.mlpBackward(W, dW, a, s);
     this.attentionBackward(W, dW, a, s, a.xs[l]);
   }
 
   // ---------------------------------------------------------------- attention: x1 = x + o_proj(attn(rope(qkv(norm1(x)))))
 
-  private attentionForward(W: BlockParams, a: Arena, s: Acts, x: Float32Array, mm: boolean): void {
+  /** kv: generation's cache of this layer (the new keys and values go into it; attention runs over all of it). */
+  private attentionForward(
+    W: LayerWeights,
+    a: Arena,
+    s: Acts,
+    x: Float32Array,
+    mm: boolean,
+    kv: CachedLayer | null,
+  ): void {
     const c = this.cfg,
       k = this.k,
       N = a.B * a.T,
@@ -264,10 +252,15 @@ export class Llama {
       k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
       k.matmul(false, true, N, K * E, D, 1, s.h1, W.wk, 0, s.k);
       k.matmul(false, true, N, K * E, D, 1, s.h1, W.wv, 0, s.v);
-      k.ropeForward(s.q, a.cos, a.sin, a.B, a.T, H, E);
-      k.ropeForward(s.k, a.cos, a.sin, a.B, a.T, K, E);
+      const { cos, sin } = kv ?? a; // RoPE at the positions these tokens hold
+      k.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
+      k.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
     }
-    k.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same o, bit for bit
+    if (kv) {
+      kv.keys.set(s.k, kv.past * K * E);
+      kv.values.set(s.v, kv.past * K * E);
+      k.attentionCachedForward(s.o, s.q, kv.keys, kv.values, kv.past, a.T, H, K, E);
+    } else k.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same o, bit for bit
     if (mm) {
       s.x1.set(x);
       k.matmul(false, true, N, D, H * E, 1, s.o, W.wo, 1, s.x1);
@@ -275,7 +268,7 @@ export class Llama {
   }
 
   /** grads.dx = dL/dx1 in, dL/dx out (the residual passes dx1 through; norm1's backward adds into it). */
-  private attentionBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts, x: Float32Array): void {
+  private attentionBackward(W: LayerWeights, dW: LayerWeights, a: Arena, s: Acts, x: Float32Array): void {
     const c = this.cfg,
       k = this.k,
       grads = a.grads!,
@@ -301,7 +294,7 @@ export class Llama {
 
   // ---------------------------------------------------------------- MLP: out = x1 + down(silu(gate(h2)) * up(h2)), h2 = norm2(x1)
 
-  private mlpForward(W: BlockParams, a: Arena, s: Acts, mm: boolean, out: Float32Array | null): void {
+  private mlpForward(W: LayerWeights, a: Arena, s: Acts, mm: boolean, out: Float32Array | null): void {
     const c = this.cfg,
       k = this.k,
       N = a.B * a.T,
@@ -319,7 +312,7 @@ export class Llama {
   }
 
   /** grads.dx = dL/dout in, dL/dx1 out. */
-  private mlpBackward(W: BlockParams, dW: BlockParams, a: Arena, s: Acts): void {
+  private mlpBackward(W: LayerWeights, dW: LayerWeights, a: Arena, s: Acts): void {
     const c = this.cfg,
       k = this.k,
       grads = a.grads!,
@@ -344,7 +337,7 @@ export class Llama {
     const N = a.B * a.T,
       D = this.cfg.hiddenSize,
       V = this.cfg.vocabSize,
-      E = this.w(P, this.off.embed, V * D);
+      E = this.bind.embed(P);
     for (let c0 = 0; c0 < N; c0 += this.headChunkTokens) {
       const len = Math.min(this.headChunkTokens, N - c0);
       this.k.matmul(false, true, len, V, D, 1, a.hF.subarray(c0 * D, (c0 + len) * D), E, 0, a.logits);
@@ -359,10 +352,10 @@ export class Llama {
       D = c.hiddenSize,
       V = c.vocabSize,
       L = c.numLayers;
-    const E = this.w(P, this.off.embed, V * D),
-      dE = this.w(gradOut, this.off.embed, V * D),
+    const E = this.bind.embed(P),
+      dE = this.bind.embed(gradOut),
       dh = a.grads!.dh;
-    this.k.rmsnormForward(a.hF, a.rF, a.xs[L], this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
+    this.k.rmsnormForward(a.hF, a.rF, a.xs[L], this.bind.finalNorm(P), N, D, c.rmsNormEps);
     const coef = gradScale / (a.B * (a.T - 1)); // d(mean loss * gradScale)/d(logits) = (softmax - onehot) * coef
     let sum = 0;
     this.headChunks(P, a, (c0, len, logits) => {
@@ -376,40 +369,50 @@ export class Llama {
 
   // ================================================================ plumbing
 
-  /** Embedding, the blocks and the final norm, activations of one block at a time (loss / logits). */
-  private forwardHidden(P: Float32Array, ids: Int32Array, B: number, T: number): Arena {
+  /** Embedding, the blocks and the final norm, activations of one block at a time (loss / logits / generation). */
+  private forwardHidden(P: Float32Array, ids: Int32Array, B: number, T: number, cache: KvCache | null): Arena {
     const c = this.cfg,
       a = this.arena(B, T, false),
       D = c.hiddenSize,
       N = B * T;
-    this.k.embeddingForward(a.xs[0], ids, this.w(P, this.off.embed, c.vocabSize * D), N, D);
-    for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0], "forward");
-    this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers], this.w(P, this.off.norm, D), N, D, c.rmsNormEps);
+    this.k.embeddingForward(a.xs[0], ids, this.bind.embed(P), N, D);
+    for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0], "forward", cache);
+    this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers], this.bind.finalNorm(P), N, D, c.rmsNormEps);
     return a;
   }
 
-  private w(flat: Float32Array, offset: number, size: number): Float32Array {
-    return flat.subarray(offset, offset + size);
+  /** The logits [N, V] of the arena's final hidden states, through the head's chunks. */
+  private headLogits(P: Float32Array, a: Arena): Float32Array {
+    const V = this.cfg.vocabSize,
+      out = new Float32Array(a.B * a.T * V);
+    this.headChunks(P, a, (c0, len, logits) => out.set(logits.subarray(0, len * V), c0 * V));
+    return out;
   }
 
-  private blockParams(flat: Float32Array, l: number): BlockParams {
+  /** Validates a cached pass's arguments before any compute; returns the bound parameters. */
+  private checkCached(ids: Int32Array, cache: KvCache): Float32Array {
+    if (!this.params) throw new Error("Llama: bindParams() must be called before any pass");
     const c = this.cfg,
-      o = this.off.layers[l],
-      D = c.hiddenSize,
-      F = c.intermediateSize;
-    const qd = c.numHeads * c.headDim,
-      kvd = c.numKvHeads * c.headDim;
-    return {
-      inputNorm: this.w(flat, o.inputNorm, D),
-      wq: this.w(flat, o.wq, qd * D),
-      wk: this.w(flat, o.wk, kvd * D),
-      wv: this.w(flat, o.wv, kvd * D),
-      wo: this.w(flat, o.wo, D * qd),
-      postAttnNorm: this.w(flat, o.postAttnNorm, D),
-      wGate: this.w(flat, o.wGate, F * D),
-      wUp: this.w(flat, o.wUp, F * D),
-      wDown: this.w(flat, o.wDown, D * F),
-    };
+      kc = cache.cfg;
+    if (
+      kc.numLayers !== c.numLayers ||
+      kc.numKvHeads !== c.numKvHeads ||
+      kc.headDim !== c.headDim ||
+      kc.ropeTheta !== c.ropeTheta
+    )
+      throw new RangeError(
+        "Llama: the KV cache was made for a model of other layers, kv heads, head_dim or rope_theta",
+      );
+    const V = c.vocabSize;
+    if (ids.length < 1) throw new RangeError("Llama: a cached pass needs at least one new token");
+    for (const id of ids)
+      if (id < 0 || id >= V) throw new UserError("M4", `token id ${id} is outside the vocabulary [0, ${V})`);
+    if (cache.length + ids.length > cache.capacity)
+      throw new UserError(
+        "M1",
+        `the sequence reached the model's ${cache.capacity} positions (max_position_embeddings); ask for fewer new tokens`,
+      );
+    return this.params;
   }
 
   /** Validates a pass's arguments before any compute; returns the bound parameters. */
@@ -510,6 +513,58 @@ export class Llama {
       };
     }
     return a;
+  }
+}
+
+/** One layer's view of a KvCache for a pass of T new positions. */
+interface CachedLayer {
+  keys: Float32Array;
+  values: Float32Array; // [capacity, K*E]
+  past: number; // positions already cached; the pass writes past .. past+T-1
+  cos: Float32Array;
+  sin: Float32Array; // RoPE tables of the new positions [T, E/2]
+}
+
+/**
+ * The key/value cache of one sequence for Llama.forwardCached: per layer, keys (after RoPE) and values
+ * [capacity, K*E], and the RoPE tables of every position it can hold. `length` positions are filled.
+ */
+export class KvCache {
+  /** Positions filled so far (the next token goes to position `length`). */
+  length = 0;
+  private readonly keys: Float32Array[];
+  private readonly values: Float32Array[];
+  private readonly cos: Float32Array;
+  private readonly sin: Float32Array;
+
+  constructor(
+    readonly cfg: LlamaConfig,
+    readonly capacity: number,
+  ) {
+    if (!Number.isInteger(capacity) || capacity < 1)
+      throw new RangeError(`KvCache: capacity ${capacity} must be a positive integer`);
+    const kvd = cfg.numKvHeads * cfg.headDim;
+    this.keys = Array.from({ length: cfg.numLayers }, () => new Float32Array(capacity * kvd));
+    this.values = Array.from({ length: cfg.numLayers }, () => new Float32Array(capacity * kvd));
+    ({ cos: this.cos, sin: this.sin } = ropeTables(capacity, cfg.headDim, cfg.ropeTheta));
+  }
+
+  /** Forget every position (a new sequence). */
+  reset(): void {
+    this.length = 0;
+  }
+
+  /** Layer l's cache for a pass of T new positions. */
+  layer(l: number, T: number): CachedLayer {
+    const h = this.cfg.headDim / 2,
+      p = this.length;
+    return {
+      keys: this.keys[l],
+      values: this.values[l],
+      past: p,
+      cos: this.cos.subarray(p * h, (p + T) * h),
+      sin: this.sin.subarray(p * h, (p + T) * h),
+    };
   }
 }
 

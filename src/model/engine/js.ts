@@ -179,6 +179,50 @@ function attentionForward(
   }
 }
 
+/** Cached attention (kernels.ts contract): new position t of T attends to cache rows u <= P+t. */
+function attentionCachedForward(
+  out: Float32Array,
+  q: Float32Array,
+  kCache: Float32Array,
+  vCache: Float32Array,
+  P: number,
+  T: number,
+  H: number,
+  K: number,
+  E: number,
+): void {
+  const scale = 1 / Math.sqrt(E),
+    sc = new Float32Array(P + T),
+    acc = new Float64Array(E);
+  for (let t = 0; t < T; t++) {
+    const last = P + t; // the newest position this query sees
+    for (let h = 0; h < H; h++) {
+      const j = Math.floor((h * K) / H),
+        qo = (t * H + h) * E;
+      // float32 scores and their max
+      let mx = -Infinity;
+      for (let u = 0; u <= last; u++) {
+        const ko = (u * K + j) * E;
+        let s = 0;
+        for (let e = 0; e < E; e++) s += q[qo + e] * kCache[ko + e];
+        sc[u] = s * scale;
+        if (sc[u] > mx) mx = sc[u];
+      }
+      // softmax in float64 from the float32 scores, probabilities rounded to float32
+      let sum = 0;
+      for (let u = 0; u <= last; u++) sum += Math.exp(sc[u] - mx);
+      for (let u = 0; u <= last; u++) sc[u] = Math.exp(sc[u] - mx) / sum;
+      acc.fill(0);
+      for (let u = 0; u <= last; u++) {
+        const p = sc[u],
+          vo = (u * K + j) * E;
+        for (let e = 0; e < E; e++) acc[e] += p * vCache[vo + e];
+      }
+      for (let e = 0; e < E; e++) out[qo + e] = acc[e];
+    }
+  }
+}
+
 /**
  * dv[u] = sum_t att[t,u] dout[t];  dP[t,u] = dout[t] . v[u];  dS = att * (dP - sum_u att*dP) / sqrt(E);
  * dq[t] = sum_u dS[t,u] k[u];  dk[u] = sum_t dS[t,u] q[t]   (dk, dv summed over the kv head's query heads).
@@ -311,6 +355,7 @@ export const jsKernels: NonMatmulKernels = {
   ropeBackward,
   attentionForward,
   attentionBackward,
+  attentionCachedForward,
   swigluForward,
   swigluBackward,
   crossEntropy,

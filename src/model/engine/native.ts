@@ -49,6 +49,7 @@ interface Addon {
   ropeBackward: Kernels["ropeBackward"];
   attentionForward: Kernels["attentionForward"];
   attentionBackward: Kernels["attentionBackward"];
+  attentionCachedForward: Kernels["attentionCachedForward"];
   swigluForward: Kernels["swigluForward"];
   swigluBackward: Kernels["swigluBackward"];
   crossEntropy: Kernels["crossEntropy"];
@@ -235,6 +236,7 @@ function nativeKernels(a: Addon, name: string, kind: "builtin" | "blas", isa: Is
       use();
       a.attentionBackward(...args);
     },
+    attentionCachedForward: a.attentionCachedForward,
     swigluForward: a.swigluForward,
     swigluBackward: a.swigluBackward,
     crossEntropy: a.crossEntropy,

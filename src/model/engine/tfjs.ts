@@ -83,7 +83,9 @@ class TransposeScratch {
 
 /**
  * attention "matmul" (default): attention on this engine's matmul (see the header); "js": js.ts's plain loops (the
- * readable reference, ~5x slower; tests check both against the float64 fixture).
+ * readable reference, ~5x slower; tests check both against the float64 fixture). Generation's cached attention
+ * (attentionCachedForward: a few query rows against the cache) is js.ts's loops either way: products of one row
+ * gain nothing from a tfjs round trip.
  */
 export function createTfjsKernels(o: { attention?: "matmul" | "js" } = {}): Kernels {
   const backend = tf.getBackend();
