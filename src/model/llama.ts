@@ -6,7 +6,8 @@
  *                F ffn width, V vocab, L layers, C tokens per LM-head chunk.
  *
  * Weights are READ from the bound flat fp32 parameters (layout.ts order, HF [out, in] shapes), in place: a
- * projection y = x @ W^T is matmul(transB), its gradients dW += dy^T @ x (transA, beta 1) and dx = dy @ W. No
+ * projection is linearForward, y = x @ W^T (plus the residual where the block adds one), and linearBackward,
+ * dW += dy^T @ x and dx = dy @ W, both over the kernels' matmul; the tied LM head is one too. No
  * replica, no transposed copy: the model sees the shared master weights as they are at each call. Gradients
  * ACCUMULATE (beta 1, +=) straight into the caller's gradient buffer (same layout), scaled by gradScale.
  * Activations live in an arena allocated once per (B, T). Gradient checkpointing (M6) keeps each block's input
@@ -79,7 +80,7 @@ export interface LlamaOptions {
 export class Llama {
   readonly cfg: LlamaConfig;
   readonly gradCkpt: boolean;
-  private readonly k: Kernels;
+  private readonly ops: Kernels;
   private readonly bind: WeightBinder;
   private readonly headChunkTokens: number;
   private readonly ckptKeepBytes: number;
@@ -91,7 +92,7 @@ export class Llama {
       throw new UserError("M2", `num_key_value_heads ${c.numKvHeads} must divide num_attention_heads ${c.numHeads}`);
     if (c.headDim % 2 !== 0) throw new UserError("M2", `head_dim ${c.headDim} must be even (RoPE)`);
     this.cfg = c;
-    this.k = kernels;
+    this.ops = kernels;
     this.gradCkpt = o.gradCkpt;
     this.bind = weightBinder(c);
     const hc = o.headChunkTokens ?? Math.max(1, Math.floor((1 << 24) / c.vocabSize));
@@ -145,29 +146,19 @@ export class Llama {
       grads = a.grads!,
       L = this.cfg.numLayers;
     // ---- forward: keep every block's input; its activations too unless checkpointing
-    this.k.embeddingForward(a.xs[0], ids, this.bind.embed(P), B * T, this.cfg.hiddenSize);
+    this.ops.embeddingForward(a.xs[0], ids, this.bind.embed(P), B * T, this.cfg.hiddenSize);
     for (let l = 0; l < L; l++) this.blockForward(P, l, a, a.acts[l], "forward");
     // ---- final norm, LM head + cross-entropy (dhF lands in grads.dh), final norm backward into dx
+    this.finalNormForward(P, a);
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
-    const N = B * T,
-      D = this.cfg.hiddenSize;
     grads.dx.fill(0);
-    this.k.rmsnormBackward(
-      grads.dx,
-      this.bind.finalNorm(gradOut),
-      grads.dh,
-      a.xs[L],
-      this.bind.finalNorm(P),
-      a.rF,
-      N,
-      D,
-    );
+    this.finalNormBackward(P, a, gradOut);
     // ---- blocks in reverse (M6: recompute the block's activations from its input first)
     for (let l = L - 1; l >= 0; l--) {
       if (a.recompute !== "none") this.blockForward(P, l, a, a.acts[l], "recompute");
       this.blockBackward(P, l, a, a.acts[l], gradOut);
     }
-    this.k.embeddingBackward(this.bind.embed(gradOut), ids, grads.dx, N, D);
+    this.ops.embeddingBackward(this.bind.embed(gradOut), ids, grads.dx, B * T, this.cfg.hiddenSize);
     return loss;
   }
 
@@ -177,7 +168,7 @@ export class Llama {
     const a = this.forwardHidden(P, ids, B, T, null);
     let sum = 0;
     this.headChunks(P, a, (c0, len, logits) => {
-      sum += this.k.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, this.cfg.vocabSize, 0);
+      sum += this.ops.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, this.cfg.vocabSize, 0);
     });
     return sum / (B * (T - 1));
   }
@@ -241,96 +232,141 @@ export class Llama {
     kv: CachedLayer | null,
   ): void {
     const c = this.cfg,
-      k = this.k,
+      ops = this.ops,
       N = a.B * a.T,
       D = c.hiddenSize,
       H = c.numHeads,
       K = c.numKvHeads,
       E = c.headDim;
-    k.rmsnormForward(s.h1, s.r1, x, W.inputNorm, N, D, c.rmsNormEps);
+    ops.rmsnormForward(s.h1, s.r1, x, W.inputNorm, N, D, c.rmsNormEps);
     if (mm) {
-      k.matmul(false, true, N, H * E, D, 1, s.h1, W.wq, 0, s.q);
-      k.matmul(false, true, N, K * E, D, 1, s.h1, W.wk, 0, s.k);
-      k.matmul(false, true, N, K * E, D, 1, s.h1, W.wv, 0, s.v);
+      this.linearForward(s.q, s.h1, W.wq, N, D, H * E);
+      this.linearForward(s.k, s.h1, W.wk, N, D, K * E);
+      this.linearForward(s.v, s.h1, W.wv, N, D, K * E);
       const { cos, sin } = kv ?? a; // RoPE at the positions these tokens hold
-      k.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
-      k.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
+      ops.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
+      ops.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
     }
     if (kv) {
       kv.keys.set(s.k, kv.past * K * E);
       kv.values.set(s.v, kv.past * K * E);
-      k.attentionCachedForward(s.o, s.q, kv.keys, kv.values, kv.past, a.T, H, K, E);
-    } else k.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same o, bit for bit
-    if (mm) {
-      s.x1.set(x);
-      k.matmul(false, true, N, D, H * E, 1, s.o, W.wo, 1, s.x1);
-    }
+      ops.attentionCachedForward(s.o, s.q, kv.keys, kv.values, kv.past, a.T, H, K, E);
+    } else ops.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same o, bit for bit
+    if (mm) this.linearForward(s.x1, s.o, W.wo, N, H * E, D, x); // x1 = x + o Wo^T: the residual
   }
 
   /** grads.dx = dL/dx1 in, dL/dx out (the residual passes dx1 through; norm1's backward adds into it). */
   private attentionBackward(W: LayerWeights, dW: LayerWeights, a: Arena, s: Acts, x: Float32Array): void {
     const c = this.cfg,
-      k = this.k,
-      grads = a.grads!,
-      dy = grads.dx,
+      ops = this.ops,
+      g = a.grads!,
       N = a.B * a.T,
       D = c.hiddenSize,
       H = c.numHeads,
       K = c.numKvHeads,
       E = c.headDim;
-    k.matmul(true, false, D, H * E, N, 1, dy, s.o, 1, dW.wo);
-    k.matmul(false, false, N, H * E, D, 1, dy, W.wo, 0, grads.dO);
-    k.attentionBackward(grads.dq, grads.dk, grads.dv, grads.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
-    k.ropeBackward(grads.dq, a.cos, a.sin, a.B, a.T, H, E);
-    k.ropeBackward(grads.dk, a.cos, a.sin, a.B, a.T, K, E);
-    k.matmul(true, false, H * E, D, N, 1, grads.dq, s.h1, 1, dW.wq);
-    k.matmul(true, false, K * E, D, N, 1, grads.dk, s.h1, 1, dW.wk);
-    k.matmul(true, false, K * E, D, N, 1, grads.dv, s.h1, 1, dW.wv);
-    k.matmul(false, false, N, D, H * E, 1, grads.dq, W.wq, 0, grads.dh);
-    k.matmul(false, false, N, D, K * E, 1, grads.dk, W.wk, 1, grads.dh);
-    k.matmul(false, false, N, D, K * E, 1, grads.dv, W.wv, 1, grads.dh);
-    k.rmsnormBackward(dy, dW.inputNorm, grads.dh, x, W.inputNorm, s.r1, N, D);
+    // g.dx = dL/dx1 is also dL/dx through the residual: rmsnormBackward adds norm1's part into it last
+    this.linearBackward(g.dO, dW.wo, g.dx, s.o, W.wo, N, H * E, D, "set");
+    ops.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
+    ops.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
+    ops.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
+    this.linearBackward(g.dh, dW.wq, g.dq, s.h1, W.wq, N, D, H * E, "set");
+    this.linearBackward(g.dh, dW.wk, g.dk, s.h1, W.wk, N, D, K * E, "add");
+    this.linearBackward(g.dh, dW.wv, g.dv, s.h1, W.wv, N, D, K * E, "add");
+    ops.rmsnormBackward(g.dx, dW.inputNorm, g.dh, x, W.inputNorm, s.r1, N, D);
   }
 
   // ---------------------------------------------------------------- MLP: out = x1 + down(silu(gate(h2)) * up(h2)), h2 = norm2(x1)
 
   private mlpForward(W: LayerWeights, a: Arena, s: Acts, mm: boolean, out: Float32Array | null): void {
     const c = this.cfg,
-      k = this.k,
+      ops = this.ops,
       N = a.B * a.T,
       D = c.hiddenSize,
       F = c.intermediateSize;
-    k.rmsnormForward(s.h2, s.r2, s.x1, W.postAttnNorm, N, D, c.rmsNormEps);
+    ops.rmsnormForward(s.h2, s.r2, s.x1, W.postAttnNorm, N, D, c.rmsNormEps);
     if (mm) {
-      k.matmul(false, true, N, F, D, 1, s.h2, W.wGate, 0, s.gate);
-      k.matmul(false, true, N, F, D, 1, s.h2, W.wUp, 0, s.up);
+      this.linearForward(s.gate, s.h2, W.wGate, N, D, F);
+      this.linearForward(s.up, s.h2, W.wUp, N, D, F);
     }
-    k.swigluForward(s.swiglu, s.gate, s.up, N * F);
-    if (!out) return;
-    out.set(s.x1);
-    k.matmul(false, true, N, D, F, 1, s.swiglu, W.wDown, 1, out);
+    ops.swigluForward(s.swiglu, s.gate, s.up, N * F);
+    if (out) this.linearForward(out, s.swiglu, W.wDown, N, F, D, s.x1); // out = x1 + swiglu Wdown^T: the residual
   }
 
   /** grads.dx = dL/dout in, dL/dx1 out. */
   private mlpBackward(W: LayerWeights, dW: LayerWeights, a: Arena, s: Acts): void {
     const c = this.cfg,
-      k = this.k,
-      grads = a.grads!,
-      dy = grads.dx,
+      ops = this.ops,
+      g = a.grads!,
       N = a.B * a.T,
       D = c.hiddenSize,
       F = c.intermediateSize;
-    k.matmul(true, false, D, F, N, 1, dy, s.swiglu, 1, dW.wDown);
-    k.matmul(false, false, N, F, D, 1, dy, W.wDown, 0, grads.dSwiglu);
-    k.swigluBackward(grads.dGate, grads.dUp, grads.dSwiglu, s.gate, s.up, N * F);
-    k.matmul(true, false, F, D, N, 1, grads.dGate, s.h2, 1, dW.wGate);
-    k.matmul(true, false, F, D, N, 1, grads.dUp, s.h2, 1, dW.wUp);
-    k.matmul(false, false, N, D, F, 1, grads.dGate, W.wGate, 0, grads.dh);
-    k.matmul(false, false, N, D, F, 1, grads.dUp, W.wUp, 1, grads.dh);
-    k.rmsnormBackward(dy, dW.postAttnNorm, grads.dh, s.x1, W.postAttnNorm, s.r2, N, D);
+    // g.dx = dL/dout is also dL/dx1 through the residual: rmsnormBackward adds norm2's part into it last
+    this.linearBackward(g.dSwiglu, dW.wDown, g.dx, s.swiglu, W.wDown, N, F, D, "set");
+    ops.swigluBackward(g.dGate, g.dUp, g.dSwiglu, s.gate, s.up, N * F);
+    this.linearBackward(g.dh, dW.wGate, g.dGate, s.h2, W.wGate, N, D, F, "set");
+    this.linearBackward(g.dh, dW.wUp, g.dUp, s.h2, W.wUp, N, D, F, "add");
+    ops.rmsnormBackward(g.dx, dW.postAttnNorm, g.dh, s.x1, W.postAttnNorm, s.r2, N, D);
   }
 
-  // ================================================================ LM head (tied to the embedding) + cross-entropy
+  // ---------------------------------------------------------------- linear: y = x W^T (+ residual), W [out, in] as in HF
+
+  /**
+   * y[N, out] = x[N, in] @ W^T, or residual + x @ W^T when a residual [N, out] is given: the GEMM adds the product
+   * to y = residual (beta 1), one rounding per element, the same bits as adding it afterwards.
+   */
+  private linearForward(
+    y: Float32Array,
+    x: Float32Array,
+    W: Float32Array,
+    N: number,
+    inF: number,
+    outF: number,
+    residual?: Float32Array,
+  ): void {
+    if (residual) y.set(residual);
+    this.ops.matmul(false, true, N, outF, inF, 1, x, W, residual ? 1 : 0, y);
+  }
+
+  /** dW += dy^T @ x (accumulates over micro-batches), and dx = dy @ W ("set") or dx += dy @ W ("add"). */
+  private linearBackward(
+    dx: Float32Array,
+    dW: Float32Array,
+    dy: Float32Array,
+    x: Float32Array,
+    W: Float32Array,
+    N: number,
+    inF: number,
+    outF: number,
+    into: "set" | "add",
+  ): void {
+    this.ops.matmul(true, false, outF, inF, N, 1, dy, x, 1, dW);
+    this.ops.matmul(false, false, N, inF, outF, 1, dy, W, into === "add" ? 1 : 0, dx);
+  }
+
+  // ================================================================ final norm, then the LM head (tied to the embedding) + cross-entropy
+
+  /** hF = norm(xs[L]) with the final norm's weight. */
+  private finalNormForward(P: Float32Array, a: Arena): void {
+    const c = this.cfg;
+    this.ops.rmsnormForward(
+      a.hF,
+      a.rF,
+      a.xs[c.numLayers],
+      this.bind.finalNorm(P),
+      a.B * a.T,
+      c.hiddenSize,
+      c.rmsNormEps,
+    );
+  }
+
+  /** grads.dh = dL/dhF in; grads.dx += dL/dxs[L] and the final norm's weight gradient += into gradOut. */
+  private finalNormBackward(P: Float32Array, a: Arena, gradOut: Float32Array): void {
+    const c = this.cfg,
+      g = a.grads!;
+    const [xL, w, dw] = [a.xs[c.numLayers], this.bind.finalNorm(P), this.bind.finalNorm(gradOut)];
+    this.ops.rmsnormBackward(g.dx, dw, g.dh, xL, w, a.rF, a.B * a.T, c.hiddenSize);
+  }
 
   /** logits = hF @ E^T in chunks of C rows, [N, V] never at once; `each` sees one chunk's logits [len, V]. */
   private headChunks(P: Float32Array, a: Arena, each: (c0: number, len: number, logits: Float32Array) => void): void {
@@ -340,29 +376,25 @@ export class Llama {
       E = this.bind.embed(P);
     for (let c0 = 0; c0 < N; c0 += this.headChunkTokens) {
       const len = Math.min(this.headChunkTokens, N - c0);
-      this.k.matmul(false, true, len, V, D, 1, a.hF.subarray(c0 * D, (c0 + len) * D), E, 0, a.logits);
+      this.linearForward(a.logits, a.hF.subarray(c0 * D, (c0 + len) * D), E, len, D, V); // the tied head
       each(c0, len, a.logits);
     }
   }
 
-  /** Final norm, then per chunk: logits, cross-entropy (logits become dlogits), dhF = dlogits @ E, dE += dlogits^T @ hF. */
+  /** Per chunk of the final hidden states: logits, cross-entropy (logits become dlogits), dhF = dlogits @ E, dE += dlogits^T @ hF. */
   private headForwardBackward(P: Float32Array, a: Arena, gradScale: number, gradOut: Float32Array): number {
     const c = this.cfg,
-      N = a.B * a.T,
       D = c.hiddenSize,
-      V = c.vocabSize,
-      L = c.numLayers;
+      V = c.vocabSize;
     const E = this.bind.embed(P),
       dE = this.bind.embed(gradOut),
       dh = a.grads!.dh;
-    this.k.rmsnormForward(a.hF, a.rF, a.xs[L], this.bind.finalNorm(P), N, D, c.rmsNormEps);
     const coef = gradScale / (a.B * (a.T - 1)); // d(mean loss * gradScale)/d(logits) = (softmax - onehot) * coef
     let sum = 0;
     this.headChunks(P, a, (c0, len, logits) => {
-      sum += this.k.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, V, coef);
+      sum += this.ops.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, V, coef);
       const hc = a.hF.subarray(c0 * D, (c0 + len) * D);
-      this.k.matmul(false, false, len, D, V, 1, logits, E, 0, dh.subarray(c0 * D, (c0 + len) * D));
-      this.k.matmul(true, false, V, D, len, 1, logits, hc, 1, dE);
+      this.linearBackward(dh.subarray(c0 * D, (c0 + len) * D), dE, logits, hc, E, len, D, V, "set"); // the head's backward
     });
     return sum / (a.B * (a.T - 1));
   }
@@ -375,9 +407,9 @@ export class Llama {
       a = this.arena(B, T, false),
       D = c.hiddenSize,
       N = B * T;
-    this.k.embeddingForward(a.xs[0], ids, this.bind.embed(P), N, D);
+    this.ops.embeddingForward(a.xs[0], ids, this.bind.embed(P), N, D);
     for (let l = 0; l < c.numLayers; l++) this.blockForward(P, l, a, a.acts[0], "forward", cache);
-    this.k.rmsnormForward(a.hF, a.rF, a.xs[c.numLayers], this.bind.finalNorm(P), N, D, c.rmsNormEps);
+    this.finalNormForward(P, a);
     return a;
   }
 
