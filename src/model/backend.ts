@@ -1,6 +1,6 @@
 /**
- * Engine selection (DESIGN "Backends", P1, issue 11). `auto` takes the native engine (the Node-API addon with
- * OpenBLAS found at run time, src/model/engine/native.ts) when it loads, else a tfjs backend: tfjs-node-gpu,
+ * Engine selection (P1; the README's "Engines"). `auto` takes the native engine (the Node-API addon with its
+ * built-in GEMM, src/model/engine/native.ts) when it loads, else a tfjs backend: tfjs-node-gpu,
  * then tfjs-node (both optionalDependencies whose install may have failed offline, or whose libtensorflow may
  * not load), else wasm (XNNPACK, SIMD; single-threaded in Node), else cpu. The `backend:` line says what was
  * tried, why it was passed over, and the command that gets the fast path. Every worker thread calls this for

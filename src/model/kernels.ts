@@ -105,7 +105,11 @@ export interface Kernels {
     K: number,
     E: number,
   ): void;
-  /** dq = , dk = , dv = (overwritten), from dout [B,T,H,E] and the forward's q, k, v and att. */
+  /**
+   * dq = dS @ k, dk = dS^T @ q, dv = att^T @ dout (each overwritten; GQA: a kv head sums over its query heads),
+   * with dS = att * (dA - rowsum(att * dA)) / sqrt(E) and dA = dout @ v^T, from dout [B,T,H,E] and the forward's
+   * q, k, v (after RoPE) and att.
+   */
   attentionBackward(
     dq: Float32Array,
     dk: Float32Array,
