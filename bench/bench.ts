@@ -856,7 +856,7 @@ function addReadingNotes(run: BenchRun, o: Options, shape: Shape | null): Set<un
       `tokens per step = micro_batch × world × accum × seq = ${o.microBatch} × world × ${o.accum} × ${o.seq}: world 1 ${tokensPerStep(shape, 1)}, world 2 ${tokensPerStep(shape, 2)}; compare tok/s across worlds, not step ms`,
     );
     run.notes.push(
-      `data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (test/helpers/mix.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`,
+      `data: ${shape.dataKind === "demo" ? "the demo mix (ensureDemoMix, Brown + BPE 4096)" : "a synthetic mix (src/data/synthetic.ts) with the model's vocabulary"}, ${shape.nWindows} windows of ${o.seq}; seeds ${shape.seed}/${shape.dataSeed}; every case reads the same windows from step 0`,
     );
   }
   if (o.cases.has("torch") && rows.some((x) => String(x.case).startsWith("torch")))
