@@ -54,7 +54,7 @@ function ref(
 }
 
 for (const backend of ["wasm", "cpu"] as const) {
-  test(`on tfjs-${backend}, matmul matches float64 for every transpose pair, both plans, alpha and beta (#11)`, async () => {
+  test(`on tfjs-${backend}, matmul matches float64 for every transpose pair, both plans, alpha and beta`, async () => {
     const { kernels: k } = await initEngine(backend);
     const n0 = tf.memory().numTensors;
     // [M, N, K]: tall-thin and short-wide so that both plans are taken for each flag pair
