@@ -11,8 +11,8 @@ const path = require("node:path");
 const T = (...names) => names.map((n) => `dist/test/${n}.test.js`);
 /** module -> the test files that exercise it */
 const MODULES = {
-  "src/actors/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
-  "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
+  "src/optim/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
+  "src/optim/optim-simd.ts": T("train.optim", "train.runtime"),
   "src/actors/coordinator.ts": T(
     "train.rank-handle",
     "train.coordinator-uploader",
