@@ -50,7 +50,7 @@ const LAYERS = [
     // wrapper (mpi/**) loads libmpi and runs collectives on buffers; it knows nothing of the model or the run.
     // The optimizer (optim/**) is pure maths on flat arrays, used by the actors and the single-thread loop; its
     // checkpointed parts (optim/optim-state.ts) and the data's (data/cursor.ts) implement checkpoint/stateful.ts,
-    // the contract of a part with state (types only, it imports nothing), and checkpoint/state.ts composes their
+    // the contract of a part with state (types only), and checkpoint/state.ts composes their
     // fields' validators into the one parser of trainer_state.json.
     patterns: [
       "outdir.ts",

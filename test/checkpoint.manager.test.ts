@@ -9,6 +9,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { buildConfig, hfConfigJson } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
+import { encodeSafetensors, flatToTensors } from "../src/model/safetensors";
 import { makeCursor } from "../src/data/cursor";
 import { newScaler, scalerUpdate, validScaler, type OptimizerPosition } from "../src/optim/optim";
 import { SCALER_FIELDS } from "../src/optim/optim-state";
@@ -22,6 +23,8 @@ import {
   type LogEntry,
 } from "../src/checkpoint";
 import { tmpDir } from "./helpers/tmp";
+
+const read = (dir: string, name: string) => fs.readFileSync(path.join(dir, name));
 
 const cfg = buildConfig({ seqLen: 8, layers: 1, hidden: 72, vocabSize: 40 });
 const P = paramLayout(cfg).total;
@@ -167,4 +170,31 @@ test("one scaler check for the optimizer, the writer and the reader; every scale
     () => parseTrainerState(bytes({ scale: 4, growthTracker: 2000 }), where),
     /growthTracker in \[0, 2000\)/,
   );
+});
+
+test("the tensor parts write model.safetensors and optimizer.safetensors byte for byte as before, and the manifest lists the files in the old order (K2, K7)", () => {
+  const dir = checkpointDir(tmpDir("ckpt-manager-bytes"), 4);
+  const pos: OptimizerPosition = { optSteps: 4, scaler: newScaler(), skipped: 0 };
+  const t = { params: filled(1), m: filled(2), v: filled(3) };
+  saveCheckpoint(dir, cfg, t, managerOf(pos, [entry(4)]).documents(4));
+  // The files as save.ts built them before the tensor parts: weights under HF names; exp_avg.* then exp_avg_sq.*.
+  const model = encodeSafetensors(flatToTensors(cfg, t.params), { format: "pt" });
+  const moments = encodeSafetensors(
+    [
+      ...flatToTensors(cfg, t.m).map((x) => ({ ...x, name: `exp_avg.${x.name}` })),
+      ...flatToTensors(cfg, t.v).map((x) => ({ ...x, name: `exp_avg_sq.${x.name}` })),
+    ],
+    { format: "pt" },
+  );
+  assert.ok(read(dir, "model.safetensors").equals(model), "model.safetensors unchanged");
+  assert.ok(read(dir, "optimizer.safetensors").equals(moments), "optimizer.safetensors unchanged");
+  const manifest = JSON.parse(read(dir, "manifest.json").toString("utf8")) as { files: Record<string, unknown> };
+  assert.deepEqual(Object.keys(manifest.files), [
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer_state.json",
+    "cursor.json",
+    "config.json",
+    "run_config.json",
+  ]);
 });

@@ -1,11 +1,11 @@
 /**
  * The checkpoint module: it owns the checkpoint's lifecycle. A checkpoint is the run's stateful parts
  * (stateful.ts: each part defines its state, its one validator per field and its restore next to the code
- * that owns it) plus the tensors, saved and restored by one manager (manager.ts). It sits below the actors,
- * the Hub cycle and the session: it imports only src/errors.ts, src/model, src/data and src/optim.
+ * that owns it), saved and restored by one manager (manager.ts). It sits below the actors, the Hub cycle
+ * and the session: it imports only src/errors.ts, src/model, src/data and src/optim.
  *
- *   ckpt/checkpoint-{step}/ model.safetensors      fp32 master weights, HF names (M7)
- *                           optimizer.safetensors  exp_avg.{name}, exp_avg_sq.{name} (fp32)
+ *   ckpt/checkpoint-{step}/ model.safetensors      fp32 master weights, HF names (M7)  (tensor-parts.ts)
+ *                           optimizer.safetensors  exp_avg.{name}, exp_avg_sq.{name}  (optim/optim-state.ts)
  *                           trainer_state.json     format, step, then the parts' fields (state.ts):
  *                                                    optimizer  opt_steps, skipped_steps  (optim/optim-state.ts)
  *                                                    scaler     scaler                    (optim/optim-state.ts)
@@ -26,8 +26,8 @@
  *      state.ts assembleTrainerState (each part's stateDict, in order, checked with the reader's rules).
  *   2. actors/coordinator.ts stageWrite copies params | m | v into the one staging buffer and hands the job
  *      (documents + staging buffer) to the uploader's thread; training goes on.
- *   3. actors/uploader.ts write → manager.ts saveCheckpoint → save.ts writeCheckpointFolder: the tensors,
- *      the documents, manifest.json last, all in `<dir>.partial-<pid>` renamed into place (K2, K7).
+ *   3. actors/uploader.ts write → manager.ts saveCheckpoint → save.ts writeCheckpointFolder: the tensor
+ *      parts' files, the documents, manifest.json last, all in `<dir>.partial-<pid>` renamed into place (K2, K7).
  *
  * PUBLISH (with --hub-repo, on the uploader's thread, behind training: K3-K6)
  *   4. actors/uploader.ts publishLoop → hub/cycle.ts publishCheckpoint: one commit of the folder → verify
@@ -43,8 +43,8 @@
  *      cursor (data/cursor.ts validateResume, C3), the trainer state (load.ts readTrainerState → state.ts
  *      parseTrainerState: the parts' validators; optim/optim-state.ts checkHorizon, P5), the model's shape
  *      (M2) and the run config (P7).
- *   7. run.ts startingPoint → manager.ts restore: load.ts readCheckpointFolder (the tensors into the shared
- *      views) → state.ts restoreTrainerState (every part's check, then every part's loadStateDict).
+ *   7. run.ts startingPoint → manager.ts restore: load.ts readCheckpointFolder (each tensor part's file into
+ *      the shared views) → state.ts restoreTrainerState (every part's check, then every part's loadStateDict).
  */
 export * from "./names";
 export * from "./state";
@@ -52,3 +52,4 @@ export * from "./save";
 export * from "./load";
 export * from "./stateful";
 export * from "./manager";
+export * from "./tensor-parts";

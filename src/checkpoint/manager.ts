@@ -1,7 +1,7 @@
 /**
  * The checkpoint manager (torchtitan's CheckpointManager): it saves and restores a list of stateful parts
- * (stateful.ts), each defining its own state, validation and restore next to the code that owns it, plus
- * the tensors (fp32 master weights and AdamW's moments). The session builds one per run
+ * (stateful.ts), each defining its own state, validation and restore next to the code that owns it, and
+ * the tensor parts (tensor-parts.ts: fp32 master weights, AdamW's moments) through save.ts and load.ts. The session builds one per run
  * (session/in-flight.ts, checkpointManagerOf) and calls it to save and to resume; the uploader calls
  * saveCheckpoint on its own thread (a manager does not cross threads: the documents and tensors do).
  */
@@ -11,7 +11,7 @@ import { lrStateful, optimizerStateful, scalerStateful } from "../optim/optim-st
 import { dataStateful } from "../data/cursor";
 import { readCheckpointFolder } from "./load";
 import { writeCheckpointFolder } from "./save";
-import type { Stateful } from "./stateful";
+import type { CheckpointTensors, Stateful } from "./stateful";
 import {
   assembleTrainerState,
   checkpointDocs,
@@ -21,13 +21,6 @@ import {
   type LogEntry,
   type TrainerState,
 } from "./state";
-
-/** The tensors of a checkpoint: model.safetensors (params) and optimizer.safetensors (m, v), fp32, layout order. */
-export interface CheckpointTensors {
-  params: Float32Array;
-  m: Float32Array;
-  v: Float32Array;
-}
 
 /** The parts of a training run's trainer state, in the order trainer_state.json holds them. */
 export function trainerStateParts(o: {

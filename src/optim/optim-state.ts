@@ -1,16 +1,45 @@
 /**
  * The optimizer's state in a checkpoint (K2), defined here beside the step math that owns it: each part says
- * which trainer_state.json fields it writes, the one rule each saved field must satisfy, and how a saved state
- * is put back (checkpoint/stateful.ts; the checkpoint manager composes the parts). AdamW's moments travel as
- * tensors (optimizer.safetensors, checkpoint/save.ts); these are the scalars beside them.
+ * what it writes, the one rule each saved field must satisfy, and how a saved state is put back
+ * (checkpoint/stateful.ts; the checkpoint manager composes the parts).
  *
+ *   moments    optimizer.safetensors      AdamW's exp_avg.{name}, exp_avg_sq.{name} (fp32)
  *   optimizer  opt_steps, skipped_steps   applied steps (AdamW's t - 1, the LR's k) and the inf/NaN skips
  *   scaler     scaler                     the loss scaler (P2), checked by validScaler, the one scaler check
  *   lr         lr_shape                   the schedule's shape (P5); the LR's position is opt_steps
  */
 import { UserError } from "../errors";
-import { isObject, isWhole, type FieldRule, type Stateful } from "../checkpoint/stateful";
+import { paramLayout } from "../model/layout";
+import { flatToTensors, tensorsToFlat, type StTensor } from "../model/safetensors";
+import { OPTIMIZER_FILE } from "../checkpoint/names";
+import { isObject, isWhole, type FieldRule, type Stateful, type TensorPart } from "../checkpoint/stateful";
 import { SCALER_RULE, validScaler, type LrShape, type OptimizerPosition, type ScalerState } from "./optim";
+
+/** AdamW's moments: optimizer.safetensors holds exp_avg.{name} then exp_avg_sq.{name} for every parameter. */
+export const MOMENTS_PART: TensorPart = {
+  file: OPTIMIZER_FILE,
+  stateDict: (cfg, t) => [
+    ...flatToTensors(cfg, t.m).map((x) => ({ ...x, name: `exp_avg.${x.name}` })),
+    ...flatToTensors(cfg, t.v).map((x) => ({ ...x, name: `exp_avg_sq.${x.name}` })),
+  ],
+  loadStateDict: (cfg, saved, into, dir) => {
+    const pick = (prefix: string) => {
+      const out = new Map<string, StTensor>();
+      for (const e of paramLayout(cfg).entries) {
+        const t = saved.get(`${prefix}.${e.name}`);
+        if (!t)
+          throw new UserError(
+            "K2",
+            `${OPTIMIZER_FILE} in ${dir} lacks ${prefix}.${e.name}: the optimizer state is incomplete`,
+          );
+        out.set(e.name, { ...t, name: e.name });
+      }
+      return out;
+    };
+    tensorsToFlat(cfg, pick("exp_avg"), into.m);
+    tensorsToFlat(cfg, pick("exp_avg_sq"), into.v);
+  },
+};
 
 export const OPTIMIZER_FIELDS: readonly FieldRule[] = [
   {
