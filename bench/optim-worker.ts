@@ -5,8 +5,8 @@
  * the thread spent inside the call.
  */
 import { parentPort } from "node:worker_threads";
-import { ADAMW_DEFAULTS, type DecayRange } from "../src/actors/optim";
-import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
+import { ADAMW_DEFAULTS, type DecayRange } from "../src/optim/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "../src/optim/optim-simd";
 
 export interface OptimWorkerInit {
   params: SharedArrayBuffer;

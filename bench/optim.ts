@@ -11,7 +11,7 @@
  */
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
-import { slices, ADAMW_DEFAULTS, type DecayRange } from "../src/actors/optim";
+import { slices, ADAMW_DEFAULTS, type DecayRange } from "../src/optim/optim";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import type { OptimCmd, OptimReply } from "./optim-worker";

@@ -14,7 +14,7 @@ import { mixFingerprint } from "../src/data/fingerprint";
 import { PackedTokenStore } from "../src/data/token-store";
 import { permSha } from "../src/data/permutation";
 import { writeSyntheticMix } from "../src/data/synthetic";
-import type { LrShape } from "../src/actors/optim";
+import type { LrShape } from "../src/optim/optim";
 
 export type ModelName = "small" | "demo" | "frozen";
 

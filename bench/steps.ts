@@ -13,11 +13,17 @@ import * as path from "node:path";
 import type { GemmChoice } from "../src/config";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
-import { newScaler, type OptimizerPosition } from "../src/actors/optim";
+import { newScaler, type OptimizerPosition } from "../src/optim/optim";
 import type { CheckpointOutcome, RankMemory } from "../src/actors/protocol";
 import { initWeights } from "../src/model/init";
 import { hfConfigJson } from "../src/model/llama-config";
-import { checkpointDir, checkpointDocs, checkpointRepoPath, makePointer, type TrainerState } from "../src/checkpoint";
+import {
+  CheckpointManager,
+  checkpointDir,
+  checkpointRepoPath,
+  makePointer,
+  trainerStateParts,
+} from "../src/checkpoint";
 import { makeCursor } from "../src/data/cursor";
 import { LocalHub } from "../src/hub/server";
 import { createHubClient } from "../src/hub/client";
@@ -331,23 +337,18 @@ export async function runUploadCase(
       // ---- stage a checkpoint at this step boundary, as the session does (src/session/in-flight.ts, stage)
       const done = step;
       const pathInRepo = checkpointRepoPath(done);
-      const trainerState: TrainerState = {
-        format: "tstrain-trainer-state/1",
-        step: done,
-        opt_steps: pos.optSteps,
-        skipped_steps: pos.skipped,
-        scaler: pos.scaler,
-        lr_shape: s.lrShape,
-        seqs_per_step: seqsPerStep,
-        log_history: [],
-      };
-      const cursor = makeCursor({
-        step: done,
-        seqsPerStep,
-        seqLen: s.seqLen,
-        seed: s.dataSeed,
-        fingerprint: s.fingerprint,
-        permSha: pSha,
+      const manager = new CheckpointManager(trainerStateParts({ pos, lrShape: s.lrShape, seqsPerStep, history: [] }), {
+        cursorAt: (step) =>
+          makeCursor({
+            step,
+            seqsPerStep,
+            seqLen: s.seqLen,
+            seed: s.dataSeed,
+            fingerprint: s.fingerprint,
+            permSha: pSha,
+          }),
+        hfConfig: hfConfigJson(s.model),
+        runConfig: { bench: "upload-stall", world, model: s.modelName },
       });
       const pointer = makePointer({
         pathInRepo,
@@ -361,12 +362,7 @@ export async function runUploadCase(
       const job = coord.stageCheckpoint({
         step: done,
         dir: checkpointDir(runDir, done),
-        docs: checkpointDocs({
-          trainerState,
-          cursor,
-          hfConfig: hfConfigJson(s.model),
-          runConfig: { bench: "upload-stall", world, model: s.modelName },
-        }),
+        docs: manager.documents(done),
         publish: { pathInRepo, pointer, loss: null },
       });
       res.stageMs.push(performance.now() - t0);

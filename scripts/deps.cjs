@@ -48,9 +48,14 @@ const LAYERS = [
     // pure and read only errors.ts and data/cursor.ts: the Hub client reads and writes latest.json with
     // them, and the run folder's rules (outdir.ts) know the checkpoint folder's names. The MPI binding's
     // wrapper (mpi/**) loads libmpi and runs collectives on buffers; it knows nothing of the model or the run.
+    // The optimizer (optim/**) is pure maths on flat arrays, used by the actors and the single-thread loop; its
+    // checkpointed parts (optim/optim-state.ts) and the data's (data/cursor.ts) implement checkpoint/stateful.ts,
+    // the contract of a part with state (types only), and checkpoint/state.ts composes their
+    // fields' validators into the one parser of trainer_state.json.
     patterns: [
       "outdir.ts",
-      "checkpoint/{names,state}.ts",
+      "checkpoint/{names,state,stateful}.ts",
+      "optim/**",
       "model/**",
       "data/**",
       "hub/server/**",
@@ -63,7 +68,8 @@ const LAYERS = [
     layer: 3,
     name: "checkpoint",
     // A checkpoint is model weights + optimizer state + the data cursor: writing and reading a folder
-    // (checkpoint/{save,load}.ts, and index.ts, the module's public face) builds on layer 2 only.
+    // (checkpoint/{save,load}.ts), the manager that saves and restores the stateful parts (manager.ts), and
+    // index.ts, the module's public face, build on layer 2 only.
     patterns: ["checkpoint/**"],
   },
   {

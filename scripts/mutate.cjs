@@ -11,8 +11,8 @@ const path = require("node:path");
 const T = (...names) => names.map((n) => `dist/test/${n}.test.js`);
 /** module -> the test files that exercise it */
 const MODULES = {
-  "src/actors/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
-  "src/actors/optim-simd.ts": T("train.optim", "train.runtime"),
+  "src/optim/optim.ts": T("train.optim", "train.step-decision", "train.runtime"),
+  "src/optim/optim-simd.ts": T("train.optim", "train.runtime"),
   "src/actors/coordinator.ts": T(
     "train.rank-handle",
     "train.coordinator-uploader",
@@ -23,13 +23,15 @@ const MODULES = {
   ),
   "src/data/permutation.ts": T("data.permutation", "data.sampler"),
   "src/data/sampler.ts": T("data.sampler", "data.guards"),
-  "src/data/cursor.ts": T("data.cursor", "data.guards", "data.sampler"),
+  "src/data/cursor.ts": T("data.cursor", "data.guards", "data.sampler", "checkpoint.manager"),
   "src/data/budget.ts": T("data.budget", "data.guards", "data.sampler", "train.config"),
   "src/config.ts": T("train.config", "data.guards"),
   "src/hub/resume.ts": T("hub.resume"),
   "src/hub/cycle.ts": T("hub.cycle"),
   "src/checkpoint/names.ts": T("checkpoint.names", "checkpoint.write"),
-  "src/checkpoint/state.ts": T("checkpoint.state", "checkpoint.write"),
+  "src/checkpoint/state.ts": T("checkpoint.state", "checkpoint.write", "checkpoint.manager"),
+  "src/checkpoint/manager.ts": T("checkpoint.manager"),
+  "src/optim/optim-state.ts": T("checkpoint.manager", "checkpoint.state"),
   "src/checkpoint/save.ts": T("checkpoint.write"),
   "src/checkpoint/load.ts": T("checkpoint.write", "checkpoint.state"),
 };

@@ -13,9 +13,10 @@ import { isUserError } from "./errors";
 import { DistLink } from "./session/dist";
 import { RunComplete, RunStopped, EXIT_STOPPED, setLauncher, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
-import { newScaler, SCALER_DEFAULTS, type OptimizerPosition } from "./actors/optim";
+import { newScaler, SCALER_DEFAULTS, type OptimizerPosition } from "./optim/optim";
 import type { RankFault, UploaderEvent } from "./actors/protocol";
-import { readCheckpointFolder, type LogEntry } from "./checkpoint";
+import type { LogEntry } from "./checkpoint";
+import { checkpointManagerOf } from "./session/in-flight";
 import { checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
 import { createReporter, type Reporter } from "./report";
 import { LocalHub } from "./hub/server";
@@ -213,13 +214,9 @@ function dryRun(s: Session, rep: Reporter): RunResult {
 /** The weights, moments and optimizer position to start from: the resume checkpoint's, or a fresh init (M5). */
 function startingPoint(s: Session, coord: Coordinator): { pos: OptimizerPosition; history: LogEntry[] } {
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
-  let history: LogEntry[] = [];
+  const history: LogEntry[] = [];
   if (s.resumeDir) {
-    const ck = readCheckpointFolder(s.resumeDir, s.model, coord.views.params, coord.views.m, coord.views.v);
-    pos.optSteps = ck.state.opt_steps;
-    pos.scaler = ck.state.scaler;
-    pos.skipped = ck.state.skipped_steps;
-    history = ck.state.log_history;
+    checkpointManagerOf(s, pos, history).restore(s.resumeDir, s.model, coord.views); // every part puts its state back
   } else {
     initWeights(s.model, s.cfg.seed, coord.views.params);
   }

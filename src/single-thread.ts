@@ -3,7 +3,7 @@
  * shared memory and no messages: the same model, data path, optimizer, precision and step decision (decideStep)
  * as the actor runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
  * of one step of the actor run (same windows, same update), and the bench can compare the two. It uses nothing
- * from the actors but the step math (src/actors/optim*.ts) and the StepResult type, so it sits beside run.ts, not in
+ * from the actors but the step math (src/optim/optim*.ts) and the StepResult type, so it sits beside run.ts, not in
  * src/actors.
  */
 import { Llama } from "./model/llama";
@@ -30,8 +30,8 @@ import {
   type DecayRange,
   type LrShape,
   type OptimizerPosition,
-} from "./actors/optim";
-import { adamwSliceSimd } from "./actors/optim-simd";
+} from "./optim/optim";
+import { adamwSliceSimd } from "./optim/optim-simd";
 import type { StepResult } from "./actors/coordinator";
 import type { RunConfig } from "./config";
 import type { Reporter } from "./report";

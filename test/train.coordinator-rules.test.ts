@@ -14,7 +14,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { Coordinator, RankFailure, RankRefusal, type StepResult } from "../src/actors/coordinator";
 import { isUserError } from "../src/errors";
-import { newScaler, type OptimizerPosition } from "../src/actors/optim";
+import { newScaler, type OptimizerPosition } from "../src/optim/optim";
 import type { RankFault, UploaderEvent } from "../src/actors/protocol";
 import { CTL_ABORT } from "../src/actors/shm";
 import { SingleThreadTrainer } from "../src/single-thread";

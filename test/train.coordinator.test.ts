@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Coordinator } from "../src/actors/coordinator";
-import { newScaler, type OptimizerPosition } from "../src/actors/optim";
+import { newScaler, type OptimizerPosition } from "../src/optim/optim";
 import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { writeSyntheticMix } from "./helpers/mix";

@@ -6,8 +6,8 @@ import assert from "node:assert/strict";
 import * as path from "node:path";
 import { Llama } from "../src/model/llama";
 import { readSafetensors, tensorsToFlat } from "../src/model/safetensors";
-import { clipCoef } from "../src/actors/optim";
-import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
+import { clipCoef } from "../src/optim/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "../src/optim/optim-simd";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { ENGINES, useEngine } from "./helpers/engines";
 

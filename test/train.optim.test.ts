@@ -18,8 +18,8 @@ import {
   sumSlots64,
   totalSquares,
   unscaleInto,
-} from "../src/actors/optim";
-import { adamwSliceSimd, reduceSliceSimd } from "../src/actors/optim-simd";
+} from "../src/optim/optim";
+import { adamwSliceSimd, reduceSliceSimd } from "../src/optim/optim-simd";
 
 test("the trapezoid LR equals the seed's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
   // steps 1000: warmup = max(100, int(1000*0.02)) = 100, decay_start = int(1000*0.8) = 800

@@ -1,5 +1,5 @@
 /**
- * The actor runtime's step, checked against the reference step math (src/actors/optim.ts), at the level of
+ * The actor runtime's step, checked against the reference step math (src/optim/optim.ts), at the level of
  * behaviour: spawn the coordinator and its rank workers, run steps, and compare what lands in shared memory
  * (master weights, both AdamW moments) with the reference AdamW applied to the same pre-step state.
  *
@@ -19,7 +19,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { SingleThreadTrainer } from "../src/single-thread";
-import { adamwSlice, newScaler, type DecayRange, type OptimizerPosition } from "../src/actors/optim";
+import { adamwSlice, newScaler, type DecayRange, type OptimizerPosition } from "../src/optim/optim";
 import type { RankFault } from "../src/actors/protocol";
 import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";

@@ -1,5 +1,5 @@
 /**
- * decideStep (src/actors/optim.ts), the one decision of a step that the actor runtime (Coordinator.step) and the
+ * decideStep (src/optim/optim.ts), the one decision of a step that the actor runtime (Coordinator.step) and the
  * single-thread loop (SingleThreadTrainer.step) both call, rule by rule. The expected figures are written out from
  * the rules in docs/RULES.md here, not computed with the functions decideStep uses (lrFactor, clipCoef, scalerUpdate):
  * - P2: a non-finite gradient is not applied, the skip is counted, the optimizer step does not advance, the scale
@@ -9,7 +9,7 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { decideStep, unscaleFactor, type OptimizerPosition, type StepDecision } from "../src/actors/optim";
+import { decideStep, unscaleFactor, type OptimizerPosition, type StepDecision } from "../src/optim/optim";
 
 const BASE_LR = 6e-4;
 /** warmup 4, flat to optimizer step 6, then down to 0 at 10 (P5); the factors below are written out by hand. */

@@ -44,10 +44,10 @@ import {
   unscaleInto,
   type DecayRange,
   type OptimizerPosition,
-} from "./optim";
+} from "../optim/optim";
 import type { MpiWorld } from "../mpi/world";
-import type { LrShape } from "../checkpoint";
-import { updateSlice } from "./optim-simd";
+import type { LrShape } from "../optim/optim";
+import { updateSlice } from "../optim/optim-simd";
 import type {
   CheckpointJob,
   FromRank,

@@ -8,7 +8,7 @@ import type { SharedBuffers } from "./shm";
 import type { LlamaConfig } from "../model/llama-config";
 import type { BackendName } from "../model/backend";
 import type { NativeOptions } from "../model/engine/native";
-import type { DecayRange } from "./optim";
+import type { DecayRange } from "../optim/optim";
 import type { CheckpointDocs, Pointer } from "../checkpoint";
 
 export interface WireError {

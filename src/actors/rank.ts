@@ -18,8 +18,8 @@ import { PackedTokenStore } from "../data/token-store";
 import { WindowPermutation } from "../data/permutation";
 import { TrainStream, ValStream } from "../data/sampler";
 import { CTL_ABORT, viewShared, type SharedViews } from "./shm";
-import { updateSlice } from "./optim-simd";
-import { chunkSquares, foldMicro, reduceChunks64, SQ_CHUNK, sumSlots64 } from "./optim";
+import { updateSlice } from "../optim/optim-simd";
+import { chunkSquares, foldMicro, reduceChunks64, SQ_CHUNK, sumSlots64 } from "../optim/optim";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 

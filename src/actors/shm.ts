@@ -15,7 +15,7 @@
  * P = the model's parameter count in the layout order of src/model/layout.ts; Pp = P rounded up to a multiple of
  * the process count (MPI_Reduce_scatter_block hands each process an equal block; the padding stays 0).
  */
-import { chunkCount } from "./optim";
+import { chunkCount } from "../optim/optim";
 
 /** Control words (Int32 indices into `ctl`). */
 export const CTL_ABORT = 0; // != 0: stop at the next micro-batch boundary (a rank failed, or a stop was asked)

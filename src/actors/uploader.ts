@@ -18,7 +18,7 @@ import * as fs from "node:fs";
 import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import { stagingView, STAGE_M, STAGE_PARAMS, STAGE_V } from "./shm";
-import { checkpointRoot, listCheckpointFolders, writeCheckpointFolder } from "../checkpoint";
+import { checkpointRoot, listCheckpointFolders, saveCheckpoint } from "../checkpoint";
 import { createHubClient, type HubClient } from "../hub/client";
 import { freeBytes, publishCheckpoint } from "../hub/cycle";
 import {
@@ -158,12 +158,14 @@ const api: UploaderApi = {
       }
     }
     const t0 = performance.now();
-    writeCheckpointFolder(
+    saveCheckpoint(
       job.dir,
       job.model,
-      stagingView(job.staging, job.P, STAGE_PARAMS),
-      stagingView(job.staging, job.P, STAGE_M),
-      stagingView(job.staging, job.P, STAGE_V),
+      {
+        params: stagingView(job.staging, job.P, STAGE_PARAMS),
+        m: stagingView(job.staging, job.P, STAGE_M),
+        v: stagingView(job.staging, job.P, STAGE_V),
+      },
       job.docs,
     );
     const writeSeconds = (performance.now() - t0) / 1000;

@@ -7,20 +7,18 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
 import type { LlamaConfig } from "../model/llama-config";
-import { paramLayout } from "../model/layout";
-import { decodeSafetensors, tensorsToFlat, type StTensor } from "../model/safetensors";
+import { decodeSafetensors } from "../model/safetensors";
 import { createHash } from "node:crypto";
 import {
   CKPT_FILES,
   HF_CONFIG_FILE,
   MANIFEST_FILE,
-  MODEL_FILE,
-  OPTIMIZER_FILE,
   RUN_CONFIG_FILE,
   TRAINER_STATE_FILE,
   stepOfCheckpointName,
 } from "./names";
 import { lastLoggedLoss, parseManifest, parseTrainerState, type TrainerState } from "./state";
+import { TENSOR_PARTS } from "./tensor-parts";
 
 export interface LoadedCheckpoint {
   state: TrainerState;
@@ -91,23 +89,8 @@ export function readCheckpointFolder(
   const state = readTrainerState(dir);
   const runConfig = readJsonOf(dir, RUN_CONFIG_FILE);
   const hfConfig = readHfConfig(dir);
-  tensorsToFlat(cfg, decodeSafetensors(readFileOf(dir, MODEL_FILE)).tensors, params);
-  const opt = decodeSafetensors(readFileOf(dir, OPTIMIZER_FILE)).tensors;
-  const pick = (prefix: string) => {
-    const out = new Map<string, StTensor>();
-    for (const e of paramLayout(cfg).entries) {
-      const t = opt.get(`${prefix}.${e.name}`);
-      if (!t)
-        throw new UserError(
-          "K2",
-          `${OPTIMIZER_FILE} in ${dir} lacks ${prefix}.${e.name}: the optimizer state is incomplete`,
-        );
-      out.set(e.name, { ...t, name: e.name });
-    }
-    return out;
-  };
-  tensorsToFlat(cfg, pick("exp_avg"), m);
-  tensorsToFlat(cfg, pick("exp_avg_sq"), v);
+  for (const part of TENSOR_PARTS)
+    part.loadStateDict(cfg, decodeSafetensors(readFileOf(dir, part.file)).tensors, { params, m, v }, dir);
   return { state, runConfig, hfConfig };
 }
 

@@ -9,9 +9,10 @@ import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { UserError } from "../errors";
 import type { LlamaConfig } from "../model/llama-config";
-import { encodeSafetensors, flatToTensors, type StTensor } from "../model/safetensors";
-import { MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, partialDirOf } from "./names";
+import { encodeSafetensors } from "../model/safetensors";
+import { MANIFEST_FILE, partialDirOf } from "./names";
 import { MANIFEST_FORMAT, type CheckpointDocs, type CheckpointManifest } from "./state";
+import { TENSOR_PARTS } from "./tensor-parts";
 
 /** Bytes one checkpoint folder takes for P parameters: weights + two moments in fp32, plus headers and documents. */
 export function estimateCheckpointBytes(P: number, tensors = 64): number {
@@ -35,13 +36,6 @@ export class CheckpointWriteError extends Error {
     this.code = code;
     this.dir = dir;
   }
-}
-
-/** optimizer.safetensors' tensors: exp_avg.{name} and exp_avg_sq.{name} for every parameter (fp32). */
-export function optimizerTensors(cfg: LlamaConfig, m: Float32Array, v: Float32Array): StTensor[] {
-  const a = flatToTensors(cfg, m).map((t) => ({ ...t, name: `exp_avg.${t.name}` }));
-  const b = flatToTensors(cfg, v).map((t) => ({ ...t, name: `exp_avg_sq.${t.name}` }));
-  return [...a, ...b];
 }
 
 function jsonBytes(v: unknown): Buffer {
@@ -115,7 +109,7 @@ export function writeFolderAtomic(dir: string, step: number, files: Iterable<[st
   }
 }
 
-/** Write a complete checkpoint folder at `dir`: weights, AdamW moments, the JSON documents, the manifest. */
+/** Write a complete checkpoint folder at `dir`: the tensor parts' files (weights, AdamW moments), the JSON documents, the manifest. */
 export function writeCheckpointFolder(
   dir: string,
   cfg: LlamaConfig,
@@ -126,8 +120,8 @@ export function writeCheckpointFolder(
 ): void {
   const step = docs["trainer_state.json"].step;
   function* files(): Generator<[string, Uint8Array]> {
-    yield [MODEL_FILE, encodeSafetensors(flatToTensors(cfg, params), { format: "pt" })];
-    yield [OPTIMIZER_FILE, encodeSafetensors(optimizerTensors(cfg, m, v), { format: "pt" })];
+    for (const part of TENSOR_PARTS)
+      yield [part.file, encodeSafetensors(part.stateDict(cfg, { params, m, v }), { format: "pt" })];
     for (const [name, doc] of Object.entries(docs)) yield [name, jsonBytes(doc)];
   }
   writeFolderAtomic(dir, step, files());

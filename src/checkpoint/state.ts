@@ -5,22 +5,15 @@
  * and the field out.
  */
 import { UserError } from "../errors";
+import { DATA_FIELDS } from "../data/cursor";
+import type { LrShape, ScalerState } from "../optim/optim";
+import { LR_FIELDS, OPTIMIZER_FIELDS, SCALER_FIELDS } from "../optim/optim-state";
+import { isObject, isWhole, type FieldRule, type Stateful } from "./stateful";
 import { MANIFEST_FILE, TRAINER_STATE_FILE, CURSOR_FILE, HF_CONFIG_FILE, RUN_CONFIG_FILE } from "./names";
 
 // ---------------------------------------------------------------- trainer_state.json (K2)
 
-/** torch.amp.GradScaler's state (P2); its update rule is the optimizer's (src/actors/optim.ts). */
-export interface ScalerState {
-  scale: number;
-  growthTracker: number;
-}
-
-/** The trapezoid LR schedule's shape in optimizer steps (P5). */
-export interface LrShape {
-  warmup: number;
-  decayStart: number;
-  total: number;
-}
+export type { LrShape, ScalerState };
 
 export interface LogEntry {
   step: number;
@@ -37,6 +30,7 @@ export interface LogEntry {
 
 export const TRAINER_STATE_FORMAT = "tstrain-trainer-state/1";
 
+/** trainer_state.json: the checkpoint's own fields (format, step), then each part's (TRAINER_STATE_PARTS). */
 export interface TrainerState {
   format: typeof TRAINER_STATE_FORMAT;
   step: number;
@@ -49,40 +43,57 @@ export interface TrainerState {
   log_history: LogEntry[];
 }
 
-const isWhole = (x: unknown): x is number => Number.isSafeInteger(x) && (x as number) >= 0;
-const isObject = (x: unknown): x is Record<string, unknown> => typeof x === "object" && x !== null && !Array.isArray(x);
-
-/** The fields of a trainer state, each with the rule it must satisfy (checked in order). */
-const TRAINER_STATE_RULES: Array<[field: string, rule: string, ok: (t: Record<string, unknown>) => boolean]> = [
-  ["format", `must be "${TRAINER_STATE_FORMAT}"`, (t) => t.format === TRAINER_STATE_FORMAT],
-  ["step", "must be a whole number >= 0", (t) => isWhole(t.step)],
-  [
-    "opt_steps",
-    "must be a whole number in [0, step]",
-    (t) => isWhole(t.opt_steps) && (t.opt_steps as number) <= (t.step as number),
-  ],
-  ["skipped_steps", "must be a whole number >= 0", (t) => isWhole(t.skipped_steps)],
-  [
-    "scaler",
-    "must be {scale > 0, growthTracker >= 0}",
-    (t) =>
-      isObject(t.scaler) &&
-      Number.isFinite(t.scaler.scale) &&
-      (t.scaler.scale as number) > 0 &&
-      isWhole(t.scaler.growthTracker),
-  ],
-  [
-    "lr_shape",
-    "must be {warmup, decayStart, total} in whole steps",
-    (t) =>
-      isObject(t.lr_shape) && isWhole(t.lr_shape.warmup) && isWhole(t.lr_shape.decayStart) && isWhole(t.lr_shape.total),
-  ],
-  ["seqs_per_step", "must be a whole number > 0", (t) => isWhole(t.seqs_per_step) && (t.seqs_per_step as number) > 0],
-  ["log_history", "must be a list of objects", (t) => Array.isArray(t.log_history) && t.log_history.every(isObject)],
+const HEAD_FIELDS: readonly FieldRule[] = [
+  { field: "format", must: `must be "${TRAINER_STATE_FORMAT}"`, ok: (t) => t.format === TRAINER_STATE_FORMAT },
+  { field: "step", must: "must be a whole number >= 0", ok: (t) => isWhole(t.step) },
 ];
+
+export const LOG_FIELDS: readonly FieldRule[] = [
+  {
+    field: "log_history",
+    must: "must be a list of objects",
+    ok: (t) => Array.isArray(t.log_history) && t.log_history.every(isObject),
+  },
+];
+
+/**
+ * The parts of trainer_state.json after format and step, in the order they are written and checked; each
+ * part's fields and their one validator live with the code that owns them.
+ */
+export const TRAINER_STATE_PARTS = ["optimizer", "loss scaler", "LR schedule", "data", "log"] as const;
+const PART_FIELDS: Record<(typeof TRAINER_STATE_PARTS)[number], readonly FieldRule[]> = {
+  optimizer: OPTIMIZER_FIELDS,
+  "loss scaler": SCALER_FIELDS,
+  "LR schedule": LR_FIELDS,
+  data: DATA_FIELDS,
+  log: LOG_FIELDS,
+};
+const TRAINER_STATE_RULES: readonly FieldRule[] = [
+  ...HEAD_FIELDS,
+  ...TRAINER_STATE_PARTS.flatMap((p) => PART_FIELDS[p]),
+];
+
+/** The log of the run's steps (log_history), kept in the array the session appends to. */
+export function logStateful(history: LogEntry[]): Stateful<{ log_history: LogEntry[] }> {
+  return {
+    name: "log",
+    fields: LOG_FIELDS,
+    stateDict: () => ({ log_history: history }),
+    loadStateDict: (s) => {
+      history.splice(0, history.length, ...s.log_history);
+    },
+  };
+}
 
 function damaged(where: string, what: string): UserError {
   return new UserError("K2", `${where} ${what}: the checkpoint is damaged; resume from an earlier verified checkpoint`);
+}
+
+/** The first rule of trainer_state.json that `v` breaks, as "field must-clause (got value)", else null. */
+function brokenRule(v: Record<string, unknown>): string | null {
+  for (const { field, must, ok } of TRAINER_STATE_RULES)
+    if (!ok(v)) return `${field} ${must} (got ${JSON.stringify(v[field]) ?? "nothing"})`;
+  return null;
 }
 
 /** K2: trainer_state.json's bytes -> a checked TrainerState, or a UserError naming the file and the field. */
@@ -94,14 +105,42 @@ export function parseTrainerState(raw: string | Uint8Array, where: string): Trai
     throw damaged(where, `is not valid JSON (${(e as Error).message})`);
   }
   if (!isObject(v)) throw damaged(where, "is not a JSON object");
-  for (const [field, rule, ok] of TRAINER_STATE_RULES) {
-    if (!ok(v))
-      throw damaged(
-        where,
-        `is not a tstrain trainer state: ${field} ${rule} (got ${JSON.stringify(v[field]) ?? "nothing"})`,
-      );
-  }
+  const broken = brokenRule(v);
+  if (broken) throw damaged(where, `is not a tstrain trainer state: ${broken}`);
   return v as unknown as TrainerState;
+}
+
+/**
+ * K2: the trainer state of the checkpoint of `step`, assembled in one place from the parts' states (in
+ * TRAINER_STATE_PARTS order, which fixes the file's bytes) and checked with the rules a reader applies, so
+ * a state the trainer writes is one it can resume. Throws on a missing or extra part, or a broken rule.
+ */
+export function assembleTrainerState(step: number, parts: readonly Stateful[]): TrainerState {
+  const names = parts.map((p) => p.name);
+  if (names.join("|") !== TRAINER_STATE_PARTS.join("|"))
+    throw new Error(`trainer state parts are [${names.join(", ")}], expected [${TRAINER_STATE_PARTS.join(", ")}]`);
+  const t: Record<string, unknown> = { format: TRAINER_STATE_FORMAT, step };
+  for (const p of parts) {
+    const s = p.stateDict() as Record<string, unknown>;
+    const want = PART_FIELDS[p.name as (typeof TRAINER_STATE_PARTS)[number]].map((f) => f.field);
+    if (Object.keys(s).join("|") !== want.join("|"))
+      throw new Error(`the ${p.name}'s state has fields [${Object.keys(s).join(", ")}], expected [${want.join(", ")}]`);
+    Object.assign(t, s);
+  }
+  const broken = brokenRule(t);
+  if (broken) throw new Error(`the trainer state of step ${step} is not one a resume accepts: ${broken}`);
+  return t as unknown as TrainerState;
+}
+
+/**
+ * Put a parsed trainer state back into the parts (the inverse of assembleTrainerState): every part checks its
+ * state against this run first, and only then does any part take its state back.
+ */
+export function restoreTrainerState(state: TrainerState, parts: readonly Stateful[]): void {
+  const t = state as unknown as Record<string, unknown>;
+  const own = (p: Stateful) => Object.fromEntries(p.fields.map((f) => [f.field, t[f.field]]));
+  for (const p of parts) p.check?.(own(p));
+  for (const p of parts) p.loadStateDict(own(p));
 }
 
 /** The loss of the last log_history entry that has a finite one (the seed's "prior loss"), else null. */

@@ -11,6 +11,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
+import { isWhole, type FieldRule, type Stateful } from "../checkpoint/stateful";
 
 export interface Cursor {
   seq_len: number;
@@ -183,4 +184,28 @@ export function validateResume(
     );
   }
   return { startStep: c.step, startSample: c.samples_consumed };
+}
+
+// ---------------------------------------------------------------- the data part of trainer_state.json (K2)
+
+export const DATA_FIELDS: readonly FieldRule[] = [
+  {
+    field: "seqs_per_step",
+    must: "must be a whole number > 0",
+    ok: (t) => isWhole(t.seqs_per_step) && (t.seqs_per_step as number) > 0,
+  },
+];
+
+/**
+ * The data part of a checkpoint's trainer state: the sequences a step reads (the plan's). The data position
+ * itself is cursor.json (makeCursor), which the session's setup restores and checks before any work
+ * (validateResume, C3, against this same seqs_per_step), so putting a saved state back changes nothing here.
+ */
+export function dataStateful(seqsPerStep: number): Stateful<{ seqs_per_step: number }> {
+  return {
+    name: "data",
+    fields: DATA_FIELDS,
+    stateDict: () => ({ seqs_per_step: seqsPerStep }),
+    loadStateDict: () => undefined,
+  };
 }

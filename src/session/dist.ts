@@ -20,7 +20,7 @@ import type { LlamaConfig } from "../model/llama-config";
 import { readManifest } from "../data/manifest";
 import { mixFingerprint } from "../data/fingerprint";
 import { Coordinator } from "../actors/coordinator";
-import type { LrShape, OptimizerPosition } from "../actors/optim";
+import type { LrShape, OptimizerPosition } from "../optim/optim";
 import type { BackendName } from "../model/backend";
 import { stopRequested } from "./stop";
 

@@ -5,7 +5,7 @@ import { hfConfigJson } from "../model/llama-config";
 import { writeSafetensors, flatToTensors } from "../model/safetensors";
 import { saveCursor } from "../data/cursor";
 import type { Coordinator } from "../actors/coordinator";
-import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../actors/optim";
+import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../optim/optim";
 import type { Reporter } from "../report";
 import { FINAL_DIR } from "../checkpoint";
 import { loadTokenizerFile } from "./generation";

@@ -5,7 +5,7 @@
 import * as path from "node:path";
 import { UserError } from "../errors";
 import type { Coordinator } from "../actors/coordinator";
-import type { OptimizerPosition } from "../actors/optim";
+import type { OptimizerPosition } from "../optim/optim";
 import { FINAL_DIR, type LogEntry } from "../checkpoint";
 import { fmtDuration, writeRunReport, type Reporter } from "../report";
 import { publishFinal, type PublishResult } from "../hub/cycle";

@@ -9,22 +9,30 @@ import * as path from "node:path";
 import { UserError } from "../errors";
 import { hfConfigJson } from "../model/llama-config";
 import type { Coordinator } from "../actors/coordinator";
-import type { OptimizerPosition } from "../actors/optim";
+import type { OptimizerPosition } from "../optim/optim";
 import type { CheckpointOutcome, UploaderEvent, WriteOutcome } from "../actors/protocol";
 import {
+  CheckpointManager,
   MANIFEST_FILE,
   checkpointDir,
-  checkpointDocs,
   checkpointRepoPath,
   checkpointRoot,
   listCheckpointFolders,
+  trainerStateParts,
   type LogEntry,
-  type TrainerState,
 } from "../checkpoint";
 import type { Reporter } from "../report";
 import { cursorAt, pointerAt, type Session } from "./setup";
 import { resumeCommand } from "./stop";
 import { runConfigDoc } from "./resume-config";
+
+/** The session's checkpoint manager: its position, schedule, data plan and log, the documents beside them. */
+export function checkpointManagerOf(s: Session, pos: OptimizerPosition, history: LogEntry[]): CheckpointManager {
+  return new CheckpointManager(
+    trainerStateParts({ pos, lrShape: s.lrShape, seqsPerStep: s.plan.seqsPerStep, history }),
+    { cursorAt: (step) => cursorAt(s, step), hfConfig: hfConfigJson(s.model), runConfig: runConfigDoc(s.cfg) },
+  );
+}
 
 export class CheckpointsInFlight {
   /** Every checkpoint the uploader finished with, by step. */
@@ -39,15 +47,18 @@ export class CheckpointsInFlight {
   /** The write in progress has settled (this.writing is kept until waited on). */
   private written = true;
   private waitsSaid = 0;
+  private readonly manager: CheckpointManager;
 
   constructor(
     private readonly s: Session,
     private readonly coord: Coordinator,
-    private readonly pos: OptimizerPosition,
-    private readonly history: LogEntry[],
+    pos: OptimizerPosition,
+    history: LogEntry[],
     private readonly events: UploaderEvent[],
     private readonly rep: Reporter,
-  ) {}
+  ) {
+    this.manager = checkpointManagerOf(s, pos, history);
+  }
 
   /** A write or a publication has failed: the loop stops at this step boundary. */
   get failed(): boolean {
@@ -126,28 +137,13 @@ export class CheckpointsInFlight {
   }
 
   private stage(done: number, loss: number): void {
-    const { s, pos } = this;
-    const trainerState: TrainerState = {
-      format: "tstrain-trainer-state/1",
-      step: done,
-      opt_steps: pos.optSteps,
-      skipped_steps: pos.skipped,
-      scaler: pos.scaler,
-      lr_shape: s.lrShape,
-      seqs_per_step: s.plan.seqsPerStep,
-      log_history: this.history,
-    };
+    const { s } = this;
     const pathInRepo = checkpointRepoPath(done);
     this.staged.add(done);
     const w: Promise<WriteOutcome> = this.coord.stageWrite({
       step: done,
       dir: checkpointDir(s.cfg.out, done),
-      docs: checkpointDocs({
-        trainerState,
-        cursor: cursorAt(s, done),
-        hfConfig: hfConfigJson(s.model),
-        runConfig: runConfigDoc(s.cfg),
-      }),
+      docs: this.manager.documents(done),
       publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss } : null,
     });
     w.catch((e) => {

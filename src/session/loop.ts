@@ -3,7 +3,7 @@
  * (the metrics, the checkpoint, a signal, the segment end), then validation and export once it ends.
  */
 import type { Coordinator, StepResult } from "../actors/coordinator";
-import type { OptimizerPosition } from "../actors/optim";
+import type { OptimizerPosition } from "../optim/optim";
 import type { UploaderEvent } from "../actors/protocol";
 import { checkpointDir, checkpointRoot, type LogEntry } from "../checkpoint";
 import type { Reporter } from "../report";

@@ -4,7 +4,7 @@
  */
 import type { LogEntry } from "../checkpoint";
 import type { Coordinator, StepResult } from "../actors/coordinator";
-import type { OptimizerPosition } from "../actors/optim";
+import type { OptimizerPosition } from "../optim/optim";
 import type { RankMemory } from "../actors/protocol";
 import { fmtDuration, type Reporter } from "../report";
 import { sampleAtCheckpoint } from "./generation";

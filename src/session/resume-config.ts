@@ -7,7 +7,7 @@
  */
 import { UserError } from "../errors";
 import type { RunConfig } from "../config";
-import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../actors/optim";
+import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../optim/optim";
 
 /** The update's constants, as run_config.json records them under `update`. */
 export function updateConstants(): Record<string, number> {

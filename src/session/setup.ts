@@ -14,6 +14,7 @@ import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerpr
 import { permSha } from "../data/permutation";
 import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
 import { checkNoWrap, valWindowCount } from "../data/budget";
+import { checkHorizon } from "../optim/optim-state";
 import { ensureDemoMix } from "../data/demo";
 import {
   MANIFEST_FILE,
@@ -376,12 +377,7 @@ function checkTrainerState(
       "C3",
       `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`,
     );
-  if (st.lr_shape.total !== plan.stepsPlanned) {
-    throw new UserError(
-      "P5",
-      `resume refused: the checkpoint's horizon is ${st.lr_shape.total} steps but this plan has ${plan.stepsPlanned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`,
-    );
-  }
+  checkHorizon(st.lr_shape, plan.stepsPlanned);
   return priorLoss ?? lastLoggedLoss(st);
 }
 

@@ -7,10 +7,14 @@
  * place either runtime decides anything about a step.
  */
 
-import type { LrShape, ScalerState } from "../checkpoint/state";
-export type { LrShape, ScalerState };
-
 // ---------------------------------------------------------------- LR (P5)
+
+/** The trapezoid LR schedule's shape in optimizer steps (P5); trainer_state.json keeps it as lr_shape. */
+export interface LrShape {
+  warmup: number;
+  decayStart: number;
+  total: number;
+}
 
 /** LambdaLR factor at optimizer step k = 0, 1, ... exactly as the seed's `fn(cur)`. */
 export function lrFactor(k: number, s: LrShape): number {
@@ -21,7 +25,13 @@ export function lrFactor(k: number, s: LrShape): number {
 
 // ---------------------------------------------------------------- loss scaler (P2)
 
-/** torch.amp.GradScaler semantics: init 65536, x2 after 2000 clean steps, x0.5 on inf/NaN (the state's type is the checkpoint's). */
+/** torch.amp.GradScaler's state (P2); trainer_state.json keeps it as scaler. */
+export interface ScalerState {
+  scale: number;
+  growthTracker: number;
+}
+
+/** torch.amp.GradScaler semantics: init 65536, x2 after 2000 clean steps, x0.5 on inf/NaN. */
 export const SCALER_DEFAULTS = {
   initScale: 65536,
   growthFactor: 2.0,
@@ -41,6 +51,13 @@ export function scalerUpdate(s: ScalerState, foundNonFinite: boolean): ScalerSta
   return { scale: s.scale, growthTracker: t };
 }
 
+/** What validScaler demands, in the words a refusal quotes. */
+export const SCALER_RULE = `must be {scale > 0, growthTracker in [0, ${SCALER_DEFAULTS.growthInterval})}`;
+
+/**
+ * The one check of a scaler state, saved or read (P2): a finite scale > 0 and a whole growth count below the
+ * growth interval (scalerUpdate never leaves it at growthInterval: that step doubles the scale and resets it).
+ */
 export function validScaler(s: unknown): s is ScalerState {
   const o = s as ScalerState;
   return (

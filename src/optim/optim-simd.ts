@@ -13,7 +13,6 @@
  * The module is assembled here from its opcodes (a few hundred bytes; no toolchain at build or run time).
  */
 import { reduceSlice, ADAMW_DEFAULTS, type AdamHyper, type DecayRange, type ReduceResult } from "./optim";
-import type { SharedViews } from "./shm";
 
 /** Floats per region; region r starts at byte r * CHUNK * 4 (= r << 14). */
 const CHUNK = 4096;
@@ -402,11 +401,11 @@ export function adamwSliceSimd(
 
 /**
  * One owner's share of the update phase (a rank's slice, or the coordinator's): AdamW over [lo, hi) of the shared
- * weights and moments (`shared`: the views of shm.ts) with the averaged gradient in `grad`, as decideStep decided
+ * weights and moments (`shared`: the actors' shared views, src/actors/shm.ts) with the averaged gradient in `grad`, as decideStep decided
  * (lr, the clip coefficient, t). The ranks multiply against these weights directly: nothing else to write.
  */
 export function updateSlice(
-  shared: Pick<SharedViews, "params" | "m" | "v" | "grad">,
+  shared: { params: Float32Array; m: Float32Array; v: Float32Array; grad: Float32Array },
   ranges: readonly DecayRange[],
   lo: number,
   hi: number,
