@@ -16,7 +16,6 @@ const MODULES = {
   "src/actors/coordinator.ts": T(
     "train.rank-handle",
     "train.coordinator-uploader",
-    "train.coordinator-rules",
     "train.step-decision",
     "train.runtime",
     "train.coordinator",

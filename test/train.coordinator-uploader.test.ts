@@ -3,7 +3,7 @@
  * the uploader (a publication or the failure that stops publishing, passed to `onEvent` and to the checkpoint that
  * waits for it), a runtime started without `onEvent`, and the uploader after `close`. No rank is started (the
  * checkpoint capture reads the shared buffers, which need none); the Hub is the real local Hub.
- * The capture itself (weights and moments of the step it is taken at) is in train.coordinator-rules.test.ts.
+ * The capture itself (weights and moments of the step it is taken at) is in train.coordinator.test.ts.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";

@@ -4,7 +4,7 @@
  * for, an uncaught error, an exit while a request is pending or while idle), which rank.js never does on its own.
  * Every way a rank can stop answering ends the request waiting on it with a RankFailure that names the rank, the
  * phase and the cause; nothing is left waiting, and a dead rank answers every later request with its first failure.
- * The real ranks' failures (a fault at a step, a failed start) are in train.coordinator-rules.test.ts.
+ * The real ranks' failures (a fault at a step, a failed start) are in train.coordinator.test.ts.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";

@@ -230,7 +230,7 @@ export async function walkFiles(dir: string): Promise<string[]> {
   return out.sort();
 }
 
-class ClientHubStore implements HubClient {
+class LiveHubClient implements HubClient {
   readonly repo: string;
   readonly repoType: "dataset" | "model";
   private readonly hubUrl: string;
@@ -719,5 +719,5 @@ class ClientHubStore implements HubClient {
 }
 
 export function createHubClient(o: HubClientOptions): HubClient {
-  return new ClientHubStore(o);
+  return new LiveHubClient(o);
 }
