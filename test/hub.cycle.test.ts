@@ -7,7 +7,7 @@ import { test, describe } from "node:test";
 import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
 import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
-import { type HubClient, type Pointer } from "../src/hub/client";
+import type { HubClient, Pointer } from "../src/hub/client";
 import { deleteFile, listCommits } from "@huggingface/hub";
 
 let th: TestHub;

@@ -7,7 +7,7 @@ import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./help
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume, checkpointSteps, type AutoResume } from "../src/hub/resume";
 import { LocalHub } from "../src/hub/server";
-import { type HubClient, type Pointer, type RemoteFile } from "../src/hub/client";
+import type { HubClient, Pointer, RemoteFile } from "../src/hub/client";
 import { createHash } from "node:crypto";
 import { listCommits } from "@huggingface/hub";
 import { priorLossOf } from "../src/checkpoint";

@@ -14,7 +14,7 @@ import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { writeSyntheticMix } from "./helpers/mix";
 import { isUserError } from "../src/errors";
-import { type RankFault, type UploaderEvent } from "../src/actors/protocol";
+import type { RankFault, UploaderEvent } from "../src/actors/protocol";
 import { CTL_ABORT } from "../src/actors/shm";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { checkpointDocs, readCheckpointFolder, type TrainerState } from "../src/checkpoint";
