@@ -10,43 +10,15 @@ import { createHash } from "node:crypto";
 import { DEMO_SHA256 } from "./helpers/demo";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
+import { tinyArgs } from "./helpers/run";
 import { loadMpi } from "../src/mpi/world";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
 
-/** A tiny model on the synthetic mix: 8 steps, checkpoints at 4 and 8 (as test/helpers/run.ts's tinyConfig). */
+/** A tiny model on the synthetic mix: 8 steps, checkpoints at 4 and 8 (test/helpers/run.ts's tinyArgs). */
 function tiny(out: string, extra: string[] = []): string[] {
-  return [
-    "--root",
-    mix.root,
-    "--out",
-    out,
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    "--hidden",
-    "36",
-    "--vocab-size",
-    "64",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--max-steps",
-    "8",
-    "--push-every-steps",
-    "4",
-    "--log-every",
-    "2",
-    "--val-tokens",
-    "256",
-    "--lr",
-    "3e-3",
-    "--no-sample",
-    ...extra,
-  ];
+  return tinyArgs(mix.root, out, ["--vocab-size", "64", "--no-sample", ...extra]);
 }
 
 /** Why MPI tests cannot run here, or null. */

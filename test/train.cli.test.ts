@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
-import { runTiny, tinyConfig } from "./helpers/run";
+import { runTiny, tinyArgs as tinyRunArgs, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 import { buildConfig, countParams } from "../src/model/llama-config";
 
@@ -91,42 +91,9 @@ test("--stop-after-steps must be a whole number of intervals, beyond the resume 
   );
 });
 
-/** The tiny run of helpers/run.ts's tinyConfig, as command-line flags for dist/main.js. */
+/** The tiny run of helpers/run.ts, on wasm, without samples, as flags for dist/main.js. */
 function tinyArgs(root: string, out: string, extra: string[] = []): string[] {
-  return [
-    "--root",
-    root,
-    "--out",
-    out,
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    "--hidden",
-    "36",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--world",
-    "1",
-    "--max-steps",
-    "8",
-    "--push-every-steps",
-    "4",
-    "--log-every",
-    "2",
-    "--val-tokens",
-    "256",
-    "--lr",
-    "3e-3",
-    "--vocab-size",
-    "64",
-    "--backend",
-    "wasm",
-    "--no-sample",
-    ...extra,
-  ];
+  return tinyRunArgs(root, out, ["--vocab-size", "64", "--backend", "wasm", "--no-sample", ...extra]);
 }
 
 test("--resume DIR checks every file against the checkpoint's manifest.json and refuses a changed byte or a missing manifest (K7)", {
@@ -429,32 +396,7 @@ test("--resume on a path that does not exist says so (not 'no cursor.json'), and
   timeout: 120_000,
 }, async () => {
   const out = tmpDir("tstrain-resume-missing-");
-  const flags = [
-    "--root",
-    mix.root,
-    "--out",
-    out,
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    "--hidden",
-    "36",
-    "--vocab-size",
-    "64",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--max-steps",
-    "8",
-    "--push-every-steps",
-    "4",
-    "--val-tokens",
-    "256",
-    "--backend",
-    "wasm",
-  ];
+  const flags = tinyRunArgs(mix.root, out, ["--vocab-size", "64", "--backend", "wasm"]);
   const gone = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-4")]);
   assert.equal(gone.status, 2, gone.stderr);
   assert.match(

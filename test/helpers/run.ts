@@ -31,9 +31,12 @@ export function captureReporter(echo = false): Captured {
   };
 }
 
-/** A tiny Llama (2 layers, width 36, vocab from the mix) on a synthetic mix. */
-export function tinyConfig(root: string, out: string, argv: string[] = [], vocab = 64): RunConfig {
-  const base = parseArgs([
+/**
+ * The tiny run's flags (2 layers, width 36, seq 16, 8 steps, checkpoints at 4 and 8) for dist/main.js or
+ * parseArgs; `extra` comes last and wins.
+ */
+export function tinyArgs(root: string, out: string, extra: string[] = []): string[] {
+  return [
     "--root",
     root,
     "--out",
@@ -60,10 +63,13 @@ export function tinyConfig(root: string, out: string, argv: string[] = [], vocab
     "256",
     "--lr",
     "3e-3",
-    "--backend",
-    "wasm",
-    ...argv,
-  ]).config;
+    ...extra,
+  ];
+}
+
+/** A tiny Llama (2 layers, width 36, vocab from the mix) on a synthetic mix, on wasm: tinyArgs parsed. */
+export function tinyConfig(root: string, out: string, argv: string[] = [], vocab = 64): RunConfig {
+  const base = parseArgs(tinyArgs(root, out, ["--backend", "wasm", ...argv])).config;
   return validate({ ...base, vocabSize: vocab });
 }
 
