@@ -54,7 +54,7 @@ export function modelShapes(seq: number): GemmShape[] {
     s("bwd dW = dy^T x (q/o)", true, false, D, D, T),
     s("bwd dW = dy^T x (gate/up)", true, false, F, D, T),
     s("bwd dW = dy^T x (down)", true, false, D, F, T),
-    s("attn scores q k^T (64-row block)", false, true, B, T, E),
+    s("attn scores (q*scale) k^T, k as [E, T] (64-row block)", false, false, B, T, E),
     s("attn out att v", false, false, B, E, T),
     s("attn dk/dv att^T dout", true, false, B, E, T),
   ];

@@ -80,127 +80,138 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
 /* ------------------------------------------------------------------ AVX2 + FMA: 6 x 16 (12 accumulators) */
 /* In assembly, as the AVX-512 kernel (GCC keeps intrinsic accumulators in memory across the k loop): ymm0-11
  * hold the 6 x 16 tile, ymm12-13 a row of the B sliver, ymm14-15 the broadcast A values. Per k: 2 loads of B,
- * 6 broadcasts of A, 12 FMAs, each C element c = fma(a, b, c) in k order. */
+ * 6 broadcasts of A, 12 FMAs, each C element c = fma(a, b, c) in k order. As on AVX-512 (below), A and B are read
+ * through strides: packed slivers, or the operands in place (tile_avx2_rows: A stored [M,K], six row pointers). */
 #define A2_MR 6
 #define A2_NR 16
-__attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const float *a, const float *b, float *c,
-                                                          int64_t ldc, int load, float *t) {
-  /* t == NULL: the tile goes straight to C (ldc); else to t (6 x 16, row major) */
-  const int64_t ldcb = ldc * 4;
-  __asm__ volatile(
-      "test %[load], %[load]\n\t"
-      "jz 2f\n\t"
-      "mov %[c], %%rax\n\t"
-      "vmovups (%%rax), %%ymm0\n\t"
-      "vmovups 32(%%rax), %%ymm1\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%ymm2\n\t"
-      "vmovups 32(%%rax), %%ymm3\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%ymm4\n\t"
-      "vmovups 32(%%rax), %%ymm5\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%ymm6\n\t"
-      "vmovups 32(%%rax), %%ymm7\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%ymm8\n\t"
-      "vmovups 32(%%rax), %%ymm9\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%ymm10\n\t"
-      "vmovups 32(%%rax), %%ymm11\n\t"
-      "jmp 3f\n\t"
-      "2:\n\t"
-      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-      "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
-      "3:\n\t"
-      "test %[k], %[k]\n\t"
-      "jz 5f\n\t"
-      "4:\n\t"
-      "vmovaps (%[b]), %%ymm12\n\t"
-      "vmovaps 32(%[b]), %%ymm13\n\t"
-      "prefetcht0 512(%[b])\n\t"
-      "vbroadcastss 0(%[a]), %%ymm14\n\t"
-      "vfmadd231ps %%ymm14, %%ymm12, %%ymm0\n\t"
-      "vfmadd231ps %%ymm14, %%ymm13, %%ymm1\n\t"
-      "vbroadcastss 4(%[a]), %%ymm15\n\t"
-      "vfmadd231ps %%ymm15, %%ymm12, %%ymm2\n\t"
-      "vfmadd231ps %%ymm15, %%ymm13, %%ymm3\n\t"
-      "vbroadcastss 8(%[a]), %%ymm14\n\t"
-      "vfmadd231ps %%ymm14, %%ymm12, %%ymm4\n\t"
-      "vfmadd231ps %%ymm14, %%ymm13, %%ymm5\n\t"
-      "vbroadcastss 12(%[a]), %%ymm15\n\t"
-      "vfmadd231ps %%ymm15, %%ymm12, %%ymm6\n\t"
-      "vfmadd231ps %%ymm15, %%ymm13, %%ymm7\n\t"
-      "vbroadcastss 16(%[a]), %%ymm14\n\t"
-      "vfmadd231ps %%ymm14, %%ymm12, %%ymm8\n\t"
-      "vfmadd231ps %%ymm14, %%ymm13, %%ymm9\n\t"
-      "vbroadcastss 20(%[a]), %%ymm15\n\t"
-      "vfmadd231ps %%ymm15, %%ymm12, %%ymm10\n\t"
-      "vfmadd231ps %%ymm15, %%ymm13, %%ymm11\n\t"
-      "add $24, %[a]\n\t"
-      "add $64, %[b]\n\t"
-      "dec %[k]\n\t"
-      "jnz 4b\n\t"
-      "5:\n\t"
-      "test %[t], %[t]\n\t"
-      "jz 6f\n\t"
-      "vmovaps %%ymm0, 0(%[t])\n\t"
-      "vmovaps %%ymm1, 32(%[t])\n\t"
-      "vmovaps %%ymm2, 64(%[t])\n\t"
-      "vmovaps %%ymm3, 96(%[t])\n\t"
-      "vmovaps %%ymm4, 128(%[t])\n\t"
-      "vmovaps %%ymm5, 160(%[t])\n\t"
-      "vmovaps %%ymm6, 192(%[t])\n\t"
-      "vmovaps %%ymm7, 224(%[t])\n\t"
-      "vmovaps %%ymm8, 256(%[t])\n\t"
-      "vmovaps %%ymm9, 288(%[t])\n\t"
-      "vmovaps %%ymm10, 320(%[t])\n\t"
-      "vmovaps %%ymm11, 352(%[t])\n\t"
-      "jmp 7f\n\t"
-      "6:\n\t"
-      "mov %[c], %%rax\n\t"
-      "vmovups %%ymm0, (%%rax)\n\t"
-      "vmovups %%ymm1, 32(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%ymm2, (%%rax)\n\t"
-      "vmovups %%ymm3, 32(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%ymm4, (%%rax)\n\t"
-      "vmovups %%ymm5, 32(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%ymm6, (%%rax)\n\t"
-      "vmovups %%ymm7, 32(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%ymm8, (%%rax)\n\t"
-      "vmovups %%ymm9, 32(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%ymm10, (%%rax)\n\t"
-      "vmovups %%ymm11, 32(%%rax)\n\t"
-      "7:\n\t"
-      "vzeroupper\n\t"
-      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
-      : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t)
-      : "rax", "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12", "ymm13", "ymm14", "ymm15", "memory", "cc");
+#define T2_PROLOGUE                                                                                               \
+  "test %[load], %[load]\n\t"                                                                                     \
+  "jz 2f\n\t"                                                                                                     \
+  "mov %[c], %%rax\n\t"                                                                                           \
+  "vmovups (%%rax), %%ymm0\n\t"                                                                                   \
+  "vmovups 32(%%rax), %%ymm1\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%ymm2\n\t"                                                                                   \
+  "vmovups 32(%%rax), %%ymm3\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%ymm4\n\t"                                                                                   \
+  "vmovups 32(%%rax), %%ymm5\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%ymm6\n\t"                                                                                   \
+  "vmovups 32(%%rax), %%ymm7\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%ymm8\n\t"                                                                                   \
+  "vmovups 32(%%rax), %%ymm9\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%ymm10\n\t"                                                                                  \
+  "vmovups 32(%%rax), %%ymm11\n\t"                                                                                \
+  "jmp 3f\n\t"                                                                                                    \
+  "2:\n\t"                                                                                                        \
+  "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"                                                                             \
+  "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"                                                                             \
+  "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"                                                                             \
+  "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"                                                                             \
+  "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"                                                                             \
+  "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"                                                                             \
+  "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"                                                                             \
+  "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"                                                                             \
+  "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"                                                                             \
+  "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"                                                                             \
+  "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"                                                                          \
+  "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"                                                                          \
+  "3:\n\t"                                                                                                        \
+  "test %[k], %[k]\n\t"                                                                                           \
+  "jz 5f\n\t"
+#define T2_LOAD_B                                                                                                 \
+  "vmovups (%[b]), %%ymm12\n\t"                                                                                   \
+  "vmovups 32(%[b]), %%ymm13\n\t"                                                                                 \
+  "prefetcht0 (%[b],%[pf])\n\t"
+#define T2_ROW(SRC, REG, ACC0, ACC1)                                                                              \
+  "vbroadcastss " SRC ", %%ymm" REG "\n\t"                                                                        \
+  "vfmadd231ps %%ymm" REG ", %%ymm12, %%ymm" ACC0 "\n\t"                                                          \
+  "vfmadd231ps %%ymm" REG ", %%ymm13, %%ymm" ACC1 "\n\t"
+#define T2_EPILOGUE                                                                                               \
+  "5:\n\t"                                                                                                        \
+  "test %[t], %[t]\n\t"                                                                                           \
+  "jz 6f\n\t"                                                                                                     \
+  "vmovaps %%ymm0, 0(%[t])\n\t"                                                                                   \
+  "vmovaps %%ymm1, 32(%[t])\n\t"                                                                                  \
+  "vmovaps %%ymm2, 64(%[t])\n\t"                                                                                  \
+  "vmovaps %%ymm3, 96(%[t])\n\t"                                                                                  \
+  "vmovaps %%ymm4, 128(%[t])\n\t"                                                                                 \
+  "vmovaps %%ymm5, 160(%[t])\n\t"                                                                                 \
+  "vmovaps %%ymm6, 192(%[t])\n\t"                                                                                 \
+  "vmovaps %%ymm7, 224(%[t])\n\t"                                                                                 \
+  "vmovaps %%ymm8, 256(%[t])\n\t"                                                                                 \
+  "vmovaps %%ymm9, 288(%[t])\n\t"                                                                                 \
+  "vmovaps %%ymm10, 320(%[t])\n\t"                                                                                \
+  "vmovaps %%ymm11, 352(%[t])\n\t"                                                                                \
+  "jmp 7f\n\t"                                                                                                    \
+  "6:\n\t"                                                                                                        \
+  "mov %[c], %%rax\n\t"                                                                                           \
+  "vmovups %%ymm0, (%%rax)\n\t"                                                                                   \
+  "vmovups %%ymm1, 32(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%ymm2, (%%rax)\n\t"                                                                                   \
+  "vmovups %%ymm3, 32(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%ymm4, (%%rax)\n\t"                                                                                   \
+  "vmovups %%ymm5, 32(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%ymm6, (%%rax)\n\t"                                                                                   \
+  "vmovups %%ymm7, 32(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%ymm8, (%%rax)\n\t"                                                                                   \
+  "vmovups %%ymm9, 32(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%ymm10, (%%rax)\n\t"                                                                                  \
+  "vmovups %%ymm11, 32(%%rax)\n\t"                                                                                \
+  "7:\n\t"                                                                                                        \
+  "vzeroupper\n\t"
+#define T2_CLOBBERS                                                                                               \
+  "rax", "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12", \
+      "ymm13", "ymm14", "ymm15", "memory", "cc"
+
+/* a(r, p) at a + p*sa + 4r, b(p, j) at b + p*sb + 4j; t == NULL: the tile goes straight to C (ldc), else to t
+ * (6 x 16, row major) */
+__attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const float *a, int64_t sa, const float *b,
+                                                          int64_t sb, float *c, int64_t ldc, int load, float *t) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb;
+  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_ROW("0(%[a])", "14", "0", "1") T2_ROW("4(%[a])", "15", "2", "3")
+                       T2_ROW("8(%[a])", "14", "4", "5") T2_ROW("12(%[a])", "15", "6", "7")
+                           T2_ROW("16(%[a])", "14", "8", "9") T2_ROW("20(%[a])", "15", "10", "11")
+                   "add %[sa], %[a]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T2_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
+                     [pf] "r"(pf)
+                   : T2_CLOBBERS);
 }
 
-__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, const float *b, float *c,
-                                                          int64_t ldc, int load, int combine, float beta) {
-  if (!combine || beta == 0.0f) {
-    tile_avx2(kc, a, b, c, ldc, load, NULL);
-    return;
-  }
-  float t[A2_MR * A2_NR] __attribute__((aligned(32)));
-  tile_avx2(kc, a, b, c, ldc, load, t);
+/* A read in place from six rows la bytes apart (row r at a + r*la), one float further each k. */
+__attribute__((target("avx2,fma"))) static void tile_avx2_rows(int64_t kc, const float *a, int64_t la, const float *b,
+                                                               int64_t sb, float *c, int64_t ldc, int load, float *t) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
+  const float *a4 = (const float *)((const char *)a + 4 * la);
+  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_ROW("(%[a])", "14", "0", "1")
+                       T2_ROW("(%[a],%[la],1)", "15", "2", "3") T2_ROW("(%[a],%[la],2)", "14", "4", "5")
+                           T2_ROW("(%[a],%[la3],1)", "15", "6", "7") T2_ROW("(%[a4])", "14", "8", "9")
+                               T2_ROW("(%[a4],%[la],1)", "15", "10", "11")
+                   "add $4, %[a]\n\t"
+                   "add $4, %[a4]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T2_EPILOGUE
+                   : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
+                     [sb] "r"(sb), [pf] "r"(pf)
+                   : T2_CLOBBERS);
+}
+
+/* The tile in t (MR x 16) meets C: C = C + t (beta 1) or fma(beta, C, t). */
+__attribute__((target("avx2,fma"))) static void combine_avx2(const float *t, float *c, int64_t ldc, float beta) {
   const __m256 vb = _mm256_set1_ps(beta);
   for (int r = 0; r < A2_MR; r++)
     for (int h = 0; h < 2; h++) {
@@ -212,6 +223,17 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
     }
 }
 
+__attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, const float *b, float *c,
+                                                          int64_t ldc, int load, int combine, float beta) {
+  if (!combine || beta == 0.0f) {
+    tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, NULL);
+    return;
+  }
+  float t[A2_MR * A2_NR] __attribute__((aligned(32)));
+  tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, t);
+  combine_avx2(t, c, ldc, beta);
+}
+
 /* ------------------------------------------------------------------ AVX-512F: 8 x 32 (16 accumulators) */
 /* In assembly (GCC's allocation of many accumulator intrinsics spills a B vector to the stack every k): zmm0-15
  * hold the 8 x 32 tile, zmm30-31 a row of the B sliver, zmm28-29 the broadcast A values. Per k: 2 loads of B,
@@ -220,149 +242,161 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
  * when the caller combines it with beta*C. */
 #define A5_MR 8
 #define A5_NR 32
-__attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *a, const float *b, float *c,
-                                                            int64_t ldc, int load, float *t) {
-  /* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major) */
-  const int64_t ldcb = ldc * 4;
-  __asm__ volatile(
-      "test %[load], %[load]\n\t"
-      "jz 2f\n\t"
-      "mov %[c], %%rax\n\t"
-      "vmovups (%%rax), %%zmm0\n\t"
-      "vmovups 64(%%rax), %%zmm1\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm2\n\t"
-      "vmovups 64(%%rax), %%zmm3\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm4\n\t"
-      "vmovups 64(%%rax), %%zmm5\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm6\n\t"
-      "vmovups 64(%%rax), %%zmm7\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm8\n\t"
-      "vmovups 64(%%rax), %%zmm9\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm10\n\t"
-      "vmovups 64(%%rax), %%zmm11\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm12\n\t"
-      "vmovups 64(%%rax), %%zmm13\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups (%%rax), %%zmm14\n\t"
-      "vmovups 64(%%rax), %%zmm15\n\t"
-      "jmp 3f\n\t"
-      "2:\n\t"
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
-      "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
-      "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
-      "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
-      "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
-      "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
-      "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
-      "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
-      "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
-      "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
-      "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
-      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
-      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-      "3:\n\t"
-      "test %[k], %[k]\n\t"
-      "jz 5f\n\t"
-      "4:\n\t"
-      "vmovaps (%[b]), %%zmm30\n\t"
-      "vmovaps 64(%[b]), %%zmm31\n\t"
-      "prefetcht0 1024(%[b])\n\t"
-      "vbroadcastss 0(%[a]), %%zmm28\n\t"
-      "vfmadd231ps %%zmm28, %%zmm30, %%zmm0\n\t"
-      "vfmadd231ps %%zmm28, %%zmm31, %%zmm1\n\t"
-      "vbroadcastss 4(%[a]), %%zmm29\n\t"
-      "vfmadd231ps %%zmm29, %%zmm30, %%zmm2\n\t"
-      "vfmadd231ps %%zmm29, %%zmm31, %%zmm3\n\t"
-      "vbroadcastss 8(%[a]), %%zmm28\n\t"
-      "vfmadd231ps %%zmm28, %%zmm30, %%zmm4\n\t"
-      "vfmadd231ps %%zmm28, %%zmm31, %%zmm5\n\t"
-      "vbroadcastss 12(%[a]), %%zmm29\n\t"
-      "vfmadd231ps %%zmm29, %%zmm30, %%zmm6\n\t"
-      "vfmadd231ps %%zmm29, %%zmm31, %%zmm7\n\t"
-      "vbroadcastss 16(%[a]), %%zmm28\n\t"
-      "vfmadd231ps %%zmm28, %%zmm30, %%zmm8\n\t"
-      "vfmadd231ps %%zmm28, %%zmm31, %%zmm9\n\t"
-      "vbroadcastss 20(%[a]), %%zmm29\n\t"
-      "vfmadd231ps %%zmm29, %%zmm30, %%zmm10\n\t"
-      "vfmadd231ps %%zmm29, %%zmm31, %%zmm11\n\t"
-      "vbroadcastss 24(%[a]), %%zmm28\n\t"
-      "vfmadd231ps %%zmm28, %%zmm30, %%zmm12\n\t"
-      "vfmadd231ps %%zmm28, %%zmm31, %%zmm13\n\t"
-      "vbroadcastss 28(%[a]), %%zmm29\n\t"
-      "vfmadd231ps %%zmm29, %%zmm30, %%zmm14\n\t"
-      "vfmadd231ps %%zmm29, %%zmm31, %%zmm15\n\t"
-      "add $32, %[a]\n\t"
-      "add $128, %[b]\n\t"
-      "dec %[k]\n\t"
-      "jnz 4b\n\t"
-      "5:\n\t"
-      "test %[t], %[t]\n\t"
-      "jz 6f\n\t"
-      "vmovaps %%zmm0, 0(%[t])\n\t"
-      "vmovaps %%zmm1, 64(%[t])\n\t"
-      "vmovaps %%zmm2, 128(%[t])\n\t"
-      "vmovaps %%zmm3, 192(%[t])\n\t"
-      "vmovaps %%zmm4, 256(%[t])\n\t"
-      "vmovaps %%zmm5, 320(%[t])\n\t"
-      "vmovaps %%zmm6, 384(%[t])\n\t"
-      "vmovaps %%zmm7, 448(%[t])\n\t"
-      "vmovaps %%zmm8, 512(%[t])\n\t"
-      "vmovaps %%zmm9, 576(%[t])\n\t"
-      "vmovaps %%zmm10, 640(%[t])\n\t"
-      "vmovaps %%zmm11, 704(%[t])\n\t"
-      "vmovaps %%zmm12, 768(%[t])\n\t"
-      "vmovaps %%zmm13, 832(%[t])\n\t"
-      "vmovaps %%zmm14, 896(%[t])\n\t"
-      "vmovaps %%zmm15, 960(%[t])\n\t"
-      "jmp 7f\n\t"
-      "6:\n\t"
-      "mov %[c], %%rax\n\t"
-      "vmovups %%zmm0, (%%rax)\n\t"
-      "vmovups %%zmm1, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm2, (%%rax)\n\t"
-      "vmovups %%zmm3, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm4, (%%rax)\n\t"
-      "vmovups %%zmm5, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm6, (%%rax)\n\t"
-      "vmovups %%zmm7, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm8, (%%rax)\n\t"
-      "vmovups %%zmm9, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm10, (%%rax)\n\t"
-      "vmovups %%zmm11, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm12, (%%rax)\n\t"
-      "vmovups %%zmm13, 64(%%rax)\n\t"
-      "add %[ldcb], %%rax\n\t"
-      "vmovups %%zmm14, (%%rax)\n\t"
-      "vmovups %%zmm15, 64(%%rax)\n\t"
-      "7:\n\t"
-      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
-      : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t)
-      : "rax", "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm28", "zmm29", "zmm30", "zmm31", "memory", "cc");
+/* The k loop reads A and B through strides, so the same kernel runs on packed slivers (sa = 32 bytes, sb = 128)
+ * and straight from the operands where their layout allows (small products: no packing to amortise):
+ *   tile_avx512:      a(r, p) at a + p*sa + 4r   (packed A, or A stored [K,M])
+ *   tile_avx512_rows: a(r, p) at a + r*la + 4p   (A stored [M,K]: eight row pointers, la = lda in bytes)
+ *   both:             b(p, j) at b + p*sb + 4j   (packed B, or B stored [K,N])                              */
+#define T5_PROLOGUE                                                                                               \
+  "test %[load], %[load]\n\t"                                                                                     \
+  "jz 2f\n\t"                                                                                                     \
+  "mov %[c], %%rax\n\t"                                                                                           \
+  "vmovups (%%rax), %%zmm0\n\t"                                                                                   \
+  "vmovups 64(%%rax), %%zmm1\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm2\n\t"                                                                                   \
+  "vmovups 64(%%rax), %%zmm3\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm4\n\t"                                                                                   \
+  "vmovups 64(%%rax), %%zmm5\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm6\n\t"                                                                                   \
+  "vmovups 64(%%rax), %%zmm7\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm8\n\t"                                                                                   \
+  "vmovups 64(%%rax), %%zmm9\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm10\n\t"                                                                                  \
+  "vmovups 64(%%rax), %%zmm11\n\t"                                                                                \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm12\n\t"                                                                                  \
+  "vmovups 64(%%rax), %%zmm13\n\t"                                                                                \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups (%%rax), %%zmm14\n\t"                                                                                  \
+  "vmovups 64(%%rax), %%zmm15\n\t"                                                                                \
+  "jmp 3f\n\t"                                                                                                    \
+  "2:\n\t"                                                                                                        \
+  "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"                                                                             \
+  "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"                                                                             \
+  "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"                                                                             \
+  "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"                                                                             \
+  "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"                                                                             \
+  "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"                                                                             \
+  "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"                                                                             \
+  "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"                                                                             \
+  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                                             \
+  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                                             \
+  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                                          \
+  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                                          \
+  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                                          \
+  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                                          \
+  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                                          \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                                          \
+  "3:\n\t"                                                                                                        \
+  "test %[k], %[k]\n\t"                                                                                           \
+  "jz 5f\n\t"
+/* one row of the tile: broadcast a(r, p) (operand SRC), two FMAs into zmm ACC0, ACC1 */
+#define T5_ROW(SRC, REG, ACC0, ACC1)                                                                              \
+  "vbroadcastss " SRC ", %%zmm" REG "\n\t"                                                                        \
+  "vfmadd231ps %%zmm" REG ", %%zmm30, %%zmm" ACC0 "\n\t"                                                          \
+  "vfmadd231ps %%zmm" REG ", %%zmm31, %%zmm" ACC1 "\n\t"
+#define T5_LOAD_B                                                                                                 \
+  "vmovups (%[b]), %%zmm30\n\t"                                                                                   \
+  "vmovups 64(%[b]), %%zmm31\n\t"                                                                                 \
+  "prefetcht0 (%[b],%[pf])\n\t"
+#define T5_EPILOGUE                                                                                               \
+  "5:\n\t"                                                                                                        \
+  "test %[t], %[t]\n\t"                                                                                           \
+  "jz 6f\n\t"                                                                                                     \
+  "vmovaps %%zmm0, 0(%[t])\n\t"                                                                                   \
+  "vmovaps %%zmm1, 64(%[t])\n\t"                                                                                  \
+  "vmovaps %%zmm2, 128(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm3, 192(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm4, 256(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm5, 320(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm6, 384(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm7, 448(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm8, 512(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm9, 576(%[t])\n\t"                                                                                 \
+  "vmovaps %%zmm10, 640(%[t])\n\t"                                                                                \
+  "vmovaps %%zmm11, 704(%[t])\n\t"                                                                                \
+  "vmovaps %%zmm12, 768(%[t])\n\t"                                                                                \
+  "vmovaps %%zmm13, 832(%[t])\n\t"                                                                                \
+  "vmovaps %%zmm14, 896(%[t])\n\t"                                                                                \
+  "vmovaps %%zmm15, 960(%[t])\n\t"                                                                                \
+  "jmp 7f\n\t"                                                                                                    \
+  "6:\n\t"                                                                                                        \
+  "mov %[c], %%rax\n\t"                                                                                           \
+  "vmovups %%zmm0, (%%rax)\n\t"                                                                                   \
+  "vmovups %%zmm1, 64(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm2, (%%rax)\n\t"                                                                                   \
+  "vmovups %%zmm3, 64(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm4, (%%rax)\n\t"                                                                                   \
+  "vmovups %%zmm5, 64(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm6, (%%rax)\n\t"                                                                                   \
+  "vmovups %%zmm7, 64(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm8, (%%rax)\n\t"                                                                                   \
+  "vmovups %%zmm9, 64(%%rax)\n\t"                                                                                 \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm10, (%%rax)\n\t"                                                                                  \
+  "vmovups %%zmm11, 64(%%rax)\n\t"                                                                                \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm12, (%%rax)\n\t"                                                                                  \
+  "vmovups %%zmm13, 64(%%rax)\n\t"                                                                                \
+  "add %[ldcb], %%rax\n\t"                                                                                        \
+  "vmovups %%zmm14, (%%rax)\n\t"                                                                                  \
+  "vmovups %%zmm15, 64(%%rax)\n\t"                                                                                \
+  "7:\n\t"
+#define T5_CLOBBERS                                                                                               \
+  "rax", "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12", \
+      "zmm13", "zmm14", "zmm15", "zmm28", "zmm29", "zmm30", "zmm31", "memory", "cc"
+
+/* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major) */
+__attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *a, int64_t sa, const float *b,
+                                                            int64_t sb, float *c, int64_t ldc, int load, float *t) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb;
+  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_ROW("0(%[a])", "28", "0", "1") T5_ROW("4(%[a])", "29", "2", "3")
+                       T5_ROW("8(%[a])", "28", "4", "5") T5_ROW("12(%[a])", "29", "6", "7")
+                           T5_ROW("16(%[a])", "28", "8", "9") T5_ROW("20(%[a])", "29", "10", "11")
+                               T5_ROW("24(%[a])", "28", "12", "13") T5_ROW("28(%[a])", "29", "14", "15")
+                   "add %[sa], %[a]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T5_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
+                     [pf] "r"(pf)
+                   : T5_CLOBBERS);
 }
 
-__attribute__((target("avx512f"))) static void ukr_avx512(int64_t kc, const float *a, const float *b, float *c,
-                                                           int64_t ldc, int load, int combine, float beta) {
-  if (!combine || beta == 0.0f) {
-    tile_avx512(kc, a, b, c, ldc, load, NULL);
-    return;
-  }
-  float t[A5_MR * A5_NR] __attribute__((aligned(64)));
-  tile_avx512(kc, a, b, c, ldc, load, t);
+/* A read in place from eight rows la bytes apart (row r at a + r*la), one float further each k. */
+__attribute__((target("avx512f"))) static void tile_avx512_rows(int64_t kc, const float *a, int64_t la,
+                                                                 const float *b, int64_t sb, float *c, int64_t ldc,
+                                                                 int load, float *t) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
+  const float *a4 = (const float *)((const char *)a + 4 * la);
+  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_ROW("(%[a])", "28", "0", "1")
+                       T5_ROW("(%[a],%[la],1)", "29", "2", "3") T5_ROW("(%[a],%[la],2)", "28", "4", "5")
+                           T5_ROW("(%[a],%[la3],1)", "29", "6", "7") T5_ROW("(%[a4])", "28", "8", "9")
+                               T5_ROW("(%[a4],%[la],1)", "29", "10", "11") T5_ROW("(%[a4],%[la],2)", "28", "12", "13")
+                                   T5_ROW("(%[a4],%[la3],1)", "29", "14", "15")
+                   "add $4, %[a]\n\t"
+                   "add $4, %[a4]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T5_EPILOGUE
+                   : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
+                     [sb] "r"(sb), [pf] "r"(pf)
+                   : T5_CLOBBERS);
+}
+
+/* The tile in t (MR x 32) meets C: C = C + t (beta 1) or fma(beta, C, t). */
+__attribute__((target("avx512f"))) static void combine_avx512(const float *t, float *c, int64_t ldc, float beta) {
   const __m512 vb = _mm512_set1_ps(beta);
   for (int r = 0; r < A5_MR; r++)
     for (int h = 0; h < 2; h++) {
@@ -373,6 +407,18 @@ __attribute__((target("avx512f"))) static void ukr_avx512(int64_t kc, const floa
       _mm512_storeu_ps(cp, x);
     }
 }
+
+__attribute__((target("avx512f"))) static void ukr_avx512(int64_t kc, const float *a, const float *b, float *c,
+                                                           int64_t ldc, int load, int combine, float beta) {
+  if (!combine || beta == 0.0f) {
+    tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, NULL);
+    return;
+  }
+  float t[A5_MR * A5_NR] __attribute__((aligned(64)));
+  tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, t);
+  combine_avx512(t, c, ldc, beta);
+}
+
 #endif
 
 static const gemm_kernel KERNELS[3] = {
@@ -385,6 +431,61 @@ static const gemm_kernel KERNELS[3] = {
     {P_MR, P_NR, 128, 256, 2048, ukr_portable, "avx512", "(not on this CPU)"},
 #endif
 };
+
+/* ------------------------------------------------------------------ small products, read in place */
+/* A product with few rows (attention's per-head blocks) reads its packed panels too few times to pay for the copy,
+ * so it runs straight from its operands: B stored [K,N] rows are the B sliver (stride ldb), A is read as stored
+ * ([K,M]: the strided kernel; [M,K]: the row-pointer kernel), alpha is 1, and each tile runs the whole K in one
+ * chain, then meets beta*C. The last row and column tiles are moved back to end at M and N (they overlap tiles
+ * already done, recomputing the same chains) and only their new elements reach C. Same order, same bits. */
+#ifdef GEMM_X86
+#define DIRECT_MAX_M 64
+typedef void (*tile_fn)(int64_t kc, const float *a, int64_t sa, const float *b, int64_t sb, float *c, int64_t ldc,
+                        int load, float *t);
+typedef void (*combine_fn)(const float *t, float *c, int64_t ldc, float beta);
+typedef struct {
+  int mr, nr;
+  tile_fn strided, rows;
+  combine_fn combine; /* a whole tile with beta != 0 */
+} direct_kernel;
+
+static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  const int mr = d->mr, nr = d->nr;
+  float t[A5_MR * A5_NR] __attribute__((aligned(64)));
+  for (int64_t j = 0; j < N; j += nr) {
+    const int64_t jr = j + nr <= N ? j : N - nr;
+    const int j0 = (int)(j - jr); /* the tile's first column not done yet */
+    for (int64_t i = 0; i < M; i += mr) {
+      const int64_t ir = i + mr <= M ? i : M - mr;
+      const int r0 = (int)(i - ir);
+      float *cp = C + ir * ldc + jr;
+      const int whole = r0 == 0 && j0 == 0;
+      float *to = whole && beta == 0.0f ? NULL : t;
+      if (ta) d->strided(K, A + ir, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to);
+      else d->rows(K, A + ir * lda, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to);
+      if (!to) continue;
+      if (whole) {
+        d->combine(t, cp, ldc, beta);
+        continue;
+      }
+      for (int r = r0; r < mr; r++)
+        for (int c = j0; c < nr; c++) {
+          float *x = cp + r * ldc + c;
+          const float s = t[r * nr + c];
+          *x = beta == 0.0f ? s : beta == 1.0f ? *x + s : fmaf(beta, *x, s);
+        }
+    }
+  }
+  return 0;
+}
+
+static const direct_kernel DIRECT[3] = {
+    {0, 0, NULL, NULL, NULL},
+    {A2_MR, A2_NR, tile_avx2, tile_avx2_rows, combine_avx2},
+    {A5_MR, A5_NR, tile_avx512, tile_avx512_rows, combine_avx512},
+};
+#endif
 
 int gemm_isa_supported(gemm_isa isa) {
   if (isa == GEMM_ISA_PORTABLE) return 1;
@@ -429,6 +530,46 @@ static float *scratch(size_t n) {
 }
 
 /* ------------------------------------------------------------------ packing (the same on every kernel) */
+#ifdef GEMM_X86
+/* 8 x 8 floats: rows src + x*ss (x = 0..7) to rows dst + y*ds, dst[y][x] = src[x][y]. Only moves bits. */
+__attribute__((target("avx2"))) static inline void transpose8(const float *src, int64_t ss, float *dst, int64_t ds) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss), r2 = _mm256_loadu_ps(src + 2 * ss),
+         r3 = _mm256_loadu_ps(src + 3 * ss), r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss),
+         r6 = _mm256_loadu_ps(src + 6 * ss), r7 = _mm256_loadu_ps(src + 7 * ss);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+         u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + ds, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ds, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ds, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ds, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ds, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ds, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* A [M,K] with MR 8, alpha 1: each 8-row sliver is 8 x kc transposed, 8 k at a time. */
+__attribute__((target("avx2"))) static int64_t pack_rows8_avx2(const float *src, int64_t ld, int64_t kc, float *dst) {
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) transpose8(src + p, ld, dst + p * 8, 8);
+  return p;
+}
+/* B [N,K] with NR 16 or 32: each 8-column group of the sliver is transposed the same way. */
+__attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const float *src, int64_t ld, int64_t kc,
+                                                               float *dst) {
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8)
+    for (int j = 0; j < nr; j += 8) transpose8(src + j * ld + p, ld, dst + p * nr + j, nr);
+  return p;
+}
+static int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits as the loops) */
+#endif
+
 /* A[i0:i0+mc, p0:p0+kc] (times alpha) into MR-row slivers: sliver s holds a[s*MR + r, p] at s*MR*kc + p*MR + r;
  * rows past mc are 0. */
 static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
@@ -440,17 +581,28 @@ static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int6
         const float *src = A + (p0 + p) * lda + i0 + s;
         float *dst = ap + p * mr;
         int64_t r = 0;
-        for (; r < rows; r++) dst[r] = alpha == 1.0f ? src[r] : alpha * src[r];
+        if (alpha == 1.0f)
+          for (; r < rows; r++) dst[r] = src[r];
+        else
+          for (; r < rows; r++) dst[r] = alpha * src[r];
         for (; r < mr; r++) dst[r] = 0.0f;
       }
     } else { /* A stored [M,K]: read each row along k */
+      int64_t p0f = 0;
+#ifdef GEMM_X86
+      if (fast_pack && mr == 8 && rows == 8 && alpha == 1.0f)
+        p0f = pack_rows8_avx2(A + (i0 + s) * lda + p0, lda, kc, ap);
+#endif
       for (int64_t r = 0; r < mr; r++) {
         if (r >= rows) {
-          for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = 0.0f;
+          for (int64_t p = p0f; p < kc; p++) ap[p * mr + r] = 0.0f;
           continue;
         }
         const float *src = A + (i0 + s + r) * lda + p0;
-        for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = alpha == 1.0f ? src[p] : alpha * src[p];
+        if (alpha == 1.0f)
+          for (int64_t p = p0f; p < kc; p++) ap[p * mr + r] = src[p];
+        else
+          for (int64_t p = p0f; p < kc; p++) ap[p * mr + r] = alpha * src[p];
       }
     }
   }
@@ -466,18 +618,26 @@ static void pack_b(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int6
       for (int64_t p = 0; p < kc; p++) {
         const float *src = B + (p0 + p) * ldb + j0 + s;
         float *dst = bp + p * nr;
+        if (cols == nr) {
+          memcpy(dst, src, (size_t)nr * sizeof(float));
+          continue;
+        }
         int64_t j = 0;
         for (; j < cols; j++) dst[j] = src[j];
         for (; j < nr; j++) dst[j] = 0.0f;
       }
     } else { /* B stored [N,K]: read each column along k */
+      int64_t p0f = 0;
+#ifdef GEMM_X86
+      if (fast_pack && cols == nr && nr % 8 == 0) p0f = pack_cols_avx2(nr, B + (j0 + s) * ldb + p0, ldb, kc, bp);
+#endif
       for (int64_t j = 0; j < nr; j++) {
         if (j >= cols) {
-          for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
+          for (int64_t p = p0f; p < kc; p++) bp[p * nr + j] = 0.0f;
           continue;
         }
         const float *src = B + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
+        for (int64_t p = p0f; p < kc; p++) bp[p * nr + j] = src[p];
       }
     }
   }
@@ -498,12 +658,18 @@ static void edge_tile(const gemm_kernel *g, int64_t kc, const float *a, const fl
 }
 
 /* C = op(A) op(B) (+ beta*C when the whole K fits one block); K-blocks after the first continue C's chains. */
-static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+/* bf16: the operands rounded and each pair of k swapped as they are packed (gemm_bf16), in blocks of exactly g->kc
+ * (even, so that pairs never straddle two blocks). */
+static void pack_a_bf16(int mr, int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kv,
+                        int64_t kc, float *ap);
+static void pack_b_bf16(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int64_t j0, int64_t kv, int64_t kc,
+                        int64_t nc, float *bp);
+static int blocked(const gemm_kernel *g, int bf16, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
   /* K in equal blocks of at most g->kc (K = 256 on a 192 block: 2 x 128, not 192 + 64), so no block is a short
    * tail that pays a full tile's load and store for little work. The order of summation does not change. */
-  const int64_t kblocks = (K + g->kc - 1) / g->kc, kcMax = (K + kblocks - 1) / kblocks;
+  const int64_t kblocks = (K + g->kc - 1) / g->kc, kcMax = bf16 ? g->kc : (K + kblocks - 1) / kblocks;
   const int64_t ncMax = ((N < g->nc ? N : g->nc) + nr - 1) / nr * nr;
   const int64_t mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
   const size_t bsize = (size_t)(((ncMax * kcMax) + 15) / 16 * 16);
@@ -513,12 +679,16 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
   for (int64_t jc = 0; jc < N; jc += g->nc) {
     const int64_t nc = N - jc < g->nc ? N - jc : g->nc;
     for (int64_t pc = 0; pc < K; pc += kcMax) {
-      const int64_t kc = K - pc < kcMax ? K - pc : kcMax;
-      const int load = pc > 0, combine = pc == 0 && pc + kc == K;
-      pack_b(nr, tb, B, ldb, pc, jc, kc, nc, bp);
+      const int64_t kv = K - pc < kcMax ? K - pc : kcMax;
+      /* bf16: a lone last k runs as a pair with a 0, as the hardware kernel pads it */
+      const int64_t kc = bf16 ? (kv + 1) / 2 * 2 : kv;
+      const int load = pc > 0, combine = pc == 0 && pc + kv == K;
+      if (bf16) pack_b_bf16(nr, tb, B, ldb, pc, jc, kv, kc, nc, bp);
+      else pack_b(nr, tb, B, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < M; ic += g->mc) {
         const int64_t mc = M - ic < g->mc ? M - ic : g->mc;
-        pack_a(mr, ta, A, lda, ic, pc, mc, kc, alpha, ap);
+        if (bf16) pack_a_bf16(mr, ta, A, lda, ic, pc, mc, kv, kc, ap);
+        else pack_a(mr, ta, A, lda, ic, pc, mc, kc, alpha, ap);
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const int64_t cols = nc - jr < nr ? nc - jr : nr;
           const float *bs = bp + jr * kc;
@@ -548,11 +718,16 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
     return 0;
   }
   const gemm_kernel *g = &KERNELS[isa == GEMM_ISA_AUTO ? gemm_best_isa() : isa];
-  if (beta == 0.0f || K <= g->kc) return blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#ifdef GEMM_X86
+  if (fast_pack < 0) fast_pack = gemm_isa_supported(GEMM_ISA_AVX2);
+  if (g != &KERNELS[GEMM_ISA_PORTABLE] && !tb && alpha == 1.0f && M <= DIRECT_MAX_M && M >= g->mr && N >= g->nr)
+    return direct(&DIRECT[g - KERNELS], ta, M, N, K, A, lda, B, ldb, beta, C, ldc);
+#endif
+  if (beta == 0.0f || K <= g->kc) return blocked(g, 0, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   /* beta != 0 and K spans several blocks: the chains run in a workspace, then meet beta*C once. */
   float *w = (float *)malloc((size_t)(M * N) * sizeof(float));
   if (!w) return -1;
-  if (blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, w, N)) {
+  if (blocked(g, 0, ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, w, N)) {
     free(w);
     return -1;
   }
@@ -564,6 +739,259 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
     }
   free(w);
   return 0;
+}
+
+/* ------------------------------------------------------------------ bf16 products (gemm.h: gemm_bf16) */
+/* x rounded to bf16 as VCVTNE2PS2BF16 does (checked against it on every class of input): a denormal x is a signed
+ * 0, the rest rounds to nearest even (a normal x never rounds to a bf16 denormal), a NaN stays a quiet NaN. The
+ * top 16 bits of the float this returns are the bf16. */
+static inline float bf16_round(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) u = (u | 0x00400000u) & 0xffff0000u;
+  else if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+  else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+static inline float ftz(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+static inline uint32_t bf16_bits(float x) {
+  uint32_t u;
+  x = bf16_round(x);
+  memcpy(&u, &x, 4);
+  return u >> 16;
+}
+
+/* The order VDPBF16PS computes (measured against its documented pseudo-code on an Intel CPU with AVX-512 BF16):
+ * per pair (k, k+1), s = ftz(fma(a[k+1], b[k+1], s)) then s = ftz(fma(a[k], b[k], s)), denormal inputs read as 0.
+ * The emulations run the fp32 kernels on bf16 values with each pair's two k swapped and the CPU's flush-to-zero
+ * and denormals-are-zero modes on, which is that order exactly. A lone last k (K odd) is paired with a 0, as the
+ * hardware kernel's packing does: s = s + 0*0 first (a -0 becomes +0), then its fma. */
+
+/* As pack_a / pack_b (alpha 1), every value rounded to bf16 and each pair of k swapped: kv values of k, in a
+ * panel of kc (even: kv, or kv + 1 with a 0 last). */
+static void pack_a_bf16(int mr, int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kv,
+                        int64_t kc, float *ap) {
+  for (int64_t s = 0; s < mc; s += mr, ap += mr * kc) {
+    const int64_t rows = mc - s < mr ? mc - s : mr;
+    for (int64_t p = 0; p < kc; p++) {
+      float *dst = ap + (p ^ 1) * mr;
+      for (int64_t r = 0; r < mr; r++)
+        dst[r] = r < rows && p < kv
+                     ? bf16_round(ta ? A[(p0 + p) * lda + i0 + s + r] : A[(i0 + s + r) * lda + p0 + p])
+                     : 0.0f;
+    }
+  }
+}
+static void pack_b_bf16(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int64_t j0, int64_t kv, int64_t kc,
+                        int64_t nc, float *bp) {
+  for (int64_t s = 0; s < nc; s += nr, bp += nr * kc) {
+    const int64_t cols = nc - s < nr ? nc - s : nr;
+    for (int64_t p = 0; p < kc; p++) {
+      float *dst = bp + (p ^ 1) * nr;
+      for (int64_t j = 0; j < nr; j++)
+        dst[j] = j < cols && p < kv
+                     ? bf16_round(tb ? B[(j0 + s + j) * ldb + p0 + p] : B[(p0 + p) * ldb + j0 + s + j])
+                     : 0.0f;
+    }
+  }
+}
+
+/* The portable kernel's order with the flushes written out (no CPU mode to rely on). */
+static void ukr_portable_bf16(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load,
+                              int combine, float beta) {
+  for (int r = 0; r < P_MR; r++) {
+    float acc[P_NR];
+    for (int j = 0; j < P_NR; j++) acc[j] = load ? ftz(c[r * ldc + j]) : 0.0f;
+    for (int64_t p = 0; p < kc; p++) {
+      const float av = a[p * P_MR + r];
+      const float *bv = b + p * P_NR;
+      for (int j = 0; j < P_NR; j++) acc[j] = ftz(fmaf(av, bv[j], acc[j]));
+    }
+    for (int j = 0; j < P_NR; j++) {
+      float *cp = c + r * ldc + j;
+      if (!combine || beta == 0.0f) *cp = acc[j];
+      else if (beta == 1.0f) *cp = ftz(ftz(*cp) + acc[j]);
+      else *cp = ftz(fmaf(beta, ftz(*cp), acc[j]));
+    }
+  }
+}
+
+#ifdef GEMM_X86
+/* ---- AVX-512 BF16: 8 x 32, VDPBF16PS on packed pairs. A sliver: per pair, 8 dwords (row r's a[k], a[k+1]); B
+ * sliver: per pair, 32 dwords. Per pair: 2 loads of B, 8 broadcasts of A, 16 VDPBF16PS. */
+#define T5B_ROW(SRC, REG, ACC0, ACC1)                                                                             \
+  "vpbroadcastd " SRC ", %%zmm" REG "\n\t"                                                                        \
+  "vdpbf16ps %%zmm30, %%zmm" REG ", %%zmm" ACC0 "\n\t"                                                            \
+  "vdpbf16ps %%zmm31, %%zmm" REG ", %%zmm" ACC1 "\n\t"
+__attribute__((target("avx512f,avx512bf16"))) static void tile_avx512bf16(int64_t pairs, const uint32_t *a,
+                                                                          const uint32_t *b, float *c, int64_t ldc,
+                                                                          int load, float *t) {
+  const int64_t ldcb = ldc * 4, pf = 1024, sa = 32, sb = 128;
+  int64_t kc = pairs;
+  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5B_ROW("0(%[a])", "28", "0", "1") T5B_ROW("4(%[a])", "29", "2", "3")
+                       T5B_ROW("8(%[a])", "28", "4", "5") T5B_ROW("12(%[a])", "29", "6", "7")
+                           T5B_ROW("16(%[a])", "28", "8", "9") T5B_ROW("20(%[a])", "29", "10", "11")
+                               T5B_ROW("24(%[a])", "28", "12", "13") T5B_ROW("28(%[a])", "29", "14", "15")
+                   "add %[sa], %[a]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T5_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
+                     [pf] "r"(pf)
+                   : T5_CLOBBERS);
+}
+
+static void pack_a_pairs(int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
+                         uint32_t *ap) {
+  const int64_t np = (kc + 1) / 2;
+  for (int64_t s = 0; s < mc; s += A5_MR, ap += A5_MR * np) {
+    const int64_t rows = mc - s < A5_MR ? mc - s : A5_MR;
+    for (int64_t m = 0; m < np; m++)
+      for (int64_t r = 0; r < A5_MR; r++) {
+        uint32_t w = 0;
+        for (int h = 0; h < 2; h++) {
+          const int64_t p = 2 * m + h;
+          if (r < rows && p < kc)
+            w |= bf16_bits(ta ? A[(p0 + p) * lda + i0 + s + r] : A[(i0 + s + r) * lda + p0 + p]) << (16 * h);
+        }
+        ap[m * A5_MR + r] = w;
+      }
+  }
+}
+static void pack_b_pairs(int tb, const float *B, int64_t ldb, int64_t p0, int64_t j0, int64_t kc, int64_t nc,
+                         uint32_t *bp) {
+  const int64_t np = (kc + 1) / 2;
+  for (int64_t s = 0; s < nc; s += A5_NR, bp += A5_NR * np) {
+    const int64_t cols = nc - s < A5_NR ? nc - s : A5_NR;
+    for (int64_t m = 0; m < np; m++)
+      for (int64_t j = 0; j < A5_NR; j++) {
+        uint32_t w = 0;
+        for (int h = 0; h < 2; h++) {
+          const int64_t p = 2 * m + h;
+          if (j < cols && p < kc)
+            w |= bf16_bits(tb ? B[(j0 + s + j) * ldb + p0 + p] : B[(p0 + p) * ldb + j0 + s + j]) << (16 * h);
+        }
+        bp[m * A5_NR + j] = w;
+      }
+  }
+}
+
+/* One tile of the hardware kernel, at the edge of C or meeting beta*C through t. */
+__attribute__((target("avx512f,avx512bf16"))) static void ukr_avx512bf16(int64_t pairs, const uint32_t *a,
+                                                                         const uint32_t *b, float *c, int64_t ldc,
+                                                                         int64_t rows, int64_t cols, int load,
+                                                                         int combine, float beta) {
+  float t[A5_MR * A5_NR] __attribute__((aligned(64)));
+  if (rows == A5_MR && cols == A5_NR && (!combine || beta == 0.0f)) {
+    tile_avx512bf16(pairs, a, b, c, ldc, load, NULL);
+    return;
+  }
+  if (load)
+    for (int64_t r = 0; r < A5_MR; r++)
+      for (int64_t j = 0; j < A5_NR; j++) t[r * A5_NR + j] = r < rows && j < cols ? c[r * ldc + j] : 0.0f;
+  tile_avx512bf16(pairs, a, b, t, A5_NR, load, NULL);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < cols; j++) {
+      float *cp = c + r * ldc + j;
+      const float s = t[r * A5_NR + j];
+      /* under the caller's flush-to-zero and denormals-are-zero modes, as the emulations' combine */
+      *cp = !combine || beta == 0.0f ? s : beta == 1.0f ? *cp + s : fmaf(beta, *cp, s);
+    }
+}
+
+static int blocked_avx512bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  const int64_t KC = 384, MC = 384, NC = 3072; /* kc in k (192 pairs) */
+  const int64_t kblocks = (K + KC - 1) / KC, kcMax = ((K + kblocks - 1) / kblocks + 1) / 2 * 2;
+  const int64_t ncMax = ((N < NC ? N : NC) + A5_NR - 1) / A5_NR * A5_NR;
+  const int64_t mcMax = ((M < MC ? M : MC) + A5_MR - 1) / A5_MR * A5_MR;
+  const size_t bsize = (size_t)((ncMax * kcMax / 2 + 15) / 16 * 16);
+  uint32_t *buf = (uint32_t *)scratch(bsize + (size_t)(mcMax * kcMax / 2));
+  if (!buf) return -1;
+  uint32_t *bp = buf, *ap = buf + bsize;
+  for (int64_t jc = 0; jc < N; jc += NC) {
+    const int64_t nc = N - jc < NC ? N - jc : NC;
+    for (int64_t pc = 0; pc < K; pc += kcMax) {
+      const int64_t kc = K - pc < kcMax ? K - pc : kcMax, np = (kc + 1) / 2;
+      const int load = pc > 0, combine = pc + kc == K;
+      pack_b_pairs(tb, B, ldb, pc, jc, kc, nc, bp);
+      for (int64_t ic = 0; ic < M; ic += MC) {
+        const int64_t mc = M - ic < MC ? M - ic : MC;
+        pack_a_pairs(ta, A, lda, ic, pc, mc, kc, ap);
+        for (int64_t jr = 0; jr < nc; jr += A5_NR)
+          for (int64_t ir = 0; ir < mc; ir += A5_MR) {
+            const int64_t rows = mc - ir < A5_MR ? mc - ir : A5_MR, cols = nc - jr < A5_NR ? nc - jr : A5_NR;
+            ukr_avx512bf16(np, ap + ir * np, bp + jr * np, C + (ic + ir) * ldc + jc + jr, ldc, rows, cols, load,
+                           combine, beta);
+          }
+      }
+    }
+  }
+  return 0;
+}
+#endif
+
+static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, ukr_portable_bf16, "portable", "portable C 4x16"};
+
+int gemm_bf16_hw_supported(void) {
+#ifdef GEMM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+#else
+  return 0;
+#endif
+}
+
+int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return 0;
+  if (isa == GEMM_ISA_AUTO) isa = gemm_best_isa();
+  hw = hw && gemm_bf16_hw_supported();
+  /* the emulation's kernel, its K block made even so that pairs never straddle two blocks */
+  gemm_kernel e = isa == GEMM_ISA_PORTABLE ? PORTABLE_BF16 : KERNELS[isa];
+  {
+    const int64_t kc = e.kc / 2 * 2, kblocks = (K + kc - 1) / kc;
+    e.kc = K > 0 ? ((K + kblocks - 1) / kblocks + 1) / 2 * 2 : kc;
+  }
+  const int64_t one_block = hw ? 384 : e.kc;
+#ifdef GEMM_X86
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040); /* flush-to-zero, denormals-are-zero: VDPBF16PS's modes, for every path */
+#endif
+  int rc = 0;
+  /* beta != 0 over several K blocks: the chains run in a workspace, then meet beta*C once (as gemm_sgemm) */
+  float *w = beta == 0.0f || K <= one_block ? NULL : (float *)malloc((size_t)(M * N) * sizeof(float));
+  float *out = w ? w : C;
+  const int64_t ldo = w ? N : ldc;
+  const float b0 = w ? 0.0f : beta;
+  if (beta != 0.0f && K > one_block && !w) rc = -1;
+  else if (K <= 0)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) out[i * ldo + j] = b0 == 0.0f ? 0.0f : b0 == 1.0f ? ftz(ftz(out[i * ldo + j]) + 0.0f) : ftz(fmaf(b0, ftz(out[i * ldo + j]), 0.0f));
+#ifdef GEMM_X86
+  else if (hw) rc = blocked_avx512bf16(ta, tb, M, N, K, A, lda, B, ldb, b0, out, ldo);
+#endif
+  else rc = blocked(&e, 1, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, b0, out, ldo);
+  if (w && !rc)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        float *cp = C + i * ldc + j;
+        const float x = w[i * N + j];
+        *cp = beta == 1.0f ? ftz(ftz(*cp) + x) : ftz(fmaf(beta, ftz(*cp), x));
+      }
+  free(w);
+#ifdef GEMM_X86
+  _mm_setcsr(csr);
+#endif
+  return rc;
 }
 
 /* ------------------------------------------------------------------ the core's FMA peak */

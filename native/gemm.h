@@ -29,6 +29,19 @@ const char *gemm_isa_detail(gemm_isa isa);
 int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/*
+ * bf16 products: as gemm_sgemm with alpha 1, every element of op(A) and op(B) first rounded to bf16 (to nearest
+ * even; a bf16 denormal read as 0), and each C element's chain run as VDPBF16PS runs it: s = 0, then for each pair
+ * (k, k+1) of k = 0, 2, 4, ...: s = fma(a[k+1], b[k+1], s), s = fma(a[k], b[k], s) (a lone last k paired with a 0), every
+ * result flushed to 0 when it is denormal; then C = s, C + s or fma(beta, C, s), C read and written with the same
+ * flushes. hw = 1 runs the AVX-512 BF16 kernel where the CPU has it; otherwise, and with hw = 0, isa's fp32 kernel
+ * on the rounded operands (or the portable one): the same bits either way. Returns 0, or -1 (out of memory).
+ */
+int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* Whether this CPU has AVX-512 BF16 (VDPBF16PS). */
+int gemm_bf16_hw_supported(void);
+
 /* Frees this thread's packing buffers (the next call allocates them again). */
 void gemm_thread_release(void);
 

@@ -227,11 +227,27 @@ static void rope_backward(float *dx, const float *cs, const float *sn, int64_t B
  * skip (nearly) the upper triangle instead of computing it and throwing it away. */
 #define ATT_BLOCK 64
 
+/* x[T, E] (rows ld apart) into xt[E, T], times scale (1: only moved). The score products then read both operands
+ * row by row, which the GEMM runs without packing; the bits are those of the transposed product with alpha = scale
+ * (each a = scale * q rounded to float, then the same chain of FMAs). */
+static void transpose_rows(const float *x, int64_t ld, int64_t T, int64_t E, float *xt) {
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++) xt[e * T + t] = x[t * ld + e];
+}
+static void scale_rows(const float *x, int64_t ld, int64_t T, int64_t E, float scale, float *xs) {
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++) xs[t * E + e] = scale * x[t * ld + e];
+}
+
 static int attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
                              int64_t T, int64_t H, int64_t K, int64_t E) {
   if (T == 0 || E == 0) return 0;
   const float scale = (float)(1.0 / sqrt((double)E));
   const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
+  /* kt: this kv head's keys as [E, T]; qs: this query head's rows times scale, [T, E] */
+  float *kt = (float *)malloc((size_t)(2 * T * E) * sizeof(float));
+  if (!kt) return GEMM_NOMEM;
+  float *qs = kt + T * E;
   int oom = 0;
   for (int64_t b = 0; b < B; b++)
     for (int64_t hh = 0; hh < H; hh++) {
@@ -241,10 +257,13 @@ static int attention_forward(float *out, float *att, const float *q, const float
       const float *vp = v + (b * T * K + j) * E;
       float *ap = att + (b * H + hh) * T * T;
       float *op = out + (b * T * H + hh) * E;
+      if (hh == 0 || j != (hh - 1) * K / H) transpose_rows(kp, ldk, T, E, kt);
+      scale_rows(qp, ldq, T, E, scale, qs);
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
         const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
-        /* scores[t0:t1, 0:t1] = scale * q_rows @ k^T */
-        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, scale, qp + t0 * ldq, ldq, kp, ldk, 0.0f, ap + t0 * T, lda);
+        /* scores[t0:t1, 0:t1] = (scale * q_rows) @ k^T */
+        oom |= sgemm(0, 0, (int)(t1 - t0), (int)t1, (int)E, 1.0f, qs + t0 * E, (int)E, kt, (int)T, 0.0f, ap + t0 * T,
+                     lda);
         for (int64_t t = t0; t < t1; t++) {
           float *row = ap + t * T;
           const float mx = max_f32(row, t + 1);
@@ -258,6 +277,7 @@ static int attention_forward(float *out, float *att, const float *q, const float
         oom |= sgemm(0, 0, (int)(t1 - t0), (int)E, (int)t1, 1.0f, ap + t0 * T, lda, vp, ldk, 0.0f, op + t0 * ldq, ldq);
       }
     }
+  free(kt);
   return oom ? GEMM_NOMEM : 0;
 }
 
@@ -272,8 +292,10 @@ static int attention_backward(float *dq, float *dk, float *dv, const float *dout
     memset(dq, 0, (size_t)(B * T * H * E) * sizeof(float));
     return 0;
   }
-  float *ds = (float *)malloc((size_t)(T * T) * sizeof(float));
+  /* ds: dscores [T, T]; vt: this kv head's values as [E, T] */
+  float *ds = (float *)malloc((size_t)(T * T + T * E) * sizeof(float));
   if (!ds) return GEMM_NOMEM;
+  float *vt = ds + T * T;
   const float scale = (float)(1.0 / sqrt((double)E));
   const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
   int oom = 0;
@@ -284,10 +306,11 @@ static int attention_backward(float *dq, float *dk, float *dv, const float *dout
       const float *kp = k + (b * T * K + j) * E, *vp = v + (b * T * K + j) * E;
       const float *ap = att + (b * H + hh) * T * T;
       float *dqp = dq + (b * T * H + hh) * E, *dkp = dk + (b * T * K + j) * E, *dvp = dv + (b * T * K + j) * E;
+      if (hh == 0 || j != (hh - 1) * K / H) transpose_rows(vp, ldk, T, E, vt);
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
         const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
         /* datt[t0:t1, 0:t1] = dout_rows @ v^T */
-        oom |= sgemm(0, 1, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vp, ldk, 0.0f, ds + t0 * T, lda);
+        oom |= sgemm(0, 0, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vt, (int)T, 0.0f, ds + t0 * T, lda);
         /* dscores = att * (datt - sum_u att*datt) * scale, over u <= t; 0 above the diagonal */
         for (int64_t t = t0; t < t1; t++) {
           const float *ar = ap + t * T;
@@ -684,9 +707,11 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
 
 /* ------------------------------------------------------------------ the kernels' wrappers */
 /* gemm(isa, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): the built-in GEMM on one kernel with
- * leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it). */
-static napi_value Gemm(napi_env env, napi_callback_info info) {
-  static const char fn[] = "gemm";
+ * leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it).
+ * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "avx512bf16" is the VDPBF16PS kernel,
+ * the others the emulation on that kernel. */
+static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
+  const char *fn = bf16 ? "gemmBf16" : "gemm";
   ARGS(14);
   char isa[32] = {0};
   size_t len = 0;
@@ -694,10 +719,11 @@ static napi_value Gemm(napi_env env, napi_callback_info info) {
     napi_throw_type_error(env, NULL, "tstrain native gemm: isa must be a string");
     return NULL;
   }
-  const gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
+  const int hw = bf16 && strcmp(isa, "avx512bf16") == 0;
+  const gemm_isa want = hw || strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
                         : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
-  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, fn, "isa must be auto, avx512, avx2 or portable"); return NULL; }
-  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want)) { throw_range(env, fn, "this CPU does not have that instruction set"); return NULL; }
+  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, fn, bf16 ? "isa must be auto, avx512bf16, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
+  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want) || (hw && !gemm_bf16_hw_supported())) { throw_range(env, fn, "this CPU does not have that instruction set"); return NULL; }
   BOOL(1, transA); BOOL(2, transB);
   DIM(3, M); DIM(4, N); DIM(5, K);
   NUM(6, alpha);
@@ -709,8 +735,19 @@ static napi_value Gemm(napi_env env, napi_callback_info info) {
   F32(7, A, ar > 0 ? (ar - 1) * lda + ac : 0, "A");
   F32(9, Bm, br > 0 ? (br - 1) * ldb + bc : 0, "B");
   F32(12, C, M > 0 ? (M - 1) * ldc + N : 0, "C");
-  if (gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc)) GEMM_OOM();
+  if (bf16 && alpha != 1.0) { throw_range(env, fn, "alpha must be 1"); return NULL; }
+  const int rc = bf16 ? gemm_bf16(want, hw, transA, transB, M, N, K, A, lda, Bm, ldb, (float)beta, C, ldc)
+                      : gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc);
+  if (rc) GEMM_OOM();
   return NULL;
+}
+static napi_value Gemm(napi_env env, napi_callback_info info) { return gemm_call(env, info, 0); }
+static napi_value GemmBf16(napi_env env, napi_callback_info info) { return gemm_call(env, info, 1); }
+/* gemmBf16Hw(): whether this CPU has AVX-512 BF16 (the "avx512bf16" kernel of gemmBf16). */
+static napi_value GemmBf16Hw(napi_env env, napi_callback_info info) {
+  napi_value v;
+  CHECK_NAPI(napi_get_boolean(env, gemm_bf16_hw_supported() != 0, &v));
+  return v;
 }
 
 /* matmul(transA, transB, M, N, K, alpha, A, B, beta, C) */
@@ -954,6 +991,8 @@ NAPI_MODULE_INIT() {
       {"setGemm", NULL, SetGemm, NULL, NULL, NULL, napi_default, NULL},
       {"gemmPeak", NULL, GemmPeak, NULL, NULL, NULL, napi_default, NULL},
       {"gemm", NULL, Gemm, NULL, NULL, NULL, napi_default, NULL},
+      {"gemmBf16", NULL, GemmBf16, NULL, NULL, NULL, napi_default, NULL},
+      {"gemmBf16Hw", NULL, GemmBf16Hw, NULL, NULL, NULL, napi_default, NULL},
       {"matmul", NULL, Matmul, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingForward", NULL, EmbeddingForward, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingBackward", NULL, EmbeddingBackward, NULL, NULL, NULL, napi_default, NULL},

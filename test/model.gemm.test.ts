@@ -10,42 +10,13 @@ import { test } from "node:test";
 import { spawnSync } from "node:child_process";
 import assert from "node:assert/strict";
 import { builtinGemm, loadNative, supportedIsas } from "../src/model/engine/native";
+import { fmaf, nextUp } from "./helpers/numeric";
 
 const native = loadNative();
 const skip =
   "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
     ? `native engine unavailable here: ${native.reason}`
     : false;
-
-// ---------------------------------------------------------------- an exact float32 fma in float64
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
-/** The next float32 above x (x a finite float32). */
-function nextUp(x: number): number {
-  f32[0] = x;
-  if (x === 0) {
-    u32[0] = 1;
-    return f32[0];
-  }
-  u32[0] = x > 0 ? u32[0] + 1 : u32[0] - 1;
-  return f32[0];
-}
-/**
- * fmaf(a, b, c) for float32 a, b, c, correctly rounded: a*b is exact in float64 (48 bits); s + e = a*b + c exactly
- * (TwoSum); fround(s) is the answer unless s is a float32 rounding tie, where e decides the side.
- */
-export function fmaf(a: number, b: number, c: number): number {
-  const p = a * b,
-    s = p + c;
-  const bb = s - p,
-    e = p - (s - bb) + (c - bb);
-  const r = Math.fround(s);
-  if (e === 0 || r === s || !Number.isFinite(s)) return r;
-  const lo = r < s ? r : -nextUp(-r),
-    hi = r < s ? nextUp(r) : r;
-  if (s !== (lo + hi) / 2) return r; // not a tie: s is on the same side of every float32 boundary as s + e
-  return e > 0 ? hi : lo;
-}
 
 interface Case {
   ta: boolean;
@@ -204,6 +175,7 @@ test("the frozen model's shapes at seq 256 (sampled elements against the documen
     [true, false, F, D, T],
     [true, false, D, F, T], // dW = dy^T x
     [false, true, 64, T, 64],
+    [false, false, 64, T, 64], // attention scores, keys laid out [E, T]
     [false, false, 64, 64, T],
     [true, false, 64, 64, T], // attention per head
   ] as Array<[boolean, boolean, number, number, number]>) {
@@ -212,26 +184,53 @@ test("the frozen model's shapes at seq 256 (sampled elements against the documen
   }
 });
 
+test("products with few rows, run straight from their operands, give the documented order's bits", {
+  skip,
+  timeout: 300_000,
+}, () => {
+  // up to 64 rows, B stored [K,N], alpha 1: the AVX2 and AVX-512 kernels read A and B in place (no packing, the
+  // whole K in one chain; the last row and column tiles overlap the ones before when M or N is not a whole number
+  // of tiles); the portable kernel, and the float64 emulation, must agree
+  let seed = 700;
+  for (const ta of [false, true])
+    for (const [M, N] of [
+      [8, 32],
+      [64, 64],
+      [40, 96],
+      [13, 45],
+      [61, 17],
+    ])
+      for (const K of [1, 7, 300, 1537])
+        for (const beta of [0, 1, -0.35])
+          for (const pad of [0, 3]) check(mk(ta, false, M, N, K, 1, beta, pad), seed++, M * N > 2048 ? 64 : 0);
+});
+
 test("the bits do not depend on the operands' alignment (views at every float offset within a cache line)", {
   skip,
 }, () => {
   const g = builtinGemm()!;
-  const c = mk(false, true, 37, 45, 300, 1, 1);
-  const { A, B, C0 } = operands(c, 900);
-  let ref: Float32Array | null = null;
-  for (const isa of supportedIsas())
-    for (const off of [0, 1, 2, 3, 5, 8, 15]) {
-      const a = new Float32Array(A.length + 16).subarray(off),
-        b = new Float32Array(B.length + 16).subarray((off * 7) % 16);
-      const cc = new Float32Array(C0.length + 16).subarray((off * 3) % 16);
-      a.set(A);
-      b.set(B);
-      cc.set(C0);
-      g(isa, c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, c.lda, b, c.ldb, c.beta, cc, c.ldc);
-      const out = cc.slice(0, C0.length);
-      if (!ref) ref = out;
-      else assert.deepEqual(new Uint32Array(out.buffer), new Uint32Array(ref.buffer), `${isa} at offset ${off}`);
-    }
+  // packed, and read in place (few rows: A stored [M,K] and [K,M])
+  for (const c of [
+    mk(false, true, 37, 45, 300, 1, 1),
+    mk(false, false, 16, 64, 300, 1, 1),
+    mk(true, false, 16, 64, 300, 1, 0),
+  ]) {
+    const { A, B, C0 } = operands(c, 900);
+    let ref: Float32Array | null = null;
+    for (const isa of supportedIsas())
+      for (const off of [0, 1, 2, 3, 5, 8, 15]) {
+        const a = new Float32Array(A.length + 16).subarray(off),
+          b = new Float32Array(B.length + 16).subarray((off * 7) % 16);
+        const cc = new Float32Array(C0.length + 16).subarray((off * 3) % 16);
+        a.set(A);
+        b.set(B);
+        cc.set(C0);
+        g(isa, c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, c.lda, b, c.ldb, c.beta, cc, c.ldc);
+        const out = cc.slice(0, C0.length);
+        if (!ref) ref = out;
+        else assert.deepEqual(new Uint32Array(out.buffer), new Uint32Array(ref.buffer), `${isa} at offset ${off}`);
+      }
+  }
 });
 
 test("the kernels' matmul (the engine's entry point) runs the same GEMM: --isa forced per kernels object", {

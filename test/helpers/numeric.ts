@@ -54,3 +54,51 @@ export function lcg(seed: number): () => number {
     return s;
   };
 }
+
+// ---------------------------------------------------------------- float32 and bf16 arithmetic, exactly, in float64
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+/** The next float32 above x (x a finite float32). */
+export function nextUp(x: number): number {
+  f32[0] = x;
+  if (x === 0) {
+    u32[0] = 1;
+    return f32[0];
+  }
+  u32[0] = x > 0 ? u32[0] + 1 : u32[0] - 1;
+  return f32[0];
+}
+/**
+ * fmaf(a, b, c) for float32 a, b, c, correctly rounded: a*b is exact in float64 (48 bits); s + e = a*b + c exactly
+ * (TwoSum); fround(s) is the answer unless s is a float32 rounding tie, where e decides the side.
+ */
+export function fmaf(a: number, b: number, c: number): number {
+  const p = a * b,
+    s = p + c;
+  const bb = s - p,
+    e = p - (s - bb) + (c - bb);
+  const r = Math.fround(s);
+  if (e === 0 || r === s || !Number.isFinite(s)) return r;
+  const lo = r < s ? r : -nextUp(-r),
+    hi = r < s ? nextUp(r) : r;
+  if (s !== (lo + hi) / 2) return r; // not a tie: s is on the same side of every float32 boundary as s + e
+  return e > 0 ? hi : lo;
+}
+
+/** x (a float32) rounded to bf16 as VCVTNE2PS2BF16 does: a denormal is a signed 0, the rest to nearest even, a
+ *  NaN stays NaN; returned as the float32 it widens to. */
+export function bf16(x: number): number {
+  f32[0] = x;
+  const u = u32[0];
+  if ((u & 0x7fffffff) > 0x7f800000) return Number.NaN;
+  if ((u & 0x7f800000) === 0) u32[0] = u & 0x80000000;
+  else u32[0] = ((u + 0x7fff + ((u >>> 16) & 1)) & 0xffff0000) >>> 0;
+  return f32[0];
+}
+
+/** x (a float32) with a denormal flushed to a signed 0 (flush-to-zero / denormals-are-zero). */
+export function ftz(x: number): number {
+  f32[0] = x;
+  if ((u32[0] & 0x7f800000) === 0) u32[0] = u32[0] & 0x80000000;
+  return f32[0];
+}

@@ -40,6 +40,24 @@ interface Addon {
     C: Float32Array,
     ldc: number,
   ): void;
+  /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "avx512bf16" is the VDPBF16PS kernel. */
+  gemmBf16(
+    isa: IsaChoice | "avx512bf16",
+    transA: boolean,
+    transB: boolean,
+    M: number,
+    N: number,
+    K: number,
+    alpha: number,
+    A: Float32Array,
+    lda: number,
+    B: Float32Array,
+    ldb: number,
+    beta: number,
+    C: Float32Array,
+    ldc: number,
+  ): void;
+  gemmBf16Hw(): boolean;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
   embeddingBackward: Kernels["embeddingBackward"];
@@ -204,6 +222,13 @@ export function fmaPeak(isa: Exclude<IsaChoice, "auto">, iters: number): number 
 export function builtinGemm(): Addon["gemm"] | null {
   const got = loadAddon();
   return "reason" in got ? null : got.addon.gemm;
+}
+
+/** The built-in bf16 GEMM on one kernel ("avx512bf16": the hardware one, where hw says the CPU has it), for
+ *  tests and the bench; null when the addon does not load. */
+export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | null {
+  const got = loadAddon();
+  return "reason" in got ? null : { gemm: got.addon.gemmBf16, hw: got.addon.gemmBf16Hw() };
 }
 
 /** The Kernels over the addon. The products (matmul and attention's) first make this thread's GEMM the one this

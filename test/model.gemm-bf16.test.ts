@@ -1,0 +1,197 @@
+/**
+ * The built-in bf16 GEMM (native/gemm.c, gemm_bf16): the AVX-512 BF16 kernel (VDPBF16PS, where this CPU has it) and
+ * the emulations on the fp32 kernels (AVX-512, AVX2, portable; those this CPU runs) against an exact reference of
+ * the documented order, emulated in float64: every operand rounded to bf16 (a denormal read as 0, then to nearest
+ * even); per C element s = 0, then for each pair (k, k+1): s = ftz(fma(a[k+1], b[k+1], s)), s = ftz(fma(a[k], b[k],
+ * s)) (a lone last k paired with a 0: s + 0 first); then C = s, ftz(ftz(C) + s) or ftz(fma(beta, ftz(C), s)). Every kernel gives the
+ * same bits, so a bf16 run is bit-identical on machines with and without the instruction.
+ * With TSTRAIN_REQUIRE_NATIVE=1 an addon that does not load fails these tests instead of skipping them.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { builtinGemmBf16, loadNative, supportedIsas } from "../src/model/engine/native";
+import { bf16, fmaf, ftz } from "./helpers/numeric";
+
+const native = loadNative();
+const skip =
+  "reason" in native && process.env.TSTRAIN_REQUIRE_NATIVE !== "1"
+    ? `native engine unavailable here: ${native.reason}`
+    : false;
+
+interface Case {
+  ta: boolean;
+  tb: boolean;
+  M: number;
+  N: number;
+  K: number;
+  beta: number;
+  lda: number;
+  ldb: number;
+  ldc: number;
+}
+
+/** The kernels this CPU runs: the hardware one first where there is one. */
+function kernels(): Array<"avx512bf16" | "avx512" | "avx2" | "portable"> {
+  const g = builtinGemmBf16()!;
+  const emu = supportedIsas() as Array<"avx512" | "avx2" | "portable">;
+  return g.hw ? ["avx512bf16", ...emu] : emu;
+}
+
+/** Values in [-1, 1), one in 40 scaled into float32's denormal range (those the flushes act on). */
+function rand(n: number, seed: number): Float32Array {
+  const a = new Float32Array(n);
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    a[i] = (s / 4294967296 - 0.5) * 2 * (s % 40 === 7 ? 2 ** -127 : 1);
+  }
+  return a;
+}
+
+function reference(c: Case, A: Float32Array, B: Float32Array, C0: Float32Array, i: number, j: number): number {
+  const a = (k: number) => bf16(c.ta ? A[k * c.lda + i] : A[i * c.lda + k]);
+  const b = (k: number) => bf16(c.tb ? B[j * c.ldb + k] : B[k * c.ldb + j]);
+  let s = 0;
+  for (let k = 0; k < c.K; k += 2) {
+    s = k + 1 < c.K ? ftz(fmaf(a(k + 1), b(k + 1), s)) : ftz(fmaf(0, 0, s)); // a lone last k: paired with a 0
+    s = ftz(fmaf(a(k), b(k), s));
+  }
+  const beta = Math.fround(c.beta),
+    old = ftz(C0[i * c.ldc + j]);
+  return beta === 0 ? s : beta === 1 ? ftz(Math.fround(old + s)) : ftz(fmaf(beta, old, s));
+}
+
+/** scale: A, B and C's old values times these (tiny ones make the products and sums denormal, where the flushes
+ *  decide the bits). */
+function check(c: Case, seed: number, samples = 0, scale: [number, number, number] = [1, 1, 1]): void {
+  const { gemm } = builtinGemmBf16()!;
+  const A = rand(Math.max(1, (c.ta ? c.K : c.M) * c.lda), seed).map((x) => x * scale[0]),
+    B = rand(Math.max(1, (c.tb ? c.N : c.K) * c.ldb), seed + 1).map((x) => x * scale[1]),
+    C0 = rand(Math.max(1, c.M * c.ldc), seed + 2).map((x) => x * scale[2]);
+  if (c.beta === 0) C0.fill(Number.NaN);
+  const label = `${c.ta ? "T" : "N"}${c.tb ? "T" : "N"} M=${c.M} N=${c.N} K=${c.K} beta=${c.beta} ld=${c.lda}/${c.ldb}/${c.ldc}`;
+  const outs = kernels().map((isa) => {
+    const C = C0.slice();
+    gemm(isa, c.ta, c.tb, c.M, c.N, c.K, 1, A, c.lda, B, c.ldb, c.beta, C, c.ldc);
+    return { isa, C };
+  });
+  const first = outs[0];
+  for (const o of outs.slice(1)) {
+    const x = new Uint32Array(first.C.buffer),
+      y = new Uint32Array(o.C.buffer);
+    const at = x.findIndex((v, k) => v !== y[k]);
+    assert.equal(at, -1, `${label}: ${o.isa} differs from ${first.isa} at ${at} (${first.C[at]} vs ${o.C[at]})`);
+  }
+  const n = c.M * c.N;
+  const picks =
+    samples > 0 && samples < n
+      ? Array.from({ length: samples }, (_, k) => Math.floor((((k * 2654435761) >>> 0) / 4294967296) * n))
+      : Array.from({ length: n }, (_, k) => k);
+  for (const p of picks) {
+    const i = Math.floor(p / c.N),
+      j = p % c.N;
+    const want = reference(c, A, B, C0, i, j),
+      got = first.C[i * c.ldc + j];
+    assert.ok(
+      Object.is(got, want),
+      `${label}: C[${i},${j}] = ${got} on ${first.isa}, the documented order gives ${want}`,
+    );
+  }
+}
+
+const mk = (ta: boolean, tb: boolean, M: number, N: number, K: number, beta: number, pad = 0): Case => ({
+  ta,
+  tb,
+  M,
+  N,
+  K,
+  beta,
+  lda: (ta ? M : K) + pad,
+  ldb: (tb ? K : N) + pad,
+  ldc: N + pad,
+});
+
+test("bf16 rounding: ties to even, denormals read as 0, overflow to infinity, NaN kept (K = 1 against 1.0)", {
+  skip,
+}, () => {
+  const { gemm } = builtinGemmBf16()!;
+  const xs = [
+    1 + 2 ** -8, // a tie: to even (1)
+    1 + 3 * 2 ** -8, // a tie: to even (1 + 2^-6)
+    1 + 2 ** -8 + 2 ** -20, // above the tie: up
+    -(1 + 2 ** -8),
+    2 ** -126 * (1 - 2 ** -20), // a denormal that would round up to the smallest normal: read as 0
+    -(2 ** -130),
+    2 ** -126,
+    3.3895313892515355e38, // the largest bf16
+    3.4e38, // rounds past it: infinity
+    Number.NaN,
+    0.1,
+    -7.123456,
+  ].map(Math.fround);
+  for (const isa of kernels()) {
+    const A = Float32Array.from(xs),
+      B = Float32Array.of(1),
+      C = new Float32Array(xs.length);
+    gemm(isa, false, false, xs.length, 1, 1, 1, A, 1, B, 1, 0, C, 1);
+    // s = fma(bf16(x), 1, +0): bf16(x) itself, but a -0 comes out +0 (as +0 + -0 does)
+    xs.forEach((x, i) => {
+      const want = ftz(fmaf(bf16(x), 1, 0));
+      assert.ok(Object.is(C[i], want), `${isa}: bf16(${x}) * 1 = ${C[i]}, want ${want}`);
+    });
+  }
+});
+
+test("every bf16 kernel gives the documented order's bits: odd and even K, every transpose, beta, padding", {
+  skip,
+  timeout: 600_000,
+}, () => {
+  let seed = 1;
+  for (const [ta, tb] of [
+    [false, false],
+    [false, true],
+    [true, false],
+    [true, true],
+  ] as const)
+    for (const [M, N, K] of [
+      [1, 1, 1],
+      [7, 17, 2],
+      [9, 33, 63],
+      [17, 65, 385], // K over the hardware kernel's block, odd
+      [64, 64, 256],
+      [13, 37, 770],
+    ])
+      for (const beta of [0, 1, -0.35])
+        for (const pad of [0, 3]) check(mk(ta, tb, M, N, K, beta, pad), seed++, M * N > 1024 ? 96 : 0);
+});
+
+test("denormal products, sums and old C values are flushed to 0 on every kernel", { skip }, () => {
+  let seed = 300;
+  for (const [ta, tb] of [
+    [false, false],
+    [true, true],
+  ] as const)
+    for (const K of [1, 2, 5, 40])
+      for (const beta of [0, 1, -0.35]) check(mk(ta, tb, 9, 35, K, beta), seed++, 0, [2 ** -118, 2 ** -12, 2 ** -126]);
+});
+
+test("the frozen model's shapes at seq 256 in bf16 (sampled elements, all kernels identical)", {
+  skip,
+  timeout: 600_000,
+}, () => {
+  let seed = 500;
+  for (const [ta, tb, M, N, K] of [
+    [false, true, 256, 576, 576], // forward x W^T
+    [false, false, 256, 576, 1536], // backward dx = dy W
+    [true, false, 1536, 576, 256], // dW = dy^T x
+    [false, false, 64, 256, 64], // attention scores
+  ] as Array<[boolean, boolean, number, number, number]>)
+    for (const beta of [0, 1]) check(mk(ta, tb, M, N, K, beta), seed++, 48);
+});
+
+test("gemmBf16 refuses an alpha other than 1 and names the kernels", { skip }, () => {
+  const { gemm } = builtinGemmBf16()!;
+  const a = new Float32Array(4);
+  assert.throws(() => gemm("portable", false, false, 2, 2, 1, 0.5, a, 1, a, 2, 0, a, 2), /alpha must be 1/);
+  assert.throws(() => gemm("sse" as "portable", false, false, 2, 2, 1, 1, a, 1, a, 2, 0, a, 2), /avx512bf16/);
+});
