@@ -531,11 +531,16 @@ static float *scratch(size_t n) {
 
 /* ------------------------------------------------------------------ packing (the same on every kernel) */
 #ifdef GEMM_X86
-/* 8 x 8 floats: rows src + x*ss (x = 0..7) to rows dst + y*ds, dst[y][x] = src[x][y]. Only moves bits. */
-__attribute__((target("avx2"))) static inline void transpose8(const float *src, int64_t ss, float *dst, int64_t ds) {
+/* 8 x 8 floats: rows src + x*ss (x = 0..7) to rows dst + y*ds, dst[y][x] = src[x][y]. Only moves bits. With
+ * rows = 6, rows 6 and 7 are read as row 5 again (never past the sliver) and each output row of 8 is stored 6
+ * floats after the one before, so the next store overwrites its last two: call it in increasing y, with 2 floats
+ * of room after the destination. */
+__attribute__((target("avx2"))) static inline void transpose8(const float *src, int64_t ss, float *dst, int64_t ds,
+                                                               int rows) {
+  const int64_t s6 = rows == 8 ? 6 * ss : 5 * ss, s7 = rows == 8 ? 7 * ss : 5 * ss;
   __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss), r2 = _mm256_loadu_ps(src + 2 * ss),
          r3 = _mm256_loadu_ps(src + 3 * ss), r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss),
-         r6 = _mm256_loadu_ps(src + 6 * ss), r7 = _mm256_loadu_ps(src + 7 * ss);
+         r6 = _mm256_loadu_ps(src + s6), r7 = _mm256_loadu_ps(src + s7);
   __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
          t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
          t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
@@ -553,10 +558,12 @@ __attribute__((target("avx2"))) static inline void transpose8(const float *src, 
   _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
-/* A [M,K] with MR 8, alpha 1: each 8-row sliver is 8 x kc transposed, 8 k at a time. */
-__attribute__((target("avx2"))) static int64_t pack_rows8_avx2(const float *src, int64_t ld, int64_t kc, float *dst) {
+/* A [M,K] with MR 8 or 6, alpha 1: each sliver is MR x kc transposed, 8 k at a time (the k that remain: the
+ * caller's loop). */
+__attribute__((target("avx2"))) static int64_t pack_rows_avx2(int mr, const float *src, int64_t ld, int64_t kc,
+                                                               float *dst) {
   int64_t p = 0;
-  for (; p + 8 <= kc; p += 8) transpose8(src + p, ld, dst + p * 8, 8);
+  for (; p + 8 <= kc; p += 8) transpose8(src + p, ld, dst + p * mr, mr, mr);
   return p;
 }
 /* B [N,K] with NR 16 or 32: each 8-column group of the sliver is transposed the same way. */
@@ -564,7 +571,7 @@ __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const floa
                                                                float *dst) {
   int64_t p = 0;
   for (; p + 8 <= kc; p += 8)
-    for (int j = 0; j < nr; j += 8) transpose8(src + j * ld + p, ld, dst + p * nr + j, nr);
+    for (int j = 0; j < nr; j += 8) transpose8(src + j * ld + p, ld, dst + p * nr + j, nr, 8);
   return p;
 }
 static int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits as the loops) */
@@ -590,8 +597,8 @@ static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int6
     } else { /* A stored [M,K]: read each row along k */
       int64_t p0f = 0;
 #ifdef GEMM_X86
-      if (fast_pack && mr == 8 && rows == 8 && alpha == 1.0f)
-        p0f = pack_rows8_avx2(A + (i0 + s) * lda + p0, lda, kc, ap);
+      if (fast_pack && (mr == 8 || mr == 6) && rows == mr && alpha == 1.0f)
+        p0f = pack_rows_avx2(mr, A + (i0 + s) * lda + p0, lda, kc, ap);
 #endif
       for (int64_t r = 0; r < mr; r++) {
         if (r >= rows) {
@@ -673,7 +680,7 @@ static int blocked(const gemm_kernel *g, int bf16, int ta, int tb, int64_t M, in
   const int64_t ncMax = ((N < g->nc ? N : g->nc) + nr - 1) / nr * nr;
   const int64_t mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
   const size_t bsize = (size_t)(((ncMax * kcMax) + 15) / 16 * 16);
-  float *buf = scratch(bsize + (size_t)(mcMax * kcMax));
+  float *buf = scratch(bsize + (size_t)(mcMax * kcMax) + 16); /* + 16: transpose8's overhang (6 rows) */
   if (!buf) return -1;
   float *bp = buf, *ap = buf + bsize;
   for (int64_t jc = 0; jc < N; jc += g->nc) {
