@@ -856,12 +856,42 @@ __attribute__((target("avx512f,avx512bf16"))) static void tile_avx512bf16(int64_
                    : T5_CLOBBERS);
 }
 
-static void pack_a_pairs(int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
-                         uint32_t *ap) {
+/* 32 floats (x0: the even k, x1: the odd k of 16 pairs, or 32 consecutive k when x1 == NULL) to 16 dwords, each
+ * (bf16 of the even k) | (bf16 of the odd k) << 16, rounded by VCVTNE2PS2BF16 (bf16_round's rule). */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m512i pairs16(const float *x0, const float *x1) {
+  if (!x1) return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x0 + 16), _mm512_loadu_ps(x0));
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x1), _mm512_loadu_ps(x0)));
+}
+
+/* A[i0:i0+mc, p0:p0+kc] as bf16 pairs in 8-row slivers: sliver s holds pair m of row r at s*8*np + m*8 + r. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_a_pairs(int ta, const float *A, int64_t lda,
+                                                                                int64_t i0, int64_t p0, int64_t mc,
+                                                                                int64_t kc, uint32_t *ap) {
   const int64_t np = (kc + 1) / 2;
+  uint32_t tmp[A5_MR * 16] __attribute__((aligned(64)));
   for (int64_t s = 0; s < mc; s += A5_MR, ap += A5_MR * np) {
     const int64_t rows = mc - s < A5_MR ? mc - s : A5_MR;
-    for (int64_t m = 0; m < np; m++)
+    int64_t m0 = 0;
+    if (rows == A5_MR && !ta) /* rows along k: 16 pairs of each row, then 8 x 8 transposes of dwords */
+      for (; 2 * (m0 + 16) <= kc; m0 += 16) {
+        for (int r = 0; r < A5_MR; r++)
+          _mm512_store_si512(tmp + r * 16, pairs16(A + (i0 + s + r) * lda + p0 + 2 * m0, NULL));
+        transpose8((const float *)tmp, 16, (float *)(ap + m0 * A5_MR), A5_MR, 8);
+        transpose8((const float *)tmp + 8, 16, (float *)(ap + (m0 + 8) * A5_MR), A5_MR, 8);
+      }
+    else if (rows == A5_MR && ta) /* A stored [K,M]: the 8 rows of a k are contiguous; two pairs per 16 dwords */
+      for (; 2 * (m0 + 2) <= kc; m0 += 2) {
+        const float *e0 = A + (p0 + 2 * m0) * lda + i0 + s;
+        float x0[16], x1[16];
+        memcpy(x0, e0, 32);
+        memcpy(x0 + 8, e0 + 2 * lda, 32);
+        memcpy(x1, e0 + lda, 32);
+        memcpy(x1 + 8, e0 + 3 * lda, 32);
+        _mm512_storeu_si512(ap + m0 * A5_MR, pairs16(x0, x1));
+      }
+    for (int64_t m = m0; m < np; m++)
       for (int64_t r = 0; r < A5_MR; r++) {
         uint32_t w = 0;
         for (int h = 0; h < 2; h++) {
@@ -873,12 +903,31 @@ static void pack_a_pairs(int ta, const float *A, int64_t lda, int64_t i0, int64_
       }
   }
 }
-static void pack_b_pairs(int tb, const float *B, int64_t ldb, int64_t p0, int64_t j0, int64_t kc, int64_t nc,
-                         uint32_t *bp) {
+
+/* B[p0:p0+kc, j0:j0+nc] as bf16 pairs in 32-column slivers: sliver s holds pair m of column j at s*32*np + m*32 + j. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_b_pairs(int tb, const float *B, int64_t ldb,
+                                                                                int64_t p0, int64_t j0, int64_t kc,
+                                                                                int64_t nc, uint32_t *bp) {
   const int64_t np = (kc + 1) / 2;
+  uint32_t tmp[A5_NR * 16] __attribute__((aligned(64)));
   for (int64_t s = 0; s < nc; s += A5_NR, bp += A5_NR * np) {
     const int64_t cols = nc - s < A5_NR ? nc - s : A5_NR;
-    for (int64_t m = 0; m < np; m++)
+    int64_t m0 = 0;
+    if (cols == A5_NR && !tb) /* B stored [K,N]: two rows of k, 16 columns at a time */
+      for (; 2 * m0 + 2 <= kc; m0++) {
+        const float *e0 = B + (p0 + 2 * m0) * ldb + j0 + s;
+        _mm512_storeu_si512(bp + m0 * A5_NR, pairs16(e0, e0 + ldb));
+        _mm512_storeu_si512(bp + m0 * A5_NR + 16, pairs16(e0 + 16, e0 + ldb + 16));
+      }
+    else if (cols == A5_NR && tb) /* B stored [N,K]: 16 pairs of each column, then 8 x 8 transposes of dwords */
+      for (; 2 * (m0 + 16) <= kc; m0 += 16) {
+        for (int j = 0; j < A5_NR; j++)
+          _mm512_store_si512(tmp + j * 16, pairs16(B + (j0 + s + j) * ldb + p0 + 2 * m0, NULL));
+        for (int jj = 0; jj < A5_NR; jj += 8)
+          for (int mm = 0; mm < 16; mm += 8)
+            transpose8((const float *)tmp + jj * 16 + mm, 16, (float *)(bp + (m0 + mm) * A5_NR + jj), A5_NR, 8);
+      }
+    for (int64_t m = m0; m < np; m++)
       for (int64_t j = 0; j < A5_NR; j++) {
         uint32_t w = 0;
         for (int h = 0; h < 2; h++) {
@@ -951,7 +1000,7 @@ static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, ukr_portab
 int gemm_bf16_hw_supported(void) {
 #ifdef GEMM_X86
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
 #else
   return 0;
 #endif
