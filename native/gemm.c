@@ -449,21 +449,48 @@ typedef struct {
   combine_fn combine; /* a whole tile with beta != 0 */
 } direct_kernel;
 
+static float *scratch(size_t n);
+/* K rows of NR floats, ld apart, into a contiguous sliver: B's rows in place are often a multiple of 1 or 4 KiB
+ * apart (attention's [E,T] keys, T = 256 or 1024), which maps a column tile's every row to the same few L1 sets. */
+__attribute__((target("avx512f"))) static void copy_rows32(const float *src, int64_t ld, int64_t K, float *dst) {
+  for (int64_t p = 0; p < K; p++) {
+    _mm512_store_ps(dst + 32 * p, _mm512_loadu_ps(src + p * ld));
+    _mm512_store_ps(dst + 32 * p + 16, _mm512_loadu_ps(src + p * ld + 16));
+  }
+}
+__attribute__((target("avx2"))) static void copy_rows16(const float *src, int64_t ld, int64_t K, float *dst) {
+  for (int64_t p = 0; p < K; p++) {
+    _mm256_store_ps(dst + 16 * p, _mm256_loadu_ps(src + p * ld));
+    _mm256_store_ps(dst + 16 * p + 8, _mm256_loadu_ps(src + p * ld + 8));
+  }
+}
+
 static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = d->mr, nr = d->nr;
   float t[A5_MR * A5_NR] __attribute__((aligned(64)));
+  /* the column tile's B rows, copied when more than one row tile reads them */
+  float *bb = M > mr ? scratch((size_t)(K * nr)) : NULL;
+  if (M > mr && !bb) return -1;
   for (int64_t j = 0; j < N; j += nr) {
     const int64_t jr = j + nr <= N ? j : N - nr;
     const int j0 = (int)(j - jr); /* the tile's first column not done yet */
+    const float *bs = B + jr;
+    int64_t sb = 4 * ldb;
+    if (bb) {
+      if (nr == 32) copy_rows32(B + jr, ldb, K, bb);
+      else copy_rows16(B + jr, ldb, K, bb);
+      bs = bb;
+      sb = 4 * nr;
+    }
     for (int64_t i = 0; i < M; i += mr) {
       const int64_t ir = i + mr <= M ? i : M - mr;
       const int r0 = (int)(i - ir);
       float *cp = C + ir * ldc + jr;
       const int whole = r0 == 0 && j0 == 0;
       float *to = whole && beta == 0.0f ? NULL : t;
-      if (ta) d->strided(K, A + ir, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to);
-      else d->rows(K, A + ir * lda, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to);
+      if (ta) d->strided(K, A + ir, 4 * lda, bs, sb, cp, ldc, 0, to);
+      else d->rows(K, A + ir * lda, 4 * lda, bs, sb, cp, ldc, 0, to);
       if (!to) continue;
       if (whole) {
         d->combine(t, cp, ldc, beta);
