@@ -454,15 +454,18 @@ static float *scratch(size_t n);
  * apart (attention's [E,T] keys, T = 256 or 1024), which maps a column tile's every row to the same few L1 sets. */
 __attribute__((target("avx512f"))) static void copy_rows32(const float *src, int64_t ld, int64_t K, float *dst) {
   for (int64_t p = 0; p < K; p++) {
-    _mm512_store_ps(dst + 32 * p, _mm512_loadu_ps(src + p * ld));
-    _mm512_store_ps(dst + 32 * p + 16, _mm512_loadu_ps(src + p * ld + 16));
+    _mm512_storeu_ps(dst + 32 * p, _mm512_loadu_ps(src + p * ld));
+    _mm512_storeu_ps(dst + 32 * p + 16, _mm512_loadu_ps(src + p * ld + 16));
   }
 }
 __attribute__((target("avx2"))) static void copy_rows16(const float *src, int64_t ld, int64_t K, float *dst) {
   for (int64_t p = 0; p < K; p++) {
-    _mm256_store_ps(dst + 16 * p, _mm256_loadu_ps(src + p * ld));
-    _mm256_store_ps(dst + 16 * p + 8, _mm256_loadu_ps(src + p * ld + 8));
+    _mm256_storeu_ps(dst + 16 * p, _mm256_loadu_ps(src + p * ld));
+    _mm256_storeu_ps(dst + 16 * p + 8, _mm256_loadu_ps(src + p * ld + 8));
   }
+}
+__attribute__((target("avx2"))) static void copy_rows8(const float *src, int64_t ld, int64_t K, float *dst) {
+  for (int64_t p = 0; p < K; p++) _mm256_storeu_ps(dst + 8 * p, _mm256_loadu_ps(src + p * ld));
 }
 
 static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
@@ -611,6 +614,12 @@ static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int6
   for (int64_t s = 0; s < mc; s += mr, ap += mr * kc) {
     const int64_t rows = mc - s < mr ? mc - s : mr;
     if (ta) { /* A stored [K,M]: a row of the sliver is contiguous in A */
+#ifdef GEMM_X86
+      if (fast_pack && mr == 8 && rows == 8 && alpha == 1.0f) {
+        copy_rows8(A + p0 * lda + i0 + s, lda, kc, ap);
+        continue;
+      }
+#endif
       for (int64_t p = 0; p < kc; p++) {
         const float *src = A + (p0 + p) * lda + i0 + s;
         float *dst = ap + p * mr;
@@ -649,6 +658,13 @@ static void pack_b(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int6
   for (int64_t s = 0; s < nc; s += nr, bp += nr * kc) {
     const int64_t cols = nc - s < nr ? nc - s : nr;
     if (!tb) { /* B stored [K,N]: a row of the sliver is contiguous */
+#ifdef GEMM_X86
+      if (fast_pack && cols == nr && (nr == 32 || nr == 16)) {
+        if (nr == 32) copy_rows32(B + p0 * ldb + j0 + s, ldb, kc, bp);
+        else copy_rows16(B + p0 * ldb + j0 + s, ldb, kc, bp);
+        continue;
+      }
+#endif
       for (int64_t p = 0; p < kc; p++) {
         const float *src = B + (p0 + p) * ldb + j0 + s;
         float *dst = bp + p * nr;
