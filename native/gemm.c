@@ -745,6 +745,14 @@ static int blocked(const gemm_kernel *g, int bf16, int ta, int tb, int64_t M, in
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t rows = mc - ir < mr ? mc - ir : mr;
             float *cp = C + (ic + ir) * ldc + jc + jr;
+#ifdef GEMM_X86
+            /* the next tile's C rows, read when this K block continues their chains: fetched while this one runs */
+            if (load && ir + 2 * mr <= mc)
+              for (int r = 0; r < mr; r++) {
+                _mm_prefetch((const char *)(cp + (mr + r) * ldc), _MM_HINT_T0);
+                _mm_prefetch((const char *)(cp + (mr + r) * ldc + nr - 1), _MM_HINT_T0);
+              }
+#endif
             const float *as = ap + ir * kc;
             if (rows == mr && cols == nr) g->ukr(kc, as, bs, cp, ldc, load, combine, beta);
             else edge_tile(g, kc, as, bs, cp, ldc, rows, cols, load, combine, beta);
