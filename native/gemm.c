@@ -604,6 +604,41 @@ __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const floa
     for (int j = 0; j < nr; j += 8) transpose8(src + j * ld + p, ld, dst + p * nr + j, nr, 8);
   return p;
 }
+/* 16 x 16 floats, AVX-512: rows src + x*ss to rows dst + y*ds (dst[y][x] = src[x][y]), in 64 shuffles. */
+__attribute__((target("avx512f"))) static inline void transpose16(const float *src, int64_t ss, float *dst,
+                                                                   int64_t ds) {
+  __m512 r[16], t[16];
+  for (int x = 0; x < 16; x++) r[x] = _mm512_loadu_ps(src + x * ss);
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  /* r[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3 */
+  for (int i = 0; i < 4; i++) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  /* output row 4L + e: lane j of it is lane L of r[4j + e] */
+  for (int e = 0; e < 4; e++) {
+    const __m512 x0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x44), x1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xEE),
+                 x2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x44),
+                 x3 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xEE);
+    _mm512_storeu_ps(dst + e * ds, _mm512_shuffle_f32x4(x0, x2, 0x88));
+    _mm512_storeu_ps(dst + (4 + e) * ds, _mm512_shuffle_f32x4(x0, x2, 0xDD));
+    _mm512_storeu_ps(dst + (8 + e) * ds, _mm512_shuffle_f32x4(x1, x3, 0x88));
+    _mm512_storeu_ps(dst + (12 + e) * ds, _mm512_shuffle_f32x4(x1, x3, 0xDD));
+  }
+}
+/* B [N,K] with NR 32 (the AVX-512 kernel): 16 x 16 transposes. */
+__attribute__((target("avx512f"))) static int64_t pack_cols32_avx512(const float *src, int64_t ld, int64_t kc,
+                                                                      float *dst) {
+  int64_t p = 0;
+  for (; p + 16 <= kc; p += 16)
+    for (int j = 0; j < 32; j += 16) transpose16(src + j * ld + p, ld, dst + p * 32 + j, 32);
+  return p;
+}
 static int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits as the loops) */
 #endif
 
@@ -679,7 +714,8 @@ static void pack_b(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int6
     } else { /* B stored [N,K]: read each column along k */
       int64_t p0f = 0;
 #ifdef GEMM_X86
-      if (fast_pack && cols == nr && nr % 8 == 0) p0f = pack_cols_avx2(nr, B + (j0 + s) * ldb + p0, ldb, kc, bp);
+      if (fast_pack && cols == nr && nr == 32) p0f = pack_cols32_avx512(B + (j0 + s) * ldb + p0, ldb, kc, bp);
+      else if (fast_pack && cols == nr && nr % 8 == 0) p0f = pack_cols_avx2(nr, B + (j0 + s) * ldb + p0, ldb, kc, bp);
 #endif
       for (int64_t j = 0; j < nr; j++) {
         if (j >= cols) {
