@@ -6,7 +6,7 @@
  * hits them alike. Both the probe and the products are timed on CPU time (the thread's, the process's), so time
  * spent descheduled by other load does not count; each figure is the best of its calls and rounds.
  */
-import { builtinGemm, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
+import { builtinGemm, builtinGemmBf16, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
 
 export interface GemmShape {
   name: string;
@@ -92,6 +92,31 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     run: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array) =>
       g(isa, sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N),
   }));
+  // bf16 products on VDPBF16PS (native/gemm.h: gemm_bf16), where the CPU has AVX-512 BF16, against that
+  // instruction's own register-only peak: groundwork for mixed precision (issue 23)
+  const bf = builtinGemmBf16();
+  if (bf?.hw)
+    kernels.push({
+      name: "builtin bf16 (VDPBF16PS)",
+      peakOf: "avx512bf16",
+      run: (sh, A, B, C) =>
+        bf.gemm(
+          "avx512bf16",
+          sh.ta,
+          sh.tb,
+          sh.M,
+          sh.N,
+          sh.K,
+          1,
+          A,
+          sh.ta ? sh.M : sh.K,
+          B,
+          sh.tb ? sh.K : sh.N,
+          0,
+          C,
+          sh.N,
+        ),
+    });
   if ("kernels" in blas) {
     const k = blas.kernels;
     kernels.push({
@@ -110,7 +135,8 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   const peaks: Record<string, number> = {};
   for (let round = 0; round < opts.rounds; round++) {
     for (let probe = 0; probe < 10; probe++)
-      for (const isa of isas) peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
+      for (const isa of [...isas, ...(bf?.hw ? (["avx512bf16"] as const) : [])])
+        peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
     shapes.forEach((sh, i) => {
       const d = data[i];
       for (const k of kernels) {

@@ -48,5 +48,7 @@ void gemm_thread_release(void);
 /* GFLOP/s of this core on 12 independent register-only FMA chains of the kernel's instruction set, over iters
  * rounds (the peak a GEMM on that kernel is measured against); 0 when the CPU lacks it. */
 double gemm_fma_peak(gemm_isa isa, int64_t iters);
+/* GFLOP/s of this core on 12 independent register-only VDPBF16PS chains (64 flops each); 0 without AVX-512 BF16. */
+double gemm_bf16_peak(int64_t iters);
 
 #endif

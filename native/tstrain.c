@@ -687,7 +687,8 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
   return obj;
 }
 
-/* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set (bench). */
+/* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set (bench);
+ * "avx512bf16": the VDPBF16PS loop. */
 static napi_value GemmPeak(napi_env env, napi_callback_info info) {
   ARGS(2);
   char isa[32] = {0};
@@ -701,7 +702,8 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
   gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
                   : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
   napi_value v;
-  CHECK_NAPI(napi_create_double(env, gemm_fma_peak(want, (int64_t)iters), &v));
+  CHECK_NAPI(napi_create_double(env, strcmp(isa, "avx512bf16") == 0 ? gemm_bf16_peak((int64_t)iters)
+                                                                    : gemm_fma_peak(want, (int64_t)iters), &v));
   return v;
 }
 

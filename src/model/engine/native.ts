@@ -23,7 +23,7 @@ interface Addon {
     kind: "builtin" | "blas",
     isa: IsaChoice,
   ): { kind: string; isa: string; detail: string; best: string; supported: string[] };
-  gemmPeak(isa: IsaChoice, iters: number): number;
+  gemmPeak(isa: IsaChoice | "avx512bf16", iters: number): number;
   gemm(
     isa: IsaChoice,
     transA: boolean,
@@ -211,8 +211,9 @@ export function supportedIsas(): Exclude<IsaChoice, "auto">[] {
 }
 
 /** GFLOP/s of one core on a register-only loop of 12 independent FMA chains of that kernel's instruction set
- *  (what the bench measures a GEMM against); null when the addon does not load, 0 when the CPU lacks it. */
-export function fmaPeak(isa: Exclude<IsaChoice, "auto">, iters: number): number | null {
+ *  ("avx512bf16": VDPBF16PS chains; what the bench measures a GEMM against); null when the addon does not load, 0
+ *  when the CPU lacks it. */
+export function fmaPeak(isa: Exclude<IsaChoice, "auto"> | "avx512bf16", iters: number): number | null {
   const got = loadAddon();
   return "reason" in got ? null : got.addon.gemmPeak(isa, iters);
 }
