@@ -11,6 +11,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { builtinGemmBf16, loadNative, supportedIsas } from "../src/model/engine/native";
 import { bf16, fmaf, ftz } from "./helpers/numeric";
+import { checkKernelOutputs } from "./helpers/gemm-check";
 
 const native = loadNative();
 const skip =
@@ -75,28 +76,16 @@ function check(c: Case, seed: number, samples = 0, scale: [number, number, numbe
     gemm(isa, c.ta, c.tb, c.M, c.N, c.K, 1, A, c.lda, B, c.ldb, c.beta, C, c.ldc);
     return { isa, C };
   });
-  const first = outs[0];
-  for (const o of outs.slice(1)) {
-    const x = new Uint32Array(first.C.buffer),
-      y = new Uint32Array(o.C.buffer);
-    const at = x.findIndex((v, k) => v !== y[k]);
-    assert.equal(at, -1, `${label}: ${o.isa} differs from ${first.isa} at ${at} (${first.C[at]} vs ${o.C[at]})`);
-  }
-  const n = c.M * c.N;
-  const picks =
-    samples > 0 && samples < n
-      ? Array.from({ length: samples }, (_, k) => Math.floor((((k * 2654435761) >>> 0) / 4294967296) * n))
-      : Array.from({ length: n }, (_, k) => k);
-  for (const p of picks) {
-    const i = Math.floor(p / c.N),
-      j = p % c.N;
-    const want = reference(c, A, B, C0, i, j),
-      got = first.C[i * c.ldc + j];
-    assert.ok(
-      Object.is(got, want),
-      `${label}: C[${i},${j}] = ${got} on ${first.isa}, the documented order gives ${want}`,
-    );
-  }
+  checkKernelOutputs({
+    label,
+    outs,
+    C0,
+    M: c.M,
+    N: c.N,
+    ldc: c.ldc,
+    samples,
+    reference: (i, j) => reference(c, A, B, C0, i, j),
+  });
 }
 
 const mk = (ta: boolean, tb: boolean, M: number, N: number, K: number, beta: number, pad = 0): Case => ({

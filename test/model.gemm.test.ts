@@ -11,6 +11,7 @@ import { spawnSync } from "node:child_process";
 import assert from "node:assert/strict";
 import { builtinGemm, loadNative, supportedIsas } from "../src/model/engine/native";
 import { fmaf, nextUp } from "./helpers/numeric";
+import { checkKernelOutputs } from "./helpers/gemm-check";
 
 const native = loadNative();
 const skip =
@@ -76,29 +77,16 @@ function check(c: Case, seed: number, samples = 0): void {
     return { isa, C };
   });
   const label = `${c.ta ? "T" : "N"}${c.tb ? "T" : "N"} M=${c.M} N=${c.N} K=${c.K} alpha=${c.alpha} beta=${c.beta} ld=${c.lda}/${c.ldb}/${c.ldc}`;
-  const first = outs[0];
-  for (const o of outs.slice(1)) {
-    const a = new Uint32Array(first.C.buffer),
-      b = new Uint32Array(o.C.buffer);
-    const at = a.findIndex((x, k) => x !== b[k]);
-    assert.equal(at, -1, `${label}: ${o.isa} differs from ${first.isa} at ${at} (${first.C[at]} vs ${o.C[at]})`);
-  }
-  const n = c.M * c.N;
-  const picks =
-    samples > 0 && samples < n
-      ? Array.from({ length: samples }, (_, k) => Math.floor((((k * 2654435761) >>> 0) / 4294967296) * n))
-      : Array.from({ length: n }, (_, k) => k);
-  for (const p of picks) {
-    const i = Math.floor(p / c.N),
-      j = p % c.N;
-    const want = reference(c, A, B, C0, i, j),
-      got = first.C[i * c.ldc + j];
-    assert.ok(Object.is(got, want), `${label}: C[${i},${j}] = ${got}, the documented order gives ${want}`);
-  }
-  // what lies between rows (ldc > N) is never written
-  for (let i = 0; i < c.M; i++)
-    for (let j = c.N; j < c.ldc; j++)
-      assert.ok(Object.is(first.C[i * c.ldc + j], C0[i * c.ldc + j]), `${label}: C's padding was written`);
+  checkKernelOutputs({
+    label,
+    outs,
+    C0,
+    M: c.M,
+    N: c.N,
+    ldc: c.ldc,
+    samples,
+    reference: (i, j) => reference(c, A, B, C0, i, j),
+  });
 }
 
 function mk(ta: boolean, tb: boolean, M: number, N: number, K: number, alpha: number, beta: number, pad = 0): Case {

@@ -14,6 +14,23 @@ import * as path from "node:path";
 import type { Kernels } from "../kernels";
 import type { GemmChoice, IsaChoice } from "../../config";
 
+/** gemm.h's arguments after the kernel: transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc. */
+type GemmArgs = [
+  transA: boolean,
+  transB: boolean,
+  M: number,
+  N: number,
+  K: number,
+  alpha: number,
+  A: Float32Array,
+  lda: number,
+  B: Float32Array,
+  ldb: number,
+  beta: number,
+  C: Float32Array,
+  ldc: number,
+];
+
 /** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader. */
 interface Addon {
   loadBlas(paths: string[]): { ok: boolean; path: string; config: string; threads: number; tried: string };
@@ -24,39 +41,9 @@ interface Addon {
     isa: IsaChoice,
   ): { kind: string; isa: string; detail: string; best: string; supported: string[] };
   gemmPeak(isa: IsaChoice | "avx512bf16", iters: number): number;
-  gemm(
-    isa: IsaChoice,
-    transA: boolean,
-    transB: boolean,
-    M: number,
-    N: number,
-    K: number,
-    alpha: number,
-    A: Float32Array,
-    lda: number,
-    B: Float32Array,
-    ldb: number,
-    beta: number,
-    C: Float32Array,
-    ldc: number,
-  ): void;
+  gemm(isa: IsaChoice, ...args: GemmArgs): void;
   /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "avx512bf16" is the VDPBF16PS kernel. */
-  gemmBf16(
-    isa: IsaChoice | "avx512bf16",
-    transA: boolean,
-    transB: boolean,
-    M: number,
-    N: number,
-    K: number,
-    alpha: number,
-    A: Float32Array,
-    lda: number,
-    B: Float32Array,
-    ldb: number,
-    beta: number,
-    C: Float32Array,
-    ldc: number,
-  ): void;
+  gemmBf16(isa: IsaChoice | "avx512bf16", ...args: GemmArgs): void;
   gemmBf16Hw(): boolean;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
