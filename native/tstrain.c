@@ -227,9 +227,9 @@ static void rope_backward(float *dx, const float *cs, const float *sn, int64_t B
  * skip (nearly) the upper triangle instead of computing it and throwing it away. */
 #define ATT_BLOCK 64
 
-/* x[T, E] (rows ld apart) into xt[E, T], times scale (1: only moved). The score products then read both operands
- * row by row, which the GEMM runs without packing; the bits are those of the transposed product with alpha = scale
- * (each a = scale * q rounded to float, then the same chain of FMAs). */
+/* x[T, E] (rows ld apart) into xt[E, T] (keys and values), and query rows times scale into xs[T, E]. The score and
+ * datt products then read both operands row by row, which the GEMM runs without packing; the bits are those of the
+ * transposed product with alpha = scale (each a = scale * q rounded to float, then the same chain of FMAs). */
 static void transpose_rows(const float *x, int64_t ld, int64_t T, int64_t E, float *xt) {
   for (int64_t t = 0; t < T; t++)
     for (int64_t e = 0; e < E; e++) xt[e * T + t] = x[t * ld + e];
