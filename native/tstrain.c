@@ -44,14 +44,20 @@ static char blas_config[512];
 static int blas_threads = -1;
 
 /* Which GEMM this thread's products run on (setGemm): the built-in one (native/gemm.c) on gemm_kernel, or the
- * BLAS loaded by loadBlas. Per thread, so each rank (and a test comparing kernels) chooses for itself. */
+ * BLAS loaded by loadBlas; and in which precision: fp32, or (built-in only) bf16 operands with fp32 accumulation
+ * (gemm.h: gemm_bf16), on the AVX-512 BF16 kernel when gemm_bf16_hw, else on gemm_kernel's emulation. Per thread,
+ * so each rank (and a test comparing kernels) chooses for itself. */
 enum { GEMM_BUILTIN = 0, GEMM_BLAS = 1 };
 static __thread int gemm_kind = GEMM_BUILTIN;
 static __thread gemm_isa gemm_kernel = GEMM_ISA_AUTO;
+static __thread int gemm_bf16_mode = 0;
+static __thread int gemm_bf16_hw = 0;
 
-/* Returns 0, or -1 when the built-in GEMM could not allocate its packing buffers (C untouched). */
+/* Returns 0, or -1 when the built-in GEMM could not allocate its packing buffers (C untouched). In bf16 every
+ * product is called with alpha 1 (the model's linears, attention's products); matmul's wrapper refuses others. */
 static inline int sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                         int ldb, float beta, float *c, int ldc) {
+  if (gemm_bf16_mode) return gemm_bf16(gemm_kernel, gemm_bf16_hw, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
   if (gemm_kind == GEMM_BUILTIN) return gemm_sgemm(gemm_kernel, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   blas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
              b, ldb, beta, c, ldc);
@@ -638,30 +644,44 @@ static napi_value Simd(napi_env env, napi_callback_info info) {
   return v;
 }
 
-/* ------------------------------------------------------------------ setGemm(kind, isa) */
+/* ------------------------------------------------------------------ setGemm(kind, isa, precision) */
 /* Chooses this thread's GEMM: kind "builtin" (native/gemm.c) with isa "auto" | "avx512" | "avx2" | "portable", or
- * "blas" (the library loadBlas found; isa ignored). Throws a RangeError for an unknown name, an instruction set
- * this CPU lacks, or "blas" before a BLAS is loaded. Returns { kind, isa, detail, best, supported }. */
+ * "blas" (the library loadBlas found; isa ignored); precision "fp32" (default) or "bf16" (built-in only: gemm_bf16,
+ * isa "avx512bf16" the AVX-512 BF16 kernel, "auto" that kernel where the CPU has it, the others the emulation on
+ * their fp32 kernel: the same bits). Throws a RangeError for an unknown name, an instruction set this CPU lacks,
+ * bf16 on a BLAS, or "blas" before a BLAS is loaded. Returns { kind, isa, detail, best, supported, precision }. */
 static napi_value SetGemm(napi_env env, napi_callback_info info) {
-  ARGS(2);
-  char kind[32] = {0}, isa[32] = {0};
+  size_t argc = 3;
+  napi_value argv[3];
+  CHECK_NAPI(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  char kind[32] = {0}, isa[32] = {0}, prec[32] = "fp32";
   size_t len = 0;
-  if (napi_get_value_string_utf8(env, argv[0], kind, sizeof kind, &len) != napi_ok ||
-      napi_get_value_string_utf8(env, argv[1], isa, sizeof isa, &len) != napi_ok) {
-    napi_throw_type_error(env, NULL, "tstrain native setGemm: expects two strings (kind, isa)");
+  if (argc < 2 || napi_get_value_string_utf8(env, argv[0], kind, sizeof kind, &len) != napi_ok ||
+      napi_get_value_string_utf8(env, argv[1], isa, sizeof isa, &len) != napi_ok ||
+      (argc > 2 && napi_get_value_string_utf8(env, argv[2], prec, sizeof prec, &len) != napi_ok)) {
+    napi_throw_type_error(env, NULL, "tstrain native setGemm: expects two or three strings (kind, isa, precision)");
     return NULL;
   }
+  const int bf16 = strcmp(prec, "bf16") == 0;
+  if (!bf16 && strcmp(prec, "fp32") != 0) { throw_range(env, "setGemm", "precision must be fp32 or bf16"); return NULL; }
   const gemm_isa best = gemm_best_isa();
+  int hw = 0;
   if (strcmp(kind, "blas") == 0) {
+    if (bf16) { throw_range(env, "setGemm", "bf16 runs on the built-in GEMM only"); return NULL; }
     if (!blas_sgemm) { throw_range(env, "setGemm", "no BLAS loaded (call loadBlas first)"); return NULL; }
     gemm_kind = GEMM_BLAS;
   } else if (strcmp(kind, "builtin") == 0) {
     gemm_isa want;
-    if (strcmp(isa, "auto") == 0) want = best;
+    if (strcmp(isa, "auto") == 0) { want = best; hw = bf16 && gemm_bf16_hw_supported(); }
+    else if (strcmp(isa, "avx512bf16") == 0 && bf16) {
+      if (!gemm_bf16_hw_supported()) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
+      want = GEMM_ISA_AVX512;
+      hw = 1;
+    }
     else if (strcmp(isa, "avx512") == 0) want = GEMM_ISA_AVX512;
     else if (strcmp(isa, "avx2") == 0) want = GEMM_ISA_AVX2;
     else if (strcmp(isa, "portable") == 0) want = GEMM_ISA_PORTABLE;
-    else { throw_range(env, "setGemm", "isa must be auto, avx512, avx2 or portable"); return NULL; }
+    else { throw_range(env, "setGemm", bf16 ? "isa must be auto, avx512bf16, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
     if (!gemm_isa_supported(want)) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
     gemm_kind = GEMM_BUILTIN;
     gemm_kernel = want;
@@ -669,14 +689,22 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
     throw_range(env, "setGemm", "kind must be builtin or blas");
     return NULL;
   }
+  gemm_bf16_mode = bf16;
+  gemm_bf16_hw = hw;
   napi_value obj, sup;
   CHECK_NAPI(napi_create_object(env, &obj));
   set_str(env, obj, "kind", gemm_kind == GEMM_BLAS ? "blas" : "builtin");
-  set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : gemm_isa_name(gemm_kernel));
-  set_str(env, obj, "detail", gemm_kind == GEMM_BLAS ? blas_config : gemm_isa_detail(gemm_kernel));
+  set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : hw ? "avx512bf16" : gemm_isa_name(gemm_kernel));
+  set_str(env, obj, "detail", gemm_kind == GEMM_BLAS ? blas_config : hw ? "AVX-512 BF16 8x32 (VDPBF16PS)" : gemm_isa_detail(gemm_kernel));
   set_str(env, obj, "best", gemm_isa_name(best));
+  set_str(env, obj, "precision", bf16 ? "bf16" : "fp32");
   CHECK_NAPI(napi_create_array(env, &sup));
   uint32_t n = 0;
+  if (bf16 && gemm_bf16_hw_supported()) {
+    napi_value v;
+    napi_create_string_utf8(env, "avx512bf16", NAPI_AUTO_LENGTH, &v);
+    napi_set_element(env, sup, n++, v);
+  }
   for (int i = GEMM_ISA_AVX512; i >= GEMM_ISA_PORTABLE; i--)
     if (gemm_isa_supported((gemm_isa)i)) {
       napi_value v;
@@ -765,6 +793,7 @@ static napi_value Matmul(napi_env env, napi_callback_info info) {
   F32(7, Bm, K * N, "B");
   NUM(8, beta);
   F32(9, C, M * N, "C");
+  if (gemm_bf16_mode && alpha != 1.0 && K > 0) { throw_range(env, fn, "bf16 products take alpha 1"); return NULL; }
   if (matmul(transA, transB, M, N, K, (float)alpha, A, Bm, (float)beta, C)) GEMM_OOM();
   return NULL;
 }
