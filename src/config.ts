@@ -11,8 +11,11 @@ import flagTable from "./config-flags.json";
 
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
 export type GemmChoice = "builtin" | "openblas";
-/** `--isa`: the built-in GEMM's micro-kernel; auto = the widest this CPU has (every one gives the same bits). */
-export type IsaChoice = "auto" | "avx512" | "avx2" | "portable";
+/** `--isa`: the built-in GEMM's micro-kernel; auto = the widest this CPU has (every one gives the same bits);
+ *  avx512bf16 = the AVX-512 BF16 kernel, for --precision bf16 only. */
+export type IsaChoice = "auto" | "avx512bf16" | "avx512" | "avx2" | "portable";
+/** `--precision` (P8): the matrix products' operands, fp32 or bf16 (bf16 accumulates in fp32; masters stay fp32). */
+export type Precision = "fp32" | "bf16";
 /** `--backend`: the compute engine; auto = native when its addon loads, else the best tfjs backend that loads. */
 export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
 
@@ -61,6 +64,8 @@ export interface RunConfig {
   gemm: GemmChoice;
   /** The built-in GEMM's micro-kernel (auto = the widest the CPU has; every one gives the same bits). */
   isa: IsaChoice;
+  /** P8: the matrix products' operands: fp32, or bf16 rounded (fp32 accumulation, fp32 masters, scale fixed at 1). */
+  precision: Precision;
   demo: boolean;
   /** Variant vocabulary; 0 = the frozen 49,152 (M1), or under --demo the demo tokenizer's size. */
   vocabSize: number;
@@ -348,9 +353,37 @@ export function validate(c: RunConfig): RunConfig {
       `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`,
     );
   }
+  refuseBf16Mismatch(c);
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
   c.hubUrl = c.hubUrl.replace(/\/+$/, "");
   return Object.freeze({ ...c });
+}
+
+/** The native engine's choices of a run (--gemm, --isa, --precision), as every rank loads them. */
+export function nativeChoice(c: RunConfig): { gemm: GemmChoice; isa: IsaChoice; precision: Precision } {
+  return { gemm: c.gemm, isa: c.isa, precision: c.precision };
+}
+
+/** P8: bf16 products run on the native engine's own GEMM only; the AVX-512 BF16 kernel only computes bf16. */
+function refuseBf16Mismatch(c: RunConfig): void {
+  if (c.precision !== "bf16") {
+    if (c.isa === "avx512bf16")
+      throw new UserError(
+        "P8",
+        "--isa avx512bf16 is the bf16 kernel: add --precision bf16, or pass --isa avx512 for fp32 products",
+      );
+    return;
+  }
+  if (c.backend !== "auto" && c.backend !== "native")
+    throw new UserError(
+      "P8",
+      `--precision bf16 runs on the native engine's own GEMM, and --backend ${c.backend} computes in fp32 only: pass --backend native, or drop --precision bf16`,
+    );
+  if (c.gemm !== "builtin")
+    throw new UserError(
+      "P8",
+      `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: pass --gemm builtin, or drop --precision bf16`,
+    );
 }
 
 /** The plan numbers every part agrees on (P5, P6, K1), from the config and the model's steps. */

@@ -5,7 +5,7 @@
  */
 import * as path from "node:path";
 import { UserError } from "./errors";
-import { EMBEDDED_HUB, validate, type RunConfig } from "./config";
+import { EMBEDDED_HUB, nativeChoice, validate, type RunConfig } from "./config";
 import { initWeights } from "./model/init";
 import { checkEngineRequest } from "./model/backend";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
@@ -13,7 +13,7 @@ import { isUserError } from "./errors";
 import { DistLink } from "./session/dist";
 import { RunComplete, RunStopped, EXIT_STOPPED, setLauncher, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
-import { newScaler, SCALER_DEFAULTS, type OptimizerPosition } from "./optim/optim";
+import { fixedScaler, newScaler, scalerModeOf, SCALER_DEFAULTS, type OptimizerPosition } from "./optim/optim";
 import type { RankFault, UploaderEvent } from "./actors/protocol";
 import type { LogEntry } from "./checkpoint";
 import { checkpointManagerOf } from "./session/in-flight";
@@ -45,7 +45,7 @@ export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
 export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
-  checkEngineRequest(cfg.backend, { gemm: cfg.gemm, isa: cfg.isa });
+  checkEngineRequest(cfg.backend, nativeChoice(cfg));
   if (cfg.dist === "mpi") return runMpi(cfg, rep);
   return runHere(cfg, rep, null);
 }
@@ -156,7 +156,7 @@ async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | 
     model: s.model,
     gradCkpt: cfg.gradCkpt,
     backend: cfg.backend,
-    native: { gemm: cfg.gemm, isa: cfg.isa },
+    native: nativeChoice(cfg),
     fault: faultFromEnv(),
     mpi: link?.mpi,
     stopAsked: () => stopRequested() !== null,
@@ -202,7 +202,8 @@ function dryRun(s: Session, rep: Reporter): RunResult {
     params: s.params,
     fingerprint: s.fingerprint,
     shuffle_perm_sha: s.permSha,
-    scaler: "dynamic (GradScaler semantics)",
+    precision: cfg.precision,
+    scaler: cfg.precision === "bf16" ? "fixed at 1 (bf16 products, P8)" : "dynamic (GradScaler semantics)",
     world: cfg.world,
     seqs_per_step: plan.seqsPerStep,
     tokens_per_step: plan.tokensPerStep,
@@ -220,6 +221,9 @@ function startingPoint(s: Session, coord: Coordinator): { pos: OptimizerPosition
   } else {
     initWeights(s.model, s.cfg.seed, coord.views.params);
   }
+  // P8: bf16 products hold the scale at 1 (a resumed fp32 checkpoint's dynamic scale is set aside; a bf16
+  // checkpoint resumed in fp32 starts the dynamic scaler from 1)
+  if (scalerModeOf(s.cfg.precision) === "fixed") pos.scaler = fixedScaler();
   if (!(coord.views.params instanceof Float32Array)) throw new Error("master weights are not fp32 (P1)");
   return { pos, history };
 }
@@ -253,8 +257,13 @@ async function startActors(
 ): Promise<UploaderEvent[]> {
   const { cfg, plan } = s;
   await coord.spawn();
+  const scaler =
+    cfg.precision === "bf16"
+      ? "fixed(1: bf16 keeps fp32's exponent range, the scale never moves; a non-finite step is still skipped)"
+      : `dynamic(init ${pos.scaler.scale}, x${SCALER_DEFAULTS.growthFactor}/${SCALER_DEFAULTS.growthInterval} clean, x${SCALER_DEFAULTS.backoffFactor} on inf/NaN)`;
+  const compute = cfg.precision === "bf16" ? "bf16 products, fp32 accumulation and elsewhere" : "float32";
   rep.say(
-    `precision: master=fp32 (asserted) compute=float32 backend=${coord.backendInfo.backend} loss_scaler=dynamic(init ${pos.scaler.scale}, x${SCALER_DEFAULTS.growthFactor}/${SCALER_DEFAULTS.growthInterval} clean, x${SCALER_DEFAULTS.backoffFactor} on inf/NaN) grad_ckpt=${cfg.gradCkpt}`,
+    `precision: master=fp32 (asserted) compute=${compute} backend=${coord.backendInfo.backend} loss_scaler=${scaler} grad_ckpt=${cfg.gradCkpt}`,
   );
   rep.say(`backend: ${coord.backendInfo.detail}`);
   let head: string | null = null;

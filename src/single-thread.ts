@@ -20,9 +20,11 @@ import { TrainStream } from "./data/sampler";
 import {
   chunkCount,
   decideStep,
+  fixedScaler,
   foldMicro,
   meanLossInOrder,
   newScaler,
+  scalerModeOf,
   reduceChunks64,
   totalSquares,
   unscaleFactor,
@@ -33,7 +35,7 @@ import {
 } from "./optim/optim";
 import { adamwSliceSimd } from "./optim/optim-simd";
 import type { StepResult } from "./actors/coordinator";
-import type { RunConfig } from "./config";
+import { nativeChoice, type RunConfig } from "./config";
 import type { Reporter } from "./report";
 
 export interface SingleThreadSetup {
@@ -121,7 +123,7 @@ export class SingleThreadTrainer {
     const P = this.grad.length;
     reduceChunks64([this.sum], this.grad, unscaleFactor(world, accum, scale), P, this.sq, 0, this.sq.length);
     const t2 = performance.now();
-    const d = decideStep(pos, totalSquares(this.sq), baseLr, shape);
+    const d = decideStep(pos, totalSquares(this.sq), baseLr, shape, scalerModeOf(this.setup.native?.precision));
     const res: StepResult = {
       step,
       loss: meanLossInOrder(losses, world, accum),
@@ -178,7 +180,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     model: s.model,
     gradCkpt: cfg.gradCkpt,
     backend: cfg.backend,
-    native: { gemm: cfg.gemm, isa: cfg.isa },
+    native: nativeChoice(cfg),
     root: s.root,
     seqLen: cfg.seqLen,
     dataSeed: cfg.dataSeed,
@@ -188,9 +190,10 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     seed: cfg.seed,
   });
   rep.say(
-    `benchmark mode: ${n} steps in one thread, no actors, micro=${cfg.microBatch} accum=${cfg.accum} world-share=${cfg.world} seq=${cfg.seqLen} backend=${t.backend}`,
+    `benchmark mode: ${n} steps in one thread, no actors, micro=${cfg.microBatch} accum=${cfg.accum} world-share=${cfg.world} seq=${cfg.seqLen} backend=${t.backend} precision=${cfg.precision}`,
   );
-  const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
+  const mode = scalerModeOf(cfg.precision);
+  const pos: OptimizerPosition = { optSteps: 0, scaler: mode === "fixed" ? fixedScaler() : newScaler(), skipped: 0 };
   const times: number[] = [];
   let last: StepResult | null = null;
   for (let i = 0; i < n + 1; i++) {

@@ -46,7 +46,7 @@ import {
   type OptimizerPosition,
 } from "../optim/optim";
 import type { MpiWorld } from "../mpi/world";
-import type { LrShape } from "../optim/optim";
+import { scalerModeOf, type LrShape } from "../optim/optim";
 import { updateSlice } from "../optim/optim-simd";
 import type {
   CheckpointJob,
@@ -326,7 +326,8 @@ export class Coordinator {
     const loss = meanLossInOrder(losses, this.dataWorld, accum);
     const invScale = unscaleFactor(this.dataWorld, accum, scale);
     const { reduceMs, allreduceMs } = await this.reduce(step, invScale);
-    const d = decideStep(pos, totalSquares(this.views.sq), baseLr, shape); // A10: chunk sums added in chunk order
+    const mode = scalerModeOf(this.setup.native?.precision);
+    const d = decideStep(pos, totalSquares(this.views.sq), baseLr, shape, mode); // A10: chunk sums added in chunk order
     const res: StepResult = {
       step,
       loss,

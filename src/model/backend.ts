@@ -139,16 +139,22 @@ function nativeRefusal(requested: BackendName, native: NativeOptions, reason: st
       ? "--backend native"
       : native.gemm !== DEFAULT_NATIVE.gemm
         ? `--gemm ${native.gemm}`
-        : `--isa ${native.isa}`;
+        : native.isa !== DEFAULT_NATIVE.isa
+          ? `--isa ${native.isa}`
+          : `--precision ${native.precision}`;
   return new UserError(
     "P1",
     `${what} is not available: ${reason}; fix: ${fix}; or pass --backend wasm (tfjs-wasm, slower)`,
   );
 }
 
-/** Whether the native options name something other than the defaults (an explicit --gemm or --isa). */
+/** Whether the native options name something other than the defaults (an explicit --gemm, --isa or --precision bf16). */
 function explicitNative(native: NativeOptions): boolean {
-  return native.gemm !== DEFAULT_NATIVE.gemm || native.isa !== DEFAULT_NATIVE.isa;
+  return (
+    native.gemm !== DEFAULT_NATIVE.gemm ||
+    native.isa !== DEFAULT_NATIVE.isa ||
+    (native.precision ?? "fp32") !== DEFAULT_NATIVE.precision
+  );
 }
 
 /** The refusal of an explicit `--backend tensorflow` that cannot load (P1); `tried` says why for each package. */

@@ -51,6 +51,22 @@ export function scalerUpdate(s: ScalerState, foundNonFinite: boolean): ScalerSta
   return { scale: s.scale, growthTracker: t };
 }
 
+/**
+ * How the scale moves (P2, P8): "dynamic" = GradScaler's rule (scalerUpdate); "fixed" = never (bf16 products keep
+ * fp32's exponent range, so a run in bf16 holds the scale at 1 and only skips a non-finite step).
+ */
+export type ScalerMode = "dynamic" | "fixed";
+
+/** The scaler mode of a run's precision (P8): fixed for bf16 products, dynamic otherwise. */
+export function scalerModeOf(precision: "fp32" | "bf16" | undefined): ScalerMode {
+  return precision === "bf16" ? "fixed" : "dynamic";
+}
+
+/** Where a fixed scaler stands (P8): scale 1, no growth count. */
+export function fixedScaler(): ScalerState {
+  return { scale: 1, growthTracker: 0 };
+}
+
 /** What validScaler demands, in the words a refusal quotes. */
 export const SCALER_RULE = `must be {scale > 0, growthTracker in [0, ${SCALER_DEFAULTS.growthInterval})}`;
 
@@ -109,14 +125,21 @@ export type StepDecision =
 /**
  * The step's decision from the reduced gradient's global figures, pure (the caller applies it):
  * - P2: a gradient holding inf/NaN is not applied; the skip is counted and the optimizer step does not advance;
- *   the scaler backs off on it, grows after growthInterval clean steps (scalerUpdate);
+ *   the scaler backs off on it, grows after growthInterval clean steps (scalerUpdate), unless `mode` is "fixed"
+ *   (P8: bf16 products; the scale stays where it is, 1);
  * - P4: the clip coefficient of the global norm sqrt(sumSq);
  * - P5: the LR of optimizer step k = pos.optSteps (applied steps so far, not the data step), and AdamW's
  *   1-based bias-correction step t = k + 1.
  */
-export function decideStep(pos: OptimizerPosition, grad: ReduceResult, baseLr: number, shape: LrShape): StepDecision {
+export function decideStep(
+  pos: OptimizerPosition,
+  grad: ReduceResult,
+  baseLr: number,
+  shape: LrShape,
+  mode: ScalerMode = "dynamic",
+): StepDecision {
   const lr = baseLr * lrFactor(pos.optSteps, shape);
-  const scaler = scalerUpdate(pos.scaler, !grad.finite);
+  const scaler = mode === "fixed" ? pos.scaler : scalerUpdate(pos.scaler, !grad.finite);
   if (!grad.finite)
     return { apply: false, lr, gradNorm: null, next: { optSteps: pos.optSteps, scaler, skipped: pos.skipped + 1 } };
   const gradNorm = Math.sqrt(grad.sumSq);

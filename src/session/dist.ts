@@ -14,7 +14,7 @@ import * as crypto from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import type { RunConfig } from "../config";
+import { nativeChoice, type RunConfig } from "../config";
 import type { MpiWorld } from "../mpi/world";
 import type { LlamaConfig } from "../model/llama-config";
 import { readManifest } from "../data/manifest";
@@ -236,7 +236,7 @@ export class DistLink {
       model: doc.model,
       gradCkpt: cfg.gradCkpt,
       backend,
-      native: { gemm: cfg.gemm, isa: cfg.isa },
+      native: nativeChoice(cfg),
       fault: null,
       mpi: this.mpi,
       stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step

@@ -180,6 +180,7 @@ function runJsonOf(s: Session, coord: Coordinator, l: LoopState, f: EndFigures):
     seq_len: cfg.seqLen,
     params: s.params.sum_numel,
     backend: coord.backendInfo.backend,
+    precision: cfg.precision,
     grad_ckpt: cfg.gradCkpt,
     skipped_steps: l.pos.skipped,
     loss_scale: l.pos.scaler.scale,

@@ -72,3 +72,11 @@ export function checkConfigChanges(dir: string, saved: Record<string, unknown> |
     `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back} --allow-config-change to train on from there with the new values`,
   );
 }
+
+/** P8: how the products' precision compares with the checkpoint's (a change is allowed: masters are fp32 either way). */
+export function precisionNote(saved: Record<string, unknown> | null, cfg: RunConfig): string {
+  const old = saved?.precision ?? "fp32"; // a checkpoint from before --precision computed in fp32
+  return old === cfg.precision
+    ? ""
+    : `; precision ${String(old)} -> ${cfg.precision} (allowed: master weights and moments are fp32 either way${cfg.precision === "bf16" ? ", the loss scale is held at 1" : ", the dynamic loss scaler starts from the checkpoint's scale"})`;
+}

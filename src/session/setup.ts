@@ -35,7 +35,7 @@ import type { Reporter } from "../report";
 import { createHubClient, type HubClient } from "../hub/client";
 import { resolveAutoResume } from "../hub/resume";
 import { RunComplete } from "./stop";
-import { checkConfigChanges, describeChanges } from "./resume-config";
+import { checkConfigChanges, describeChanges, precisionNote } from "./resume-config";
 import type { DistLink } from "./dist";
 
 export interface Session {
@@ -244,10 +244,11 @@ async function planStart(
     ));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
     checkModelShape(dir, m.model);
-    const changed = checkConfigChanges(dir, readRunConfigIfAny(dir), cfg); // P7
+    const savedConfig = readRunConfigIfAny(dir);
+    const changed = checkConfigChanges(dir, savedConfig, cfg); // P7
     const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
     rep.say(
-      `resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}`,
+      `resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}${precisionNote(savedConfig, cfg)}`,
     );
     moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
   }

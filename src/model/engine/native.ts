@@ -12,7 +12,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import type { Kernels } from "../kernels";
-import type { GemmChoice, IsaChoice } from "../../config";
+import type { GemmChoice, IsaChoice, Precision } from "../../config";
 
 /** gemm.h's arguments after the kernel: transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc. */
 type GemmArgs = [
@@ -39,7 +39,8 @@ interface Addon {
   setGemm(
     kind: "builtin" | "blas",
     isa: IsaChoice,
-  ): { kind: string; isa: string; detail: string; best: string; supported: string[] };
+    precision?: Precision,
+  ): { kind: string; isa: string; detail: string; best: string; supported: string[]; precision: Precision };
   gemmPeak(isa: IsaChoice | "avx512bf16", iters: number): number;
   gemm(isa: IsaChoice, ...args: GemmArgs): void;
   /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "avx512bf16" is the VDPBF16PS kernel. */
@@ -62,14 +63,16 @@ interface Addon {
 
 export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
 
-export type { GemmChoice, IsaChoice };
+export type { GemmChoice, IsaChoice, Precision };
 export interface NativeOptions {
   gemm: GemmChoice;
   isa: IsaChoice;
+  /** The matrix products' operands (P8): fp32, or bf16 on the built-in GEMM (accumulating in fp32). Default fp32. */
+  precision?: Precision;
 }
-export const DEFAULT_NATIVE: NativeOptions = { gemm: "builtin", isa: "auto" };
+export const DEFAULT_NATIVE: NativeOptions = { gemm: "builtin", isa: "auto", precision: "fp32" };
 export const GEMM_CHOICES: readonly GemmChoice[] = ["builtin", "openblas"];
-export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "avx512", "avx2", "portable"];
+export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "avx512bf16", "avx512", "avx2", "portable"];
 
 /** The command that builds the addon, in any state of the checkout (it never fails; it says what is missing). */
 export const NATIVE_BUILD_FIX =
@@ -118,7 +121,7 @@ let current = "";
 
 /** The native kernels with this GEMM, or why not and the fix. Cached per thread and per choice. */
 export function loadNative(opts: NativeOptions = DEFAULT_NATIVE): NativeLoad {
-  const key = `${opts.gemm}/${opts.isa}`;
+  const key = `${opts.gemm}/${opts.isa}/${opts.precision ?? "fp32"}`;
   let n = cached.get(key);
   if (!n) {
     n = load(opts);
@@ -170,22 +173,32 @@ function load(opts: NativeOptions): NativeLoad {
     }
     const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
     const name = `native (GEMM: ${b.config} from ${b.path}, ${threads}; C kernels ${addon.simd()})`;
-    return { kernels: nativeKernels(addon, name, "blas", "auto"), blas: b.config, addon: file };
+    return { kernels: nativeKernels(addon, name, "blas", "auto", "fp32"), blas: b.config, addon: file };
   }
+  const precision = opts.precision ?? "fp32";
   let info: ReturnType<Addon["setGemm"]>;
   try {
-    info = addon.setGemm("builtin", opts.isa);
+    info = addon.setGemm("builtin", opts.isa, precision);
     current = "";
   } catch (e) {
-    const best = addon.setGemm("builtin", "auto");
+    const best = addon.setGemm("builtin", "auto", precision);
+    addon.setGemm("builtin", "auto");
     current = "";
     return {
       reason: `--isa ${opts.isa}: this CPU has no ${opts.isa} (it runs ${best.supported.join(", ")}: ${(e as Error).message})`,
-      fix: `pass --isa auto (here: ${best.best})`,
+      fix: `pass --isa auto (here: ${best.supported[0]})`,
     };
   }
-  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel; C kernels ${addon.simd()})`;
-  return { kernels: nativeKernels(addon, name, "builtin", opts.isa), blas: `built-in ${info.isa}`, addon: file };
+  const prec =
+    precision === "fp32"
+      ? "fp32"
+      : `bf16 products${info.isa === "avx512bf16" ? "" : " (VDPBF16PS emulated)"}, fp32 accumulation`;
+  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel, ${prec}; C kernels ${addon.simd()})`;
+  return {
+    kernels: nativeKernels(addon, name, "builtin", opts.isa, precision),
+    blas: `built-in ${info.isa}`,
+    addon: file,
+  };
 }
 
 /** The built-in GEMM's kernels this CPU runs, widest first (empty when the addon does not load). */
@@ -221,11 +234,17 @@ export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | nu
 
 /** The Kernels over the addon. The products (matmul and attention's) first make this thread's GEMM the one this
  *  object was loaded with, when another loadNative choice in the same thread switched it. */
-function nativeKernels(a: Addon, name: string, kind: "builtin" | "blas", isa: IsaChoice): Kernels {
-  const key = `${kind}/${isa}`;
+function nativeKernels(
+  a: Addon,
+  name: string,
+  kind: "builtin" | "blas",
+  isa: IsaChoice,
+  precision: Precision,
+): Kernels {
+  const key = `${kind}/${isa}/${precision}`;
   const use = () => {
     if (current !== key) {
-      a.setGemm(kind, isa);
+      a.setGemm(kind, isa, precision);
       current = key;
     }
   };
