@@ -24,6 +24,7 @@ import * as path from "node:path";
 import type { BackendName } from "../src/model/backend";
 import { buildShape, MODELS, scratchDir, tokensPerStep, type ModelName, type Shape } from "./shape";
 import { actorRunner, localRunner, runSteps, runUploadCase, stepRow, type BenchRow, type Runner } from "./steps";
+import { builtinGemmBf16, fmaPeak, supportedIsas } from "../src/model/engine/native";
 import { parseCount, runOptimCase } from "./optim";
 import { REPO_ROOT, runFrameworkFree, runMpiCase, runTorch, torchVersion } from "./subproc";
 import { markdown, type Machine, type Ratio } from "./report";
@@ -32,7 +33,7 @@ import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
 import { kernelTableMarkdown, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
-import type { GemmChoice } from "../src/config";
+import type { GemmChoice, Precision } from "../src/config";
 import { gemmShapesBench, gemmTableMarkdown, type GemmRow } from "./gemm-shapes";
 
 /** A fingerprint of the compiled runtime (dist/src): rank workers and subprocesses load it when they
@@ -91,6 +92,8 @@ interface Options {
   rewarm: number;
   /** The native engine's GEMMs the actor cases run on (each world once per GEMM, interleaved). */
   gemms: GemmChoice[];
+  /** The products' precisions the actor cases run in (bf16 on the built-in GEMM only, P8). */
+  precisions: Precision[];
   gemmRounds: number;
   gemmSeqs: number[];
 }
@@ -113,6 +116,7 @@ function usage(): string {
     "  --optim-sizes 1M,10M,...    parameter counts for the optim case (default 1M,10M,50M,106M)",
     "  --optim-threads N           threads for the split optim case (default 2)",
     "  --gemms builtin,openblas    the native engine's GEMMs the actor cases run on, each world once per GEMM (default builtin)",
+    "  --precisions fp32,bf16      the products' precisions the actor cases run in (bf16: built-in GEMM only; default fp32)",
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
     "  --gemm-seqs 256,1024        gemm case: the sequence lengths whose model shapes are measured (default 256,1024)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
@@ -149,6 +153,7 @@ function defaultOptions(): Options {
     rewarm: 1,
     out: path.join(REPO_ROOT, "bench-out"),
     gemms: ["builtin"],
+    precisions: ["fp32"],
     gemmRounds: 5,
     gemmSeqs: [256, 1024],
   };
@@ -236,6 +241,12 @@ function parseOptions(argv: string[]): Options {
         o.gemms = list(a, v()).map((x) => {
           if (x !== "builtin" && x !== "openblas")
             throw new Error(`--gemms ${JSON.stringify(x)}: use builtin and/or openblas`);
+          return x;
+        });
+        break;
+      case "--precisions":
+        o.precisions = list(a, v()).map((x) => {
+          if (x !== "fp32" && x !== "bf16") throw new Error(`--precisions ${JSON.stringify(x)}: use fp32 and/or bf16`);
           return x;
         });
         break;
@@ -420,23 +431,26 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
         if (o.cases.has("single")) runners.push(await localRunner(s, 1));
         if (o.cases.has("actor")) {
           for (const w of o.worlds)
-            for (const gemm of o.gemms) {
-              log(`spawning actor runtime world ${w}, --gemm ${gemm}`);
-              runners.push(await actorRunner(s, w, gemm));
-            }
+            for (const gemm of o.gemms)
+              for (const precision of o.precisions) {
+                if (precision === "bf16" && gemm !== "builtin") continue; // P8: bf16 is the built-in GEMM's
+                log(`spawning actor runtime world ${w}, --gemm ${gemm} --precision ${precision}`);
+                runners.push(await actorRunner(s, w, gemm, precision));
+              }
         }
         log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
         const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
+        const peaks = stepPeaks(runners.map((x) => x.name));
         for (const x of runners) {
           const mem = x.memory ? await x.memory() : {};
-          run.record(
-            stepRow(s, x.name, x.world, x.backend, got.get(x)!, {
-              backend_detail: x.backendDetail,
-              interleaved: o.interleave,
-              rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
-              ...mem,
-            }),
-          );
+          const row = stepRow(s, x.name, x.world, x.backend, got.get(x)!, {
+            backend_detail: x.backendDetail,
+            interleaved: o.interleave,
+            rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
+            ...mem,
+          });
+          Object.assign(row, peakMfu(s, row, x.name.endsWith("-bf16") ? peaks.bf16 : peaks.fp32));
+          run.record(row);
         }
       } finally {
         for (const x of runners) await x.close();
@@ -583,6 +597,35 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
   }
 }
 
+/** One core's register-only FMA peak for the instructions the built-in GEMM's steps use, measured now (best of 3):
+ *  fp32 on the widest kernel, bf16 on VDPBF16PS (or the fp32 kernel that emulates it). Empty on OpenBLAS-only runs. */
+function stepPeaks(names: string[]): {
+  fp32?: { isa: string; gflops: number };
+  bf16?: { isa: string; gflops: number };
+} {
+  const best = supportedIsas()[0];
+  if (!best) return {};
+  const peak = (isa: Parameters<typeof fmaPeak>[0]) => Math.max(...[0, 1, 2].map(() => fmaPeak(isa, 500_000) ?? 0));
+  const fp32 = { isa: best, gflops: peak(best) };
+  if (!names.some((n) => n.endsWith("-bf16"))) return { fp32 };
+  const hw = builtinGemmBf16()?.hw ?? false;
+  return { fp32, bf16: hw ? { isa: "avx512bf16", gflops: peak("avx512bf16") } : fp32 };
+}
+
+/** A training row's MFU against one core's peak for its instructions (per rank: model FLOPs x tok/s / world). */
+function peakMfu(s: Shape, row: BenchRow, peak: { isa: string; gflops: number } | undefined): Record<string, unknown> {
+  if (!peak?.gflops || typeof row.tok_per_s !== "number" || row.backend !== "native") return {};
+  const flopsPerTok = 6 * s.params + 12 * s.model.numLayers * s.seqLen * s.model.hiddenSize;
+  const perRank = (flopsPerTok * row.tok_per_s) / Math.max(1, row.world ?? 1);
+  return {
+    peak_isa: peak.isa,
+    peak_gflops: r(peak.gflops, 1),
+    mfu_of_peak: r(perRank / (peak.gflops * 1e9), 3),
+    mfu_of_peak_note:
+      "per rank: model FLOPs (6N + 12 L T d) x tok/s / world, over one core's register-only FMA peak for the instructions of this row's products, measured in this run",
+  };
+}
+
 /** Adds the training rows' MFU where the frozen-step case measured the matMul rate. */
 function addTrainingMfu(rows: BenchRow[]): void {
   // ---- MFU of the training steps too, where this run measured the matMul rate (frozen-step case):
@@ -687,6 +730,17 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
         `world ${w}: built-in GEMM / OpenBLAS tok/s`,
         `actor-w${w}`,
         `actor-w${w}-openblas`,
+        "tok_per_s",
+        w === 2 ? { op: ">=", v: 1.6 } : null,
+      ),
+    );
+  for (const w of o.worlds)
+    add(
+      ratio(
+        rows,
+        `world ${w}: bf16 / fp32 products tok/s (built-in GEMM, P8)`,
+        `actor-w${w}-bf16`,
+        `actor-w${w}`,
         "tok_per_s",
         w === 2 ? { op: ">=", v: 1.6 } : null,
       ),

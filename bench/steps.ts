@@ -10,10 +10,10 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import type { GemmChoice } from "../src/config";
+import type { GemmChoice, Precision } from "../src/config";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
-import { newScaler, type OptimizerPosition } from "../src/optim/optim";
+import { fixedScaler, newScaler, type OptimizerPosition } from "../src/optim/optim";
 import type { CheckpointOutcome, RankMemory } from "../src/actors/protocol";
 import { initWeights } from "../src/model/init";
 import { hfConfigJson } from "../src/model/llama-config";
@@ -97,13 +97,18 @@ export async function localRunner(s: Shape, world = 1): Promise<Runner> {
   };
 }
 
-async function spawnCoordinator(s: Shape, world: number, gemm: GemmChoice = "builtin"): Promise<Coordinator> {
+async function spawnCoordinator(
+  s: Shape,
+  world: number,
+  gemm: GemmChoice = "builtin",
+  precision: Precision = "fp32",
+): Promise<Coordinator> {
   const coord = Coordinator.create({
     world,
     model: s.model,
     gradCkpt: s.gradCkpt,
     backend: s.backend,
-    native: { gemm, isa: "auto" },
+    native: { gemm, isa: "auto", precision },
     fault: null,
     data: { root: s.root, seqLen: s.seqLen, dataSeed: s.dataSeed, microBatch: s.microBatch, accum: s.accum, nVal: 0 },
   });
@@ -118,12 +123,18 @@ async function spawnCoordinator(s: Shape, world: number, gemm: GemmChoice = "bui
 }
 
 /** Case 2: the actor runtime, `world` rank workers, the step timed from the coordinator's side. */
-export async function actorRunner(s: Shape, world: number, gemm: GemmChoice = "builtin"): Promise<Runner> {
-  const coord = await spawnCoordinator(s, world, gemm);
-  const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
+export async function actorRunner(
+  s: Shape,
+  world: number,
+  gemm: GemmChoice = "builtin",
+  precision: Precision = "fp32",
+): Promise<Runner> {
+  const coord = await spawnCoordinator(s, world, gemm, precision);
+  const scaler = precision === "bf16" ? fixedScaler() : newScaler(); // P8: bf16 holds the scale at 1
+  const pos: OptimizerPosition = { optSteps: 0, scaler, skipped: 0 };
   let i = 0;
   return {
-    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}`,
+    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}${precision === "bf16" ? "-bf16" : ""}`,
     world,
     backend: coord.backendInfo.backend,
     backendDetail: coord.backendInfo.detail,

@@ -53,7 +53,7 @@ test("auto picks the native engine on its own GEMM, and its backend line names t
 }, async () => {
   const e = await initEngine("auto");
   assert.equal(e.engine, "native");
-  assert.match(e.detail, /^auto: native \(GEMM: built-in (avx512|avx2|portable), .* micro-kernel; C kernels/);
+  assert.match(e.detail, /^auto: native \(GEMM: built-in (avx512|avx2|portable), .* micro-kernel, fp32; C kernels/);
   const n = await initEngine("native");
   assert.equal(n.engine, "native");
   assert.equal(n.kernels, e.kernels);
@@ -117,7 +117,10 @@ test("an unknown --gemm or --isa is refused naming the choices; an --isa this CP
   skip: skipNoNative,
 }, () => {
   assert.throws(() => parseArgs(["--gemm", "mkl"]), /--gemm "mkl" is not one of builtin, openblas/);
-  assert.throws(() => parseArgs(["--isa", "neon"]), /--isa "neon" is not one of auto, avx512, avx2, portable/);
+  assert.throws(
+    () => parseArgs(["--isa", "neon"]),
+    /--isa "neon" is not one of auto, avx512bf16, avx512, avx2, portable/,
+  );
   assert.equal(parseArgs(["--isa", "portable"]).config.isa, "portable");
   const missing = (["avx512", "avx2"] as const).find((i) => !supportedIsas().includes(i));
   if (!missing) return; // this CPU runs every kernel: the refusal is tested in model.gemm (loadNative's reason)
@@ -131,6 +134,48 @@ test("an unknown --gemm or --isa is refused naming the choices; an --isa this CP
     cli.stderr + cli.stdout,
     new RegExp(`--isa ${missing} is not available: .*this CPU has no ${missing}.*pass --isa auto`),
   );
+});
+
+test("--precision bf16 is refused with a tfjs backend or OpenBLAS, and --isa avx512bf16 without it, naming the fix; the CLI exits 2 before reading any data (P8)", () => {
+  assert.throws(() => parseArgs(["--precision", "fp16"]), /--precision "fp16" is not one of fp32, bf16/);
+  assert.equal(parseArgs([]).config.precision, "fp32", "fp32 unless asked");
+  assert.equal(parseArgs(["--precision", "bf16"]).config.precision, "bf16");
+  const cases: [string[], RegExp][] = [
+    [
+      ["--precision", "bf16", "--backend", "wasm"],
+      /--precision bf16 runs on the native engine's own GEMM, and --backend wasm computes in fp32 only: pass --backend native, or drop --precision bf16/,
+    ],
+    [
+      ["--precision", "bf16", "--gemm", "openblas"],
+      /--precision bf16 runs on the built-in GEMM, not --gemm openblas: pass --gemm builtin, or drop --precision bf16/,
+    ],
+    [
+      ["--isa", "avx512bf16"],
+      /--isa avx512bf16 is the bf16 kernel: add --precision bf16, or pass --isa avx512 for fp32 products/,
+    ],
+  ];
+  for (const [args, msg] of cases) {
+    assert.throws(() => parseArgs(args), msg);
+    const cli = spawnSync(
+      process.execPath,
+      [path.join(DIST, "main.js"), ...args, "--root", "/nonexistent/mix", "--dry-run"],
+      {
+        encoding: "utf8",
+        timeout: 120_000,
+      },
+    );
+    assert.equal(cli.status, 2, `${args.join(" ")}: ${cli.stderr}`);
+    assert.match(cli.stderr + cli.stdout, msg);
+    assert.doesNotMatch(cli.stderr + cli.stdout, /nonexistent\/mix/, "refused before the data is read");
+  }
+});
+
+test("--precision bf16 with --backend auto takes the native engine with bf16 products (P8)", {
+  skip: skipNoNative,
+}, async () => {
+  const e = await initEngine("auto", { gemm: "builtin", isa: "auto", precision: "bf16" });
+  assert.equal(e.engine, "native");
+  assert.match(e.detail, /bf16 products, fp32 accumulation/);
 });
 
 test("the addon's build script never fails the install: without a compiler it exits 0 with one line naming the fix", () => {

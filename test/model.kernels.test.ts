@@ -30,7 +30,10 @@ test("the native engine loads, or says why and how to get it (TSTRAIN_REQUIRE_NA
     return;
   }
   t.diagnostic(loaded.kernels.name);
-  assert.match(loaded.kernels.name, /^native \(GEMM: built-in (avx512|avx2|portable), .* micro-kernel; C kernels/);
+  assert.match(
+    loaded.kernels.name,
+    /^native \(GEMM: built-in (avx512|avx2|portable), .* micro-kernel, fp32; C kernels/,
+  );
 });
 
 // ------------------------------------------------------------------ helpers

@@ -141,6 +141,7 @@ test("every flag's default is the seed's (G10)", () => {
       backend: "auto",
       gemm: "builtin",
       isa: "auto",
+      precision: "fp32",
       demo: false,
       sample: true,
       hubRetryMinutes: 30,

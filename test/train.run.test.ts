@@ -7,7 +7,7 @@ import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
-import { RUN_ENGINES, backendOf, runEngineArgs } from "./helpers/engines";
+import { RUN_ENGINES, backendOf, precisionOf, runEngineArgs } from "./helpers/engines";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
 
@@ -116,10 +116,13 @@ for (const engine of RUN_ENGINES) {
       b = tmpDir("tstrain-b-");
     const ra = await runTiny(tinyConfig(mix.root, a, be));
     assert.equal(ra.runJson.backend, backendOf(engine), "the run used the engine under test");
+    assert.equal(ra.runJson.precision, precisionOf(engine), "the run used the precision under test");
     if (engine !== "wasm")
       assert.match(
         ra.rep.lines.find((l) => l.startsWith("backend: "))!,
-        engine === "openblas" ? /GEMM: OpenBLAS/ : /GEMM: built-in/,
+        { openblas: /GEMM: OpenBLAS/, native: /GEMM: built-in .*, fp32;/, bf16: /GEMM: built-in .*, bf16 products/ }[
+          engine
+        ],
       );
     // G6: the ranks' memory report; the native engine never initialises tfjs (no tensors, no wasm heap)
     const mem = JSON.parse(ra.rep.lines.find((l) => l.startsWith("memory: "))!.slice("memory: ".length)) as {
@@ -150,6 +153,7 @@ for (const engine of RUN_ENGINES) {
       const out = tmpDir(`tstrain-w${world}a${accum}-`);
       const r = await runTiny(tinyConfig(mix.root, out, [...be, "--world", String(world), "--accum", String(accum)]));
       assert.equal(r.runJson.backend, backendOf(engine), "the run used the engine under test");
+      assert.equal(r.runJson.precision, precisionOf(engine), "the run used the precision under test");
       files.push(fs.readFileSync(path.join(out, "final", "model.safetensors")));
     }
     assert.ok(files[0].equals(files[1]), "world 2 x accum 2 ends byte-identical to world 1 x accum 4 (A10)");
@@ -171,6 +175,7 @@ for (const engine of RUN_ENGINES) {
     const second = await runTiny(tinyConfig(mix.root, seg, [...be, "--world", "2", "--resume", ck]));
     assert.equal(second.runJson.start_step, 4);
     assert.equal(second.runJson.backend, backendOf(engine), "the run used the engine under test");
+    assert.equal(second.runJson.precision, precisionOf(engine), "the run used the precision under test");
     assert.ok(
       second.rep.lines.some((l) => l.includes("prior loss")),
       "R4: prior loss printed",
@@ -219,6 +224,45 @@ test("an injected non-finite gradient is skipped, counted, logged, and the scale
   );
   assert.equal(resumed.runJson.loss_scale, 32768, "restored, then 4 more clean steps: still below 2000");
   assert.equal(resumed.runJson.skipped_steps, 1);
+});
+
+test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so (P8, P2)", {
+  timeout: 180_000,
+}, async (t) => {
+  const be = runEngineArgs(t, "bf16");
+  if (!be) return;
+  const out = tmpDir("tstrain-bf16-nan-");
+  const r = await runTiny(tinyConfig(mix.root, out, [...be, "--world", "2", "--stop-after-steps", "4"]), {
+    TSTRAIN_FAULT: "1:1:nan",
+  });
+  assert.ok(
+    r.rep.lines.some((l) =>
+      /^precision: master=fp32 \(asserted\) compute=bf16 products.* loss_scaler=fixed\(1/.test(l),
+    ),
+    "the precision line says bf16 and the fixed scale",
+  );
+  assert.equal(r.runJson.precision, "bf16");
+  assert.equal(r.runJson.skipped_steps, 1);
+  assert.equal(r.runJson.loss_scale, 1);
+  assert.ok(
+    r.rep.lines.some((l) =>
+      /step 2: non-finite gradient -> step skipped \(P2\), 1 skipped so far, loss scale now 1$/.test(l),
+    ),
+  );
+  const st = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-4", "trainer_state.json"), "utf8"));
+  assert.deepEqual(st.scaler, { scale: 1, growthTracker: 0 }, "the scale never moved");
+  // an fp32 run's checkpoint (scale 65536) resumed in bf16: allowed, said, and the scale is 1 from there
+  const fp = tmpDir("tstrain-fp32-to-bf16-");
+  await runTiny(tinyConfig(mix.root, fp, ["--world", "2", "--stop-after-steps", "4"]));
+  const resumed = await runTiny(
+    tinyConfig(mix.root, fp, [...be, "--world", "2", "--resume", path.join(fp, "ckpt", "checkpoint-4")]),
+  );
+  assert.ok(
+    resumed.rep.lines.some((l) => l.startsWith("resume from ") && /precision fp32 -> bf16 \(allowed/.test(l)),
+    resumed.rep.lines.filter((l) => l.startsWith("resume from ")).join("\n"),
+  );
+  assert.equal(resumed.runJson.precision, "bf16");
+  assert.equal(resumed.runJson.loss_scale, 1);
 });
 
 test("a non-finite final loss refuses the export (G3)", { timeout: 120_000 }, async () => {

@@ -12,16 +12,24 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
-import { loadNative, supportedIsas } from "../../src/model/engine/native";
+import { builtinGemmBf16, loadNative, supportedIsas } from "../../src/model/engine/native";
 
 export const DEMO_SHA256 = "0e405c69cb876df4091472b0d56084e65f47eacb351fe6d6b6eb4db3a5256c9b";
+/** The same demo with `--precision bf16` (P8): its own pinned weights, on the AVX-512 BF16 kernel and every emulation. */
+export const DEMO_BF16_SHA256 = "1c50c84e464307052ec6448730477e4e98a75babd4ee13f5618a1fd0d7a82581";
 
 const MAIN = path.join(__dirname, "..", "..", "main.js");
 
-function runDemo(cwd: string, out: string, isa: string): Promise<{ code: number | null; output: string }> {
+function runDemo(
+  cwd: string,
+  out: string,
+  isa: string,
+  precision: "fp32" | "bf16",
+): Promise<{ code: number | null; output: string }> {
   return new Promise((resolve) => {
     const env = { ...process.env, TSTRAIN_BLAS: "/nonexistent/hidden-libopenblas.so.0" };
-    const child = spawn(process.execPath, [MAIN, "--world", "2", "--demo", "--isa", isa, "--out", out], {
+    const args = [MAIN, "--world", "2", "--demo", "--isa", isa, "--out", out, "--precision", precision];
+    const child = spawn(process.execPath, args, {
       cwd,
       env,
       stdio: ["ignore", "pipe", "pipe"],
@@ -39,35 +47,44 @@ function runDemo(cwd: string, out: string, isa: string): Promise<{ code: number 
 
 /**
  * One test: the whole demo on the built-in GEMM's `isa` kernel, OpenBLAS hidden (TSTRAIN_BLAS points nowhere: the
- * built-in GEMM needs no BLAS, so the native engine runs), ends with DEMO_SHA256. One file per kernel
- * (test/train.isa-*.test.ts), so that each whole demo has the test runner's per-file time to itself on a busy
- * machine. Skipped, saying why, where the native engine does not load (a failure under TSTRAIN_REQUIRE_NATIVE=1)
- * or this CPU lacks the instruction set.
+ * built-in GEMM needs no BLAS, so the native engine runs), ends with DEMO_SHA256 (with `--precision bf16`:
+ * DEMO_BF16_SHA256; isa "avx512bf16" is the AVX-512 BF16 kernel). One file per kernel (test/train.isa-*.test.ts),
+ * so that each whole demo has the test runner's per-file time to itself on a busy machine. Skipped, saying why,
+ * where the native engine does not load (a failure under TSTRAIN_REQUIRE_NATIVE=1) or this CPU lacks the
+ * instruction set.
  */
-export function demoOnKernel(isa: "avx512" | "avx2" | "portable"): void {
+export function demoOnKernel(
+  isa: "avx512bf16" | "avx512" | "avx2" | "portable",
+  precision: "fp32" | "bf16" = "fp32",
+): void {
   const native = loadNative();
+  const has = isa === "avx512bf16" ? (builtinGemmBf16()?.hw ?? false) : supportedIsas().includes(isa);
   const skip =
     "reason" in native
       ? process.env.TSTRAIN_REQUIRE_NATIVE === "1"
         ? false
         : `native engine unavailable here: ${native.reason}`
-      : !supportedIsas().includes(isa)
+      : !has
         ? `this CPU has no ${isa} (it runs: ${supportedIsas().join(", ")})`
         : false;
-  test(`the demo on the built-in ${isa} kernel, without OpenBLAS, ends with the pinned final weights (DEMO_SHA256)`, {
+  const pinned = precision === "bf16" ? DEMO_BF16_SHA256 : DEMO_SHA256;
+  const what = precision === "bf16" ? "DEMO_BF16_SHA256" : "DEMO_SHA256";
+  test(`the demo${precision === "bf16" ? " in bf16" : ""} on the built-in ${isa} kernel, without OpenBLAS, ends with the pinned final weights (${what})`, {
     skip,
     timeout: 1_800_000,
   }, async () => {
     const cwd = fs.mkdtempSync(path.join(os.tmpdir(), `tstrain-isa-${isa}-`));
     try {
       const out = path.join(cwd, "run");
-      const r = await runDemo(cwd, out, isa);
+      const r = await runDemo(cwd, out, isa, precision);
       assert.equal(r.code, 0, `--isa ${isa}: exit ${r.code}\n${r.output.slice(-3000)}`);
       const line = r.output.split("\n").find((l) => l.startsWith("backend: ")) ?? "";
       assert.match(
         line,
-        new RegExp(`native \\(GEMM: built-in ${isa}, `),
-        `--isa ${isa} ran the native engine on that kernel`,
+        new RegExp(
+          `native \\(GEMM: built-in ${isa}, .*, ${precision === "bf16" ? "bf16 products.*" : "fp32"}; C kernels`,
+        ),
+        `--isa ${isa} ran the native engine on that kernel, in ${precision}`,
       );
       const runJson = JSON.parse(
         r.output
@@ -76,15 +93,17 @@ export function demoOnKernel(isa: "avx512" | "avx2" | "portable"): void {
           ?.slice("RUN_JSON ".length) ?? "{}",
       ) as {
         backend?: string;
+        precision?: string;
         final_step?: number;
       };
       assert.equal(runJson.backend, "native");
+      assert.equal(runJson.precision, precision);
       assert.equal(runJson.final_step, 300);
       const hash = createHash("sha256")
         .update(fs.readFileSync(path.join(out, "final", "model.safetensors")))
         .digest("hex");
-      console.log(`# --isa ${isa}: final/model.safetensors sha256 ${hash}`);
-      assert.equal(hash, DEMO_SHA256, `--isa ${isa}: the demo's weights differ from the pinned hash (DEMO_SHA256)`);
+      console.log(`# --isa ${isa} --precision ${precision}: final/model.safetensors sha256 ${hash}`);
+      assert.equal(hash, pinned, `--isa ${isa}: the demo's weights differ from the pinned hash (${what})`);
     } finally {
       fs.rmSync(cwd, { recursive: true, force: true });
     }

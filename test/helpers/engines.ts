@@ -27,12 +27,19 @@ export async function useEngine(t: TestContext, name: EngineChoice): Promise<Eng
   return null;
 }
 
-/** Engines the end-to-end (actor) tests run on: the portable fallback, the fast path, and the fast path on OpenBLAS. */
-export const RUN_ENGINES: readonly ("wasm" | "native" | "openblas")[] = ["wasm", "native", "openblas"];
+/** Engines the end-to-end (actor) tests run on: the portable fallback, the fast path, the fast path on OpenBLAS,
+ *  and the fast path with bf16 products (`--precision bf16`, P8). */
+export type RunEngine = "wasm" | "native" | "openblas" | "bf16";
+export const RUN_ENGINES: readonly RunEngine[] = ["wasm", "native", "openblas", "bf16"];
 
 /** What a run on this choice reports as its backend (RUN_JSON's `backend`). */
-export function backendOf(name: "wasm" | "native" | "openblas"): string {
-  return name === "openblas" ? "native" : name;
+export function backendOf(name: RunEngine): string {
+  return name === "wasm" ? "wasm" : "native";
+}
+
+/** What a run on this choice reports as its precision (RUN_JSON's `precision`). */
+export function precisionOf(name: RunEngine): string {
+  return name === "bf16" ? "bf16" : "fp32";
 }
 
 /**
@@ -40,10 +47,14 @@ export function backendOf(name: "wasm" | "native" | "openblas"): string {
  * or BLAS unavailable, or this checkout's --backend has no `native`; a failure under TSTRAIN_REQUIRE_NATIVE=1 or
  * TSTRAIN_REQUIRE_OPENBLAS=1).
  */
-export function runEngineArgs(t: TestContext, name: "wasm" | "native" | "openblas"): string[] | null {
+export function runEngineArgs(t: TestContext, name: RunEngine): string[] | null {
   if (name === "wasm") return ["--backend", "wasm"];
-  const args = name === "native" ? ["--backend", "native"] : ["--backend", "native", "--gemm", "openblas"];
-  const { n, require } = nativeChoice(name);
+  const args = {
+    native: ["--backend", "native"],
+    openblas: ["--backend", "native", "--gemm", "openblas"],
+    bf16: ["--backend", "native", "--precision", "bf16"],
+  }[name];
+  const { n, require } = nativeChoice(name === "bf16" ? "native" : name);
   let why: string | null = null;
   if (!("kernels" in n)) why = `${name} engine unavailable here: ${n.reason}; fix: ${n.fix}`;
   else {
