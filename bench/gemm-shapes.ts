@@ -92,30 +92,15 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     run: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array) =>
       g(isa, sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N),
   }));
-  // bf16 products on VDPBF16PS (native/gemm.h: gemm_bf16), where the CPU has AVX-512 BF16, against that
-  // instruction's own register-only peak: groundwork for mixed precision (issue 23)
+  // bf16 products on AMX (native/gemm.h: gemm_bf16), where the CPU has AMX-BF16, against TDPBF16PS's own
+  // register-only peak (--precision bf16, P8)
   const bf = builtinGemmBf16();
   if (bf?.hw)
     kernels.push({
-      name: "builtin bf16 (VDPBF16PS)",
-      peakOf: "avx512bf16",
+      name: "builtin bf16 (AMX)",
+      peakOf: "amx",
       run: (sh, A, B, C) =>
-        bf.gemm(
-          "avx512bf16",
-          sh.ta,
-          sh.tb,
-          sh.M,
-          sh.N,
-          sh.K,
-          1,
-          A,
-          sh.ta ? sh.M : sh.K,
-          B,
-          sh.tb ? sh.K : sh.N,
-          0,
-          C,
-          sh.N,
-        ),
+        bf.gemm("amx", sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N),
     });
   if ("kernels" in blas) {
     const k = blas.kernels;
@@ -135,7 +120,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   const peaks: Record<string, number> = {};
   for (let round = 0; round < opts.rounds; round++) {
     for (let probe = 0; probe < 10; probe++)
-      for (const isa of [...isas, ...(bf?.hw ? (["avx512bf16"] as const) : [])])
+      for (const isa of [...isas, ...(bf?.hw ? (["amx"] as const) : [])])
         peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
     shapes.forEach((sh, i) => {
       const d = data[i];

@@ -31,15 +31,16 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
 
 /*
  * bf16 products: as gemm_sgemm with alpha 1, every element of op(A) and op(B) first rounded to bf16 (to nearest
- * even; a bf16 denormal read as 0), and each C element's chain run as VDPBF16PS runs it: s = 0, then for each pair
- * (k, k+1) of k = 0, 2, 4, ...: s = fma(a[k+1], b[k+1], s), s = fma(a[k], b[k], s) (a lone last k paired with a 0), every
- * result flushed to 0 when it is denormal; then C = s, C + s or fma(beta, C, s), C read and written with the same
- * flushes. hw = 1 runs the AVX-512 BF16 kernel where the CPU has it; otherwise, and with hw = 0, isa's fp32 kernel
- * on the rounded operands (or the portable one): the same bits either way. Returns 0, or -1 (out of memory).
+ * even; a denormal read as 0), each C element summed in AMX's TDPBF16PS order: K padded with zeros to a multiple
+ * of 32 and cut into chunks of 32; per chunk e = chain over its 16 even k, o = chain over its 16 odd k, each from 0
+ * (e = fma(a[k], b[k], e)), then acc = acc + (e + o), acc from 0; then C = acc, C + acc or fma(beta, C, acc). Every
+ * result is flushed to 0 when it is denormal and every input read as 0 when it is. hw = 1 runs the AMX kernel where
+ * the CPU (and OS) has it; otherwise, and with hw = 0, isa's fp32 kernel on the rounded operands (or the portable
+ * one): the same bits either way. Returns 0, or -1 (out of memory).
  */
 int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-/* Whether this CPU has AVX-512 BF16 (VDPBF16PS). */
+/* Whether this CPU has AMX-BF16 and the OS lets this process use it (the hardware kernel of gemm_bf16). */
 int gemm_bf16_hw_supported(void);
 
 /* Frees this thread's packing buffers (the next call allocates them again). */
@@ -48,7 +49,7 @@ void gemm_thread_release(void);
 /* GFLOP/s of this core on 12 independent register-only FMA chains of the kernel's instruction set, over iters
  * rounds (the peak a GEMM on that kernel is measured against); 0 when the CPU lacks it. */
 double gemm_fma_peak(gemm_isa isa, int64_t iters);
-/* GFLOP/s of this core on 12 independent register-only VDPBF16PS chains (64 flops each); 0 without AVX-512 BF16. */
+/* GFLOP/s of this core on 6 independent register-only TDPBF16PS tiles (16 x 16 x 32 x 2 flops each); 0 without AMX. */
 double gemm_bf16_peak(int64_t iters);
 
 #endif

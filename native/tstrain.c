@@ -45,7 +45,7 @@ static int blas_threads = -1;
 
 /* Which GEMM this thread's products run on (setGemm): the built-in one (native/gemm.c) on gemm_kernel, or the
  * BLAS loaded by loadBlas; and in which precision: fp32, or (built-in only) bf16 operands with fp32 accumulation
- * (gemm.h: gemm_bf16), on the AVX-512 BF16 kernel when gemm_bf16_hw, else on gemm_kernel's emulation. Per thread,
+ * (gemm.h: gemm_bf16), on the AMX kernel when gemm_bf16_hw, else on gemm_kernel's emulation. Per thread,
  * so each rank (and a test comparing kernels) chooses for itself. */
 enum { GEMM_BUILTIN = 0, GEMM_BLAS = 1 };
 static __thread int gemm_kind = GEMM_BUILTIN;
@@ -647,7 +647,7 @@ static napi_value Simd(napi_env env, napi_callback_info info) {
 /* ------------------------------------------------------------------ setGemm(kind, isa, precision) */
 /* Chooses this thread's GEMM: kind "builtin" (native/gemm.c) with isa "auto" | "avx512" | "avx2" | "portable", or
  * "blas" (the library loadBlas found; isa ignored); precision "fp32" (default) or "bf16" (built-in only: gemm_bf16,
- * isa "avx512bf16" the AVX-512 BF16 kernel, "auto" that kernel where the CPU has it, the others the emulation on
+ * isa "amx" the AMX-BF16 kernel, "auto" that kernel where the CPU has it, the others the emulation on
  * their fp32 kernel: the same bits). Throws a RangeError for an unknown name, an instruction set this CPU lacks,
  * bf16 on a BLAS, or "blas" before a BLAS is loaded. Returns { kind, isa, detail, best, supported, precision }. */
 static napi_value SetGemm(napi_env env, napi_callback_info info) {
@@ -673,7 +673,7 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
   } else if (strcmp(kind, "builtin") == 0) {
     gemm_isa want;
     if (strcmp(isa, "auto") == 0) { want = best; hw = bf16 && gemm_bf16_hw_supported(); }
-    else if (strcmp(isa, "avx512bf16") == 0 && bf16) {
+    else if (strcmp(isa, "amx") == 0 && bf16) {
       if (!gemm_bf16_hw_supported()) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
       want = GEMM_ISA_AVX512;
       hw = 1;
@@ -681,7 +681,7 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
     else if (strcmp(isa, "avx512") == 0) want = GEMM_ISA_AVX512;
     else if (strcmp(isa, "avx2") == 0) want = GEMM_ISA_AVX2;
     else if (strcmp(isa, "portable") == 0) want = GEMM_ISA_PORTABLE;
-    else { throw_range(env, "setGemm", bf16 ? "isa must be auto, avx512bf16, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
+    else { throw_range(env, "setGemm", bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
     if (!gemm_isa_supported(want)) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
     gemm_kind = GEMM_BUILTIN;
     gemm_kernel = want;
@@ -694,15 +694,15 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
   napi_value obj, sup;
   CHECK_NAPI(napi_create_object(env, &obj));
   set_str(env, obj, "kind", gemm_kind == GEMM_BLAS ? "blas" : "builtin");
-  set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : hw ? "avx512bf16" : gemm_isa_name(gemm_kernel));
-  set_str(env, obj, "detail", gemm_kind == GEMM_BLAS ? blas_config : hw ? "AVX-512 BF16 8x32 (VDPBF16PS)" : gemm_isa_detail(gemm_kernel));
+  set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : hw ? "amx" : gemm_isa_name(gemm_kernel));
+  set_str(env, obj, "detail", gemm_kind == GEMM_BLAS ? blas_config : hw ? "AMX-BF16 32x32 (TDPBF16PS)" : gemm_isa_detail(gemm_kernel));
   set_str(env, obj, "best", gemm_isa_name(best));
   set_str(env, obj, "precision", bf16 ? "bf16" : "fp32");
   CHECK_NAPI(napi_create_array(env, &sup));
   uint32_t n = 0;
   if (bf16 && gemm_bf16_hw_supported()) {
     napi_value v;
-    napi_create_string_utf8(env, "avx512bf16", NAPI_AUTO_LENGTH, &v);
+    napi_create_string_utf8(env, "amx", NAPI_AUTO_LENGTH, &v);
     napi_set_element(env, sup, n++, v);
   }
   for (int i = GEMM_ISA_AVX512; i >= GEMM_ISA_PORTABLE; i--)
@@ -716,7 +716,7 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
 }
 
 /* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set (bench);
- * "avx512bf16": the VDPBF16PS loop. */
+ * "amx": the TDPBF16PS loop. */
 static napi_value GemmPeak(napi_env env, napi_callback_info info) {
   ARGS(2);
   char isa[32] = {0};
@@ -730,7 +730,7 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
   gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
                   : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
   napi_value v;
-  CHECK_NAPI(napi_create_double(env, strcmp(isa, "avx512bf16") == 0 ? gemm_bf16_peak((int64_t)iters)
+  CHECK_NAPI(napi_create_double(env, strcmp(isa, "amx") == 0 ? gemm_bf16_peak((int64_t)iters)
                                                                     : gemm_fma_peak(want, (int64_t)iters), &v));
   return v;
 }
@@ -738,7 +738,7 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
 /* ------------------------------------------------------------------ the kernels' wrappers */
 /* gemm(isa, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): the built-in GEMM on one kernel with
  * leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it).
- * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "avx512bf16" is the VDPBF16PS kernel,
+ * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "amx" is the AMX-BF16 kernel,
  * the others the emulation on that kernel. */
 static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   const char *fn = bf16 ? "gemmBf16" : "gemm";
@@ -749,10 +749,10 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
     napi_throw_type_error(env, NULL, "tstrain native gemm: isa must be a string");
     return NULL;
   }
-  const int hw = bf16 && strcmp(isa, "avx512bf16") == 0;
+  const int hw = bf16 && strcmp(isa, "amx") == 0;
   const gemm_isa want = hw || strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
                         : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
-  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, fn, bf16 ? "isa must be auto, avx512bf16, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
+  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, fn, bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
   if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want) || (hw && !gemm_bf16_hw_supported())) { throw_range(env, fn, "this CPU does not have that instruction set"); return NULL; }
   BOOL(1, transA); BOOL(2, transB);
   DIM(3, M); DIM(4, N); DIM(5, K);
@@ -773,7 +773,7 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
 }
 static napi_value Gemm(napi_env env, napi_callback_info info) { return gemm_call(env, info, 0); }
 static napi_value GemmBf16(napi_env env, napi_callback_info info) { return gemm_call(env, info, 1); }
-/* gemmBf16Hw(): whether this CPU has AVX-512 BF16 (the "avx512bf16" kernel of gemmBf16). */
+/* gemmBf16Hw(): whether this CPU (and OS) has AMX-BF16 (the "amx" kernel of gemmBf16). */
 static napi_value GemmBf16Hw(napi_env env, napi_callback_info info) {
   napi_value v;
   CHECK_NAPI(napi_get_boolean(env, gemm_bf16_hw_supported() != 0, &v));

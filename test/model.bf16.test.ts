@@ -1,7 +1,7 @@
 /**
  * P8: the model with bf16 matrix products (`--precision bf16`) on the native engine: one step of llama-tiny
  * against a float64 reference that rounds to bf16 at the same points (test/helpers/bf16-reference.ts), and every
- * bf16 kernel (the AVX-512 BF16 one where the CPU has it, the emulations on the fp32 AVX-512, AVX2 and portable
+ * bf16 kernel (the AMX-BF16 one where the CPU has it, the emulations on the fp32 AVX-512, AVX2 and portable
  * kernels) giving the same bits. The fp32 path's own parity is model.parity.test.ts's.
  */
 import { test, type TestContext } from "node:test";
@@ -41,9 +41,9 @@ const reference = step(bf16ReferenceKernels(), true);
 /** Tighter than the issue's 1e-5 (loss) and 1e-3 (gradients): the engine and the reference differ only in how they
  *  sum, and the fp32 path must fall outside (the next test). */
 const LOSS_TOL = 1e-7,
-  GRAD_TOL = 1e-5;
+  GRAD_TOL = 1e-4;
 
-test("one bf16 step of llama-tiny matches the float64 reference with bf16 rounding at the same points: loss 1e-7, every gradient 1e-5 (P8)", (t) => {
+test("one bf16 step of llama-tiny matches the float64 reference with bf16 rounding at the same points: loss 1e-7, every gradient 1e-4 (P8)", (t) => {
   const k = bf16Kernels(t);
   if (!k) return;
   assert.match(k.name, /bf16 products/);
@@ -81,12 +81,12 @@ test("the bf16 reference is a bf16 computation: it stands apart from the fp32 fl
   assert.ok(worst > 10 * GRAD_TOL, `worst gradient gap ${worst}`);
 });
 
-test("every bf16 kernel (AVX-512 BF16 where present, and the emulations on AVX-512, AVX2 and portable) gives the same loss and gradients, bit for bit (P8)", (t) => {
+test("every bf16 kernel (AMX where present, and the emulations on AVX-512, AVX2 and portable) gives the same loss and gradients, bit for bit (P8)", (t) => {
   const base = bf16Kernels(t);
   if (!base) return;
   const n = loadNative({ gemm: "builtin", isa: "auto", precision: "bf16" });
-  const hw = "kernels" in n && /avx512bf16/.test(n.kernels.name);
-  const isas: IsaChoice[] = [...(hw ? (["avx512bf16"] as const) : []), ...supportedIsas()];
+  const hw = "kernels" in n && /built-in amx,/.test(n.kernels.name);
+  const isas: IsaChoice[] = [...(hw ? (["amx"] as const) : []), ...supportedIsas()];
   assert.ok(isas.includes("portable"), "the portable kernel is always there");
   const want = step(base, true);
   for (const isa of isas) {

@@ -117,10 +117,7 @@ test("an unknown --gemm or --isa is refused naming the choices; an --isa this CP
   skip: skipNoNative,
 }, () => {
   assert.throws(() => parseArgs(["--gemm", "mkl"]), /--gemm "mkl" is not one of builtin, openblas/);
-  assert.throws(
-    () => parseArgs(["--isa", "neon"]),
-    /--isa "neon" is not one of auto, avx512bf16, avx512, avx2, portable/,
-  );
+  assert.throws(() => parseArgs(["--isa", "neon"]), /--isa "neon" is not one of auto, amx, avx512, avx2, portable/);
   assert.equal(parseArgs(["--isa", "portable"]).config.isa, "portable");
   const missing = (["avx512", "avx2"] as const).find((i) => !supportedIsas().includes(i));
   if (!missing) return; // this CPU runs every kernel: the refusal is tested in model.gemm (loadNative's reason)
@@ -136,7 +133,7 @@ test("an unknown --gemm or --isa is refused naming the choices; an --isa this CP
   );
 });
 
-test("--precision bf16 is refused with a tfjs backend or OpenBLAS, and --isa avx512bf16 without it, naming the fix; the CLI exits 2 before reading any data (P8)", () => {
+test("--precision bf16 is refused with a tfjs backend or OpenBLAS, and --isa amx without it, naming the fix; the CLI exits 2 before reading any data (P8)", () => {
   assert.throws(() => parseArgs(["--precision", "fp16"]), /--precision "fp16" is not one of fp32, bf16/);
   assert.equal(parseArgs([]).config.precision, "fp32", "fp32 unless asked");
   assert.equal(parseArgs(["--precision", "bf16"]).config.precision, "bf16");
@@ -150,8 +147,8 @@ test("--precision bf16 is refused with a tfjs backend or OpenBLAS, and --isa avx
       /--precision bf16 runs on the built-in GEMM, not --gemm openblas: pass --gemm builtin, or drop --precision bf16/,
     ],
     [
-      ["--isa", "avx512bf16"],
-      /--isa avx512bf16 is the bf16 kernel: add --precision bf16, or pass --isa avx512 for fp32 products/,
+      ["--isa", "amx"],
+      /--isa amx is the bf16 kernel \(AMX-BF16\): add --precision bf16, or pass --isa avx512 for fp32 products/,
     ],
   ];
   for (const [args, msg] of cases) {

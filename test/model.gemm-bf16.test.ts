@@ -1,10 +1,11 @@
 /**
- * The built-in bf16 GEMM (native/gemm.c, gemm_bf16): the AVX-512 BF16 kernel (VDPBF16PS, where this CPU has it) and
- * the emulations on the fp32 kernels (AVX-512, AVX2, portable; those this CPU runs) against an exact reference of
- * the documented order, emulated in float64: every operand rounded to bf16 (a denormal read as 0, then to nearest
- * even); per C element s = 0, then for each pair (k, k+1): s = ftz(fma(a[k+1], b[k+1], s)), s = ftz(fma(a[k], b[k],
- * s)) (a lone last k paired with a 0: s + 0 first); then C = s, ftz(ftz(C) + s) or ftz(fma(beta, ftz(C), s)). Every kernel gives the
- * same bits, so a bf16 run is bit-identical on machines with and without the instruction.
+ * The built-in bf16 GEMM (native/gemm.c, gemm_bf16): the AMX-BF16 kernel (TDPBF16PS, where this CPU and OS have it)
+ * and the emulations on the fp32 kernels (AVX-512, AVX2, portable; those this CPU runs) against an exact reference
+ * of the documented order, emulated in float64: every operand rounded to bf16 (a denormal read as 0, then to
+ * nearest even); per C element, K padded with zeros to a multiple of 32 and cut into chunks of 32; per chunk
+ * e = ftz(fma(a[k], b[k], e)) over its 16 even k and o likewise over its 16 odd k, each from 0, then
+ * acc = ftz(acc + ftz(e + o)) from acc = 0; then C = acc, ftz(ftz(C) + acc) or ftz(fma(beta, ftz(C), acc)). Every
+ * kernel gives the same bits, so a bf16 run is bit-identical on machines with and without AMX.
  * With TSTRAIN_REQUIRE_NATIVE=1 an addon that does not load fails these tests instead of skipping them.
  */
 import { test } from "node:test";
@@ -32,10 +33,10 @@ interface Case {
 }
 
 /** The kernels this CPU runs: the hardware one first where there is one. */
-function kernels(): Array<"avx512bf16" | "avx512" | "avx2" | "portable"> {
+function kernels(): Array<"amx" | "avx512" | "avx2" | "portable"> {
   const g = builtinGemmBf16()!;
   const emu = supportedIsas() as Array<"avx512" | "avx2" | "portable">;
-  return g.hw ? ["avx512bf16", ...emu] : emu;
+  return g.hw ? ["amx", ...emu] : emu;
 }
 
 /** Values in [-1, 1), one in 40 scaled into float32's denormal range (those the flushes act on). */
@@ -53,9 +54,14 @@ function reference(c: Case, A: Float32Array, B: Float32Array, C0: Float32Array, 
   const a = (k: number) => bf16(c.ta ? A[k * c.lda + i] : A[i * c.lda + k]);
   const b = (k: number) => bf16(c.tb ? B[j * c.ldb + k] : B[k * c.ldb + j]);
   let s = 0;
-  for (let k = 0; k < c.K; k += 2) {
-    s = k + 1 < c.K ? ftz(fmaf(a(k + 1), b(k + 1), s)) : ftz(fmaf(0, 0, s)); // a lone last k: paired with a 0
-    s = ftz(fmaf(a(k), b(k), s));
+  for (let k0 = 0; k0 < c.K; k0 += 32) {
+    let e = 0,
+      o = 0;
+    for (let k = k0; k < k0 + 32; k += 2) {
+      e = k < c.K ? ftz(fmaf(a(k), b(k), e)) : ftz(fmaf(0, 0, e)); // past K: zeros (the padding)
+      o = k + 1 < c.K ? ftz(fmaf(a(k + 1), b(k + 1), o)) : ftz(fmaf(0, 0, o));
+    }
+    s = ftz(Math.fround(s + ftz(Math.fround(e + o))));
   }
   const beta = Math.fround(c.beta),
     old = ftz(C0[i * c.ldc + j]);
@@ -146,7 +152,7 @@ test("every bf16 kernel gives the documented order's bits: odd and even K, every
       [1, 1, 1],
       [7, 17, 2],
       [9, 33, 63],
-      [17, 65, 385], // K over the hardware kernel's block, odd
+      [17, 65, 545], // K over the AMX kernel's block of 512, odd
       [64, 64, 256],
       [13, 37, 770],
     ])
@@ -182,5 +188,5 @@ test("gemmBf16 refuses an alpha other than 1 and names the kernels", { skip }, (
   const { gemm } = builtinGemmBf16()!;
   const a = new Float32Array(4);
   assert.throws(() => gemm("portable", false, false, 2, 2, 1, 0.5, a, 1, a, 2, 0, a, 2), /alpha must be 1/);
-  assert.throws(() => gemm("sse" as "portable", false, false, 2, 2, 1, 1, a, 1, a, 2, 0, a, 2), /avx512bf16/);
+  assert.throws(() => gemm("sse" as "portable", false, false, 2, 2, 1, 1, a, 1, a, 2, 0, a, 2), /amx/);
 });

@@ -15,8 +15,8 @@ import { spawn } from "node:child_process";
 import { builtinGemmBf16, loadNative, supportedIsas } from "../../src/model/engine/native";
 
 export const DEMO_SHA256 = "0e405c69cb876df4091472b0d56084e65f47eacb351fe6d6b6eb4db3a5256c9b";
-/** The same demo with `--precision bf16` (P8): its own pinned weights, on the AVX-512 BF16 kernel and every emulation. */
-export const DEMO_BF16_SHA256 = "1c50c84e464307052ec6448730477e4e98a75babd4ee13f5618a1fd0d7a82581";
+/** The same demo with `--precision bf16` (P8): its own pinned weights, on the AMX kernel and every emulation. */
+export const DEMO_BF16_SHA256 = "abc49459a79cdd03dd4e5dd0929e5b4a9c423a5cab04b41cc3f462e5ee25f86e";
 
 const MAIN = path.join(__dirname, "..", "..", "main.js");
 
@@ -48,17 +48,14 @@ function runDemo(
 /**
  * One test: the whole demo on the built-in GEMM's `isa` kernel, OpenBLAS hidden (TSTRAIN_BLAS points nowhere: the
  * built-in GEMM needs no BLAS, so the native engine runs), ends with DEMO_SHA256 (with `--precision bf16`:
- * DEMO_BF16_SHA256; isa "avx512bf16" is the AVX-512 BF16 kernel). One file per kernel (test/train.isa-*.test.ts),
+ * DEMO_BF16_SHA256; isa "amx" is the AMX-BF16 kernel). One file per kernel (test/train.isa-*.test.ts),
  * so that each whole demo has the test runner's per-file time to itself on a busy machine. Skipped, saying why,
  * where the native engine does not load (a failure under TSTRAIN_REQUIRE_NATIVE=1) or this CPU lacks the
  * instruction set.
  */
-export function demoOnKernel(
-  isa: "avx512bf16" | "avx512" | "avx2" | "portable",
-  precision: "fp32" | "bf16" = "fp32",
-): void {
+export function demoOnKernel(isa: "amx" | "avx512" | "avx2" | "portable", precision: "fp32" | "bf16" = "fp32"): void {
   const native = loadNative();
-  const has = isa === "avx512bf16" ? (builtinGemmBf16()?.hw ?? false) : supportedIsas().includes(isa);
+  const has = isa === "amx" ? (builtinGemmBf16()?.hw ?? false) : supportedIsas().includes(isa);
   const skip =
     "reason" in native
       ? process.env.TSTRAIN_REQUIRE_NATIVE === "1"

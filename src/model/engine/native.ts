@@ -41,10 +41,10 @@ interface Addon {
     isa: IsaChoice,
     precision?: Precision,
   ): { kind: string; isa: string; detail: string; best: string; supported: string[]; precision: Precision };
-  gemmPeak(isa: IsaChoice | "avx512bf16", iters: number): number;
+  gemmPeak(isa: IsaChoice, iters: number): number;
   gemm(isa: IsaChoice, ...args: GemmArgs): void;
-  /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "avx512bf16" is the VDPBF16PS kernel. */
-  gemmBf16(isa: IsaChoice | "avx512bf16", ...args: GemmArgs): void;
+  /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "amx" is the AMX-BF16 kernel. */
+  gemmBf16(isa: IsaChoice, ...args: GemmArgs): void;
   gemmBf16Hw(): boolean;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
@@ -72,7 +72,7 @@ export interface NativeOptions {
 }
 export const DEFAULT_NATIVE: NativeOptions = { gemm: "builtin", isa: "auto", precision: "fp32" };
 export const GEMM_CHOICES: readonly GemmChoice[] = ["builtin", "openblas"];
-export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "avx512bf16", "avx512", "avx2", "portable"];
+export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "amx", "avx512", "avx2", "portable"];
 
 /** The command that builds the addon, in any state of the checkout (it never fails; it says what is missing). */
 export const NATIVE_BUILD_FIX =
@@ -192,7 +192,7 @@ function load(opts: NativeOptions): NativeLoad {
   const prec =
     precision === "fp32"
       ? "fp32"
-      : `bf16 products${info.isa === "avx512bf16" ? "" : " (VDPBF16PS emulated)"}, fp32 accumulation`;
+      : `bf16 products${info.isa === "amx" ? "" : " (TDPBF16PS emulated)"}, fp32 accumulation`;
   const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel, ${prec}; C kernels ${addon.simd()})`;
   return {
     kernels: nativeKernels(addon, name, "builtin", opts.isa, precision),
@@ -211,9 +211,9 @@ export function supportedIsas(): Exclude<IsaChoice, "auto">[] {
 }
 
 /** GFLOP/s of one core on a register-only loop of 12 independent FMA chains of that kernel's instruction set
- *  ("avx512bf16": VDPBF16PS chains; what the bench measures a GEMM against); null when the addon does not load, 0
+ *  ("amx": TDPBF16PS tiles; what the bench measures a GEMM against); null when the addon does not load, 0
  *  when the CPU lacks it. */
-export function fmaPeak(isa: Exclude<IsaChoice, "auto"> | "avx512bf16", iters: number): number | null {
+export function fmaPeak(isa: Exclude<IsaChoice, "auto">, iters: number): number | null {
   const got = loadAddon();
   return "reason" in got ? null : got.addon.gemmPeak(isa, iters);
 }
@@ -225,7 +225,7 @@ export function builtinGemm(): Addon["gemm"] | null {
   return "reason" in got ? null : got.addon.gemm;
 }
 
-/** The built-in bf16 GEMM on one kernel ("avx512bf16": the hardware one, where hw says the CPU has it), for
+/** The built-in bf16 GEMM on one kernel ("amx": the hardware one, where hw says the CPU has it), for
  *  tests and the bench; null when the addon does not load. */
 export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | null {
   const got = loadAddon();
