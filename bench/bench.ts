@@ -73,6 +73,10 @@ const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" &&
 interface Options {
   model: ModelName;
   seq: number;
+  /** The sequence lengths the step cases (actor, single, torch, ...) run at, one after the other (`--seqs`). */
+  seqs: number[];
+  /** Thread counts of the PyTorch fp32 anchor (`--torch-threads`; default 1 and all cores). */
+  torchThreads: number[];
   microBatch: number;
   accum: number;
   steps: number;
@@ -117,6 +121,8 @@ function usage(): string {
     "  --optim-threads N           threads for the split optim case (default 2)",
     "  --gemms builtin,openblas    the native engine's GEMMs the actor cases run on, each world once per GEMM (default builtin)",
     "  --precisions fp32,bf16      the products' precisions the actor cases run in (bf16: built-in GEMM only; default fp32)",
+    "  --torch-threads 1,2          the PyTorch anchor's thread counts (default 1 and all cores; autocast bf16 runs at all cores)",
+    "  --seqs 256,1024             run the step cases (single, actor, framework-free, torch) at each seq in turn; with more than one, case names get @seq",
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
     "  --gemm-seqs 256,1024        gemm case: the sequence lengths whose model shapes are measured (default 256,1024)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
@@ -135,6 +141,8 @@ function defaultOptions(): Options {
   return {
     model: "small",
     seq: 128,
+    seqs: [128],
+    torchThreads: [...new Set([1, os.availableParallelism()])],
     microBatch: 4,
     accum: 1,
     steps: 8,
@@ -197,6 +205,14 @@ function parseOptions(argv: string[]): Options {
       case "--seq":
       case "--seq-len":
         o.seq = int(a, v(), 2);
+        o.seqs = [o.seq];
+        break;
+      case "--seqs":
+        o.seqs = list(a, v()).map((x) => int(a, x, 2));
+        o.seq = o.seqs[0];
+        break;
+      case "--torch-threads":
+        o.torchThreads = list(a, v()).map((x) => int(a, x, 1));
         break;
       case "--micro-batch":
         o.microBatch = int(a, v(), 1);
@@ -351,7 +367,11 @@ class BenchRun {
   failed = 0;
   profiled: { rows: KernelRow[]; stepMs: number; engine: string } | null = null;
 
+  /** Appended to every case name recorded while set ("@1024" with --seqs), so rows of two shapes stay apart. */
+  suffix = "";
+
   record(row: BenchRow): void {
+    if (this.suffix) row.case = `${row.case}${this.suffix}`;
     this.rows.push(row);
     emit(row);
   }
@@ -514,8 +534,8 @@ async function runUploadCases(run: BenchRun, o: Options, s: Shape, scratch: stri
   }
 }
 
-/** Cases 4, 7 and 6: the optimizer alone, the frozen model's step, the PyTorch anchor (needs a shape). */
-async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promise<void> {
+/** Cases 4, 7 and 8: the optimizer alone, the frozen model's step, the GEMM on the model's shapes (none needs a data shape). */
+async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
   // ---- 4: gradient averaging + AdamW alone
   if (o.cases.has("optim")) {
     await run.guard("optim", async () => {
@@ -578,27 +598,30 @@ async function runOtherCases(run: BenchRun, o: Options, s: Shape | null): Promis
       run.record(j as unknown as BenchRow);
     });
   }
+}
 
-  // ---- 6: PyTorch anchor (optional)
-  if (s && o.cases.has("torch")) {
-    const tv = torchVersion();
-    if (!tv) {
-      run.notes.push("torch: not installed (/usr/bin/python3 -c 'import torch' fails); no PyTorch column");
-      log("torch: not installed");
-    } else {
-      const threadsList = [...new Set([1, cores])];
-      for (const th of threadsList) {
-        await run.guard(`torch-${th}`, async () => {
-          log(`torch ${tv}: bench/anchors/torch_llama.py, ${th} thread(s)`);
-          run.record(await runTorch(s, { steps: Math.max(o.steps, 5), threads: th, timeoutMs: 8 * 60_000, log }));
-        });
-      }
-    }
+/** Case 6: the PyTorch anchor at this shape (fp32 at 1 and all threads; with --precisions bf16 also under
+ *  torch.autocast("cpu", bfloat16) at all threads). */
+async function runTorchCases(run: BenchRun, o: Options, s: Shape): Promise<void> {
+  const tv = torchVersion();
+  if (!tv) {
+    run.notes.push("torch: not installed (/usr/bin/python3 -c 'import torch' fails); no PyTorch column");
+    log("torch: not installed");
+    return;
   }
+  const variants: Array<{ th: number; autocast: boolean }> = o.torchThreads.map((th) => ({ th, autocast: false }));
+  if (o.precisions.includes("bf16")) variants.push({ th: cores, autocast: true });
+  for (const { th, autocast } of variants)
+    await run.guard(`torch-${th}${autocast ? "-autocast" : ""}`, async () => {
+      log(
+        `torch ${tv}: bench/anchors/torch_llama.py, ${th} thread(s)${autocast ? ", autocast bf16" : ""}, seq ${s.seqLen}`,
+      );
+      run.record(await runTorch(s, { steps: Math.max(o.steps, 5), threads: th, timeoutMs: 8 * 60_000, log, autocast }));
+    });
 }
 
 /** One core's register-only FMA peak for the instructions the built-in GEMM's steps use, measured now (best of 3):
- *  fp32 on the widest kernel, bf16 on VDPBF16PS (or the fp32 kernel that emulates it). Empty on OpenBLAS-only runs. */
+ *  fp32 on the widest kernel, bf16 on AMX TDPBF16PS (or the fp32 kernel that emulates it). Empty on OpenBLAS-only runs. */
 function stepPeaks(names: string[]): {
   fp32?: { isa: string; gflops: number };
   bf16?: { isa: string; gflops: number };
@@ -609,7 +632,7 @@ function stepPeaks(names: string[]): {
   const fp32 = { isa: best, gflops: peak(best) };
   if (!names.some((n) => n.endsWith("-bf16"))) return { fp32 };
   const hw = builtinGemmBf16()?.hw ?? false;
-  return { fp32, bf16: hw ? { isa: "avx512bf16", gflops: peak("avx512bf16") } : fp32 };
+  return { fp32, bf16: hw ? { isa: "amx", gflops: peak("amx") } : fp32 };
 }
 
 /** A training row's MFU against one core's peak for its instructions (per rank: model FLOPs x tok/s / world). */
@@ -734,17 +757,22 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
         w === 2 ? { op: ">=", v: 1.6 } : null,
       ),
     );
-  for (const w of o.worlds)
-    add(
-      ratio(
-        rows,
-        `world ${w}: bf16 / fp32 products tok/s (built-in GEMM, P8)`,
-        `actor-w${w}-bf16`,
-        `actor-w${w}`,
-        "tok_per_s",
-        w === 2 ? { op: ">=", v: 1.6 } : null,
-      ),
-    );
+  for (const sfx of o.seqs.length > 1 ? o.seqs.map((q) => `@${q}`) : [""])
+    for (const w of o.worlds) {
+      add(
+        ratio(
+          rows,
+          `world ${w}${sfx}: bf16 / fp32 products tok/s (built-in GEMM, P8)`,
+          `actor-w${w}-bf16${sfx}`,
+          `actor-w${w}${sfx}`,
+          "tok_per_s",
+          w === 2 ? { op: ">=", v: 1.6 } : null,
+        ),
+      );
+      for (const prec of ["", "-bf16"])
+        for (const t of [`torch-${cores}threads${sfx}`, `torch-${cores}threads-autocast-bf16${sfx}`])
+          add(ratio(rows, `world ${w}${prec}${sfx} / ${t} tok/s`, `actor-w${w}${prec}${sfx}`, t, "tok_per_s", null));
+    }
   for (const k of ["builtin-avx512", "builtin-avx2"]) {
     const g = rows.find((x) => x.case === `gemm-${k}`);
     if (g && typeof g.min_of_peak === "number")
@@ -987,25 +1015,35 @@ async function main(): Promise<number> {
   let shape: Shape | null = null;
   try {
     if (stepCases) {
-      shape = await buildShape({
-        model: o.model,
-        seqLen: o.seq,
-        microBatch: o.microBatch,
-        accum: o.accum,
-        backend: o.backend,
-        gradCkpt: o.gradCkpt,
-        scratch,
-        windowsNeeded,
-        log,
-      });
-      log(
-        `shape: ${MODELS[o.model].note}; ${shape.params.toLocaleString("en-US")} params; ${shape.dataKind} mix ${shape.root} (${shape.nWindows} windows)`,
-      );
-      await runStepCases(run, o, shape, scratch);
-      await runUploadCases(run, o, shape, scratch);
-      if (o.cases.has("mpi")) await runMpi(run, o, shape, scratch);
+      // each seq in turn (the first one's shape is the run's for the other cases); with several, names get @seq
+      for (const [i, seq] of o.seqs.entries()) {
+        const os: Options = { ...o, seq };
+        const sh = await buildShape({
+          model: o.model,
+          seqLen: seq,
+          microBatch: o.microBatch,
+          accum: o.accum,
+          backend: o.backend,
+          gradCkpt: o.gradCkpt,
+          scratch,
+          windowsNeeded,
+          log,
+        });
+        if (i === 0) shape = sh;
+        log(
+          `shape: ${MODELS[o.model].note}; seq ${seq}; ${sh.params.toLocaleString("en-US")} params; ${sh.dataKind} mix ${sh.root} (${sh.nWindows} windows)`,
+        );
+        run.suffix = o.seqs.length > 1 ? `@${seq}` : "";
+        await runStepCases(run, os, sh, scratch);
+        if (o.cases.has("torch")) await runTorchCases(run, os, sh);
+        run.suffix = "";
+      }
+      if (shape) {
+        await runUploadCases(run, o, shape, scratch);
+        if (o.cases.has("mpi")) await runMpi(run, o, shape, scratch);
+      }
     }
-    await runOtherCases(run, o, shape);
+    await runOtherCases(run, o);
   } finally {
     fs.rmSync(scratch, { recursive: true, force: true });
   }

@@ -161,7 +161,7 @@ export function torchVersion(python = "/usr/bin/python3"): string | null {
 /** The PyTorch anchor at the same model shape; one micro-batch (micro_batch sequences) per step, no accumulation. */
 export async function runTorch(
   s: Shape,
-  o: { steps: number; threads: number; timeoutMs: number; log: (s: string) => void },
+  o: { steps: number; threads: number; timeoutMs: number; log: (s: string) => void; autocast?: boolean },
 ): Promise<BenchRow> {
   const script = path.join(REPO_ROOT, "bench", "anchors", "torch_llama.py");
   const c = s.model;
@@ -187,6 +187,7 @@ export async function runTorch(
     String(o.steps),
     "--threads",
     String(o.threads),
+    ...(o.autocast ? ["--autocast-bf16"] : []),
   ];
   // Some machines set OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) for old OpenBLAS builds; they pin a
   // slower kernel. The anchor is a speed reference, so it runs with both unset, in its own process only.
@@ -210,7 +211,7 @@ export async function runTorch(
   if (Number(j.params) !== s.params)
     o.log(`  note: torch counted ${String(j.params)} params, the bench shape has ${s.params}`);
   return {
-    case: `torch-${o.threads}thread${o.threads > 1 ? "s" : ""}`,
+    case: `torch-${o.threads}thread${o.threads > 1 ? "s" : ""}${o.autocast ? "-autocast-bf16" : ""}`,
     backend: String(j.impl),
     world: null,
     params: Number(j.params),

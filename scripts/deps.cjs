@@ -96,7 +96,7 @@ const LAYERS = [
     layer: 7,
     name: "entry points",
     // What `node dist/X.js` starts: nothing imports them.
-    patterns: ["main.ts", "hub-server.ts"],
+    patterns: ["main.ts", "hub-server.ts", "compare.ts"],
   },
 ];
 

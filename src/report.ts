@@ -166,6 +166,66 @@ export function lossCurveSvg(history: readonly LogEntry[], val: readonly ValPoin
   );
 }
 
+/** A run's logged training losses, for lossCompareSvg. */
+export interface CurveRun {
+  label: string;
+  history: readonly LogEntry[];
+}
+
+/**
+ * Several runs' training loss curves on one chart (e.g. `--precision fp32` against `bf16`, `node dist/compare.js`):
+ * one line per run, in the order given, same axes. Self-contained SVG.
+ */
+export function lossCompareSvg(runs: readonly CurveRun[]): string {
+  const W = 720,
+    H = 380,
+    L = 60,
+    R = 24,
+    T = 44,
+    B = 44;
+  const colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+  const series = runs.map((r) => ({ label: r.label, pts: r.history.filter((h) => Number.isFinite(h.loss)) }));
+  const all = series.flatMap((x) => x.pts);
+  const head =
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="11">` +
+    `<rect width="${W}" height="${H}" fill="white"/><text x="${L}" y="18" font-size="13" font-weight="bold">training loss: ${series.map((x) => esc(x.label)).join(" vs ")}</text>`;
+  if (all.length === 0) return `${head}<text x="${L}" y="${H / 2}">no finite loss logged</text></svg>\n`;
+  const steps = all.map((p) => p.step);
+  const xAxis = niceTicks(Math.min(...steps), Math.max(Math.max(...steps), Math.min(...steps) + 1), 5, 1);
+  let lo = Math.min(...all.map((p) => p.loss)),
+    hi = Math.max(...all.map((p) => p.loss));
+  if (hi - lo < 1e-9) {
+    lo -= 0.5;
+    hi += 0.5;
+  }
+  const yAxis = niceTicks(lo, hi);
+  const sx = (v: number) => L + ((v - xAxis.lo) / (xAxis.hi - xAxis.lo)) * (W - L - R);
+  const sy = (v: number) => T + (1 - (v - yAxis.lo) / (yAxis.hi - yAxis.lo)) * (H - T - B);
+  const parts: string[] = [];
+  for (const v of yAxis.ticks)
+    parts.push(
+      `<line x1="${L}" x2="${W - R}" y1="${sy(v).toFixed(1)}" y2="${sy(v).toFixed(1)}" stroke="#eee"/>` +
+        `<text class="ytick" x="${L - 6}" y="${(sy(v) + 4).toFixed(1)}" text-anchor="end">${v.toFixed(yAxis.decimals)}</text>`,
+    );
+  for (const v of xAxis.ticks)
+    parts.push(`<text class="xtick" x="${sx(v).toFixed(1)}" y="${H - B + 16}" text-anchor="middle">${v}</text>`);
+  series.forEach((x, i) => {
+    const c = colors[i % colors.length];
+    const dash = i === 0 ? "" : ` stroke-dasharray="${4 + 2 * i} 3"`;
+    parts.push(
+      `<polyline class="run" fill="none" stroke="${c}" stroke-width="1.8"${dash} points="${x.pts.map((p) => `${sx(p.step).toFixed(1)},${sy(p.loss).toFixed(1)}`).join(" ")}"/>`,
+      `<line x1="${L + 8 + 200 * i}" x2="${L + 26 + 200 * i}" y1="${T - 18}" y2="${T - 18}" stroke="${c}" stroke-width="2"${dash}/><text x="${L + 30 + 200 * i}" y="${T - 14}">${esc(x.label)}</text>`,
+    );
+  });
+  return (
+    head +
+    parts.join("") +
+    `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#333"/><line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#333"/>` +
+    `<text x="${(L + W - R) / 2}" y="${H - 8}" text-anchor="middle">optimizer step</text>` +
+    `<text transform="translate(14,${(T + H - B) / 2}) rotate(-90)" text-anchor="middle">loss (nats/token)</text></svg>\n`
+  );
+}
+
 /** One generated sample for the report and the log (from a fixed prompt, at a step). */
 export interface SampleEntry {
   step: number;
@@ -177,7 +237,7 @@ export interface SampleEntry {
 export const SAMPLES_FILE = "samples.jsonl";
 export const REPORT_FILE = "report.html";
 
-function readJsonl<T>(file: string): T[] {
+export function readJsonl<T>(file: string): T[] {
   if (!fs.existsSync(file)) return [];
   const out: T[] = [];
   for (const line of fs.readFileSync(file, "utf8").split("\n")) {

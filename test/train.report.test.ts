@@ -3,6 +3,12 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { lossCurveSvg, fmtDuration } from "../src/report";
 import type { LogEntry } from "../src/checkpoint";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { spawnSync } from "node:child_process";
+import { tmpDir } from "./helpers/tmp";
+
+const COMPARE = path.join(__dirname, "..", "compare.js");
 
 const entry = (step: number, loss: number): LogEntry => ({
   step,
@@ -30,4 +36,26 @@ test("durations print as h/m/s", () => {
   assert.equal(fmtDuration(125), "2m05s");
   assert.equal(fmtDuration(3725), "1h02m");
   assert.equal(fmtDuration(Number.NaN), "?");
+});
+
+test("compare.js prints two runs' losses step by step with the largest relative difference, draws both curves, and refuses a folder without metrics (B5)", () => {
+  const a = tmpDir("tstrain-cmp-a-"),
+    b = tmpDir("tstrain-cmp-b-");
+  const write = (dir: string, losses: number[]) =>
+    fs.writeFileSync(
+      path.join(dir, "metrics.jsonl"),
+      `${losses.map((l, i) => JSON.stringify(entry(25 * (i + 1), l))).join("\n")}\n`,
+    );
+  write(a, [8, 7, 6, 5]);
+  write(b, [8, 7.7, 6.06, 5.04]); // +10 % at step 50 (not counted), +1 % at 75, +0.8 % at 100
+  const out = path.join(b, "both.svg");
+  const r = spawnSync(process.execPath, [COMPARE, a, b, "--out", out], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /^75\t6\.0000\t6\.0600\t1\.00 %$/m);
+  assert.match(r.stdout, /largest difference after step 50: 1\.00 % \(step 75\)/);
+  const svg = fs.readFileSync(out, "utf8");
+  assert.equal((svg.match(/<polyline class="run"/g) ?? []).length, 2, "one curve per run");
+  const none = spawnSync(process.execPath, [COMPARE, a, tmpDir("tstrain-cmp-empty-")], { encoding: "utf8" });
+  assert.equal(none.status, 2);
+  assert.match(none.stderr, /has no metrics\.jsonl: give the --out folder of a run/);
 });
