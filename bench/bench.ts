@@ -616,7 +616,9 @@ async function runTorchCases(run: BenchRun, o: Options, s: Shape): Promise<void>
       log(
         `torch ${tv}: bench/anchors/torch_llama.py, ${th} thread(s)${autocast ? ", autocast bf16" : ""}, seq ${s.seqLen}`,
       );
-      run.record(await runTorch(s, { steps: Math.max(o.steps, 5), threads: th, timeoutMs: 8 * 60_000, log, autocast }));
+      run.record(
+        await runTorch(s, { steps: Math.max(o.steps, 3), threads: th, timeoutMs: 12 * 60_000, log, autocast }),
+      );
     });
 }
 

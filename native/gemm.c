@@ -1060,10 +1060,33 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_b_amx(in
     }
 }
 
-/* out[M,N] = acc on AMX (as blocked_bf16). */
+/* B packed whole, block after block in blocked_amx's order (jc, then pc): what a weight's cache entry holds. */
+static size_t amx_packed_b_size(int64_t N, int64_t K) {
+  size_t n = 0;
+  for (int64_t jc = 0; jc < N; jc += AMX_NC) {
+    const int64_t nc = N - jc < AMX_NC ? N - jc : AMX_NC;
+    for (int64_t pc = 0; pc < K; pc += AMX_KC) {
+      const int64_t kv = K - pc < AMX_KC ? K - pc : AMX_KC;
+      n += (size_t)((nc + 31) / 32 * 32) * (size_t)((kv + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK);
+    }
+  }
+  return n; /* in bf16 values */
+}
+static void amx_pack_b_whole(int tb, const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst) {
+  for (int64_t jc = 0; jc < N; jc += AMX_NC) {
+    const int64_t nc = N - jc < AMX_NC ? N - jc : AMX_NC;
+    for (int64_t pc = 0; pc < K; pc += AMX_KC) {
+      const int64_t kv = K - pc < AMX_KC ? K - pc : AMX_KC, kc = (kv + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK;
+      pack_b_amx(tb, B, ldb, pc, jc, kv, kc, nc, dst);
+      dst += (nc + 31) / 32 * 32 * kc;
+    }
+  }
+}
+
+/* out[M,N] = acc on AMX (as blocked_bf16); packed: B already packed whole (amx_pack_b_whole), or NULL. */
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) static int blocked_amx(
     int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-    float *out, int64_t ldo) {
+    const uint16_t *packed, float *out, int64_t ldo) {
   const int64_t kcMax = AMX_KC;
   const int64_t ncMax = ((N < AMX_NC ? N : AMX_NC) + 31) / 32 * 32, mcMax = ((M < AMX_MC ? M : AMX_MC) + 31) / 32 * 32;
   const size_t bsize = (size_t)(ncMax * kcMax) / 2, asize = (size_t)(mcMax * kcMax) / 2; /* floats: 2 bf16 each */
@@ -1084,7 +1107,12 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) static 
     for (int64_t pc = 0; pc < K; pc += kcMax) {
       const int64_t kv = K - pc < kcMax ? K - pc : kcMax, kc = (kv + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK;
       const int64_t nch = kc / BF_CHUNK;
-      pack_b_amx(tb, B, ldb, pc, jc, kv, kc, nc, bp);
+      if (packed) {
+        bp = (uint16_t *)packed;
+        packed += (nc + 31) / 32 * 32 * kc;
+      } else {
+        pack_b_amx(tb, B, ldb, pc, jc, kv, kc, nc, bp);
+      }
       for (int64_t ic = 0; ic < M; ic += AMX_MC) {
         const int64_t mc = M - ic < AMX_MC ? M - ic : AMX_MC;
         pack_a_amx(ta, A, lda, ic, pc, mc, kv, kc, ap);
@@ -1142,6 +1170,95 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) static 
   _tile_release();
   return 0;
 }
+
+/* ---- The weights' packed copies (gemm_bf16_weights): a product whose B lies in the registered range is packed once
+ * per generation (the range's contents changed: gemm_bf16_weights_changed) and its copy shared by every thread of
+ * the process (the ranks multiply against the same weights). A thread that finds an entry being packed waits. */
+#define WCACHE_MAX 1024
+typedef struct {
+  const float *B;
+  int tb;
+  int64_t N, K, ldb, gen;
+  uint16_t *buf;
+  size_t cap;
+  int packing;
+} wcache_entry;
+static pthread_mutex_t wc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wc_cond = PTHREAD_COND_INITIALIZER;
+static wcache_entry wc[WCACHE_MAX];
+static int wc_n = 0;
+static const float *w_lo = NULL, *w_hi = NULL;
+static int64_t w_gen = 1;
+
+void gemm_bf16_weights(const float *base, int64_t n) {
+  pthread_mutex_lock(&wc_lock);
+  if (w_lo != base || w_hi != base + n) {
+    w_lo = n > 0 ? base : NULL;
+    w_hi = n > 0 ? base + n : NULL;
+    w_gen++;
+  }
+  pthread_mutex_unlock(&wc_lock);
+}
+void gemm_bf16_weights_changed(void) {
+  pthread_mutex_lock(&wc_lock);
+  w_gen++;
+  pthread_mutex_unlock(&wc_lock);
+}
+
+/* B's packed copy when B is a registered weight (packing it now if this generation has none), else NULL. */
+static const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, int64_t K) {
+  const float *last = B + (tb ? (N - 1) * ldb + K : (K - 1) * ldb + N);
+  if (!w_lo || B < w_lo || last > w_hi) return NULL;
+  pthread_mutex_lock(&wc_lock);
+  if (!w_lo || B < w_lo || last > w_hi) {
+    pthread_mutex_unlock(&wc_lock);
+    return NULL;
+  }
+  wcache_entry *e = NULL;
+  for (;;) {
+    e = NULL;
+    for (int i = 0; i < wc_n; i++)
+      if (wc[i].B == B && wc[i].tb == tb && wc[i].N == N && wc[i].K == K && wc[i].ldb == ldb) e = &wc[i];
+    if (!e || !e->packing) break;
+    pthread_cond_wait(&wc_cond, &wc_lock);
+  }
+  if (e && e->gen == w_gen) {
+    pthread_mutex_unlock(&wc_lock);
+    return e->buf;
+  }
+  if (!e) {
+    if (wc_n == WCACHE_MAX) {
+      pthread_mutex_unlock(&wc_lock);
+      return NULL;
+    }
+    e = &wc[wc_n++];
+    memset(e, 0, sizeof *e);
+    e->B = B, e->tb = tb, e->N = N, e->K = K, e->ldb = ldb;
+  }
+  const size_t need = amx_packed_b_size(N, K);
+  if (e->cap < need) {
+    free(e->buf);
+    e->buf = (uint16_t *)aligned_alloc(64, (need * 2 + 63) / 64 * 64);
+    e->cap = e->buf ? need : 0;
+  }
+  if (!e->buf) {
+    pthread_mutex_unlock(&wc_lock);
+    return NULL;
+  }
+  e->packing = 1;
+  const int64_t gen = w_gen;
+  pthread_mutex_unlock(&wc_lock);
+  amx_pack_b_whole(tb, B, ldb, N, K, e->buf);
+  pthread_mutex_lock(&wc_lock);
+  e->packing = 0;
+  e->gen = gen;
+  pthread_cond_broadcast(&wc_cond);
+  pthread_mutex_unlock(&wc_lock);
+  return e->buf;
+}
+#else
+void gemm_bf16_weights(const float *base, int64_t n) { (void)base, (void)n; }
+void gemm_bf16_weights_changed(void) {}
 #endif
 
 static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, ukr_portable_bf16, "portable", "portable C 4x16"};
@@ -1174,7 +1291,7 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) out[i * ldo + j] = 0.0f;
 #ifdef GEMM_X86
-  else if (hw) rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, out, ldo);
+  else if (hw) rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, weight_packed(tb, B, ldb, N, K), out, ldo);
 #endif
   else rc = blocked_bf16(e, ta, tb, M, N, K, A, lda, B, ldb, out, ldo);
   if (w && !rc)

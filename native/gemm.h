@@ -42,6 +42,11 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Whether this CPU has AMX-BF16 and the OS lets this process use it (the hardware kernel of gemm_bf16). */
 int gemm_bf16_hw_supported(void);
+/* The process's weights, [base, base + n): gemm_bf16's AMX kernel keeps each B operand that lies there packed
+ * (shared by every thread) until gemm_bf16_weights_changed, which the trainer calls after every update of them. The
+ * bits are those of packing B every time. n = 0 forgets the range. */
+void gemm_bf16_weights(const float *base, int64_t n);
+void gemm_bf16_weights_changed(void);
 
 /* Frees this thread's packing buffers (the next call allocates them again). */
 void gemm_thread_release(void);

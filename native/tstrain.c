@@ -814,6 +814,24 @@ static int get_table(napi_env env, napi_value v, float **data, size_t *len, cons
   return 1;
 }
 
+/* bf16Weights(params): the process's weights (gemm.h: gemm_bf16_weights): in bf16 the AMX kernel keeps each product's
+ * weight operand packed until bf16WeightsChanged(), which a rank calls after every update of them. */
+static napi_value Bf16Weights(napi_env env, napi_callback_info info) {
+  static const char fn[] = "bf16Weights";
+  ARGS(1);
+  float *P;
+  size_t n = 0;
+  if (!get_table(env, argv[0], &P, &n, fn, "params")) return NULL;
+  gemm_bf16_weights(P, (int64_t)n);
+  return NULL;
+}
+static napi_value Bf16WeightsChanged(napi_env env, napi_callback_info info) {
+  (void)env, (void)info;
+  gemm_bf16_weights_changed();
+  return NULL;
+}
+
+
 static int ids_in_rows(napi_env env, const int32_t *ids, int64_t N, int64_t V, const char *fn) {
   for (int64_t n = 0; n < N; n++)
     if (ids[n] < 0 || ids[n] >= V) return throw_range(env, fn, "an id is outside the embedding's rows");
@@ -1025,6 +1043,8 @@ NAPI_MODULE_INIT() {
       {"gemmBf16", NULL, GemmBf16, NULL, NULL, NULL, napi_default, NULL},
       {"gemmBf16Hw", NULL, GemmBf16Hw, NULL, NULL, NULL, napi_default, NULL},
       {"matmul", NULL, Matmul, NULL, NULL, NULL, napi_default, NULL},
+      {"bf16Weights", NULL, Bf16Weights, NULL, NULL, NULL, napi_default, NULL},
+      {"bf16WeightsChanged", NULL, Bf16WeightsChanged, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingForward", NULL, EmbeddingForward, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingBackward", NULL, EmbeddingBackward, NULL, NULL, NULL, napi_default, NULL},
       {"rmsnormForward", NULL, RmsnormForward, NULL, NULL, NULL, napi_default, NULL},

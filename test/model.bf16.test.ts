@@ -114,3 +114,40 @@ test("the fp32 products are untouched by a bf16 engine in the same thread: loadi
   assert.ok(Math.abs(a.loss - ref.loss) / ref.loss < 1e-5, "and they are the fp32 path's (M4)");
   assert.notEqual(a.loss, step(k, true).loss, "the bf16 engine's loss is its own");
 });
+
+test("the packed weight copies of the AMX kernel give the bits of packing every time, and an update is seen after weightsChanged (P8)", (t) => {
+  const k = bf16Kernels(t);
+  if (!k) return;
+  assert.ok(k.weightsAre && k.weightsChanged, "the bf16 engine takes the weights' range");
+  const shared = new Float32Array(new SharedArrayBuffer(weights.byteLength));
+  shared.set(weights);
+  const w2 = Float32Array.from(weights, (x, i) => x * (1 + 0.01 * Math.sin(i)));
+  const run = (p: Float32Array) => {
+    const m = new Llama(cfg, k, { gradCkpt: true });
+    m.bindParams(p);
+    const g = new Float32Array(layout.total);
+    const loss = m.lossAndGrads(ids, B, T, 1, g);
+    m.dispose();
+    return { loss, g };
+  };
+  const plain1 = run(shared),
+    plain2 = run(w2); // no range registered: every product packs its operands
+  try {
+    k.weightsAre!(shared);
+    const first = run(shared), // packs and keeps the weights' copies
+      again = run(shared); // uses them
+    assert.ok(sameBits(first.g, plain1.g) && first.loss === plain1.loss, "the first pass: the plain bits");
+    assert.ok(sameBits(again.g, plain1.g) && again.loss === plain1.loss, "from the kept copies: the plain bits");
+    shared.set(w2); // the optimizer's update, in place
+    if (/built-in amx,/.test(k.name)) {
+      // the norms and the embedding lookup read the new weights; the products' kept copies are the old ones
+      const stale = run(shared);
+      assert.ok(!sameBits(stale.g, plain2.g), "without weightsChanged the kept copies are used (the cache is live)");
+    }
+    k.weightsChanged!();
+    const after = run(shared);
+    assert.ok(sameBits(after.g, plain2.g) && after.loss === plain2.loss, "after weightsChanged: the new weights' bits");
+  } finally {
+    k.weightsAre!(new Float32Array(0));
+  }
+});

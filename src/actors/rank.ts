@@ -59,6 +59,7 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
   const model = new Llama(init.model, be.kernels, { gradCkpt: init.gradCkpt });
   model.bindParams(views.params); // the shared master weights themselves
+  be.kernels.weightsAre?.(views.params); // P8: they change only in update(), which says so
   state = {
     init,
     model,
@@ -133,6 +134,7 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
   const t0 = performance.now();
   const [lo, hi] = s.init.slice;
   updateSlice(s.views, s.init.decayRanges, lo, hi, lr, coef, t);
+  s.kernels.weightsChanged?.(); // P8: copies of the weights made before this update are stale
   return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 

@@ -171,6 +171,15 @@ export interface Kernels {
    */
   crossEntropy(logits: Float32Array, targets: Int32Array, rows: number, V: number, gradScale: number): number;
 
+  // ------------------------------------------------------------------ the weights (optional)
+  /**
+   * The trainer's master weights, which change only in the optimizer's update (P8): an engine may keep a derived
+   * copy of a product's weight operand (the native engine's bf16 AMX kernel keeps it packed) until
+   * weightsChanged(), which the trainer calls after every update. The results are those without the copy.
+   */
+  weightsAre?(params: Float32Array): void;
+  weightsChanged?(): void;
+
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;
 }

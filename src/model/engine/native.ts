@@ -46,6 +46,9 @@ interface Addon {
   /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "amx" is the AMX-BF16 kernel. */
   gemmBf16(isa: IsaChoice, ...args: GemmArgs): void;
   gemmBf16Hw(): boolean;
+  /** The process's weights: the bf16 AMX kernel keeps their packed copies until bf16WeightsChanged(). */
+  bf16Weights(params: Float32Array): void;
+  bf16WeightsChanged(): void;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
   embeddingBackward: Kernels["embeddingBackward"];
@@ -272,6 +275,9 @@ function nativeKernels(
     swigluForward: a.swigluForward,
     swigluBackward: a.swigluBackward,
     crossEntropy: a.crossEntropy,
+    ...(precision === "bf16"
+      ? { weightsAre: (p: Float32Array) => a.bf16Weights(p), weightsChanged: () => a.bf16WeightsChanged() }
+      : {}),
     dispose: () => undefined, // the addon keeps no state between calls (attention's scratch is per call)
   };
 }
