@@ -1205,6 +1205,29 @@ void gemm_bf16_weights_changed(void) {
   pthread_mutex_unlock(&wc_lock);
 }
 
+/* Packs this generation's copy of every kept entry i with i % parts == part that is stale and not being packed: the
+ * ranks call it at the start of a compute phase, each with its own part, so the weights' copies are remade side by
+ * side instead of by whichever thread meets each first while the others wait. */
+void gemm_bf16_weights_prepack(int part, int parts) {
+  if (parts < 1 || part < 0) return;
+  pthread_mutex_lock(&wc_lock);
+  for (int i = part; i < wc_n; i += parts) {
+    wcache_entry *e = &wc[i];
+    if (e->packing || e->gen == w_gen || !e->buf || !w_lo) continue;
+    const float *last = e->B + (e->tb ? (e->N - 1) * e->ldb + e->K : (e->K - 1) * e->ldb + e->N);
+    if (e->B < w_lo || last > w_hi) continue;
+    e->packing = 1;
+    const int64_t gen = w_gen;
+    pthread_mutex_unlock(&wc_lock);
+    amx_pack_b_whole(e->tb, e->B, e->ldb, e->N, e->K, e->buf);
+    pthread_mutex_lock(&wc_lock);
+    e->packing = 0;
+    e->gen = gen;
+    pthread_cond_broadcast(&wc_cond);
+  }
+  pthread_mutex_unlock(&wc_lock);
+}
+
 /* B's packed copy when B is a registered weight (packing it now if this generation has none), else NULL. */
 static const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, int64_t K) {
   const float *last = B + (tb ? (N - 1) * ldb + K : (K - 1) * ldb + N);
@@ -1259,6 +1282,7 @@ static const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_
 #else
 void gemm_bf16_weights(const float *base, int64_t n) { (void)base, (void)n; }
 void gemm_bf16_weights_changed(void) {}
+void gemm_bf16_weights_prepack(int part, int parts) { (void)part, (void)parts; }
 #endif
 
 static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, ukr_portable_bf16, "portable", "portable C 4x16"};

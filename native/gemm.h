@@ -47,6 +47,8 @@ int gemm_bf16_hw_supported(void);
  * bits are those of packing B every time. n = 0 forgets the range. */
 void gemm_bf16_weights(const float *base, int64_t n);
 void gemm_bf16_weights_changed(void);
+/* Remakes the stale copies kept for the weights, entry i when i % parts == part (each rank its share, side by side). */
+void gemm_bf16_weights_prepack(int part, int parts);
 
 /* Frees this thread's packing buffers (the next call allocates them again). */
 void gemm_thread_release(void);

@@ -69,6 +69,15 @@ static inline int sgemm(int ta, int tb, int m, int n, int k, float alpha, const 
  * them without -ffast-math's reassociation and the result is the same on every run. */
 #define LANES 8
 
+/* The kernels below are compiled for three targets and the widest the CPU runs is picked when the addon loads
+ * (x86-64: AVX-512, AVX2+FMA, baseline SSE2): the same operations in the same order on every one (no FMA
+ * contraction, the reductions' fixed lanes), so the same bits; only the vector width differs. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KERNEL_CLONES
+#endif
+
 static inline double sum_f64(const float *restrict x, int64_t n) {
   double acc[LANES] = {0};
   int64_t i = 0;
@@ -163,7 +172,7 @@ static void embedding_forward(float *out, const int32_t *ids, const float *E, in
   for (int64_t n = 0; n < N; n++) memcpy(out + n * D, E + (int64_t)ids[n] * D, (size_t)D * sizeof(float));
 }
 
-static void embedding_backward(float *dE, const int32_t *ids, const float *dout, int64_t N, int64_t D) {
+KERNEL_CLONES static void embedding_backward(float *dE, const int32_t *ids, const float *dout, int64_t N, int64_t D) {
   for (int64_t n = 0; n < N; n++) {
     float *dst = dE + (int64_t)ids[n] * D;
     const float *src = dout + n * D;
@@ -172,7 +181,7 @@ static void embedding_backward(float *dE, const int32_t *ids, const float *dout,
 }
 
 /* ------------------------------------------------------------------ RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) */
-static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t D, double eps) {
+KERNEL_CLONES static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t D, double eps) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * D;
     float *o = out + n * D;
@@ -184,7 +193,7 @@ static void rmsnorm_forward(float *out, float *rstd, const float *x, const float
 }
 
 /* dx += the input gradient, dw += the weight gradient (both accumulate) */
-static void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+KERNEL_CLONES static void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                              const float *rstd, int64_t N, int64_t D) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * D, *g = dout + n * D;
@@ -202,7 +211,7 @@ static void rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
 
 /* ------------------------------------------------------------------ RoPE, in place on x[B, T, nh, E] */
 /* The forward rotates each (i, i + E/2) pair by +theta_t,i; the backward (its adjoint) by -theta_t,i. */
-static void rope_rotate(float *x, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh, int64_t E,
+KERNEL_CLONES static void rope_rotate(float *x, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh, int64_t E,
                         float sg) {
   const int64_t h = E / 2;
   for (int64_t b = 0; b < B; b++)
@@ -236,16 +245,16 @@ static void rope_backward(float *dx, const float *cs, const float *sn, int64_t B
 /* x[T, E] (rows ld apart) into xt[E, T] (keys and values), and query rows times scale into xs[T, E]. The score and
  * datt products then read both operands row by row, which the GEMM runs without packing; the bits are those of the
  * transposed product with alpha = scale (each a = scale * q rounded to float, then the same chain of FMAs). */
-static void transpose_rows(const float *x, int64_t ld, int64_t T, int64_t E, float *xt) {
+KERNEL_CLONES static void transpose_rows(const float *x, int64_t ld, int64_t T, int64_t E, float *xt) {
   for (int64_t t = 0; t < T; t++)
     for (int64_t e = 0; e < E; e++) xt[e * T + t] = x[t * ld + e];
 }
-static void scale_rows(const float *x, int64_t ld, int64_t T, int64_t E, float scale, float *xs) {
+KERNEL_CLONES static void scale_rows(const float *x, int64_t ld, int64_t T, int64_t E, float scale, float *xs) {
   for (int64_t t = 0; t < T; t++)
     for (int64_t e = 0; e < E; e++) xs[t * E + e] = scale * x[t * ld + e];
 }
 
-static int attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
+KERNEL_CLONES static int attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
                              int64_t T, int64_t H, int64_t K, int64_t E) {
   if (T == 0 || E == 0) return 0;
   const float scale = (float)(1.0 / sqrt((double)E));
@@ -289,7 +298,7 @@ static int attention_forward(float *out, float *att, const float *q, const float
 
 /* dq = dscores @ k, dk = dscores^T @ q, dv = att^T @ dout, with dscores = att * (datt - rowsum(att * datt)) *
  * scale and datt = dout @ v^T (dq, dk and dv are overwritten) */
-static int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+KERNEL_CLONES static int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                               const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K,
                               int64_t E) {
   memset(dk, 0, (size_t)(B * T * K * E) * sizeof(float));
@@ -379,11 +388,11 @@ static void attention_cached(float *out, const float *q, const float *kc, const 
 }
 
 /* ------------------------------------------------------------------ SwiGLU: out = silu(gate) * up */
-static void swiglu_forward(float *out, const float *g, const float *u, int64_t n) {
+KERNEL_CLONES static void swiglu_forward(float *out, const float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_ps(-g[i])) * u[i];
 }
 
-static void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u, int64_t n) {
+KERNEL_CLONES static void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     const float x = g[i], sig = 1.0f / (1.0f + exp_ps(-x)), d = dout[i];
     /* read everything before writing: dgate/dup may alias dout in a caller that works in place */
@@ -396,7 +405,7 @@ static void swiglu_backward(float *dg, float *du, const float *dout, const float
 /* ------------------------------------------------------------------ cross-entropy (forward and backward in one) */
 /* Returns the summed loss over rows whose target is >= 0 (target -1: ignored). With gradScale > 0 the logits are
  * replaced by gradScale * (softmax - onehot) (ignored rows: 0); with gradScale = 0 they are left as they are. */
-static double cross_entropy(float *lg, const int32_t *tg, int64_t rows, int64_t V, double gradScale) {
+KERNEL_CLONES static double cross_entropy(float *lg, const int32_t *tg, int64_t rows, int64_t V, double gradScale) {
   double loss = 0;
   for (int64_t r = 0; r < rows; r++) {
     float *x = lg + r * V;
@@ -830,6 +839,15 @@ static napi_value Bf16WeightsChanged(napi_env env, napi_callback_info info) {
   gemm_bf16_weights_changed();
   return NULL;
 }
+/* bf16WeightsPrepack(part, parts): remakes this thread's share of the stale weight copies (gemm_bf16_weights_prepack). */
+static napi_value Bf16WeightsPrepack(napi_env env, napi_callback_info info) {
+  static const char fn[] = "bf16WeightsPrepack";
+  ARGS(2);
+  DIM(0, part);
+  DIM(1, parts);
+  gemm_bf16_weights_prepack((int)part, (int)parts);
+  return NULL;
+}
 
 
 static int ids_in_rows(napi_env env, const int32_t *ids, int64_t N, int64_t V, const char *fn) {
@@ -1045,6 +1063,7 @@ NAPI_MODULE_INIT() {
       {"matmul", NULL, Matmul, NULL, NULL, NULL, napi_default, NULL},
       {"bf16Weights", NULL, Bf16Weights, NULL, NULL, NULL, napi_default, NULL},
       {"bf16WeightsChanged", NULL, Bf16WeightsChanged, NULL, NULL, NULL, napi_default, NULL},
+      {"bf16WeightsPrepack", NULL, Bf16WeightsPrepack, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingForward", NULL, EmbeddingForward, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingBackward", NULL, EmbeddingBackward, NULL, NULL, NULL, napi_default, NULL},
       {"rmsnormForward", NULL, RmsnormForward, NULL, NULL, NULL, napi_default, NULL},

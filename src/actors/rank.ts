@@ -88,6 +88,7 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
   const slot = s.views.slots[s.init.rank];
   const d = s.init.data;
   const losses: number[] = [];
+  s.kernels.prepareWeights?.(s.init.rank, s.init.world); // P8: this rank's share of the weights' bf16 copies
   let micro = 0;
   for (; micro < d.accum; micro++) {
     if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;

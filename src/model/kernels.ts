@@ -179,6 +179,8 @@ export interface Kernels {
    */
   weightsAre?(params: Float32Array): void;
   weightsChanged?(): void;
+  /** Remakes share `part` of `parts` of those copies now (each rank its own, side by side, before its products). */
+  prepareWeights?(part: number, parts: number): void;
 
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;

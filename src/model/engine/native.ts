@@ -49,6 +49,7 @@ interface Addon {
   /** The process's weights: the bf16 AMX kernel keeps their packed copies until bf16WeightsChanged(). */
   bf16Weights(params: Float32Array): void;
   bf16WeightsChanged(): void;
+  bf16WeightsPrepack(part: number, parts: number): void;
   matmul: Kernels["matmul"];
   embeddingForward: Kernels["embeddingForward"];
   embeddingBackward: Kernels["embeddingBackward"];
@@ -276,7 +277,11 @@ function nativeKernels(
     swigluBackward: a.swigluBackward,
     crossEntropy: a.crossEntropy,
     ...(precision === "bf16"
-      ? { weightsAre: (p: Float32Array) => a.bf16Weights(p), weightsChanged: () => a.bf16WeightsChanged() }
+      ? {
+          weightsAre: (p: Float32Array) => a.bf16Weights(p),
+          weightsChanged: () => a.bf16WeightsChanged(),
+          prepareWeights: (part: number, parts: number) => a.bf16WeightsPrepack(part, parts),
+        }
       : {}),
     dispose: () => undefined, // the addon keeps no state between calls (attention's scratch is per call)
   };
