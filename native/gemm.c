@@ -960,6 +960,9 @@ static int blocked_bf16(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t
 #include <sys/syscall.h>
 #include <unistd.h>
 #define AMX_KC 512
+#define AMX_KC_ONE 2048 /* a K up to this runs as one block: each tile's sum is whole and meets C in the tile's store */
+/* The K block of a product: all of K when it is at most AMX_KC_ONE, else AMX_KC. */
+static inline int64_t amx_kc(int64_t K) { return K <= AMX_KC_ONE ? (K + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK : AMX_KC; }
 #define AMX_MC 256
 #define AMX_NC 1024
 typedef struct {
@@ -1065,8 +1068,8 @@ static size_t amx_packed_b_size(int64_t N, int64_t K) {
   size_t n = 0;
   for (int64_t jc = 0; jc < N; jc += AMX_NC) {
     const int64_t nc = N - jc < AMX_NC ? N - jc : AMX_NC;
-    for (int64_t pc = 0; pc < K; pc += AMX_KC) {
-      const int64_t kv = K - pc < AMX_KC ? K - pc : AMX_KC;
+    for (int64_t pc = 0; pc < K; pc += amx_kc(K)) {
+      const int64_t kv = K - pc < amx_kc(K) ? K - pc : amx_kc(K);
       n += (size_t)((nc + 31) / 32 * 32) * (size_t)((kv + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK);
     }
   }
@@ -1075,19 +1078,21 @@ static size_t amx_packed_b_size(int64_t N, int64_t K) {
 static void amx_pack_b_whole(int tb, const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst) {
   for (int64_t jc = 0; jc < N; jc += AMX_NC) {
     const int64_t nc = N - jc < AMX_NC ? N - jc : AMX_NC;
-    for (int64_t pc = 0; pc < K; pc += AMX_KC) {
-      const int64_t kv = K - pc < AMX_KC ? K - pc : AMX_KC, kc = (kv + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK;
+    for (int64_t pc = 0; pc < K; pc += amx_kc(K)) {
+      const int64_t kv = K - pc < amx_kc(K) ? K - pc : amx_kc(K), kc = (kv + BF_CHUNK - 1) / BF_CHUNK * BF_CHUNK;
       pack_b_amx(tb, B, ldb, pc, jc, kv, kc, nc, dst);
       dst += (nc + 31) / 32 * 32 * kc;
     }
   }
 }
 
-/* out[M,N] = acc on AMX (as blocked_bf16); packed: B already packed whole (amx_pack_b_whole), or NULL. */
+/* out[M,N] = acc on AMX (as blocked_bf16); packed: B already packed whole (amx_pack_b_whole), or NULL. With beta != 0
+ * (K in one block only: the caller's check) each tile's whole sum meets out's old value as gemm_bf16 combines them:
+ * ftz(ftz(C) + acc), or ftz(fma(beta, ftz(C), acc)). */
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) static int blocked_amx(
     int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-    const uint16_t *packed, float *out, int64_t ldo) {
-  const int64_t kcMax = AMX_KC;
+    const uint16_t *packed, float beta, float *out, int64_t ldo) {
+  const int64_t kcMax = amx_kc(K);
   const int64_t ncMax = ((N < AMX_NC ? N : AMX_NC) + 31) / 32 * 32, mcMax = ((M < AMX_MC ? M : AMX_MC) + 31) / 32 * 32;
   const size_t bsize = (size_t)(ncMax * kcMax) / 2, asize = (size_t)(mcMax * kcMax) / 2; /* floats: 2 bf16 each */
   float *buf = scratch(bsize + asize);
@@ -1153,15 +1158,20 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) static 
               _tile_dpbf16ps(2, 5, 6);
               _tile_dpbf16ps(3, 5, 7);
             }
-            float *dst = whole ? cp : ct;
-            const int64_t ld = whole ? ldo : 32;
+            const int direct = whole && beta == 0.0f;
+            float *dst = direct ? cp : ct;
+            const int64_t ld = direct ? ldo : 32;
             _tile_stored(0, dst, ld * 4);
             _tile_stored(1, dst + 16, ld * 4);
             _tile_stored(2, dst + 16 * ld, ld * 4);
             _tile_stored(3, dst + 16 * ld + 16, ld * 4);
-            if (!whole)
+            if (!direct)
               for (int64_t r = 0; r < rows; r++)
-                for (int64_t j = 0; j < cols; j++) cp[r * ldo + j] = ct[r * 32 + j];
+                for (int64_t j = 0; j < cols; j++) {
+                  float *c = cp + r * ldo + j;
+                  const float x = ct[r * 32 + j];
+                  *c = beta == 0.0f ? x : beta == 1.0f ? ftz(ftz(*c) + x) : ftz(fmaf(beta, ftz(*c), x));
+                }
           }
         }
       }
@@ -1306,6 +1316,14 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
   _mm_setcsr(csr | 0x8040); /* flush-to-zero, denormals-are-zero: the hardware's modes, for the emulations */
 #endif
   int rc = 0;
+#ifdef GEMM_X86
+  /* AMX with K in one block: each tile's sum meets C in place (no workspace) */
+  if (hw && beta != 0.0f && K > 0 && K <= AMX_KC_ONE) {
+    rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, weight_packed(tb, B, ldb, N, K), beta, C, ldc);
+    _mm_setcsr(csr);
+    return rc;
+  }
+#endif
   /* the chunks' sum in out (C itself when beta is 0), then C = acc or acc combined with beta*C once */
   float *w = beta == 0.0f ? NULL : (float *)malloc((size_t)(M * N) * sizeof(float));
   float *out = w ? w : C;
@@ -1315,7 +1333,7 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) out[i * ldo + j] = 0.0f;
 #ifdef GEMM_X86
-  else if (hw) rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, weight_packed(tb, B, ldb, N, K), out, ldo);
+  else if (hw) rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, weight_packed(tb, B, ldb, N, K), 0.0f, out, ldo);
 #endif
   else rc = blocked_bf16(e, ta, tb, M, N, K, A, lda, B, ldb, out, ldo);
   if (w && !rc)

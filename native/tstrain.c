@@ -628,26 +628,20 @@ static napi_value LoadBlas(napi_env env, napi_callback_info info) {
   return obj;
 }
 
-/* What the compiler targeted (the name line). */
+/* Which build of the C kernels this CPU runs (the backend line). */
 static napi_value Simd(napi_env env, napi_callback_info info) {
   (void)info;
   const char *s =
-#if defined(__AVX512F__)
-      "AVX-512"
-#elif defined(__AVX2__) && defined(__FMA__)
-      "AVX2+FMA"
-#elif defined(__AVX2__)
-      "AVX2"
-#elif defined(__AVX__)
-      "AVX"
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+      /* the KERNEL_CLONES target the loader picked (GCC's resolver tests the same levels) */
+      __builtin_cpu_supports("x86-64-v4")   ? "AVX-512 (x86-64-v4)"
+      : __builtin_cpu_supports("x86-64-v3") ? "AVX2+FMA (x86-64-v3)"
+                                            : "SSE2 (x86-64)";
 #elif defined(__ARM_NEON) || defined(__aarch64__)
-      "NEON"
-#elif defined(__SSE2__)
-      "SSE2"
+      "NEON";
 #else
-      "scalar"
+      "scalar";
 #endif
-      ;
   napi_value v;
   napi_create_string_utf8(env, s, NAPI_AUTO_LENGTH, &v);
   return v;

@@ -155,6 +155,7 @@ test("every bf16 kernel gives the documented order's bits: odd and even K, every
       [17, 65, 545], // K over the AMX kernel's block of 512, odd
       [64, 64, 256],
       [13, 37, 770],
+      [5, 33, 2113], // K over the AMX kernel's one-block limit (2048): blocks of 512, the workspace for beta
     ])
       for (const beta of [0, 1, -0.35])
         for (const pad of [0, 3]) check(mk(ta, tb, M, N, K, beta, pad), seed++, M * N > 1024 ? 96 : 0);
