@@ -447,6 +447,9 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
   if (o.cases.has("single") || o.cases.has("actor")) {
     await run.guard("single/actor", async () => {
       const runners: Runner[] = [];
+      // the peaks before any rank exists (a rank's thread, idle or not, shares the core's FMA units with the probe
+      // on an SMT sibling), and again after the steps: the higher of the two
+      const peaksBefore = stepPeaks(o.precisions.includes("bf16") ? ["-bf16"] : []);
       try {
         if (o.cases.has("single")) runners.push(await localRunner(s, 1));
         if (o.cases.has("actor")) {
@@ -460,7 +463,10 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
         }
         log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
         const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
-        const peaks = stepPeaks(runners.map((x) => x.name));
+        const after = stepPeaks(runners.map((x) => x.name));
+        const higher = (a?: { isa: string; gflops: number }, b?: { isa: string; gflops: number }) =>
+          a && b ? (a.gflops >= b.gflops ? a : b) : (a ?? b);
+        const peaks = { fp32: higher(peaksBefore.fp32, after.fp32), bf16: higher(peaksBefore.bf16, after.bf16) };
         for (const x of runners) {
           const mem = x.memory ? await x.memory() : {};
           const row = stepRow(s, x.name, x.world, x.backend, got.get(x)!, {
