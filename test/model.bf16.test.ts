@@ -118,7 +118,8 @@ test("the fp32 products are untouched by a bf16 engine in the same thread: loadi
 test("the packed weight copies of the AMX kernel give the bits of packing every time, and an update is seen after weightsChanged (P8)", (t) => {
   const k = bf16Kernels(t);
   if (!k) return;
-  assert.ok(k.weightsAre && k.weightsChanged, "the bf16 engine takes the weights' range");
+  const { weightsAre, weightsChanged } = k;
+  assert.ok(weightsAre && weightsChanged, "the bf16 engine takes the weights' range");
   const shared = new Float32Array(new SharedArrayBuffer(weights.byteLength));
   shared.set(weights);
   const w2 = Float32Array.from(weights, (x, i) => x * (1 + 0.01 * Math.sin(i)));
@@ -133,7 +134,7 @@ test("the packed weight copies of the AMX kernel give the bits of packing every 
   const plain1 = run(shared),
     plain2 = run(w2); // no range registered: every product packs its operands
   try {
-    k.weightsAre!(shared);
+    weightsAre(shared);
     const first = run(shared), // packs and keeps the weights' copies
       again = run(shared); // uses them
     assert.ok(sameBits(first.g, plain1.g) && first.loss === plain1.loss, "the first pass: the plain bits");
@@ -144,10 +145,10 @@ test("the packed weight copies of the AMX kernel give the bits of packing every 
       const stale = run(shared);
       assert.ok(!sameBits(stale.g, plain2.g), "without weightsChanged the kept copies are used (the cache is live)");
     }
-    k.weightsChanged!();
+    weightsChanged();
     const after = run(shared);
     assert.ok(sameBits(after.g, plain2.g) && after.loss === plain2.loss, "after weightsChanged: the new weights' bits");
   } finally {
-    k.weightsAre!(new Float32Array(0));
+    weightsAre(new Float32Array(0));
   }
 });
