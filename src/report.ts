@@ -14,8 +14,13 @@ export interface Reporter {
   curve(history: readonly LogEntry[]): void;
 }
 
-export function createReporter(outDir: string, stream: NodeJS.WriteStream = process.stdout): Reporter {
-  const tty = Boolean(stream.isTTY);
+/** `lines`: no line rewritten in place even on a terminal (under mpirun, whose pty is a terminal to every process). */
+export function createReporter(
+  outDir: string,
+  stream: NodeJS.WriteStream = process.stdout,
+  lines = !stream.isTTY,
+): Reporter {
+  const tty = !lines;
   const everyMs = progressEverySeconds() * 1000;
   let lastProgress = performance.now();
   let progressShown = false;

@@ -42,7 +42,11 @@ export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
  * --resume auto finds nothing left to do. With --hub-url embedded (the demo's default) the local Hub
  * runs in this process on loopback for the session, its files in --hub-dir or <out>/hub (B6, L8).
  */
-export async function runSession(cfg: RunConfig, rep: Reporter = createReporter(cfg.out)): Promise<RunResult> {
+export async function runSession(
+  cfg: RunConfig,
+  // under mpirun a progress line per step would fill the pty mpirun stops reading when signalled (see unblockStdout)
+  rep: Reporter = createReporter(cfg.out, process.stdout, cfg.dist === "mpi" || !process.stdout.isTTY),
+): Promise<RunResult> {
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
@@ -67,6 +71,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
   setLauncher(launchPrefix(mpi.size)); // the resume command relaunches the job, not one process
+  unblockStdout();
   try {
     await link.agreeOnConfig(here);
     if (!link.leader) {
@@ -89,6 +94,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     mpi.finalize();
     return r;
   } catch (e) {
+    dropUnreadOutput();
     if (link.allKnow) {
       mpi.finalize();
       throw e;
@@ -103,6 +109,22 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     mpi.finalize();
     throw e;
   }
+}
+
+/**
+ * O3 under Open MPI's mpirun: each process's stdout is a pty, and mpirun, signalled itself, stops reading it until
+ * it has killed the job. A full pty (about 16 KB) would block this thread's next write, and the SIGTERM mpirun sends
+ * T s later could never be handled: the stop would save nothing. Writes are queued instead (Node's TTY handle made
+ * non-blocking), and a job that ends while mpirun is not reading (dropUnreadOutput) exits 2 s later without them.
+ */
+function unblockStdout(): void {
+  const handle = (process.stdout as unknown as { _handle?: { setBlocking?: (on: boolean) => void } })._handle;
+  if (process.stdout.isTTY) handle?.setBlocking?.(false);
+}
+
+/** The output mpirun has not taken within 2 s of the end is dropped (process.exit keeps main's exit code). */
+function dropUnreadOutput(): void {
+  if (process.stdout.writableLength > 0) setTimeout(() => process.exit(), 2000).unref();
 }
 
 /**

@@ -460,8 +460,10 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
   timeout: 1_200_000,
 }, async (t) => {
   if (!needMpi(t)) return;
-  // 300 steps of seq 128 (about 40 s on a quiet 2-core machine): the SIGTERM reaches the processes 10 s after
+  // 300 steps of seq 128 (about 25 s on a quiet 2-core machine): the SIGTERM reaches the processes 10 s after
   // mpirun gets it, and the run must still be going then; 10 s is ample to finish a step and save under load.
+  // Signalled, mpirun stops reading its processes' stdout (a pty of about 18 KB) until it has killed them: with a
+  // log line every step, process 0 fills it before the SIGTERM comes on a quiet machine, and must still stop.
   const ref = await reference(300, 128),
     out = tmpDir("tstrain-term-mpirun-");
   const job = (extra: string[]) => slow(out, ["--dist", "mpi", "--world", "1", ...extra], 300, 128);
@@ -478,16 +480,26 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
   // Open MPI's mpirun, signalled itself, sends SIGCONT at once, SIGTERM T s later and SIGKILL T s after that; it
   // exits 1 whatever its processes return, so each process says its own exit code.
   const term = { at: 0 };
-  const a = await mpirun(2, job([]), {
+  const a = await mpirun(2, job(["--log-every", "1"]), {
     mca: ["--mca", "odls_base_sigkill_timeout", "10"],
     during: signal(/step 20: weights and moments identical/, "SIGTERM", term),
   });
   assert.ok(term.at > 0, `mpirun was signalled mid-run:\n${a.out.slice(-2000)}`);
   assert.equal(a.status, 1, `mpirun exits 1 once it was signalled:\n${a.out.slice(-3000)}`);
-  const k1 = Number(stopLine("SIGTERM").exec(a.out)?.[1]);
-  assert.ok(k1 > 20 && k1 < 300, `process 0 stopped on a published checkpoint mid-run:\n${a.out.slice(-3000)}`);
+  // what process 0 printed after the pty filled never reaches mpirun's output: its own record says how it ended
+  const ends = fs
+    .readFileSync(path.join(out, "sessions.jsonl"), "utf8")
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l) as { event: string; ended?: string; final_step?: number });
+  const end = ends[ends.length - 1];
+  const k1 = end.event === "end" && end.ended === "stopped" ? Number(end.final_step) : NaN;
+  const seen = `sessions.jsonl ends with ${JSON.stringify(end)}; checkpoints ${fs.readdirSync(path.join(out, "ckpt"))}; output:\n${a.out.slice(-3000)}`;
+  assert.ok(k1 > 20 && k1 < 300, `process 0 stopped mid-run on the SIGTERM and recorded it: ${seen}`);
+  const printed = stopLine("SIGTERM").exec(a.out);
+  if (printed) assert.equal(Number(printed[1]), k1, "the stop line names the recorded step");
   assert.match(a.out, /process 1 of 2 exits 3 \(the code process 0 ended the job with\)/, "process 1 exits 3 too");
-  assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${k1}`)), "the stop's checkpoint is on disk");
+  assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${k1}`)), `the stop's checkpoint is on disk: ${seen}`);
 
   // SIGUSR2 is one of the signals mpirun passes on to every process at once: the job stops and mpirun exits 3.
   const usr2 = { at: 0 };
