@@ -543,10 +543,17 @@ const char *gemm_isa_detail(gemm_isa isa) { return isa <= GEMM_ISA_AVX512 ? KERN
 static __thread float *buf_p = NULL;
 static __thread size_t buf_cap = 0;
 
+static __thread float *ws_p = NULL; /* blocked()'s chains when beta != 0 (see there) */
+static __thread size_t ws_cap = 0;
+#define WS_KEEP ((size_t)4 << 20) /* floats: a larger workspace is freed after its call */
+
 void gemm_thread_release(void) {
   free(buf_p);
   buf_p = NULL;
   buf_cap = 0;
+  free(ws_p);
+  ws_p = NULL;
+  ws_cap = 0;
 }
 
 /* n floats, 64-byte aligned, kept for the thread's next call. */
@@ -557,6 +564,20 @@ static float *scratch(size_t n) {
     buf_cap = buf_p ? n : 0;
   }
   return buf_p;
+}
+
+/* n floats, 64-byte aligned: the thread's kept workspace, or (n > WS_KEEP) one the caller frees with ws_done. */
+static float *workspace(size_t n) {
+  if (n > WS_KEEP) return (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+  if (ws_cap < n) {
+    free(ws_p);
+    ws_p = (float *)aligned_alloc(64, ((WS_KEEP * sizeof(float) + 63) / 64) * 64);
+    ws_cap = ws_p ? WS_KEEP : 0;
+  }
+  return ws_p;
+}
+static void ws_done(float *w) {
+  if (w != ws_p) free(w);
 }
 
 /* ------------------------------------------------------------------ packing (the same on every kernel) */
@@ -743,7 +764,26 @@ static void edge_tile(const gemm_kernel *g, int64_t kc, const float *a, const fl
     for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = tile[r * nr + j];
 }
 
-/* C = op(A) op(B) (+ beta*C when the whole K fits one block); K-blocks after the first continue C's chains. */
+/* A finished chain tile t (mr x nr, row major) meets C: C = C + t (beta 1) or fma(beta, C, t), rows x cols of it. */
+static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
+#ifdef GEMM_X86
+  const combine_fn vec = DIRECT[g - KERNELS].combine;
+  if (vec && rows == g->mr && cols == g->nr) {
+    vec(t, c, ldc, beta);
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < cols; j++) {
+      float *x = c + r * ldc + j;
+      const float s = t[r * g->nr + j];
+      *x = beta == 1.0f ? *x + s : fmaf(beta, *x, s);
+    }
+}
+
+/* C = op(A) op(B) + beta*C. K-blocks after the first continue the chains where the one before left them: in C when
+ * beta is 0 or K is one block (which meets beta*C in the kernel's store), else in a workspace of whole tiles (each
+ * mr x nr tile contiguous) whose last block meets beta*C tile by tile, so C is read and written once. */
 static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
@@ -756,11 +796,14 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
   float *buf = scratch(bsize + (size_t)(mcMax * kcMax) + 16); /* + 16: transpose8's overhang (6 rows) */
   if (!buf) return -1;
   float *bp = buf, *ap = buf + bsize;
+  const int64_t ntiles = (N + nr - 1) / nr; /* a row of workspace tiles */
+  float *w = NULL;
+  if (beta != 0.0f && kblocks > 1 && !(w = workspace((size_t)(((M + mr - 1) / mr) * ntiles * mr * nr)))) return -1;
   for (int64_t jc = 0; jc < N; jc += g->nc) {
     const int64_t nc = N - jc < g->nc ? N - jc : g->nc;
     for (int64_t pc = 0; pc < K; pc += kcMax) {
       const int64_t kc = K - pc < kcMax ? K - pc : kcMax;
-      const int load = pc > 0, combine = pc == 0 && pc + kc == K;
+      const int load = pc > 0, combine = pc == 0 && pc + kc == K, last = pc + kc == K;
       pack_b(nr, tb, B, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < M; ic += g->mc) {
         const int64_t mc = M - ic < g->mc ? M - ic : g->mc;
@@ -771,6 +814,13 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t rows = mc - ir < mr ? mc - ir : mr;
             float *cp = C + (ic + ir) * ldc + jc + jr;
+            const float *as = ap + ir * kc;
+            if (w) { /* the whole tile's chain in the workspace (packed A and B are zero past the edges) */
+              float *wt = w + (((ic + ir) / mr) * ntiles + (jc + jr) / nr) * mr * nr;
+              g->ukr(kc, as, bs, wt, nr, load, 0, 0.0f);
+              if (last) meet(g, wt, cp, ldc, rows, cols, beta);
+              continue;
+            }
 #ifdef GEMM_X86
             /* the next tile's C rows, read when this K block continues their chains: fetched while this one runs */
             if (load && ir + 2 * mr <= mc)
@@ -779,7 +829,6 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
                 _mm_prefetch((const char *)(cp + (mr + r) * ldc + nr - 1), _MM_HINT_T0);
               }
 #endif
-            const float *as = ap + ir * kc;
             if (rows == mr && cols == nr) g->ukr(kc, as, bs, cp, ldc, load, combine, beta);
             else edge_tile(g, kc, as, bs, cp, ldc, rows, cols, load, combine, beta);
           }
@@ -787,6 +836,7 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
       }
     }
   }
+  if (w) ws_done(w);
   return 0;
 }
 
@@ -807,22 +857,7 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
   if (g != &KERNELS[GEMM_ISA_PORTABLE] && !tb && alpha == 1.0f && M <= DIRECT_MAX_M && M >= g->mr && N >= g->nr)
     return direct(&DIRECT[g - KERNELS], ta, M, N, K, A, lda, B, ldb, beta, C, ldc);
 #endif
-  if (beta == 0.0f || K <= g->kc) return blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  /* beta != 0 and K spans several blocks: the chains run in a workspace, then meet beta*C once. */
-  float *w = (float *)malloc((size_t)(M * N) * sizeof(float));
-  if (!w) return -1;
-  if (blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, w, N)) {
-    free(w);
-    return -1;
-  }
-  for (int64_t i = 0; i < M; i++)
-    for (int64_t j = 0; j < N; j++) {
-      float *cp = C + i * ldc + j;
-      const float s = w[i * N + j];
-      *cp = beta == 1.0f ? *cp + s : fmaf(beta, *cp, s);
-    }
-  free(w);
-  return 0;
+  return blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ------------------------------------------------------------------ bf16 products (gemm.h: gemm_bf16) */
