@@ -579,7 +579,7 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
         run.record({
           case: `gemm-${k.replace(" ", "-")}`,
           min_of_peak: Math.min(...mine.map((x) => x.of_peak!)),
-          median_of_peak: median(mine.map((x) => x.of_peak!)),
+          median_of_peak: r(median(mine.map((x) => x.of_peak!)), 3),
           shapes: mine.length,
         } as unknown as BenchRow);
       }
