@@ -71,7 +71,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
   setLauncher(launchPrefix(mpi.size)); // the resume command relaunches the job, not one process
-  unblockStdout();
+  if (mpi.rank === 0) unblockStdout(); // the others print little, and exit with process.exit (queued writes would be lost)
   try {
     await link.agreeOnConfig(here);
     if (!link.leader) {
