@@ -92,6 +92,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     const r = await runHere(here, rep, link);
     await link.end(0);
     mpi.finalize();
+    dropUnreadOutput();
     return r;
   } catch (e) {
     dropUnreadOutput();
@@ -113,9 +114,9 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
 
 /**
  * O3 under Open MPI's mpirun: each process's stdout is a pty, and mpirun, signalled itself, stops reading it until
- * it has killed the job. A full pty (about 16 KB) would block this thread's next write, and the SIGTERM mpirun sends
+ * it has killed the job. A full pty (about 18 KB) would block this thread's next write, and the SIGTERM mpirun sends
  * T s later could never be handled: the stop would save nothing. Writes are queued instead (Node's TTY handle made
- * non-blocking), and a job that ends while mpirun is not reading (dropUnreadOutput) exits 2 s later without them.
+ * non-blocking), and process 0, at its end, leaves what mpirun has not taken 2 s later (dropUnreadOutput).
  */
 function unblockStdout(): void {
   const handle = (process.stdout as unknown as { _handle?: { setBlocking?: (on: boolean) => void } })._handle;
