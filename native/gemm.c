@@ -546,6 +546,7 @@ static __thread size_t buf_cap = 0;
 static __thread float *ws_p = NULL; /* blocked()'s chains when beta != 0 (see there) */
 static __thread size_t ws_cap = 0;
 #define WS_KEEP ((size_t)4 << 20) /* floats: a larger workspace is freed after its call */
+#define WS_BAND ((int64_t)1 << 20) /* floats (4 MB): gemm_sgemm's bands of C when beta != 0 over several K blocks */
 
 void gemm_thread_release(void) {
   free(buf_p);
@@ -857,7 +858,19 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
   if (g != &KERNELS[GEMM_ISA_PORTABLE] && !tb && alpha == 1.0f && M <= DIRECT_MAX_M && M >= g->mr && N >= g->nr)
     return direct(&DIRECT[g - KERNELS], ta, M, N, K, A, lda, B, ldb, beta, C, ldc);
 #endif
-  return blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const int64_t kblocks = (K + g->kc - 1) / g->kc;
+  if (beta == 0.0f || kblocks == 1) return blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  /* beta != 0 over several K blocks: C in bands of rows whose workspace (blocked) is at most about WS_BAND floats,
+   * kept from call to call, instead of one the size of C (113 MB for the LM head's dE, fresh pages every call). B is
+   * packed again per band: K x N against band x N x K of work. The model's other products fit one band. */
+  const int64_t np = (N + g->nr - 1) / g->nr * g->nr;
+  int64_t band = WS_BAND / np / g->mr * g->mr;
+  if (band < 4 * g->mr) band = 4 * g->mr;
+  for (int64_t i = 0; i < M; i += band) {
+    const int64_t m = M - i < band ? M - i : band;
+    if (blocked(g, ta, tb, m, N, K, alpha, ta ? A + i : A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc)) return -1;
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------------ bf16 products (gemm.h: gemm_bf16) */
