@@ -545,7 +545,6 @@ static __thread size_t buf_cap = 0;
 
 static __thread float *ws_p = NULL; /* blocked()'s chains when beta != 0 (see there) */
 static __thread size_t ws_cap = 0;
-#define WS_KEEP ((size_t)4 << 20) /* floats: a larger workspace is freed after its call */
 #define WS_BAND ((int64_t)1 << 20) /* floats (4 MB): gemm_sgemm's bands of C when beta != 0 over several K blocks */
 
 void gemm_thread_release(void) {
@@ -567,18 +566,14 @@ static float *scratch(size_t n) {
   return buf_p;
 }
 
-/* n floats, 64-byte aligned: the thread's kept workspace, or (n > WS_KEEP) one the caller frees with ws_done. */
+/* n floats, 64-byte aligned, kept for the thread's next call (gemm_sgemm's bands keep n near WS_BAND). */
 static float *workspace(size_t n) {
-  if (n > WS_KEEP) return (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
   if (ws_cap < n) {
     free(ws_p);
-    ws_p = (float *)aligned_alloc(64, ((WS_KEEP * sizeof(float) + 63) / 64) * 64);
-    ws_cap = ws_p ? WS_KEEP : 0;
+    ws_p = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+    ws_cap = ws_p ? n : 0;
   }
   return ws_p;
-}
-static void ws_done(float *w) {
-  if (w != ws_p) free(w);
 }
 
 /* ------------------------------------------------------------------ packing (the same on every kernel) */
@@ -837,7 +832,6 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
       }
     }
   }
-  if (w) ws_done(w);
   return 0;
 }
 
