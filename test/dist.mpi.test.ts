@@ -515,6 +515,8 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
 
   const c = await mpirun(2, job(["--resume", "auto"]));
   ok(c, "the printed command, --resume auto");
+  // each process's stdout is mpirun's pty, a terminal to Node: progress must still come as lines, not rewritten
+  assert.ok(!c.out.includes("\x1b[2K"), `no progress line rewritten in place under mpirun:\n${c.out.slice(-1500)}`);
   assert.match(c.out, new RegExp(`auto-resume: hub says step ${k2}`));
   assert.ok(
     finalWeights(out).equals(finalWeights(ref)),
