@@ -33,8 +33,8 @@ typedef void (*ukr_fn)(int64_t kc, const float *a, const float *b, float *c, int
 
 typedef struct {
   int mr, nr;     /* register tile */
-  int64_t mc, kc; /* A block (L2), K block (the B sliver kc x nr stays in L1) */
-  int64_t nc;     /* B panel (L3) */
+  int64_t mc, kc; /* A block, K block (the A sliver mr x kc stays in L1 for a row of tiles) */
+  int64_t nc;     /* B panel (kc x nc, in L2 while the row tiles stream its slivers) */
   ukr_fn ukr;
   const char *name, *detail;
 } gemm_kernel;
@@ -425,7 +425,7 @@ static const gemm_kernel KERNELS[3] = {
     {P_MR, P_NR, 128, 256, 2048, ukr_portable, "portable", "portable C 4x16"},
 #ifdef GEMM_X86
     {A2_MR, A2_NR, 144, 256, 3072, ukr_avx2, "avx2", "AVX2+FMA 6x16"},
-    {A5_MR, A5_NR, 384, 192, 3072, ukr_avx512, "avx512", "AVX-512F 8x32"},
+    {A5_MR, A5_NR, 192, 256, 1024, ukr_avx512, "avx512", "AVX-512F 8x32"},
 #else
     {P_MR, P_NR, 128, 256, 2048, ukr_portable, "avx2", "(not on this CPU)"},
     {P_MR, P_NR, 128, 256, 2048, ukr_portable, "avx512", "(not on this CPU)"},
@@ -760,6 +760,29 @@ static void edge_tile(const gemm_kernel *g, int64_t kc, const float *a, const fl
     for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = tile[r * nr + j];
 }
 
+#ifdef GEMM_X86
+/* One tile with A read in place (mr rows of A stored [M,K], lda apart, from ar) by the row-pointer kernel, B from
+ * its packed sliver: whole tiles straight to C (or through t when the chain meets beta*C here), a tile cut by N's
+ * edge through a full-size tile buffer. The same chains as the packed kernel: the same bits. */
+static void rows_tile(const direct_kernel *d, int64_t kc, const float *ar, int64_t lda, const float *bs, float *c,
+                      int64_t ldc, int64_t cols, int load, int combine, float beta) {
+  float t[A5_MR * A5_NR] __attribute__((aligned(64)));
+  const int mr = d->mr, nr = d->nr, mix = combine && beta != 0.0f;
+  if (cols == nr) {
+    d->rows(kc, ar, 4 * lda, bs, 4 * nr, c, ldc, load, mix ? t : NULL);
+    if (mix) d->combine(t, c, ldc, beta);
+    return;
+  }
+  float tile[A5_MR * A5_NR] __attribute__((aligned(64)));
+  for (int r = 0; r < mr; r++)
+    for (int j = 0; j < nr; j++) tile[r * nr + j] = (load || mix) && j < cols ? c[r * ldc + j] : 0.0f;
+  d->rows(kc, ar, 4 * lda, bs, 4 * nr, tile, nr, load, mix ? t : NULL);
+  if (mix) d->combine(t, tile, nr, beta);
+  for (int r = 0; r < mr; r++)
+    for (int j = 0; j < cols; j++) c[r * ldc + j] = tile[r * nr + j];
+}
+#endif
+
 /* A finished chain tile t (mr x nr, row major) meets C: C = C + t (beta 1) or fma(beta, C, t), rows x cols of it. */
 static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
 #ifdef GEMM_X86
@@ -779,7 +802,10 @@ static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, in
 
 /* C = op(A) op(B) + beta*C. K-blocks after the first continue the chains where the one before left them: in C when
  * beta is 0 or K is one block (which meets beta*C in the kernel's store), else in a workspace of whole tiles (each
- * mr x nr tile contiguous) whose last block meets beta*C tile by tile, so C is read and written once. */
+ * mr x nr tile contiguous) whose last block meets beta*C tile by tile, so C is read and written once.
+ * Within a block, a row of tiles at a time: the A sliver (mr x kc) stays in L1 while the B slivers stream from the
+ * packed panel (L2), and C is written along its rows. A stored [M,K] with alpha 1 and whole row tiles is not packed:
+ * its sliver is read in place by the row-pointer kernel (in L1 after the first tile of the row). */
 static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
@@ -795,6 +821,12 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
   const int64_t ntiles = (N + nr - 1) / nr; /* a row of workspace tiles */
   float *w = NULL;
   if (beta != 0.0f && kblocks > 1 && !(w = workspace((size_t)(((M + mr - 1) / mr) * ntiles * mr * nr)))) return -1;
+#ifdef GEMM_X86
+  const direct_kernel *rows = !ta && alpha == 1.0f && M % mr == 0 ? &DIRECT[g - KERNELS] : NULL;
+  if (rows && !rows->rows) rows = NULL;
+#else
+  const void *rows = NULL;
+#endif
   for (int64_t jc = 0; jc < N; jc += g->nc) {
     const int64_t nc = N - jc < g->nc ? N - jc : g->nc;
     for (int64_t pc = 0; pc < K; pc += kcMax) {
@@ -803,30 +835,38 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
       pack_b(nr, tb, B, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < M; ic += g->mc) {
         const int64_t mc = M - ic < g->mc ? M - ic : g->mc;
-        pack_a(mr, ta, A, lda, ic, pc, mc, kc, alpha, ap);
-        for (int64_t jr = 0; jr < nc; jr += nr) {
-          const int64_t cols = nc - jr < nr ? nc - jr : nr;
-          const float *bs = bp + jr * kc;
-          for (int64_t ir = 0; ir < mc; ir += mr) {
-            const int64_t rows = mc - ir < mr ? mc - ir : mr;
+        if (!rows) pack_a(mr, ta, A, lda, ic, pc, mc, kc, alpha, ap);
+        for (int64_t ir = 0; ir < mc; ir += mr) {
+          const int64_t nrows = mc - ir < mr ? mc - ir : mr;
+          const float *as = ap + ir * kc, *ar = rows ? A + (ic + ir) * lda + pc : NULL;
+          for (int64_t jr = 0; jr < nc; jr += nr) {
+            const int64_t cols = nc - jr < nr ? nc - jr : nr;
+            const float *bs = bp + jr * kc;
             float *cp = C + (ic + ir) * ldc + jc + jr;
-            const float *as = ap + ir * kc;
             if (w) { /* the whole tile's chain in the workspace (packed A and B are zero past the edges) */
               float *wt = w + (((ic + ir) / mr) * ntiles + (jc + jr) / nr) * mr * nr;
-              g->ukr(kc, as, bs, wt, nr, load, 0, 0.0f);
-              if (last) meet(g, wt, cp, ldc, rows, cols, beta);
+              if (!rows) g->ukr(kc, as, bs, wt, nr, load, 0, 0.0f);
+#ifdef GEMM_X86
+              else rows->rows(kc, ar, 4 * lda, bs, 4 * nr, wt, nr, load, NULL);
+#endif
+              if (last) meet(g, wt, cp, ldc, nrows, cols, beta);
               continue;
             }
 #ifdef GEMM_X86
-            /* the next tile's C rows, read when this K block continues their chains: fetched while this one runs */
-            if (load && ir + 2 * mr <= mc)
-              for (int r = 0; r < mr; r++) {
-                _mm_prefetch((const char *)(cp + (mr + r) * ldc), _MM_HINT_T0);
-                _mm_prefetch((const char *)(cp + (mr + r) * ldc + nr - 1), _MM_HINT_T0);
+            if (load) { /* the next tile's C, when this K block continues its chains: fetched while this one runs */
+              const float *next = jr + nr < nc ? cp + nr : ir + mr < mc ? cp - jr + mr * ldc : NULL;
+              for (int r = 0; next && r < mr; r++) {
+                _mm_prefetch((const char *)(next + r * ldc), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + r * ldc + nr - 1), _MM_HINT_T0);
               }
+            }
+            if (rows) {
+              rows_tile(rows, kc, ar, lda, bs, cp, ldc, cols, load, combine, beta);
+              continue;
+            }
 #endif
-            if (rows == mr && cols == nr) g->ukr(kc, as, bs, cp, ldc, load, combine, beta);
-            else edge_tile(g, kc, as, bs, cp, ldc, rows, cols, load, combine, beta);
+            if (nrows == mr && cols == nr) g->ukr(kc, as, bs, cp, ldc, load, combine, beta);
+            else edge_tile(g, kc, as, bs, cp, ldc, nrows, cols, load, combine, beta);
           }
         }
       }

@@ -145,6 +145,23 @@ test("alpha, beta (0 ignores NaN in C, 1, any other) and leading dimensions wide
   check({ ta: false, tb: false, M: 5, N: 6, K: 0, alpha: 1, beta: 2, lda: 1, ldb: 6, ldc: 6 }, seed++);
 });
 
+test("A stored [M,K] with whole row tiles, read in place: edge columns, several K and M blocks, every beta", {
+  skip,
+  timeout: 300_000,
+}, () => {
+  // M a multiple of both kernels' row tiles (8, 6) and over the small-product limit (64): blocked() reads A's rows in
+  // place instead of packing them; N leaves a cut column tile, K = 600 runs in several K blocks, M = 240 in two M
+  // blocks of the AVX-512 kernel
+  let seed = 300;
+  for (const tb of [false, true])
+    for (const [M, N, K] of [
+      [96, 45, 600],
+      [240, 77, 600],
+      [240, 64, 100],
+    ])
+      for (const beta of [0, 1, -0.35]) for (const pad of [0, 3]) check(mk(false, tb, M, N, K, 1, beta, pad), seed++);
+});
+
 test("the frozen model's shapes at seq 256 (sampled elements against the documented order, all kernels identical)", {
   skip,
   timeout: 600_000,
