@@ -3,8 +3,10 @@
  * product of the frozen model (hidden 576, 9/3 heads of 64, ffn 1536) at seq 256 and seq 1024, one thread, against
  * the core's FMA peak for the kernel's instruction set measured in the same run (a register-only loop of 12
  * independent FMA chains). Kernels, shapes and peak probes take turns round by round, so drift on a shared machine
- * hits them alike. Both the probe and the products are timed on CPU time (the thread's, the process's), so time
- * spent descheduled by other load does not count; each figure is the best of its calls and rounds.
+ * hits them alike. Both the probe and the built-in products are timed in C on this thread's CPU clock (a sample is a
+ * few products back to back, as the trainer's C code calls them), so time spent descheduled by other load, other
+ * threads and the call from JS do not count; OpenBLAS, through its JS wrapper, on the process's CPU clock. Each
+ * figure is the best sample of its rounds.
  */
 import { builtinGemm, builtinGemmBf16, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
 
@@ -82,15 +84,16 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   if (!g) throw new Error("the native addon does not load (npm run build:native)");
   const isas = supportedIsas().filter((i) => i !== "portable");
   const blas = loadNative({ gemm: "openblas", isa: "auto" });
+  // each kernel's time: CPU seconds for `calls` products back to back
   const kernels: Array<{
     name: string;
-    run: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array) => void;
+    time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) => number;
     peakOf: string | null;
   }> = isas.map((isa) => ({
     name: `builtin ${isa}`,
     peakOf: isa,
-    run: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array) =>
-      g(isa, sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N),
+    time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) =>
+      g(isa, sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N, calls),
   }));
   // bf16 products on AMX (native/gemm.h: gemm_bf16), where the CPU has AMX-BF16, against TDPBF16PS's own
   // register-only peak (--precision bf16, P8)
@@ -99,15 +102,36 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     kernels.push({
       name: "builtin bf16 (AMX)",
       peakOf: "amx",
-      run: (sh, A, B, C) =>
-        bf.gemm("amx", sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N),
+      time: (sh, A, B, C, calls) =>
+        bf.gemm(
+          "amx",
+          sh.ta,
+          sh.tb,
+          sh.M,
+          sh.N,
+          sh.K,
+          1,
+          A,
+          sh.ta ? sh.M : sh.K,
+          B,
+          sh.tb ? sh.K : sh.N,
+          0,
+          C,
+          sh.N,
+          calls,
+        ),
     });
   if ("kernels" in blas) {
     const k = blas.kernels;
     kernels.push({
       name: "openblas",
       peakOf: null,
-      run: (sh, A, B, C) => k.matmul(sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, B, 0, C),
+      time: (sh, A, B, C, calls) => {
+        const c0 = process.cpuUsage(); // this thread is the only busy one
+        for (let i = 0; i < calls; i++) k.matmul(sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, B, 0, C);
+        const c = process.cpuUsage(c0);
+        return Math.max(1, c.user + c.system) / 1e6;
+      },
     });
   } else opts.log(`gemm: OpenBLAS not measured (${blas.reason})`);
   const shapes = opts.seqs.flatMap(modelShapes);
@@ -124,19 +148,17 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
         peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
     shapes.forEach((sh, i) => {
       const d = data[i];
+      const flops = 2 * sh.M * sh.N * sh.K;
+      // a sample: enough products back to back for 2e7 flops (about 0.1 ms), so the clock's own cost is noise;
+      // samples: about 1e8 flops in all, at least 3; the fastest sample kept (time the products were not running,
+      // another process having the core, does not count, as for the peak probe)
+      const calls = Math.max(1, Math.round(2e7 / flops));
+      const samples = Math.max(3, Math.round(1e8 / (flops * calls)));
       for (const k of kernels) {
-        k.run(sh, d.A, d.B, d.C); // untimed: caches and packing buffers warm
-        // each call timed alone on the process's CPU clock (this thread is the only busy one), the fastest kept:
-        // time the call was not running (another process had the core) does not count, as for the peak probe
-        const reps = Math.max(3, Math.round(1e8 / (2 * sh.M * sh.N * sh.K)));
+        k.time(sh, d.A, d.B, d.C, 1); // untimed: caches and packing buffers warm
         let fastest = Infinity;
-        for (let r = 0; r < reps; r++) {
-          const c0 = process.cpuUsage();
-          k.run(sh, d.A, d.B, d.C);
-          const c = process.cpuUsage(c0);
-          fastest = Math.min(fastest, Math.max(1, c.user + c.system) / 1e6);
-        }
-        const gf = (2 * sh.M * sh.N * sh.K) / fastest / 1e9;
+        for (let r = 0; r < samples; r++) fastest = Math.min(fastest, k.time(sh, d.A, d.B, d.C, calls) / calls);
+        const gf = flops / fastest / 1e9;
         const key = `${i}|${k.name}`;
         best.set(key, Math.max(best.get(key) ?? 0, gf));
       }
@@ -178,7 +200,7 @@ export function gemmTableMarkdown(rows: GemmRow[], peaks: Record<string, number>
     )
       .map(([k, v]) => `${k} ${v.toFixed(1)} GFLOP/s`)
       .join(", ")}.`,
-    "Each cell: best GFLOP/s of the run's calls, timed on CPU time (fraction of that instruction set's peak). Command: `npm run bench -- --cases gemm`.",
+    "Each cell: best GFLOP/s of the run's samples (a few products back to back, timed in C on the thread's CPU clock; OpenBLAS through its JS wrapper on the process's), with the fraction of that instruction set's peak. Command: `npm run bench -- --cases gemm`.",
     "",
     `| seq | product | shape (M x N x K) | ${kernels.join(" | ")} |`,
     `|---|---|---|${kernels.map(() => "---").join("|")}|`,

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gemm.h"
 
@@ -739,13 +740,31 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
 }
 
 /* ------------------------------------------------------------------ the kernels' wrappers */
-/* gemm(isa, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): the built-in GEMM on one kernel with
- * leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it).
+/* gemm(isa, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc[, calls]): the built-in GEMM on one
+ * kernel with leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it).
+ * With calls (the bench), the product runs that many times back to back and the call returns this thread's CPU
+ * seconds for them: the time the products ran, as the trainer calls them from C, without the call from JS.
  * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "amx" is the AMX-BF16 kernel,
  * the others the emulation on that kernel. */
+static double thread_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   const char *fn = bf16 ? "gemmBf16" : "gemm";
-  ARGS(14);
+  size_t argc = 15;
+  napi_value argv[15];
+  CHECK_NAPI(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  if (argc < 14) {
+    napi_throw_type_error(env, NULL, "tstrain native: too few arguments");
+    return NULL;
+  }
+  double calls = 0;
+  if (argc > 14 && (napi_get_value_double(env, argv[14], &calls) != napi_ok || !(calls >= 1 && calls <= 1e6))) {
+    throw_range(env, fn, "calls must be a number from 1 to 1e6");
+    return NULL;
+  }
   char isa[32] = {0};
   size_t len = 0;
   if (napi_get_value_string_utf8(env, argv[0], isa, sizeof isa, &len) != napi_ok) {
@@ -769,10 +788,16 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   F32(9, Bm, br > 0 ? (br - 1) * ldb + bc : 0, "B");
   F32(12, C, M > 0 ? (M - 1) * ldc + N : 0, "C");
   if (bf16 && alpha != 1.0) { throw_range(env, fn, "alpha must be 1"); return NULL; }
-  const int rc = bf16 ? gemm_bf16(want, hw, transA, transB, M, N, K, A, lda, Bm, ldb, (float)beta, C, ldc)
-                      : gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc);
-  if (rc) GEMM_OOM();
-  return NULL;
+  const double t0 = thread_seconds();
+  for (int64_t i = 0; i < (calls >= 1 ? (int64_t)calls : 1); i++) {
+    const int rc = bf16 ? gemm_bf16(want, hw, transA, transB, M, N, K, A, lda, Bm, ldb, (float)beta, C, ldc)
+                        : gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc);
+    if (rc) GEMM_OOM();
+  }
+  if (calls < 1) return NULL;
+  napi_value v;
+  CHECK_NAPI(napi_create_double(env, thread_seconds() - t0, &v));
+  return v;
 }
 static napi_value Gemm(napi_env env, napi_callback_info info) { return gemm_call(env, info, 0); }
 static napi_value GemmBf16(napi_env env, napi_callback_info info) { return gemm_call(env, info, 1); }

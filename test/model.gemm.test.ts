@@ -257,6 +257,29 @@ test("the kernels' matmul (the engine's entry point) runs the same GEMM: --isa f
   assert.ok(supportedIsas().length >= 1);
 });
 
+test("gemm with calls (the bench's timing) runs the product that many times and returns CPU seconds", { skip }, () => {
+  const g = builtinGemm()!;
+  const c = mk(false, true, 40, 50, 300, 1, 1);
+  const { A, B, C0 } = operands(c, 1200);
+  for (const isa of supportedIsas()) {
+    const once = C0.slice();
+    for (let i = 0; i < 3; i++) g(isa, c.ta, c.tb, c.M, c.N, c.K, 1, A, c.lda, B, c.ldb, 1, once, c.ldc);
+    const timed = C0.slice();
+    const s = g(isa, c.ta, c.tb, c.M, c.N, c.K, 1, A, c.lda, B, c.ldb, 1, timed, c.ldc, 3);
+    assert.ok(typeof s === "number" && s > 0 && s < 60, `${isa}: ${s} s`);
+    assert.deepEqual(
+      new Uint32Array(timed.buffer),
+      new Uint32Array(once.buffer),
+      `${isa}: three products, C += AB each`,
+    );
+    assert.equal(g(isa, c.ta, c.tb, c.M, c.N, c.K, 1, A, c.lda, B, c.ldb, 1, timed, c.ldc), undefined);
+  }
+  assert.throws(
+    () => g("auto", c.ta, c.tb, c.M, c.N, c.K, 1, A, c.lda, B, c.ldb, 0, C0.slice(), c.ldc, 0),
+    /calls must be a number from 1 to 1e6/,
+  );
+});
+
 test("a kernel this CPU lacks is refused by name with the fix, and a bad name is a RangeError", { skip }, () => {
   const g = builtinGemm()!;
   assert.throws(

@@ -43,8 +43,11 @@ interface Addon {
   ): { kind: string; isa: string; detail: string; best: string; supported: string[]; precision: Precision };
   gemmPeak(isa: IsaChoice, iters: number): number;
   gemm(isa: IsaChoice, ...args: GemmArgs): void;
+  /** With calls: the product that many times back to back; returns this thread's CPU seconds for them (bench). */
+  gemm(isa: IsaChoice, ...args: [...GemmArgs, calls: number]): number;
   /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "amx" is the AMX-BF16 kernel. */
   gemmBf16(isa: IsaChoice, ...args: GemmArgs): void;
+  gemmBf16(isa: IsaChoice, ...args: [...GemmArgs, calls: number]): number;
   gemmBf16Hw(): boolean;
   /** The process's weights: the bf16 AMX kernel keeps their packed copies until bf16WeightsChanged(). */
   bf16Weights(params: Float32Array): void;
