@@ -34,7 +34,8 @@ typedef void (*ukr_fn)(int64_t kc, const float *a, const float *b, float *c, int
 typedef struct {
   int mr, nr;     /* register tile */
   int64_t mc, kc; /* A block, K block (the A sliver mr x kc stays in L1 for a row of tiles) */
-  int64_t nc;     /* B panel (kc x nc, in L2 while the row tiles stream its slivers) */
+  int64_t nc;     /* B panel (kc x nc, at most PANEL floats: in L2 while the row tiles stream its slivers) */
+  int64_t kone;   /* a K up to this runs as one block (C written once; kc x nc smaller to fit) */
   ukr_fn ukr;
   const char *name, *detail;
 } gemm_kernel;
@@ -422,13 +423,13 @@ __attribute__((target("avx512f"))) static void ukr_avx512(int64_t kc, const floa
 #endif
 
 static const gemm_kernel KERNELS[3] = {
-    {P_MR, P_NR, 128, 256, 2048, ukr_portable, "portable", "portable C 4x16"},
+    {P_MR, P_NR, 128, 256, 2048, 0, ukr_portable, "portable", "portable C 4x16"},
 #ifdef GEMM_X86
-    {A2_MR, A2_NR, 144, 256, 3072, ukr_avx2, "avx2", "AVX2+FMA 6x16"},
-    {A5_MR, A5_NR, 192, 256, 1024, ukr_avx512, "avx512", "AVX-512F 8x32"},
+    {A2_MR, A2_NR, 144, 256, 3072, 0, ukr_avx2, "avx2", "AVX2+FMA 6x16"},
+    {A5_MR, A5_NR, 192, 384, 3072, 640, ukr_avx512, "avx512", "AVX-512F 8x32"},
 #else
-    {P_MR, P_NR, 128, 256, 2048, ukr_portable, "avx2", "(not on this CPU)"},
-    {P_MR, P_NR, 128, 256, 2048, ukr_portable, "avx512", "(not on this CPU)"},
+    {P_MR, P_NR, 128, 256, 2048, 0, ukr_portable, "avx2", "(not on this CPU)"},
+    {P_MR, P_NR, 128, 256, 2048, 0, ukr_portable, "avx512", "(not on this CPU)"},
 #endif
 };
 
@@ -659,10 +660,43 @@ __attribute__((target("avx512f"))) static int64_t pack_cols32_avx512(const float
 static int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits as the loops) */
 #endif
 
+#ifdef GEMM_X86
+/* kc rows of src (ld apart), n floats each (n a multiple of w = 8 or 32), into slivers of w columns: row p's columns
+ * s .. s+w-1 go to dst + s*kc + p*w. Each source row is read once, front to back (the LM head's operands stream
+ * from memory; sliver by sliver, each row would be visited once per sliver, on a different page every row). */
+__attribute__((target("avx512f"))) static void pack_rowwise(int w, const float *src, int64_t ld, int64_t kc, int64_t n,
+                                                             float *dst) {
+  for (int64_t p = 0; p < kc; p++) {
+    const float *r = src + p * ld;
+    float *d = dst + p * w;
+    int64_t s = 0;
+    if (w == 32)
+      for (; s < n; s += 32, d += 32 * kc) {
+        _mm512_storeu_ps(d, _mm512_loadu_ps(r + s));
+        _mm512_storeu_ps(d + 16, _mm512_loadu_ps(r + s + 16));
+      }
+    else {
+      for (; s + 16 <= n; s += 16, d += 16 * kc) {
+        const __m512d x = _mm512_castps_pd(_mm512_loadu_ps(r + s));
+        _mm256_storeu_ps(d, _mm256_castpd_ps(_mm512_castpd512_pd256(x)));
+        _mm256_storeu_ps(d + 8 * kc, _mm256_castpd_ps(_mm512_extractf64x4_pd(x, 1)));
+      }
+      for (; s < n; s += 8, d += 8 * kc) _mm256_storeu_ps(d, _mm256_loadu_ps(r + s));
+    }
+  }
+}
+#endif
+
 /* A[i0:i0+mc, p0:p0+kc] (times alpha) into MR-row slivers: sliver s holds a[s*MR + r, p] at s*MR*kc + p*MR + r;
  * rows past mc are 0. */
 static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
                    float alpha, float *ap) {
+#ifdef GEMM_X86
+  if (ta && fast_pack && mr == 8 && mc % 8 == 0 && alpha == 1.0f) { /* the AVX-512 kernel's 8-row slivers */
+    pack_rowwise(8, A + p0 * lda + i0, lda, kc, mc, ap);
+    return;
+  }
+#endif
   for (int64_t s = 0; s < mc; s += mr, ap += mr * kc) {
     const int64_t rows = mc - s < mr ? mc - s : mr;
     if (ta) { /* A stored [K,M]: a row of the sliver is contiguous in A */
@@ -707,6 +741,12 @@ static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int6
  * nc are 0. */
 static void pack_b(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int64_t j0, int64_t kc, int64_t nc,
                    float *bp) {
+#ifdef GEMM_X86
+  if (!tb && fast_pack && nr == 32 && nc % 32 == 0) { /* the AVX-512 kernel's 32-column slivers */
+    pack_rowwise(32, B + p0 * ldb + j0, ldb, kc, nc, bp);
+    return;
+  }
+#endif
   for (int64_t s = 0; s < nc; s += nr, bp += nr * kc) {
     const int64_t cols = nc - s < nr ? nc - s : nr;
     if (!tb) { /* B stored [K,N]: a row of the sliver is contiguous */
@@ -800,6 +840,11 @@ static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, in
     }
 }
 
+/* K in equal blocks of at most g->kc (K = 256 on a 192 block: 2 x 128, not 192 + 64), so no block is a short tail
+ * that pays a full tile's load and store for little work; a K up to g->kone in one. The order of summation does not
+ * change. */
+static int64_t k_blocks(const gemm_kernel *g, int64_t K) { return K <= g->kone ? 1 : (K + g->kc - 1) / g->kc; }
+#define PANEL ((int64_t)1 << 18) /* floats (1 MB): blocked()'s packed B panel, kept in L2 */
 /* C = op(A) op(B) + beta*C. K-blocks after the first continue the chains where the one before left them: in C when
  * beta is 0 or K is one block (which meets beta*C in the kernel's store), else in a workspace of whole tiles (each
  * mr x nr tile contiguous) whose last block meets beta*C tile by tile, so C is read and written once.
@@ -809,10 +854,11 @@ static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, in
 static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
-  /* K in equal blocks of at most g->kc (K = 256 on a 192 block: 2 x 128, not 192 + 64), so no block is a short
-   * tail that pays a full tile's load and store for little work. The order of summation does not change. */
-  const int64_t kblocks = (K + g->kc - 1) / g->kc, kcMax = (K + kblocks - 1) / kblocks;
-  const int64_t ncMax = ((N < g->nc ? N : g->nc) + nr - 1) / nr * nr;
+  const int64_t kblocks = k_blocks(g, K), kcMax = (K + kblocks - 1) / kblocks;
+  /* N in equal blocks too, each B panel (kc x nc) at most PANEL floats, so that it stays in L2 */
+  int64_t ncCap = PANEL / kcMax / nr * nr;
+  ncCap = ncCap < nr ? nr : ncCap > g->nc ? g->nc : ncCap;
+  const int64_t nblocks = (N + ncCap - 1) / ncCap, ncMax = ((N + nblocks - 1) / nblocks + nr - 1) / nr * nr;
   const int64_t mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
   const size_t bsize = (size_t)(((ncMax * kcMax) + 15) / 16 * 16);
   float *buf = scratch(bsize + (size_t)(mcMax * kcMax) + 16); /* + 16: transpose8's overhang (6 rows) */
@@ -827,8 +873,8 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
 #else
   const void *rows = NULL;
 #endif
-  for (int64_t jc = 0; jc < N; jc += g->nc) {
-    const int64_t nc = N - jc < g->nc ? N - jc : g->nc;
+  for (int64_t jc = 0; jc < N; jc += ncMax) {
+    const int64_t nc = N - jc < ncMax ? N - jc : ncMax;
     for (int64_t pc = 0; pc < K; pc += kcMax) {
       const int64_t kc = K - pc < kcMax ? K - pc : kcMax;
       const int load = pc > 0, combine = pc == 0 && pc + kc == K, last = pc + kc == K;
@@ -892,7 +938,7 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
   if (g != &KERNELS[GEMM_ISA_PORTABLE] && !tb && alpha == 1.0f && M <= DIRECT_MAX_M && M >= g->mr && N >= g->nr)
     return direct(&DIRECT[g - KERNELS], ta, M, N, K, A, lda, B, ldb, beta, C, ldc);
 #endif
-  const int64_t kblocks = (K + g->kc - 1) / g->kc;
+  const int64_t kblocks = k_blocks(g, K);
   if (beta == 0.0f || kblocks == 1) return blocked(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   /* beta != 0 over several K blocks: C in bands of rows whose workspace (blocked) is at most about WS_BAND floats,
    * kept from call to call, instead of one the size of C (113 MB for the LM head's dE, fresh pages every call). B is
@@ -1377,7 +1423,7 @@ void gemm_bf16_weights_changed(void) {}
 void gemm_bf16_weights_prepack(int part, int parts) { (void)part, (void)parts; }
 #endif
 
-static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, ukr_portable_bf16, "portable", "portable C 4x16"};
+static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, 0, ukr_portable_bf16, "portable", "portable C 4x16"};
 
 int gemm_bf16_hw_supported(void) {
 #ifdef GEMM_X86

@@ -125,8 +125,10 @@ test("every kernel gives the documented order's bits: each dimension over 1, 7, 
       check(mk(ta, tb, 17, 65, d, 0.125, 0), seed++);
       check(mk(ta, tb, 7, 63, d, 1, 1), seed++); // K over several blocks with beta 1: chains in a workspace
     }
-  // beta != 0 over several K blocks with a C of more than 2^20 floats (the LM head's dE): C in bands of rows
-  for (const [ta, tb] of FLAGS) check(mk(ta, tb, 3600, 300, 260, -0.7, 1.5, 3), seed++);
+  // beta != 0 over several K blocks (K = 700: every kernel, AVX-512's one-block limit included) with a C of more
+  // than 2^20 floats (the LM head's dE): C in bands of rows; 2,000 elements against the reference, every element
+  // across the kernels
+  for (const [ta, tb] of FLAGS) check(mk(ta, tb, 3600, 300, 700, -0.7, 1.5, 3), seed++, 2000);
 });
 
 test("alpha, beta (0 ignores NaN in C, 1, any other) and leading dimensions wider than the rows", {
