@@ -17,6 +17,8 @@ export interface GemmShape {
   M: number;
   N: number;
   K: number;
+  /** 0, or 1 where the model adds the product to C (residuals, dx += dy W, gradients accumulated) */
+  beta: number;
   seq: number;
 }
 export interface GemmRow {
@@ -29,36 +31,52 @@ export interface GemmRow {
   of_peak: number | null;
 }
 
-/** The frozen model's products at `seq` tokens (one sequence), with the transpose flags the model uses. */
+/** Rows of the tied LM head's products at seq T: the model runs the head in chunks of 2^24 / vocab tokens
+ *  (src/model/llama.ts: headChunkTokens, 341 for the frozen vocab of 49152). */
+const HEAD_CHUNK = Math.floor((1 << 24) / 49152);
+
+/** Every matrix product of the frozen model's step at `seq` tokens (one sequence), with the transpose flags and
+ *  beta the model uses (src/model/llama.ts: linearForward, linearBackward, the head; native/tstrain.c: attention). */
 export function modelShapes(seq: number): GemmShape[] {
   const T = seq,
     D = 576,
     KV = 192,
     F = 1536,
     E = 64,
-    B = 64;
-  const s = (name: string, ta: boolean, tb: boolean, M: number, N: number, K: number): GemmShape => ({
+    B = 64,
+    V = 49152,
+    Th = Math.min(T, HEAD_CHUNK);
+  const s = (name: string, ta: boolean, tb: boolean, M: number, N: number, K: number, beta = 0): GemmShape => ({
     name,
     ta,
     tb,
     M,
     N,
     K,
+    beta,
     seq,
   });
   return [
-    s("fwd q/o  x W^T", false, true, T, D, D),
-    s("fwd k/v  x W^T", false, true, T, KV, D),
-    s("fwd gate/up x W^T", false, true, T, F, D),
-    s("fwd down x W^T", false, true, T, D, F),
-    s("bwd dx = dy W (q/o)", false, false, T, D, D),
-    s("bwd dx = dy W (down)", false, false, T, D, F),
-    s("bwd dW = dy^T x (q/o)", true, false, D, D, T),
-    s("bwd dW = dy^T x (gate/up)", true, false, F, D, T),
-    s("bwd dW = dy^T x (down)", true, false, D, F, T),
+    s("fwd q = x Wq^T", false, true, T, D, D),
+    s("fwd x + o Wo^T (residual)", false, true, T, D, D, 1),
+    s("fwd k/v = x W^T", false, true, T, KV, D),
+    s("fwd gate/up = x W^T", false, true, T, F, D),
+    s("fwd x + s Wdown^T (residual)", false, true, T, D, F, 1),
+    s(`fwd logits = h E^T (head, ${Th}-token chunk)`, false, true, Th, V, D),
+    s("bwd dx = dy W (q, o)", false, false, T, D, D),
+    s("bwd dx += dy W (k, v)", false, false, T, D, KV, 1),
+    s("bwd dx = dy W (gate)", false, false, T, D, F),
+    s("bwd dx += dy W (up)", false, false, T, D, F, 1),
+    s("bwd ds = dy Wdown (down)", false, false, T, F, D),
+    s("bwd dh = dlogits E (head)", false, false, Th, D, V),
+    s("bwd dW += dy^T x (q/o)", true, false, D, D, T, 1),
+    s("bwd dW += dy^T x (k/v)", true, false, KV, D, T, 1),
+    s("bwd dW += dy^T x (gate/up)", true, false, F, D, T, 1),
+    s("bwd dW += dy^T x (down)", true, false, D, F, T, 1),
+    s("bwd dE += dlogits^T h (head)", true, false, V, D, Th, 1),
     s("attn scores (q*scale) k^T, k as [E, T] (64-row block)", false, false, B, T, E),
     s("attn out att v", false, false, B, E, T),
-    s("attn dk/dv att^T dout", true, false, B, E, T),
+    s("attn dk/dv += att^T dout", true, false, B, E, T, 1),
   ];
 }
 
@@ -93,7 +111,23 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     name: `builtin ${isa}`,
     peakOf: isa,
     time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) =>
-      g(isa, sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, 0, C, sh.N, calls),
+      g(
+        isa,
+        sh.ta,
+        sh.tb,
+        sh.M,
+        sh.N,
+        sh.K,
+        1,
+        A,
+        sh.ta ? sh.M : sh.K,
+        B,
+        sh.tb ? sh.K : sh.N,
+        sh.beta,
+        C,
+        sh.N,
+        calls,
+      ),
   }));
   // bf16 products on AMX (native/gemm.h: gemm_bf16), where the CPU has AMX-BF16, against TDPBF16PS's own
   // register-only peak (--precision bf16, P8)
@@ -115,7 +149,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
           sh.ta ? sh.M : sh.K,
           B,
           sh.tb ? sh.K : sh.N,
-          0,
+          sh.beta,
           C,
           sh.N,
           calls,
@@ -128,7 +162,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
       peakOf: null,
       time: (sh, A, B, C, calls) => {
         const c0 = process.cpuUsage(); // this thread is the only busy one
-        for (let i = 0; i < calls; i++) k.matmul(sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, B, 0, C);
+        for (let i = 0; i < calls; i++) k.matmul(sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, B, sh.beta, C);
         const c = process.cpuUsage(c0);
         return Math.max(1, c.user + c.system) / 1e6;
       },
@@ -175,7 +209,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
       const gf = best.get(`${i}|${k.name}`)!;
       const peak = k.peakOf ? peaks[k.peakOf] : null;
       rows.push({
-        shape: `${sh.ta ? "T" : "N"}${sh.tb ? "T" : "N"} ${sh.M}x${sh.N}x${sh.K}`,
+        shape: `${sh.ta ? "T" : "N"}${sh.tb ? "T" : "N"} ${sh.M}x${sh.N}x${sh.K}${sh.beta ? ", beta 1" : ""}`,
         what: sh.name,
         seq: sh.seq,
         kernel: k.name,
@@ -202,7 +236,7 @@ export function gemmTableMarkdown(rows: GemmRow[], peaks: Record<string, number>
       .join(", ")}.`,
     "Each cell: best GFLOP/s of the run's samples (a few products back to back, timed in C on the thread's CPU clock; OpenBLAS through its JS wrapper on the process's), with the fraction of that instruction set's peak. Command: `npm run bench -- --cases gemm`.",
     "",
-    `| seq | product | shape (M x N x K) | ${kernels.join(" | ")} |`,
+    `| seq | product | shape (M x N x K, beta) | ${kernels.join(" | ")} |`,
     `|---|---|---|${kernels.map(() => "---").join("|")}|`,
   ];
   for (const key of shapes) {
