@@ -80,6 +80,11 @@ export function modelShapes(seq: number): GemmShape[] {
   ];
 }
 
+/** The addon's gemm arguments after the kernel for one shape (dense operands: the leading dimensions are the rows). */
+function gemmArgs(sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array) {
+  return [sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, sh.beta, C, sh.N] as const;
+}
+
 function rand(n: number, seed: number): Float32Array {
   const a = new Float32Array(n);
   let x = seed >>> 0;
@@ -111,23 +116,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     name: `builtin ${isa}`,
     peakOf: isa,
     time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) =>
-      g(
-        isa,
-        sh.ta,
-        sh.tb,
-        sh.M,
-        sh.N,
-        sh.K,
-        1,
-        A,
-        sh.ta ? sh.M : sh.K,
-        B,
-        sh.tb ? sh.K : sh.N,
-        sh.beta,
-        C,
-        sh.N,
-        calls,
-      ),
+      g(isa, ...gemmArgs(sh, A, B, C), calls),
   }));
   // bf16 products on AMX (native/gemm.h: gemm_bf16), where the CPU has AMX-BF16, against TDPBF16PS's own
   // register-only peak (--precision bf16, P8)
@@ -136,24 +125,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     kernels.push({
       name: "builtin bf16 (AMX)",
       peakOf: "amx",
-      time: (sh, A, B, C, calls) =>
-        bf.gemm(
-          "amx",
-          sh.ta,
-          sh.tb,
-          sh.M,
-          sh.N,
-          sh.K,
-          1,
-          A,
-          sh.ta ? sh.M : sh.K,
-          B,
-          sh.tb ? sh.K : sh.N,
-          sh.beta,
-          C,
-          sh.N,
-          calls,
-        ),
+      time: (sh, A, B, C, calls) => bf.gemm("amx", ...gemmArgs(sh, A, B, C), calls),
     });
   if ("kernels" in blas) {
     const k = blas.kernels;
