@@ -884,7 +884,10 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
         if (!rows) pack_a(mr, ta, A, lda, ic, pc, mc, kc, alpha, ap);
         for (int64_t ir = 0; ir < mc; ir += mr) {
           const int64_t nrows = mc - ir < mr ? mc - ir : mr;
-          const float *as = ap + ir * kc, *ar = rows ? A + (ic + ir) * lda + pc : NULL;
+          const float *as = ap + ir * kc;
+#ifdef GEMM_X86
+          const float *ar = rows ? A + (ic + ir) * lda + pc : NULL; /* A's sliver in place */
+#endif
           for (int64_t jr = 0; jr < nc; jr += nr) {
             const int64_t cols = nc - jr < nr ? nc - jr : nr;
             const float *bs = bp + jr * kc;
@@ -1552,6 +1555,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(int64_t iter
 #endif
 
 double gemm_bf16_peak(int64_t iters) {
+  (void)iters; /* unused where the CPU is not x86-64 */
   volatile float sink = 0;
   float out = 0;
   double g = 0;
