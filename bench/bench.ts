@@ -935,7 +935,7 @@ function addReadingNotes(run: BenchRun, o: Options, shape: Shape | null): Set<un
     }
   }
   const backends = new Set(
-    rows.filter((x) => x.backend !== "js" && !String(x.case).startsWith("torch")).map((x) => x.backend),
+    rows.filter((x) => x.backend && x.backend !== "js" && !String(x.case).startsWith("torch")).map((x) => x.backend),
   );
   if (backends.size > 1)
     run.notes.push(
