@@ -557,25 +557,19 @@ void gemm_thread_release(void) {
   ws_cap = 0;
 }
 
-/* n floats, 64-byte aligned, kept for the thread's next call. */
-static float *scratch(size_t n) {
-  if (buf_cap < n) {
-    free(buf_p);
-    buf_p = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
-    buf_cap = buf_p ? n : 0;
+/* n floats, 64-byte aligned, in *p (capacity *cap), grown when too small and kept for the thread's next call. */
+static float *grow(float **p, size_t *cap, size_t n) {
+  if (*cap < n) {
+    free(*p);
+    *p = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+    *cap = *p ? n : 0;
   }
-  return buf_p;
+  return *p;
 }
-
-/* n floats, 64-byte aligned, kept for the thread's next call (gemm_sgemm's bands keep n near WS_BAND). */
-static float *workspace(size_t n) {
-  if (ws_cap < n) {
-    free(ws_p);
-    ws_p = (float *)aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
-    ws_cap = ws_p ? n : 0;
-  }
-  return ws_p;
-}
+/* the packing buffer */
+static float *scratch(size_t n) { return grow(&buf_p, &buf_cap, n); }
+/* blocked()'s chains when beta != 0 (gemm_sgemm's bands keep n near WS_BAND) */
+static float *workspace(size_t n) { return grow(&ws_p, &ws_cap, n); }
 
 /* ------------------------------------------------------------------ packing (the same on every kernel) */
 #ifdef GEMM_X86
