@@ -1478,7 +1478,7 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
 /* ------------------------------------------------------------------ the core's FMA peak */
 #include <time.h>
 /* This thread's CPU time: the time the probe actually ran, whatever else the machine is doing. */
-static double seconds(void) {
+double gemm_thread_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -1490,11 +1490,11 @@ static double seconds(void) {
   V x[12];                                                                                                      \
   const V m = SET1(0.999999f), d = SET1(1e-7f);                                                                 \
   for (int i = 0; i < 12; i++) x[i] = SET1((float)i);                                                           \
-  const double t0 = seconds();                                                                                  \
+  const double t0 = gemm_thread_seconds();                                                                      \
   for (int64_t it = 0; it < iters; it++) {                                                                      \
     _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) x[i] = FMA(x[i], m, d);                               \
   }                                                                                                             \
-  const double dt = seconds() - t0;                                                                             \
+  const double dt = gemm_thread_seconds() - t0;                                                                 \
   float sink[16];                                                                                               \
   for (int i = 1; i < 12; i++) x[0] = FMA(x[0], m, x[i]);                                                       \
   STORE(sink, x[0]);                                                                                            \
@@ -1530,7 +1530,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(int64_t iter
   _tile_zero(3);
   _tile_zero(4);
   _tile_zero(5);
-  const double t0 = seconds();
+  const double t0 = gemm_thread_seconds();
   for (int64_t it = 0; it < iters; it++) {
     _tile_dpbf16ps(0, 6, 7);
     _tile_dpbf16ps(1, 6, 7);
@@ -1539,7 +1539,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(int64_t iter
     _tile_dpbf16ps(4, 6, 7);
     _tile_dpbf16ps(5, 6, 7);
   }
-  const double dt = seconds() - t0;
+  const double dt = gemm_thread_seconds() - t0;
   float sink[256];
   _tile_stored(0, sink, 64);
   *out = sink[0];
@@ -1574,10 +1574,10 @@ double gemm_fma_peak(gemm_isa isa, int64_t iters) {
   if (isa == GEMM_ISA_PORTABLE) { /* scalar fmaf chains, as the portable kernel runs them */
     float x[12];
     for (int i = 0; i < 12; i++) x[i] = (float)i;
-    const double t0 = seconds();
+    const double t0 = gemm_thread_seconds();
     for (int64_t it = 0; it < iters; it++)
       for (int i = 0; i < 12; i++) x[i] = fmaf(x[i], 0.999999f, 1e-7f);
-    const double dt = seconds() - t0;
+    const double dt = gemm_thread_seconds() - t0;
     out = x[0] + x[11];
     g = dt > 0 ? (double)iters * 12 * 2 / dt / 1e9 : 0;
   }

@@ -53,6 +53,8 @@ void gemm_bf16_weights_prepack(int part, int parts);
 /* Frees this thread's packing buffers (the next call allocates them again). */
 void gemm_thread_release(void);
 
+/* This thread's CPU seconds (CLOCK_THREAD_CPUTIME_ID): what the peak probes and the bench's timed products count. */
+double gemm_thread_seconds(void);
 /* GFLOP/s of this core on 12 independent register-only FMA chains of the kernel's instruction set, over iters
  * rounds (the peak a GEMM on that kernel is measured against); 0 when the CPU lacks it. */
 double gemm_fma_peak(gemm_isa isa, int64_t iters);

@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gemm.h"
 
@@ -746,11 +745,6 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
  * seconds for them: the time the products ran, as the trainer calls them from C, without the call from JS.
  * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "amx" is the AMX-BF16 kernel,
  * the others the emulation on that kernel. */
-static double thread_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   const char *fn = bf16 ? "gemmBf16" : "gemm";
   size_t argc = 15;
@@ -788,7 +782,7 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   F32(9, Bm, br > 0 ? (br - 1) * ldb + bc : 0, "B");
   F32(12, C, M > 0 ? (M - 1) * ldc + N : 0, "C");
   if (bf16 && alpha != 1.0) { throw_range(env, fn, "alpha must be 1"); return NULL; }
-  const double t0 = thread_seconds();
+  const double t0 = gemm_thread_seconds();
   for (int64_t i = 0; i < (calls >= 1 ? (int64_t)calls : 1); i++) {
     const int rc = bf16 ? gemm_bf16(want, hw, transA, transB, M, N, K, A, lda, Bm, ldb, (float)beta, C, ldc)
                         : gemm_sgemm(want, transA, transB, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta, C, ldc);
@@ -796,7 +790,7 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   }
   if (calls < 1) return NULL;
   napi_value v;
-  CHECK_NAPI(napi_create_double(env, thread_seconds() - t0, &v));
+  CHECK_NAPI(napi_create_double(env, gemm_thread_seconds() - t0, &v));
   return v;
 }
 static napi_value Gemm(napi_env env, napi_callback_info info) { return gemm_call(env, info, 0); }
