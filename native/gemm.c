@@ -660,22 +660,29 @@ static int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits
  * from memory; sliver by sliver, each row would be visited once per sliver, on a different page every row). */
 __attribute__((target("avx512f"))) static void pack_rowwise(int w, const float *src, int64_t ld, int64_t kc, int64_t n,
                                                              float *dst) {
-  for (int64_t p = 0; p < kc; p++) {
-    const float *r = src + p * ld;
-    float *d = dst + p * w;
+  /* rows in groups of 8: a sliver's 8 x w floats of a group are contiguous (whole cache lines), so each line of the
+   * copy is complete before it can leave L1 (slivers lie kc*w*4 bytes apart, often a multiple of 4 KiB: one set) */
+  for (int64_t p0 = 0; p0 < kc; p0 += 8) {
+    const int64_t pe = p0 + 8 < kc ? p0 + 8 : kc;
     int64_t s = 0;
     if (w == 32)
-      for (; s < n; s += 32, d += 32 * kc) {
-        _mm512_storeu_ps(d, _mm512_loadu_ps(r + s));
-        _mm512_storeu_ps(d + 16, _mm512_loadu_ps(r + s + 16));
-      }
+      for (; s < n; s += 32)
+        for (int64_t p = p0; p < pe; p++) {
+          const float *r = src + p * ld + s;
+          float *d = dst + s * kc + p * 32;
+          _mm512_storeu_ps(d, _mm512_loadu_ps(r));
+          _mm512_storeu_ps(d + 16, _mm512_loadu_ps(r + 16));
+        }
     else {
-      for (; s + 16 <= n; s += 16, d += 16 * kc) {
-        const __m512d x = _mm512_castps_pd(_mm512_loadu_ps(r + s));
-        _mm256_storeu_ps(d, _mm256_castpd_ps(_mm512_castpd512_pd256(x)));
-        _mm256_storeu_ps(d + 8 * kc, _mm256_castpd_ps(_mm512_extractf64x4_pd(x, 1)));
-      }
-      for (; s < n; s += 8, d += 8 * kc) _mm256_storeu_ps(d, _mm256_loadu_ps(r + s));
+      for (; s + 16 <= n; s += 16)
+        for (int64_t p = p0; p < pe; p++) {
+          const __m512d x = _mm512_castps_pd(_mm512_loadu_ps(src + p * ld + s));
+          float *d = dst + s * kc + p * 8;
+          _mm256_storeu_ps(d, _mm256_castpd_ps(_mm512_castpd512_pd256(x)));
+          _mm256_storeu_ps(d + 8 * kc, _mm256_castpd_ps(_mm512_extractf64x4_pd(x, 1)));
+        }
+      for (; s < n; s += 8)
+        for (int64_t p = p0; p < pe; p++) _mm256_storeu_ps(dst + s * kc + p * 8, _mm256_loadu_ps(src + p * ld + s));
     }
   }
 }
