@@ -1332,13 +1332,14 @@ static int wc_n = 0;
 static const float *w_lo = NULL, *w_hi = NULL;
 static int64_t w_gen = 1;
 
+/* Every call makes the kept copies stale, the same range again included: a new buffer may lie where the old one
+ * did (a second run in the same process) with other contents. (The copies' buffers are kept for reuse: another
+ * thread may still be reading one.) */
 void gemm_bf16_weights(const float *base, int64_t n) {
   pthread_mutex_lock(&wc_lock);
-  if (w_lo != base || w_hi != base + n) {
-    w_lo = n > 0 ? base : NULL;
-    w_hi = n > 0 ? base + n : NULL;
-    w_gen++;
-  }
+  w_lo = n > 0 ? base : NULL;
+  w_hi = n > 0 ? base + n : NULL;
+  w_gen++;
   pthread_mutex_unlock(&wc_lock);
 }
 void gemm_bf16_weights_changed(void) {

@@ -44,7 +44,8 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
 int gemm_bf16_hw_supported(void);
 /* The process's weights, [base, base + n): gemm_bf16's AMX kernel keeps each B operand that lies there packed
  * (shared by every thread) until gemm_bf16_weights_changed, which the trainer calls after every update of them. The
- * bits are those of packing B every time. n = 0 forgets the range. */
+ * bits are those of packing B every time. Each call (the same range again included) makes the kept copies stale;
+ * n = 0 forgets the range. */
 void gemm_bf16_weights(const float *base, int64_t n);
 void gemm_bf16_weights_changed(void);
 /* Remakes the stale copies kept for the weights, entry i when i % parts == part (each rank its share, side by side). */

@@ -93,6 +93,7 @@ export class SingleThreadTrainer {
     this.ids = new Int32Array(setup.microBatch * setup.seqLen);
     initWeights(setup.model, setup.seed, this.params);
     llama.bindParams(this.params); // AdamW updates them in place; the next pass reads them as they are
+    kernels.weightsAre?.(this.params); // P8: as a rank does (the bf16 engine keeps them packed between updates)
   }
 
   static async create(setup: SingleThreadSetup): Promise<SingleThreadTrainer> {
@@ -150,6 +151,7 @@ export class SingleThreadTrainer {
         d.coef,
         d.t,
       );
+      this.kernels.weightsChanged?.(); // P8: copies made before this update are stale
       res.updateMs = performance.now() - t2;
     }
     Object.assign(pos, d.next);
@@ -157,6 +159,7 @@ export class SingleThreadTrainer {
   }
 
   dispose(): void {
+    this.kernels.weightsAre?.(new Float32Array(0)); // the engine lets its copies go
     this.llama.dispose();
     this.kernels.dispose();
   }

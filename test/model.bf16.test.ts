@@ -115,7 +115,7 @@ test("the fp32 products are untouched by a bf16 engine in the same thread: loadi
   assert.notEqual(a.loss, step(k, true).loss, "the bf16 engine's loss is its own");
 });
 
-test("the packed weight copies of the AMX kernel give the bits of packing every time, and an update is seen after weightsChanged (P8)", (t) => {
+test("the packed weight copies of the AMX kernel give the bits of packing every time, and an update is seen after weightsChanged or a new registration (P8)", (t) => {
   const k = bf16Kernels(t);
   if (!k) return;
   const { weightsAre, weightsChanged } = k;
@@ -148,6 +148,13 @@ test("the packed weight copies of the AMX kernel give the bits of packing every 
     weightsChanged();
     const after = run(shared);
     assert.ok(sameBits(after.g, plain2.g) && after.loss === plain2.loss, "after weightsChanged: the new weights' bits");
+    // a second run in the same process whose weights lie where the first one's did: registering them makes the
+    // copies stale, though the range is the same
+    run(shared); // copies of w2 kept
+    shared.set(weights);
+    weightsAre(shared);
+    const again2 = run(shared);
+    assert.ok(sameBits(again2.g, plain1.g) && again2.loss === plain1.loss, "registered again: the new contents' bits");
   } finally {
     weightsAre(new Float32Array(0));
   }

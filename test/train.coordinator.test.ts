@@ -23,6 +23,7 @@ import { PackedTokenStore } from "../src/data/token-store";
 import { ValStream } from "../src/data/sampler";
 import { paramLayout } from "../src/model/layout";
 import { sameBits } from "./helpers/numeric";
+import { builtinGemmBf16 } from "../src/model/engine/native";
 import { tmpDir } from "./helpers/tmp";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -459,4 +460,47 @@ describe("the coordinator, rule by rule (A2, D7, K2)", () => {
       );
     });
   });
+});
+
+/**
+ * P8: the one-thread step (src/single-thread.ts) on the bf16 AMX kernel, which keeps the weights' packed copies
+ * between updates, against the same step on the portable kernel's emulation, which packs every product (the same
+ * bits by P8): equal losses and weights step after step only if the trainer marks its copies stale after each
+ * update, as a rank does. Each trainer runs alone (the copies are the process's).
+ */
+test("the one-thread trainer in bf16 marks the AMX kernel's weight copies stale after each update: its steps are the emulation's, bit for bit (P8)", {
+  skip: (builtinGemmBf16()?.hw ?? false) ? false : "this CPU (or OS) has no AMX-BF16",
+  timeout: 120_000,
+}, async () => {
+  const SEQ = 16;
+  const model = buildConfig({ seqLen: SEQ, layers: 1, hidden: 36, vocabSize: 64 });
+  const shape = { warmup: 1, decayStart: 4, total: 8 };
+  const run = async (isa: "amx" | "portable") => {
+    const t = await SingleThreadTrainer.create({
+      model,
+      gradCkpt: true,
+      backend: "native",
+      native: { gemm: "builtin", isa, precision: "bf16" },
+      root: mix.root,
+      seqLen: SEQ,
+      dataSeed: 3,
+      world: 1,
+      accum: 2,
+      microBatch: 2,
+      seed: 11,
+    });
+    try {
+      const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
+      const losses = [0, 1, 2, 3].map((s) => t.step(s, pos, 3e-2, shape).loss);
+      return { losses, params: t.params.slice(), backend: t.backend };
+    } finally {
+      t.dispose();
+    }
+  };
+  const amx = await run("amx");
+  const emu = await run("portable");
+  assert.equal(amx.backend, "native");
+  assert.ok(new Set(emu.losses).size > 1, "the weights move from step to step");
+  assert.deepEqual(amx.losses, emu.losses, "the losses, step after step");
+  assert.ok(sameBits(amx.params, emu.params), "the weights after the last update");
 });
