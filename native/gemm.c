@@ -211,6 +211,49 @@ __attribute__((target("avx2,fma"))) static void tile_avx2_rows(int64_t kc, const
                    : T2_CLOBBERS);
 }
 
+/* The same two kernels, each also storing the B rows it reads (B in place) into d, one row of 16 after another: the
+ * first row tile of a column lays out the sliver that the others then read, at no cost beyond the stores. */
+#define T2_COPY_B                                                                                                 \
+  "vmovups %%ymm12, (%[d])\n\t"                                                                                   \
+  "vmovups %%ymm13, 32(%[d])\n\t"                                                                                 \
+  "add $64, %[d]\n\t"
+__attribute__((target("avx2,fma"))) static void tile_avx2_copy(int64_t kc, const float *a, int64_t sa, const float *b,
+                                                               int64_t sb, float *c, int64_t ldc, int load, float *t,
+                                                               float *d) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb;
+  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_COPY_B T2_ROW("0(%[a])", "14", "0", "1")
+                       T2_ROW("4(%[a])", "15", "2", "3") T2_ROW("8(%[a])", "14", "4", "5")
+                           T2_ROW("12(%[a])", "15", "6", "7") T2_ROW("16(%[a])", "14", "8", "9")
+                               T2_ROW("20(%[a])", "15", "10", "11")
+                   "add %[sa], %[a]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T2_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
+                     [pf] "r"(pf)
+                   : T2_CLOBBERS);
+}
+__attribute__((target("avx2,fma"))) static void tile_avx2_rows_copy(int64_t kc, const float *a, int64_t la,
+                                                                    const float *b, int64_t sb, float *c, int64_t ldc,
+                                                                    int load, float *t, float *d) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
+  const float *a4 = (const float *)((const char *)a + 4 * la);
+  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_COPY_B T2_ROW("(%[a])", "14", "0", "1")
+                       T2_ROW("(%[a],%[la],1)", "15", "2", "3") T2_ROW("(%[a],%[la],2)", "14", "4", "5")
+                           T2_ROW("(%[a],%[la3],1)", "15", "6", "7") T2_ROW("(%[a4])", "14", "8", "9")
+                               T2_ROW("(%[a4],%[la],1)", "15", "10", "11")
+                   "add $4, %[a]\n\t"
+                   "add $4, %[a4]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T2_EPILOGUE
+                   : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
+                     [sb] "r"(sb), [pf] "r"(pf)
+                   : T2_CLOBBERS);
+}
+
 /* The tile in t (MR x 16) meets C: C = C + t (beta 1) or fma(beta, C, t). */
 __attribute__((target("avx2,fma"))) static void combine_avx2(const float *t, float *c, int64_t ldc, float beta) {
   const __m256 vb = _mm256_set1_ps(beta);
@@ -396,6 +439,51 @@ __attribute__((target("avx512f"))) static void tile_avx512_rows(int64_t kc, cons
                    : T5_CLOBBERS);
 }
 
+/* The same two kernels, each also storing the B rows it reads (B in place) into d, one row of 32 after another
+ * (as the AVX2 pair above). */
+#define T5_COPY_B                                                                                                 \
+  "vmovups %%zmm30, (%[d])\n\t"                                                                                   \
+  "vmovups %%zmm31, 64(%[d])\n\t"                                                                                 \
+  "add $128, %[d]\n\t"
+__attribute__((target("avx512f"))) static void tile_avx512_copy(int64_t kc, const float *a, int64_t sa, const float *b,
+                                                                int64_t sb, float *c, int64_t ldc, int load, float *t,
+                                                                float *d) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb;
+  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_COPY_B T5_ROW("0(%[a])", "28", "0", "1")
+                       T5_ROW("4(%[a])", "29", "2", "3") T5_ROW("8(%[a])", "28", "4", "5")
+                           T5_ROW("12(%[a])", "29", "6", "7") T5_ROW("16(%[a])", "28", "8", "9")
+                               T5_ROW("20(%[a])", "29", "10", "11") T5_ROW("24(%[a])", "28", "12", "13")
+                                   T5_ROW("28(%[a])", "29", "14", "15")
+                   "add %[sa], %[a]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T5_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
+                     [pf] "r"(pf)
+                   : T5_CLOBBERS);
+}
+__attribute__((target("avx512f"))) static void tile_avx512_rows_copy(int64_t kc, const float *a, int64_t la,
+                                                                     const float *b, int64_t sb, float *c,
+                                                                     int64_t ldc, int load, float *t, float *d) {
+  const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
+  const float *a4 = (const float *)((const char *)a + 4 * la);
+  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_COPY_B T5_ROW("(%[a])", "28", "0", "1")
+                       T5_ROW("(%[a],%[la],1)", "29", "2", "3") T5_ROW("(%[a],%[la],2)", "28", "4", "5")
+                           T5_ROW("(%[a],%[la3],1)", "29", "6", "7") T5_ROW("(%[a4])", "28", "8", "9")
+                               T5_ROW("(%[a4],%[la],1)", "29", "10", "11") T5_ROW("(%[a4],%[la],2)", "28", "12", "13")
+                                   T5_ROW("(%[a4],%[la3],1)", "29", "14", "15")
+                   "add $4, %[a]\n\t"
+                   "add $4, %[a4]\n\t"
+                   "add %[sb], %[b]\n\t"
+                   "dec %[k]\n\t"
+                   "jnz 4b\n\t" T5_EPILOGUE
+                   : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
+                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
+                     [sb] "r"(sb), [pf] "r"(pf)
+                   : T5_CLOBBERS);
+}
+
 /* The tile in t (MR x 32) meets C: C = C + t (beta 1) or fma(beta, C, t). */
 __attribute__((target("avx512f"))) static void combine_avx512(const float *t, float *c, int64_t ldc, float beta) {
   const __m512 vb = _mm512_set1_ps(beta);
@@ -438,21 +526,28 @@ static const gemm_kernel KERNELS[3] = {
  * so it runs straight from its operands: B stored [K,N] rows are the B sliver (stride ldb), A is read as stored
  * ([K,M]: the strided kernel; [M,K]: the row-pointer kernel), alpha is 1, and each tile runs the whole K in one
  * chain, then meets beta*C. The last row and column tiles are moved back to end at M and N (they overlap tiles
- * already done, recomputing the same chains) and only their new elements reach C. Same order, same bits. */
+ * already done, recomputing the same chains) and only their new elements reach C. Same order, same bits.
+ * B's rows in place are often a multiple of 1 or 4 KiB apart (attention's [E,T] keys, T = 256 or 1024), which maps
+ * a column tile's every row to the same few L1 sets: the column's first row tile reads them in place and stores
+ * each into a contiguous sliver as it goes (the stores ride along the FMAs), which the other row tiles read. A
+ * separate copy before the tiles cost 5-10 % of these products (C harness, 64 x 64 x 256: 0.87 of the peak with
+ * it, 0.95 with the copy folded into the first tile). */
 #ifdef GEMM_X86
 #define DIRECT_MAX_M 64
 typedef void (*tile_fn)(int64_t kc, const float *a, int64_t sa, const float *b, int64_t sb, float *c, int64_t ldc,
                         int load, float *t);
+typedef void (*tile_copy_fn)(int64_t kc, const float *a, int64_t sa, const float *b, int64_t sb, float *c,
+                             int64_t ldc, int load, float *t, float *d);
 typedef void (*combine_fn)(const float *t, float *c, int64_t ldc, float beta);
 typedef struct {
   int mr, nr;
   tile_fn strided, rows;
+  tile_copy_fn strided_copy, rows_copy; /* the same, also laying B's rows out in d */
   combine_fn combine; /* a whole tile with beta != 0 */
 } direct_kernel;
 
 static float *scratch(size_t n);
-/* K rows of NR floats, ld apart, into a contiguous sliver: B's rows in place are often a multiple of 1 or 4 KiB
- * apart (attention's [E,T] keys, T = 256 or 1024), which maps a column tile's every row to the same few L1 sets. */
+/* K rows of NR floats, ld apart, into a contiguous sliver (pack_b's B stored [K,N]) */
 __attribute__((target("avx512f"))) static void copy_rows32(const float *src, int64_t ld, int64_t K, float *dst) {
   for (int64_t p = 0; p < K; p++) {
     _mm512_storeu_ps(dst + 32 * p, _mm512_loadu_ps(src + p * ld));
@@ -473,28 +568,34 @@ static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t 
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = d->mr, nr = d->nr;
   float t[A5_MR * A5_NR] __attribute__((aligned(64)));
-  /* the column tile's B rows, copied when more than one row tile reads them */
-  float *bb = M > mr ? scratch((size_t)(K * nr)) : NULL;
-  if (M > mr && !bb) return -1;
+  /* the column tile's B rows, laid out when more than one row tile reads them; A stored [K,M] with rows a page or
+   * more apart (attention's dk and dv at T >= 1024: [T,T] blocks) copied dense first, one contiguous row of M after
+   * another: in place, each k of every tile is a line on a page of its own (C harness: 0.31 of the peak in place,
+   * 0.60 copied, for 64 x 64 x 1024 with the model's leading dimensions; rows 1 KiB apart run faster in place) */
+  const int copy_a = ta && lda >= 1024 && lda != M;
+  float *bb = M > mr || copy_a ? scratch((size_t)(K * nr + (copy_a ? K * M : 0))) : NULL;
+  if ((M > mr || copy_a) && !bb) return -1;
+  if (copy_a) {
+    float *ad = bb + K * nr;
+    for (int64_t p = 0; p < K; p++) memcpy(ad + p * M, A + p * lda, (size_t)M * sizeof(float));
+    A = ad;
+    lda = M;
+  }
+  if (M <= mr) bb = NULL;
   for (int64_t j = 0; j < N; j += nr) {
     const int64_t jr = j + nr <= N ? j : N - nr;
     const int j0 = (int)(j - jr); /* the tile's first column not done yet */
-    const float *bs = B + jr;
-    int64_t sb = 4 * ldb;
-    if (bb) {
-      if (nr == 32) copy_rows32(B + jr, ldb, K, bb);
-      else copy_rows16(B + jr, ldb, K, bb);
-      bs = bb;
-      sb = 4 * nr;
-    }
     for (int64_t i = 0; i < M; i += mr) {
       const int64_t ir = i + mr <= M ? i : M - mr;
       const int r0 = (int)(i - ir);
       float *cp = C + ir * ldc + jr;
       const int whole = r0 == 0 && j0 == 0;
       float *to = whole && beta == 0.0f ? NULL : t;
-      if (ta) d->strided(K, A + ir, 4 * lda, bs, sb, cp, ldc, 0, to);
-      else d->rows(K, A + ir * lda, 4 * lda, bs, sb, cp, ldc, 0, to);
+      /* the first row tile reads B in place and lays its rows out in bb for the others */
+      const float *at = ta ? A + ir : A + ir * lda;
+      if (bb && i > 0) (ta ? d->strided : d->rows)(K, at, 4 * lda, bb, 4 * nr, cp, ldc, 0, to);
+      else if (bb) (ta ? d->strided_copy : d->rows_copy)(K, at, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to, bb);
+      else (ta ? d->strided : d->rows)(K, at, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to);
       if (!to) continue;
       if (whole) {
         d->combine(t, cp, ldc, beta);
@@ -512,9 +613,9 @@ static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t 
 }
 
 static const direct_kernel DIRECT[3] = {
-    {0, 0, NULL, NULL, NULL},
-    {A2_MR, A2_NR, tile_avx2, tile_avx2_rows, combine_avx2},
-    {A5_MR, A5_NR, tile_avx512, tile_avx512_rows, combine_avx512},
+    {0, 0, NULL, NULL, NULL, NULL, NULL},
+    {A2_MR, A2_NR, tile_avx2, tile_avx2_rows, tile_avx2_copy, tile_avx2_rows_copy, combine_avx2},
+    {A5_MR, A5_NR, tile_avx512, tile_avx512_rows, tile_avx512_copy, tile_avx512_rows_copy, combine_avx512},
 };
 #endif
 

@@ -212,6 +212,15 @@ test("products with few rows, run straight from their operands, give the documen
       for (const K of [1, 7, 300, 1537])
         for (const beta of [0, 1, -0.35])
           for (const pad of [0, 3]) check(mk(ta, false, M, N, K, 1, beta, pad), seed++, M * N > 2048 ? 64 : 0);
+  // A stored [K,M] inside a wider matrix whose rows lie a page or more apart (attention's dk and dv at T >= 1024):
+  // copied dense before the tiles run, the same chains
+  for (const [M, N, lda] of [
+    [64, 64, 1024],
+    [13, 45, 1031],
+  ])
+    for (const K of [7, 300])
+      for (const beta of [0, 1])
+        check({ ta: true, tb: false, M, N, K, alpha: 1, beta, lda, ldb: N + 3, ldc: N }, seed++, M * N > 2048 ? 64 : 0);
 });
 
 test("the bits do not depend on the operands' alignment (views at every float offset within a cache line)", {
