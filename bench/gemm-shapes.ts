@@ -6,7 +6,8 @@
  * hits them alike. Both the probe and the built-in products are timed in C on this thread's CPU clock (a sample is a
  * few products back to back, as the trainer's C code calls them), so time spent descheduled by other load, other
  * threads and the call from JS do not count; OpenBLAS, through its JS wrapper, on the process's CPU clock. Each
- * figure is the best sample of its rounds.
+ * figure is the best sample of its rounds. The built-in kernels read attention's operands with the model's leading
+ * dimensions (heads inside [T, heads x 64] rows, blocks of [T, T]); OpenBLAS's wrapper takes dense ones only.
  */
 import { builtinGemm, builtinGemmBf16, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
 
@@ -20,6 +21,9 @@ export interface GemmShape {
   /** 0, or 1 where the model adds the product to C (residuals, dx += dy W, gradients accumulated) */
   beta: number;
   seq: number;
+  /** the leading dimensions of A, B and C where the model's operands are views into wider matrices (attention's
+   *  per-head blocks); absent: dense, each the width of its operand */
+  ld?: [number, number, number];
 }
 export interface GemmRow {
   shape: string;
@@ -46,16 +50,16 @@ export function modelShapes(seq: number): GemmShape[] {
     B = 64,
     V = 49152,
     Th = Math.min(T, HEAD_CHUNK);
-  const s = (name: string, ta: boolean, tb: boolean, M: number, N: number, K: number, beta = 0): GemmShape => ({
-    name,
-    ta,
-    tb,
-    M,
-    N,
-    K,
-    beta,
-    seq,
-  });
+  const s = (
+    name: string,
+    ta: boolean,
+    tb: boolean,
+    M: number,
+    N: number,
+    K: number,
+    beta = 0,
+    ld?: [number, number, number],
+  ): GemmShape => ({ name, ta, tb, M, N, K, beta, seq, ...(ld ? { ld } : {}) });
   return [
     s("fwd q = x Wq^T", false, true, T, D, D),
     s("fwd x + o Wo^T (residual)", false, true, T, D, D, 1),
@@ -74,15 +78,25 @@ export function modelShapes(seq: number): GemmShape[] {
     s("bwd dW += dy^T x (gate/up)", true, false, F, D, T, 1),
     s("bwd dW += dy^T x (down)", true, false, D, F, T, 1),
     s("bwd dE += dlogits^T h (head)", true, false, V, D, Th, 1),
+    // native/tstrain.c: attention_forward, attention_backward (the largest block of each product). The scores read
+    // dense copies (q times scale [T, E], k as [E, T]) into att's rows; att v reads att's rows and v's head in
+    // place ([T, 3 x 64]) into the output's head ([T, 9 x 64]); dv += att^T dout reads a [T, T] block of att and
+    // dout's head ([T, 9 x 64]) into dv's head ([T, 3 x 64])
     s("attn scores (q*scale) k^T, k as [E, T] (64-row block)", false, false, B, T, E),
-    s("attn out att v", false, false, B, E, T),
-    s("attn dk/dv += att^T dout", true, false, B, E, T, 1),
+    s("attn out att v", false, false, B, E, T, 0, [T, KV, D]),
+    s("attn dk/dv += att^T dout", true, false, B, E, T, 1, [T, D, KV]),
   ];
 }
 
-/** The addon's gemm arguments after the kernel for one shape (dense operands: the leading dimensions are the rows). */
+/** The leading dimensions of a shape's A, B and C: the model's where it gives them, else dense. */
+function lds(sh: GemmShape): [number, number, number] {
+  return sh.ld ?? [sh.ta ? sh.M : sh.K, sh.tb ? sh.K : sh.N, sh.N];
+}
+
+/** The addon's gemm arguments after the kernel for one shape. */
 function gemmArgs(sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array) {
-  return [sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, sh.ta ? sh.M : sh.K, B, sh.tb ? sh.K : sh.N, sh.beta, C, sh.N] as const;
+  const [lda, ldb, ldc] = lds(sh);
+  return [sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, lda, B, ldb, sh.beta, C, ldc] as const;
 }
 
 function rand(n: number, seed: number): Float32Array {
@@ -142,9 +156,9 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   } else opts.log(`gemm: OpenBLAS not measured (${blas.reason})`);
   const shapes = opts.seqs.flatMap(modelShapes);
   const data = shapes.map((sh, i) => ({
-    A: rand(sh.M * sh.K, 3 + i),
-    B: rand(sh.K * sh.N, 5 + i),
-    C: new Float32Array(sh.M * sh.N),
+    A: rand((sh.ta ? sh.K : sh.M) * lds(sh)[0], 3 + i),
+    B: rand((sh.tb ? sh.N : sh.K) * lds(sh)[1], 5 + i),
+    C: new Float32Array(sh.M * lds(sh)[2]),
   }));
   const best = new Map<string, number>();
   const peaks: Record<string, number> = {};
@@ -181,7 +195,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
       const gf = best.get(`${i}|${k.name}`)!;
       const peak = k.peakOf ? peaks[k.peakOf] : null;
       rows.push({
-        shape: `${sh.ta ? "T" : "N"}${sh.tb ? "T" : "N"} ${sh.M}x${sh.N}x${sh.K}${sh.beta ? ", beta 1" : ""}`,
+        shape: `${sh.ta ? "T" : "N"}${sh.tb ? "T" : "N"} ${sh.M}x${sh.N}x${sh.K}${sh.beta ? ", beta 1" : ""}${sh.ld ? `, ld ${sh.ld.join("/")}` : ""}`,
         what: sh.name,
         seq: sh.seq,
         kernel: k.name,
@@ -206,7 +220,7 @@ export function gemmTableMarkdown(rows: GemmRow[], peaks: Record<string, number>
     )
       .map(([k, v]) => `${k} ${v.toFixed(1)} GFLOP/s`)
       .join(", ")}.`,
-    "Each cell: best GFLOP/s of the run's samples (a few products back to back, timed in C on the thread's CPU clock; OpenBLAS through its JS wrapper on the process's), with the fraction of that instruction set's peak. Command: `npm run bench -- --cases gemm`.",
+    "Each cell: best GFLOP/s of the run's samples (a few products back to back, timed in C on the thread's CPU clock; OpenBLAS through its JS wrapper on the process's, on dense operands), with the fraction of that instruction set's peak. `ld A/B/C`: the model's leading dimensions where its operands are views into wider matrices (the built-in kernels run them so). Command: `npm run bench -- --cases gemm`.",
     "",
     `| seq | product | shape (M x N x K, beta) | ${kernels.join(" | ")} |`,
     `|---|---|---|${kernels.map(() => "---").join("|")}|`,
