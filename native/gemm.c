@@ -173,19 +173,40 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
   "rax", "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12", \
       "ymm13", "ymm14", "ymm15", "memory", "cc"
 
+/* One k of the tile: A strided (a(r, p) at a + p*sa + 4r) or from six row pointers (a(r, p) at a + r*la + 4p) */
+#define T2_K_STRIDED                                                                                              \
+  T2_ROW("0(%[a])", "14", "0", "1") T2_ROW("4(%[a])", "15", "2", "3") T2_ROW("8(%[a])", "14", "4", "5")         \
+      T2_ROW("12(%[a])", "15", "6", "7") T2_ROW("16(%[a])", "14", "8", "9") T2_ROW("20(%[a])", "15", "10", "11") \
+          "add %[sa], %[a]\n\t"                                                                                   \
+          "add %[sb], %[b]\n\t"                                                                                   \
+          "dec %[k]\n\t"
+#define T2_K_ROWS                                                                                                 \
+  T2_ROW("(%[a])", "14", "0", "1") T2_ROW("(%[a],%[la],1)", "15", "2", "3") T2_ROW("(%[a],%[la],2)", "14", "4", "5") \
+      T2_ROW("(%[a],%[la3],1)", "15", "6", "7") T2_ROW("(%[a4])", "14", "8", "9")                                \
+          T2_ROW("(%[a4],%[la],1)", "15", "10", "11") "add $4, %[a]\n\t"                                         \
+                                                      "add $4, %[a4]\n\t"                                         \
+                                                      "add %[sb], %[b]\n\t"                                       \
+                                                      "dec %[k]\n\t"
+/* The k loop, twice: with d == NULL as is; else each B row read is also stored to d, 16 floats after the one
+ * before (small products: the first row tile of a column lays out the sliver the others then read) */
+#define T2_LOOPS(K_STEP)                                                                                          \
+  "test %[d], %[d]\n\t"                                                                                           \
+  "jnz 8f\n\t"                                                                                                    \
+  "4:\n\t" T2_LOAD_B K_STEP "jnz 4b\n\t"                                                                          \
+  "jmp 5f\n\t"                                                                                                    \
+  "8:\n\t" T2_LOAD_B                                                                                              \
+  "vmovups %%ymm12, (%[d])\n\t"                                                                                   \
+  "vmovups %%ymm13, 32(%[d])\n\t"                                                                                 \
+  "add $64, %[d]\n\t" K_STEP "jnz 8b\n\t"
+
 /* a(r, p) at a + p*sa + 4r, b(p, j) at b + p*sb + 4j; t == NULL: the tile goes straight to C (ldc), else to t
- * (6 x 16, row major) */
+ * (6 x 16, row major); d: see T2_LOOPS */
 __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const float *a, int64_t sa, const float *b,
-                                                          int64_t sb, float *c, int64_t ldc, int load, float *t) {
+                                                          int64_t sb, float *c, int64_t ldc, int load, float *t,
+                                                          float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb;
-  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_ROW("0(%[a])", "14", "0", "1") T2_ROW("4(%[a])", "15", "2", "3")
-                       T2_ROW("8(%[a])", "14", "4", "5") T2_ROW("12(%[a])", "15", "6", "7")
-                           T2_ROW("16(%[a])", "14", "8", "9") T2_ROW("20(%[a])", "15", "10", "11")
-                   "add %[sa], %[a]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T2_EPILOGUE
-                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
+  __asm__ volatile(T2_PROLOGUE T2_LOOPS(T2_K_STRIDED) T2_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
                    : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
                      [pf] "r"(pf)
                    : T2_CLOBBERS);
@@ -193,61 +214,11 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const floa
 
 /* A read in place from six rows la bytes apart (row r at a + r*la), one float further each k. */
 __attribute__((target("avx2,fma"))) static void tile_avx2_rows(int64_t kc, const float *a, int64_t la, const float *b,
-                                                               int64_t sb, float *c, int64_t ldc, int load, float *t) {
-  const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
-  const float *a4 = (const float *)((const char *)a + 4 * la);
-  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_ROW("(%[a])", "14", "0", "1")
-                       T2_ROW("(%[a],%[la],1)", "15", "2", "3") T2_ROW("(%[a],%[la],2)", "14", "4", "5")
-                           T2_ROW("(%[a],%[la3],1)", "15", "6", "7") T2_ROW("(%[a4])", "14", "8", "9")
-                               T2_ROW("(%[a4],%[la],1)", "15", "10", "11")
-                   "add $4, %[a]\n\t"
-                   "add $4, %[a4]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T2_EPILOGUE
-                   : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc)
-                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
-                     [sb] "r"(sb), [pf] "r"(pf)
-                   : T2_CLOBBERS);
-}
-
-/* The same two kernels, each also storing the B rows it reads (B in place) into d, one row of 16 after another: the
- * first row tile of a column lays out the sliver that the others then read, at no cost beyond the stores. */
-#define T2_COPY_B                                                                                                 \
-  "vmovups %%ymm12, (%[d])\n\t"                                                                                   \
-  "vmovups %%ymm13, 32(%[d])\n\t"                                                                                 \
-  "add $64, %[d]\n\t"
-__attribute__((target("avx2,fma"))) static void tile_avx2_copy(int64_t kc, const float *a, int64_t sa, const float *b,
                                                                int64_t sb, float *c, int64_t ldc, int load, float *t,
                                                                float *d) {
-  const int64_t ldcb = ldc * 4, pf = 8 * sb;
-  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_COPY_B T2_ROW("0(%[a])", "14", "0", "1")
-                       T2_ROW("4(%[a])", "15", "2", "3") T2_ROW("8(%[a])", "14", "4", "5")
-                           T2_ROW("12(%[a])", "15", "6", "7") T2_ROW("16(%[a])", "14", "8", "9")
-                               T2_ROW("20(%[a])", "15", "10", "11")
-                   "add %[sa], %[a]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T2_EPILOGUE
-                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
-                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
-                     [pf] "r"(pf)
-                   : T2_CLOBBERS);
-}
-__attribute__((target("avx2,fma"))) static void tile_avx2_rows_copy(int64_t kc, const float *a, int64_t la,
-                                                                    const float *b, int64_t sb, float *c, int64_t ldc,
-                                                                    int load, float *t, float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
   const float *a4 = (const float *)((const char *)a + 4 * la);
-  __asm__ volatile(T2_PROLOGUE "4:\n\t" T2_LOAD_B T2_COPY_B T2_ROW("(%[a])", "14", "0", "1")
-                       T2_ROW("(%[a],%[la],1)", "15", "2", "3") T2_ROW("(%[a],%[la],2)", "14", "4", "5")
-                           T2_ROW("(%[a],%[la3],1)", "15", "6", "7") T2_ROW("(%[a4])", "14", "8", "9")
-                               T2_ROW("(%[a4],%[la],1)", "15", "10", "11")
-                   "add $4, %[a]\n\t"
-                   "add $4, %[a4]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T2_EPILOGUE
+  __asm__ volatile(T2_PROLOGUE T2_LOOPS(T2_K_ROWS) T2_EPILOGUE
                    : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
                    : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
                      [sb] "r"(sb), [pf] "r"(pf)
@@ -270,11 +241,11 @@ __attribute__((target("avx2,fma"))) static void combine_avx2(const float *t, flo
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, const float *b, float *c,
                                                           int64_t ldc, int load, int combine, float beta) {
   if (!combine || beta == 0.0f) {
-    tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, NULL);
+    tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, NULL, NULL);
     return;
   }
   float t[A2_MR * A2_NR] __attribute__((aligned(32)));
-  tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, t);
+  tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, t, NULL);
   combine_avx2(t, c, ldc, beta);
 }
 
@@ -399,19 +370,39 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
   "rax", "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12", \
       "zmm13", "zmm14", "zmm15", "zmm28", "zmm29", "zmm30", "zmm31", "memory", "cc"
 
-/* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major) */
+/* One k of the tile: A strided or from eight row pointers (as T2_K_STRIDED, T2_K_ROWS) */
+#define T5_K_STRIDED                                                                                              \
+  T5_ROW("0(%[a])", "28", "0", "1") T5_ROW("4(%[a])", "29", "2", "3") T5_ROW("8(%[a])", "28", "4", "5")         \
+      T5_ROW("12(%[a])", "29", "6", "7") T5_ROW("16(%[a])", "28", "8", "9") T5_ROW("20(%[a])", "29", "10", "11") \
+          T5_ROW("24(%[a])", "28", "12", "13") T5_ROW("28(%[a])", "29", "14", "15") "add %[sa], %[a]\n\t"       \
+                                                                                    "add %[sb], %[b]\n\t"       \
+                                                                                    "dec %[k]\n\t"
+#define T5_K_ROWS                                                                                                 \
+  T5_ROW("(%[a])", "28", "0", "1") T5_ROW("(%[a],%[la],1)", "29", "2", "3") T5_ROW("(%[a],%[la],2)", "28", "4", "5") \
+      T5_ROW("(%[a],%[la3],1)", "29", "6", "7") T5_ROW("(%[a4])", "28", "8", "9")                                \
+          T5_ROW("(%[a4],%[la],1)", "29", "10", "11") T5_ROW("(%[a4],%[la],2)", "28", "12", "13")                \
+              T5_ROW("(%[a4],%[la3],1)", "29", "14", "15") "add $4, %[a]\n\t"                                     \
+                                                           "add $4, %[a4]\n\t"                                    \
+                                                           "add %[sb], %[b]\n\t"                                  \
+                                                           "dec %[k]\n\t"
+/* The k loop, twice, as T2_LOOPS: d != NULL also stores each B row read to d, 32 floats after the one before */
+#define T5_LOOPS(K_STEP)                                                                                          \
+  "test %[d], %[d]\n\t"                                                                                           \
+  "jnz 8f\n\t"                                                                                                    \
+  "4:\n\t" T5_LOAD_B K_STEP "jnz 4b\n\t"                                                                          \
+  "jmp 5f\n\t"                                                                                                    \
+  "8:\n\t" T5_LOAD_B                                                                                              \
+  "vmovups %%zmm30, (%[d])\n\t"                                                                                   \
+  "vmovups %%zmm31, 64(%[d])\n\t"                                                                                 \
+  "add $128, %[d]\n\t" K_STEP "jnz 8b\n\t"
+
+/* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major); d: see T5_LOOPS */
 __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *a, int64_t sa, const float *b,
-                                                            int64_t sb, float *c, int64_t ldc, int load, float *t) {
+                                                            int64_t sb, float *c, int64_t ldc, int load, float *t,
+                                                            float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb;
-  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_ROW("0(%[a])", "28", "0", "1") T5_ROW("4(%[a])", "29", "2", "3")
-                       T5_ROW("8(%[a])", "28", "4", "5") T5_ROW("12(%[a])", "29", "6", "7")
-                           T5_ROW("16(%[a])", "28", "8", "9") T5_ROW("20(%[a])", "29", "10", "11")
-                               T5_ROW("24(%[a])", "28", "12", "13") T5_ROW("28(%[a])", "29", "14", "15")
-                   "add %[sa], %[a]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T5_EPILOGUE
-                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
+  __asm__ volatile(T5_PROLOGUE T5_LOOPS(T5_K_STRIDED) T5_EPILOGUE
+                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
                    : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
                      [pf] "r"(pf)
                    : T5_CLOBBERS);
@@ -420,64 +411,10 @@ __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const flo
 /* A read in place from eight rows la bytes apart (row r at a + r*la), one float further each k. */
 __attribute__((target("avx512f"))) static void tile_avx512_rows(int64_t kc, const float *a, int64_t la,
                                                                  const float *b, int64_t sb, float *c, int64_t ldc,
-                                                                 int load, float *t) {
+                                                                 int load, float *t, float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
   const float *a4 = (const float *)((const char *)a + 4 * la);
-  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_ROW("(%[a])", "28", "0", "1")
-                       T5_ROW("(%[a],%[la],1)", "29", "2", "3") T5_ROW("(%[a],%[la],2)", "28", "4", "5")
-                           T5_ROW("(%[a],%[la3],1)", "29", "6", "7") T5_ROW("(%[a4])", "28", "8", "9")
-                               T5_ROW("(%[a4],%[la],1)", "29", "10", "11") T5_ROW("(%[a4],%[la],2)", "28", "12", "13")
-                                   T5_ROW("(%[a4],%[la3],1)", "29", "14", "15")
-                   "add $4, %[a]\n\t"
-                   "add $4, %[a4]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T5_EPILOGUE
-                   : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc)
-                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
-                     [sb] "r"(sb), [pf] "r"(pf)
-                   : T5_CLOBBERS);
-}
-
-/* The same two kernels, each also storing the B rows it reads (B in place) into d, one row of 32 after another
- * (as the AVX2 pair above). */
-#define T5_COPY_B                                                                                                 \
-  "vmovups %%zmm30, (%[d])\n\t"                                                                                   \
-  "vmovups %%zmm31, 64(%[d])\n\t"                                                                                 \
-  "add $128, %[d]\n\t"
-__attribute__((target("avx512f"))) static void tile_avx512_copy(int64_t kc, const float *a, int64_t sa, const float *b,
-                                                                int64_t sb, float *c, int64_t ldc, int load, float *t,
-                                                                float *d) {
-  const int64_t ldcb = ldc * 4, pf = 8 * sb;
-  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_COPY_B T5_ROW("0(%[a])", "28", "0", "1")
-                       T5_ROW("4(%[a])", "29", "2", "3") T5_ROW("8(%[a])", "28", "4", "5")
-                           T5_ROW("12(%[a])", "29", "6", "7") T5_ROW("16(%[a])", "28", "8", "9")
-                               T5_ROW("20(%[a])", "29", "10", "11") T5_ROW("24(%[a])", "28", "12", "13")
-                                   T5_ROW("28(%[a])", "29", "14", "15")
-                   "add %[sa], %[a]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T5_EPILOGUE
-                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
-                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
-                     [pf] "r"(pf)
-                   : T5_CLOBBERS);
-}
-__attribute__((target("avx512f"))) static void tile_avx512_rows_copy(int64_t kc, const float *a, int64_t la,
-                                                                     const float *b, int64_t sb, float *c,
-                                                                     int64_t ldc, int load, float *t, float *d) {
-  const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
-  const float *a4 = (const float *)((const char *)a + 4 * la);
-  __asm__ volatile(T5_PROLOGUE "4:\n\t" T5_LOAD_B T5_COPY_B T5_ROW("(%[a])", "28", "0", "1")
-                       T5_ROW("(%[a],%[la],1)", "29", "2", "3") T5_ROW("(%[a],%[la],2)", "28", "4", "5")
-                           T5_ROW("(%[a],%[la3],1)", "29", "6", "7") T5_ROW("(%[a4])", "28", "8", "9")
-                               T5_ROW("(%[a4],%[la],1)", "29", "10", "11") T5_ROW("(%[a4],%[la],2)", "28", "12", "13")
-                                   T5_ROW("(%[a4],%[la3],1)", "29", "14", "15")
-                   "add $4, %[a]\n\t"
-                   "add $4, %[a4]\n\t"
-                   "add %[sb], %[b]\n\t"
-                   "dec %[k]\n\t"
-                   "jnz 4b\n\t" T5_EPILOGUE
+  __asm__ volatile(T5_PROLOGUE T5_LOOPS(T5_K_ROWS) T5_EPILOGUE
                    : [a] "+r"(a), [a4] "+r"(a4), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
                    : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [la] "r"(la), [la3] "r"(la3),
                      [sb] "r"(sb), [pf] "r"(pf)
@@ -500,11 +437,11 @@ __attribute__((target("avx512f"))) static void combine_avx512(const float *t, fl
 __attribute__((target("avx512f"))) static void ukr_avx512(int64_t kc, const float *a, const float *b, float *c,
                                                            int64_t ldc, int load, int combine, float beta) {
   if (!combine || beta == 0.0f) {
-    tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, NULL);
+    tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, NULL, NULL);
     return;
   }
   float t[A5_MR * A5_NR] __attribute__((aligned(64)));
-  tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, t);
+  tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, t, NULL);
   combine_avx512(t, c, ldc, beta);
 }
 
@@ -535,14 +472,11 @@ static const gemm_kernel KERNELS[3] = {
 #ifdef GEMM_X86
 #define DIRECT_MAX_M 64
 typedef void (*tile_fn)(int64_t kc, const float *a, int64_t sa, const float *b, int64_t sb, float *c, int64_t ldc,
-                        int load, float *t);
-typedef void (*tile_copy_fn)(int64_t kc, const float *a, int64_t sa, const float *b, int64_t sb, float *c,
-                             int64_t ldc, int load, float *t, float *d);
+                        int load, float *t, float *d);
 typedef void (*combine_fn)(const float *t, float *c, int64_t ldc, float beta);
 typedef struct {
   int mr, nr;
-  tile_fn strided, rows;
-  tile_copy_fn strided_copy, rows_copy; /* the same, also laying B's rows out in d */
+  tile_fn strided, rows; /* d != NULL: each also lays the B rows it reads out in d */
   combine_fn combine; /* a whole tile with beta != 0 */
 } direct_kernel;
 
@@ -593,9 +527,8 @@ static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t 
       float *to = whole && beta == 0.0f ? NULL : t;
       /* the first row tile reads B in place and lays its rows out in bb for the others */
       const float *at = ta ? A + ir : A + ir * lda;
-      if (bb && i > 0) (ta ? d->strided : d->rows)(K, at, 4 * lda, bb, 4 * nr, cp, ldc, 0, to);
-      else if (bb) (ta ? d->strided_copy : d->rows_copy)(K, at, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to, bb);
-      else (ta ? d->strided : d->rows)(K, at, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to);
+      if (bb && i > 0) (ta ? d->strided : d->rows)(K, at, 4 * lda, bb, 4 * nr, cp, ldc, 0, to, NULL);
+      else (ta ? d->strided : d->rows)(K, at, 4 * lda, B + jr, 4 * ldb, cp, ldc, 0, to, bb);
       if (!to) continue;
       if (whole) {
         d->combine(t, cp, ldc, beta);
@@ -613,9 +546,9 @@ static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t 
 }
 
 static const direct_kernel DIRECT[3] = {
-    {0, 0, NULL, NULL, NULL, NULL, NULL},
-    {A2_MR, A2_NR, tile_avx2, tile_avx2_rows, tile_avx2_copy, tile_avx2_rows_copy, combine_avx2},
-    {A5_MR, A5_NR, tile_avx512, tile_avx512_rows, tile_avx512_copy, tile_avx512_rows_copy, combine_avx512},
+    {0, 0, NULL, NULL, NULL},
+    {A2_MR, A2_NR, tile_avx2, tile_avx2_rows, combine_avx2},
+    {A5_MR, A5_NR, tile_avx512, tile_avx512_rows, combine_avx512},
 };
 #endif
 
@@ -911,14 +844,14 @@ static void rows_tile(const direct_kernel *d, int64_t kc, const float *ar, int64
   float t[A5_MR * A5_NR] __attribute__((aligned(64)));
   const int mr = d->mr, nr = d->nr, mix = combine && beta != 0.0f;
   if (cols == nr) {
-    d->rows(kc, ar, 4 * lda, bs, 4 * nr, c, ldc, load, mix ? t : NULL);
+    d->rows(kc, ar, 4 * lda, bs, 4 * nr, c, ldc, load, mix ? t : NULL, NULL);
     if (mix) d->combine(t, c, ldc, beta);
     return;
   }
   float tile[A5_MR * A5_NR] __attribute__((aligned(64)));
   for (int r = 0; r < mr; r++)
     for (int j = 0; j < nr; j++) tile[r * nr + j] = (load || mix) && j < cols ? c[r * ldc + j] : 0.0f;
-  d->rows(kc, ar, 4 * lda, bs, 4 * nr, tile, nr, load, mix ? t : NULL);
+  d->rows(kc, ar, 4 * lda, bs, 4 * nr, tile, nr, load, mix ? t : NULL, NULL);
   if (mix) d->combine(t, tile, nr, beta);
   for (int r = 0; r < mr; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = tile[r * nr + j];
@@ -998,7 +931,7 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
               float *wt = w + (((ic + ir) / mr) * ntiles + (jc + jr) / nr) * mr * nr;
               if (!rows) g->ukr(kc, as, bs, wt, nr, load, 0, 0.0f);
 #ifdef GEMM_X86
-              else rows->rows(kc, ar, 4 * lda, bs, 4 * nr, wt, nr, load, NULL);
+              else rows->rows(kc, ar, 4 * lda, bs, 4 * nr, wt, nr, load, NULL, NULL);
 #endif
               if (last) meet(g, wt, cp, ldc, nrows, cols, beta);
               continue;
