@@ -187,20 +187,22 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
                                                       "add $4, %[a4]\n\t"                                         \
                                                       "add %[sb], %[b]\n\t"                                       \
                                                       "dec %[k]\n\t"
-/* The k loop, twice: with d == NULL as is; else each B row read is also stored to d, 16 floats after the one
- * before (small products: the first row tile of a column lays out the sliver the others then read) */
-#define T2_LOOPS(K_STEP)                                                                                          \
+/* The k loop of every tile kernel, twice: with d == NULL as is; else each B row read is also stored to d, the next
+ * row right after it (small products: the first row tile of a column lays out the sliver the others then read) */
+#define TILE_LOOPS(LOAD_B, STORE_B, K_STEP)                                                                       \
   "test %[d], %[d]\n\t"                                                                                           \
   "jnz 8f\n\t"                                                                                                    \
-  "4:\n\t" T2_LOAD_B K_STEP "jnz 4b\n\t"                                                                          \
+  "4:\n\t" LOAD_B K_STEP "jnz 4b\n\t"                                                                             \
   "jmp 5f\n\t"                                                                                                    \
-  "8:\n\t" T2_LOAD_B                                                                                              \
+  "8:\n\t" LOAD_B STORE_B K_STEP "jnz 8b\n\t"
+#define T2_STORE_B                                                                                                \
   "vmovups %%ymm12, (%[d])\n\t"                                                                                   \
   "vmovups %%ymm13, 32(%[d])\n\t"                                                                                 \
-  "add $64, %[d]\n\t" K_STEP "jnz 8b\n\t"
+  "add $64, %[d]\n\t"
+#define T2_LOOPS(K_STEP) TILE_LOOPS(T2_LOAD_B, T2_STORE_B, K_STEP)
 
 /* a(r, p) at a + p*sa + 4r, b(p, j) at b + p*sb + 4j; t == NULL: the tile goes straight to C (ldc), else to t
- * (6 x 16, row major); d: see T2_LOOPS */
+ * (6 x 16, row major); d: see TILE_LOOPS */
 __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const float *a, int64_t sa, const float *b,
                                                           int64_t sb, float *c, int64_t ldc, int load, float *t,
                                                           float *d) {
@@ -385,18 +387,13 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
                                                            "add $4, %[a4]\n\t"                                    \
                                                            "add %[sb], %[b]\n\t"                                  \
                                                            "dec %[k]\n\t"
-/* The k loop, twice, as T2_LOOPS: d != NULL also stores each B row read to d, 32 floats after the one before */
-#define T5_LOOPS(K_STEP)                                                                                          \
-  "test %[d], %[d]\n\t"                                                                                           \
-  "jnz 8f\n\t"                                                                                                    \
-  "4:\n\t" T5_LOAD_B K_STEP "jnz 4b\n\t"                                                                          \
-  "jmp 5f\n\t"                                                                                                    \
-  "8:\n\t" T5_LOAD_B                                                                                              \
+#define T5_STORE_B                                                                                                \
   "vmovups %%zmm30, (%[d])\n\t"                                                                                   \
   "vmovups %%zmm31, 64(%[d])\n\t"                                                                                 \
-  "add $128, %[d]\n\t" K_STEP "jnz 8b\n\t"
+  "add $128, %[d]\n\t"
+#define T5_LOOPS(K_STEP) TILE_LOOPS(T5_LOAD_B, T5_STORE_B, K_STEP)
 
-/* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major); d: see T5_LOOPS */
+/* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major); d: see TILE_LOOPS */
 __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *a, int64_t sa, const float *b,
                                                             int64_t sb, float *c, int64_t ldc, int load, float *t,
                                                             float *d) {
