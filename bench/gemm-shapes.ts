@@ -2,11 +2,11 @@
  * The `gemm` case of `npm run bench`: the built-in GEMM (each kernel this CPU runs) and OpenBLAS on every matrix
  * product of the frozen model (hidden 576, 9/3 heads of 64, ffn 1536) at seq 256 and seq 1024, one thread, against
  * the core's FMA peak for the kernel's instruction set measured in the same run (a register-only loop of 12
- * independent FMA chains). Kernels, shapes and peak probes take turns round by round, so drift on a shared machine
- * hits them alike. Both the probe and the built-in products are timed in C on this thread's CPU clock (a sample is a
- * few products back to back, as the trainer's C code calls them), so time spent descheduled by other load, other
- * threads and the call from JS do not count; OpenBLAS, through its JS wrapper, on the process's CPU clock. Each
- * figure is the best sample of its rounds. The built-in kernels read attention's operands with the model's leading
+ * independent FMA chains). Kernels and shapes take turns round by round, with a peak probe before every shape, so
+ * drift on a shared machine hits them alike. Both the probe and the built-in products are timed in C on this thread's
+ * CPU clock (a sample is a few products back to back, as the trainer's C code calls them), so time spent descheduled
+ * by other load, other threads and the call from JS do not count; OpenBLAS, through its JS wrapper, on the process's
+ * CPU clock. Each figure is the best sample of its rounds, and the peak the best of its probes. The built-in kernels read attention's operands with the model's leading
  * dimensions (heads inside [T, heads x 64] rows, blocks of [T, T]); OpenBLAS's wrapper takes dense ones only.
  */
 import { builtinGemm, builtinGemmBf16, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
@@ -162,19 +162,24 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   }));
   const best = new Map<string, number>();
   const peaks: Record<string, number> = {};
+  const probes = [...isas, ...(bf?.hw ? (["amx"] as const) : [])];
   for (let round = 0; round < opts.rounds; round++) {
-    for (let probe = 0; probe < 10; probe++)
-      for (const isa of [...isas, ...(bf?.hw ? (["amx"] as const) : [])])
-        peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
     shapes.forEach((sh, i) => {
+      // a peak probe per instruction set before every shape, so the probes are spread over the run as the products
+      // are (a burst of them at the start of each round could miss every fast minute some product then saw, and
+      // that product would run at more than 1.0 of "the peak"), and about as many as a product's samples
+      for (const isa of probes) peaks[isa] = Math.max(peaks[isa] ?? 0, fmaPeak(isa, 500_000) ?? 0);
       const d = data[i];
       const flops = 2 * sh.M * sh.N * sh.K;
       // a sample: enough products back to back for 2e7 flops (about 0.1 ms), so the clock's own cost is noise;
-      // samples: about 1e8 flops in all, at least 3; the fastest sample kept (time the products were not running,
-      // another process having the core, does not count, as for the peak probe)
+      // the fastest sample kept (time the products were not running, another process having the core, does not
+      // count, as for the peak probe). Samples per round: about 4e8 flops in all and at least 6 for the built-in
+      // kernels, so that every product gets about as many chances at a quiet minute over the run as the peak probe
+      // (one a shape: 40 a round); OpenBLAS, 20-50x slower and held to no target: about 1e8 flops, at least 3.
       const calls = Math.max(1, Math.round(2e7 / flops));
-      const samples = Math.max(3, Math.round(1e8 / (flops * calls)));
       for (const k of kernels) {
+        const [budget, least] = k.peakOf ? [4e8, 6] : [1e8, 3];
+        const samples = Math.max(least, Math.round(budget / (flops * calls)));
         k.time(sh, d.A, d.B, d.C, 1); // untimed: caches and packing buffers warm
         let fastest = Infinity;
         for (let r = 0; r < samples; r++) fastest = Math.min(fastest, k.time(sh, d.A, d.B, d.C, calls) / calls);
