@@ -175,14 +175,14 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
 
 /* One k of the tile's rows: A strided (a(r, p) at a + p*sa + 4r; X = ",%[sa]": the next k) or from six row pointers
  * (a(r, p) at a + r*la + 4p; D = "4": the next k) */
-#define T2_A_STRIDED(X)                                                                                           \
-  T2_ROW("0(%[a]" X ")", "14", "0", "1") T2_ROW("4(%[a]" X ")", "15", "2", "3")                                    \
-      T2_ROW("8(%[a]" X ")", "14", "4", "5") T2_ROW("12(%[a]" X ")", "15", "6", "7")                               \
-          T2_ROW("16(%[a]" X ")", "14", "8", "9") T2_ROW("20(%[a]" X ")", "15", "10", "11")
-#define T2_A_ROWS(D)                                                                                              \
-  T2_ROW(D "(%[a])", "14", "0", "1") T2_ROW(D "(%[a],%[la],1)", "15", "2", "3")                                    \
-      T2_ROW(D "(%[a],%[la],2)", "14", "4", "5") T2_ROW(D "(%[a],%[la3],1)", "15", "6", "7")                       \
-          T2_ROW(D "(%[a4])", "14", "8", "9") T2_ROW(D "(%[a4],%[la],1)", "15", "10", "11")
+#define A6_STRIDED(ROW, R0, R1, X)                                                                                \
+  ROW("0(%[a]" X ")", R0, "0", "1") ROW("4(%[a]" X ")", R1, "2", "3") ROW("8(%[a]" X ")", R0, "4", "5")              \
+      ROW("12(%[a]" X ")", R1, "6", "7") ROW("16(%[a]" X ")", R0, "8", "9") ROW("20(%[a]" X ")", R1, "10", "11")
+#define A6_ROWS(ROW, R0, R1, D)                                                                                   \
+  ROW(D "(%[a])", R0, "0", "1") ROW(D "(%[a],%[la],1)", R1, "2", "3") ROW(D "(%[a],%[la],2)", R0, "4", "5")          \
+      ROW(D "(%[a],%[la3],1)", R1, "6", "7") ROW(D "(%[a4])", R0, "8", "9") ROW(D "(%[a4],%[la],1)", R1, "10", "11")
+#define T2_A_STRIDED(X) A6_STRIDED(T2_ROW, "14", "15", X)
+#define T2_A_ROWS(D) A6_ROWS(T2_ROW, "14", "15", D)
 /* One k (B loaded by the loop), and two k with their B loads (the loop's usual step: fewer pointer updates and loop
  * branches a k, 1-5 % faster on both kernels); the flags of the k count end each */
 #define STEP_STRIDED "add %[sa], %[a]\n\t" "add %[sb], %[b]\n\t" "dec %[k]\n\t"
@@ -191,9 +191,9 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
 #define PAIR_ROWS "add $8, %[a]\n\t" "add $8, %[a4]\n\t" "add %[sb], %[b]\n\t" "sub $2, %[k]\n\t"
 #define T2_K_STRIDED T2_A_STRIDED("") STEP_STRIDED
 #define T2_K_ROWS T2_A_ROWS("") STEP_ROWS
-#define T2_PAIR_STRIDED                                                                                           \
-  T2_LOAD_B T2_A_STRIDED("") "add %[sb], %[b]\n\t" T2_LOAD_B T2_A_STRIDED(",%[sa]") PAIR_STRIDED
-#define T2_PAIR_ROWS T2_LOAD_B T2_A_ROWS("") "add %[sb], %[b]\n\t" T2_LOAD_B T2_A_ROWS("4") PAIR_ROWS
+#define TILE_PAIR(LOAD_B, A, NEXT, BUMP) LOAD_B A("") "add %[sb], %[b]\n\t" LOAD_B A(NEXT) BUMP
+#define T2_PAIR_STRIDED TILE_PAIR(T2_LOAD_B, T2_A_STRIDED, ",%[sa]", PAIR_STRIDED)
+#define T2_PAIR_ROWS TILE_PAIR(T2_LOAD_B, T2_A_ROWS, "4", PAIR_ROWS)
 /* The k loop of every tile kernel, twice: with d == NULL in pairs of k (an odd k first); else one k at a time,
  * each B row read also stored to d, the next row right after it (small products: the first row tile of a column lays
  * out the sliver the others then read) */
@@ -382,22 +382,17 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
   "rax", "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12", \
       "zmm13", "zmm14", "zmm15", "zmm28", "zmm29", "zmm30", "zmm31", "memory", "cc"
 
-/* One k of the tile's rows, A strided or from eight row pointers (as T2_A_STRIDED, T2_A_ROWS) */
+/* One k of the tile's rows, A strided or from eight row pointers (as T2_A_STRIDED, T2_A_ROWS: the first six rows) */
 #define T5_A_STRIDED(X)                                                                                           \
-  T5_ROW("0(%[a]" X ")", "28", "0", "1") T5_ROW("4(%[a]" X ")", "29", "2", "3")                                    \
-      T5_ROW("8(%[a]" X ")", "28", "4", "5") T5_ROW("12(%[a]" X ")", "29", "6", "7")                               \
-          T5_ROW("16(%[a]" X ")", "28", "8", "9") T5_ROW("20(%[a]" X ")", "29", "10", "11")                        \
-              T5_ROW("24(%[a]" X ")", "28", "12", "13") T5_ROW("28(%[a]" X ")", "29", "14", "15")
+  A6_STRIDED(T5_ROW, "28", "29", X)                                                                               \
+  T5_ROW("24(%[a]" X ")", "28", "12", "13") T5_ROW("28(%[a]" X ")", "29", "14", "15")
 #define T5_A_ROWS(D)                                                                                              \
-  T5_ROW(D "(%[a])", "28", "0", "1") T5_ROW(D "(%[a],%[la],1)", "29", "2", "3")                                    \
-      T5_ROW(D "(%[a],%[la],2)", "28", "4", "5") T5_ROW(D "(%[a],%[la3],1)", "29", "6", "7")                       \
-          T5_ROW(D "(%[a4])", "28", "8", "9") T5_ROW(D "(%[a4],%[la],1)", "29", "10", "11")                        \
-              T5_ROW(D "(%[a4],%[la],2)", "28", "12", "13") T5_ROW(D "(%[a4],%[la3],1)", "29", "14", "15")
+  A6_ROWS(T5_ROW, "28", "29", D)                                                                                  \
+  T5_ROW(D "(%[a4],%[la],2)", "28", "12", "13") T5_ROW(D "(%[a4],%[la3],1)", "29", "14", "15")
 #define T5_K_STRIDED T5_A_STRIDED("") STEP_STRIDED
 #define T5_K_ROWS T5_A_ROWS("") STEP_ROWS
-#define T5_PAIR_STRIDED                                                                                           \
-  T5_LOAD_B T5_A_STRIDED("") "add %[sb], %[b]\n\t" T5_LOAD_B T5_A_STRIDED(",%[sa]") PAIR_STRIDED
-#define T5_PAIR_ROWS T5_LOAD_B T5_A_ROWS("") "add %[sb], %[b]\n\t" T5_LOAD_B T5_A_ROWS("4") PAIR_ROWS
+#define T5_PAIR_STRIDED TILE_PAIR(T5_LOAD_B, T5_A_STRIDED, ",%[sa]", PAIR_STRIDED)
+#define T5_PAIR_ROWS TILE_PAIR(T5_LOAD_B, T5_A_ROWS, "4", PAIR_ROWS)
 #define T5_STORE_B                                                                                                \
   "vmovups %%zmm30, (%[d])\n\t"                                                                                   \
   "vmovups %%zmm31, 64(%[d])\n\t"                                                                                 \
