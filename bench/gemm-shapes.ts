@@ -6,8 +6,9 @@
  * drift on a shared machine hits them alike. Both the probe and the built-in products are timed in C on this thread's
  * CPU clock (a sample is a few products back to back, as the trainer's C code calls them), so time spent descheduled
  * by other load, other threads and the call from JS do not count; OpenBLAS, through its JS wrapper, on the process's
- * CPU clock. Each figure is the best sample of its rounds, and the peak the best of its probes. The built-in kernels read attention's operands with the model's leading
- * dimensions (heads inside [T, heads x 64] rows, blocks of [T, T]); OpenBLAS's wrapper takes dense ones only.
+ * CPU clock. Each figure is the best sample of its rounds, and the peak the best of its probes. The built-in kernels
+ * read attention's operands with the model's leading dimensions (heads inside [T, heads x 64] rows, blocks of
+ * [T, T]); OpenBLAS's wrapper takes dense ones only.
  */
 import { builtinGemm, builtinGemmBf16, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
 
