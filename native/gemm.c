@@ -723,6 +723,36 @@ __attribute__((target("avx512f"))) static void pack_rowwise(int w, const float *
     }
   }
 }
+/* The same on AVX2, for its kernel's slivers: w = 16 (B) or 6 (A stored [K,M]; n a multiple of 6). A 6-float row of
+ * a sliver moves as 8 floats, the 2 past it overwritten by the next row's store; the sliver's last row as 6 (a masked
+ * store), and the last sliver's rows are read masked (never past the matrix). */
+__attribute__((target("avx2"))) static void pack_rowwise_avx2(int w, const float *src, int64_t ld, int64_t kc,
+                                                               int64_t n, float *dst) {
+  const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+  for (int64_t p0 = 0; p0 < kc; p0 += 8) {
+    const int64_t pe = p0 + 8 < kc ? p0 + 8 : kc;
+    if (w == 16) {
+      for (int64_t s = 0; s < n; s += 16)
+        for (int64_t p = p0; p < pe; p++) {
+          const float *r = src + p * ld + s;
+          float *d = dst + s * kc + p * 16;
+          _mm256_storeu_ps(d, _mm256_loadu_ps(r));
+          _mm256_storeu_ps(d + 8, _mm256_loadu_ps(r + 8));
+        }
+      continue;
+    }
+    for (int64_t s = 0; s < n; s += 6) {
+      const int tail = s + 6 == n;
+      for (int64_t p = p0; p < pe; p++) {
+        const float *r = src + p * ld + s;
+        const __m256 x = tail ? _mm256_maskload_ps(r, six) : _mm256_loadu_ps(r);
+        float *d = dst + s * kc + p * 6;
+        if (p + 1 < kc) _mm256_storeu_ps(d, x);
+        else _mm256_maskstore_ps(d, six, x);
+      }
+    }
+  }
+}
 #endif
 
 /* A[i0:i0+mc, p0:p0+kc] (times alpha) into MR-row slivers: sliver s holds a[s*MR + r, p] at s*MR*kc + p*MR + r;
@@ -732,6 +762,10 @@ static void pack_a(int mr, int ta, const float *A, int64_t lda, int64_t i0, int6
 #ifdef GEMM_X86
   if (ta && fast_pack && mr == 8 && mc % 8 == 0 && alpha == 1.0f) { /* the AVX-512 kernel's 8-row slivers */
     pack_rowwise(8, A + p0 * lda + i0, lda, kc, mc, ap);
+    return;
+  }
+  if (ta && fast_pack && mr == 6 && mc % 6 == 0 && alpha == 1.0f) { /* the AVX2 kernel's */
+    pack_rowwise_avx2(6, A + p0 * lda + i0, lda, kc, mc, ap);
     return;
   }
 #endif
@@ -782,6 +816,10 @@ static void pack_b(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int6
 #ifdef GEMM_X86
   if (!tb && fast_pack && nr == 32 && nc % 32 == 0) { /* the AVX-512 kernel's 32-column slivers */
     pack_rowwise(32, B + p0 * ldb + j0, ldb, kc, nc, bp);
+    return;
+  }
+  if (!tb && fast_pack && nr == 16 && nc % 16 == 0) {
+    pack_rowwise_avx2(16, B + p0 * ldb + j0, ldb, kc, nc, bp);
     return;
   }
 #endif
