@@ -1007,6 +1007,18 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
             const int64_t cols = nc - jr < nr ? nc - jr : nr;
             const float *bs = bp + jr * kc;
             float *cp = C + (ic + ir) * ldc + jc + jr;
+#ifdef GEMM_X86
+            /* the next tile's C, when this K block continues its chains in C, or (the AVX2 kernel) when this tile's
+             * chain meets beta*C: fetched while this one runs (C is often a gradient, cold from memory) */
+            const int meets = beta != 0.0f && (w ? last : combine) && g == &KERNELS[GEMM_ISA_AVX2];
+            if ((load && !w) || meets) {
+              const float *next = jr + nr < nc ? cp + nr : ir + mr < mc ? cp - jr + mr * ldc : NULL;
+              for (int r = 0; next && r < mr; r++) {
+                _mm_prefetch((const char *)(next + r * ldc), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + r * ldc + nr - 1), _MM_HINT_T0);
+              }
+            }
+#endif
             if (w) { /* the whole tile's chain in the workspace (packed A and B are zero past the edges) */
               float *wt = w + (((ic + ir) / mr) * ntiles + (jc + jr) / nr) * mr * nr;
               if (!rows) g->ukr(kc, as, bs, wt, nr, load, 0, 0.0f);
@@ -1017,13 +1029,6 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
               continue;
             }
 #ifdef GEMM_X86
-            if (load) { /* the next tile's C, when this K block continues its chains: fetched while this one runs */
-              const float *next = jr + nr < nc ? cp + nr : ir + mr < mc ? cp - jr + mr * ldc : NULL;
-              for (int r = 0; next && r < mr; r++) {
-                _mm_prefetch((const char *)(next + r * ldc), _MM_HINT_T0);
-                _mm_prefetch((const char *)(next + r * ldc + nr - 1), _MM_HINT_T0);
-              }
-            }
             if (rows) {
               rows_tile(rows, kc, ar, lda, bs, cp, ldc, cols, load, combine, beta);
               continue;
