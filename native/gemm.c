@@ -525,7 +525,7 @@ static int direct(const direct_kernel *d, int ta, int64_t M, int64_t N, int64_t 
   const size_t nb = M > mr || copy_a ? (size_t)(kcMax * nr + (copy_a ? kcMax * (M + mr) : 0)) : 0;
   float *bb = nb || kblocks > 1 ? scratch(nb + (kblocks > 1 ? (size_t)(M * N) : 0)) : NULL;
   if ((nb || kblocks > 1) && !bb) return -1;
-  float *const ad = bb + kcMax * nr, *const w = bb + nb;
+  float *const ad = bb ? bb + kcMax * nr : NULL, *const w = bb ? bb + nb : NULL;
   if (M <= mr) bb = NULL;
   for (int64_t pc = 0; pc < K; pc += kcMax) {
     const int64_t kc = K - pc < kcMax ? K - pc : kcMax;
