@@ -3,6 +3,7 @@
  * (session/setup.ts: data, model, resume point; every refusal happens there, before step 1), the actors,
  * the step loop (session/loop.ts) and its end (session/finish.ts: validation, export, RUN_JSON).
  */
+import * as os from "node:os";
 import * as path from "node:path";
 import { UserError } from "./errors";
 import { EMBEDDED_HUB, nativeChoice, validate, type RunConfig } from "./config";
@@ -51,6 +52,8 @@ export async function runSession(
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
   if (cfg.dist === "mpi") return runMpi(cfg, rep);
+  const cpus = cpuWarning(cfg.world);
+  if (cpus) rep.say(cpus);
   return runHere(cfg, rep, null);
 }
 
@@ -72,6 +75,8 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
   const here = validate({ ...cfg, hosts: mpi.size });
   setLauncher(launchPrefix(mpi.size)); // the resume command relaunches the job, not one process
   if (mpi.rank === 0) unblockStdout(); // the others print little, and exit with process.exit (queued writes would be lost)
+  const cpus = cpuWarning(here.world); // each host's own affinity: the followers say theirs on stderr
+  if (cpus && mpi.rank !== 0) process.stderr.write(`process ${mpi.rank} of ${mpi.size}: ${cpus}\n`);
   try {
     await link.agreeOnConfig(here);
     if (!link.leader) {
@@ -89,6 +94,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     );
     const kill = sigkillWarning();
     if (kill) rep.say(kill);
+    if (cpus) rep.say(cpus);
     const r = await runHere(here, rep, link);
     await link.end(0);
     mpi.finalize();
@@ -138,6 +144,27 @@ function sigkillWarning(env: NodeJS.ProcessEnv = process.env): string | null {
   const t = Number(env.OMPI_MCA_odls_base_sigkill_timeout ?? 1);
   if (t >= 60) return null;
   return `WARNING a SIGTERM to mpirun reaches the processes ${t} s later and is followed by SIGKILL ${t} s after that (odls_base_sigkill_timeout=${t}), too soon to finish the step and save the checkpoint a stop saves (O3): launch with mpirun --mca odls_base_sigkill_timeout 600 ..., and stop a job with kill -USR2 <mpirun's pid>, which mpirun passes on at once`;
+}
+
+/**
+ * A1, A9: rank threads beyond the CPUs this process may run on (its affinity) share them, every step that much
+ * longer, with nothing else to show for it. The usual cause is the launcher: Open MPI's mpirun binds each process
+ * of a job of 2 or fewer to one core, and Slurm gives a task one CPU unless --cpus-per-task says more, so a host's
+ * --world T rank threads would share one core. The warning names the count and the launch flag that frees them.
+ */
+export function cpuWarning(
+  world: number,
+  cpus: number = os.availableParallelism(),
+  env: NodeJS.ProcessEnv = process.env,
+): string | null {
+  if (world <= cpus) return null;
+  const mpi = env.OMPI_COMM_WORLD_SIZE !== undefined || env.SLURM_STEP_ID !== undefined;
+  const fix = !mpi
+    ? `give the process ${world} CPUs (taskset -c, a cgroup's cpuset), or run --world ${cpus}`
+    : launchPrefix(1, env)[0] === "srun"
+      ? `launch with srun --cpus-per-task ${world} ...`
+      : `launch with mpirun --bind-to none ... (mpirun binds each process of a job of 2 or fewer to one core)`;
+  return `WARNING --world ${world} starts ${world} rank threads, but this process may run on ${cpus} CPU${cpus === 1 ? "" : "s"} (its CPU affinity): they share ${cpus === 1 ? "it" : "them"}, each step about ${(world / cpus).toFixed(1)}x as long: ${fix} (A1, A9)`;
 }
 
 /** This process's session: the embedded Hub when asked, then the run folder and the training. */

@@ -5,6 +5,7 @@ import { test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
+import * as os from "node:os";
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { DEMO_SHA256 } from "./helpers/demo";
@@ -227,6 +228,28 @@ test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --w
     metrics(w4).every((e) => !("allreduce_ms" in e)),
     "one process: no allreduce_ms",
   );
+});
+
+test("a process that mpirun binds to fewer cores than its --world rank threads warns, naming --bind-to none, on every process; --bind-to none frees them (A1, A9)", {
+  timeout: 300_000,
+}, async (t) => {
+  if (!needMpi(t)) return;
+  // Open MPI binds each process of a job of 2 or fewer to one core: a host's --world 2 ranks would share it.
+  const bound = await mpirun(2, tiny(tmpDir("tstrain-bound-"), ["--dist", "mpi", "--world", "2", "--dry-run"]), {
+    mca: ["--bind-to", "core"],
+  });
+  ok(bound, "mpirun --bind-to core --world 2 --dry-run");
+  const warning =
+    "WARNING --world 2 starts 2 rank threads, but this process may run on 1 CPU \\(its CPU affinity\\): they share it, each step about 2\\.0x as long: launch with mpirun --bind-to none \\.\\.\\.";
+  assert.match(bound.out, new RegExp(`^${warning}`, "m"), `process 0 warns:\n${bound.out.slice(-3000)}`);
+  assert.match(bound.out, new RegExp(`^process 1 of 2: ${warning}`, "m"), "process 1 warns of its own binding");
+  assert.match(bound.out, /"dry_run":true/, "a warning, not a refusal");
+  if (os.availableParallelism() < 2) return; // one CPU: --bind-to none cannot give a process two
+  const free = await mpirun(2, tiny(tmpDir("tstrain-unbound-"), ["--dist", "mpi", "--world", "2", "--dry-run"]), {
+    mca: ["--bind-to", "none"],
+  });
+  ok(free, "mpirun --bind-to none --world 2 --dry-run");
+  assert.doesNotMatch(free.out, /rank threads/, "unbound: every process may run on every core");
 });
 
 // ------------------------------------------------------------------ agreement (A11)
@@ -586,6 +609,8 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
         "2",
         "--map-by",
         "node",
+        "--bind-to",
+        "none", // as the README launches hosts: each process's rank threads on every core of its host
         "--mca",
         "plm_rsh_agent",
         agent,
@@ -614,6 +639,7 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
     );
     ok(r, "mpirun across the two namespaces");
     assert.match(r.out, /MPI: 2 processes x 1 ranks = 2 global ranks/);
+    assert.doesNotMatch(r.out, /rank threads/, "no process short of CPUs");
     assert.match(r.out, /^RUN_JSON .*"final_step":300,/m, "the whole demo ran");
     // one process at --world 2 --demo ends with DEMO_SHA256 (test/train.isa-*.test.ts), as does mpirun -np 2 on loopback (above)
     assert.equal(sha256(finalWeights(two)), DEMO_SHA256, "final/model.safetensors byte-identical to one machine");

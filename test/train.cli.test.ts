@@ -9,6 +9,7 @@ import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyArgs as tinyRunArgs, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 import { buildConfig, countParams } from "../src/model/llama-config";
+import { cpuWarning } from "../src/run";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -49,6 +50,52 @@ test("--dry-run builds everything, trains nothing and prints one JSON (G7)", { t
   assert.equal(typeof j.fingerprint, "string");
   assert.ok(r.rep.lines.some((l) => l.startsWith('{"dry_run":true')));
   assert.ok(!fs.existsSync(path.join(out, "ckpt")));
+});
+
+test("rank threads beyond the CPUs the process may run on are warned of, with the fix for its launcher (A1, A9)", {
+  timeout: 120_000,
+}, () => {
+  assert.equal(cpuWarning(2, 2, {}), null, "as many CPUs as rank threads");
+  assert.equal(cpuWarning(1, 1, { OMPI_COMM_WORLD_SIZE: "2" }), null);
+  assert.match(
+    cpuWarning(2, 1, {}) ?? "",
+    /^WARNING --world 2 starts 2 rank threads, but this process may run on 1 CPU \(its CPU affinity\): they share it, each step about 2\.0x as long: give the process 2 CPUs \(taskset -c, .*\), or run --world 1 \(A1, A9\)$/,
+  );
+  assert.match(cpuWarning(2, 1, { OMPI_COMM_WORLD_SIZE: "2" }) ?? "", /: launch with mpirun --bind-to none \.\.\. /);
+  assert.match(
+    cpuWarning(4, 2, { SLURM_STEP_ID: "0", SLURM_JOB_ID: "7" }) ?? "",
+    /2 CPUs .*: launch with srun --cpus-per-task 4 \.\.\./,
+  );
+  // mpirun inside a Slurm allocation is still mpirun (its processes carry the allocation's variables)
+  assert.match(
+    cpuWarning(2, 1, { SLURM_STEP_ID: "0", OMPI_MCA_orte_hnp_uri: "x", OMPI_COMM_WORLD_SIZE: "2" }) ?? "",
+    /mpirun --bind-to none/,
+  );
+  // the real CLI, pinned to one CPU by taskset (util-linux): warned at --world 2, not at --world 1
+  const pinned = (world: string) =>
+    spawnSync(
+      "taskset",
+      [
+        "-c",
+        "0",
+        process.execPath,
+        MAIN,
+        ...tinyArgs(mix.root, tmpDir("tstrain-cpus-"), ["--world", world, "--dry-run"]),
+      ],
+      {
+        encoding: "utf8",
+        timeout: 60_000,
+      },
+    );
+  const two = pinned("2");
+  assert.equal(two.status, 0, `${two.error?.message ?? ""}${two.stderr}`);
+  assert.match(
+    two.stdout,
+    /^WARNING --world 2 starts 2 rank threads, but this process may run on 1 CPU .*or run --world 1 \(A1, A9\)$/m,
+  );
+  const one = pinned("1");
+  assert.equal(one.status, 0, one.stderr);
+  assert.doesNotMatch(one.stdout, /rank threads/);
 });
 
 test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and never writes a checkpoint (G8)", {
