@@ -6,9 +6,10 @@
 import * as os from "node:os";
 import * as path from "node:path";
 import { UserError } from "./errors";
-import { EMBEDDED_HUB, nativeChoice, validate, type RunConfig } from "./config";
+import { EMBEDDED_HUB, nativeChoice, validate, type IsaChoice, type Precision, type RunConfig } from "./config";
 import { initWeights } from "./model/init";
 import { checkEngineRequest } from "./model/backend";
+import { builtinGemmBf16 } from "./model/engine/native";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
 import { isUserError } from "./errors";
 import { DistLink } from "./session/dist";
@@ -167,6 +168,16 @@ export function cpuWarning(
   return `WARNING --world ${world} starts ${world} rank threads, but this process may run on ${cpus} CPU${cpus === 1 ? "" : "s"} (its CPU affinity): they share ${cpus === 1 ? "it" : "them"}, each step about ${(world / cpus).toFixed(1)}x as long: ${fix} (A1, A9)`;
 }
 
+/**
+ * P8: without AMX the bf16 products are emulated on the fp32 kernel (AMX's order and bits), and training runs about
+ * 3x slower than in fp32 (the demo's 300 steps on an AVX2 Zen 3: 64-66 s against 21-24 s). A run that asked for
+ * bf16 to go faster is told at start; a forced --isa is a choice made knowingly. `amx`: whether the CPU has it.
+ */
+export function bf16Warning(precision: Precision, isa: IsaChoice, amx?: boolean): string | null {
+  if (precision !== "bf16" || isa !== "auto" || (amx ?? builtinGemmBf16()?.hw ?? false)) return null;
+  return "WARNING --precision bf16 on a CPU without AMX: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), training about 3x slower than --precision fp32: train in fp32 here (drop --precision bf16), and keep bf16 to resume or check a bf16 run (P8)";
+}
+
 /** This process's session: the embedded Hub when asked, then the run folder and the training. */
 async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
   if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep, link);
@@ -316,6 +327,8 @@ async function startActors(
     `precision: master=fp32 (asserted) compute=${compute} backend=${coord.backendInfo.backend} loss_scaler=${scaler} grad_ckpt=${cfg.gradCkpt}`,
   );
   rep.say(`backend: ${coord.backendInfo.detail}`);
+  const slow = bf16Warning(cfg.precision, cfg.isa);
+  if (slow) rep.say(slow);
   let head: string | null = null;
   if (s.hub) {
     const r = await s.hub.ensureRepo({ private: cfg.hubPrivate }); // K5: created private unless --no-hub-private

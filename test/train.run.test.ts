@@ -4,6 +4,8 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { readSafetensors } from "../src/model/safetensors";
+import { builtinGemmBf16 } from "../src/model/engine/native";
+import { bf16Warning } from "../src/run";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
@@ -226,7 +228,7 @@ test("an injected non-finite gradient is skipped, counted, logged, and the scale
   assert.equal(resumed.runJson.skipped_steps, 1);
 });
 
-test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so (P8, P2)", {
+test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so; without AMX the run warns that bf16 is emulated, about 3x slower (P8, P2)", {
   timeout: 180_000,
 }, async (t) => {
   const be = runEngineArgs(t, "bf16");
@@ -242,6 +244,19 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
     "the precision line says bf16 and the fixed scale",
   );
   assert.equal(r.runJson.precision, "bf16");
+  // without AMX the products are emulated, about 3x slower than fp32: the run says so at start
+  const amx = builtinGemmBf16()?.hw ?? false;
+  const slow = r.rep.lines.filter((l) => l.startsWith("WARNING --precision bf16 on a CPU without AMX"));
+  assert.deepEqual(slow.length, amx ? 0 : 1, `the emulation warned of where the CPU has no AMX (amx: ${amx})`);
+  if (!amx)
+    assert.match(
+      slow[0],
+      /about 3x slower than --precision fp32: train in fp32 here \(drop --precision bf16\).*\(P8\)$/,
+    );
+  assert.equal(bf16Warning("bf16", "auto", true), null, "AMX: no warning");
+  assert.equal(bf16Warning("bf16", "avx2", false), null, "a forced --isa: no warning");
+  assert.equal(bf16Warning("fp32", "auto", false), null, "fp32: no warning");
+  assert.match(bf16Warning("bf16", "auto", false) ?? "", /^WARNING --precision bf16 on a CPU without AMX/);
   assert.equal(r.runJson.skipped_steps, 1);
   assert.equal(r.runJson.loss_scale, 1);
   assert.ok(
