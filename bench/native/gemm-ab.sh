@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Same bits? Faster? Two versions of native/gemm.c side by side, one thread:
+#
+#   bench/native/gemm-ab.sh OLD [NEW] [PRODUCT...]
+#
+# OLD and NEW: git revisions, or "." for the working tree (NEW defaults to "."). PRODUCT: TATB:MxNxK:beta
+# [:lda/ldb/ldc] (default: the frozen model's 40 products at seq 256 and 1024, as the bench's gemm case runs them).
+# Each version is built as the addon builds gemm.c (binding.gyp's flags); gemm-bits then hashes 4,734 products on
+# every kernel this CPU runs (a difference is reported and fails the script), and gemm-ab times the products in
+# pairs (environment: ISA, N, COLD, COLDC; see gemm-ab.c). Run nothing else meanwhile.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+here="$root/bench/native"
+old=${1:?usage: bench/native/gemm-ab.sh OLD [NEW] [PRODUCT...]}
+shift
+new=.
+if [ $# -gt 0 ] && [[ $1 != *:*x*x* ]]; then new=$1; shift; fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+flags=(-O3 -ffp-contract=off -fno-fast-math -fno-trapping-math -std=c11 -D_GNU_SOURCE -fPIC -shared)
+
+build() { # REV NAME: NAME.so from REV's native/gemm.c
+  mkdir -p "$work/$2"
+  for f in gemm.c gemm.h; do
+    if [ "$1" = . ]; then cp "$root/native/$f" "$work/$2/"; else git -C "$root" show "$1:native/$f" >"$work/$2/$f"; fi
+  done
+  cc "${flags[@]}" "$work/$2/gemm.c" -o "$work/$2.so" -lm -lpthread
+}
+build "$old" old
+build "$new" new
+cc -O2 -std=c11 -D_GNU_SOURCE "$here/gemm-bits.c" -o "$work/bits" -ldl
+cc -O2 -std=c11 -D_GNU_SOURCE "$here/gemm-ab.c" -o "$work/ab" -ldl -lm
+
+"$work/bits" "$work/old.so" >"$work/old.bits"
+"$work/bits" "$work/new.so" >"$work/new.bits"
+paste -d' ' "$work/old.bits" "$work/new.bits" | awk '{ printf "bits %-8s old %s new %s %s\n", $1, $5, $10, ($5 == $10 ? "same" : "DIFFERENT") }'
+same=yes
+cmp -s "$work/old.bits" "$work/new.bits" || same=no
+
+if [ $# -eq 0 ]; then # the frozen model's products (bench/gemm-shapes.ts), seq 256 then 1024
+  set -- NT:256x576x576:0 NT:256x576x576:1 NT:256x192x576:0 NT:256x1536x576:0 NT:256x576x1536:1 \
+    NT:256x49152x576:0 NN:256x576x576:0 NN:256x576x192:1 NN:256x576x1536:0 NN:256x576x1536:1 NN:256x1536x576:0 \
+    NN:256x576x49152:0 TN:576x576x256:1 TN:192x576x256:1 TN:1536x576x256:1 TN:576x1536x256:1 TN:49152x576x256:1 \
+    NN:64x256x64:0:64/256/256 NN:64x64x256:0:256/192/576 TN:64x64x256:1:256/576/192 \
+    NT:1024x576x576:0 NT:1024x576x576:1 NT:1024x192x576:0 NT:1024x1536x576:0 NT:1024x576x1536:1 \
+    NT:341x49152x576:0 NN:1024x576x576:0 NN:1024x576x192:1 NN:1024x576x1536:0 NN:1024x576x1536:1 \
+    NN:1024x1536x576:0 NN:341x576x49152:0 TN:576x576x1024:1 TN:192x576x1024:1 TN:1536x576x1024:1 \
+    TN:576x1536x1024:1 TN:49152x576x341:1 NN:64x1024x64:0:64/1024/1024 NN:64x64x1024:0:1024/192/576 \
+    TN:64x64x1024:1:1024/576/192
+fi
+"$work/ab" "$work/old.so" "$work/new.so" "$@"
+[ "$same" = yes ] || { echo "gemm-ab: the two versions give different bits" >&2; exit 1; }
