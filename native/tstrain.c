@@ -59,8 +59,8 @@ static inline int sgemm(int ta, int tb, int m, int n, int k, float alpha, const 
                         int ldb, float beta, float *c, int ldc) {
   if (gemm_bf16_mode) return gemm_bf16(gemm_kernel, gemm_bf16_hw, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
   if (gemm_kind == GEMM_BUILTIN) return gemm_sgemm(gemm_kernel, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  blas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
-             b, ldb, beta, c, ldc);
+  blas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b,
+             ldb, beta, c, ldc);
   return 0;
 }
 
@@ -154,20 +154,20 @@ static inline float exp_ps(float x) {
 enum { GEMM_NOMEM = -1 };
 
 /* ------------------------------------------------------------------ matmul: C = alpha * op(A) @ op(B) + beta * C */
-static int matmul(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                  const float *B, float beta, float *C) {
+static int matmul(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
+                  float beta, float *C) {
   if (M == 0 || N == 0) return 0;
   if (K == 0) { /* C = beta*C, with beta = 0 ignoring C's old contents */
     for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0.0f : beta * C[i];
     return 0;
   }
-  return sgemm(transA, transB, (int)M, (int)N, (int)K, alpha, A, transA ? (int)M : (int)K, B,
-               transB ? (int)K : (int)N, beta, C, (int)N)
+  return sgemm(transA, transB, (int)M, (int)N, (int)K, alpha, A, transA ? (int)M : (int)K, B, transB ? (int)K : (int)N,
+               beta, C, (int)N)
              ? GEMM_NOMEM
              : 0;
 }
 
-/* ------------------------------------------------------------------ embedding: out[n] = E[ids[n]]; dE[ids[n]] += dout[n] */
+/* -------------------------------------------------- embedding: out[n] = E[ids[n]]; dE[ids[n]] += dout[n] */
 static void embedding_forward(float *out, const int32_t *ids, const float *E, int64_t N, int64_t D) {
   for (int64_t n = 0; n < N; n++) memcpy(out + n * D, E + (int64_t)ids[n] * D, (size_t)D * sizeof(float));
 }
@@ -180,8 +180,9 @@ KERNEL_CLONES static void embedding_backward(float *dE, const int32_t *ids, cons
   }
 }
 
-/* ------------------------------------------------------------------ RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) */
-KERNEL_CLONES static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t D, double eps) {
+/* ------------------------------------------------ RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) */
+KERNEL_CLONES static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t D,
+                                          double eps) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * D;
     float *o = out + n * D;
@@ -194,7 +195,7 @@ KERNEL_CLONES static void rmsnorm_forward(float *out, float *rstd, const float *
 
 /* dx += the input gradient, dw += the weight gradient (both accumulate) */
 KERNEL_CLONES static void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                             const float *rstd, int64_t N, int64_t D) {
+                                           const float *rstd, int64_t N, int64_t D) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * D, *g = dout + n * D;
     float *dxr = dx + n * D;
@@ -211,8 +212,8 @@ KERNEL_CLONES static void rmsnorm_backward(float *dx, float *dw, const float *do
 
 /* ------------------------------------------------------------------ RoPE, in place on x[B, T, nh, E] */
 /* The forward rotates each (i, i + E/2) pair by +theta_t,i; the backward (its adjoint) by -theta_t,i. */
-KERNEL_CLONES static void rope_rotate(float *x, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh, int64_t E,
-                        float sg) {
+KERNEL_CLONES static void rope_rotate(float *x, const float *cs, const float *sn, int64_t B, int64_t T, int64_t nh,
+                                      int64_t E, float sg) {
   const int64_t h = E / 2;
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
@@ -254,8 +255,8 @@ KERNEL_CLONES static void scale_rows(const float *x, int64_t ld, int64_t T, int6
     for (int64_t e = 0; e < E; e++) xs[t * E + e] = scale * x[t * ld + e];
 }
 
-KERNEL_CLONES static int attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
-                             int64_t T, int64_t H, int64_t K, int64_t E) {
+KERNEL_CLONES static int attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                                           int64_t B, int64_t T, int64_t H, int64_t K, int64_t E) {
   if (T == 0 || E == 0) return 0;
   const float scale = (float)(1.0 / sqrt((double)E));
   const int ldq = (int)(H * E), ldk = (int)(K * E), lda = (int)T;
@@ -277,8 +278,8 @@ KERNEL_CLONES static int attention_forward(float *out, float *att, const float *
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
         const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
         /* scores[t0:t1, 0:t1] = (scale * q_rows) @ k^T */
-        oom |= sgemm(0, 0, (int)(t1 - t0), (int)t1, (int)E, 1.0f, qs + t0 * E, (int)E, kt, (int)T, 0.0f, ap + t0 * T,
-                     lda);
+        oom |=
+            sgemm(0, 0, (int)(t1 - t0), (int)t1, (int)E, 1.0f, qs + t0 * E, (int)E, kt, (int)T, 0.0f, ap + t0 * T, lda);
         for (int64_t t = t0; t < t1; t++) {
           float *row = ap + t * T;
           const float mx = max_f32(row, t + 1);
@@ -298,9 +299,9 @@ KERNEL_CLONES static int attention_forward(float *out, float *att, const float *
 
 /* dq = dscores @ k, dk = dscores^T @ q, dv = att^T @ dout, with dscores = att * (datt - rowsum(att * datt)) *
  * scale and datt = dout @ v^T (dq, dk and dv are overwritten) */
-KERNEL_CLONES static int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                              const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K,
-                              int64_t E) {
+KERNEL_CLONES static int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                            const float *k, const float *v, const float *att, int64_t B, int64_t T,
+                                            int64_t H, int64_t K, int64_t E) {
   memset(dk, 0, (size_t)(B * T * K * E) * sizeof(float));
   memset(dv, 0, (size_t)(B * T * K * E) * sizeof(float));
   if (T == 0 || E == 0) {
@@ -325,7 +326,8 @@ KERNEL_CLONES static int attention_backward(float *dq, float *dk, float *dv, con
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BLOCK) {
         const int64_t t1 = t0 + ATT_BLOCK < T ? t0 + ATT_BLOCK : T;
         /* datt[t0:t1, 0:t1] = dout_rows @ v^T */
-        oom |= sgemm(0, 0, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vt, (int)T, 0.0f, ds + t0 * T, lda);
+        oom |=
+            sgemm(0, 0, (int)(t1 - t0), (int)t1, (int)E, 1.0f, dop + t0 * ldq, ldq, vt, (int)T, 0.0f, ds + t0 * T, lda);
         /* dscores = att * (datt - sum_u att*datt) * scale, over u <= t; 0 above the diagonal */
         for (int64_t t = t0; t < t1; t++) {
           const float *ar = ap + t * T;
@@ -341,8 +343,8 @@ KERNEL_CLONES static int attention_backward(float *dq, float *dk, float *dv, con
        *   dv[u0:u1] += att[u0:T, u0:u1]^T @ dout[u0:T],   dk[u0:u1] += dscores[u0:T, u0:u1]^T @ q[u0:T] */
       for (int64_t u0 = 0; u0 < T; u0 += ATT_BLOCK) {
         const int64_t u1 = u0 + ATT_BLOCK < T ? u0 + ATT_BLOCK : T;
-        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq, 1.0f,
-                     dvp + u0 * ldk, ldk);
+        oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ap + u0 * T + u0, lda, dop + u0 * ldq, ldq,
+                     1.0f, dvp + u0 * ldk, ldk);
         oom |= sgemm(1, 0, (int)(u1 - u0), (int)E, (int)(T - u0), 1.0f, ds + u0 * T + u0, lda, qp + u0 * ldq, ldq, 1.0f,
                      dkp + u0 * ldk, ldk);
       }
@@ -392,7 +394,8 @@ KERNEL_CLONES static void swiglu_forward(float *out, const float *g, const float
   for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_ps(-g[i])) * u[i];
 }
 
-KERNEL_CLONES static void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u, int64_t n) {
+KERNEL_CLONES static void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u,
+                                          int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     const float x = g[i], sig = 1.0f / (1.0f + exp_ps(-x)), d = dout[i];
     /* read everything before writing: dgate/dup may alias dout in a caller that works in place */
@@ -439,12 +442,12 @@ KERNEL_CLONES static double cross_entropy(float *lg, const int32_t *tg, int64_t 
 
 /* ================================================================== the Node-API layer */
 /* ------------------------------------------------------------------ argument checks */
-#define CHECK_NAPI(call)                                                                                   \
-  do {                                                                                                     \
-    if ((call) != napi_ok) {                                                                               \
-      napi_throw_error(env, NULL, "tstrain native: a Node-API call failed (" #call ")");                   \
-      return NULL;                                                                                         \
-    }                                                                                                      \
+#define CHECK_NAPI(call)                                                                                               \
+  do {                                                                                                                 \
+    if ((call) != napi_ok) {                                                                                           \
+      napi_throw_error(env, NULL, "tstrain native: a Node-API call failed (" #call ")");                               \
+      return NULL;                                                                                                     \
+    }                                                                                                                  \
   } while (0)
 
 static int throw_range(napi_env env, const char *fn, const char *what) {
@@ -509,13 +512,13 @@ static int get_bool(napi_env env, napi_value v, bool *out, const char *fn, const
   return 1;
 }
 
-#define ARGS(n)                                                                                            \
-  size_t argc = (n);                                                                                       \
-  napi_value argv[(n) > 0 ? (n) : 1];                                                                      \
-  CHECK_NAPI(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));                                        \
-  if (argc < (n)) {                                                                                        \
-    napi_throw_type_error(env, NULL, "tstrain native: too few arguments");                                 \
-    return NULL;                                                                                           \
+#define ARGS(n)                                                                                                        \
+  size_t argc = (n);                                                                                                   \
+  napi_value argv[(n) > 0 ? (n) : 1];                                                                                  \
+  CHECK_NAPI(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));                                                    \
+  if (argc < (n)) {                                                                                                    \
+    napi_throw_type_error(env, NULL, "tstrain native: too few arguments");                                             \
+    return NULL;                                                                                                       \
   }
 
 /* In every wrapper `fn` names the kernel for the error messages (static const char fn[] = "...";). */
@@ -525,22 +528,30 @@ static int throw_error(napi_env env, const char *fn, const char *what) {
   napi_throw_error(env, NULL, msg);
   return 0;
 }
-#define NEED_BLAS()                                                                                        \
-  if (gemm_kind == GEMM_BLAS && !blas_sgemm) {                                                             \
-    throw_error(env, fn, "no BLAS loaded (call loadBlas first)");                                          \
-    return NULL;                                                                                           \
+#define NEED_BLAS()                                                                                                    \
+  if (gemm_kind == GEMM_BLAS && !blas_sgemm) {                                                                         \
+    throw_error(env, fn, "no BLAS loaded (call loadBlas first)");                                                      \
+    return NULL;                                                                                                       \
   }
-#define GEMM_OOM()                                                                                         \
-  do {                                                                                                     \
-    throw_error(env, fn, "out of memory for the GEMM's packing buffers");                                  \
-    return NULL;                                                                                           \
+#define GEMM_OOM()                                                                                                     \
+  do {                                                                                                                 \
+    throw_error(env, fn, "out of memory for the GEMM's packing buffers");                                              \
+    return NULL;                                                                                                       \
   } while (0)
 
-#define F32(i, ptr, need, name) if (!get_array(env, argv[i], napi_float32_array, (size_t)(need), (void **)&(ptr), fn, name)) return NULL
-#define I32(i, ptr, need, name) if (!get_array(env, argv[i], napi_int32_array, (size_t)(need), (void **)&(ptr), fn, name)) return NULL
-#define DIM(i, var) int64_t var; if (!get_dim(env, argv[i], &var, fn, #var)) return NULL
-#define NUM(i, var) double var; if (!get_num(env, argv[i], &var, fn, #var)) return NULL
-#define BOOL(i, var) bool var; if (!get_bool(env, argv[i], &var, fn, #var)) return NULL
+#define F32(i, ptr, need, name)                                                                                        \
+  if (!get_array(env, argv[i], napi_float32_array, (size_t)(need), (void **)&(ptr), fn, name)) return NULL
+#define I32(i, ptr, need, name)                                                                                        \
+  if (!get_array(env, argv[i], napi_int32_array, (size_t)(need), (void **)&(ptr), fn, name)) return NULL
+#define DIM(i, var)                                                                                                    \
+  int64_t var;                                                                                                         \
+  if (!get_dim(env, argv[i], &var, fn, #var)) return NULL
+#define NUM(i, var)                                                                                                    \
+  double var;                                                                                                          \
+  if (!get_num(env, argv[i], &var, fn, #var)) return NULL
+#define BOOL(i, var)                                                                                                   \
+  bool var;                                                                                                            \
+  if (!get_bool(env, argv[i], &var, fn, #var)) return NULL
 
 /* ------------------------------------------------------------------ engine setup: loadBlas, simd, setGemm, gemmPeak */
 /* loadBlas(paths: string[]) */
@@ -580,12 +591,18 @@ static napi_value LoadBlas(napi_env env, napi_callback_info info) {
     char *saved = prev ? strdup(prev) : NULL;
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (saved) { setenv("OPENBLAS_NUM_THREADS", saved, 1); free(saved); } else unsetenv("OPENBLAS_NUM_THREADS");
+    if (saved) {
+      setenv("OPENBLAS_NUM_THREADS", saved, 1);
+      free(saved);
+    } else
+      unsetenv("OPENBLAS_NUM_THREADS");
     char reason[1700];
     if (!h) {
       const char *err = dlerror();
-      if (err && strncmp(err, path, strlen(path)) == 0) snprintf(reason, sizeof reason, "%s", err);
-      else snprintf(reason, sizeof reason, "%s: %s", path, err ? err : "dlopen failed");
+      if (err && strncmp(err, path, strlen(path)) == 0)
+        snprintf(reason, sizeof reason, "%s", err);
+      else
+        snprintf(reason, sizeof reason, "%s: %s", path, err ? err : "dlopen failed");
     } else {
       sgemm_fn f = (sgemm_fn)dlsym(h, "cblas_sgemm");
       if (!f) {
@@ -666,26 +683,50 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
     return NULL;
   }
   const int bf16 = strcmp(prec, "bf16") == 0;
-  if (!bf16 && strcmp(prec, "fp32") != 0) { throw_range(env, "setGemm", "precision must be fp32 or bf16"); return NULL; }
+  if (!bf16 && strcmp(prec, "fp32") != 0) {
+    throw_range(env, "setGemm", "precision must be fp32 or bf16");
+    return NULL;
+  }
   const gemm_isa best = gemm_best_isa();
   int hw = 0;
   if (strcmp(kind, "blas") == 0) {
-    if (bf16) { throw_range(env, "setGemm", "bf16 runs on the built-in GEMM only"); return NULL; }
-    if (!blas_sgemm) { throw_range(env, "setGemm", "no BLAS loaded (call loadBlas first)"); return NULL; }
+    if (bf16) {
+      throw_range(env, "setGemm", "bf16 runs on the built-in GEMM only");
+      return NULL;
+    }
+    if (!blas_sgemm) {
+      throw_range(env, "setGemm", "no BLAS loaded (call loadBlas first)");
+      return NULL;
+    }
     gemm_kind = GEMM_BLAS;
   } else if (strcmp(kind, "builtin") == 0) {
     gemm_isa want;
-    if (strcmp(isa, "auto") == 0) { want = best; hw = bf16 && gemm_bf16_hw_supported(); }
-    else if (strcmp(isa, "amx") == 0 && bf16) {
-      if (!gemm_bf16_hw_supported()) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
+    if (strcmp(isa, "auto") == 0) {
+      want = best;
+      hw = bf16 && gemm_bf16_hw_supported();
+    } else if (strcmp(isa, "amx") == 0 && bf16) {
+      if (!gemm_bf16_hw_supported()) {
+        throw_range(env, "setGemm", "this CPU does not have that instruction set");
+        return NULL;
+      }
       want = GEMM_ISA_AVX512;
       hw = 1;
+    } else if (strcmp(isa, "avx512") == 0)
+      want = GEMM_ISA_AVX512;
+    else if (strcmp(isa, "avx2") == 0)
+      want = GEMM_ISA_AVX2;
+    else if (strcmp(isa, "portable") == 0)
+      want = GEMM_ISA_PORTABLE;
+    else {
+      throw_range(
+          env, "setGemm",
+          bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable");
+      return NULL;
     }
-    else if (strcmp(isa, "avx512") == 0) want = GEMM_ISA_AVX512;
-    else if (strcmp(isa, "avx2") == 0) want = GEMM_ISA_AVX2;
-    else if (strcmp(isa, "portable") == 0) want = GEMM_ISA_PORTABLE;
-    else { throw_range(env, "setGemm", bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
-    if (!gemm_isa_supported(want)) { throw_range(env, "setGemm", "this CPU does not have that instruction set"); return NULL; }
+    if (!gemm_isa_supported(want)) {
+      throw_range(env, "setGemm", "this CPU does not have that instruction set");
+      return NULL;
+    }
     gemm_kind = GEMM_BUILTIN;
     gemm_kernel = want;
   } else {
@@ -698,7 +739,10 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
   CHECK_NAPI(napi_create_object(env, &obj));
   set_str(env, obj, "kind", gemm_kind == GEMM_BLAS ? "blas" : "builtin");
   set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : hw ? "amx" : gemm_isa_name(gemm_kernel));
-  set_str(env, obj, "detail", gemm_kind == GEMM_BLAS ? blas_config : hw ? "AMX-BF16 32x32 (TDPBF16PS)" : gemm_isa_detail(gemm_kernel));
+  set_str(env, obj, "detail",
+          gemm_kind == GEMM_BLAS ? blas_config
+          : hw                   ? "AMX-BF16 32x32 (TDPBF16PS)"
+                                 : gemm_isa_detail(gemm_kernel));
   set_str(env, obj, "best", gemm_isa_name(best));
   set_str(env, obj, "precision", bf16 ? "bf16" : "fp32");
   CHECK_NAPI(napi_create_array(env, &sup));
@@ -730,11 +774,13 @@ static napi_value GemmPeak(napi_env env, napi_callback_info info) {
     napi_throw_type_error(env, NULL, "tstrain native gemmPeak: expects (isa, iters >= 1)");
     return NULL;
   }
-  gemm_isa want = strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
-                  : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
+  gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
+                  : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
+                  : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
+                                                 : GEMM_ISA_AUTO;
   napi_value v;
-  CHECK_NAPI(napi_create_double(env, strcmp(isa, "amx") == 0 ? gemm_bf16_peak((int64_t)iters)
-                                                                    : gemm_fma_peak(want, (int64_t)iters), &v));
+  CHECK_NAPI(napi_create_double(
+      env, strcmp(isa, "amx") == 0 ? gemm_bf16_peak((int64_t)iters) : gemm_fma_peak(want, (int64_t)iters), &v));
   return v;
 }
 
@@ -766,22 +812,43 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
     return NULL;
   }
   const int hw = bf16 && strcmp(isa, "amx") == 0;
-  const gemm_isa want = hw || strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512 : strcmp(isa, "avx2") == 0 ? GEMM_ISA_AVX2
-                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE : GEMM_ISA_AUTO;
-  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) { throw_range(env, fn, bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable"); return NULL; }
-  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want) || (hw && !gemm_bf16_hw_supported())) { throw_range(env, fn, "this CPU does not have that instruction set"); return NULL; }
-  BOOL(1, transA); BOOL(2, transB);
-  DIM(3, M); DIM(4, N); DIM(5, K);
+  const gemm_isa want = hw || strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512
+                        : strcmp(isa, "avx2") == 0       ? GEMM_ISA_AVX2
+                        : strcmp(isa, "portable") == 0   ? GEMM_ISA_PORTABLE
+                                                         : GEMM_ISA_AUTO;
+  if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) {
+    throw_range(
+        env, fn,
+        bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable");
+    return NULL;
+  }
+  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want) || (hw && !gemm_bf16_hw_supported())) {
+    throw_range(env, fn, "this CPU does not have that instruction set");
+    return NULL;
+  }
+  BOOL(1, transA);
+  BOOL(2, transB);
+  DIM(3, M);
+  DIM(4, N);
+  DIM(5, K);
   NUM(6, alpha);
-  DIM(8, lda); DIM(10, ldb); DIM(13, ldc);
+  DIM(8, lda);
+  DIM(10, ldb);
+  DIM(13, ldc);
   NUM(11, beta);
   const int64_t ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
-  if (lda < ac || ldb < bc || ldc < N || lda < 1 || ldb < 1 || ldc < 1) { throw_range(env, fn, "a leading dimension is smaller than its row"); return NULL; }
+  if (lda < ac || ldb < bc || ldc < N || lda < 1 || ldb < 1 || ldc < 1) {
+    throw_range(env, fn, "a leading dimension is smaller than its row");
+    return NULL;
+  }
   float *A, *Bm, *C;
   F32(7, A, ar > 0 ? (ar - 1) * lda + ac : 0, "A");
   F32(9, Bm, br > 0 ? (br - 1) * ldb + bc : 0, "B");
   F32(12, C, M > 0 ? (M - 1) * ldc + N : 0, "C");
-  if (bf16 && alpha != 1.0) { throw_range(env, fn, "alpha must be 1"); return NULL; }
+  if (bf16 && alpha != 1.0) {
+    throw_range(env, fn, "alpha must be 1");
+    return NULL;
+  }
   const double t0 = gemm_thread_seconds();
   for (int64_t i = 0; i < (calls >= 1 ? (int64_t)calls : 1); i++) {
     const int rc = bf16 ? gemm_bf16(want, hw, transA, transB, M, N, K, A, lda, Bm, ldb, (float)beta, C, ldc)
@@ -807,15 +874,21 @@ static napi_value Matmul(napi_env env, napi_callback_info info) {
   static const char fn[] = "matmul";
   ARGS(10);
   NEED_BLAS();
-  BOOL(0, transA); BOOL(1, transB);
-  DIM(2, M); DIM(3, N); DIM(4, K);
+  BOOL(0, transA);
+  BOOL(1, transB);
+  DIM(2, M);
+  DIM(3, N);
+  DIM(4, K);
   NUM(5, alpha);
   float *A, *Bm, *C;
   F32(6, A, M * K, "A");
   F32(7, Bm, K * N, "B");
   NUM(8, beta);
   F32(9, C, M * N, "C");
-  if (gemm_bf16_mode && alpha != 1.0 && K > 0) { throw_range(env, fn, "bf16 products take alpha 1"); return NULL; }
+  if (gemm_bf16_mode && alpha != 1.0 && K > 0) {
+    throw_range(env, fn, "bf16 products take alpha 1");
+    return NULL;
+  }
   if (matmul(transA, transB, M, N, K, (float)alpha, A, Bm, (float)beta, C)) GEMM_OOM();
   return NULL;
 }
@@ -852,7 +925,8 @@ static napi_value Bf16WeightsChanged(napi_env env, napi_callback_info info) {
   gemm_bf16_weights_changed();
   return NULL;
 }
-/* bf16WeightsPrepack(part, parts): remakes this thread's share of the stale weight copies (gemm_bf16_weights_prepack). */
+/* bf16WeightsPrepack(part, parts): remakes this thread's share of the stale weight copies
+ * (gemm_bf16_weights_prepack). */
 static napi_value Bf16WeightsPrepack(napi_env env, napi_callback_info info) {
   static const char fn[] = "bf16WeightsPrepack";
   ARGS(2);
@@ -861,7 +935,6 @@ static napi_value Bf16WeightsPrepack(napi_env env, napi_callback_info info) {
   gemm_bf16_weights_prepack((int)part, (int)parts);
   return NULL;
 }
-
 
 static int ids_in_rows(napi_env env, const int32_t *ids, int64_t N, int64_t V, const char *fn) {
   for (int64_t n = 0; n < N; n++)
@@ -873,7 +946,8 @@ static int ids_in_rows(napi_env env, const int32_t *ids, int64_t N, int64_t V, c
 static napi_value EmbeddingForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "embeddingForward";
   ARGS(5);
-  DIM(3, N); DIM(4, D);
+  DIM(3, N);
+  DIM(4, D);
   float *out;
   int32_t *ids;
   F32(0, out, N * D, "out");
@@ -890,7 +964,8 @@ static napi_value EmbeddingForward(napi_env env, napi_callback_info info) {
 static napi_value EmbeddingBackward(napi_env env, napi_callback_info info) {
   static const char fn[] = "embeddingBackward";
   ARGS(5);
-  DIM(3, N); DIM(4, D);
+  DIM(3, N);
+  DIM(4, D);
   size_t elen = 0;
   float *dE;
   if (!get_table(env, argv[0], &dE, &elen, fn, "dE")) return NULL;
@@ -907,7 +982,8 @@ static napi_value EmbeddingBackward(napi_env env, napi_callback_info info) {
 static napi_value RmsnormForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "rmsnormForward";
   ARGS(7);
-  DIM(4, N); DIM(5, D);
+  DIM(4, N);
+  DIM(5, D);
   NUM(6, eps);
   float *out, *rstd, *x, *w;
   F32(0, out, N * D, "out");
@@ -922,7 +998,8 @@ static napi_value RmsnormForward(napi_env env, napi_callback_info info) {
 static napi_value RmsnormBackward(napi_env env, napi_callback_info info) {
   static const char fn[] = "rmsnormBackward";
   ARGS(8);
-  DIM(6, N); DIM(7, D);
+  DIM(6, N);
+  DIM(7, D);
   float *dx, *dw, *dout, *x, *w, *rstd;
   F32(0, dx, N * D, "dx");
   F32(1, dw, D, "dw");
@@ -938,14 +1015,22 @@ static napi_value RmsnormBackward(napi_env env, napi_callback_info info) {
 static napi_value rope(napi_env env, napi_callback_info info, int backward) {
   const char *fn = backward ? "ropeBackward" : "ropeForward";
   ARGS(7);
-  DIM(3, B); DIM(4, T); DIM(5, nh); DIM(6, E);
-  if (E % 2) { throw_range(env, fn, "E (head_dim) must be even"); return NULL; }
+  DIM(3, B);
+  DIM(4, T);
+  DIM(5, nh);
+  DIM(6, E);
+  if (E % 2) {
+    throw_range(env, fn, "E (head_dim) must be even");
+    return NULL;
+  }
   float *x, *cs, *sn;
   F32(0, x, B * T * nh * E, "x");
   F32(1, cs, T * (E / 2), "cos");
   F32(2, sn, T * (E / 2), "sin");
-  if (backward) rope_backward(x, cs, sn, B, T, nh, E);
-  else rope_forward(x, cs, sn, B, T, nh, E);
+  if (backward)
+    rope_backward(x, cs, sn, B, T, nh, E);
+  else
+    rope_forward(x, cs, sn, B, T, nh, E);
   return NULL;
 }
 static napi_value RopeForward(napi_env env, napi_callback_info info) { return rope(env, info, 0); }
@@ -956,8 +1041,15 @@ static napi_value AttentionForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "attentionForward";
   ARGS(10);
   NEED_BLAS();
-  DIM(5, B); DIM(6, T); DIM(7, H); DIM(8, K); DIM(9, E);
-  if (K == 0 || H % K) { throw_range(env, fn, "H must be a multiple of K (GQA)"); return NULL; }
+  DIM(5, B);
+  DIM(6, T);
+  DIM(7, H);
+  DIM(8, K);
+  DIM(9, E);
+  if (K == 0 || H % K) {
+    throw_range(env, fn, "H must be a multiple of K (GQA)");
+    return NULL;
+  }
   float *out, *att, *q, *k, *v;
   F32(0, out, B * T * H * E, "out");
   F32(1, att, B * H * T * T, "att");
@@ -973,8 +1065,15 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
   static const char fn[] = "attentionBackward";
   ARGS(13);
   NEED_BLAS();
-  DIM(8, B); DIM(9, T); DIM(10, H); DIM(11, K); DIM(12, E);
-  if (K == 0 || H % K) { throw_range(env, fn, "H must be a multiple of K (GQA)"); return NULL; }
+  DIM(8, B);
+  DIM(9, T);
+  DIM(10, H);
+  DIM(11, K);
+  DIM(12, E);
+  if (K == 0 || H % K) {
+    throw_range(env, fn, "H must be a multiple of K (GQA)");
+    return NULL;
+  }
   float *dq, *dk, *dv, *dout, *q, *k, *v, *att;
   F32(0, dq, B * T * H * E, "dq");
   F32(1, dk, B * T * K * E, "dk");
@@ -992,8 +1091,15 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
 static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "attentionCachedForward";
   ARGS(9);
-  DIM(4, P); DIM(5, T); DIM(6, H); DIM(7, K); DIM(8, E);
-  if (K == 0 || H % K) { throw_range(env, fn, "H must be a multiple of K (GQA)"); return NULL; }
+  DIM(4, P);
+  DIM(5, T);
+  DIM(6, H);
+  DIM(7, K);
+  DIM(8, E);
+  if (K == 0 || H % K) {
+    throw_range(env, fn, "H must be a multiple of K (GQA)");
+    return NULL;
+  }
   float *out, *q, *kc, *vc;
   F32(0, out, T * H * E, "out");
   F32(1, q, T * H * E, "q");
@@ -1042,15 +1148,22 @@ static napi_value SwigluBackward(napi_env env, napi_callback_info info) {
 static napi_value CrossEntropy(napi_env env, napi_callback_info info) {
   static const char fn[] = "crossEntropy";
   ARGS(5);
-  DIM(2, rows); DIM(3, V);
+  DIM(2, rows);
+  DIM(3, V);
   NUM(4, gradScale);
   float *lg;
   int32_t *tg;
   F32(0, lg, rows * V, "logits");
   I32(1, tg, rows, "targets");
-  if (!(gradScale >= 0) || !isfinite(gradScale)) { throw_range(env, fn, "gradScale must be finite and >= 0"); return NULL; }
+  if (!(gradScale >= 0) || !isfinite(gradScale)) {
+    throw_range(env, fn, "gradScale must be finite and >= 0");
+    return NULL;
+  }
   for (int64_t r = 0; r < rows; r++)
-    if (tg[r] < -1 || tg[r] >= V) { throw_range(env, fn, "a target is outside [-1, V)"); return NULL; }
+    if (tg[r] < -1 || tg[r] >= V) {
+      throw_range(env, fn, "a target is outside [-1, V)");
+      return NULL;
+    }
   napi_value ret;
   CHECK_NAPI(napi_create_double(env, cross_entropy(lg, tg, rows, V, gradScale), &ret));
   return ret;
