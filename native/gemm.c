@@ -48,8 +48,8 @@ typedef struct {
 #ifdef GEMM_X86
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
-static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load, int combine,
-                         float beta) {
+static void
+ukr_portable(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load, int combine, float beta) {
   /* two rows at a time: 2 x P_NR independent chains, a loop over j the compiler vectorises */
   for (int r = 0; r < P_MR; r += 2) {
     float acc0[P_NR], acc1[P_NR];
@@ -85,110 +85,128 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
  * through strides: packed slivers, or the operands in place (tile_avx2_rows: A stored [M,K], six row pointers). */
 #define A2_MR 6
 #define A2_NR 16
-#define T2_PROLOGUE                                                                                               \
-  "test %[load], %[load]\n\t"                                                                                     \
-  "jz 2f\n\t"                                                                                                     \
-  "mov %[c], %%rax\n\t"                                                                                           \
-  "vmovups (%%rax), %%ymm0\n\t"                                                                                   \
-  "vmovups 32(%%rax), %%ymm1\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%ymm2\n\t"                                                                                   \
-  "vmovups 32(%%rax), %%ymm3\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%ymm4\n\t"                                                                                   \
-  "vmovups 32(%%rax), %%ymm5\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%ymm6\n\t"                                                                                   \
-  "vmovups 32(%%rax), %%ymm7\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%ymm8\n\t"                                                                                   \
-  "vmovups 32(%%rax), %%ymm9\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%ymm10\n\t"                                                                                  \
-  "vmovups 32(%%rax), %%ymm11\n\t"                                                                                \
-  "jmp 3f\n\t"                                                                                                    \
-  "2:\n\t"                                                                                                        \
-  "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"                                                                             \
-  "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"                                                                             \
-  "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"                                                                             \
-  "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"                                                                             \
-  "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"                                                                             \
-  "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"                                                                             \
-  "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"                                                                             \
-  "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"                                                                             \
-  "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"                                                                             \
-  "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"                                                                             \
-  "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"                                                                          \
-  "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"                                                                          \
-  "3:\n\t"                                                                                                        \
-  "test %[k], %[k]\n\t"                                                                                           \
+#define T2_PROLOGUE                                                                                                    \
+  "test %[load], %[load]\n\t"                                                                                          \
+  "jz 2f\n\t"                                                                                                          \
+  "mov %[c], %%rax\n\t"                                                                                                \
+  "vmovups (%%rax), %%ymm0\n\t"                                                                                        \
+  "vmovups 32(%%rax), %%ymm1\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%ymm2\n\t"                                                                                        \
+  "vmovups 32(%%rax), %%ymm3\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%ymm4\n\t"                                                                                        \
+  "vmovups 32(%%rax), %%ymm5\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%ymm6\n\t"                                                                                        \
+  "vmovups 32(%%rax), %%ymm7\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%ymm8\n\t"                                                                                        \
+  "vmovups 32(%%rax), %%ymm9\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%ymm10\n\t"                                                                                       \
+  "vmovups 32(%%rax), %%ymm11\n\t"                                                                                     \
+  "jmp 3f\n\t"                                                                                                         \
+  "2:\n\t"                                                                                                             \
+  "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"                                                                                  \
+  "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"                                                                                  \
+  "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"                                                                                  \
+  "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"                                                                                  \
+  "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"                                                                                  \
+  "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"                                                                                  \
+  "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"                                                                                  \
+  "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"                                                                                  \
+  "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"                                                                                  \
+  "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"                                                                                  \
+  "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"                                                                               \
+  "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"                                                                               \
+  "3:\n\t"                                                                                                             \
+  "test %[k], %[k]\n\t"                                                                                                \
   "jz 5f\n\t"
-#define T2_LOAD_B                                                                                                 \
-  "vmovups (%[b]), %%ymm12\n\t"                                                                                   \
-  "vmovups 32(%[b]), %%ymm13\n\t"                                                                                 \
+#define T2_LOAD_B                                                                                                      \
+  "vmovups (%[b]), %%ymm12\n\t"                                                                                        \
+  "vmovups 32(%[b]), %%ymm13\n\t"                                                                                      \
   "prefetcht0 (%[b],%[pf])\n\t"
-#define T2_ROW(SRC, REG, ACC0, ACC1)                                                                              \
-  "vbroadcastss " SRC ", %%ymm" REG "\n\t"                                                                        \
-  "vfmadd231ps %%ymm" REG ", %%ymm12, %%ymm" ACC0 "\n\t"                                                          \
+/* clang-format off */
+#define T2_ROW(SRC, REG, ACC0, ACC1)                                                                                   \
+  "vbroadcastss " SRC ", %%ymm" REG "\n\t"                                                                             \
+  "vfmadd231ps %%ymm" REG ", %%ymm12, %%ymm" ACC0 "\n\t"                                                               \
   "vfmadd231ps %%ymm" REG ", %%ymm13, %%ymm" ACC1 "\n\t"
-#define T2_EPILOGUE                                                                                               \
-  "5:\n\t"                                                                                                        \
-  "test %[t], %[t]\n\t"                                                                                           \
-  "jz 6f\n\t"                                                                                                     \
-  "vmovaps %%ymm0, 0(%[t])\n\t"                                                                                   \
-  "vmovaps %%ymm1, 32(%[t])\n\t"                                                                                  \
-  "vmovaps %%ymm2, 64(%[t])\n\t"                                                                                  \
-  "vmovaps %%ymm3, 96(%[t])\n\t"                                                                                  \
-  "vmovaps %%ymm4, 128(%[t])\n\t"                                                                                 \
-  "vmovaps %%ymm5, 160(%[t])\n\t"                                                                                 \
-  "vmovaps %%ymm6, 192(%[t])\n\t"                                                                                 \
-  "vmovaps %%ymm7, 224(%[t])\n\t"                                                                                 \
-  "vmovaps %%ymm8, 256(%[t])\n\t"                                                                                 \
-  "vmovaps %%ymm9, 288(%[t])\n\t"                                                                                 \
-  "vmovaps %%ymm10, 320(%[t])\n\t"                                                                                \
-  "vmovaps %%ymm11, 352(%[t])\n\t"                                                                                \
-  "jmp 7f\n\t"                                                                                                    \
-  "6:\n\t"                                                                                                        \
-  "mov %[c], %%rax\n\t"                                                                                           \
-  "vmovups %%ymm0, (%%rax)\n\t"                                                                                   \
-  "vmovups %%ymm1, 32(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%ymm2, (%%rax)\n\t"                                                                                   \
-  "vmovups %%ymm3, 32(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%ymm4, (%%rax)\n\t"                                                                                   \
-  "vmovups %%ymm5, 32(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%ymm6, (%%rax)\n\t"                                                                                   \
-  "vmovups %%ymm7, 32(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%ymm8, (%%rax)\n\t"                                                                                   \
-  "vmovups %%ymm9, 32(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%ymm10, (%%rax)\n\t"                                                                                  \
-  "vmovups %%ymm11, 32(%%rax)\n\t"                                                                                \
-  "7:\n\t"                                                                                                        \
+/* clang-format on */
+#define T2_EPILOGUE                                                                                                    \
+  "5:\n\t"                                                                                                             \
+  "test %[t], %[t]\n\t"                                                                                                \
+  "jz 6f\n\t"                                                                                                          \
+  "vmovaps %%ymm0, 0(%[t])\n\t"                                                                                        \
+  "vmovaps %%ymm1, 32(%[t])\n\t"                                                                                       \
+  "vmovaps %%ymm2, 64(%[t])\n\t"                                                                                       \
+  "vmovaps %%ymm3, 96(%[t])\n\t"                                                                                       \
+  "vmovaps %%ymm4, 128(%[t])\n\t"                                                                                      \
+  "vmovaps %%ymm5, 160(%[t])\n\t"                                                                                      \
+  "vmovaps %%ymm6, 192(%[t])\n\t"                                                                                      \
+  "vmovaps %%ymm7, 224(%[t])\n\t"                                                                                      \
+  "vmovaps %%ymm8, 256(%[t])\n\t"                                                                                      \
+  "vmovaps %%ymm9, 288(%[t])\n\t"                                                                                      \
+  "vmovaps %%ymm10, 320(%[t])\n\t"                                                                                     \
+  "vmovaps %%ymm11, 352(%[t])\n\t"                                                                                     \
+  "jmp 7f\n\t"                                                                                                         \
+  "6:\n\t"                                                                                                             \
+  "mov %[c], %%rax\n\t"                                                                                                \
+  "vmovups %%ymm0, (%%rax)\n\t"                                                                                        \
+  "vmovups %%ymm1, 32(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%ymm2, (%%rax)\n\t"                                                                                        \
+  "vmovups %%ymm3, 32(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%ymm4, (%%rax)\n\t"                                                                                        \
+  "vmovups %%ymm5, 32(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%ymm6, (%%rax)\n\t"                                                                                        \
+  "vmovups %%ymm7, 32(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%ymm8, (%%rax)\n\t"                                                                                        \
+  "vmovups %%ymm9, 32(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%ymm10, (%%rax)\n\t"                                                                                       \
+  "vmovups %%ymm11, 32(%%rax)\n\t"                                                                                     \
+  "7:\n\t"                                                                                                             \
   "vzeroupper\n\t"
-#define T2_CLOBBERS                                                                                               \
-  "rax", "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12", \
+#define T2_CLOBBERS                                                                                                    \
+  "rax", "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12",    \
       "ymm13", "ymm14", "ymm15", "memory", "cc"
 
 /* One k of the tile's rows: A strided (a(r, p) at a + p*sa + 4r; X = ",%[sa]": the next k) or from six row pointers
  * (a(r, p) at a + r*la + 4p; D = "4": the next k) */
-#define A6_STRIDED(ROW, R0, R1, X)                                                                                \
-  ROW("0(%[a]" X ")", R0, "0", "1") ROW("4(%[a]" X ")", R1, "2", "3") ROW("8(%[a]" X ")", R0, "4", "5")              \
+/* clang-format off */
+#define A6_STRIDED(ROW, R0, R1, X)                                                                                     \
+  ROW("0(%[a]" X ")", R0, "0", "1") ROW("4(%[a]" X ")", R1, "2", "3") ROW("8(%[a]" X ")", R0, "4", "5")                \
       ROW("12(%[a]" X ")", R1, "6", "7") ROW("16(%[a]" X ")", R0, "8", "9") ROW("20(%[a]" X ")", R1, "10", "11")
-#define A6_ROWS(ROW, R0, R1, D)                                                                                   \
-  ROW(D "(%[a])", R0, "0", "1") ROW(D "(%[a],%[la],1)", R1, "2", "3") ROW(D "(%[a],%[la],2)", R0, "4", "5")          \
+#define A6_ROWS(ROW, R0, R1, D)                                                                                        \
+  ROW(D "(%[a])", R0, "0", "1") ROW(D "(%[a],%[la],1)", R1, "2", "3") ROW(D "(%[a],%[la],2)", R0, "4", "5")            \
       ROW(D "(%[a],%[la3],1)", R1, "6", "7") ROW(D "(%[a4])", R0, "8", "9") ROW(D "(%[a4],%[la],1)", R1, "10", "11")
+/* clang-format on */
 #define T2_A_STRIDED(X) A6_STRIDED(T2_ROW, "14", "15", X)
 #define T2_A_ROWS(D) A6_ROWS(T2_ROW, "14", "15", D)
 /* One k (B loaded by the loop), and two k with their B loads (the loop's usual step: fewer pointer updates and loop
  * branches a k, 1-5 % faster on both kernels); the flags of the k count end each */
-#define STEP_STRIDED "add %[sa], %[a]\n\t" "add %[sb], %[b]\n\t" "dec %[k]\n\t"
-#define PAIR_STRIDED "lea (%[a],%[sa],2), %[a]\n\t" "add %[sb], %[b]\n\t" "sub $2, %[k]\n\t"
-#define STEP_ROWS "add $4, %[a]\n\t" "add $4, %[a4]\n\t" "add %[sb], %[b]\n\t" "dec %[k]\n\t"
-#define PAIR_ROWS "add $8, %[a]\n\t" "add $8, %[a4]\n\t" "add %[sb], %[b]\n\t" "sub $2, %[k]\n\t"
+#define STEP_STRIDED                                                                                                   \
+  "add %[sa], %[a]\n\t"                                                                                                \
+  "add %[sb], %[b]\n\t"                                                                                                \
+  "dec %[k]\n\t"
+#define PAIR_STRIDED                                                                                                   \
+  "lea (%[a],%[sa],2), %[a]\n\t"                                                                                       \
+  "add %[sb], %[b]\n\t"                                                                                                \
+  "sub $2, %[k]\n\t"
+#define STEP_ROWS                                                                                                      \
+  "add $4, %[a]\n\t"                                                                                                   \
+  "add $4, %[a4]\n\t"                                                                                                  \
+  "add %[sb], %[b]\n\t"                                                                                                \
+  "dec %[k]\n\t"
+#define PAIR_ROWS                                                                                                      \
+  "add $8, %[a]\n\t"                                                                                                   \
+  "add $8, %[a4]\n\t"                                                                                                  \
+  "add %[sb], %[b]\n\t"                                                                                                \
+  "sub $2, %[k]\n\t"
 #define T2_K_STRIDED T2_A_STRIDED("") STEP_STRIDED
 #define T2_K_ROWS T2_A_ROWS("") STEP_ROWS
 #define TILE_PAIR(LOAD_B, A, NEXT, BUMP) LOAD_B A("") "add %[sb], %[b]\n\t" LOAD_B A(NEXT) BUMP
@@ -197,17 +215,19 @@ static void ukr_portable(int64_t kc, const float *a, const float *b, float *c, i
 /* The k loop of every tile kernel, twice: with d == NULL in pairs of k (an odd k first); else one k at a time,
  * each B row read also stored to d, the next row right after it (small products: the first row tile of a column lays
  * out the sliver the others then read) */
-#define TILE_LOOPS(LOAD_B, STORE_B, K_STEP, K_PAIR)                                                               \
-  "test %[d], %[d]\n\t"                                                                                           \
-  "jnz 8f\n\t"                                                                                                    \
-  "test $1, %[k]\n\t"                                                                                             \
-  "jz 4f\n\t" LOAD_B K_STEP "jz 5f\n\t"                                                                           \
-  "4:\n\t" K_PAIR "jnz 4b\n\t"                                                                                    \
-  "jmp 5f\n\t"                                                                                                    \
+#define TILE_LOOPS(LOAD_B, STORE_B, K_STEP, K_PAIR)                                                                    \
+  "test %[d], %[d]\n\t"                                                                                                \
+  "jnz 8f\n\t"                                                                                                         \
+  "test $1, %[k]\n\t"                                                                                                  \
+  "jz 4f\n\t" LOAD_B K_STEP                                                                                            \
+  "jz 5f\n\t"                                                                                                          \
+  "4:\n\t" K_PAIR                                                                                                      \
+  "jnz 4b\n\t"                                                                                                         \
+  "jmp 5f\n\t"                                                                                                         \
   "8:\n\t" LOAD_B STORE_B K_STEP "jnz 8b\n\t"
-#define T2_STORE_B                                                                                                \
-  "vmovups %%ymm12, (%[d])\n\t"                                                                                   \
-  "vmovups %%ymm13, 32(%[d])\n\t"                                                                                 \
+#define T2_STORE_B                                                                                                     \
+  "vmovups %%ymm12, (%[d])\n\t"                                                                                        \
+  "vmovups %%ymm13, 32(%[d])\n\t"                                                                                      \
   "add $64, %[d]\n\t"
 #define T2_LOOPS(K) TILE_LOOPS(T2_LOAD_B, T2_STORE_B, T2_K_##K, T2_PAIR_##K)
 
@@ -217,11 +237,11 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const floa
                                                           int64_t sb, float *c, int64_t ldc, int load, float *t,
                                                           float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb;
-  __asm__ volatile(T2_PROLOGUE T2_LOOPS(STRIDED) T2_EPILOGUE
-                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
-                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
-                     [pf] "r"(pf)
-                   : T2_CLOBBERS);
+  __asm__ volatile(
+      T2_PROLOGUE T2_LOOPS(STRIDED) T2_EPILOGUE
+      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
+      : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb), [pf] "r"(pf)
+      : T2_CLOBBERS);
 }
 
 /* A read in place from six rows la bytes apart (row r at a + r*la), one float further each k. */
@@ -251,7 +271,7 @@ __attribute__((target("avx2,fma"))) static void combine_avx2(const float *t, flo
 }
 
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float *a, const float *b, float *c,
-                                                          int64_t ldc, int load, int combine, float beta) {
+                                                         int64_t ldc, int load, int combine, float beta) {
   if (!combine || beta == 0.0f) {
     tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, NULL, NULL);
     return;
@@ -274,147 +294,149 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t kc, const float
  *   tile_avx512:      a(r, p) at a + p*sa + 4r   (packed A, or A stored [K,M])
  *   tile_avx512_rows: a(r, p) at a + r*la + 4p   (A stored [M,K]: eight row pointers, la = lda in bytes)
  *   both:             b(p, j) at b + p*sb + 4j   (packed B, or B stored [K,N])                              */
-#define T5_PROLOGUE                                                                                               \
-  "test %[load], %[load]\n\t"                                                                                     \
-  "jz 2f\n\t"                                                                                                     \
-  "mov %[c], %%rax\n\t"                                                                                           \
-  "vmovups (%%rax), %%zmm0\n\t"                                                                                   \
-  "vmovups 64(%%rax), %%zmm1\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm2\n\t"                                                                                   \
-  "vmovups 64(%%rax), %%zmm3\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm4\n\t"                                                                                   \
-  "vmovups 64(%%rax), %%zmm5\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm6\n\t"                                                                                   \
-  "vmovups 64(%%rax), %%zmm7\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm8\n\t"                                                                                   \
-  "vmovups 64(%%rax), %%zmm9\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm10\n\t"                                                                                  \
-  "vmovups 64(%%rax), %%zmm11\n\t"                                                                                \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm12\n\t"                                                                                  \
-  "vmovups 64(%%rax), %%zmm13\n\t"                                                                                \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups (%%rax), %%zmm14\n\t"                                                                                  \
-  "vmovups 64(%%rax), %%zmm15\n\t"                                                                                \
-  "jmp 3f\n\t"                                                                                                    \
-  "2:\n\t"                                                                                                        \
-  "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"                                                                             \
-  "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"                                                                             \
-  "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"                                                                             \
-  "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"                                                                             \
-  "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"                                                                             \
-  "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"                                                                             \
-  "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"                                                                             \
-  "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"                                                                             \
-  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                                             \
-  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                                             \
-  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                                          \
-  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                                          \
-  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                                          \
-  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                                          \
-  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                                          \
-  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                                          \
-  "3:\n\t"                                                                                                        \
-  "test %[k], %[k]\n\t"                                                                                           \
+#define T5_PROLOGUE                                                                                                    \
+  "test %[load], %[load]\n\t"                                                                                          \
+  "jz 2f\n\t"                                                                                                          \
+  "mov %[c], %%rax\n\t"                                                                                                \
+  "vmovups (%%rax), %%zmm0\n\t"                                                                                        \
+  "vmovups 64(%%rax), %%zmm1\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm2\n\t"                                                                                        \
+  "vmovups 64(%%rax), %%zmm3\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm4\n\t"                                                                                        \
+  "vmovups 64(%%rax), %%zmm5\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm6\n\t"                                                                                        \
+  "vmovups 64(%%rax), %%zmm7\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm8\n\t"                                                                                        \
+  "vmovups 64(%%rax), %%zmm9\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm10\n\t"                                                                                       \
+  "vmovups 64(%%rax), %%zmm11\n\t"                                                                                     \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm12\n\t"                                                                                       \
+  "vmovups 64(%%rax), %%zmm13\n\t"                                                                                     \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups (%%rax), %%zmm14\n\t"                                                                                       \
+  "vmovups 64(%%rax), %%zmm15\n\t"                                                                                     \
+  "jmp 3f\n\t"                                                                                                         \
+  "2:\n\t"                                                                                                             \
+  "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"                                                                                  \
+  "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"                                                                                  \
+  "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"                                                                                  \
+  "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"                                                                                  \
+  "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"                                                                                  \
+  "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"                                                                                  \
+  "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"                                                                                  \
+  "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"                                                                                  \
+  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                                                  \
+  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                                                  \
+  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                                               \
+  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                                               \
+  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                                               \
+  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                                               \
+  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                                               \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                                               \
+  "3:\n\t"                                                                                                             \
+  "test %[k], %[k]\n\t"                                                                                                \
   "jz 5f\n\t"
 /* one row of the tile: broadcast a(r, p) (operand SRC), two FMAs into zmm ACC0, ACC1 */
-#define T5_ROW(SRC, REG, ACC0, ACC1)                                                                              \
-  "vbroadcastss " SRC ", %%zmm" REG "\n\t"                                                                        \
-  "vfmadd231ps %%zmm" REG ", %%zmm30, %%zmm" ACC0 "\n\t"                                                          \
+/* clang-format off */
+#define T5_ROW(SRC, REG, ACC0, ACC1)                                                                                   \
+  "vbroadcastss " SRC ", %%zmm" REG "\n\t"                                                                             \
+  "vfmadd231ps %%zmm" REG ", %%zmm30, %%zmm" ACC0 "\n\t"                                                               \
   "vfmadd231ps %%zmm" REG ", %%zmm31, %%zmm" ACC1 "\n\t"
-#define T5_LOAD_B                                                                                                 \
-  "vmovups (%[b]), %%zmm30\n\t"                                                                                   \
-  "vmovups 64(%[b]), %%zmm31\n\t"                                                                                 \
+/* clang-format on */
+#define T5_LOAD_B                                                                                                      \
+  "vmovups (%[b]), %%zmm30\n\t"                                                                                        \
+  "vmovups 64(%[b]), %%zmm31\n\t"                                                                                      \
   "prefetcht0 (%[b],%[pf])\n\t"
-#define T5_EPILOGUE                                                                                               \
-  "5:\n\t"                                                                                                        \
-  "test %[t], %[t]\n\t"                                                                                           \
-  "jz 6f\n\t"                                                                                                     \
-  "vmovaps %%zmm0, 0(%[t])\n\t"                                                                                   \
-  "vmovaps %%zmm1, 64(%[t])\n\t"                                                                                  \
-  "vmovaps %%zmm2, 128(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm3, 192(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm4, 256(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm5, 320(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm6, 384(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm7, 448(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm8, 512(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm9, 576(%[t])\n\t"                                                                                 \
-  "vmovaps %%zmm10, 640(%[t])\n\t"                                                                                \
-  "vmovaps %%zmm11, 704(%[t])\n\t"                                                                                \
-  "vmovaps %%zmm12, 768(%[t])\n\t"                                                                                \
-  "vmovaps %%zmm13, 832(%[t])\n\t"                                                                                \
-  "vmovaps %%zmm14, 896(%[t])\n\t"                                                                                \
-  "vmovaps %%zmm15, 960(%[t])\n\t"                                                                                \
-  "jmp 7f\n\t"                                                                                                    \
-  "6:\n\t"                                                                                                        \
-  "mov %[c], %%rax\n\t"                                                                                           \
-  "vmovups %%zmm0, (%%rax)\n\t"                                                                                   \
-  "vmovups %%zmm1, 64(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm2, (%%rax)\n\t"                                                                                   \
-  "vmovups %%zmm3, 64(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm4, (%%rax)\n\t"                                                                                   \
-  "vmovups %%zmm5, 64(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm6, (%%rax)\n\t"                                                                                   \
-  "vmovups %%zmm7, 64(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm8, (%%rax)\n\t"                                                                                   \
-  "vmovups %%zmm9, 64(%%rax)\n\t"                                                                                 \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm10, (%%rax)\n\t"                                                                                  \
-  "vmovups %%zmm11, 64(%%rax)\n\t"                                                                                \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm12, (%%rax)\n\t"                                                                                  \
-  "vmovups %%zmm13, 64(%%rax)\n\t"                                                                                \
-  "add %[ldcb], %%rax\n\t"                                                                                        \
-  "vmovups %%zmm14, (%%rax)\n\t"                                                                                  \
-  "vmovups %%zmm15, 64(%%rax)\n\t"                                                                                \
+#define T5_EPILOGUE                                                                                                    \
+  "5:\n\t"                                                                                                             \
+  "test %[t], %[t]\n\t"                                                                                                \
+  "jz 6f\n\t"                                                                                                          \
+  "vmovaps %%zmm0, 0(%[t])\n\t"                                                                                        \
+  "vmovaps %%zmm1, 64(%[t])\n\t"                                                                                       \
+  "vmovaps %%zmm2, 128(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm3, 192(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm4, 256(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm5, 320(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm6, 384(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm7, 448(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm8, 512(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm9, 576(%[t])\n\t"                                                                                      \
+  "vmovaps %%zmm10, 640(%[t])\n\t"                                                                                     \
+  "vmovaps %%zmm11, 704(%[t])\n\t"                                                                                     \
+  "vmovaps %%zmm12, 768(%[t])\n\t"                                                                                     \
+  "vmovaps %%zmm13, 832(%[t])\n\t"                                                                                     \
+  "vmovaps %%zmm14, 896(%[t])\n\t"                                                                                     \
+  "vmovaps %%zmm15, 960(%[t])\n\t"                                                                                     \
+  "jmp 7f\n\t"                                                                                                         \
+  "6:\n\t"                                                                                                             \
+  "mov %[c], %%rax\n\t"                                                                                                \
+  "vmovups %%zmm0, (%%rax)\n\t"                                                                                        \
+  "vmovups %%zmm1, 64(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm2, (%%rax)\n\t"                                                                                        \
+  "vmovups %%zmm3, 64(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm4, (%%rax)\n\t"                                                                                        \
+  "vmovups %%zmm5, 64(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm6, (%%rax)\n\t"                                                                                        \
+  "vmovups %%zmm7, 64(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm8, (%%rax)\n\t"                                                                                        \
+  "vmovups %%zmm9, 64(%%rax)\n\t"                                                                                      \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm10, (%%rax)\n\t"                                                                                       \
+  "vmovups %%zmm11, 64(%%rax)\n\t"                                                                                     \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm12, (%%rax)\n\t"                                                                                       \
+  "vmovups %%zmm13, 64(%%rax)\n\t"                                                                                     \
+  "add %[ldcb], %%rax\n\t"                                                                                             \
+  "vmovups %%zmm14, (%%rax)\n\t"                                                                                       \
+  "vmovups %%zmm15, 64(%%rax)\n\t"                                                                                     \
   "7:\n\t"
-#define T5_CLOBBERS                                                                                               \
-  "rax", "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12", \
+#define T5_CLOBBERS                                                                                                    \
+  "rax", "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12",    \
       "zmm13", "zmm14", "zmm15", "zmm28", "zmm29", "zmm30", "zmm31", "memory", "cc"
 
 /* One k of the tile's rows, A strided or from eight row pointers (as T2_A_STRIDED, T2_A_ROWS: the first six rows) */
-#define T5_A_STRIDED(X)                                                                                           \
-  A6_STRIDED(T5_ROW, "28", "29", X)                                                                               \
+#define T5_A_STRIDED(X)                                                                                                \
+  A6_STRIDED(T5_ROW, "28", "29", X)                                                                                    \
   T5_ROW("24(%[a]" X ")", "28", "12", "13") T5_ROW("28(%[a]" X ")", "29", "14", "15")
-#define T5_A_ROWS(D)                                                                                              \
-  A6_ROWS(T5_ROW, "28", "29", D)                                                                                  \
+#define T5_A_ROWS(D)                                                                                                   \
+  A6_ROWS(T5_ROW, "28", "29", D)                                                                                       \
   T5_ROW(D "(%[a4],%[la],2)", "28", "12", "13") T5_ROW(D "(%[a4],%[la3],1)", "29", "14", "15")
 #define T5_K_STRIDED T5_A_STRIDED("") STEP_STRIDED
 #define T5_K_ROWS T5_A_ROWS("") STEP_ROWS
 #define T5_PAIR_STRIDED TILE_PAIR(T5_LOAD_B, T5_A_STRIDED, ",%[sa]", PAIR_STRIDED)
 #define T5_PAIR_ROWS TILE_PAIR(T5_LOAD_B, T5_A_ROWS, "4", PAIR_ROWS)
-#define T5_STORE_B                                                                                                \
-  "vmovups %%zmm30, (%[d])\n\t"                                                                                   \
-  "vmovups %%zmm31, 64(%[d])\n\t"                                                                                 \
+#define T5_STORE_B                                                                                                     \
+  "vmovups %%zmm30, (%[d])\n\t"                                                                                        \
+  "vmovups %%zmm31, 64(%[d])\n\t"                                                                                      \
   "add $128, %[d]\n\t"
 #define T5_LOOPS(K) TILE_LOOPS(T5_LOAD_B, T5_STORE_B, T5_K_##K, T5_PAIR_##K)
 
 /* t == NULL: the tile goes straight to C (ldc); else to t (MR x 32, row major); d: see TILE_LOOPS */
 __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *a, int64_t sa, const float *b,
-                                                            int64_t sb, float *c, int64_t ldc, int load, float *t,
-                                                            float *d) {
+                                                           int64_t sb, float *c, int64_t ldc, int load, float *t,
+                                                           float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb;
-  __asm__ volatile(T5_PROLOGUE T5_LOOPS(STRIDED) T5_EPILOGUE
-                   : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
-                   : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb),
-                     [pf] "r"(pf)
-                   : T5_CLOBBERS);
+  __asm__ volatile(
+      T5_PROLOGUE T5_LOOPS(STRIDED) T5_EPILOGUE
+      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc), [d] "+r"(d)
+      : [c] "r"(c), [ldcb] "r"(ldcb), [load] "r"(load), [t] "r"(t), [sa] "r"(sa), [sb] "r"(sb), [pf] "r"(pf)
+      : T5_CLOBBERS);
 }
 
 /* A read in place from eight rows la bytes apart (row r at a + r*la), one float further each k. */
-__attribute__((target("avx512f"))) static void tile_avx512_rows(int64_t kc, const float *a, int64_t la,
-                                                                 const float *b, int64_t sb, float *c, int64_t ldc,
-                                                                 int load, float *t, float *d) {
+__attribute__((target("avx512f"))) static void tile_avx512_rows(int64_t kc, const float *a, int64_t la, const float *b,
+                                                                int64_t sb, float *c, int64_t ldc, int load, float *t,
+                                                                float *d) {
   const int64_t ldcb = ldc * 4, pf = 8 * sb, la3 = 3 * la;
   const float *a4 = (const float *)((const char *)a + 4 * la);
   __asm__ volatile(T5_PROLOGUE T5_LOOPS(ROWS) T5_EPILOGUE
@@ -438,7 +460,7 @@ __attribute__((target("avx512f"))) static void combine_avx512(const float *t, fl
 }
 
 __attribute__((target("avx512f"))) static void ukr_avx512(int64_t kc, const float *a, const float *b, float *c,
-                                                           int64_t ldc, int load, int combine, float beta) {
+                                                          int64_t ldc, int load, int combine, float beta) {
   if (!combine || beta == 0.0f) {
     tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, NULL, NULL);
     return;
@@ -481,8 +503,8 @@ typedef void (*combine_fn)(const float *t, float *c, int64_t ldc, float beta);
 typedef struct {
   int mr, nr;
   tile_fn strided, rows; /* d != NULL: each also lays the B rows it reads out in d */
-  combine_fn combine; /* a whole tile with beta != 0 */
-  int64_t kc;         /* K block (0: K in one block) */
+  combine_fn combine;    /* a whole tile with beta != 0 */
+  int64_t kc;            /* K block (0: K in one block) */
 } direct_kernel;
 
 static float *scratch(size_t n);
@@ -644,7 +666,7 @@ static float *workspace(size_t n) { return grow(&ws_p, &ws_cap, n); }
  * floats after the one before, so the next store overwrites its last two: call it in increasing y, with 2 floats
  * of room after the destination. */
 __attribute__((target("avx2"))) static inline void transpose8(const float *src, int64_t ss, float *dst, int64_t ds,
-                                                               int rows) {
+                                                              int rows) {
   const int64_t s6 = rows == 8 ? 6 * ss : 5 * ss, s7 = rows == 8 ? 7 * ss : 5 * ss;
   __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss), r2 = _mm256_loadu_ps(src + 2 * ss),
          r3 = _mm256_loadu_ps(src + 3 * ss), r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss),
@@ -671,7 +693,7 @@ __attribute__((target("avx2"))) static inline void transpose8(const float *src, 
  * pack_cols_avx2 does (AVX2-only Zen 3, paired median time 0.96-0.99 on x W^T and dy W at seq 256, operands
  * cold or warm). */
 __attribute__((target("avx2"))) static int64_t pack_rows_avx2(int mr, const float *src, int64_t ld, int64_t kc,
-                                                               float *dst) {
+                                                              float *dst) {
   int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
     if (mr == 6 && !(p & 15))
@@ -686,7 +708,7 @@ __attribute__((target("avx2"))) static int64_t pack_rows_avx2(int mr, const floa
  * (AVX2-only Zen 3, B and A flushed from the caches before each call, paired median time 0.95-0.99 on the
  * model's x W^T at seq 256). */
 __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const float *src, int64_t ld, int64_t kc,
-                                                               float *dst) {
+                                                              float *dst) {
   int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
     if (!(p & 15))
@@ -697,7 +719,7 @@ __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const floa
 }
 /* 16 x 16 floats, AVX-512: rows src + x*ss to rows dst + y*ds (dst[y][x] = src[x][y]), in 64 shuffles. */
 __attribute__((target("avx512f"))) static inline void transpose16(const float *src, int64_t ss, float *dst,
-                                                                   int64_t ds) {
+                                                                  int64_t ds) {
   __m512 r[16], t[16];
   for (int x = 0; x < 16; x++) r[x] = _mm512_loadu_ps(src + x * ss);
   for (int i = 0; i < 8; i++) {
@@ -724,7 +746,7 @@ __attribute__((target("avx512f"))) static inline void transpose16(const float *s
 }
 /* B [N,K] with NR 32 (the AVX-512 kernel): 16 x 16 transposes. */
 __attribute__((target("avx512f"))) static int64_t pack_cols32_avx512(const float *src, int64_t ld, int64_t kc,
-                                                                      float *dst) {
+                                                                     float *dst) {
   int64_t p = 0;
   for (; p + 16 <= kc; p += 16)
     for (int j = 0; j < 32; j += 16) transpose16(src + j * ld + p, ld, dst + p * 32 + j, 32);
@@ -738,7 +760,7 @@ static int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits
  * s .. s+w-1 go to dst + s*kc + p*w. Each source row is read once, front to back (the LM head's operands stream
  * from memory; sliver by sliver, each row would be visited once per sliver, on a different page every row). */
 __attribute__((target("avx512f"))) static void pack_rowwise(int w, const float *src, int64_t ld, int64_t kc, int64_t n,
-                                                             float *dst) {
+                                                            float *dst) {
   /* rows in groups of 8: a sliver's 8 x w floats of a group are contiguous (whole cache lines), so each line of the
    * copy is complete before it can leave L1 (slivers lie kc*w*4 bytes apart, often a multiple of 4 KiB: one set) */
   for (int64_t p0 = 0; p0 < kc; p0 += 8) {
@@ -769,7 +791,7 @@ __attribute__((target("avx512f"))) static void pack_rowwise(int w, const float *
  * a sliver moves as 8 floats, the 2 past it overwritten by the next row's store; the sliver's last row as 6 (a masked
  * store), and the last sliver's rows are read masked (never past the matrix). */
 __attribute__((target("avx2"))) static void pack_rowwise_avx2(int w, const float *src, int64_t ld, int64_t kc,
-                                                               int64_t n, float *dst) {
+                                                              int64_t n, float *dst) {
   const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
   for (int64_t p0 = 0; p0 < kc; p0 += 8) {
     const int64_t pe = p0 + 8 < kc ? p0 + 8 : kc;
@@ -970,8 +992,8 @@ static int64_t k_blocks(const gemm_kernel *g, int64_t K) { return K <= g->kone ?
  * packed panel (L2), and C is written along its rows. On the AVX-512 kernel, A stored [M,K] with alpha 1 and whole
  * row tiles is not packed: its sliver is read in place by the row-pointer kernel (in L1 after the first tile of the
  * row). */
-static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
   const int64_t kblocks = k_blocks(g, K), kcMax = (K + kblocks - 1) / kblocks;
   /* N in equal blocks too, each B panel (kc x nc) at most PANEL floats, so that it stays in L2 */
@@ -1050,8 +1072,8 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
   return 0;
 }
 
-int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+               const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0) { /* the chain is empty: s = 0 */
     for (int64_t i = 0; i < M; i++)
@@ -1129,9 +1151,8 @@ static void pack_a_chunks(int mr, int ta, const float *A, int64_t lda, int64_t i
     for (int64_t p = 0; p < kc; p++) {
       float *dst = ap + chunk_pos(p) * mr;
       for (int64_t r = 0; r < mr; r++)
-        dst[r] = r < rows && p < kv
-                     ? bf16_round(ta ? A[(p0 + p) * lda + i0 + s + r] : A[(i0 + s + r) * lda + p0 + p])
-                     : 0.0f;
+        dst[r] = r < rows && p < kv ? bf16_round(ta ? A[(p0 + p) * lda + i0 + s + r] : A[(i0 + s + r) * lda + p0 + p])
+                                    : 0.0f;
     }
   }
 }
@@ -1142,16 +1163,15 @@ static void pack_b_chunks(int nr, int tb, const float *B, int64_t ldb, int64_t p
     for (int64_t p = 0; p < kc; p++) {
       float *dst = bp + chunk_pos(p) * nr;
       for (int64_t j = 0; j < nr; j++)
-        dst[j] = j < cols && p < kv
-                     ? bf16_round(tb ? B[(j0 + s + j) * ldb + p0 + p] : B[(p0 + p) * ldb + j0 + s + j])
-                     : 0.0f;
+        dst[j] = j < cols && p < kv ? bf16_round(tb ? B[(j0 + s + j) * ldb + p0 + p] : B[(p0 + p) * ldb + j0 + s + j])
+                                    : 0.0f;
     }
   }
 }
 
 /* The portable kernel with the flushes written out (no CPU mode to rely on): one chain from 0 over kc. */
-static void ukr_portable_bf16(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load,
-                              int combine, float beta) {
+static void ukr_portable_bf16(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load, int combine,
+                              float beta) {
   (void)load, (void)combine, (void)beta;
   for (int r = 0; r < P_MR; r++) {
     float acc[P_NR];
@@ -1193,11 +1213,12 @@ static int blocked_bf16(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t
             const int64_t rows = mc - ir < mr ? mc - ir : mr;
             float *cp = out + (ic + ir) * ldo + jc + jr;
             for (int64_t r = 0; r < mr; r++)
-              for (int64_t j = 0; j < nr; j++) acc[r * nr + j] = pc > 0 && r < rows && j < cols ? cp[r * ldo + j] : 0.0f;
+              for (int64_t j = 0; j < nr; j++)
+                acc[r * nr + j] = pc > 0 && r < rows && j < cols ? cp[r * ldo + j] : 0.0f;
             for (int64_t c = 0; c < kc; c += BF_CHUNK) {
               g->ukr(BF_CHUNK / 2, ap + ir * kc + c * mr, bp + jr * kc + c * nr, e, nr, 0, 0, 0.0f);
-              g->ukr(BF_CHUNK / 2, ap + ir * kc + (c + BF_CHUNK / 2) * mr, bp + jr * kc + (c + BF_CHUNK / 2) * nr, o, nr,
-                     0, 0, 0.0f);
+              g->ukr(BF_CHUNK / 2, ap + ir * kc + (c + BF_CHUNK / 2) * mr, bp + jr * kc + (c + BF_CHUNK / 2) * nr, o,
+                     nr, 0, 0, 0.0f);
               for (int i = 0; i < mr * nr; i++) acc[i] = ftz(acc[i] + ftz(e[i] + o[i]));
             }
             for (int64_t r = 0; r < rows; r++)
@@ -1235,8 +1256,7 @@ static int amx_supported(void) {
   if (amx_ok >= 0) return amx_ok;
   unsigned int a, b, c, d;
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-  int ok = (d >> 22 & 1) && (d >> 24 & 1) && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512bf16");
+  int ok = (d >> 22 & 1) && (d >> 24 & 1) && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   if (ok) ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
   amx_ok = ok;
   return ok;
@@ -1247,11 +1267,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m512i bf1
   return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
 }
 /* 16 floats of each of two rows to 16 dwords (bf16 of x[j]) | (bf16 of y[j]) << 16. */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m512i bf16pairs(const float *x,
-                                                                                        const float *y) {
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m512i bf16pairs(const float *x, const float *y) {
   const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(y), _mm512_loadu_ps(x));
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(idx, v);
 }
 /* One dword of bf16 pairs from scalars (edges). */
@@ -1259,8 +1278,8 @@ static inline uint32_t pair_bits(float x, float y) { return bf16_bits(x) | bf16_
 
 /* A[i0:i0+mc, p0:p0+kv] into 16-row slivers of chunks (rows past mc and k past kv zero), mc padded to 32. */
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_a_amx(int ta, const float *A, int64_t lda,
-                                                                                int64_t i0, int64_t p0, int64_t mc,
-                                                                                int64_t kv, int64_t kc, uint16_t *ap) {
+                                                                              int64_t i0, int64_t p0, int64_t mc,
+                                                                              int64_t kv, int64_t kc, uint16_t *ap) {
   const int64_t nch = kc / BF_CHUNK;
   uint32_t tmp[16 * 16] __attribute__((aligned(64)));
   for (int64_t s = 0; s < (mc + 31) / 32 * 32; s += 16)
@@ -1272,7 +1291,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_a_amx(in
         for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + r * 32, bf16x32(A + (i0 + s + r) * lda + p0 + p));
       } else if (full) { /* A stored [K,M]: pair rows of 16 m, then a 16 x 16 dword transpose */
         for (int q = 0; q < 16; q++)
-          _mm512_store_si512(tmp + q * 16, bf16pairs(A + (p0 + p + 2 * q) * lda + i0 + s, A + (p0 + p + 2 * q + 1) * lda + i0 + s));
+          _mm512_store_si512(tmp + q * 16,
+                             bf16pairs(A + (p0 + p + 2 * q) * lda + i0 + s, A + (p0 + p + 2 * q + 1) * lda + i0 + s));
         transpose16((const float *)tmp, 16, (float *)dst, 16);
       } else {
         uint32_t *d32 = (uint32_t *)dst;
@@ -1291,8 +1311,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_a_amx(in
 
 /* B[p0:p0+kv, j0:j0+nc] into 16-column slivers of chunks (pairs of k per dword), nc padded to 32. */
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_b_amx(int tb, const float *B, int64_t ldb,
-                                                                                int64_t p0, int64_t j0, int64_t kv,
-                                                                                int64_t kc, int64_t nc, uint16_t *bp) {
+                                                                              int64_t p0, int64_t j0, int64_t kv,
+                                                                              int64_t kc, int64_t nc, uint16_t *bp) {
   const int64_t nch = kc / BF_CHUNK;
   uint32_t tmp[16 * 16] __attribute__((aligned(64)));
   for (int64_t s = 0; s < (nc + 31) / 32 * 32; s += 16)
@@ -1302,7 +1322,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_b_amx(in
       const int full = cols == 16 && p + BF_CHUNK <= kv;
       if (full && !tb) {
         for (int q = 0; q < 16; q++)
-          _mm512_storeu_si512(dst + q * 16, bf16pairs(B + (p0 + p + 2 * q) * ldb + j0 + s, B + (p0 + p + 2 * q + 1) * ldb + j0 + s));
+          _mm512_storeu_si512(dst + q * 16,
+                              bf16pairs(B + (p0 + p + 2 * q) * ldb + j0 + s, B + (p0 + p + 2 * q + 1) * ldb + j0 + s));
       } else if (full) { /* B stored [N,K]: each column's 32 k are its 16 pairs; a 16 x 16 dword transpose */
         for (int j = 0; j < 16; j++) _mm512_store_si512(tmp + j * 16, bf16x32(B + (j0 + s + j) * ldb + p0 + p));
         transpose16((const float *)tmp, 16, (float *)dst, 16);
@@ -1553,7 +1574,8 @@ void gemm_bf16_weights_changed(void) {}
 void gemm_bf16_weights_prepack(int part, int parts) { (void)part, (void)parts; }
 #endif
 
-static const gemm_kernel PORTABLE_BF16 = {P_MR, P_NR, 128, 256, 2048, 0, ukr_portable_bf16, "portable", "portable C 4x16"};
+static const gemm_kernel PORTABLE_BF16 = {
+    P_MR, P_NR, 128, 256, 2048, 0, ukr_portable_bf16, "portable", "portable C 4x16"};
 
 int gemm_bf16_hw_supported(void) {
 #ifdef GEMM_X86
@@ -1619,19 +1641,19 @@ double gemm_thread_seconds(void) {
 
 #ifdef GEMM_X86
 /* 12 independent FMA chains on registers only (enough to cover the FMA latency on both FMA ports). */
-#define PEAK_BODY(V, FMA, SET1, STORE, W)                                                                         \
-  V x[12];                                                                                                      \
-  const V m = SET1(0.999999f), d = SET1(1e-7f);                                                                 \
-  for (int i = 0; i < 12; i++) x[i] = SET1((float)i);                                                           \
-  const double t0 = gemm_thread_seconds();                                                                      \
-  for (int64_t it = 0; it < iters; it++) {                                                                      \
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) x[i] = FMA(x[i], m, d);                               \
-  }                                                                                                             \
-  const double dt = gemm_thread_seconds() - t0;                                                                 \
-  float sink[16];                                                                                               \
-  for (int i = 1; i < 12; i++) x[0] = FMA(x[0], m, x[i]);                                                       \
-  STORE(sink, x[0]);                                                                                            \
-  *out = sink[0];                                                                                               \
+#define PEAK_BODY(V, FMA, SET1, STORE, W)                                                                              \
+  V x[12];                                                                                                             \
+  const V m = SET1(0.999999f), d = SET1(1e-7f);                                                                        \
+  for (int i = 0; i < 12; i++) x[i] = SET1((float)i);                                                                  \
+  const double t0 = gemm_thread_seconds();                                                                             \
+  for (int64_t it = 0; it < iters; it++) {                                                                             \
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) x[i] = FMA(x[i], m, d);                                      \
+  }                                                                                                                    \
+  const double dt = gemm_thread_seconds() - t0;                                                                        \
+  float sink[16];                                                                                                      \
+  for (int i = 1; i < 12; i++) x[0] = FMA(x[0], m, x[i]);                                                              \
+  STORE(sink, x[0]);                                                                                                   \
+  *out = sink[0];                                                                                                      \
   return dt > 0 ? (double)iters * 12 * 2 * W / dt / 1e9 : 0;
 
 __attribute__((target("avx512f"))) static double peak_avx512(int64_t iters, float *out) {

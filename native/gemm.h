@@ -26,8 +26,8 @@ const char *gemm_isa_detail(gemm_isa isa);
  * fma(beta, C, s). Returns 0, or -1 when it could not allocate its packing buffers (C untouched).
  * isa must be supported by the CPU (gemm_isa_supported); GEMM_ISA_AUTO takes gemm_best_isa().
  */
-int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /*
  * bf16 products: as gemm_sgemm with alpha 1, every element of op(A) and op(B) first rounded to bf16 (to nearest

@@ -49,12 +49,12 @@ static MPI_Op op_sum;
 
 #define MPI_THREAD_MULTIPLE_OMPI 3
 
-#define CHECK(env, call)                                                    \
-  do {                                                                      \
-    if ((call) != napi_ok) {                                                \
-      napi_throw_error((env), NULL, "tstrain_mpi: Node-API call failed: " #call); \
-      return NULL;                                                          \
-    }                                                                       \
+#define CHECK(env, call)                                                                                               \
+  do {                                                                                                                 \
+    if ((call) != napi_ok) {                                                                                           \
+      napi_throw_error((env), NULL, "tstrain_mpi: Node-API call failed: " #call);                                      \
+      return NULL;                                                                                                     \
+    }                                                                                                                  \
   } while (0)
 
 static napi_value str(napi_env env, const char *s) {
@@ -67,7 +67,11 @@ static napi_value js_load(napi_env env, napi_callback_info info) {
   size_t argc = 1;
   napi_value argv[1];
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
-  if (lib) { napi_value n; napi_get_null(env, &n); return n; }
+  if (lib) {
+    napi_value n;
+    napi_get_null(env, &n);
+    return n;
+  }
   char path[4096];
   size_t len = 0;
   if (argc < 1 || napi_get_value_string_utf8(env, argv[0], path, sizeof path, &len) != napi_ok) {
@@ -79,19 +83,31 @@ static napi_value js_load(napi_env env, napi_callback_info info) {
     const char *e = dlerror();
     return str(env, e ? e : "dlopen failed");
   }
-  struct { const char *name; void **slot; } syms[] = {
-    {"MPI_Init_thread", (void **)&p_init_thread}, {"MPI_Comm_rank", (void **)&p_comm_rank},
-    {"MPI_Comm_size", (void **)&p_comm_size}, {"MPI_Bcast", (void **)&p_bcast},
-    {"MPI_Allgather", (void **)&p_allgather}, {"MPI_Reduce_scatter_block", (void **)&p_reduce_scatter_block},
-    {"MPI_Barrier", (void **)&p_barrier}, {"MPI_Finalize", (void **)&p_finalize}, {"MPI_Abort", (void **)&p_abort},
-    {"ompi_mpi_comm_world", &comm_world}, {"ompi_mpi_byte", &dt_byte}, {"ompi_mpi_double", &dt_double},
-    {"ompi_mpi_op_sum", &op_sum},
+  struct {
+    const char *name;
+    void **slot;
+  } syms[] = {
+      {"MPI_Init_thread", (void **)&p_init_thread},
+      {"MPI_Comm_rank", (void **)&p_comm_rank},
+      {"MPI_Comm_size", (void **)&p_comm_size},
+      {"MPI_Bcast", (void **)&p_bcast},
+      {"MPI_Allgather", (void **)&p_allgather},
+      {"MPI_Reduce_scatter_block", (void **)&p_reduce_scatter_block},
+      {"MPI_Barrier", (void **)&p_barrier},
+      {"MPI_Finalize", (void **)&p_finalize},
+      {"MPI_Abort", (void **)&p_abort},
+      {"ompi_mpi_comm_world", &comm_world},
+      {"ompi_mpi_byte", &dt_byte},
+      {"ompi_mpi_double", &dt_double},
+      {"ompi_mpi_op_sum", &op_sum},
   };
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
     void *p = dlsym(h, syms[i].name);
     if (!p) {
       char msg[4800];
-      snprintf(msg, sizeof msg, "%s has no symbol %s (this trainer needs Open MPI 4 or later: its handles are exported globals)", path, syms[i].name);
+      snprintf(msg, sizeof msg,
+               "%s has no symbol %s (this trainer needs Open MPI 4 or later: its handles are exported globals)", path,
+               syms[i].name);
       dlclose(h);
       return str(env, msg);
     }
@@ -120,9 +136,12 @@ static napi_value js_init(napi_env env, napi_callback_info info) {
   p_comm_size(comm_world, &size);
   napi_value o, v;
   CHECK(env, napi_create_object(env, &o));
-  napi_create_int32(env, rank, &v); napi_set_named_property(env, o, "rank", v);
-  napi_create_int32(env, size, &v); napi_set_named_property(env, o, "size", v);
-  napi_create_int32(env, provided, &v); napi_set_named_property(env, o, "provided", v);
+  napi_create_int32(env, rank, &v);
+  napi_set_named_property(env, o, "rank", v);
+  napi_create_int32(env, size, &v);
+  napi_set_named_property(env, o, "size", v);
+  napi_create_int32(env, provided, &v);
+  napi_set_named_property(env, o, "provided", v);
   return o;
 }
 
@@ -146,8 +165,12 @@ static void execute(napi_env env, void *data) {
   op_t *op = (op_t *)data;
   switch (op->kind) {
     case OP_BCAST: op->rc = p_bcast(op->a, (int)op->a_bytes, dt_byte, op->root, comm_world); break;
-    case OP_ALLGATHER: op->rc = p_allgather(op->a, (int)op->a_bytes, dt_byte, op->b, (int)op->a_bytes, dt_byte, comm_world); break;
-    case OP_REDUCE_SCATTER: op->rc = p_reduce_scatter_block(op->a, op->b, (int)(op->b_bytes / 8), dt_double, op_sum, comm_world); break;
+    case OP_ALLGATHER:
+      op->rc = p_allgather(op->a, (int)op->a_bytes, dt_byte, op->b, (int)op->a_bytes, dt_byte, comm_world);
+      break;
+    case OP_REDUCE_SCATTER:
+      op->rc = p_reduce_scatter_block(op->a, op->b, (int)(op->b_bytes / 8), dt_double, op_sum, comm_world);
+      break;
     case OP_BARRIER: op->rc = p_barrier(comm_world); break;
   }
 }
@@ -175,7 +198,10 @@ static void complete(napi_env env, napi_status status, void *data) {
 static int view_bytes(napi_env env, napi_value v, op_t *op, void **data, size_t *bytes) {
   bool is_ta = false;
   napi_is_typedarray(env, v, &is_ta);
-  if (!is_ta) { napi_throw_type_error(env, NULL, "tstrain_mpi: expected a typed array"); return 0; }
+  if (!is_ta) {
+    napi_throw_type_error(env, NULL, "tstrain_mpi: expected a typed array");
+    return 0;
+  }
   napi_typedarray_type t;
   size_t length, offset;
   napi_value ab;
@@ -185,13 +211,21 @@ static int view_bytes(napi_env env, napi_value v, op_t *op, void **data, size_t 
   }
   size_t el = 1;
   switch (t) {
-    case napi_int16_array: case napi_uint16_array: el = 2; break;
-    case napi_int32_array: case napi_uint32_array: case napi_float32_array: el = 4; break;
-    case napi_float64_array: case napi_bigint64_array: case napi_biguint64_array: el = 8; break;
+    case napi_int16_array:
+    case napi_uint16_array: el = 2; break;
+    case napi_int32_array:
+    case napi_uint32_array:
+    case napi_float32_array: el = 4; break;
+    case napi_float64_array:
+    case napi_bigint64_array:
+    case napi_biguint64_array: el = 8; break;
     default: el = 1;
   }
   *bytes = length * el;
-  if (*bytes > 0x7fffffffu) { napi_throw_range_error(env, NULL, "tstrain_mpi: a buffer over 2 GiB needs splitting"); return 0; }
+  if (*bytes > 0x7fffffffu) {
+    napi_throw_range_error(env, NULL, "tstrain_mpi: a buffer over 2 GiB needs splitting");
+    return 0;
+  }
   napi_create_reference(env, v, 1, &op->refs[op->nrefs++]);
   return 1;
 }
@@ -223,7 +257,8 @@ static napi_value js_bcast(napi_env env, napi_callback_info info) {
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   op_t *op = new_op(env, OP_BCAST);
   if (!op) return NULL;
-  if (argc < 2 || !view_bytes(env, argv[0], op, &op->a, &op->a_bytes) || napi_get_value_int32(env, argv[1], &op->root) != napi_ok) {
+  if (argc < 2 || !view_bytes(env, argv[0], op, &op->a, &op->a_bytes) ||
+      napi_get_value_int32(env, argv[1], &op->root) != napi_ok) {
     drop(env, op);
     return NULL;
   }
@@ -236,7 +271,8 @@ static napi_value js_allgather(napi_env env, napi_callback_info info) {
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   op_t *op = new_op(env, OP_ALLGATHER);
   if (!op) return NULL;
-  if (argc < 2 || !view_bytes(env, argv[0], op, &op->a, &op->a_bytes) || !view_bytes(env, argv[1], op, &op->b, &op->b_bytes)) {
+  if (argc < 2 || !view_bytes(env, argv[0], op, &op->a, &op->a_bytes) ||
+      !view_bytes(env, argv[1], op, &op->b, &op->b_bytes)) {
     drop(env, op);
     return NULL;
   }
@@ -256,7 +292,8 @@ static napi_value js_reduce_scatter(napi_env env, napi_callback_info info) {
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   op_t *op = new_op(env, OP_REDUCE_SCATTER);
   if (!op) return NULL;
-  if (argc < 2 || !view_bytes(env, argv[0], op, &op->a, &op->a_bytes) || !view_bytes(env, argv[1], op, &op->b, &op->b_bytes)) {
+  if (argc < 2 || !view_bytes(env, argv[0], op, &op->a, &op->a_bytes) ||
+      !view_bytes(env, argv[1], op, &op->b, &op->b_bytes)) {
     drop(env, op);
     return NULL;
   }
@@ -297,14 +334,14 @@ static napi_value js_abort(napi_env env, napi_callback_info info) {
 
 static napi_value module_init(napi_env env, napi_value exports) {
   napi_property_descriptor d[] = {
-    {"load", NULL, js_load, NULL, NULL, NULL, napi_default, NULL},
-    {"init", NULL, js_init, NULL, NULL, NULL, napi_default, NULL},
-    {"bcast", NULL, js_bcast, NULL, NULL, NULL, napi_default, NULL},
-    {"allgather", NULL, js_allgather, NULL, NULL, NULL, napi_default, NULL},
-    {"reduceScatterSum", NULL, js_reduce_scatter, NULL, NULL, NULL, napi_default, NULL},
-    {"barrier", NULL, js_barrier, NULL, NULL, NULL, napi_default, NULL},
-    {"finalize", NULL, js_finalize, NULL, NULL, NULL, napi_default, NULL},
-    {"abort", NULL, js_abort, NULL, NULL, NULL, napi_default, NULL},
+      {"load", NULL, js_load, NULL, NULL, NULL, napi_default, NULL},
+      {"init", NULL, js_init, NULL, NULL, NULL, napi_default, NULL},
+      {"bcast", NULL, js_bcast, NULL, NULL, NULL, napi_default, NULL},
+      {"allgather", NULL, js_allgather, NULL, NULL, NULL, napi_default, NULL},
+      {"reduceScatterSum", NULL, js_reduce_scatter, NULL, NULL, NULL, napi_default, NULL},
+      {"barrier", NULL, js_barrier, NULL, NULL, NULL, napi_default, NULL},
+      {"finalize", NULL, js_finalize, NULL, NULL, NULL, napi_default, NULL},
+      {"abort", NULL, js_abort, NULL, NULL, NULL, napi_default, NULL},
   };
   napi_define_properties(env, exports, sizeof d / sizeof d[0], d);
   return exports;

@@ -594,15 +594,12 @@ static napi_value LoadBlas(napi_env env, napi_callback_info info) {
     if (saved) {
       setenv("OPENBLAS_NUM_THREADS", saved, 1);
       free(saved);
-    } else
-      unsetenv("OPENBLAS_NUM_THREADS");
+    } else unsetenv("OPENBLAS_NUM_THREADS");
     char reason[1700];
     if (!h) {
       const char *err = dlerror();
-      if (err && strncmp(err, path, strlen(path)) == 0)
-        snprintf(reason, sizeof reason, "%s", err);
-      else
-        snprintf(reason, sizeof reason, "%s: %s", path, err ? err : "dlopen failed");
+      if (err && strncmp(err, path, strlen(path)) == 0) snprintf(reason, sizeof reason, "%s", err);
+      else snprintf(reason, sizeof reason, "%s: %s", path, err ? err : "dlopen failed");
     } else {
       sgemm_fn f = (sgemm_fn)dlsym(h, "cblas_sgemm");
       if (!f) {
@@ -711,12 +708,9 @@ static napi_value SetGemm(napi_env env, napi_callback_info info) {
       }
       want = GEMM_ISA_AVX512;
       hw = 1;
-    } else if (strcmp(isa, "avx512") == 0)
-      want = GEMM_ISA_AVX512;
-    else if (strcmp(isa, "avx2") == 0)
-      want = GEMM_ISA_AVX2;
-    else if (strcmp(isa, "portable") == 0)
-      want = GEMM_ISA_PORTABLE;
+    } else if (strcmp(isa, "avx512") == 0) want = GEMM_ISA_AVX512;
+    else if (strcmp(isa, "avx2") == 0) want = GEMM_ISA_AVX2;
+    else if (strcmp(isa, "portable") == 0) want = GEMM_ISA_PORTABLE;
     else {
       throw_range(
           env, "setGemm",
@@ -1027,10 +1021,8 @@ static napi_value rope(napi_env env, napi_callback_info info, int backward) {
   F32(0, x, B * T * nh * E, "x");
   F32(1, cs, T * (E / 2), "cos");
   F32(2, sn, T * (E / 2), "sin");
-  if (backward)
-    rope_backward(x, cs, sn, B, T, nh, E);
-  else
-    rope_forward(x, cs, sn, B, T, nh, E);
+  if (backward) rope_backward(x, cs, sn, B, T, nh, E);
+  else rope_forward(x, cs, sn, B, T, nh, E);
   return NULL;
 }
 static napi_value RopeForward(napi_env env, napi_callback_info info) { return rope(env, info, 0); }

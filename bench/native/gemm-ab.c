@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int (*sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
-                        int64_t, float, float *, int64_t);
+typedef int (*sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                        float, float *, int64_t);
 typedef double (*seconds_fn)(void);
 typedef double (*peak_fn)(int, int64_t);
 typedef int (*best_fn)(void);
@@ -58,7 +58,8 @@ int main(int argc, char **argv) {
     if (isa < 0) isa = ((best_fn)dlsym(h, "gemm_best_isa"))();
   }
   if (getenv("ISA")) isa = atoi(getenv("ISA"));
-  const int pairs = getenv("N") ? atoi(getenv("N")) : 41, cold = getenv("COLD") != NULL, coldc = getenv("COLDC") != NULL;
+  const int pairs = getenv("N") ? atoi(getenv("N")) : 41, cold = getenv("COLD") != NULL,
+            coldc = getenv("COLDC") != NULL;
   double lsum = 0;
   int nshapes = 0;
   printf("isa %d, %d pairs%s%s\n", isa, pairs, cold ? ", A and B flushed before each call" : "",
@@ -92,8 +93,7 @@ int main(int argc, char **argv) {
         if (cold) flush(A, na), flush(B, nb);
         if (coldc) flush(C, nc);
         const double t0 = secs();
-        for (int k = 0; k < reps; k++)
-          sg[l](isa, TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        for (int k = 0; k < reps; k++) sg[l](isa, TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
         t[l][s] = (secs() - t0) / reps;
       }
       r[s] = t[1][s] / t[0][s];
@@ -107,6 +107,7 @@ int main(int argc, char **argv) {
     nshapes++;
     free(A), free(B), free(C), free(t[0]), free(t[1]), free(r);
   }
-  printf("geometric mean of the medians, new/old time: %.3f over %d products\n", __builtin_exp(lsum / nshapes), nshapes);
+  printf("geometric mean of the medians, new/old time: %.3f over %d products\n", __builtin_exp(lsum / nshapes),
+         nshapes);
   return 0;
 }

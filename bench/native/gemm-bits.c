@@ -12,8 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef int (*sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
-                        int64_t, float, float *, int64_t);
+typedef int (*sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                        float, float *, int64_t);
 static sgemm_fn sg;
 static uint64_t h;
 static uint32_t st;
@@ -51,9 +51,9 @@ int main(int argc, char **argv) {
   int (*supported)(int) = (int (*)(int))dlsym(lib, "gemm_isa_supported");
   const char *(*name)(int) = (const char *(*)(int))dlsym(lib, "gemm_isa_name");
   static const int dims[] = {1, 6, 7, 16, 17, 63, 65, 96, 145, 192, 257, 577};
-  static const int model[][3] = {{256, 576, 576}, {256, 1536, 576}, {256, 576, 1536}, {576, 576, 256},
-                                 {1536, 576, 256}, {576, 1536, 1024}, {64, 256, 64},  {64, 64, 256},
-                                 {64, 64, 1024},  {341, 1536, 576},  {1024, 576, 576}};
+  static const int model[][3] = {{256, 576, 576},  {256, 1536, 576},  {256, 576, 1536}, {576, 576, 256},
+                                 {1536, 576, 256}, {576, 1536, 1024}, {64, 256, 64},    {64, 64, 256},
+                                 {64, 64, 1024},   {341, 1536, 576},  {1024, 576, 576}};
   const int nd = sizeof dims / sizeof *dims, nm = sizeof model / sizeof *model;
   for (int isa = 0; isa < 3; isa++) {
     if (!supported(isa)) continue;
@@ -64,14 +64,16 @@ int main(int argc, char **argv) {
       if (i < nd * nd * nd) {
         if ((i * 7919) % 5) continue; /* a fifth of the odd shapes */
         M = dims[i % nd], N = dims[(i / nd) % nd], K = dims[i / nd / nd];
-      } else
-        M = model[i - nd * nd * nd][0], N = model[i - nd * nd * nd][1], K = model[i - nd * nd * nd][2];
+      } else M = model[i - nd * nd * nd][0], N = model[i - nd * nd * nd][1], K = model[i - nd * nd * nd][2];
       const int idx = i < nd * nd * nd ? i : i - nd * nd * nd;
       for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
           for (int v = 0; v < 3; v++, count++) {
             const long pad = v == 2 ? 3 : 0;
-            product(isa, ta, tb, M, N, K, v == 1 ? 0.5f : 1.0f, v == 0 ? 0.0f : v == 1 ? 1.0f : 0.7f,
+            product(isa, ta, tb, M, N, K, v == 1 ? 0.5f : 1.0f,
+                    v == 0   ? 0.0f
+                    : v == 1 ? 1.0f
+                             : 0.7f,
                     (ta ? M : K) + pad, (tb ? K : N) + pad, N + pad, v, (uint32_t)(idx * 131 + ta * 7 + tb * 3 + v));
           }
     }
@@ -84,8 +86,11 @@ int main(int argc, char **argv) {
             const int ta = v != 2;
             const long K = ks[b];
             product(isa, ta, 0, ms[a], (a & 1) ? 64 : 37, K, 1.0f,
-                    v == 0 ? 1.0f : v == 1 ? 0.0f : v == 3 ? -1.5f : 0.7f, ta ? ls[c] : K + 5, 576, 192, 0,
-                    (uint32_t)(a * 1000 + b * 100 + c * 10 + v));
+                    v == 0   ? 1.0f
+                    : v == 1 ? 0.0f
+                    : v == 3 ? -1.5f
+                             : 0.7f,
+                    ta ? ls[c] : K + 5, 576, 192, 0, (uint32_t)(a * 1000 + b * 100 + c * 10 + v));
           }
     printf("%-8s products %ld hash %016llx\n", name(isa), count, (unsigned long long)h);
   }
