@@ -2,7 +2,18 @@
   "targets": [
     {
       "target_name": "tstrain_native",
-      "sources": ["native/tstrain.c", "native/gemm.c"],
+      "sources": [
+        "native/tstrain.c",
+        "native/peak.c",
+        "native/gemm/frame.c",
+        "native/gemm/pack.c",
+        "native/gemm/bf16.c",
+        "native/gemm/weights.c",
+        "native/gemm/kernels/portable.c",
+        "native/gemm/kernels/avx2.c",
+        "native/gemm/kernels/avx512.c",
+        "native/gemm/kernels/amx.c"
+      ],
       "cflags": ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
       "libraries": ["-ldl", "-lm", "-lpthread"],
       "xcode_settings": {

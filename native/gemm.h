@@ -1,6 +1,8 @@
 /*
- * tstrain's own single-precision GEMM (native/gemm.c): row-major C = alpha * op(A) @ op(B) + beta * C, in one
- * order of summation on every instruction set, so the AVX-512, AVX2 and portable kernels give the same bits.
+ * tstrain's own single-precision GEMM (native/gemm/, its map in native/README.md): row-major
+ * C = alpha * op(A) @ op(B) + beta * C, in one order of summation on every instruction set, so the AVX-512, AVX2
+ * and portable kernels give the same bits; and its bf16 products. The public API: everything else in native/gemm/ is
+ * internal (gemm/internal.h).
  */
 #ifndef TSTRAIN_GEMM_H
 #define TSTRAIN_GEMM_H
@@ -15,7 +17,7 @@ gemm_isa gemm_best_isa(void);
 int gemm_isa_supported(gemm_isa isa);
 /* "avx512", "avx2", "portable" */
 const char *gemm_isa_name(gemm_isa isa);
-/* e.g. "AVX-512F 12x32" (the register tile, rows x columns of C) */
+/* e.g. "AVX-512F 8x32" (the register tile, rows x columns of C) */
 const char *gemm_isa_detail(gemm_isa isa);
 
 /*
@@ -53,13 +55,5 @@ void gemm_bf16_weights_prepack(int part, int parts);
 
 /* Frees this thread's packing buffers (the next call allocates them again). */
 void gemm_thread_release(void);
-
-/* This thread's CPU seconds (CLOCK_THREAD_CPUTIME_ID): what the peak probes and the bench's timed products count. */
-double gemm_thread_seconds(void);
-/* GFLOP/s of this core on 12 independent register-only FMA chains of the kernel's instruction set, over iters
- * rounds (the peak a GEMM on that kernel is measured against); 0 when the CPU lacks it. */
-double gemm_fma_peak(gemm_isa isa, int64_t iters);
-/* GFLOP/s of this core on 6 independent register-only TDPBF16PS tiles (16 x 16 x 32 x 2 flops each); 0 without AMX. */
-double gemm_bf16_peak(int64_t iters);
 
 #endif

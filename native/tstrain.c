@@ -6,7 +6,7 @@
  * on raw pointers and sizes), then the Node-API layer: argument checks and a thin wrapper per kernel, and the
  * table of exported names at the end.
  *
- * Matrix products run on the built-in GEMM (native/gemm.c: one summation order on every CPU) or on a BLAS
+ * Matrix products run on the built-in GEMM (native/gemm/: one summation order on every CPU) or on a BLAS
  * (cblas_sgemm) found at RUN time with dlopen/dlsym (loadBlas): the addon has no link-time dependency on any
  * BLAS, so it builds where OpenBLAS is not installed. The other kernels are plain C that the compiler vectorises
  * (-O3, -ffp-contract=off, never -ffast-math: every kernel is deterministic, bit-identical run to run; sums
@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "gemm.h"
+#include "peak.h"
 
 /* ------------------------------------------------------------------ matrix products: the built-in GEMM or a BLAS */
 enum { CblasRowMajor = 101 };
@@ -43,7 +44,7 @@ static char blas_path[1024];
 static char blas_config[512];
 static int blas_threads = -1;
 
-/* Which GEMM this thread's products run on (setGemm): the built-in one (native/gemm.c) on gemm_kernel, or the
+/* Which GEMM this thread's products run on (setGemm): the built-in one (native/gemm/) on gemm_kernel, or the
  * BLAS loaded by loadBlas; and in which precision: fp32, or (built-in only) bf16 operands with fp32 accumulation
  * (gemm.h: gemm_bf16), on the AMX kernel when gemm_bf16_hw, else on gemm_kernel's emulation. Per thread,
  * so each rank (and a test comparing kernels) chooses for itself. */
@@ -662,7 +663,7 @@ static napi_value Simd(napi_env env, napi_callback_info info) {
 }
 
 /* ------------------------------------------------------------------ setGemm(kind, isa, precision) */
-/* Chooses this thread's GEMM: kind "builtin" (native/gemm.c) with isa "auto" | "avx512" | "avx2" | "portable", or
+/* Chooses this thread's GEMM: kind "builtin" (native/gemm/) with isa "auto" | "avx512" | "avx2" | "portable", or
  * "blas" (the library loadBlas found; isa ignored); precision "fp32" (default) or "bf16" (built-in only: gemm_bf16,
  * isa "amx" the AMX-BF16 kernel, "auto" that kernel where the CPU has it, the others the emulation on
  * their fp32 kernel: the same bits). Throws a RangeError for an unknown name, an instruction set this CPU lacks,

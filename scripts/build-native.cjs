@@ -1,12 +1,13 @@
 #!/usr/bin/env node
-// Builds the native CPU engine (native/tstrain.c -> build/Release/tstrain_native.node) and the MPI
-// binding (native/mpi.c -> build/Release/tstrain_mpi.node) with npm's own
-// node-gyp against the local Node headers. Runs as the package's `install` script during `npm ci`, and by hand
-// as `npm run build:native`. It NEVER fails the install: without a C toolchain, Node headers or node-gyp it prints
-// one line saying how to get the fast path and exits 0 (the trainer then runs on tfjs). No network: node-gyp
-// is never allowed to download headers (--nodedir points at headers on disk, or the build is skipped).
-// BLAS is not linked: the matrix products run on the project's own GEMM (native/gemm.c); OpenBLAS, only for
-// `--gemm openblas`, is found at run time (dlopen), so this builds without OpenBLAS installed.
+// Builds the native CPU engine (native/*.c and native/gemm/ -> build/Release/tstrain_native.node; the sources are
+// listed in binding.gyp, the layout in native/README.md) and the MPI binding (native/mpi.c ->
+// build/Release/tstrain_mpi.node) with npm's own node-gyp against the local Node headers. Runs as the package's
+// `install` script during `npm ci`, and by hand as `npm run build:native`. It NEVER fails the install: without a C
+// toolchain, Node headers or node-gyp it prints one line saying how to get the fast path and exits 0 (the trainer
+// then runs on tfjs). No network: node-gyp is never allowed to download headers (--nodedir points at headers on
+// disk, or the build is skipped). BLAS is not linked: the matrix products run on the project's own GEMM
+// (native/gemm/); OpenBLAS, only for `--gemm openblas`, is found at run time (dlopen), so this builds without
+// OpenBLAS installed.
 "use strict";
 const fs = require("node:fs");
 const path = require("node:path");

@@ -1,5 +1,5 @@
 /**
- * The built-in bf16 GEMM (native/gemm.c, gemm_bf16): the AMX-BF16 kernel (TDPBF16PS, where this CPU and OS have it)
+ * The built-in bf16 GEMM (native/gemm/, gemm_bf16): the AMX-BF16 kernel (TDPBF16PS, where this CPU and OS have it)
  * and the emulations on the fp32 kernels (AVX-512, AVX2, portable; those this CPU runs) against an exact reference
  * of the documented order, emulated in float64: every operand rounded to bf16 (a denormal read as 0, then to
  * nearest even); per C element, K padded with zeros to a multiple of 32 and cut into chunks of 32; per chunk

@@ -1,5 +1,5 @@
 /**
- * The built-in GEMM (native/gemm.c): every kernel (AVX-512, AVX2, portable; those this CPU runs) against an
+ * The built-in GEMM (native/gemm/): every kernel (AVX-512, AVX2, portable; those this CPU runs) against an
  * exact reference of its documented order of summation (a = fround(alpha*A[i,k]); s = 0; s = fma(a, B[k,j], s)
  * for k = 0..K-1; C = s, or fma(beta, C, s)), emulated bit for bit in float64, on every transpose flag, alpha,
  * beta and leading dimension, on shapes that are not multiples of the blocking (1, 7, 17, 63, 65, 577, 1537 in

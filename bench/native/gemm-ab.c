@@ -1,5 +1,6 @@
 /*
- * Paired A/B timing of two builds of native/gemm.c (shared objects exporting gemm.h), one thread:
+ * Paired A/B timing of two builds of the GEMM (native/gemm/ and native/peak.c: shared objects exporting gemm.h and
+ * peak.h), one thread:
  *
  *   gemm-ab OLD.so NEW.so SPEC...      SPEC = TATB:MxNxK:beta[:lda/ldb/ldc], e.g. NT:256x1536x576:0
  *

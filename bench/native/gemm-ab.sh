@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Same bits? Faster? Two versions of native/gemm.c side by side, one thread:
+# Same bits? Faster? Two versions of the GEMM (native/gemm/) side by side, one thread:
 #
 #   bench/native/gemm-ab.sh OLD [NEW] [PRODUCT...]
 #
 # OLD and NEW: git revisions, or "." for the working tree (NEW defaults to "."). PRODUCT: TATB:MxNxK:beta
 # [:lda/ldb/ldc] (default: the frozen model's 40 products at seq 256 and 1024, as the bench's gemm case runs them).
-# Each version is built as the addon builds gemm.c (binding.gyp's flags); gemm-bits then hashes 4,734 products on
-# every kernel this CPU runs (a difference is reported and fails the script), and gemm-ab times the products in
-# pairs (environment: ISA, N, COLD, COLDC; see gemm-ab.c). Run nothing else meanwhile.
+# Each version is built as the addon builds the GEMM (binding.gyp's flags): native/gemm/**/*.c and native/peak.c, or
+# native/gemm.c alone in a revision from before the split into native/gemm/ (either side may be either layout).
+# gemm-bits then hashes 4,734 products on every kernel this CPU runs (a difference is reported and fails the
+# script), and gemm-ab times the products in pairs (environment: ISA, N, COLD, COLDC; see gemm-ab.c). Run nothing
+# else meanwhile.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 here="$root/bench/native"
@@ -19,12 +21,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-O3 -ffp-contract=off -fno-fast-math -fno-trapping-math -std=c11 -D_GNU_SOURCE -fPIC -shared)
 
-build() { # REV NAME: NAME.so from REV's native/gemm.c
+build() { # REV NAME: NAME.so from REV's GEMM sources (its native/ tree, as git has it or the working tree)
   mkdir -p "$work/$2"
-  for f in gemm.c gemm.h; do
-    if [ "$1" = . ]; then cp "$root/native/$f" "$work/$2/"; else git -C "$root" show "$1:native/$f" >"$work/$2/$f"; fi
-  done
-  cc "${flags[@]}" "$work/$2/gemm.c" -o "$work/$2.so" -lm -lpthread
+  if [ "$1" = . ]; then cp -R "$root/native/." "$work/$2/"; else git -C "$root" archive "$1" native | tar -x -C "$work/$2" --strip-components=1; fi
+  local src=("$work/$2/gemm.c")
+  if [ ! -e "${src[0]}" ]; then
+    mapfile -t src < <(find "$work/$2/gemm" -name '*.c' | sort)
+    [ -e "$work/$2/peak.c" ] && src+=("$work/$2/peak.c")
+  fi
+  cc "${flags[@]}" "${src[@]}" -o "$work/$2.so" -lm -lpthread
 }
 build "$old" old
 build "$new" new

@@ -4,7 +4,8 @@
  *
  *   gemm-bits GEMM.so      prints "<isa name> products 4734 hash <16 hex digits>" per kernel
  *
- * Every kernel gives the same hash (one order of summation), and a change to gemm.c that keeps the bits keeps it.
+ * Every kernel gives the same hash (one order of summation), and a change to the GEMM (native/gemm/) that keeps the
+ * bits keeps it.
  * Built and run by gemm-ab.sh, which compares two builds.
  */
 #include <dlfcn.h>

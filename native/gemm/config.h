@@ -1,0 +1,51 @@
+/*
+ * The GEMM's block sizes and register tiles, in one place (BLIS' "configuration"): per kernel its register tile
+ * MR x NR, its A block MC, K block KC, B panel NC and KONE (a K up to it runs as one block; 0: the KC blocks always),
+ * and the drivers' and the bf16 paths' own sizes. None of them changes the bits: every C element is one chain over k
+ * in order whatever the blocking (a chain that crosses a K block is stored in fp32 and reloaded, exact), so a new
+ * size needs only speed measured (bench/native/gemm-ab.sh) and its hashes checked (the same script).
+ */
+#ifndef TSTRAIN_GEMM_CONFIG_H
+#define TSTRAIN_GEMM_CONFIG_H
+
+/* portable C (any CPU): 4 x 16 */
+#define P_MR 4
+#define P_NR 16
+#define P_MC 128
+#define P_KC 256
+#define P_NC 2048
+#define P_KONE 0
+
+/* AVX2 + FMA: 6 x 16 (12 accumulators) */
+#define A2_MR 6
+#define A2_NR 16
+#define A2_MC 144
+#define A2_KC 256
+#define A2_NC 3072
+#define A2_KONE 0
+#define A2_DIRECT_KC 256 /* direct(): A stored [K,M] in K blocks of at most this (see there) */
+
+/* AVX-512F: 8 x 32 (16 accumulators) */
+#define A5_MR 8
+#define A5_NR 32
+#define A5_MC 192
+#define A5_KC 384
+#define A5_NC 3072
+#define A5_KONE 640
+#define A5_DIRECT_KC 0 /* direct(): K in one block */
+
+/* The drivers (frame.c) */
+#define DIRECT_MAX_M 64            /* a product with at most this many rows runs read in place (direct()) */
+#define PANEL ((int64_t)1 << 18)   /* floats (1 MB): blocked()'s packed B panel, kept in L2 */
+#define WS_BAND ((int64_t)1 << 20) /* floats (4 MB): gemm_sgemm's bands of C when beta != 0 over several K blocks */
+
+/* bf16 (bf16.c, kernels/amx.c, weights.c) */
+#define BF_CHUNK 32                 /* TDPBF16PS's chunk of k: 16 even and 16 odd k */
+#define BF_TILE_MAX (A5_MR * A5_NR) /* the largest register tile, mr x nr */
+#define AMX_KC 512
+#define AMX_KC_ONE 2048 /* a K up to this runs as one block: each tile's sum is whole and meets C in the tile's store */
+#define AMX_MC 256
+#define AMX_NC 1024
+#define WCACHE_MAX 1024 /* the weights' packed copies kept (weights.c) */
+
+#endif
