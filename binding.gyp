@@ -4,6 +4,10 @@
       "target_name": "tstrain_native",
       "sources": [
         "native/tstrain.c",
+        "native/napi.c",
+        "native/setup.c",
+        "native/ops/rows.c",
+        "native/ops/attention.c",
         "native/peak.c",
         "native/gemm/frame.c",
         "native/gemm/pack.c",

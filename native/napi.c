@@ -1,0 +1,83 @@
+/*
+ * The Node-API layer's argument checks (napi.h).
+ */
+#include "napi.h"
+
+#include <stdio.h>
+
+int throw_range(napi_env env, const char *fn, const char *what) {
+  char msg[300];
+  snprintf(msg, sizeof msg, "tstrain native %s: %s", fn, what);
+  napi_throw_range_error(env, NULL, msg);
+  return 0;
+}
+
+/* A typed array of the given type with at least `need` elements; returns 0 (and throws) otherwise. */
+int get_array(napi_env env, napi_value v, napi_typedarray_type want, size_t need, void **data, const char *fn,
+              const char *name) {
+  napi_typedarray_type t; /* napi_get_typedarray_info fails (napi_invalid_arg) on anything but a typed array */
+  size_t len = 0;
+  if (napi_get_typedarray_info(env, v, &t, &len, data, NULL, NULL) != napi_ok || t != want) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a %s", fn, name,
+             want == napi_float32_array ? "Float32Array" : "Int32Array");
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  if (len < need) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s has %zu elements, the shapes need %zu", fn, name, len, need);
+    napi_throw_range_error(env, NULL, msg);
+    return 0;
+  }
+  if (need > 0 && *data == NULL) return throw_range(env, fn, "a detached array");
+  return 1;
+}
+
+/* A whole number in [0, 2^31): a dimension. */
+int get_dim(napi_env env, napi_value v, int64_t *out, const char *fn, const char *name) {
+  double d;
+  if (napi_get_value_double(env, v, &d) != napi_ok || !(d >= 0 && d < 2147483648.0) || d != floor(d)) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a whole number in [0, 2^31)", fn, name);
+    napi_throw_range_error(env, NULL, msg);
+    return 0;
+  }
+  *out = (int64_t)d;
+  return 1;
+}
+
+int get_num(napi_env env, napi_value v, double *out, const char *fn, const char *name) {
+  if (napi_get_value_double(env, v, out) != napi_ok) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a number", fn, name);
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  return 1;
+}
+
+int get_bool(napi_env env, napi_value v, bool *out, const char *fn, const char *name) {
+  if (napi_get_value_bool(env, v, out) != napi_ok) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "tstrain native %s: %s must be a boolean", fn, name);
+    napi_throw_type_error(env, NULL, msg);
+    return 0;
+  }
+  return 1;
+}
+
+/* In every wrapper `fn` names the kernel for the error messages (static const char fn[] = "...";). */
+int throw_error(napi_env env, const char *fn, const char *what) {
+  char msg[300];
+  snprintf(msg, sizeof msg, "tstrain native %s: %s", fn, what);
+  napi_throw_error(env, NULL, msg);
+  return 0;
+}
+
+napi_value set_str(napi_env env, napi_value obj, const char *key, const char *s) {
+  napi_value v;
+  napi_create_string_utf8(env, s, NAPI_AUTO_LENGTH, &v);
+  napi_set_named_property(env, obj, key, v);
+  return obj;
+}
