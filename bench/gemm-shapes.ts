@@ -41,7 +41,7 @@ export interface GemmRow {
 const HEAD_CHUNK = Math.floor((1 << 24) / 49152);
 
 /** Every matrix product of the frozen model's step at `seq` tokens (one sequence), with the transpose flags and
- *  beta the model uses (src/model/llama.ts: linearForward, linearBackward, the head; native/tstrain.c: attention). */
+ *  beta the model uses (src/model/llama.ts: linearForward, linearBackward, the head; native/ops/attention.c). */
 export function modelShapes(seq: number): GemmShape[] {
   const T = seq,
     D = 576,
@@ -79,10 +79,10 @@ export function modelShapes(seq: number): GemmShape[] {
     s("bwd dW += dy^T x (gate/up)", true, false, F, D, T, 1),
     s("bwd dW += dy^T x (down)", true, false, D, F, T, 1),
     s("bwd dE += dlogits^T h (head)", true, false, V, D, Th, 1),
-    // native/tstrain.c: attention_forward, attention_backward (the largest block of each product). The scores read
-    // dense copies (q times scale [T, E], k as [E, T]) into att's rows; att v reads att's rows and v's head in
-    // place ([T, 3 x 64]) into the output's head ([T, 9 x 64]); dv += att^T dout reads a [T, T] block of att and
-    // dout's head ([T, 9 x 64]) into dv's head ([T, 3 x 64])
+    // native/ops/attention.c: attention_forward, attention_backward (the largest block of each product). The
+    // scores read dense copies (q times scale [T, E], k as [E, T]) into att's rows; att v reads att's rows and v's
+    // head in place ([T, 3 x 64]) into the output's head ([T, 9 x 64]); dv += att^T dout reads a [T, T] block of
+    // att and dout's head ([T, 9 x 64]) into dv's head ([T, 3 x 64])
     s("attn scores (q*scale) k^T, k as [E, T] (64-row block)", false, false, B, T, E),
     s("attn out att v", false, false, B, E, T, 0, [T, KV, D]),
     s("attn dk/dv += att^T dout", true, false, B, E, T, 1, [T, D, KV]),

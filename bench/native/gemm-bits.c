@@ -2,7 +2,8 @@
  * One hash of the bits of 4,734 products on each kernel this CPU runs (every transpose, alpha, beta 0, 1, 0.7 and
  * -1.5, padded leading dimensions, odd shapes 1-577 and the model's, attention's [T,T] blocks with lda 1024-2048):
  *
- *   gemm-bits GEMM.so      prints "<isa name> products 4734 hash <16 hex digits>" per kernel
+ *   gemm-bits GEMM.so      prints "<isa name> products 4734 hash <16 hex digits>" per kernel, then
+ *                          "bf16-<isa name> products 4008 hash <16 hex digits>" per bf16 kernel (bf16_hashes)
  *
  * Every kernel gives the same hash (one order of summation), and a change to the GEMM (native/gemm/) that keeps the
  * bits keeps it.
@@ -15,6 +16,8 @@
 
 typedef int (*sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
                         float, float *, int64_t);
+typedef int (*bf16_fn)(int, int, int, int, int64_t, int64_t, int64_t, const float *, int64_t, const float *, int64_t,
+                       float, float *, int64_t);
 static sgemm_fn sg;
 static uint64_t h;
 static uint32_t st;
@@ -40,6 +43,46 @@ static void product(int isa, int ta, int tb, long M, long N, long K, float alpha
   sg(isa, ta, tb, M, N, K, alpha, A + off, lda, B + off, ldb, beta, C + off, ldc);
   for (long i = 0; i < M; i++) mix(C + off + i * ldc, 4 * (size_t)N);
   free(A), free(B), free(C);
+}
+
+/* bf16 (gemm_bf16, when the build has it): the emulation on each fp32 kernel this CPU runs ("bf16-<isa>", hw 0) and
+ * the AMX kernel where the CPU and OS have it ("bf16-amx"), one hash each, all equal (TDPBF16PS's order on every
+ * one): 4,008 products, a third of the odd shapes 1-577 (K across the chunks of 32 and the K blocks), every
+ * transpose, beta 0, 1 and 0.7, padded leading dimensions, one A element in 97 denormal (read as 0). */
+static void bf16_hashes(void *lib, int (*supported)(int), const char *(*name)(int)) {
+  const bf16_fn bf = (bf16_fn)dlsym(lib, "gemm_bf16");
+  int (*hw_ok)(void) = (int (*)(void))dlsym(lib, "gemm_bf16_hw_supported");
+  if (!bf || !hw_ok) return;
+  static const int dims[] = {1, 7, 16, 31, 33, 64, 65, 97, 192, 577};
+  const int nd = sizeof dims / sizeof *dims;
+  for (int run = 0; run < 4; run++) {
+    const int isa = run < 3 ? run : 3, hw = run == 3; /* 3: GEMM_ISA_AUTO with the AMX kernel */
+    if (hw ? !hw_ok() : !supported(isa)) continue;
+    h = 1469598103934665603ull;
+    long count = 0;
+    for (int i = 0; i < nd * nd * nd; i++) {
+      if ((i * 7919) % 3) continue;
+      const long M = dims[i % nd], N = dims[(i / nd) % nd], K = dims[i / nd / nd];
+      for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+          for (int v = 0; v < 3; v++, count++) {
+            const long pad = v == 2 ? 3 : 0, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            const float beta = v == 0 ? 0.0f : v == 1 ? 1.0f : 0.7f;
+            const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+            float *A = malloc(4 * na + 64), *B = malloc(4 * nb + 64), *C = malloc(4 * nc + 64);
+            st = (uint32_t)(i * 131 + ta * 7 + tb * 3 + v);
+            for (size_t j = 0; j < na; j++) A[j] = rnd() * (j % 97 == 0 ? 1e-38f : 1.0f);
+            for (size_t j = 0; j < nb; j++) B[j] = rnd();
+            for (size_t j = 0; j < nc; j++) C[j] = rnd();
+            bf(isa, hw, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+            for (long r = 0; r < M; r++) mix(C + r * ldc, 4 * (size_t)N);
+            free(A), free(B), free(C);
+          }
+    }
+    char label[32];
+    snprintf(label, sizeof label, "bf16-%s", hw ? "amx" : name(isa));
+    printf("%-8s products %ld hash %016llx\n", label, count, (unsigned long long)h);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -95,5 +138,6 @@ int main(int argc, char **argv) {
           }
     printf("%-8s products %ld hash %016llx\n", name(isa), count, (unsigned long long)h);
   }
+  bf16_hashes(lib, supported, name);
   return 0;
 }
