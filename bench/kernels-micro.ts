@@ -130,13 +130,13 @@ export function microRows(k: Kernels, N: number, reps: number, chunk: number): M
     kk = rand(N * Kh * E, 7),
     v = rand(N * Kh * E, 8),
     out = new Float32Array(N * H * E),
-    att = new Float32Array(H * T * T);
-  t("attentionForward", `T${T} H${H} K${Kh} E${E}`, L, () => k.attentionForward(out, att, q, kk, v, 1, T, H, Kh, E));
+    lse = new Float32Array(H * T);
+  t("attentionForward", `T${T} H${H} K${Kh} E${E}`, L, () => k.attentionForward(out, lse, q, kk, v, 1, T, H, Kh, E));
   const dq = new Float32Array(q.length),
     dk = new Float32Array(kk.length),
     dv = new Float32Array(v.length);
   t("attentionBackward", `T${T} H${H} K${Kh} E${E}`, L, () =>
-    k.attentionBackward(dq, dk, dv, out, q, kk, v, att, 1, T, H, Kh, E),
+    k.attentionBackward(dq, dk, dv, out, q, kk, v, out, lse, 1, T, H, Kh, E),
   );
   const x = rand(N * D, 9),
     w = rand(D, 10),

@@ -167,11 +167,18 @@ void swiglu_forward(float *out, const float *g, const float *u, int64_t n);
 void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u, int64_t n);
 double cross_entropy(float *lg, const int32_t *tg, int64_t rows, int64_t V, double gradScale);
 
-/* ops/attention.c: causal attention (GQA) forward and backward, and its cached form for generation */
-int attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int64_t B, int64_t T,
+/* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward), the
+ * unfused kernels it replaced (the whole probabilities att [B, H, T, T] kept: the bench's baseline), and the cached
+ * form for generation */
+int attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
                       int64_t H, int64_t K, int64_t E);
 int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                       const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K, int64_t E);
+                       const float *v, const float *out, const float *lse, int64_t B, int64_t T, int64_t H, int64_t K,
+                       int64_t E);
+int attention_forward_unfused(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
+                              int64_t T, int64_t H, int64_t K, int64_t E);
+int attention_backward_unfused(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                               const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K, int64_t E);
 void attention_cached(float *out, const float *q, const float *kc, const float *vc, int64_t P, int64_t T, int64_t H,
                       int64_t K, int64_t E, float *sc, double *acc);
 

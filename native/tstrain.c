@@ -272,9 +272,9 @@ static napi_value rope(napi_env env, napi_callback_info info, int backward) {
 static napi_value RopeForward(napi_env env, napi_callback_info info) { return rope(env, info, 0); }
 static napi_value RopeBackward(napi_env env, napi_callback_info info) { return rope(env, info, 1); }
 
-/* attentionForward(out, att, q, k, v, B, T, H, K, E) */
-static napi_value AttentionForward(napi_env env, napi_callback_info info) {
-  static const char fn[] = "attentionForward";
+/* attentionForward(out, lse, q, k, v, B, T, H, K, E); attentionForwardUnfused(out, att, ...), att [B, H, T, T] */
+static napi_value attention_fwd(napi_env env, napi_callback_info info, int unfused) {
+  const char *fn = unfused ? "attentionForwardUnfused" : "attentionForward";
   ARGS(10);
   NEED_BLAS();
   DIM(5, B);
@@ -286,19 +286,51 @@ static napi_value AttentionForward(napi_env env, napi_callback_info info) {
     throw_range(env, fn, "H must be a multiple of K (GQA)");
     return NULL;
   }
-  float *out, *att, *q, *k, *v;
+  float *out, *saved, *q, *k, *v;
   F32(0, out, B * T * H * E, "out");
-  F32(1, att, B * H * T * T, "att");
+  F32(1, saved, unfused ? B * H * T * T : B * H * T, unfused ? "att" : "lse");
   F32(2, q, B * T * H * E, "q");
   F32(3, k, B * T * K * E, "k");
   F32(4, v, B * T * K * E, "v");
-  if (attention_forward(out, att, q, k, v, B, T, H, K, E)) GEMM_OOM();
+  if (unfused ? attention_forward_unfused(out, saved, q, k, v, B, T, H, K, E)
+              : attention_forward(out, saved, q, k, v, B, T, H, K, E))
+    GEMM_OOM();
+  return NULL;
+}
+static napi_value AttentionForward(napi_env env, napi_callback_info info) { return attention_fwd(env, info, 0); }
+static napi_value AttentionForwardUnfused(napi_env env, napi_callback_info info) { return attention_fwd(env, info, 1); }
+
+/* attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) */
+static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionBackward";
+  ARGS(14);
+  NEED_BLAS();
+  DIM(9, B);
+  DIM(10, T);
+  DIM(11, H);
+  DIM(12, K);
+  DIM(13, E);
+  if (K == 0 || H % K) {
+    throw_range(env, fn, "H must be a multiple of K (GQA)");
+    return NULL;
+  }
+  float *dq, *dk, *dv, *dout, *q, *k, *v, *out, *lse;
+  F32(0, dq, B * T * H * E, "dq");
+  F32(1, dk, B * T * K * E, "dk");
+  F32(2, dv, B * T * K * E, "dv");
+  F32(3, dout, B * T * H * E, "dout");
+  F32(4, q, B * T * H * E, "q");
+  F32(5, k, B * T * K * E, "k");
+  F32(6, v, B * T * K * E, "v");
+  F32(7, out, B * T * H * E, "out");
+  F32(8, lse, B * H * T, "lse");
+  if (attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E)) GEMM_OOM();
   return NULL;
 }
 
-/* attentionBackward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) */
-static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
-  static const char fn[] = "attentionBackward";
+/* attentionBackwardUnfused(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) */
+static napi_value AttentionBackwardUnfused(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionBackwardUnfused";
   ARGS(13);
   NEED_BLAS();
   DIM(8, B);
@@ -319,7 +351,7 @@ static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
   F32(5, k, B * T * K * E, "k");
   F32(6, v, B * T * K * E, "v");
   F32(7, att, B * H * T * T, "att");
-  if (attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E)) GEMM_OOM();
+  if (attention_backward_unfused(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E)) GEMM_OOM();
   return NULL;
 }
 
@@ -434,6 +466,8 @@ NAPI_MODULE_INIT() {
       {"ropeBackward", NULL, RopeBackward, NULL, NULL, NULL, napi_default, NULL},
       {"attentionForward", NULL, AttentionForward, NULL, NULL, NULL, napi_default, NULL},
       {"attentionBackward", NULL, AttentionBackward, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionForwardUnfused", NULL, AttentionForwardUnfused, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionBackwardUnfused", NULL, AttentionBackwardUnfused, NULL, NULL, NULL, napi_default, NULL},
       {"attentionCachedForward", NULL, AttentionCachedForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},

@@ -144,8 +144,8 @@ for (const engine of ENGINES) {
       if (P === 0) {
         // with nothing cached before, it is the training kernel's attention of one sequence
         const out = new Float32Array(T * H * E),
-          att = new Float32Array(H * T * T);
-        e.kernels.attentionForward(out, att, q, kc.subarray(0, T * K * E), vc.subarray(0, T * K * E), 1, T, H, K, E);
+          lse = new Float32Array(H * T);
+        e.kernels.attentionForward(out, lse, q, kc.subarray(0, T * K * E), vc.subarray(0, T * K * E), 1, T, H, K, E);
         const d = maxAbsDiff(got, out);
         assert.ok(d.diff <= 1e-5, `${what}: max |cached - attentionForward| ${d.diff} at ${d.at}`);
       }

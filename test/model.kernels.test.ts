@@ -14,7 +14,7 @@ import assert from "node:assert/strict";
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
 import type { Kernels } from "../src/model/kernels";
-import { loadNative } from "../src/model/engine/native";
+import { loadNative, unfusedAttention } from "../src/model/engine/native";
 import { jsKernels, type NonMatmulKernels } from "../src/model/engine/js";
 
 const loaded = loadNative();
@@ -292,7 +292,7 @@ function refAttention(
 ) {
   const scale = 1 / Math.sqrt(E);
   const out = new Float64Array(B * T * H * E),
-    att = new Float64Array(B * H * T * T);
+    lse = new Float64Array(B * H * T);
   const dq = new Float64Array(B * T * H * E),
     dk = new Float64Array(B * T * Kh * E),
     dv = new Float64Array(B * T * Kh * E);
@@ -313,11 +313,11 @@ function refAttention(
         }
         let z = 0;
         for (let u = 0; u <= t; u++) z += Math.exp(s[u] - mx);
+        lse[(b * H + h) * T + t] = mx + Math.log(z);
         for (let u = 0; u <= t; u++) p[t * T + u] = Math.exp(s[u] - mx) / z;
         for (let u = 0; u <= t; u++)
           for (let e = 0; e < E; e++) out[qi(b, t, h) + e] += p[t * T + u] * v[ki(b, u, j) + e];
       }
-      att.set(p, (b * H + h) * T * T);
       for (let t = 0; t < T; t++) {
         const dp = new Float64Array(t + 1);
         let sum = 0;
@@ -337,10 +337,10 @@ function refAttention(
         }
       }
     }
-  return { out, att, dq, dk, dv };
+  return { out, lse, dq, dk, dv };
 }
 
-test("attention: causal GQA forward (out, att) and backward (dq, dk, dv overwritten) against float64, T across the 64-row blocks", {
+test("attention: causal GQA forward (out, lse) and backward (dq, dk, dv overwritten) against float64, T across the blocks of 64 queries and 256 keys", {
   skip,
 }, () => {
   const k = K!;
@@ -351,22 +351,26 @@ test("attention: causal GQA forward (out, att) and backward (dq, dk, dv overwrit
     [1, 70, 6, 2, 8],
     [2, 131, 4, 1, 5],
     [1, 64, 3, 3, 64],
+    [1, 200, 6, 2, 40],
+    [1, 600, 2, 1, 16],
   ] as const) {
     const q = rand(B * T * H * E, seed++, true, 2),
       kk = rand(B * T * Kh * E, seed++, true, 2),
       v = rand(B * T * Kh * E, seed++, true);
     const dout = rand(B * T * H * E, seed++, true);
+    // a row whose largest score comes late (the online softmax rescales what it summed before), 30x the others
+    if (T === 600) for (let i = 0; i < E; i++) q[(550 * H + 1) * E + i] = 30 * kk[530 * Kh * E + i];
     const ref = refAttention(q, kk, v, dout, B, T, H, Kh, E);
     const out = filled(B * T * H * E, NaN, true),
-      att = filled(B * H * T * T, NaN, true);
-    k.attentionForward(out, att, q, kk, v, B, T, H, Kh, E);
+      lse = filled(B * H * T, NaN, true);
+    k.attentionForward(out, lse, q, kk, v, B, T, H, Kh, E);
     const what = `B${B} T${T} H${H} K${Kh} E${E}`;
-    close(att, ref.att, TOL, `attentionForward att ${what}`);
+    close(lse, ref.lse, TOL, `attentionForward lse ${what}`);
     close(out, ref.out, TOL, `attentionForward out ${what}`);
     const dq = filled(q.length, NaN, true),
       dk = filled(kk.length, NaN, true),
       dv = filled(v.length, NaN, true);
-    k.attentionBackward(dq, dk, dv, dout, q, kk, v, att, B, T, H, Kh, E);
+    k.attentionBackward(dq, dk, dv, dout, q, kk, v, out, lse, B, T, H, Kh, E);
     close(dq, ref.dq, TOL, `attentionBackward dq ${what}`);
     close(dk, ref.dk, TOL, `attentionBackward dk ${what}`);
     close(dv, ref.dv, TOL, `attentionBackward dv ${what}`);
@@ -375,7 +379,7 @@ test("attention: causal GQA forward (out, att) and backward (dq, dk, dv overwrit
     () =>
       k.attentionForward(
         new Float32Array(8),
-        new Float32Array(4),
+        new Float32Array(3),
         new Float32Array(8),
         new Float32Array(8),
         new Float32Array(8),
@@ -385,7 +389,39 @@ test("attention: causal GQA forward (out, att) and backward (dq, dk, dv overwrit
         2,
         2,
       ),
-    /att has 4 elements, the shapes need 8/,
+    /lse has 3 elements, the shapes need 4/,
+  );
+  const z = new Float32Array(8);
+  assert.throws(
+    () => k.attentionBackward(z, z, z, z, z, z, z, new Float32Array(7), new Float32Array(4), 1, 2, 2, 2, 2),
+    /out has 7 elements, the shapes need 8/,
+  );
+});
+
+test("the unfused attention the bench compares against (the whole [B,H,T,T] probabilities kept) computes what the fused one does", {
+  skip,
+}, () => {
+  const un = unfusedAttention()!;
+  const [B, T, H, Kh, E] = [2, 150, 6, 2, 16];
+  const q = rand(B * T * H * E, 71, true, 2),
+    kk = rand(B * T * Kh * E, 72, true, 2),
+    v = rand(B * T * Kh * E, 73, true),
+    dout = rand(B * T * H * E, 74, true);
+  const ref = refAttention(q, kk, v, dout, B, T, H, Kh, E);
+  const out = filled(B * T * H * E, NaN),
+    att = filled(B * H * T * T, NaN);
+  un.forward(out, att, q, kk, v, B, T, H, Kh, E);
+  close(out, ref.out, TOL, "unfused out");
+  const dq = filled(q.length, NaN),
+    dk = filled(kk.length, NaN),
+    dv = filled(v.length, NaN);
+  un.backward(dq, dk, dv, dout, q, kk, v, att, B, T, H, Kh, E);
+  close(dq, ref.dq, TOL, "unfused dq");
+  close(dk, ref.dk, TOL, "unfused dk");
+  close(dv, ref.dv, TOL, "unfused dv");
+  assert.throws(
+    () => un.backward(dq, dk, dv, dout, q, kk, v, att.subarray(1), B, T, H, Kh, E),
+    /att has 269999 elements, the shapes need 270000/,
   );
 });
 
@@ -510,12 +546,12 @@ test("every kernel is bit-identical run to run, and on ArrayBuffer vs SharedArra
     const { cos, sin } = ropeTables(T, E / 2);
     k.ropeForward(q, cos, sin, B, T, H, E);
     const out = filled(N * D, 0, shared),
-      att = filled(B * H * T * T, 0, shared);
-    k.attentionForward(out, att, q, kk, v, B, T, H, Kh, E);
+      lse = filled(B * H * T, 0, shared);
+    k.attentionForward(out, lse, q, kk, v, B, T, H, Kh, E);
     const dq = filled(N * D, 0, shared),
       dk = filled(kk.length, 0, shared),
       dv = filled(v.length, 0, shared);
-    k.attentionBackward(dq, dk, dv, out, q, kk, v, att, B, T, H, Kh, E);
+    k.attentionBackward(dq, dk, dv, out, q, kk, v, out, lse, B, T, H, Kh, E);
     k.ropeBackward(dq, cos, sin, B, T, H, E);
     const sw = filled(N * D, 0, shared),
       dg = filled(N * D, 0, shared),
@@ -533,7 +569,7 @@ test("every kernel is bit-identical run to run, and on ArrayBuffer vs SharedArra
       emb = filled(N * D, 0, shared);
     k.embeddingForward(emb, tg, Em, N, D);
     k.embeddingBackward(dE, tg, dx, N, D);
-    outs.push(hN, rstd, q, out, att, dq, dk, dv, sw, dg, du, dx, dw, lg, Float32Array.of(loss), emb, dE);
+    outs.push(hN, rstd, q, out, lse, dq, dk, dv, sw, dg, du, dx, dw, lg, Float32Array.of(loss), emb, dE);
     return outs;
   };
   const a = runOnce(false),
@@ -646,13 +682,13 @@ test("native agrees with the plain-JS reference kernels (src/model/engine/js.ts)
       kv = rand(N * Kh * E, 9, sh, 2),
       v = rand(N * Kh * E, 10, sh);
     const out = filled(N * H * E, NaN, sh),
-      att = filled(B * H * T * T, NaN, sh);
-    kk.attentionForward(out, att, q, kv, v, B, T, H, Kh, E);
+      lse = filled(B * H * T, NaN, sh);
+    kk.attentionForward(out, lse, q, kv, v, B, T, H, Kh, E);
     const dq = filled(q.length, NaN, sh),
       dk = filled(kv.length, NaN, sh),
       dv = filled(v.length, NaN, sh);
-    kk.attentionBackward(dq, dk, dv, rand(N * H * E, 11, sh), q, kv, v, att, B, T, H, Kh, E);
-    return [out, att, dq, dk, dv];
+    kk.attentionBackward(dq, dk, dv, rand(N * H * E, 11, sh), q, kv, v, out, lse, B, T, H, Kh, E);
+    return [out, lse, dq, dk, dv];
   }, "attention");
   both((kk, sh) => {
     const g = rand(N * F, 12, sh, 6),

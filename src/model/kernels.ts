@@ -89,13 +89,15 @@ export interface Kernels {
 
   // ------------------------------------------------------------------ causal attention (GQA)
   /**
-   * q [B,T,H,E], k and v [B,T,K,E] (after RoPE). For query head h (kv head j = floor(h*K/H)):
-   *   att[b,h,t,u] = softmax_u<=t( q[b,t,h,:] . k[b,u,j,:] / sqrt(E) ),  0 for u > t   (saved: [B,H,T,T])
-   *   out[b,t,h,:] = sum_u att[b,h,t,u] * v[b,u,j,:]                                     (= out [B,T,H,E])
+   * q [B,T,H,E], k and v [B,T,K,E] (after RoPE). For query head h (kv head j = floor(h*K/H)), with the scores
+   * s[t,u] = q[b,t,h,:] . k[b,u,j,:] / sqrt(E) over the visible keys u <= t:
+   *   lse[b,h,t] = log sum_u<=t exp(s[t,u])                 (saved for the backward: [B,H,T])
+   *   out[b,t,h,:] = sum_u<=t exp(s[t,u] - lse) * v[b,u,j,:]   (= out [B,T,H,E])
+   * The [T,T] probabilities need not exist (the native engine runs blocks of keys with an online softmax).
    */
   attentionForward(
     out: Float32Array,
-    att: Float32Array,
+    lse: Float32Array,
     q: Float32Array,
     k: Float32Array,
     v: Float32Array,
@@ -106,9 +108,9 @@ export interface Kernels {
     E: number,
   ): void;
   /**
-   * dq = dS @ k, dk = dS^T @ q, dv = att^T @ dout (each overwritten; GQA: a kv head sums over its query heads),
-   * with dS = att * (dA - rowsum(att * dA)) / sqrt(E) and dA = dout @ v^T, from dout [B,T,H,E] and the forward's
-   * q, k, v (after RoPE) and att.
+   * dq = dS @ k, dk = dS^T @ q, dv = P^T @ dout (each overwritten; GQA: a kv head sums over its query heads), with
+   * P = exp(s - lse) (0 for u > t), dS = P * (dP - D) / sqrt(E), dP = dout @ v^T and D[t] = dout[t] . out[t] (the
+   * softmax backward's rowsum(P * dP)), from dout [B,T,H,E] and the forward's q, k, v (after RoPE), out and lse.
    */
   attentionBackward(
     dq: Float32Array,
@@ -118,7 +120,8 @@ export interface Kernels {
     q: Float32Array,
     k: Float32Array,
     v: Float32Array,
-    att: Float32Array,
+    out: Float32Array,
+    lse: Float32Array,
     B: number,
     T: number,
     H: number,

@@ -13,9 +13,11 @@
  * Activations live in an arena allocated once per (B, T). Gradient checkpointing (M6) keeps each block's input
  * and recomputes the block's activations right before its backward, with the same kernels on the same inputs:
  * the gradients are bit-identical to the run without it. While they fit in ckptKeepBytes (default 512 MB: seq 1024
- * x micro-batch 1 of the frozen model does) it also keeps the blocks' matmul outputs (q, k, v, o, x1, gate, up:
- * ~5.2k floats per token per layer) and recomputes only the norms, the attention softmax and SwiGLU, which hold
- * the big per-block tensors ([B,H,T,T] attention, [N,F]); otherwise whole blocks (minus the down projection).
+ * x micro-batch 1 of the frozen model does) it also keeps the blocks' matmul outputs and attention's (q, k, v, o,
+ * lse, x1, gate, up: ~5.2k floats per token per layer) and recomputes only the norms and SwiGLU, which hold the big
+ * per-block tensors ([N,F]); otherwise whole blocks (minus the down projection), and then attention too only when
+ * its out and lse (~H*E floats per token per layer) do not fit in the budget. Attention keeps no [B,H,T,T] matrix:
+ * its backward recomputes the probabilities from the saved log-sum-exp (kernels.ts).
  * Generation runs this same forward on new positions with a key/value cache (forwardCached, KvCache): the only
  * difference is attention, over the cache through the kernels' attentionCachedForward.
  * A layer's weights are bound by name in one place (layout.ts: weightBinder).
@@ -32,7 +34,7 @@ interface Acts {
   q: Float32Array;
   k: Float32Array;
   v: Float32Array; // [N,H*E], [N,K*E], [N,K*E]; q and k after RoPE
-  att: Float32Array; // softmax probabilities [B,H,T,T]
+  lse: Float32Array; // attention's per-row log-sum-exp [B,H,T] (the backward recomputes the probabilities)
   o: Float32Array; // attention output [N,H*E]
   x1: Float32Array; // x + o @ Wo^T [N,D]
   h2: Float32Array;
@@ -49,6 +51,7 @@ interface Arena {
   xs: Float32Array[]; // xs[l] = block l's input [N,D]; xs[L] feeds the final norm
   acts: Acts[]; // one per layer (training), sharing arrays per the recomputation; [0] forward only
   recompute: "none" | "kept" | "whole"; // M6: nothing, the non-matmul part of each block, or whole blocks
+  attnKept: boolean; // attention's out and lse kept per layer (all but "whole" over its budget): never recomputed
   hF: Float32Array;
   rF: Float32Array; // final norm [N,D], [N]
   logits: Float32Array; // one LM-head chunk [C,V]
@@ -196,7 +199,8 @@ export class Llama {
 
   /**
    * "forward": xs[l+1] = block(xs[l]), activations into s. "recompute" (M6) redoes what the backward reads and the
-   * arena did not keep (mm false: the matmul outputs were kept), never the block's output.
+   * arena did not keep (the matmul outputs unless "whole"; attention unless its out and lse were kept), never the
+   * block's output.
    */
   private blockForward(
     P: Float32Array,
@@ -207,8 +211,9 @@ export class Llama {
     cache: KvCache | null = null,
   ): void {
     const W = this.bind.layer(P, l),
-      mm = pass === "forward" || a.recompute === "whole";
-    this.attentionForward(W, a, s, a.xs[l], mm, cache?.layer(l, a.T) ?? null);
+      mm = pass === "forward" || a.recompute === "whole",
+      attn = pass === "forward" || !a.attnKept;
+    this.attentionForward(W, a, s, a.xs[l], mm, attn, cache?.layer(l, a.T) ?? null);
     this.mlpForward(W, a, s, mm, pass === "forward" ? a.xs[l + 1] : null);
   }
 
@@ -222,13 +227,17 @@ export class Llama {
 
   // ---------------------------------------------------------------- attention: x1 = x + o_proj(attn(rope(qkv(norm1(x)))))
 
-  /** kv: generation's cache of this layer (the new keys and values go into it; attention runs over all of it). */
+  /**
+   * mm: the projections (and RoPE) run, else they were kept; attn: attention runs, else its out and lse were kept.
+   * kv: generation's cache of this layer (the new keys and values go into it; attention runs over all of it).
+   */
   private attentionForward(
     W: LayerWeights,
     a: Arena,
     s: Acts,
     x: Float32Array,
     mm: boolean,
+    attn: boolean,
     kv: CachedLayer | null,
   ): void {
     const c = this.cfg,
@@ -251,7 +260,7 @@ export class Llama {
       kv.keys.set(s.k, kv.past * K * E);
       kv.values.set(s.v, kv.past * K * E);
       ops.attentionCachedForward(s.o, s.q, kv.keys, kv.values, kv.past, a.T, H, K, E);
-    } else ops.attentionForward(s.o, s.att, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same o, bit for bit
+    } else if (attn) ops.attentionForward(s.o, s.lse, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same bits
     if (mm) this.linearForward(s.x1, s.o, W.wo, N, H * E, D, x); // x1 = x + o Wo^T: the residual
   }
 
@@ -267,7 +276,7 @@ export class Llama {
       E = c.headDim;
     // g.dx = dL/dx1 is also dL/dx through the residual: rmsnormBackward adds norm1's part into it last
     this.linearBackward(g.dO, dW.wo, g.dx, s.o, W.wo, N, H * E, D, "set");
-    ops.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.att, a.B, a.T, H, K, E);
+    ops.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.o, s.lse, a.B, a.T, H, K, E);
     ops.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
     ops.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
     this.linearBackward(g.dh, dW.wq, g.dq, s.h1, W.wq, N, D, H * E, "set");
@@ -484,7 +493,7 @@ export class Llama {
       q: f32(N * H * E),
       k: f32(N * K * E),
       v: f32(N * K * E),
-      att: f32(B * H * T * T),
+      lse: f32(B * H * T),
       o: f32(N * H * E),
       x1: f32(N * D),
       h2: f32(N * D),
@@ -509,13 +518,16 @@ export class Llama {
         sin,
         grads: null,
         recompute: "none",
+        attnKept: true,
       };
       this.arenas.set(`${B}x${T}`, a);
     }
     if (training && !a.grads) {
-      // M6 policy for this shape: keep the matmul outputs when all layers' fit in the budget
-      const kept = L * N * (2 * H * E + 2 * K * E + D + 2 * F) * 4;
+      // M6 policy for this shape: keep the matmul outputs (and attention's lse) when all layers' fit in the budget
+      const kept = L * N * (2 * H * E + 2 * K * E + D + 2 * F + H) * 4;
       a.recompute = !this.gradCkpt ? "none" : kept <= this.ckptKeepBytes ? "kept" : "whole";
+      // whole blocks: attention's out and lse still kept when they fit (the backward needs no attention forward)
+      a.attnKept = a.recompute !== "whole" || L * N * (H * E + H) * 4 <= this.ckptKeepBytes;
       const s = a.acts[0];
       for (let l = 1; l < L; l++) {
         if (a.recompute === "none") a.acts.push(newActs());
@@ -526,10 +538,12 @@ export class Llama {
             k: f32(N * K * E),
             v: f32(N * K * E),
             o: f32(N * H * E),
+            lse: f32(B * H * T),
             x1: f32(N * D),
             gate: f32(N * F),
             up: f32(N * F),
           });
+        else if (a.attnKept) a.acts.push({ ...s, o: f32(N * H * E), lse: f32(B * H * T) });
         else a.acts.push(s);
       }
       a.grads = {

@@ -133,7 +133,7 @@ function ropeBackward(
 
 function attentionForward(
   out: Float32Array,
-  att: Float32Array,
+  lse: Float32Array,
   q: Float32Array,
   k: Float32Array,
   v: Float32Array,
@@ -144,32 +144,24 @@ function attentionForward(
   E: number,
 ): void {
   const scale = 1 / Math.sqrt(E);
-  const acc = new Float64Array(E);
+  const sc = new Float32Array(T),
+    acc = new Float64Array(E);
   for (let b = 0; b < B; b++) {
     for (let h = 0; h < H; h++) {
       const j = Math.floor((h * K) / H);
       for (let t = 0; t < T; t++) {
         const qo = ((b * T + t) * H + h) * E;
-        const row = ((b * H + h) * T + t) * T;
-        // scores and their max (u <= t only: the causal mask)
-        let mx = -Infinity;
-        for (let u = 0; u <= t; u++) {
-          const ko = ((b * T + u) * K + j) * E;
-          let s = 0;
-          for (let e = 0; e < E; e++) s += q[qo + e] * k[ko + e];
-          s *= scale;
-          att[row + u] = s;
-          if (s > mx) mx = s;
-        }
-        // softmax over u <= t (exp and sum in float64 from the float32 scores)
+        // float32 scores and their max (u <= t only: the causal mask)
+        const mx = causalScores(sc, q, qo, k, b, t, T, K, j, E, scale);
+        // softmax over u <= t (exp and sum in float64 from the float32 scores), probabilities rounded to float32
         let sum = 0;
-        for (let u = 0; u <= t; u++) sum += Math.exp(att[row + u] - mx);
-        for (let u = 0; u <= t; u++) att[row + u] = Math.exp(att[row + u] - mx) / sum;
-        for (let u = t + 1; u < T; u++) att[row + u] = 0;
-        // out = att @ v
+        for (let u = 0; u <= t; u++) sum += Math.exp(sc[u] - mx);
+        lse[(b * H + h) * T + t] = mx + Math.log(sum);
+        for (let u = 0; u <= t; u++) sc[u] = Math.exp(sc[u] - mx) / sum;
+        // out = p @ v
         acc.fill(0);
         for (let u = 0; u <= t; u++) {
-          const p = att[row + u],
+          const p = sc[u],
             vo = ((b * T + u) * K + j) * E;
           for (let e = 0; e < E; e++) acc[e] += p * v[vo + e];
         }
@@ -177,6 +169,31 @@ function attentionForward(
       }
     }
   }
+}
+
+/** sc[u] = float32(q[qo..] . k[b,u,j,:] * scale) for u <= t (dot products in float64); returns their max. */
+function causalScores(
+  sc: Float32Array,
+  q: Float32Array,
+  qo: number,
+  k: Float32Array,
+  b: number,
+  t: number,
+  T: number,
+  K: number,
+  j: number,
+  E: number,
+  scale: number,
+): number {
+  let mx = -Infinity;
+  for (let u = 0; u <= t; u++) {
+    const ko = ((b * T + u) * K + j) * E;
+    let s = 0;
+    for (let e = 0; e < E; e++) s += q[qo + e] * k[ko + e];
+    sc[u] = s * scale;
+    if (sc[u] > mx) mx = sc[u];
+  }
+  return mx;
 }
 
 /** Cached attention (kernels.ts contract): new position t of T attends to cache rows u <= P+t. */
@@ -224,8 +241,9 @@ function attentionCachedForward(
 }
 
 /**
- * dv[u] = sum_t att[t,u] dout[t];  dP[t,u] = dout[t] . v[u];  dS = att * (dP - sum_u att*dP) / sqrt(E);
- * dq[t] = sum_u dS[t,u] k[u];  dk[u] = sum_t dS[t,u] q[t]   (dk, dv summed over the kv head's query heads).
+ * p = exp(s - lse) from the recomputed float32 scores; dv[u] = sum_t p[t,u] dout[t];  dP[t,u] = dout[t] . v[u];
+ * dS = p * (dP - D) / sqrt(E) with D = dout[t] . out[t];  dq[t] = sum_u dS[t,u] k[u];  dk[u] = sum_t dS[t,u] q[t]
+ * (dk, dv summed over the kv head's query heads).
  */
 function attentionBackward(
   dq: Float32Array,
@@ -235,7 +253,8 @@ function attentionBackward(
   q: Float32Array,
   k: Float32Array,
   v: Float32Array,
-  att: Float32Array,
+  out: Float32Array,
+  lse: Float32Array,
   B: number,
   T: number,
   H: number,
@@ -245,7 +264,7 @@ function attentionBackward(
   const scale = 1 / Math.sqrt(E);
   const dkAcc = new Float64Array(T * K * E),
     dvAcc = new Float64Array(T * K * E); // one sequence's dk, dv
-  const dS = new Float64Array(T),
+  const sc = new Float32Array(T),
     acc = new Float64Array(E);
   for (let b = 0; b < B; b++) {
     dkAcc.fill(0);
@@ -253,20 +272,18 @@ function attentionBackward(
     for (let h = 0; h < H; h++) {
       const j = Math.floor((h * K) / H);
       for (let t = 0; t < T; t++) {
-        const qo = ((b * T + t) * H + h) * E;
-        const row = ((b * H + h) * T + t) * T;
-        let dot = 0; // sum_u att * dP
+        const qo = ((b * T + t) * H + h) * E,
+          x = lse[(b * H + h) * T + t];
+        causalScores(sc, q, qo, k, b, t, T, K, j, E, scale);
+        let d = 0; // D = dout . out
+        for (let e = 0; e < E; e++) d += dout[qo + e] * out[qo + e];
+        acc.fill(0);
         for (let u = 0; u <= t; u++) {
           const vo = ((b * T + u) * K + j) * E;
           let dp = 0;
           for (let e = 0; e < E; e++) dp += dout[qo + e] * v[vo + e];
-          dS[u] = dp;
-          dot += att[row + u] * dp;
-        }
-        acc.fill(0);
-        for (let u = 0; u <= t; u++) {
-          const p = att[row + u];
-          const ds = p * (dS[u] - dot) * scale;
+          const p = Math.exp(sc[u] - x),
+            ds = p * (dp - d) * scale;
           const ko = ((b * T + u) * K + j) * E,
             lo = (u * K + j) * E;
           for (let e = 0; e < E; e++) {

@@ -62,6 +62,8 @@ interface Addon {
   ropeBackward: Kernels["ropeBackward"];
   attentionForward: Kernels["attentionForward"];
   attentionBackward: Kernels["attentionBackward"];
+  attentionForwardUnfused: UnfusedAttention["forward"];
+  attentionBackwardUnfused: UnfusedAttention["backward"];
   attentionCachedForward: Kernels["attentionCachedForward"];
   swigluForward: Kernels["swigluForward"];
   swigluBackward: Kernels["swigluBackward"];
@@ -239,6 +241,75 @@ export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | nu
   return "reason" in got ? null : { gemm: got.addon.gemmBf16, hw: got.addon.gemmBf16Hw() };
 }
 
+/**
+ * The unfused attention kernels the fused ones replaced (native/attention.c): the forward keeps the whole
+ * probabilities att [B,H,T,T] (instead of lse [B,H,T]) and the backward reads them. Not part of the Kernels interface:
+ * the bench's baseline, and a test holds them to the fused kernels.
+ */
+export interface UnfusedAttention {
+  forward(
+    out: Float32Array,
+    att: Float32Array,
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
+  backward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    dout: Float32Array,
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    att: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
+}
+
+/** The unfused attention on the GEMM of `opts` (as loadNative(opts)'s kernels run it); null when those do not load. */
+export function unfusedAttention(opts: NativeOptions = DEFAULT_NATIVE): UnfusedAttention | null {
+  const got = loadAddon();
+  if ("reason" in got || "reason" in loadNative(opts)) return null;
+  const a = got.addon,
+    use = gemmUser(
+      a,
+      opts.gemm === "openblas" ? "blas" : "builtin",
+      opts.gemm === "openblas" ? "auto" : opts.isa,
+      opts.precision ?? "fp32",
+    );
+  return {
+    forward: (...args) => {
+      use();
+      a.attentionForwardUnfused(...args);
+    },
+    backward: (...args) => {
+      use();
+      a.attentionBackwardUnfused(...args);
+    },
+  };
+}
+
+/** A function that makes this thread's GEMM this choice, when another loadNative choice in the thread switched it. */
+function gemmUser(a: Addon, kind: "builtin" | "blas", isa: IsaChoice, precision: Precision): () => void {
+  const key = `${kind}/${isa}/${precision}`;
+  return () => {
+    if (current !== key) {
+      a.setGemm(kind, isa, precision);
+      current = key;
+    }
+  };
+}
+
 /** The Kernels over the addon. The products (matmul and attention's) first make this thread's GEMM the one this
  *  object was loaded with, when another loadNative choice in the same thread switched it. */
 function nativeKernels(
@@ -248,13 +319,7 @@ function nativeKernels(
   isa: IsaChoice,
   precision: Precision,
 ): Kernels {
-  const key = `${kind}/${isa}/${precision}`;
-  const use = () => {
-    if (current !== key) {
-      a.setGemm(kind, isa, precision);
-      current = key;
-    }
-  };
+  const use = gemmUser(a, kind, isa, precision);
   return {
     name,
     matmul: (...args) => {

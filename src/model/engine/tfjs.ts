@@ -18,7 +18,8 @@
  * streams the whole packed right operand once per few rows of the left one, ~1.7x slower measured at K = V.
  *
  * Attention, too, runs on this matmul (scores, weighted sum and their gradients per GQA group: one kv head and
- * its query heads in one sequence), with the causal softmax in JS: the plain-JS loops of js.ts are ~5x slower.
+ * its query heads in one sequence, the backward recomputing the scores), with the causal softmax in JS: the plain-JS
+ * loops of js.ts are ~5x slower.
  */
 import * as tf from "@tensorflow/tfjs-core";
 import type { Kernels } from "../kernels";
@@ -197,7 +198,8 @@ interface GroupScratch {
   headV: Float32Array;
   headDK: Float32Array;
   headDV: Float32Array;
-  /** [R*T, T]: gradient of the attention probabilities, then of the scores. */
+  /** [R*T, T]: the scores, then the probabilities; the gradient of the probabilities, then of the scores. */
+  probs: Float32Array;
   dScores: Float32Array;
 }
 
@@ -207,7 +209,7 @@ class AttentionScratch {
   views(R: number, T: number, E: number): GroupScratch {
     const q = R * T * E,
       kv = T * E,
-      need = 3 * q + 4 * kv + R * T * T;
+      need = 3 * q + 4 * kv + 2 * R * T * T;
     if (this.buf.length < need) this.buf = new Float32Array(need);
     let o = 0;
     const take = (n: number) => this.buf.subarray(o, (o += n));
@@ -219,6 +221,7 @@ class AttentionScratch {
       headV: take(kv),
       headDK: take(kv),
       headDV: take(kv),
+      probs: take(R * T * T),
       dScores: take(R * T * T),
     };
   }
@@ -255,8 +258,11 @@ function scatterHead(
   for (let t = 0; t < T; t++) x.set(src.subarray((r0 + t) * E, (r0 + t + 1) * E), ((b * T + t) * nh + h) * E);
 }
 
-/** In place, each of the `rows` rows of P [rows, T] (row r is position t = r % T): softmax over u <= t, zeros after. */
-function causalSoftmaxRows(P: Float32Array, rows: number, T: number): void {
+/**
+ * In place, each of the `rows` rows of P [rows, T] (row r is position t = r % T): softmax over u <= t, zeros after;
+ * lse[r] = the row's log-sum-exp.
+ */
+function causalSoftmaxRows(P: Float32Array, lse: Float32Array, rows: number, T: number): void {
   for (let r = 0; r < rows; r++) {
     const t = r % T,
       o = r * T;
@@ -268,63 +274,91 @@ function causalSoftmaxRows(P: Float32Array, rows: number, T: number): void {
       P[o + u] = e;
       sum += e;
     }
+    lse[r] = mx + Math.log(sum);
     const inv = 1 / sum;
     for (let u = 0; u <= t; u++) P[o + u] = P[o + u] * inv;
     P.fill(0, o + t + 1, o + T);
   }
 }
 
-/** In place, dS = P * (dP - rowsum(P * dP)) * scale over `rows` rows of T: the softmax's backward, then the score scale. */
-function softmaxBackwardRows(P: Float32Array, dS: Float32Array, rows: number, T: number, scale: number): void {
+/** In place, the scores S [rows, T] become P = exp(S - lse[r]) over u <= t (row r is position t = r % T), zeros after. */
+function probsFromLse(P: Float32Array, lse: Float32Array, rows: number, T: number): void {
+  for (let r = 0; r < rows; r++) {
+    const t = r % T,
+      o = r * T,
+      x = lse[r];
+    for (let u = 0; u <= t; u++) P[o + u] = Math.exp(P[o + u] - x);
+    P.fill(0, o + t + 1, o + T);
+  }
+}
+
+/**
+ * In place, dS = P * (dP - D[r]) * scale over `rows` rows of T, D[r] = dO[r] . O[r] (rows of E): the softmax's
+ * backward, then the score scale.
+ */
+function softmaxBackwardRows(
+  P: Float32Array,
+  dS: Float32Array,
+  dO: Float32Array,
+  O: Float32Array,
+  rows: number,
+  T: number,
+  E: number,
+  scale: number,
+): void {
   for (let r = 0; r < rows; r++) {
     const o = r * T;
-    let dot = 0;
-    for (let u = 0; u < T; u++) dot += P[o + u] * dS[o + u];
-    for (let u = 0; u < T; u++) dS[o + u] = P[o + u] * (dS[o + u] - dot) * scale;
+    let d = 0;
+    for (let e = 0; e < E; e++) d += dO[r * E + e] * O[r * E + e];
+    for (let u = 0; u < T; u++) dS[o + u] = P[o + u] * (dS[o + u] - d) * scale;
   }
 }
 
 /**
  * Causal GQA attention (kernels.ts contract) on matrix products. A group (b, j) is kv head j of sequence b and its
- * R = H/K query heads h = j*R + i; its rows i*T + t are exactly att's [R*T, T] block at (b, j*R), so the scores
- * land in att directly. q, k, v, and the gradients, are gathered to / scattered from [rows, E] scratch.
+ * R = H/K query heads h = j*R + i; its rows i*T + t are the [R*T, T] scores of those heads, and lse's [R*T] block at
+ * (b, j*R). q, k, v, and the gradients, are gathered to / scattered from [rows, E] scratch; the backward recomputes
+ * the probabilities from the scores and lse.
  */
 function matmulAttention(mm: Matmul): Pick<Kernels, "attentionForward" | "attentionBackward"> {
   const scratch = new AttentionScratch();
   return {
-    attentionForward(out, att, q, k, v, B, T, H, K, E) {
+    attentionForward(out, lse, q, k, v, B, T, H, K, E) {
       const R = H / K,
         s = scratch.views(R, T, E),
-        scale = 1 / Math.sqrt(E);
+        scale = 1 / Math.sqrt(E),
+        P = s.probs;
       for (let b = 0; b < B; b++) {
         for (let j = 0; j < K; j++) {
           for (let i = 0; i < R; i++) gatherHead(s.groupQ, i * T, q, b, j * R + i, T, H, E);
           gatherHead(s.headK, 0, k, b, j, T, K, E);
           gatherHead(s.headV, 0, v, b, j, T, K, E);
-          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T);
           mm(false, true, R * T, T, E, scale, s.groupQ, s.headK, 0, P); // scores / sqrt(E)
-          causalSoftmaxRows(P, R * T, T);
+          causalSoftmaxRows(P, lse.subarray((b * H + j * R) * T, (b * H + (j + 1) * R) * T), R * T, T);
           mm(false, false, R * T, E, T, 1, P, s.headV, 0, s.groupDQ); // out = P @ V (groupDQ as scratch)
           for (let i = 0; i < R; i++) scatterHead(out, s.groupDQ, i * T, b, j * R + i, T, H, E);
         }
       }
     },
-    attentionBackward(dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) {
+    attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) {
       const R = H / K,
         s = scratch.views(R, T, E),
-        scale = 1 / Math.sqrt(E);
+        scale = 1 / Math.sqrt(E),
+        P = s.probs,
+        dS = s.dScores;
       for (let b = 0; b < B; b++) {
         for (let j = 0; j < K; j++) {
           for (let i = 0; i < R; i++) {
             gatherHead(s.groupQ, i * T, q, b, j * R + i, T, H, E);
             gatherHead(s.groupDOut, i * T, dout, b, j * R + i, T, H, E);
+            gatherHead(s.groupDQ, i * T, out, b, j * R + i, T, H, E); // the group's output (groupDQ as scratch)
           }
           gatherHead(s.headK, 0, k, b, j, T, K, E);
           gatherHead(s.headV, 0, v, b, j, T, K, E);
-          const P = att.subarray((b * H + j * R) * T * T, (b * H + (j + 1) * R) * T * T),
-            dS = s.dScores;
+          mm(false, true, R * T, T, E, scale, s.groupQ, s.headK, 0, P); // the forward's scores
+          probsFromLse(P, lse.subarray((b * H + j * R) * T, (b * H + (j + 1) * R) * T), R * T, T);
           mm(false, true, R * T, T, E, 1, s.groupDOut, s.headV, 0, dS); // dP = dO @ V^T
-          softmaxBackwardRows(P, dS, R * T, T, scale); // dS = P * (dP - rowsum(P * dP)) / sqrt(E)
+          softmaxBackwardRows(P, dS, s.groupDOut, s.groupDQ, R * T, T, E, scale); // dS = P * (dP - D) / sqrt(E)
           mm(false, false, R * T, E, T, 1, dS, s.headK, 0, s.groupDQ); // dQ = dS @ K
           mm(true, false, T, E, R * T, 1, dS, s.groupQ, 0, s.headDK); // dK = dS^T @ Q (sums the R heads)
           mm(true, false, T, E, R * T, 1, P, s.groupDOut, 0, s.headDV); // dV = P^T @ dO
