@@ -15,7 +15,7 @@
  * committed bench/results/ move only with an explicit --out bench/results/...
  *
  *   node dist/bench/bench.js [--model small|demo|frozen] [--seq N] [--micro-batch N] [--accum N]
- *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,mpi]
+ *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,gemm,attention,mpi]
  *     [--worlds 1,2] [--upload-worlds 2,1] [--optim-sizes 1M,10M,50M,106M] [--sequential] [--no-grad-ckpt] [--out DIR]
  */
 import * as fs from "node:fs";
@@ -31,6 +31,7 @@ import { markdown, type Machine, type Ratio } from "./report";
 import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
+import { attentionBench } from "./attention";
 import { kernelTableMarkdown, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
 import type { GemmChoice, Precision } from "../src/config";
@@ -64,6 +65,7 @@ const ALL_CASES = [
   "torch",
   "frozen-step",
   "gemm",
+  "attention",
   "mpi",
 ] as const;
 type CaseName = (typeof ALL_CASES)[number];
@@ -124,7 +126,7 @@ function usage(): string {
     "  --torch-threads 1,2          the PyTorch anchor's thread counts (default 1 and all cores; autocast bf16 runs at all cores)",
     "  --seqs 256,1024             run the step cases (single, actor, framework-free, torch) at each seq in turn; with more than one, case names get @seq",
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
-    "  --gemm-seqs 256,1024        gemm case: the sequence lengths whose model shapes are measured (default 256,1024)",
+    "  --gemm-seqs 256,1024        gemm and attention cases: the sequence lengths measured (default 256,1024)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
@@ -583,6 +585,22 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
           shapes: mine.length,
         } as unknown as BenchRow);
       }
+    });
+  }
+
+  // ---- 9: the fused attention kernel against the unfused one it replaced, at the frozen shape
+  if (o.cases.has("attention")) {
+    await run.guard("attention", async () => {
+      log(
+        `attention: fused vs unfused at the frozen shape (9/3 heads of 64), T ${o.gemmSeqs.join(", ")}, ${o.precisions.join(", ")}, one thread, ${Math.max(5, o.gemmRounds)} rounds`,
+      );
+      for (const x of attentionBench({
+        seqs: o.gemmSeqs,
+        rounds: Math.max(5, o.gemmRounds),
+        precisions: o.precisions,
+        log,
+      }))
+        run.record({ case: `attention-T${x.seq}-${x.precision}`, ...x } as unknown as BenchRow);
     });
   }
 

@@ -1,0 +1,125 @@
+/**
+ * The `attention` case of `npm run bench`: the fused attention kernel (native/ops/attention.c, FlashAttention-2's
+ * scheme: lse [H,T] kept) against the unfused one it replaced (the whole [H,T,T] probabilities kept; the kernels of
+ * 2babbe7, kept in the addon for this comparison), one sequence of the frozen shape (9 query heads over 3 kv heads of
+ * 64) at each T, one thread, in each precision. Rounds take turns between the four calls (unfused forward, unfused
+ * backward, fused forward, fused backward), so drift on a shared machine hits them alike; each call is timed on the
+ * process's CPU clock (only this thread is busy) and each figure is its best round. Two ratios: forward+backward
+ * once each, and the training step's count under gradient checkpointing (on by default), where the unfused forward
+ * ran twice (once more before the block's backward, to remake att) and the fused one once (its out and lse kept).
+ *
+ *   node dist/bench/attention.js [--seqs 256,1024] [--rounds 9] [--precisions fp32,bf16]
+ */
+import { loadNative, type Precision, unfusedAttention } from "../src/model/engine/native";
+
+export interface AttentionRow {
+  seq: number;
+  precision: Precision;
+  unfused_fwd_ms: number;
+  unfused_bwd_ms: number;
+  fused_fwd_ms: number;
+  fused_bwd_ms: number;
+  /** (unfused fwd + bwd) / (fused fwd + bwd) */
+  speedup_fwd_bwd: number;
+  /** (2 x unfused fwd + bwd) / (fused fwd + bwd): one block of a checkpointed step */
+  speedup_ckpt_step: number;
+  /** what each kernel keeps for the backward, MB */
+  unfused_saved_mb: number;
+  fused_saved_mb: number;
+}
+
+function rand(n: number, seed: number): Float32Array {
+  const a = new Float32Array(n);
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    a[i] = (s / 4294967296 - 0.5) * 2;
+  }
+  return a;
+}
+
+/** CPU milliseconds of one call of f. */
+function cpuMs(f: () => void): number {
+  const c0 = process.cpuUsage();
+  f();
+  const c = process.cpuUsage(c0);
+  return (c.user + c.system) / 1000;
+}
+
+export function attentionBench(opts: {
+  seqs: number[];
+  rounds: number;
+  precisions: Precision[];
+  log: (m: string) => void;
+}): AttentionRow[] {
+  const H = 9,
+    Kh = 3,
+    E = 64;
+  const rows: AttentionRow[] = [];
+  for (const precision of opts.precisions)
+    for (const T of opts.seqs) {
+      const choice = { gemm: "builtin", isa: "auto", precision } as const;
+      const n = loadNative(choice),
+        un = unfusedAttention(choice);
+      if (!("kernels" in n) || !un)
+        throw new Error(`attention: the native engine does not load (${"reason" in n ? n.reason : "?"})`);
+      const k = n.kernels;
+      const q = rand(T * H * E, 1),
+        kk = rand(T * Kh * E, 2),
+        v = rand(T * Kh * E, 3),
+        dout = rand(T * H * E, 4);
+      const out = new Float32Array(T * H * E),
+        att = new Float32Array(H * T * T),
+        lse = new Float32Array(H * T);
+      const dq = new Float32Array(q.length),
+        dk = new Float32Array(kk.length),
+        dv = new Float32Array(v.length);
+      const calls = [
+        () => un.forward(out, att, q, kk, v, 1, T, H, Kh, E),
+        () => un.backward(dq, dk, dv, dout, q, kk, v, att, 1, T, H, Kh, E),
+        () => k.attentionForward(out, lse, q, kk, v, 1, T, H, Kh, E),
+        () => k.attentionBackward(dq, dk, dv, dout, q, kk, v, out, lse, 1, T, H, Kh, E),
+      ];
+      for (const f of calls) f(); // untimed: pages touched, caches and GEMM buffers warm
+      const best = calls.map(() => Infinity);
+      for (let r = 0; r < opts.rounds; r++)
+        for (let i = 0; i < calls.length; i++) best[i] = Math.min(best[i], cpuMs(calls[i]));
+      const [uf, ub, ff, fb] = best;
+      const row: AttentionRow = {
+        seq: T,
+        precision,
+        unfused_fwd_ms: round(uf),
+        unfused_bwd_ms: round(ub),
+        fused_fwd_ms: round(ff),
+        fused_bwd_ms: round(fb),
+        speedup_fwd_bwd: round((uf + ub) / (ff + fb)),
+        speedup_ckpt_step: round((2 * uf + ub) / (ff + fb)),
+        unfused_saved_mb: round((att.length * 4) / 1e6),
+        fused_saved_mb: round((lse.length * 4) / 1e6, 3),
+      };
+      opts.log(
+        `attention T${T} ${precision}: unfused ${row.unfused_fwd_ms} + ${row.unfused_bwd_ms} ms, fused ${row.fused_fwd_ms} + ${row.fused_bwd_ms} ms: ${row.speedup_fwd_bwd}x forward+backward, ${row.speedup_ckpt_step}x in a checkpointed step; kept ${row.unfused_saved_mb} MB -> ${row.fused_saved_mb} MB`,
+      );
+      rows.push(row);
+    }
+  return rows;
+}
+
+const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
+
+function arg(name: string, dflt: string): string {
+  const i = process.argv.indexOf(name);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
+}
+
+if (require.main === module) {
+  const seqs = arg("--seqs", "256,1024").split(",").map(Number),
+    rounds = Number(arg("--rounds", "9")),
+    precisions = arg("--precisions", "fp32").split(",") as Precision[];
+  for (const x of [...seqs, rounds])
+    if (!Number.isInteger(x) || x < 1) throw new RangeError(`attention bench: ${x} is not a positive integer`);
+  for (const p of precisions)
+    if (p !== "fp32" && p !== "bf16") throw new RangeError(`attention bench: precision ${p} is not fp32 or bf16`);
+  const rows = attentionBench({ seqs, rounds, precisions, log: (m) => process.stdout.write(`${m}\n`) });
+  for (const r of rows) process.stdout.write(`BENCH_JSON ${JSON.stringify({ case: "attention", ...r })}\n`);
+}
