@@ -61,7 +61,8 @@ export function markdown(o: {
   for (const [k, v] of Object.entries(o.shape)) L.push(`| ${k} | ${fmt(v)} |`);
   L.push("");
   const isGemm = (x: BenchRow) => String(x.case).startsWith("fma-peak-") || String(x.case).startsWith("gemm-");
-  const steps = o.rows.filter((x) => !String(x.case).startsWith("optim-") && !isGemm(x));
+  const isAttention = (x: BenchRow) => String(x.case).startsWith("attention-");
+  const steps = o.rows.filter((x) => !String(x.case).startsWith("optim-") && !isGemm(x) && !isAttention(x));
   if (steps.length) {
     L.push(`## Step cost (median of timed steps after warm-up)`, "");
     L.push(
@@ -111,6 +112,19 @@ export function markdown(o: {
     for (const x of gemm)
       L.push(
         `| ${x.case} | ${fmt(x.gflops)} | ${x.min_of_peak === undefined ? "–" : `${fmt(x.min_of_peak)} / ${fmt(x.median_of_peak)}`} | ${fmt(x.shapes)} |`,
+      );
+    L.push("");
+  }
+  const att = o.rows.filter(isAttention);
+  if (att.length) {
+    L.push(`## Attention: the fused kernel against the unfused one it replaced (the attention case, one sequence)`, "");
+    L.push(
+      `| case | unfused fwd / bwd ms | fused fwd / bwd ms | fwd+bwd speedup | checkpointed-step speedup (unfused fwd twice) | kept for the backward, MB (unfused / fused) |`,
+      `|---|---|---|---|---|---|`,
+    );
+    for (const x of att)
+      L.push(
+        `| ${x.case} | ${fmt(x.unfused_fwd_ms)} / ${fmt(x.unfused_bwd_ms)} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.speedup_fwd_bwd)} | ${fmt(x.speedup_ckpt_step)} | ${fmt(x.unfused_saved_mb)} / ${fmt(x.fused_saved_mb)} |`,
       );
     L.push("");
   }
