@@ -14,9 +14,9 @@ import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
 import { builtinGemmBf16, loadNative, supportedIsas } from "../../src/model/engine/native";
 
-export const DEMO_SHA256 = "0e405c69cb876df4091472b0d56084e65f47eacb351fe6d6b6eb4db3a5256c9b";
+export const DEMO_SHA256 = "116657fdcdb1b344421ba6bca55850152df172ece7ff7a3b08035d7b72a7eaef";
 /** The same demo with `--precision bf16` (P8): its own pinned weights, on the AMX kernel and every emulation. */
-export const DEMO_BF16_SHA256 = "abc49459a79cdd03dd4e5dd0929e5b4a9c423a5cab04b41cc3f462e5ee25f86e";
+export const DEMO_BF16_SHA256 = "58976c4de29524d3e885724bfa801b14777ae2a4ec6d3a04c342335ab19b0b50";
 
 const MAIN = path.join(__dirname, "..", "..", "main.js");
 
