@@ -6,7 +6,7 @@
  * DIR is an exported `final/` or a checkpoint folder (model.safetensors + config.json), local or on the Hub as
  * hf://datasets/owner/name/path (or hf://models/...; token from HF_TOKEN). Text streams to stdout as tokens come;
  * generation stops at EOS or after --max-new-tokens. This file is the command line only: loading a model folder
- * and generating text live in session/generation.ts.
+ * and generating text live in generation.ts.
  */
 import * as fs from "node:fs";
 import * as os from "node:os";
@@ -15,7 +15,7 @@ import { fsRefusal, isUserError, UserError } from "./errors";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
-import { generateText, loadModelDir, type GenerateRequest } from "./session/generation";
+import { generateText, loadModelDir, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
 // CLI
