@@ -242,7 +242,7 @@ async function planStart(
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
     checkModelShape(dir, m.model);
     const savedConfig = readRunConfigIfAny(dir);
-    const changed = checkConfigChanges(dir, savedConfig, cfg); // P7
+    const changed = checkConfigChanges(dir, savedConfig, cfg); // refuses a silent change of the LR shape or the update's constants (P7)
     const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
     rep.say(
       `resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}${precisionNote(savedConfig, cfg)}`,
