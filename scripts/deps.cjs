@@ -89,8 +89,9 @@ const LAYERS = [
     layer: 6,
     name: "session and commands' bodies",
     // A training session (run.ts and src/session/**), the framework-free loop
-    // (single-thread.ts), the report, and the bodies of `generate` and `prepare`.
-    patterns: ["run.ts", "session/**", "single-thread.ts", "report.ts", "generate.ts", "prepare.ts"],
+    // (single-thread.ts), the report, generation.ts (loading a model folder and generating text: the
+    // `generate` command and the sample a run logs at each checkpoint), and the bodies of `generate` and `prepare`.
+    patterns: ["run.ts", "session/**", "single-thread.ts", "report.ts", "generation.ts", "generate.ts", "prepare.ts"],
   },
   {
     layer: 7,

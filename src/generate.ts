@@ -6,7 +6,30 @@
  * DIR is an exported `final/` or a checkpoint folder (model.safetensors + config.json), local or on the Hub as
  * hf://datasets/owner/name/path (or hf://models/...; token from HF_TOKEN). Text streams to stdout as tokens come;
  * generation stops at EOS or after --max-new-tokens. This file is the command line only: loading a model folder
- * and generating text live in session/generation.ts.
+ * and generating text live in generation.ts.
+ *
+ * Generation, module by module (paths under src/):
+ *
+ * LOAD
+ *   1. this file parses the flags and checks the sampling options (model/decode.ts checkSampling); an hf://
+ *      model is first downloaded into a temp folder through hub/client.ts (fetchModelDir).
+ *   2. generation.ts loadModelDir: config.json through checkpoint/index.ts readHfConfig and
+ *      model/llama-config.ts configFromHf; model.safetensors through model/safetensors.ts into the flat weights
+ *      of model/layout.ts; the tokenizer (the folder's, else the run's mix root's, else --tokenizer), refused
+ *      when its ids differ from the ones the model was trained with (data/vocab-hash.ts).
+ *   3. model/backend.ts initEngine picks the engine, as for training (model/kernels.ts).
+ *
+ * GENERATE
+ *   4. generation.ts generateText: the prompt's ids, then model/decode.ts generateWithCache: KvDecoder runs one
+ *      position per call through model/llama.ts forwardCached (the training forward's ops, attention over the
+ *      key/value cache with the kernels' attentionCachedForward) and pickToken chooses the next id (greedy, or
+ *      temperature, top-k, top-p from a seeded generator). --no-cache runs generateNoCache on the training
+ *      forward (generation.ts lastLogits) instead: the same tokens.
+ *   5. generation.ts streamingDecoder writes the text as the tokens come, to stdout.
+ *
+ * DURING TRAINING
+ *   6. session/metrics.ts calls generation.ts sampleAtCheckpoint at every checkpoint (the same generateText,
+ *      greedy, on the live weights); report.ts recordSample appends it to samples.jsonl (G11).
  */
 import * as fs from "node:fs";
 import * as os from "node:os";
@@ -15,7 +38,7 @@ import { fsRefusal, isUserError, UserError } from "./errors";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
-import { generateText, loadModelDir, type GenerateRequest } from "./session/generation";
+import { generateText, loadModelDir, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
 // CLI

@@ -14,7 +14,7 @@ A file-backed Hugging Face Hub for @huggingface/hub clients (checkpoints of tstr
   --host HOST     interface to bind                                                            default 127.0.0.1
   --tokens FILE   JSON {"tokens": [{"token": "hf_...", "role": "read"|"write", "name": "ci"}]}
   --faults FILE   JSON faults (e.g. {"status": {"commit": 500}, "failCount": 2}), re-read whenever
-                  the file changes; delete it or write {} to clear (see the README's fault rehearsal)
+                  the file changes; delete it or write {} to clear (docs/hub.md: fault rehearsal)
   --help          this text
 HF_TOKEN, if set, is one more token with the write role. With no token at all the Hub is open;
 with tokens, anonymous callers may only read public repos.

@@ -5,6 +5,34 @@
  * of one step of the actor run (same windows, same update), and the bench can compare the two. It uses nothing
  * from the actors but the step math (src/optim/optim*.ts) and the StepResult type, so it sits beside run.ts, not in
  * src/actors.
+ *
+ * The training step, module by module. SingleThreadTrainer.step below is the whole step on one screen; the actor
+ * runtime (`node dist/main.js --world N`) splits the same work across threads, in this order (paths under src/):
+ *
+ * PLAN (once, before step 1)
+ *   1. main.ts parses the flags (config.ts: the one validated config) → run.ts runSession: the run folder
+ *      (outdir.ts), the embedded Hub, the plan and every refusal (session/setup.ts), then the actors:
+ *      actors/coordinator.ts spawn starts one actors/rank.ts thread per rank over the shared memory of
+ *      actors/shm.ts (weights, moments, one float64 gradient slot per rank).
+ *
+ * STEP (session/loop.ts trainLoop calls actors/coordinator.ts step once per optimizer step; every message is a
+ *       ToRank or FromRank of actors/protocol.ts)
+ *   2. compute: each actors/rank.ts reads its micro-batches' windows (data/sampler.ts TrainStream, over
+ *      data/permutation.ts and data/token-store.ts), runs model/llama.ts lossAndGrads (forward + backward on the
+ *      kernels of model/kernels.ts: model/engine/native.ts over native/tstrain.c and the built-in GEMM in
+ *      native/, or model/engine/tfjs.ts with model/engine/js.ts) and adds each micro-batch's gradient into its
+ *      float64 slot (optim/optim.ts foldMicro).
+ *   3. reduce: each rank sums the slots over its chunks of the parameters, averages and unscales them into
+ *      the float32 gradient and takes each chunk's sum of squares (optim/optim.ts reduceChunks64).
+ *   4. decide: actors/coordinator.ts step calls optim/optim.ts decideStep (finite? the clip coefficient, the
+ *      LR of this optimizer step, the loss scaler), the one step decision of both loops.
+ *   5. update: each rank, and the coordinator's own slice when a core is free, applies AdamW to its slice of
+ *      the weights and moments (optim/optim-simd.ts updateSlice, a WebAssembly SIMD kernel).
+ *
+ * BETWEEN STEPS (session/loop.ts)
+ *   6. session/metrics.ts (log line, metrics.jsonl, progress, the sample), session/in-flight.ts (a checkpoint
+ *      handed to actors/uploader.ts; its own map is in checkpoint/index.ts), session/stop.ts (a signal),
+ *      session/finish.ts (the segment's end: validation, export, RUN_JSON).
  */
 import { Llama } from "./model/llama";
 import { initEngine, type BackendName } from "./model/backend";

@@ -610,7 +610,7 @@ test("the demo across two network namespaces, MPI over TCP between addresses tha
         "--map-by",
         "node",
         "--bind-to",
-        "none", // as the README launches hosts: each process's rank threads on every core of its host
+        "none", // as docs/multi-host.md launches hosts: each process's rank threads on every core of its host
         "--mca",
         "plm_rsh_agent",
         agent,

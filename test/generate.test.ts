@@ -12,7 +12,7 @@ import type { Kernels } from "../src/model/kernels";
 import { jsKernels } from "../src/model/engine/js";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { generateNoCache, generateWithCache, GREEDY, KvDecoder, pickToken, seededRandom } from "../src/model/decode";
-import { lastLogits, loadModelDir } from "../src/session/generation";
+import { lastLogits, loadModelDir } from "../src/generation";
 import { ENGINES, useEngine } from "./helpers/engines";
 import { maxAbs, maxAbsDiff } from "./helpers/numeric";
 import { tmpDir } from "./helpers/tmp";

@@ -74,7 +74,7 @@ async function stopServer(s: Server, signal: NodeJS.Signals = "SIGTERM"): Promis
   await exited;
 }
 
-/** Writes a faults file the way the README says: a temporary file renamed over it. */
+/** Writes a faults file the way docs/hub.md says: a temporary file renamed over it. */
 function writeFaults(file: string, faults: object): void {
   fs.writeFileSync(`${file}.tmp`, JSON.stringify(faults));
   fs.renameSync(`${file}.tmp`, file);

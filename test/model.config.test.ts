@@ -27,7 +27,7 @@ test("the frozen shape has exactly 106,194,240 parameters, as sum, unique and tr
   assert.equal(c.rmsNormEps, 1e-5);
 });
 
-test("variant shapes follow the seed's build_config table (M2)", () => {
+test("variant shapes follow the original script's build_config table (M2)", () => {
   const rows: { o: { layers?: number; hidden?: number }; ffn: number; kv: number; layers: number }[] = [
     { o: { layers: 20 }, ffn: 1536, kv: 3, layers: 20 }, // another depth keeps the frozen width's GQA and ffn
     { o: { hidden: 576 }, ffn: 1536, kv: 3, layers: 22 }, // asking for 576 explicitly is still the frozen width

@@ -1,7 +1,8 @@
 /**
  * The structure of src/: no import cycle, no upward import against the layer table, every module in a
  * layer. The checks are those of `npm run deps` (scripts/deps.cjs), required here, not written again; the
- * planted trees below show that each check catches the defect it names.
+ * planted trees below show that each check catches the defect it names. And the lifecycle maps: every module
+ * a map names exists.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -251,6 +252,75 @@ test("`npm run deps` exits 1 on a planted cycle and 0 on a clean tree", () => {
     const cyclic = spawnSync(process.execPath, [SCRIPT, dir], { encoding: "utf8" });
     assert.equal(cyclic.status, 1, cyclic.stdout + cyclic.stderr);
     assert.match(cyclic.stdout, /model\/b\.ts -> model\/c\.ts -> model\/b\.ts/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// ---------------------------------------------------------------------------------------------
+// The lifecycle maps: the header comment of the module a reader opens first names, in order, the modules
+// each lifecycle passes through. A map that names a module that is gone sends the reader nowhere.
+
+/** The modules that open with a lifecycle map (paths under src/), and what each maps. */
+const MAPS: Record<string, string> = {
+  "checkpoint/index.ts": "the checkpoint: save, publish, resume",
+  "single-thread.ts": "the training step",
+  "session/dist.ts": "multi-host (--dist mpi)",
+  "generate.ts": "generation",
+};
+
+/**
+ * The paths a module's header comment names (a word ending in .ts, .c, .h or .cjs), each with the file it
+ * resolves to: beside the module, under src/, or under the repository root, the first that exists; null when
+ * none does.
+ */
+function mapPaths(root: string, moduleRel: string): { named: string; found: string | null }[] {
+  const src = path.join(root, "src");
+  const text = fs.readFileSync(path.join(src, moduleRel), "utf8");
+  const header = /^\/\*\*([\s\S]*?)\*\//.exec(text);
+  assert.ok(header, `${moduleRel} opens with a /** */ header comment`);
+  const names = [
+    ...header[1].matchAll(/(?<=^|[\s(`'"])((?:[\w-]+\/)*[\w-][\w.-]*\.(?:ts|c|h|cjs))(?=[\s),.;:`'"]|$)/gm),
+  ].map((m) => m[1]);
+  const dirs = [path.join(src, path.dirname(moduleRel)), src, root];
+  return names.map((named) => ({
+    named,
+    found:
+      dirs.map((d) => path.join(d, named)).find((f) => fs.statSync(f, { throwIfNoEntry: false })?.isFile()) ?? null,
+  }));
+}
+
+test("every module a lifecycle map names exists (checkpoint, step, multi-host, generation)", () => {
+  for (const [mod, what] of Object.entries(MAPS)) {
+    const paths = mapPaths(ROOT, mod);
+    assert.ok(paths.length >= 8, `${mod} maps ${what} through at least 8 modules (it names ${paths.length})`);
+    assert.deepEqual(
+      paths.filter((p) => p.found === null).map((p) => p.named),
+      [],
+      `${mod}'s map of ${what} names modules that do not exist`,
+    );
+  }
+});
+
+test("a map naming a module that is gone fails the check", () => {
+  const dir = plant({
+    "src/session/loop.ts": "export {};\n",
+    "src/run.ts": "export {};\n",
+    "native/tstrain.c": "int x;\n",
+    "src/session/map.ts":
+      "/**\n * The map:\n *   1. run.ts runSession → session/loop.ts (loop.ts), native/tstrain.c; not optim*.ts\n *   2. session/gone.ts\n */\nexport {};\n",
+  });
+  try {
+    assert.deepEqual(
+      mapPaths(dir, "session/map.ts").map((p) => [p.named, p.found && path.relative(dir, p.found)]),
+      [
+        ["run.ts", "src/run.ts"],
+        ["session/loop.ts", "src/session/loop.ts"],
+        ["loop.ts", "src/session/loop.ts"],
+        ["native/tstrain.c", "native/tstrain.c"],
+        ["session/gone.ts", null],
+      ],
+    );
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }

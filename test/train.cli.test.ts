@@ -10,6 +10,8 @@ import { runTiny, tinyArgs as tinyRunArgs, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { cpuWarning } from "../src/run";
+import { readManifest } from "../src/data/manifest";
+import { mixTokenWarning } from "../src/data/budget";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -39,8 +41,16 @@ test("a plan that needs more windows than the mix holds is refused before step 1
 
 test("--dry-run builds everything, trains nothing and prints one JSON (G7)", { timeout: 60_000 }, async () => {
   const out = tmpDir("tstrain-dry-");
-  const r = await runTiny(tinyConfig(mix.root, out, ["--dry-run"]));
+  const cfg = tinyConfig(mix.root, out, ["--dry-run"]);
+  const r = await runTiny(cfg);
   const j = r.runJson;
+  const total = readManifest(mix.root).total_tokens;
+  assert.ok(total < cfg.tokens, "the tiny mix is smaller than --tokens");
+  assert.deepEqual(
+    r.rep.lines.filter((l) => l.startsWith("WARNING mix has")),
+    [mixTokenWarning(total, cfg.tokens)],
+    "the start-up warns of the small mix in data/budget.ts's words (D1)",
+  );
   assert.equal(j.dry_run, true);
   assert.equal(j.steps_planned, 8);
   assert.equal(j.ckpt_every, 4);

@@ -51,7 +51,7 @@ test("unknown flags and malformed numbers are refused with the flag's name", () 
   assert.equal(parseArgs(["--vocab-size", "4096"]).config.vocabSize, 4096);
 });
 
-test("seed flags with no meaning in this stack are refused with the reason, never ignored", () => {
+test("the original script's flags with no meaning in this stack are refused with the reason, never ignored", () => {
   assert.throws(() => parseArgs(["--torch-compile"]), /torch.compile.*no meaning here/);
   assert.throws(() => parseArgs(["--gc-nonreentrant"]), /no meaning here/);
   assert.throws(() => parseArgs(["--attn", "sdpa"]), /--attn sdpa is a CUDA attention kernel/);
@@ -183,10 +183,13 @@ test("--demo sets its defaults, an explicit flag wins over them, and the explici
   assert.equal(parseArgs(["--seq-len", "16", "--help"]).help, true);
 });
 
-test("the README's generate example names a checkpoint the demo keeps on disk: one of the two newest (K1, G11)", () => {
-  const readme = fs.readFileSync(path.join(__dirname, "..", "..", "README.md"), "utf8");
-  const named = [...readme.matchAll(/--model \.demo\/run\/ckpt\/checkpoint-(\d+)/g)].map((m) => Number(m[1]));
-  assert.ok(named.length > 0, "the README has a checkpoint example");
+test("the generate examples of the README and docs/ name a checkpoint the demo keeps on disk: one of the two newest (K1, G11)", () => {
+  const root = path.join(__dirname, "..", "..");
+  const pages = ["README.md", "docs/generation.md"].map((f) => fs.readFileSync(path.join(root, f), "utf8"));
+  const named = pages.flatMap((p) =>
+    [...p.matchAll(/--model \.demo\/run\/ckpt\/checkpoint-(\d+)/g)].map((m) => Number(m[1])),
+  );
+  assert.ok(named.length >= 2, "the README and docs/generation.md each have a checkpoint example");
   const plan = planSteps(parseArgs(["--demo"]).config);
   const all = Array.from(
     { length: Math.floor(plan.stepsPlanned / plan.ckptEvery) },
@@ -196,7 +199,7 @@ test("the README's generate example names a checkpoint the demo keeps on disk: o
   for (const n of named)
     assert.ok(
       kept.includes(n),
-      `README names checkpoint-${n}, but the demo keeps only ${kept.map((k) => `checkpoint-${k}`).join(", ")}`,
+      `a generate example names checkpoint-${n}, but the demo keeps only ${kept.map((k) => `checkpoint-${k}`).join(", ")}`,
     );
 });
 

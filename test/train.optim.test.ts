@@ -21,7 +21,7 @@ import {
 } from "../src/optim/optim";
 import { adamwSliceSimd, reduceSliceSimd } from "../src/optim/optim-simd";
 
-test("the trapezoid LR equals the seed's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
+test("the trapezoid LR equals the original script's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
   // steps 1000: warmup = max(100, int(1000*0.02)) = 100, decay_start = int(1000*0.8) = 800
   const s = { warmup: 100, decayStart: 800, total: 1000 };
   assert.equal(lrFactor(0, s), 1 / 100);

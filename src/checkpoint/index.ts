@@ -20,7 +20,7 @@
  *
  * The lifecycle, file by file:
  *
- * SAVE (every --ckpt-every steps, and at the step a stop signal ends on: K1, O3)
+ * SAVE (every --push-every-steps steps, and at the step a stop signal ends on: K1, O3)
  *   1. session/loop.ts asks session/in-flight.ts (CheckpointsInFlight.checkpoint) at the step boundary;
  *      its manager (checkpointManagerOf: the session's parts) gives the documents: manager.ts documents →
  *      state.ts assembleTrainerState (each part's stateDict, in order, checked with the reader's rules).

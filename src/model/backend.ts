@@ -1,5 +1,5 @@
 /**
- * Engine selection (P1; the README's "Engines"). `auto` takes the native engine (the Node-API addon with its
+ * Engine selection (P1; docs/engines.md). `auto` takes the native engine (the Node-API addon with its
  * built-in GEMM, src/model/engine/native.ts) when it loads, else a tfjs backend: tfjs-node-gpu,
  * then tfjs-node (both optionalDependencies whose install may have failed offline, or whose libtensorflow may
  * not load), else wasm (XNNPACK, SIMD; single-threaded in Node), else cpu. The `backend:` line says what was

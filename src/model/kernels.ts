@@ -1,9 +1,10 @@
 /**
  * The compute layer's ONE kernel interface. The model (llama.ts) is written against it, llm.c style: one
  * forward and one backward per op, on flat row-major Float32Arrays, every output buffer allocated by the
- * caller. An engine implements it: `native` (src/model/engine/native.ts: OpenBLAS cblas_sgemm + C kernels in a
- * Node-API addon) or `tfjs` (src/model/engine/tfjs.ts: matmul, and attention through it, on a tfjs backend; the rest in
- * plain JS, src/model/engine/js.ts).
+ * caller. An engine implements it: `native` (src/model/engine/native.ts: a Node-API addon of the project's own C,
+ * native/: every matrix product on the built-in GEMM, or on the system's OpenBLAS loaded at run time with
+ * `--gemm openblas`, and the other kernels in plain C) or `tfjs` (src/model/engine/tfjs.ts: matmul, and attention
+ * through it, on a tfjs backend; the rest in plain JS, src/model/engine/js.ts).
  *
  * Shape legend:  B batch, T sequence, N = B*T tokens, D hidden, H query heads, K kv heads (GQA: kv head j
  *                serves query heads j*H/K ... (j+1)*H/K-1), E head_dim, F ffn width, V vocab.
@@ -19,7 +20,7 @@
  */
 
 export interface Kernels {
-  /** e.g. "native (OpenBLAS 0.3.21 pthread, 1 thread; AVX2 kernels)" or "tfjs wasm (XNNPACK, SIMD)". */
+  /** e.g. "native (GEMM: built-in avx512, AVX-512F 8x32 micro-kernel, fp32; C kernels AVX-512 (x86-64-v4))". */
   readonly name: string;
 
   // ------------------------------------------------------------------ matrix product
@@ -153,7 +154,10 @@ export interface Kernels {
   // ------------------------------------------------------------------ SwiGLU
   /** out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n = N*F elements. */
   swigluForward(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
-  /** dgate = , dup = (overwritten), from dout and the forward's gate and up. */
+  /**
+   * With s = sigmoid(gate[i]): dgate[i] = dout[i] * up[i] * s * (1 + gate[i] * (1 - s)) and
+   * dup[i] = dout[i] * gate[i] * s (both overwritten), from dout and the forward's gate and up.
+   */
   swigluBackward(
     dgate: Float32Array,
     dup: Float32Array,

@@ -9,6 +9,34 @@
  * Agreement (A11): before any work, every process's run config and code version are compared with process 0's;
  * at the start command, the mix fingerprint too. A difference is refused on every process (exit 2), naming the
  * first differing setting and the process.
+ *
+ * Multi-host, module by module (`mpirun -np H node dist/main.js --dist mpi --world T`; paths under src/):
+ *
+ * START
+ *   1. main.ts → run.ts runSession refuses a process that an MPI launcher started without --dist mpi
+ *      (mpi/world.ts refuseLaunchWithoutDist, A9), then run.ts runMpi: mpi/world.ts initMpi loads the binding
+ *      (native/mpi.c, which loads libmpi.so.40 at run time) and every process joins one DistLink (this file).
+ *   2. agreement: this file's agreeOnConfig (the flags and the code version, A11); the followers then wait in
+ *      follow() for process 0's commands.
+ *   3. process 0 plans the run alone (session/setup.ts: resume, Hub, --out) and sends `start`: the plan's
+ *      figures and the starting weights, moments and position (this file's start; the mix fingerprint is
+ *      compared here too). Every process builds its own T ranks (actors/coordinator.ts, actors/rank.ts).
+ *
+ * EACH STEP
+ *   4. session/loop.ts (its s.dist branches) sends `step` (this file's step); every process runs
+ *      actors/coordinator.ts step with its ranks: jobLosses gathers every process's micro-batch losses and stop
+ *      flag (mpi/world.ts allgather); reduce sums this process's slots into slot 0 (actors/rank.ts), then
+ *      mpi/world.ts reduceScatterSum (float64, each element summed once, by its block's owner) and allgather
+ *      (the float32 blocks), over native/mpi.c on libuv's thread pool. Every process then takes the same
+ *      decision (optim/optim.ts decideStep) and applies the same AdamW.
+ *   5. before every checkpoint and the export: `verify` (this file; called from session/loop.ts and
+ *      session/finish.ts): the processes compare a sha256 of their weights and moments (stateChecksum) and stop
+ *      on a difference (A11).
+ *
+ * END
+ *   6. `end` carries process 0's exit code to every process (this file's end); a signal to any process stops
+ *      the job at the next step (session/stop.ts, through the stop flag of step 4); a process that fails
+ *      mid-step ends the job with MPI_Abort (run.ts runMpi).
  */
 import * as crypto from "node:crypto";
 import * as fs from "node:fs";

@@ -8,7 +8,7 @@ import type { Coordinator } from "../actors/coordinator";
 import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../optim/optim";
 import type { Reporter } from "../report";
 import { FINAL_DIR } from "../checkpoint";
-import { loadTokenizerFile } from "./generation";
+import { loadTokenizerFile } from "../generation";
 import { vocabSha256 } from "../data/vocab-hash";
 import { cursorAt, type Session } from "./setup";
 

@@ -122,7 +122,7 @@ async function exportAndPublish(
   figures: Record<string, unknown>,
   rep: Reporter,
 ): Promise<{ exported: string; final: PublishResult | null }> {
-  await s.dist?.verify(s.endStep, coord); // A11
+  await s.dist?.verify(s.endStep, coord); // every process holds the same weights and moments, or nothing is exported (A11)
   const exported = exportFinal(s, coord, figures, rep);
   let final: PublishResult | null = null;
   if (s.hub) {

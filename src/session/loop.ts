@@ -40,7 +40,7 @@ export async function trainLoop(
       break;
     }
     const r = await stepOrDrain(coord, checkpoints, step, pos, s);
-    if (r.stopAsked && !stopRequested()) requestStop("a signal to another process of the job"); // O3 under mpirun
+    if (r.stopAsked && !stopRequested()) requestStop("a signal to another process of the job"); // any process's signal stops the whole job here (O3)
     const done = step + 1;
     metrics.record(done, r, pos);
     lastDone = done;

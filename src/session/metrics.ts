@@ -7,7 +7,7 @@ import type { Coordinator, StepResult } from "../actors/coordinator";
 import type { OptimizerPosition } from "../optim/optim";
 import type { RankMemory } from "../actors/protocol";
 import { fmtDuration, type Reporter } from "../report";
-import { sampleAtCheckpoint } from "./generation";
+import { sampleAtCheckpoint } from "../generation";
 import type { Session } from "./setup";
 
 /** The figures of the steps since the last log line, and the loss of the last step. */

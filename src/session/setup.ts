@@ -13,7 +13,7 @@ import { PackedTokenStore } from "../data/token-store";
 import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerprint";
 import { permSha } from "../data/permutation";
 import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
-import { checkNoWrap, valWindowCount } from "../data/budget";
+import { checkNoWrap, mixTokenWarning, valWindowCount } from "../data/budget";
 import { checkHorizon } from "../optim/optim-state";
 import { ensureDemoMix } from "../data/demo";
 import {
@@ -144,11 +144,8 @@ export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Sessi
 async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const root = cfg.demo ? await ensureDemoMix(cfg.root, { log: rep.say }) : cfg.root;
   const manifest = readManifest(root);
-  if (manifest.total_tokens < cfg.tokens) {
-    rep.say(
-      `WARNING mix has ${manifest.total_tokens.toLocaleString("en-US")} tokens < target ${cfg.tokens.toLocaleString("en-US")} (D1)`,
-    );
-  }
+  const short = mixTokenWarning(manifest.total_tokens, cfg.tokens);
+  if (short) rep.say(short);
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
@@ -245,7 +242,7 @@ async function planStart(
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
     checkModelShape(dir, m.model);
     const savedConfig = readRunConfigIfAny(dir);
-    const changed = checkConfigChanges(dir, savedConfig, cfg); // P7
+    const changed = checkConfigChanges(dir, savedConfig, cfg); // refuses a silent change of the LR shape or the update's constants (P7)
     const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
     rep.say(
       `resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}${precisionNote(savedConfig, cfg)}`,

@@ -80,8 +80,6 @@ export interface NativeOptions {
   precision?: Precision;
 }
 export const DEFAULT_NATIVE: NativeOptions = { gemm: "builtin", isa: "auto", precision: "fp32" };
-export const GEMM_CHOICES: readonly GemmChoice[] = ["builtin", "openblas"];
-export const ISA_CHOICES: readonly IsaChoice[] = ["auto", "amx", "avx512", "avx2", "portable"];
 
 /** The command that builds the addon, in any state of the checkout (it never fails; it says what is missing). */
 export const NATIVE_BUILD_FIX =

@@ -7,12 +7,12 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
-import { UserError } from "../errors";
-import { configFromHf, type LlamaConfig } from "../model/llama-config";
-import { readSafetensors, tensorsToFlat } from "../model/safetensors";
-import { paramLayout } from "../model/layout";
-import { initEngine, type BackendName, type Engine } from "../model/backend";
-import type { Kernels } from "../model/kernels";
+import { UserError } from "./errors";
+import { configFromHf, type LlamaConfig } from "./model/llama-config";
+import { readSafetensors, tensorsToFlat } from "./model/safetensors";
+import { paramLayout } from "./model/layout";
+import { initEngine, type BackendName, type Engine } from "./model/backend";
+import type { Kernels } from "./model/kernels";
 import {
   checkSampling,
   generateNoCache,
@@ -20,11 +20,11 @@ import {
   GREEDY,
   KvDecoder,
   type SamplingOptions,
-} from "../model/decode";
-import { Llama } from "../model/llama";
-import { readHfConfig, readRunConfigIfAny } from "../checkpoint";
-import { recordSample } from "../report";
-import { vocabSha256 } from "../data/vocab-hash";
+} from "./model/decode";
+import { Llama } from "./model/llama";
+import { readHfConfig, readRunConfigIfAny } from "./checkpoint";
+import { recordSample } from "./report";
+import { vocabSha256 } from "./data/vocab-hash";
 
 export interface LoadedModel {
   cfg: LlamaConfig;
