@@ -1,7 +1,8 @@
 /**
  * The run config: every flag of the seed with the seed's default (the frozen recipe, G10), plus the
- * flags this stack adds (--world, --backend, --demo, --hub-url, --min-free-gb). Parsed and validated
- * once, at the edge, then frozen; the coordinator saves it in every checkpoint.
+ * flags this stack adds. The flags, their defaults and their help are one table, src/config-flags.json
+ * (`--help` prints it); a row's `help` says which rule it serves. Parsed and validated once, at the edge,
+ * then frozen; the coordinator saves it in every checkpoint (run_config.json).
  *
  * A seed flag with no meaning in this stack is either given its closest honest meaning or refused
  * with the reason: never silently ignored.
