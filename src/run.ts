@@ -7,7 +7,15 @@
 import * as os from "node:os";
 import * as path from "node:path";
 import { isUserError } from "./errors";
-import { EMBEDDED_HUB, nativeChoice, validate, type IsaChoice, type Precision, type RunConfig } from "./config";
+import {
+  configLine,
+  EMBEDDED_HUB,
+  nativeChoice,
+  validate,
+  type IsaChoice,
+  type Precision,
+  type RunConfig,
+} from "./config";
 import { initWeights } from "./model/init";
 import { checkEngineRequest } from "./model/backend";
 import { builtinGemmBf16 } from "./model/engine/native";
@@ -41,11 +49,14 @@ export async function runSession(
   cfg: RunConfig,
   // under mpirun a progress line per step would fill the pty mpirun stops reading when signalled (see unblockStdout)
   rep: Reporter = createReporter(cfg.out, process.stdout, cfg.dist === "mpi" || !process.stdout.isTTY),
+  // G12: where each setting came from (parseArgs's origins), for the start line
+  origins: ReadonlyMap<string, string> = new Map(),
 ): Promise<RunResult> {
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
-  if (cfg.dist === "mpi") return runMpi(cfg, rep);
+  if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);
+  rep.say(configLine(cfg, origins));
   const cpus = cpuWarning(cfg.world);
   if (cpus) rep.say(cpus);
   return runHere(cfg, rep, null);
@@ -63,7 +74,7 @@ function exitCodeOf(e: unknown): number {
  * (A11), then process 0 runs the session and the others follow it (session/dist.ts). Every way out ends the job
  * on every process: the leader's end command, a round every process saw fail, or MPI_Abort mid-step.
  */
-async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
+async function runMpi(cfg: RunConfig, rep: Reporter, origins: ReadonlyMap<string, string>): Promise<RunResult> {
   const mpi = initMpi();
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
@@ -83,6 +94,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
         );
       process.exit(code);
     }
+    rep.say(configLine(cfg, origins));
     rep.say(
       `MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`,
     );
@@ -157,17 +169,15 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
   const hubDir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub"));
   const hub = embedded ? new LocalHub({ dir: hubDir }) : null;
   try {
-    if (hub) {
-      const url = await hub.start();
-      rep.say(`embedded local Hub at ${url} storing ${hubDir} (B6)`);
-      cfg = { ...cfg, hubUrl: url };
-    }
+    // the Hub's address this session; cfg (and so run_config.json) keeps "embedded", which a later run can reuse
+    const hubUrl = hub ? await hub.start() : cfg.hubUrl;
+    if (hub) rep.say(`embedded local Hub at ${hubUrl} storing ${hubDir} (B6)`);
     // 2. The run folder, claimed and cleaned before anything else happens there (O1, O2, O4).
     const lock: OutLock | null = cfg.benchmark ? null : lockOut(cfg.out, rep.say);
     try {
       if (lock) for (const l of cleanOut(cfg.out)) rep.say(l);
       // 3. The plan: every refusal happens here, before step 1.
-      const s: Session = { ...(await setupSession(cfg, rep)), dist: link };
+      const s: Session = { ...(await setupSession(cfg, rep, hubUrl)), dist: link };
       if (cfg.dryRun) return dryRun(s, rep);
       if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
       recordSessionStart(s);
@@ -197,7 +207,7 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
           { model: s.model, root: s.root, fingerprint: s.fingerprint, lrShape: s.lrShape, startStep: s.startStep, pos },
           coord,
         );
-        const events = await startActors(s, coord, pos, rep);
+        const events = await startActors(s, coord, pos, rep, hubUrl);
         return await trainLoop(s, coord, pos, history, rep, t0, events);
       } finally {
         await coord.close();
@@ -275,6 +285,7 @@ async function startActors(
   coord: Coordinator,
   pos: OptimizerPosition,
   rep: Reporter,
+  hubUrl: string,
 ): Promise<UploaderEvent[]> {
   const { cfg, plan } = s;
   await coord.spawn();
@@ -301,7 +312,7 @@ async function startActors(
   await coord.startUploader(
     {
       hub: cfg.hubRepo
-        ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }
+        ? { hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }
         : null,
       prune: cfg.prune,
       minFreeGb: cfg.minFreeGb,

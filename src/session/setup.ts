@@ -89,7 +89,8 @@ interface StartPoint {
   resumeVerifiedLocal: boolean;
 }
 
-export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Session> {
+/** `hubUrl`: the Hub's address this session (the embedded Hub's, which cfg names "embedded"). */
+export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.hubUrl): Promise<Session> {
   const data = await planData(cfg, rep);
   const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
@@ -100,7 +101,7 @@ export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Sessi
   rep.say(`params: ${JSON.stringify(m.params)}`);
   const hub = cfg.hubRepo
     ? createHubClient({
-        hubUrl: cfg.hubUrl,
+        hubUrl,
         repo: cfg.hubRepo,
         repoType: cfg.hubRepoType,
         timeoutMs: cfg.hubTimeoutSeconds * 1000,
