@@ -184,7 +184,7 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
       // 4. The coordinator and its ranks, then the step loop and the session's end.
       const coord = Coordinator.create({
         world: cfg.world,
-        model: s.model,
+        model: s.model.config,
         gradCkpt: cfg.gradCkpt,
         backend: cfg.backend,
         native: nativeChoice(cfg),
@@ -192,19 +192,26 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
         mpi: link?.mpi,
         stopAsked: () => stopRequested() !== null,
         data: {
-          root: s.root,
+          root: s.data.root,
           seqLen: cfg.seqLen,
           dataSeed: cfg.dataSeed,
           microBatch: cfg.microBatch,
           accum: cfg.accum,
-          nVal: s.nVal,
+          nVal: s.data.nVal,
         },
       });
       try {
         const { pos, history } = startingPoint(s, coord);
         // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
         await link?.start(
-          { model: s.model, root: s.root, fingerprint: s.fingerprint, lrShape: s.lrShape, startStep: s.startStep, pos },
+          {
+            model: s.model.config,
+            root: s.data.root,
+            fingerprint: s.data.fingerprint,
+            lrShape: s.plan.lrShape,
+            startStep: s.start.startStep,
+            pos,
+          },
           coord,
         );
         const events = await startActors(s, coord, pos, rep, hubUrl);
@@ -225,14 +232,14 @@ function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
   const j = {
     dry_run: true,
-    train_samples: s.nWindows,
-    val_samples: s.nVal,
+    train_samples: s.data.nWindows,
+    val_samples: s.data.nVal,
     steps_planned: plan.stepsPlanned,
-    start_step: s.startStep,
+    start_step: s.start.startStep,
     ckpt_every: plan.ckptEvery,
-    params: s.params,
-    fingerprint: s.fingerprint,
-    shuffle_perm_sha: s.permSha,
+    params: s.model.params,
+    fingerprint: s.data.fingerprint,
+    shuffle_perm_sha: s.data.permSha,
     precision: cfg.precision,
     scaler: cfg.precision === "bf16" ? "fixed at 1 (bf16 products, P8)" : "dynamic (GradScaler semantics)",
     world: cfg.world,
@@ -247,10 +254,10 @@ function dryRun(s: Session, rep: Reporter): RunResult {
 function startingPoint(s: Session, coord: Coordinator): { pos: OptimizerPosition; history: LogEntry[] } {
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   const history: LogEntry[] = [];
-  if (s.resumeDir) {
-    checkpointManagerOf(s, pos, history).restore(s.resumeDir, s.model, coord.views); // every part puts its state back
+  if (s.start.resumeDir) {
+    checkpointManagerOf(s, pos, history).restore(s.start.resumeDir, s.model.config, coord.views); // every part puts its state back
   } else {
-    initWeights(s.model, s.cfg.seed, coord.views.params);
+    initWeights(s.model.config, s.cfg.seed, coord.views.params);
   }
   // P8: bf16 products hold the scale at 1 (a resumed fp32 checkpoint's dynamic scale is set aside; a bf16
   // checkpoint resumed in fp32 starts the dynamic scaler from 1)
@@ -320,8 +327,8 @@ async function startActors(
       runDir: cfg.out,
       hubRetryMs: cfg.hubRetryMinutes * 60_000,
       head,
-      checkpointBytes: s.checkpointBytes,
-      verifiedLocal: s.resumeVerifiedLocal ? [s.startStep] : [],
+      checkpointBytes: s.model.checkpointBytes,
+      verifiedLocal: s.start.resumeVerifiedLocal ? [s.start.startStep] : [],
     },
     (e) => events.push(e),
   );
