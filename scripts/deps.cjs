@@ -33,8 +33,8 @@ const LAYERS = [
     layer: 1,
     name: "foundation",
     // Error types and the one validated config: everything else may use them, and they use nothing
-    // of ours (config.ts reads only errors.ts).
-    patterns: ["errors.ts", "config.ts"],
+    // of ours (config.ts reads only errors.ts and config-file.ts, the --config file's syntax).
+    patterns: ["errors.ts", "config.ts", "config-file.ts"],
   },
   {
     layer: 2,

@@ -1,12 +1,14 @@
 /**
  * The run config: every flag of the seed with the seed's default (the frozen recipe, G10), plus the
- * flags this stack adds (--world, --backend, --demo, --hub-url, --min-free-gb). Parsed and validated
- * once, at the edge, then frozen; the coordinator saves it in every checkpoint.
+ * flags this stack adds. The flags, their defaults and their help are one table, src/config-flags.json
+ * (`--help` prints it); a row's `help` says which rule it serves. Parsed and validated once, at the edge,
+ * then frozen; the coordinator saves it in every checkpoint (run_config.json).
  *
  * A seed flag with no meaning in this stack is either given its closest honest meaning or refused
  * with the reason: never silently ignored.
  */
 import { UserError } from "./errors";
+import { readConfigFile, type ConfigFileDoc } from "./config-file";
 import flagTable from "./config-flags.json";
 
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
@@ -20,6 +22,8 @@ export type Precision = "fp32" | "bf16";
 export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
 
 export interface RunConfig {
+  /** G12: the --config file the settings were read from ('' = none); flags on the command line override it. */
+  configFile: string;
   root: string;
   out: string;
   hubRepo: string;
@@ -181,24 +185,208 @@ function parseNumber(flag: string, raw: string, kind: "int" | "float"): number {
 export interface ParsedArgs {
   config: RunConfig;
   help: boolean;
+  /** Every flag given, on the command line or in the --config file. */
   explicit: ReadonlySet<string>;
+  /** G12: where each flag given (or set by --demo) came from: "flag", the --config file's path, or "--demo". */
+  origins: ReadonlyMap<string, string>;
 }
 
-/** Parse argv (without node and script). Unknown flags are an error, as in nanoGPT's configurator. */
+type FlagValue = string | number | boolean;
+
+/**
+ * Parse argv (without node and script). Unknown flags are an error, as in nanoGPT's configurator. The settings
+ * are the table's defaults, then --demo's (when --demo is set), then the --config file's, then the flags'.
+ */
 export function parseArgs(argv: readonly string[]): ParsedArgs {
   const byFlag = new Map(FLAGS.map((f) => [f.flag, f]));
-  const { values, help } = readFlagValues(argv, byFlag);
+  const { values: given, help } = readFlagValues(argv, byFlag);
+  const file = given.get("config") as string | undefined;
+  const values = file ? new Map([...valuesFromFile(readConfigFile(file), byFlag), ...given]) : given;
+  const origins = new Map<string, string>();
+  for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
+  if (values.get("demo") === true)
+    for (const k of Object.keys(DEMO_DEFAULTS)) {
+      const f = FLAGS.find((r) => r.key === k)!.flag;
+      if (!values.has(f)) origins.set(f, "--demo");
+    }
   refuseTorchOnlyFlags(values);
-  const config = validate(configFrom(values, byFlag) as unknown as RunConfig);
-  return { config, help, explicit: new Set(values.keys()) };
+  let config: RunConfig;
+  try {
+    config = validate(configFrom(values, byFlag) as unknown as RunConfig);
+  } catch (e) {
+    throw file ? namingTheFile(e, origins) : e;
+  }
+  return { config, help, explicit: new Set(values.keys()), origins };
+}
+
+/** A range refusal of a setting the file gave (`--micro-batch: 0 must be ...`) says it came from the file. */
+function namingTheFile(e: unknown, origins: ReadonlyMap<string, string>): unknown {
+  if (!(e instanceof UserError)) return e;
+  const m = /^--([a-z0-9-]+)/.exec(e.message);
+  const from = m ? origins.get(m[1]) : undefined;
+  if (!from || from === "flag" || from === "--demo") return e;
+  return new UserError(e.rule, `${e.message.slice(0, -` [${e.rule}]`.length)} (set in --config ${from})`);
+}
+
+/** The seed's torch switches: flags of the table that are refused when set, and read into no setting. */
+const TORCH_ONLY: ReadonlySet<string> = new Set(["gc-nonreentrant", "torch-compile"]);
+/** Keys a run_config.json records that are no flag: the MPI process count (set once MPI is up), the update's
+ *  constants (P7 compares them at a resume) and the config file that run read. A config file sets none of them. */
+const RECORDED_ONLY: ReadonlySet<string> = new Set(["hosts", "update", "configFile"]);
+
+/**
+ * G12: a --config file's settings, by flag name. A TOML file's keys are the flags' names (`micro-batch = 4`); a
+ * JSON file is a run's run_config.json, its keys the settings' names (`"microBatch": 4`). An unknown key is
+ * refused naming the closest one, and a value of the wrong type naming the key, the value and the type wanted.
+ */
+function valuesFromFile(doc: ConfigFileDoc, byFlag: ReadonlyMap<string, FlagSpec>): Map<string, FlagValue> {
+  const json = doc.format === "json";
+  const settable = FLAGS.filter((f) => f.flag !== "config" && !(json && TORCH_ONLY.has(f.flag)));
+  const byKey = new Map(settable.map((f) => [f.key as string, f]));
+  const values = new Map<string, FlagValue>();
+  for (const [key, raw] of doc.entries) {
+    if (json && RECORDED_ONLY.has(key)) continue;
+    if (!json && key === "config")
+      throw new UserError("G12", `--config ${doc.file}: a config file cannot name another one (config = ...): drop it`);
+    const spec = json ? byKey.get(key) : byFlag.get(key);
+    if (!spec) throw unknownKey(doc, key, raw, json ? [...byKey.keys()] : settable.map((f) => f.flag), byKey);
+    values.set(spec.flag, fileValue(doc.file, key, spec, raw));
+  }
+  return values;
+}
+
+function unknownKey(
+  doc: ConfigFileDoc,
+  key: string,
+  raw: unknown,
+  names: string[],
+  byKey: ReadonlyMap<string, FlagSpec>,
+): UserError {
+  const where = `--config ${doc.file}`;
+  if (doc.format === "json") {
+    const near = closestName(key, names);
+    return new UserError(
+      "G12",
+      `${where}: ${JSON.stringify(key)} is not a setting (a .json config is a run_config.json, its keys the settings' names); the closest is ${JSON.stringify(near)} (--${byKey.get(near)!.flag}): rename it, or drop it`,
+    );
+  }
+  const base = key.startsWith("no-") ? FLAGS.find((f) => f.flag === key.slice(3) && f.negatable) : undefined;
+  if (base) return new UserError("G12", `${where}: ${key} is not a flag's name: write ${base.flag} = false instead`);
+  const near = closestName(key, names);
+  const table = raw !== null && typeof raw === "object" && !Array.isArray(raw) && !(raw instanceof Date);
+  const flat = table ? ` ([${key}] is a table: the file is flat, every key a flag's name at the top level)` : "";
+  return new UserError(
+    "G12",
+    `${where}: ${key} is not a flag${flat} (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
+  );
+}
+
+/** The candidate nearest `name` by edit distance, case, '-' and '_' set aside (micro_batch, microBatch: micro-batch). */
+export function closestName(name: string, candidates: readonly string[]): string {
+  const norm = (s: string) => s.toLowerCase().replace(/[-_]/g, "");
+  const a = norm(name);
+  let best = candidates[0];
+  let bestD = Number.POSITIVE_INFINITY;
+  for (const c of candidates) {
+    const d = editDistance(a, norm(c));
+    if (d < bestD) [best, bestD] = [c, d];
+  }
+  return best;
+}
+
+function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const cur = [i];
+    for (let j = 1; j <= b.length; j++)
+      cur[j] = Math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+    prev = cur;
+  }
+  return prev[b.length];
+}
+
+/** One file value checked against its flag's kind and choices, as the command line's are. */
+function fileValue(file: string, key: string, spec: FlagSpec, raw: unknown): FlagValue {
+  const name = key === spec.flag ? key : `${key} (--${spec.flag})`;
+  const shown = typeof raw === "bigint" ? String(raw) : raw instanceof Date ? raw.toISOString() : JSON.stringify(raw);
+  const refuse = (want: string, hint = "") =>
+    new UserError(
+      "G12",
+      `--config ${file}: ${name} = ${shown} is ${kindOf(raw)}, but ${spec.flag} takes ${want}${hint}: fix its value`,
+    );
+  const numeric = typeof raw === "string" && raw.trim() !== "" && Number.isFinite(Number(raw));
+  const unquote = numeric ? ` (write it without quotes: ${key} = ${raw})` : "";
+  switch (spec.kind) {
+    case "bool":
+      if (typeof raw === "boolean") return raw;
+      throw refuse(
+        "true or false",
+        raw === "true" || raw === "false" ? ` (write it without quotes: ${key} = ${raw})` : "",
+      );
+    case "int":
+      if (typeof raw === "number" && Number.isSafeInteger(raw)) return raw;
+      throw refuse(`a whole number of at most ${Number.MAX_SAFE_INTEGER}`, unquote);
+    case "float":
+      if (typeof raw === "number" && Number.isFinite(raw)) return raw;
+      throw refuse("a number", unquote);
+    case "string":
+      if (typeof raw !== "string") throw refuse(`a string (in quotes: ${key} = "${String(shown)}")`);
+      if (spec.choices && !spec.choices.includes(raw))
+        throw new UserError(
+          "G12",
+          `--config ${file}: ${name} = ${shown} is not one of ${spec.choices.join(", ")}: pick one of them`,
+        );
+      return raw;
+  }
+}
+
+function kindOf(v: unknown): string {
+  if (typeof v === "string") return "a string";
+  if (typeof v === "boolean") return "a boolean";
+  if (typeof v === "bigint") return "a whole number too large to hold exactly";
+  if (typeof v === "number") return Number.isInteger(v) ? "a whole number" : "a number with a fraction";
+  if (Array.isArray(v)) return "an array";
+  if (v instanceof Date) return "a date";
+  return v === null ? "null" : "a table";
+}
+
+/**
+ * G12: the start line: each setting that differs from its default, grouped by where it came from (the --config
+ * file, --demo, the command line); `origins` from parseArgs. A setting no origin names was set by the caller.
+ *   config: from recipe.toml: seq-len=16, lr=0.003; from --demo: world=2; from flags: max-steps=8; 38 others default
+ */
+export function configLine(c: RunConfig, origins: ReadonlyMap<string, string>): string {
+  const groups = new Map<string, string[]>();
+  let same = 0;
+  for (const f of FLAGS) {
+    if (TORCH_ONLY.has(f.flag) || f.flag === "config") continue;
+    const v = c[f.key];
+    if (v === f.def) {
+      same += 1;
+      continue;
+    }
+    const o = origins.get(f.flag);
+    const from = o === undefined ? "the caller" : o === "flag" ? "flags" : o;
+    if (!groups.has(from)) groups.set(from, []);
+    groups.get(from)!.push(`${f.flag}=${typeof v === "string" ? JSON.stringify(v) : String(v)}`);
+  }
+  if (c.configFile && !groups.has(c.configFile)) groups.set(c.configFile, []); // the file is named even when it changes nothing
+  const order = [...groups.keys()].sort((a, b) => rank(a) - rank(b));
+  const parts = order.map((g) => `from ${g}: ${groups.get(g)!.join(", ") || "only defaults"}`);
+  return `config: ${[...parts, `${same} others at their defaults (node dist/main.js --help lists them)`].join("; ")}`;
+}
+
+/** The start line's groups in the order they apply: the file, then --demo, then the flags (the caller's last). */
+function rank(from: string): number {
+  return from === "--demo" ? 1 : from === "flags" ? 2 : from === "the caller" ? 3 : 0;
 }
 
 /** Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was. */
 function readFlagValues(
   argv: readonly string[],
   byFlag: ReadonlyMap<string, FlagSpec>,
-): { values: Map<string, string | number | boolean>; help: boolean } {
-  const values = new Map<string, string | number | boolean>();
+): { values: Map<string, FlagValue>; help: boolean } {
+  const values = new Map<string, FlagValue>();
   let help = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -249,7 +437,7 @@ function readFlagValues(
 }
 
 /** Seed flags with no meaning here: refused when asked for, with the reason; then dropped from `values`. */
-function refuseTorchOnlyFlags(values: Map<string, string | number | boolean>): void {
+function refuseTorchOnlyFlags(values: Map<string, FlagValue>): void {
   if (values.get("gc-nonreentrant") === true) {
     throw new UserError(
       "G10",
@@ -269,18 +457,17 @@ function refuseTorchOnlyFlags(values: Map<string, string | number | boolean>): v
       `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4). Use --attn eager or leave it out.`,
     );
   }
-  values.delete("gc-nonreentrant");
-  values.delete("torch-compile");
+  for (const f of TORCH_ONLY) values.delete(f);
 }
 
 /** Defaults, then --demo's defaults when --demo is given, then the flags given: the unvalidated config. */
 function configFrom(
-  values: ReadonlyMap<string, string | number | boolean>,
+  values: ReadonlyMap<string, FlagValue>,
   byFlag: ReadonlyMap<string, FlagSpec>,
 ): Record<string, unknown> {
   const cfg: Record<string, unknown> = {};
   for (const f of FLAGS) {
-    if (f.flag === "gc-nonreentrant" || f.flag === "torch-compile") continue;
+    if (TORCH_ONLY.has(f.flag)) continue;
     cfg[f.key] = f.def;
   }
   cfg.hosts = 1;

@@ -31,7 +31,7 @@ function onSignals(): void {
 }
 
 async function main(): Promise<number> {
-  const { config, help } = parseArgs(process.argv.slice(2));
+  const { config, help, origins } = parseArgs(process.argv.slice(2));
   if (help) {
     process.stdout.write(`${usage()}\n`);
     return 0;
@@ -39,7 +39,7 @@ async function main(): Promise<number> {
   setCommandLine(process.argv.slice(2));
   onSignals();
   try {
-    await runSession(config);
+    await runSession(config, undefined, origins);
   } catch (e) {
     if (e instanceof RunStopped) {
       process.stdout.write(`${e.message}\n`);

@@ -1,22 +1,32 @@
 /**
- * A training session, top to bottom: the embedded Hub (when asked), the run folder's lock, the plan
+ * A training session, top to bottom: `runSession` checks the launch and, under --dist mpi, brings up the MPI job
+ * (runMpi); `runHere` is the session itself: the embedded Hub (when asked), the run folder's lock, the plan
  * (session/setup.ts: data, model, resume point; every refusal happens there, before step 1), the actors,
  * the step loop (session/loop.ts) and its end (session/finish.ts: validation, export, RUN_JSON).
  */
 import * as os from "node:os";
 import * as path from "node:path";
-import { UserError } from "./errors";
-import { EMBEDDED_HUB, nativeChoice, validate, type IsaChoice, type Precision, type RunConfig } from "./config";
+import { isUserError } from "./errors";
+import {
+  configLine,
+  EMBEDDED_HUB,
+  nativeChoice,
+  validate,
+  type IsaChoice,
+  type Precision,
+  type RunConfig,
+} from "./config";
 import { initWeights } from "./model/init";
 import { checkEngineRequest } from "./model/backend";
 import { builtinGemmBf16 } from "./model/engine/native";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
-import { isUserError } from "./errors";
+import { dropUnreadOutput, sigkillWarning, unblockStdout } from "./mpi/output";
 import { DistLink } from "./session/dist";
 import { RunComplete, RunStopped, EXIT_STOPPED, setLauncher, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
 import { fixedScaler, newScaler, scalerModeOf, SCALER_DEFAULTS, type OptimizerPosition } from "./optim/optim";
-import type { RankFault, UploaderEvent } from "./actors/protocol";
+import type { UploaderEvent } from "./actors/protocol";
+import { faultFromEnv } from "./actors/injected-faults";
 import type { LogEntry } from "./checkpoint";
 import { checkpointManagerOf } from "./session/in-flight";
 import { checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
@@ -30,15 +40,6 @@ import { recordSessionStart } from "./session/record";
 
 export type { RunResult } from "./session/finish";
 
-/** Test-only fault injection (TSTRAIN_FAULT="rank:step:throw|exit|nan|diverge|val|refuse"); never set in a real run. */
-export function faultFromEnv(v = process.env.TSTRAIN_FAULT): RankFault | null {
-  if (!v) return null;
-  const m = /^(\d+):(\d+):(throw|exit|nan|diverge|val|refuse)$/.exec(v);
-  if (!m)
-    throw new UserError("G10", `TSTRAIN_FAULT=${JSON.stringify(v)} is not rank:step:throw|exit|nan|diverge|val|refuse`);
-  return { rank: Number(m[1]), step: Number(m[2]), kind: m[3] as RankFault["kind"] };
-}
-
 /**
  * The whole session. Returns the RUN_JSON figures; throws UserError on refusals and RunComplete when
  * --resume auto finds nothing left to do. With --hub-url embedded (the demo's default) the local Hub
@@ -48,11 +49,14 @@ export async function runSession(
   cfg: RunConfig,
   // under mpirun a progress line per step would fill the pty mpirun stops reading when signalled (see unblockStdout)
   rep: Reporter = createReporter(cfg.out, process.stdout, cfg.dist === "mpi" || !process.stdout.isTTY),
+  // G12: where each setting came from (parseArgs's origins), for the start line
+  origins: ReadonlyMap<string, string> = new Map(),
 ): Promise<RunResult> {
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
-  if (cfg.dist === "mpi") return runMpi(cfg, rep);
+  if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);
+  rep.say(configLine(cfg, origins));
   const cpus = cpuWarning(cfg.world);
   if (cpus) rep.say(cpus);
   return runHere(cfg, rep, null);
@@ -70,7 +74,7 @@ function exitCodeOf(e: unknown): number {
  * (A11), then process 0 runs the session and the others follow it (session/dist.ts). Every way out ends the job
  * on every process: the leader's end command, a round every process saw fail, or MPI_Abort mid-step.
  */
-async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
+async function runMpi(cfg: RunConfig, rep: Reporter, origins: ReadonlyMap<string, string>): Promise<RunResult> {
   const mpi = initMpi();
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
@@ -90,6 +94,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
         );
       process.exit(code);
     }
+    rep.say(configLine(cfg, origins));
     rep.say(
       `MPI: ${mpi.size} processes x ${here.world} ranks = ${mpi.size * here.world} global ranks (${mpi.lib}); process 0 alone writes ${here.out} and talks to the Hub (A9)`,
     );
@@ -117,34 +122,6 @@ async function runMpi(cfg: RunConfig, rep: Reporter): Promise<RunResult> {
     mpi.finalize();
     throw e;
   }
-}
-
-/**
- * O3 under Open MPI's mpirun: each process's stdout is a pty, and mpirun, signalled itself, stops reading it until
- * it has killed the job. A full pty (about 18 KB) would block this thread's next write, and the SIGTERM mpirun sends
- * T s later could never be handled: the stop would save nothing. Writes are queued instead (Node's TTY handle made
- * non-blocking), and process 0, at its end, leaves what mpirun has not taken 2 s later (dropUnreadOutput).
- */
-function unblockStdout(): void {
-  const handle = (process.stdout as unknown as { _handle?: { setBlocking?: (on: boolean) => void } })._handle;
-  if (process.stdout.isTTY) handle?.setBlocking?.(false);
-}
-
-/** The output mpirun has not taken within 2 s of the end is dropped (process.exit keeps main's exit code). */
-function dropUnreadOutput(): void {
-  if (process.stdout.writableLength > 0) setTimeout(() => process.exit(), 2000).unref();
-}
-
-/**
- * O3 under Open MPI's mpirun: signalled itself, mpirun sends its processes SIGCONT at once, SIGTERM
- * T = odls_base_sigkill_timeout seconds later (default 1) and SIGKILL T seconds after that: the
- * processes have T seconds to finish the step and save. SIGUSR2 to mpirun reaches them at once.
- */
-function sigkillWarning(env: NodeJS.ProcessEnv = process.env): string | null {
-  if (!env.OMPI_COMM_WORLD_SIZE) return null;
-  const t = Number(env.OMPI_MCA_odls_base_sigkill_timeout ?? 1);
-  if (t >= 60) return null;
-  return `WARNING a SIGTERM to mpirun reaches the processes ${t} s later and is followed by SIGKILL ${t} s after that (odls_base_sigkill_timeout=${t}), too soon to finish the step and save the checkpoint a stop saves (O3): launch with mpirun --mca odls_base_sigkill_timeout 600 ..., and stop a job with kill -USR2 <mpirun's pid>, which mpirun passes on at once`;
 }
 
 /**
@@ -178,76 +155,76 @@ export function bf16Warning(precision: Precision, isa: IsaChoice, amx?: boolean)
   return "WARNING --precision bf16 on a CPU without AMX: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), training about 3x slower than --precision fp32: train in fp32 here (drop --precision bf16), and keep bf16 to resume or check a bf16 run (P8)";
 }
 
-/** This process's session: the embedded Hub when asked, then the run folder and the training. */
+/**
+ * This process's session, top to bottom (process 0's under --dist mpi, `link` its tie to the other processes):
+ * the embedded Hub when asked, the run folder's lock, the plan, the actors and the step loop. Each thing started
+ * is stopped by its own `finally`, the last started first. A benchmark writes nothing in the run folder (no
+ * checkpoint, no metrics), so it claims no lock.
+ */
 async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
-  if (cfg.hubUrl !== EMBEDDED_HUB || !cfg.hubRepo) return runSessionOn(cfg, rep, link);
-  if (!cfg.benchmark && !cfg.hubDir) checkOutWritable(cfg.out); // O1 before the embedded Hub makes <out>/hub
-  const dir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub")); // under the run's own folder (L8)
-  const hub = new LocalHub({ dir });
-  const url = await hub.start();
-  rep.say(`embedded local Hub at ${url} storing ${dir} (B6)`);
-  try {
-    return await runSessionOn({ ...cfg, hubUrl: url }, rep, link);
-  } finally {
-    await hub.stop();
-  }
-}
-
-async function runSessionOn(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
-  if (cfg.benchmark) return runSessionLocked(cfg, rep, link);
-  // O1, O2, O4: the run folder is checked, claimed and cleaned before anything else happens.
-  checkOutWritable(cfg.out);
-  const lock: OutLock = lockOut(cfg.out, rep.say);
-  try {
-    for (const l of cleanOut(cfg.out)) rep.say(l);
-    return await runSessionLocked(cfg, rep, link);
-  } finally {
-    lock.release();
-  }
-}
-
-async function runSessionLocked(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
   const t0 = performance.now();
-  const s: Session = { ...(await setupSession(cfg, rep)), dist: link };
-  if (cfg.dryRun) return dryRun(s, rep);
-  if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
-  recordSessionStart(s);
-  const coord = Coordinator.create({
-    world: cfg.world,
-    model: s.model,
-    gradCkpt: cfg.gradCkpt,
-    backend: cfg.backend,
-    native: nativeChoice(cfg),
-    fault: faultFromEnv(),
-    mpi: link?.mpi,
-    stopAsked: () => stopRequested() !== null,
-    data: {
-      root: s.root,
-      seqLen: cfg.seqLen,
-      dataSeed: cfg.dataSeed,
-      microBatch: cfg.microBatch,
-      accum: cfg.accum,
-      nVal: s.nVal,
-    },
-  });
-  const { pos, history } = startingPoint(s, coord);
-  let failure: unknown = null;
-  let result: RunResult | null = null;
+  if (!cfg.benchmark) checkOutWritable(cfg.out); // O1 before anything is written there (the embedded Hub's <out>/hub)
+  // 1. The embedded local Hub (B6), its files under the run's own folder unless --hub-dir (L8).
+  const embedded = cfg.hubUrl === EMBEDDED_HUB && cfg.hubRepo !== "";
+  const hubDir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub"));
+  const hub = embedded ? new LocalHub({ dir: hubDir }) : null;
   try {
-    // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
-    await link?.start(
-      { model: s.model, root: s.root, fingerprint: s.fingerprint, lrShape: s.lrShape, startStep: s.startStep, pos },
-      coord,
-    );
-    const events = await startActors(s, coord, pos, rep);
-    result = await trainLoop(s, coord, pos, history, rep, t0, events);
-  } catch (e) {
-    failure = e;
+    // the Hub's address this session; cfg (and so run_config.json) keeps "embedded", which a later run can reuse
+    const hubUrl = hub ? await hub.start() : cfg.hubUrl;
+    if (hub) rep.say(`embedded local Hub at ${hubUrl} storing ${hubDir} (B6)`);
+    // 2. The run folder, claimed and cleaned before anything else happens there (O1, O2, O4).
+    const lock: OutLock | null = cfg.benchmark ? null : lockOut(cfg.out, rep.say);
+    try {
+      if (lock) for (const l of cleanOut(cfg.out)) rep.say(l);
+      // 3. The plan: every refusal happens here, before step 1.
+      const s: Session = { ...(await setupSession(cfg, rep, hubUrl)), dist: link };
+      if (cfg.dryRun) return dryRun(s, rep);
+      if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
+      recordSessionStart(s);
+      // 4. The coordinator and its ranks, then the step loop and the session's end.
+      const coord = Coordinator.create({
+        world: cfg.world,
+        model: s.model.config,
+        gradCkpt: cfg.gradCkpt,
+        backend: cfg.backend,
+        native: nativeChoice(cfg),
+        fault: faultFromEnv(),
+        mpi: link?.mpi,
+        stopAsked: () => stopRequested() !== null,
+        data: {
+          root: s.data.root,
+          seqLen: cfg.seqLen,
+          dataSeed: cfg.dataSeed,
+          microBatch: cfg.microBatch,
+          accum: cfg.accum,
+          nVal: s.data.nVal,
+        },
+      });
+      try {
+        const { pos, history } = startingPoint(s, coord);
+        // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
+        await link?.start(
+          {
+            model: s.model.config,
+            root: s.data.root,
+            fingerprint: s.data.fingerprint,
+            lrShape: s.plan.lrShape,
+            startStep: s.start.startStep,
+            pos,
+          },
+          coord,
+        );
+        const events = await startActors(s, coord, pos, rep, hubUrl);
+        return await trainLoop(s, coord, pos, history, rep, t0, events);
+      } finally {
+        await coord.close();
+      }
+    } finally {
+      lock?.release();
+    }
   } finally {
-    await coord.close();
+    await hub?.stop();
   }
-  if (failure) throw failure;
-  return result!;
 }
 
 /** G7: everything built and checked, nothing trained; one JSON line. */
@@ -255,14 +232,14 @@ function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
   const j = {
     dry_run: true,
-    train_samples: s.nWindows,
-    val_samples: s.nVal,
+    train_samples: s.data.nWindows,
+    val_samples: s.data.nVal,
     steps_planned: plan.stepsPlanned,
-    start_step: s.startStep,
+    start_step: s.start.startStep,
     ckpt_every: plan.ckptEvery,
-    params: s.params,
-    fingerprint: s.fingerprint,
-    shuffle_perm_sha: s.permSha,
+    params: s.model.params,
+    fingerprint: s.data.fingerprint,
+    shuffle_perm_sha: s.data.permSha,
     precision: cfg.precision,
     scaler: cfg.precision === "bf16" ? "fixed at 1 (bf16 products, P8)" : "dynamic (GradScaler semantics)",
     world: cfg.world,
@@ -277,10 +254,10 @@ function dryRun(s: Session, rep: Reporter): RunResult {
 function startingPoint(s: Session, coord: Coordinator): { pos: OptimizerPosition; history: LogEntry[] } {
   const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
   const history: LogEntry[] = [];
-  if (s.resumeDir) {
-    checkpointManagerOf(s, pos, history).restore(s.resumeDir, s.model, coord.views); // every part puts its state back
+  if (s.start.resumeDir) {
+    checkpointManagerOf(s, pos, history).restore(s.start.resumeDir, s.model.config, coord.views); // every part puts its state back
   } else {
-    initWeights(s.model, s.cfg.seed, coord.views.params);
+    initWeights(s.model.config, s.cfg.seed, coord.views.params);
   }
   // P8: bf16 products hold the scale at 1 (a resumed fp32 checkpoint's dynamic scale is set aside; a bf16
   // checkpoint resumed in fp32 starts the dynamic scaler from 1)
@@ -315,6 +292,7 @@ async function startActors(
   coord: Coordinator,
   pos: OptimizerPosition,
   rep: Reporter,
+  hubUrl: string,
 ): Promise<UploaderEvent[]> {
   const { cfg, plan } = s;
   await coord.spawn();
@@ -341,7 +319,7 @@ async function startActors(
   await coord.startUploader(
     {
       hub: cfg.hubRepo
-        ? { hubUrl: cfg.hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }
+        ? { hubUrl, repo: cfg.hubRepo, repoType: cfg.hubRepoType, timeoutMs: cfg.hubTimeoutSeconds * 1000 }
         : null,
       prune: cfg.prune,
       minFreeGb: cfg.minFreeGb,
@@ -349,8 +327,8 @@ async function startActors(
       runDir: cfg.out,
       hubRetryMs: cfg.hubRetryMinutes * 60_000,
       head,
-      checkpointBytes: s.checkpointBytes,
-      verifiedLocal: s.resumeVerifiedLocal ? [s.startStep] : [],
+      checkpointBytes: s.model.checkpointBytes,
+      verifiedLocal: s.start.resumeVerifiedLocal ? [s.start.startStep] : [],
     },
     (e) => events.push(e),
   );

@@ -196,23 +196,21 @@ export class SingleThreadTrainer {
 /** What the benchmark needs of the session's plan (session/setup.ts's Session has it all). */
 export interface BenchmarkPlan {
   cfg: RunConfig;
-  model: LlamaConfig;
-  root: string;
-  startStep: number;
-  lrShape: LrShape;
-  plan: { tokensPerStep: number };
-  params: { sum_numel: number };
+  model: { config: LlamaConfig; params: { sum_numel: number } };
+  data: { root: string };
+  start: { startStep: number };
+  plan: { tokensPerStep: number; lrShape: LrShape };
 }
 
 /** G8: N steps without the actor machinery; the first step is excluded from timing; no checkpoint. */
 export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): Promise<Record<string, unknown>> {
   const { cfg } = s;
   const t = await SingleThreadTrainer.create({
-    model: s.model,
+    model: s.model.config,
     gradCkpt: cfg.gradCkpt,
     backend: cfg.backend,
     native: nativeChoice(cfg),
-    root: s.root,
+    root: s.data.root,
     seqLen: cfg.seqLen,
     dataSeed: cfg.dataSeed,
     world: cfg.world,
@@ -229,7 +227,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
   let last: StepResult | null = null;
   for (let i = 0; i < n + 1; i++) {
     const a = performance.now();
-    last = t.step(s.startStep + i, pos, cfg.lr, s.lrShape);
+    last = t.step(s.start.startStep + i, pos, cfg.lr, s.plan.lrShape);
     if (i > 0) times.push(performance.now() - a);
   }
   t.dispose();
@@ -241,7 +239,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     benchmark_steps: n,
     backend: t.backend,
     world: cfg.world,
-    params: s.params.sum_numel,
+    params: s.model.params.sum_numel,
     seq_len: cfg.seqLen,
     micro_batch: cfg.microBatch,
     accum: cfg.accum,

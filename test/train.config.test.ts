@@ -104,6 +104,7 @@ test("every flag's default is the seed's (G10)", () => {
   assert.deepEqual(
     { ...parseArgs([]).config },
     {
+      configFile: "",
       root: "./mix",
       out: "./run",
       hubRepo: "",

@@ -20,7 +20,7 @@ import assert from "node:assert/strict";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { adamwSlice, newScaler, type DecayRange, type OptimizerPosition } from "../src/optim/optim";
-import type { RankFault } from "../src/actors/protocol";
+import type { RankFault } from "../src/actors/injected-faults";
 import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";

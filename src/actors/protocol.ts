@@ -10,6 +10,7 @@ import type { BackendName } from "../model/backend";
 import type { NativeOptions } from "../model/engine/native";
 import type { DecayRange } from "../optim/optim";
 import type { CheckpointDocs, Pointer } from "../checkpoint";
+import type { RankFault } from "./injected-faults";
 
 export interface WireError {
   name: string;
@@ -24,19 +25,6 @@ export function toWireError(e: unknown): WireError {
     return { name: e.name, message: e.message, stack: e.stack, ...(typeof rule === "string" ? { rule } : {}) };
   }
   return { name: "Error", message: String(e) };
-}
-
-/**
- * A fault a test injects into one rank (TSTRAIN_FAULT, test-only; see rank.ts): `throw` and `exit`
- * at `step`; `nan` puts a NaN in that step's gradient; `diverge` makes loss and gradient NaN from
- * `step` on, as a diverged model would; `val` makes that rank's validation pass throw (G2); `refuse`
- * raises a refusal (UserError) at `step`, as a check inside a rank would (A1).
- */
-export type FaultKind = "throw" | "exit" | "nan" | "diverge" | "val" | "refuse";
-export interface RankFault {
-  rank: number;
-  step: number;
-  kind: FaultKind;
 }
 
 /** Everything a rank needs to build its model (which reads the shared master weights in place) and its data stream. */
@@ -61,6 +49,7 @@ export interface RankInit {
   slice: [number, number];
   /** This rank's [c0, c1) share of the SQ_CHUNK chunks for the reduce and the sum of squares (A10). */
   chunks: [number, number];
+  /** Test-only (TSTRAIN_FAULT, injected-faults.ts): null in a real run. */
   fault: RankFault | null;
 }
 

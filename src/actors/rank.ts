@@ -9,7 +9,6 @@
  * rank id, and the coordinator stops the run.
  */
 import { parentPort } from "node:worker_threads";
-import { UserError } from "../errors";
 import { Llama } from "../model/llama";
 import { initEngine } from "../model/backend";
 import type { Kernels } from "../model/kernels";
@@ -22,6 +21,7 @@ import { updateSlice } from "../optim/optim-simd";
 import { chunkSquares, foldMicro, reduceChunks64, SQ_CHUNK, sumSlots64 } from "../optim/optim";
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
+import { faultAfterCompute, faultAtValidation, faultBeforeMicroBatch } from "./injected-faults";
 
 interface RankState {
   init: RankInit;
@@ -74,15 +74,6 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
 }
 
-function checkFault(s: RankState, step: number, at: "compute"): void {
-  const f = s.init.fault;
-  if (!f || f.rank !== s.init.rank || f.step !== step || at !== "compute") return;
-  if (f.kind === "throw") throw new Error(`injected fault: rank ${f.rank} throws at step ${step} (TSTRAIN_FAULT)`);
-  if (f.kind === "exit") process.exit(3);
-  if (f.kind === "refuse")
-    throw new UserError("A1", `injected refusal: rank ${f.rank} refuses at step ${step} (TSTRAIN_FAULT)`);
-}
-
 function compute(s: RankState, step: number, gradScale: number): FromRank {
   const t0 = performance.now();
   const slot = s.views.slots[s.init.rank];
@@ -92,21 +83,13 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
   let micro = 0;
   for (; micro < d.accum; micro++) {
     if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;
-    checkFault(s, step, "compute");
+    faultBeforeMicroBatch(s.init.fault, s.init.rank, step);
     s.stream.readMicroBatch(step, s.init.dataRank, micro, s.ids);
     losses.push(s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, s.micro));
     foldMicro(slot, s.micro, micro === 0); // A10: each micro-batch's gradient on its own, added in float64; s.micro back to 0
     s.mem.sample();
   }
-  const f = s.init.fault;
-  if (
-    f &&
-    f.rank === s.init.rank &&
-    ((f.kind === "nan" && f.step === step) || (f.kind === "diverge" && step >= f.step))
-  ) {
-    slot[0] = Number.NaN;
-    if (f.kind === "diverge") losses.fill(Number.NaN);
-  }
+  faultAfterCompute(s.init.fault, s.init.rank, step, slot, losses);
   return { type: "computed", rank: s.init.rank, step, losses, micro, ms: performance.now() - t0 };
 }
 
@@ -141,9 +124,7 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
 
 function evaluate(s: RankState, from: number, to: number): FromRank {
   if (!s.val) throw new Error("no validation stream on this rank (nVal = 0)");
-  const f = s.init.fault;
-  if (f && f.kind === "val" && f.rank === s.init.rank)
-    throw new Error(`injected fault: rank ${f.rank} fails validation (TSTRAIN_FAULT)`);
+  faultAtValidation(s.init.fault, s.init.rank);
   const seq = s.init.data.seqLen;
   const ids = new Int32Array(seq);
   let lossSum = 0;

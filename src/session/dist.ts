@@ -48,18 +48,10 @@ import type { LlamaConfig } from "../model/llama-config";
 import { readManifest } from "../data/manifest";
 import { mixFingerprint } from "../data/fingerprint";
 import { Coordinator } from "../actors/coordinator";
+import { checksumReported } from "../actors/injected-faults";
 import type { LrShape, OptimizerPosition } from "../optim/optim";
 import type { BackendName } from "../model/backend";
 import { stopRequested } from "./stop";
-
-/**
- * Test-only fault injection for the checksum round (TSTRAIN_MPI_FAULT="process:step:checksum": that process
- * reports a different checksum at that step's verification, as a diverged process would); never set in a real run.
- */
-const fault = ((v = process.env.TSTRAIN_MPI_FAULT) => {
-  const m = v ? /^(\d+):(\d+):checksum$/.exec(v) : null;
-  return m ? { process: Number(m[1]), corrupt: Number(m[2]) } : { process: -1, corrupt: -1 };
-})();
 
 const CMD_START = 1,
   CMD_STEP = 2,
@@ -206,9 +198,7 @@ export class DistLink {
   /** The checksum every process holds at `step`; throws on every process when one differs. */
   private async compareWeights(step: number, coord: Coordinator): Promise<string> {
     const mine = stateChecksum(coord);
-    const all = await this.allStatuses(
-      fault.corrupt === step && this.mpi.rank === fault.process ? "corrupted-by-TSTRAIN_MPI_FAULT" : mine,
-    );
+    const all = await this.allStatuses(checksumReported(this.mpi.rank, step, mine));
     const p = all.findIndex((s) => s !== all[0]);
     if (p < 0) return all[0];
     this.allKnow = true;

@@ -32,11 +32,13 @@ export function exportFinal(s: Session, coord: Coordinator, figures: Record<stri
   const tmp = `${exp}.partial-${process.pid}`;
   fs.rmSync(tmp, { recursive: true, force: true });
   fs.mkdirSync(tmp, { recursive: true });
-  writeSafetensors(path.join(tmp, "model.safetensors"), flatToTensors(s.model, coord.views.params), { format: "pt" });
-  fs.writeFileSync(path.join(tmp, "config.json"), `${JSON.stringify(hfConfigJson(s.model), null, 1)}\n`);
+  writeSafetensors(path.join(tmp, "model.safetensors"), flatToTensors(s.model.config, coord.views.params), {
+    format: "pt",
+  });
+  fs.writeFileSync(path.join(tmp, "config.json"), `${JSON.stringify(hfConfigJson(s.model.config), null, 1)}\n`);
   const shipped: string[] = [];
   for (const fn of TOKENIZER_FILES) {
-    const src = path.join(s.root, fn);
+    const src = path.join(s.data.root, fn);
     if (fs.existsSync(src)) {
       fs.copyFileSync(src, path.join(tmp, fn));
       shipped.push(fn);
@@ -45,7 +47,7 @@ export function exportFinal(s: Session, coord: Coordinator, figures: Record<stri
   rep.say(
     `tokenizer files shipped with the export: ${shipped.length ? shipped.join(", ") : "NONE: the mix root has no tokenizer files"}`,
   );
-  saveCursor(tmp, cursorAt(s, s.endStep));
+  saveCursor(tmp, cursorAt(s, s.plan.endStep));
   const summary = { ...runSummary(s, coord, figures, shipped), tokenizer_vocab_sha256: shippedVocabSha(tmp, shipped) };
   fs.writeFileSync(path.join(tmp, "run_summary.json"), `${JSON.stringify(summary, null, 1)}\n`);
   fs.renameSync(tmp, exp);
@@ -70,11 +72,11 @@ function runSummary(
   const { cfg } = s;
   return {
     ...figures,
-    params: s.params,
-    params_total: s.params.sum_numel,
-    fingerprint: s.fingerprint,
-    shuffle_perm_sha: s.permSha,
-    samples_consumed: s.endStep * s.plan.seqsPerStep,
+    params: s.model.params,
+    params_total: s.model.params.sum_numel,
+    fingerprint: s.data.fingerprint,
+    shuffle_perm_sha: s.data.permSha,
+    samples_consumed: s.plan.endStep * s.plan.seqsPerStep,
     steps_planned: s.plan.stepsPlanned,
     seq_len: cfg.seqLen,
     micro_batch: cfg.microBatch,
@@ -92,8 +94,8 @@ function runSummary(
     max_grad_norm: MAX_GRAD_NORM,
     warmup_frac: cfg.warmupFrac,
     decay_frac: cfg.decayFrac,
-    warmup_steps: s.lrShape.warmup,
-    decay_start: s.lrShape.decayStart,
+    warmup_steps: s.plan.lrShape.warmup,
+    decay_start: s.plan.lrShape.decayStart,
     seed: cfg.seed,
     data_seed: cfg.dataSeed,
     tokenizer_files: shipped,

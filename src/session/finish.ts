@@ -34,10 +34,10 @@ export interface LoopState {
 
 export async function finishSession(s: Session, coord: Coordinator, l: LoopState, rep: Reporter): Promise<RunResult> {
   const { cfg, plan } = s;
-  const step = s.endStep;
+  const step = s.plan.endStep;
   const sessionSec = (performance.now() - l.t0) / 1000;
   const trainSec = l.metrics.trainSeconds();
-  const tokThisRun = (step - s.startStep) * plan.tokensPerStep;
+  const tokThisRun = (step - s.start.startStep) * plan.tokensPerStep;
   const finalLoss = l.history.length ? l.history[l.history.length - 1].loss : l.metrics.lastLoss;
   const segment = step < plan.stepsPlanned;
   checkSegmentEnd(s, l.checkpoints, segment);
@@ -59,17 +59,17 @@ export async function finishSession(s: Session, coord: Coordinator, l: LoopState
         coord,
         {
           step,
-          start_step: s.startStep,
+          start_step: s.start.startStep,
           tokens_consumed: step * plan.tokensPerStep,
           tokens_this_run: tokThisRun,
           session_seconds: timing.session_seconds,
           tok_per_s: timing.tok_per_s,
           final_loss: finalLoss,
-          prior_loss: s.priorLoss,
+          prior_loss: s.start.priorLoss,
           val_loss: val.valLoss,
           val_ppl: val.ppl,
           val_error: val.valError,
-          val_windows: s.nVal,
+          val_windows: s.data.nVal,
           memory: memJson,
         },
         rep,
@@ -100,7 +100,7 @@ export async function finishSession(s: Session, coord: Coordinator, l: LoopState
 
 /** G1: a segment (a session that stops before the horizon) must end on a checkpoint, verified on the Hub when there is one. */
 function checkSegmentEnd(s: Session, ckpts: CheckpointsInFlight, segment: boolean): void {
-  const step = s.endStep;
+  const step = s.plan.endStep;
   if (segment && s.hub && !ckpts.published.has(step)) {
     throw new UserError(
       "G1",
@@ -122,11 +122,11 @@ async function exportAndPublish(
   figures: Record<string, unknown>,
   rep: Reporter,
 ): Promise<{ exported: string; final: PublishResult | null }> {
-  await s.dist?.verify(s.endStep, coord); // every process holds the same weights and moments, or nothing is exported (A11)
+  await s.dist?.verify(s.plan.endStep, coord); // every process holds the same weights and moments, or nothing is exported (A11)
   const exported = exportFinal(s, coord, figures, rep);
   let final: PublishResult | null = null;
   if (s.hub) {
-    const step = s.endStep;
+    const step = s.plan.endStep;
     const r = await publishFinal(s.hub, {
       localDir: exported,
       pathInRepo: FINAL_DIR,
@@ -157,19 +157,19 @@ interface EndFigures {
 /** G5: the one RUN_JSON line. */
 function runJsonOf(s: Session, coord: Coordinator, l: LoopState, f: EndFigures): Record<string, unknown> {
   const { cfg, plan } = s;
-  const step = s.endStep;
+  const step = s.plan.endStep;
   return {
     final_step: step,
     steps_planned: plan.stepsPlanned,
-    start_step: s.startStep,
+    start_step: s.start.startStep,
     segment_stop: f.segment,
     final_loss: f.finalLoss,
-    prior_loss: s.priorLoss,
+    prior_loss: s.start.priorLoss,
     val_loss: f.val.valLoss,
     val_ppl: f.val.ppl,
     val_error: f.val.valError,
     val_skipped: f.segment,
-    val_windows: s.nVal,
+    val_windows: s.data.nVal,
     tokens_consumed: step * plan.tokensPerStep,
     tok_per_s: f.timing.tok_per_s,
     session_seconds: f.timing.session_seconds,
@@ -178,7 +178,7 @@ function runJsonOf(s: Session, coord: Coordinator, l: LoopState, f: EndFigures):
     micro_batch: cfg.microBatch,
     accum: cfg.accum,
     seq_len: cfg.seqLen,
-    params: s.params.sum_numel,
+    params: s.model.params.sum_numel,
     backend: coord.backendInfo.backend,
     precision: cfg.precision,
     grad_ckpt: cfg.gradCkpt,

@@ -29,8 +29,8 @@ import { runConfigDoc } from "./resume-config";
 /** The session's checkpoint manager: its position, schedule, data plan and log, the documents beside them. */
 export function checkpointManagerOf(s: Session, pos: OptimizerPosition, history: LogEntry[]): CheckpointManager {
   return new CheckpointManager(
-    trainerStateParts({ pos, lrShape: s.lrShape, seqsPerStep: s.plan.seqsPerStep, history }),
-    { cursorAt: (step) => cursorAt(s, step), hfConfig: hfConfigJson(s.model), runConfig: runConfigDoc(s.cfg) },
+    trainerStateParts({ pos, lrShape: s.plan.lrShape, seqsPerStep: s.plan.seqsPerStep, history }),
+    { cursorAt: (step) => cursorAt(s, step), hfConfig: hfConfigJson(s.model.config), runConfig: runConfigDoc(s.cfg) },
   );
 }
 
@@ -97,7 +97,7 @@ export class CheckpointsInFlight {
 
   /** O3: the checkpoint of the step a signal stopped on, unless it is the resume point or already handed over. */
   async checkpointOnStop(step: number, loss: number): Promise<void> {
-    if (step > this.s.startStep && !this.staged.has(step)) {
+    if (step > this.s.start.startStep && !this.staged.has(step)) {
       await this.waitWrite();
       this.stage(step, loss);
     }
@@ -198,7 +198,7 @@ export class CheckpointsInFlight {
 
   /** The newest complete local checkpoint of this session that the Hub does not hold verified: the best resume point. */
   private newerLocalCopy(): { step: number; dir: string } | null {
-    const onHub = Math.max(this.s.startStep, ...this.published);
+    const onHub = Math.max(this.s.start.startStep, ...this.published);
     const local = listCheckpointFolders(checkpointRoot(this.s.cfg.out)).filter(
       (c) => c.step > onHub && fs.existsSync(path.join(c.dir, MANIFEST_FILE)),
     );

@@ -29,8 +29,8 @@ export async function trainLoop(
   const metrics = new MetricWindow(s, history, rep);
   let lastSample = "";
   let stoppedAt = -1;
-  let lastDone = s.startStep;
-  for (let step = s.startStep; step < s.endStep; step++) {
+  let lastDone = s.start.startStep;
+  for (let step = s.start.startStep; step < s.plan.endStep; step++) {
     checkpoints.absorb();
     if (checkpoints.failed) break;
     if (stopRequested()) {
@@ -76,10 +76,10 @@ async function stepOrDrain(
   s: Session,
 ): Promise<StepResult> {
   try {
-    if (!s.dist) return await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    if (!s.dist) return await coord.step(step, pos, s.cfg.lr, s.plan.lrShape);
     await s.dist.step(step); // A9: every process runs this step with its ranks
     s.dist.inStep = true;
-    const r = await coord.step(step, pos, s.cfg.lr, s.lrShape);
+    const r = await coord.step(step, pos, s.cfg.lr, s.plan.lrShape);
     s.dist.inStep = false;
     return r;
   } catch (e) {
@@ -122,7 +122,7 @@ async function checkpointOnSignal(
 
 /** O3: what a signal's stop leaves, and the command that resumes. */
 function stoppedBySignal(s: Session, stoppedAt: number): RunStopped {
-  const saved = stoppedAt > s.startStep;
+  const saved = stoppedAt > s.start.startStep;
   const cmd = saved ? (s.hub ? resumeCommand("auto") : resumeCommand(checkpointDir(s.cfg.out, stoppedAt))) : null;
   return new RunStopped(
     saved

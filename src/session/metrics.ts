@@ -46,13 +46,13 @@ export class MetricWindow {
     this.steps++;
     this.tokens += tokensPerStep;
     const elapsedTrain = this.trainSeconds();
-    const tokS = ((done - s.startStep) * tokensPerStep) / Math.max(1e-9, elapsedTrain);
-    const eta = fmtDuration(((s.endStep - done) * tokensPerStep) / Math.max(1e-9, tokS));
-    const pct = Math.floor((100 * (done - s.startStep)) / Math.max(1, s.endStep - s.startStep));
+    const tokS = ((done - s.start.startStep) * tokensPerStep) / Math.max(1e-9, elapsedTrain);
+    const eta = fmtDuration(((s.plan.endStep - done) * tokensPerStep) / Math.max(1e-9, tokS));
+    const pct = Math.floor((100 * (done - s.start.startStep)) / Math.max(1, s.plan.endStep - s.start.startStep));
     rep.progress(
       `step ${done}/${s.plan.stepsPlanned} (${pct}% of this session) loss ${r.loss.toFixed(4)} lr ${r.lr.toExponential(2)} scale ${pos.scaler.scale} | ${tokS.toFixed(0)} tok/s | elapsed ${fmtDuration(elapsedTrain)} | ETA ${eta}`,
     );
-    if (done % s.cfg.logEvery === 0 || done === s.endStep) this.log(done, r, pos, elapsedTrain, eta);
+    if (done % s.cfg.logEvery === 0 || done === s.plan.endStep) this.log(done, r, pos, elapsedTrain, eta);
   }
 
   private log(done: number, r: StepResult, pos: OptimizerPosition, elapsedTrain: number, eta: string): void {
@@ -123,8 +123,8 @@ function megabytes(n: number): number {
 export function sampleNow(s: Session, coord: Coordinator, step: number): Promise<string> {
   return sampleAtCheckpoint({
     out: s.cfg.out,
-    root: s.root,
-    cfg: s.model,
+    root: s.data.root,
+    cfg: s.model.config,
     params: coord.views.params,
     step,
     backend: s.cfg.backend,

@@ -16,9 +16,9 @@ export function recordSessionStart(s: Session): void {
     event: "start",
     session: current,
     at: new Date().toISOString(),
-    start_step: s.startStep,
+    start_step: s.start.startStep,
     steps_planned: s.plan.stepsPlanned,
-    resumed_from: s.resumeDir,
+    resumed_from: s.start.resumeDir,
   });
 }
 

@@ -38,27 +38,17 @@ import { RunComplete } from "./stop";
 import { checkConfigChanges, describeChanges, precisionNote } from "./resume-config";
 import type { DistLink } from "./dist";
 
+/**
+ * A session's plan, as setupSession fixed it before step 1: the config, then one part per question (what data,
+ * what model, how many steps, where this session starts), the Hub repo and, under --dist mpi, the other processes.
+ */
 export interface Session {
   cfg: RunConfig;
-  root: string;
-  manifest: Manifest;
-  fingerprint: string;
-  permSha: string;
-  nWindows: number;
-  nVal: number;
-  model: LlamaConfig;
-  params: { sum_numel: number; unique: number; trainable: number };
-  plan: StepPlan;
-  lrShape: LrShape;
-  startStep: number;
-  endStep: number;
-  resumeDir: string | null;
-  priorLoss: number | null;
+  data: SessionData;
+  model: ModelPlan;
+  plan: SessionPlan;
+  start: StartPoint;
   hub: HubClient | null;
-  /** The resume folder is a local copy proven equal to the Hub's verified checkpoint (R6). */
-  resumeVerifiedLocal: boolean;
-  /** Bytes one checkpoint takes (O1, K6). */
-  checkpointBytes: number;
   /** --dist mpi (A9): this process leads the job's other processes; null in a run of one process. */
   dist?: DistLink | null;
 }
@@ -73,23 +63,37 @@ interface DataPlan {
   tokenIds: TokenIdScan;
 }
 
+/** The mix, and the held-out windows validated at the horizon (D7). */
+export interface SessionData extends DataPlan {
+  nVal: number;
+}
+
 /** The model and what one checkpoint of it takes (M1-M3, O1). */
-interface ModelPlan {
-  model: LlamaConfig;
-  params: Session["params"];
+export interface ModelPlan {
+  config: LlamaConfig;
+  params: { sum_numel: number; unique: number; trainable: number };
+  /** Bytes one checkpoint takes (O1, K6). */
   checkpointBytes: number;
   roomFor: string;
 }
 
+/** The step plan (P5, P6, K1), the learning-rate schedule's shape it gives, and the step this session ends on (G1). */
+export interface SessionPlan extends StepPlan {
+  lrShape: LrShape;
+  endStep: number;
+}
+
 /** Where this session starts (R1-R6, C3). */
-interface StartPoint {
+export interface StartPoint {
   startStep: number;
   resumeDir: string | null;
   priorLoss: number | null;
+  /** The resume folder is a local copy proven equal to the Hub's verified checkpoint (R6). */
   resumeVerifiedLocal: boolean;
 }
 
-export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Session> {
+/** `hubUrl`: the Hub's address this session (the embedded Hub's, which cfg names "embedded"). */
+export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.hubUrl): Promise<Session> {
   const data = await planData(cfg, rep);
   const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
@@ -100,7 +104,7 @@ export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Sessi
   rep.say(`params: ${JSON.stringify(m.params)}`);
   const hub = cfg.hubRepo
     ? createHubClient({
-        hubUrl: cfg.hubUrl,
+        hubUrl,
         repo: cfg.hubRepo,
         repoType: cfg.hubRepoType,
         timeoutMs: cfg.hubTimeoutSeconds * 1000,
@@ -119,26 +123,7 @@ export async function setupSession(cfg: RunConfig, rep: Reporter): Promise<Sessi
     `data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`,
   );
   const endStep = planSegmentEnd(cfg, plan, start.startStep);
-  return {
-    cfg,
-    root: data.root,
-    manifest: data.manifest,
-    fingerprint: data.fingerprint,
-    permSha: data.permSha,
-    nWindows: data.nWindows,
-    nVal,
-    model: m.model,
-    params: m.params,
-    plan,
-    lrShape,
-    startStep: start.startStep,
-    endStep,
-    resumeDir: start.resumeDir,
-    priorLoss: start.priorLoss,
-    hub,
-    resumeVerifiedLocal: start.resumeVerifiedLocal,
-    checkpointBytes: m.checkpointBytes,
-  };
+  return { cfg, data: { ...data, nVal }, model: m, plan: { ...plan, lrShape, endStep }, start, hub };
 }
 
 async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
@@ -211,7 +196,7 @@ function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
       `parameter count ${params.sum_numel.toLocaleString("en-US")} is outside the 90M-110M budget`,
     );
   }
-  return { model, params, checkpointBytes, roomFor };
+  return { config: model, params, checkpointBytes, roomFor };
 }
 
 /** The resume point: the checkpoint to start from (or none), checked against this plan, and room for the next one. */
@@ -240,7 +225,7 @@ async function planStart(
       dir,
     ));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
-    checkModelShape(dir, m.model);
+    checkModelShape(dir, m.config);
     const savedConfig = readRunConfigIfAny(dir);
     const changed = checkConfigChanges(dir, savedConfig, cfg); // refuses a silent change of the LR shape or the update's constants (P7)
     const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
@@ -466,8 +451,8 @@ export function cursorAt(s: Session, step: number): Cursor {
     seqsPerStep: s.plan.seqsPerStep,
     seqLen: s.cfg.seqLen,
     seed: s.cfg.dataSeed,
-    fingerprint: s.fingerprint,
-    permSha: s.permSha,
+    fingerprint: s.data.fingerprint,
+    permSha: s.data.permSha,
   });
 }
 
@@ -478,7 +463,7 @@ export function pointerAt(s: Session, step: number, pathInRepo: string): Pointer
     step,
     seqsPerStep: s.plan.seqsPerStep,
     seqLen: s.cfg.seqLen,
-    fingerprint: s.fingerprint,
+    fingerprint: s.data.fingerprint,
     seed: s.cfg.dataSeed,
   });
 }

@@ -12,12 +12,12 @@ export interface Validation {
 
 export async function validate(s: Session, coord: Coordinator, segment: boolean, rep: Reporter): Promise<Validation> {
   if (segment) {
-    rep.say(`validation skipped: segment ended at step ${s.endStep} of ${s.plan.stepsPlanned} (G1)`);
+    rep.say(`validation skipped: segment ended at step ${s.plan.endStep} of ${s.plan.stepsPlanned} (G1)`);
     return { valLoss: null, ppl: null, valError: null };
   }
   // The pass is one request to the ranks: say what it covers, and that it is still running.
   rep.say(
-    `validation: ${s.nVal.toLocaleString("en-US")} held-out windows of ${s.cfg.seqLen} tokens on ${s.cfg.world} rank(s)`,
+    `validation: ${s.data.nVal.toLocaleString("en-US")} held-out windows of ${s.cfg.seqLen} tokens on ${s.cfg.world} rank(s)`,
   );
   const t0 = performance.now();
   const beat = setInterval(
@@ -26,10 +26,10 @@ export async function validate(s: Session, coord: Coordinator, segment: boolean,
   );
   beat.unref();
   try {
-    const valLoss = await coord.evaluate(s.nVal);
+    const valLoss = await coord.evaluate(s.data.nVal);
     if (!Number.isFinite(valLoss)) throw new Error(`validation loss is ${valLoss}`);
     const ppl = Math.exp(Math.min(20, valLoss));
-    rep.say(`validation loss=${valLoss.toFixed(4)} ppl=${ppl.toFixed(2)} over ${s.nVal} held-out windows`);
+    rep.say(`validation loss=${valLoss.toFixed(4)} ppl=${ppl.toFixed(2)} over ${s.data.nVal} held-out windows`);
     return { valLoss, ppl, valError: null };
   } catch (e) {
     const valError = `${(e as Error).name}: ${String((e as Error).message).slice(0, 300)}`;
