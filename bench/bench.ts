@@ -34,7 +34,7 @@ import { frozenStepBench } from "./model-frozen-step";
 import { attentionBench } from "./attention";
 import { kernelTableMarkdown, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
-import type { GemmChoice, Precision } from "../src/config";
+import { activationBudget, type GemmChoice, type Precision } from "../src/config";
 import { gemmShapesBench, gemmTableMarkdown, type GemmRow } from "./gemm-shapes";
 
 /** A fingerprint of the compiled runtime (dist/src): rank workers and subprocesses load it when they
@@ -91,6 +91,8 @@ interface Options {
   optimThreads: number;
   interleave: boolean;
   gradCkpt: boolean;
+  /** M6: GB a rank's activations may take; 0 = half the machine's memory over the ranks (the trainer's default). */
+  activationBudgetGb: number;
   out: string;
   ffRuns: number;
   uploadNice: boolean;
@@ -157,6 +159,7 @@ function defaultOptions(): Options {
     optimThreads: 2,
     interleave: true,
     gradCkpt: true,
+    activationBudgetGb: 0,
     ffRuns: 2,
     uploadNice: false,
     waitQuiet: 0,
@@ -295,6 +298,13 @@ function parseOptions(argv: string[]): Options {
       case "--grad-ckpt":
         o.gradCkpt = true;
         break;
+      case "--activation-budget-gb": {
+        const g = Number(v());
+        if (!(Number.isFinite(g) && g >= 0))
+          throw new Error(`--activation-budget-gb ${g}: must be a number of GB >= 0 (0 = half this machine's memory)`);
+        o.activationBudgetGb = g;
+        break;
+      }
       case "--out":
         o.out = path.resolve(v() ?? "");
         break;
@@ -614,6 +624,11 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
         seq: o.seq,
         microBatch: o.microBatch,
         gradCkpt: o.gradCkpt,
+        // the policy a rank of the widest world runs (one call stands for one rank's forward+backward)
+        activationBudgetBytes: activationBudget({
+          activationBudgetGb: o.activationBudgetGb,
+          world: Math.max(...o.worlds),
+        }).bytes,
         calls: Math.max(3, o.steps),
         backend: o.backend,
         log,
@@ -1051,6 +1066,7 @@ async function main(): Promise<number> {
           accum: o.accum,
           backend: o.backend,
           gradCkpt: o.gradCkpt,
+          activationBudgetGb: o.activationBudgetGb,
           scratch,
           windowsNeeded,
           log,

@@ -16,15 +16,17 @@
  *
  * Prints a `BENCH_JSON` line (case "frozen-step"). Also importable: frozenStepBench(o).
  * Usage: node dist/bench/model-frozen-step.js [--seq 256] [--micro-batch 1] [--grad-ckpt|--no-grad-ckpt] [--calls 3]
+ *        [--activation-budget-gb G (0 = half the machine's memory over --world ranks)] [--world 1]
  *        [--layers N] [--backend auto|native|wasm|cpu]
  */
 import * as tf from "@tensorflow/tfjs-core";
+import { activationBudget } from "../src/config";
 import { initEngine, type BackendName } from "../src/model/backend";
 import type { Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
-import { Llama } from "../src/model/llama";
+import { activationPlan, Llama } from "../src/model/llama";
 import { profiledKernels, type KernelRow } from "./kernel-profile";
 
 function arg(name: string, dflt: string): string {
@@ -93,6 +95,8 @@ export async function frozenStepBench(o: {
   seq: number;
   microBatch: number;
   gradCkpt: boolean;
+  /** M6: the training arena's budget (activationPlan); the row names the policy it gives */
+  activationBudgetBytes: number;
   calls: number;
   layers?: number;
   backend?: BackendName;
@@ -108,7 +112,11 @@ export async function frozenStepBench(o: {
   initWeights(cfg, 20260919, w);
   // the model calls the kernels through this object: the profiled call swaps its methods for timed ones
   const k: Kernels = { ...be.kernels };
-  const m = new Llama(cfg, k, { gradCkpt: o.gradCkpt });
+  const m = new Llama(cfg, k, { gradCkpt: o.gradCkpt, activationBudgetBytes: o.activationBudgetBytes });
+  const plan = activationPlan(cfg, o.microBatch, o.seq, o.gradCkpt, o.activationBudgetBytes);
+  log(
+    `frozen-step activations: recompute ${plan.recompute}${plan.attnKept ? "" : " (attention too)"}, ${(plan.bytes / 2 ** 30).toFixed(2)} GiB of a ${(o.activationBudgetBytes / 2 ** 30).toFixed(2)} GiB budget`,
+  );
   try {
     let t0 = performance.now();
     m.bindParams(w);
@@ -175,6 +183,8 @@ export async function frozenStepBench(o: {
       seq_len: o.seq,
       micro_batch: o.microBatch,
       grad_ckpt: o.gradCkpt,
+      recompute: plan.attnKept ? plan.recompute : "whole+attention",
+      activation_bytes: plan.bytes,
       calls: o.calls,
       step_ms_median: +stepMedian.toFixed(1),
       step_ms: stepMs.map((x) => +x.toFixed(1)),
@@ -213,6 +223,10 @@ async function main(): Promise<void> {
     seq,
     microBatch,
     gradCkpt,
+    activationBudgetBytes: activationBudget({
+      activationBudgetGb: Number(arg("--activation-budget-gb", "0")),
+      world: Number(arg("--world", "1")),
+    }).bytes,
     calls,
     layers: layersArg ? Number(layersArg) : undefined,
     backend: arg("--backend", "auto") as BackendName,

@@ -49,6 +49,8 @@ export interface Shape {
   accum: number;
   backend: BackendName;
   gradCkpt: boolean;
+  /** M6: GB a rank's activations may take; 0 = half the machine's memory over the ranks (activationBudget). */
+  activationBudgetGb: number;
   seed: number;
   dataSeed: number;
   /** The mix root every case reads (the demo mix, or a synthetic mix in a temp dir). */
@@ -77,6 +79,8 @@ export async function buildShape(o: {
   accum: number;
   backend: BackendName;
   gradCkpt: boolean;
+  /** M6: GB a rank's activations may take; 0 = half the machine's memory over the ranks (activationBudget). */
+  activationBudgetGb: number;
   scratch: string;
   windowsNeeded: number;
   log: (s: string) => void;
@@ -129,6 +133,7 @@ export async function buildShape(o: {
     accum: o.accum,
     backend: o.backend,
     gradCkpt: o.gradCkpt,
+    activationBudgetGb: o.activationBudgetGb,
     seed: DEFAULT_SEED,
     dataSeed: DEFAULT_SEED,
     root,

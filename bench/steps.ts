@@ -10,7 +10,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import type { GemmChoice, Precision } from "../src/config";
+import { activationBudget, type GemmChoice, type Precision } from "../src/config";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { fixedScaler, newScaler, type OptimizerPosition } from "../src/optim/optim";
@@ -74,6 +74,7 @@ export async function localRunner(s: Shape, world = 1): Promise<Runner> {
   const t = await SingleThreadTrainer.create({
     model: s.model,
     gradCkpt: s.gradCkpt,
+    activationBudgetBytes: activationBudget({ activationBudgetGb: s.activationBudgetGb, world }).bytes,
     backend: s.backend,
     root: s.root,
     seqLen: s.seqLen,
@@ -107,6 +108,7 @@ async function spawnCoordinator(
     world,
     model: s.model,
     gradCkpt: s.gradCkpt,
+    activationBudgetBytes: activationBudget({ activationBudgetGb: s.activationBudgetGb, world }).bytes,
     backend: s.backend,
     native: { gemm, isa: "auto", precision },
     fault: null,

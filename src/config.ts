@@ -7,6 +7,7 @@
  * A seed flag with no meaning in this stack is either given its closest honest meaning or refused
  * with the reason: never silently ignored.
  */
+import * as os from "node:os";
 import { UserError } from "./errors";
 import { readConfigFile, type ConfigFileDoc } from "./config-file";
 import flagTable from "./config-flags.json";
@@ -34,6 +35,8 @@ export interface RunConfig {
   seqLen: number;
   attn: "eager";
   gradCkpt: boolean;
+  /** M6: GB one rank's activations may take; 0 = half of this machine's memory over the process's ranks (activationBudget). */
+  activationBudgetGb: number;
   layers: number;
   hidden: number;
   microBatch: number;
@@ -517,6 +520,11 @@ export function validate(c: RunConfig): RunConfig {
   must(nonneg(c.stopAfterSteps), "stop-after-steps", `${c.stopAfterSteps} must be >= 0 (0 = run to the horizon)`);
   must(c.minFreeGb >= 0, "min-free-gb", `${c.minFreeGb} must be >= 0`);
   must(
+    Number.isFinite(c.activationBudgetGb) && c.activationBudgetGb >= 0,
+    "activation-budget-gb",
+    `${c.activationBudgetGb} must be a number of GB >= 0 (0 = half this machine's memory over the ranks)`,
+  );
+  must(
     Number.isFinite(c.hubTimeoutSeconds) && c.hubTimeoutSeconds >= 0.1 && c.hubTimeoutSeconds <= 3600,
     "hub-timeout-seconds",
     `${c.hubTimeoutSeconds} must be within [0.1, 3600]`,
@@ -544,6 +552,18 @@ export function validate(c: RunConfig): RunConfig {
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
   c.hubUrl = c.hubUrl.replace(/\/+$/, "");
   return Object.freeze({ ...c });
+}
+
+/**
+ * M6: the bytes one rank's training arena may take: --activation-budget-gb, or (0) half of this machine's memory
+ * shared by the process's rank threads. `auto` says which; `totalBytes` is the machine's memory.
+ */
+export function activationBudget(
+  c: Pick<RunConfig, "activationBudgetGb" | "world">,
+  totalBytes: number = os.totalmem(),
+): { bytes: number; auto: boolean; totalBytes: number } {
+  if (c.activationBudgetGb > 0) return { bytes: Math.floor(c.activationBudgetGb * 2 ** 30), auto: false, totalBytes };
+  return { bytes: Math.floor(totalBytes / 2 / c.world), auto: true, totalBytes };
 }
 
 /** The native engine's choices of a run (--gemm, --isa, --precision), as every rank loads them. */

@@ -15,8 +15,10 @@ import {
   type IsaChoice,
   type Precision,
   type RunConfig,
+  activationBudget,
 } from "./config";
 import { initWeights } from "./model/init";
+import { activationPlan } from "./model/llama";
 import { checkEngineRequest } from "./model/backend";
 import { builtinGemmBf16 } from "./model/engine/native";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
@@ -186,6 +188,7 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
         world: cfg.world,
         model: s.model.config,
         gradCkpt: cfg.gradCkpt,
+        activationBudgetBytes: activationBudget(cfg).bytes,
         backend: cfg.backend,
         native: nativeChoice(cfg),
         fault: faultFromEnv(),
@@ -228,6 +231,34 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
 }
 
 /** G7: everything built and checked, nothing trained; one JSON line. */
+/** M6: the policy a rank runs for the run's (micro-batch, seq) under the activation budget, and its size. */
+export function activationReport(s: Pick<Session, "cfg" | "model">): { line: string; json: Record<string, unknown> } {
+  const { cfg } = s,
+    budget = activationBudget(cfg),
+    p = activationPlan(s.model.config, cfg.microBatch, cfg.seqLen, cfg.gradCkpt, budget.bytes),
+    gib = (b: number) => `${(b / 2 ** 30).toFixed(2)} GiB`;
+  const what =
+    p.recompute === "none"
+      ? "nothing recomputed (every activation kept)"
+      : p.recompute === "kept"
+        ? "norms and SwiGLU recomputed (matmul outputs kept)"
+        : p.attnKept
+          ? "whole blocks recomputed but attention"
+          : "whole blocks recomputed";
+  const of = budget.auto
+    ? `half of this machine's ${gib(budget.totalBytes)} over ${cfg.world} rank${cfg.world > 1 ? "s" : ""}`
+    : "--activation-budget-gb";
+  const over = p.fits
+    ? ""
+    : cfg.gradCkpt
+      ? "; OVER the budget even so: lower --micro-batch or --seq-len, or raise --activation-budget-gb"
+      : "; OVER the budget: drop --no-grad-ckpt to recompute within it";
+  return {
+    line: `activations: ${what}${cfg.gradCkpt ? "" : " by --no-grad-ckpt"}, ${gib(p.bytes)} a rank at micro-batch ${cfg.microBatch} x seq ${cfg.seqLen}; budget ${gib(budget.bytes)} (${of})${over}`,
+    json: { recompute: p.recompute, attn_kept: p.attnKept, bytes: p.bytes, budget_bytes: budget.bytes, fits: p.fits },
+  };
+}
+
 function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
   const j = {
@@ -245,7 +276,9 @@ function dryRun(s: Session, rep: Reporter): RunResult {
     world: cfg.world,
     seqs_per_step: plan.seqsPerStep,
     tokens_per_step: plan.tokensPerStep,
+    activations: activationReport(s).json,
   };
+  rep.say(activationReport(s).line);
   rep.say(JSON.stringify(j));
   return { runJson: j, exported: null };
 }
@@ -305,6 +338,7 @@ async function startActors(
     `precision: master=fp32 (asserted) compute=${compute} backend=${coord.backendInfo.backend} loss_scaler=${scaler} grad_ckpt=${cfg.gradCkpt}`,
   );
   rep.say(`backend: ${coord.backendInfo.detail}`);
+  rep.say(activationReport(s).line);
   const slow = bf16Warning(cfg.precision, cfg.isa);
   if (slow) rep.say(slow);
   let head: string | null = null;

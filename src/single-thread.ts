@@ -63,12 +63,14 @@ import {
 } from "./optim/optim";
 import { adamwSliceSimd } from "./optim/optim-simd";
 import type { StepResult } from "./actors/coordinator";
-import { nativeChoice, type RunConfig } from "./config";
+import { activationBudget, nativeChoice, type RunConfig } from "./config";
 import type { Reporter } from "./report";
 
 export interface SingleThreadSetup {
   model: LlamaConfig;
   gradCkpt: boolean;
+  /** M6: the bytes the training arena may take (activationPlan). */
+  activationBudgetBytes: number;
   backend: BackendName;
   native?: NativeOptions;
   root: string;
@@ -128,7 +130,10 @@ export class SingleThreadTrainer {
     const be = await initEngine(setup.backend, setup.native);
     const t = new SingleThreadTrainer(
       setup,
-      new Llama(setup.model, be.kernels, { gradCkpt: setup.gradCkpt }),
+      new Llama(setup.model, be.kernels, {
+        gradCkpt: setup.gradCkpt,
+        activationBudgetBytes: setup.activationBudgetBytes,
+      }),
       be.kernels,
     );
     t.backend = be.engine;
@@ -208,6 +213,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
   const t = await SingleThreadTrainer.create({
     model: s.model.config,
     gradCkpt: cfg.gradCkpt,
+    activationBudgetBytes: activationBudget(cfg).bytes,
     backend: cfg.backend,
     native: nativeChoice(cfg),
     root: s.data.root,

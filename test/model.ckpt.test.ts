@@ -1,17 +1,18 @@
 /**
  * M6 gradient checkpointing on a GQA shape (9 query heads over 3 kv heads, 3 layers, batch 3): every recomputation
  * policy (keep the blocks' matmul outputs and attention's out and lse, and recompute norms and SwiGLU; recompute
- * whole blocks but attention, whose out and lse are kept; or recompute whole blocks, ckptKeepBytes 0) gives loss and
+ * whole blocks but attention, whose out and lse are kept; or recompute whole blocks, budget 0) gives loss and
  * gradients bit-identical to the pass that keeps every activation, on every engine, accumulating over micro-batches;
  * each runs the attention forward only where it keeps nothing of it; and each engine is deterministic run to run
- * (exact resume, B1).
+ * (exact resume, B1). activationPlan picks the fastest policy that fits the budget, and its bytes are exactly what
+ * the model allocates.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
-import { Llama } from "../src/model/llama";
+import { activationPlan, activationPlans, Llama } from "../src/model/llama";
 import type { Kernels } from "../src/model/kernels";
 import { ENGINES, useEngine } from "./helpers/engines";
 
@@ -29,36 +30,70 @@ for (const engine of ENGINES) {
     assert.equal(cfg.numHeads, 9);
     const e = await useEngine(t, engine);
     if (!e) return;
-    let forwards = 0; // attention forwards per run
+    let forwards = 0, // attention forwards per run
+      swiglus = 0; // SwiGLU forwards per run
     const counted: Kernels = {
       ...e.kernels,
+      swigluForward: (...a) => {
+        swiglus++;
+        e.kernels.swigluForward(...a);
+      },
       attentionForward: (...a) => {
         forwards++;
         e.kernels.attentionForward(...a);
       },
     };
-    const run = (gradCkpt: boolean, ckptKeepBytes?: number) => {
+    const run = (gradCkpt: boolean, activationBudgetBytes?: number) => {
       forwards = 0;
-      const m = new Llama(cfg, counted, { gradCkpt, ckptKeepBytes });
+      swiglus = 0;
+      const m = new Llama(cfg, counted, { gradCkpt, activationBudgetBytes });
       m.bindParams(weights);
       const g = new Float32Array(total);
       const losses = [
         m.lossAndGrads(ids.subarray(0, B * T), B, T, 1024, g),
         m.lossAndGrads(ids.subarray(B * T), B, T, 1024, g),
       ];
-      return { losses, g, forwards };
+      return { losses, g, forwards, swiglus, bytes: m.arenaBytes() };
     };
-    // the budget that holds attention's out and lse of every layer (H*E + H floats a token) but not the matmul outputs
+    // each policy's own bytes as the budget: the plan picks exactly it, and the model allocates exactly that
     const L = cfg.numLayers,
-      attnBytes = L * B * T * (cfg.numHeads * cfg.headDim + cfg.numHeads) * 4;
-    const plain = run(false),
-      kept = run(true),
-      attnKept = run(true, attnBytes),
-      whole = run(true, 0),
-      again = run(true);
+      plan = (budget: number) => activationPlan(cfg, B, T, true, budget),
+      [noneBytes, keptBytes, attnBytes, wholeBytes] = activationPlans(cfg, B, T).map((p) => p.bytes);
     assert.deepEqual(
-      [plain.forwards, kept.forwards, attnKept.forwards, whole.forwards],
-      [2 * L, 2 * L, 2 * L, 4 * L],
+      [plan(0), plan(attnBytes), plan(keptBytes), plan(noneBytes), activationPlan(cfg, B, T, false, 0)].map((p) => [
+        p.recompute,
+        p.attnKept,
+        p.fits,
+      ]),
+      [
+        ["whole", false, false],
+        ["whole", true, true],
+        ["kept", true, true],
+        ["none", true, true],
+        ["none", true, false],
+      ],
+      "the fastest policy that fits the budget; without --grad-ckpt nothing is recomputed",
+    );
+    assert.ok(wholeBytes < attnBytes && attnBytes < keptBytes && keptBytes < noneBytes);
+    const plain = run(false),
+      none = run(true, noneBytes),
+      kept = run(true, keptBytes),
+      attnKept = run(true, attnBytes),
+      whole = run(true, wholeBytes),
+      again = run(true, keptBytes);
+    assert.deepEqual(
+      [plain.bytes, none.bytes, kept.bytes, attnKept.bytes, whole.bytes],
+      [noneBytes, noneBytes, keptBytes, attnBytes, wholeBytes],
+      "activationPlan's bytes are the arena the model allocates",
+    );
+    assert.deepEqual(
+      [plain.swiglus, none.swiglus, kept.swiglus, attnKept.swiglus, whole.swiglus],
+      [2 * L, 2 * L, 4 * L, 4 * L, 4 * L],
+      "SwiGLU forwards over two micro-batches: recomputed by every policy but none",
+    );
+    assert.deepEqual(
+      [plain.forwards, none.forwards, kept.forwards, attnKept.forwards, whole.forwards],
+      [2 * L, 2 * L, 2 * L, 2 * L, 4 * L],
       "attention forwards over two micro-batches: once per layer, twice only when whole blocks keep nothing of it",
     );
     assert.deepEqual(attnKept.losses, plain.losses);
@@ -67,12 +102,16 @@ for (const engine of ENGINES) {
       plain.g,
       "checkpointed gradients (whole blocks but attention recomputed) are bit-identical",
     );
+    assert.deepEqual(none.g, plain.g, "a budget that holds everything recomputes nothing");
     assert.deepEqual(kept.losses, plain.losses);
     assert.deepEqual(kept.g, plain.g, "checkpointed gradients (matmul outputs kept) are bit-identical");
     assert.deepEqual(whole.losses, plain.losses);
     assert.deepEqual(whole.g, plain.g, "checkpointed gradients (whole blocks recomputed) are bit-identical");
     assert.deepEqual(again.g, kept.g, "run to run: same gradients");
-    assert.throws(() => new Llama(cfg, e.kernels, { gradCkpt: true, ckptKeepBytes: -1 }), /ckptKeepBytes -1/);
+    assert.throws(
+      () => new Llama(cfg, e.kernels, { gradCkpt: true, activationBudgetBytes: -1 }),
+      /activationBudgetBytes -1/,
+    );
     assert.ok(plain.g.some((x) => x !== 0));
   });
 }

@@ -119,6 +119,7 @@ test("every flag's default is the seed's (G10)", () => {
       vocabSize: 0,
       microBatch: 4,
       accum: 32,
+      activationBudgetGb: 0,
       lr: 6e-4,
       optim: "adamw_torch",
       tokens: 1_000_000_000,

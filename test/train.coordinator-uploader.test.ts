@@ -24,6 +24,7 @@ function create(): Coordinator {
     world: 1,
     model,
     gradCkpt: true,
+    activationBudgetBytes: 0,
     backend: "wasm",
     fault: null,
     data: { root: mix.root, seqLen: 16, dataSeed: 3, microBatch: 2, accum: 1, nVal: 0 },

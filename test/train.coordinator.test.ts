@@ -39,6 +39,7 @@ async function train(
     world,
     model,
     gradCkpt: true,
+    activationBudgetBytes: 0,
     backend: "wasm",
     fault: null,
     coordinatorShare,
@@ -124,6 +125,7 @@ describe("the coordinator, rule by rule (A2, D7, K2)", () => {
       world: o.world,
       model,
       gradCkpt: true,
+      activationBudgetBytes: 0,
       backend: "wasm" as const,
       fault: o.fault ?? null,
       data: { root: mix.root, seqLen: SEQ, dataSeed: DATA_SEED, microBatch: MICRO, accum: o.accum, nVal: o.nVal ?? 0 },
@@ -147,6 +149,7 @@ describe("the coordinator, rule by rule (A2, D7, K2)", () => {
     SingleThreadTrainer.create({
       model,
       gradCkpt: true,
+      activationBudgetBytes: 0,
       backend: "wasm",
       root: mix.root,
       seqLen: SEQ,
@@ -480,6 +483,7 @@ test("the one-thread trainer in bf16 marks the AMX kernel's weight copies stale 
     const t = await SingleThreadTrainer.create({
       model,
       gradCkpt: true,
+      activationBudgetBytes: 0,
       backend: "native",
       native: { gemm: "builtin", isa, precision: "bf16" },
       root: mix.root,

@@ -60,6 +60,7 @@ async function withRuntime<T>(
     world: o.world,
     model,
     gradCkpt: true,
+    activationBudgetBytes: 0,
     backend: "wasm",
     fault: o.fault ?? null,
     coordinatorShare: o.share,
@@ -124,6 +125,7 @@ async function checkAgainstReference(o: {
   const local = await SingleThreadTrainer.create({
     model,
     gradCkpt: true,
+    activationBudgetBytes: 0,
     backend: "wasm",
     root: mix.root,
     seqLen: SEQ,

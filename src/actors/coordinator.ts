@@ -275,6 +275,7 @@ export class Coordinator {
           dataWorld: this.dataWorld,
           model: this.setup.model,
           gradCkpt: this.setup.gradCkpt,
+          activationBudgetBytes: this.setup.activationBudgetBytes,
           backend: this.setup.backend,
           native: this.setup.native,
           data: this.setup.data,

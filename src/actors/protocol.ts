@@ -39,6 +39,8 @@ export interface RankInit {
   dataWorld: number;
   model: LlamaConfig;
   gradCkpt: boolean;
+  /** M6: the bytes the rank's training arena may take; the model runs the fastest policy that fits (activationPlan). */
+  activationBudgetBytes: number;
   backend: BackendName;
   /** The native engine's GEMM (`--gemm`, `--isa`); absent = the built-in GEMM on the widest kernel. */
   native?: NativeOptions;

@@ -57,7 +57,10 @@ async function handleInit(init: RankInit): Promise<FromRank> {
     seqLen: d.seqLen,
   });
   const val = d.nVal > 0 ? new ValStream(PackedTokenStore.open(d.root, manifest, "val"), d.seqLen, d.nVal) : null;
-  const model = new Llama(init.model, be.kernels, { gradCkpt: init.gradCkpt });
+  const model = new Llama(init.model, be.kernels, {
+    gradCkpt: init.gradCkpt,
+    activationBudgetBytes: init.activationBudgetBytes,
+  });
   model.bindParams(views.params); // the shared master weights themselves
   be.kernels.weightsAre?.(views.params); // P8: they change only in update(), which says so
   state = {

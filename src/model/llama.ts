@@ -12,11 +12,11 @@
  * ACCUMULATE (beta 1, +=) straight into the caller's gradient buffer (same layout), scaled by gradScale.
  * Activations live in an arena allocated once per (B, T). Gradient checkpointing (M6) keeps each block's input
  * and recomputes the block's activations right before its backward, with the same kernels on the same inputs:
- * the gradients are bit-identical to the run without it. While they fit in ckptKeepBytes (default 512 MB: seq 1024
- * x micro-batch 1 of the frozen model does) it also keeps the blocks' matmul outputs and attention's (q, k, v, o,
- * lse, x1, gate, up: ~5.2k floats per token per layer) and recomputes only the norms and SwiGLU, which hold the big
- * per-block tensors ([N,F]); otherwise whole blocks (minus the down projection), and then attention too only when
- * its out and lse (~H*E floats per token per layer) do not fit in the budget. Attention keeps no [B,H,T,T] matrix:
+ * the gradients are bit-identical to the run without it, so the policy is only a trade of time for memory, chosen
+ * per (B, T) by activationPlan: the fastest that fits activationBudgetBytes, in the order measured (docs/RULES.md
+ * M6): keep everything ("none"); keep the blocks' matmul outputs and attention's (q, k, v, o, lse, x1, gate, up)
+ * and recompute only the norms and SwiGLU ("kept"); recompute whole blocks but attention, whose out and lse are
+ * kept; recompute whole blocks (minus the down projection). Attention keeps no [B,H,T,T] matrix:
  * its backward recomputes the probabilities from the saved log-sum-exp (kernels.ts).
  * Generation runs this same forward on new positions with a key/value cache (forwardCached, KvCache): the only
  * difference is attention, over the cache through the kernels' attentionCachedForward.
@@ -76,8 +76,11 @@ export interface LlamaOptions {
   gradCkpt: boolean;
   /** Tokens per LM-head / cross-entropy chunk; default keeps ~2^24 logits (64 MB) at once. Results do not depend on it beyond float rounding. */
   headChunkTokens?: number;
-  /** M6: keep the blocks' matmul outputs when all of them fit in this many bytes (default 512 MB); 0 = recompute whole blocks. */
-  ckptKeepBytes?: number;
+  /**
+   * M6, with gradCkpt: the bytes a training arena may take (activationPlan); default 0, the least memory (whole
+   * blocks recomputed). The session passes the run's budget (--activation-budget-gb).
+   */
+  activationBudgetBytes?: number;
 }
 
 export class Llama {
@@ -86,7 +89,7 @@ export class Llama {
   private readonly ops: Kernels;
   private readonly bind: WeightBinder;
   private readonly headChunkTokens: number;
-  private readonly ckptKeepBytes: number;
+  private readonly activationBudgetBytes: number;
   private params: Float32Array | null = null;
   private readonly arenas = new Map<string, Arena>();
 
@@ -98,14 +101,14 @@ export class Llama {
     this.ops = kernels;
     this.gradCkpt = o.gradCkpt;
     this.bind = weightBinder(c);
-    const hc = o.headChunkTokens ?? Math.max(1, Math.floor((1 << 24) / c.vocabSize));
+    const hc = o.headChunkTokens ?? defaultHeadChunkTokens(c.vocabSize);
     if (!Number.isInteger(hc) || hc < 1)
       throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
     this.headChunkTokens = hc;
-    const kb = o.ckptKeepBytes ?? 512 * 1024 * 1024;
-    if (!Number.isFinite(kb) || kb < 0)
-      throw new RangeError(`Llama: ckptKeepBytes ${o.ckptKeepBytes} must be a finite number >= 0`);
-    this.ckptKeepBytes = kb;
+    const kb = o.activationBudgetBytes ?? 0;
+    if (!(kb >= 0) || Number.isNaN(kb))
+      throw new RangeError(`Llama: activationBudgetBytes ${o.activationBudgetBytes} must be a number >= 0`);
+    this.activationBudgetBytes = kb;
   }
 
   /** Binds the flat fp32 parameters (any Float32Array, e.g. a view on a SharedArrayBuffer): read at every call, never copied. */
@@ -523,11 +526,10 @@ export class Llama {
       this.arenas.set(`${B}x${T}`, a);
     }
     if (training && !a.grads) {
-      // M6 policy for this shape: keep the matmul outputs (and attention's lse) when all layers' fit in the budget
-      const kept = L * N * (2 * H * E + 2 * K * E + D + 2 * F + H) * 4;
-      a.recompute = !this.gradCkpt ? "none" : kept <= this.ckptKeepBytes ? "kept" : "whole";
-      // whole blocks: attention's out and lse still kept when they fit (the backward needs no attention forward)
-      a.attnKept = a.recompute !== "whole" || L * N * (H * E + H) * 4 <= this.ckptKeepBytes;
+      // M6: the fastest policy whose arena fits the budget (activationPlan)
+      const p = activationPlan(c, B, T, this.gradCkpt, this.activationBudgetBytes, this.headChunkTokens);
+      a.recompute = p.recompute;
+      a.attnKept = p.attnKept;
       const s = a.acts[0];
       for (let l = 1; l < L; l++) {
         if (a.recompute === "none") a.acts.push(newActs());
@@ -612,6 +614,86 @@ export class KvCache {
       sin: this.sin.subarray(p * h, (p + T) * h),
     };
   }
+}
+
+/** Tokens per LM-head chunk when not given: ~2^24 logits (64 MB) at once. */
+export function defaultHeadChunkTokens(vocabSize: number): number {
+  return Math.max(1, Math.floor((1 << 24) / vocabSize));
+}
+
+/** M6: what a training arena of one (B, T) keeps, and its bytes. */
+export interface ActivationPlan {
+  recompute: "none" | "kept" | "whole";
+  /** attention's out and lse kept per layer (never recomputed) */
+  attnKept: boolean;
+  /** bytes of the whole training arena (activations, block inputs, gradient scratch, one LM-head chunk) */
+  bytes: number;
+  /** false when even the least-memory policy is over the budget (it runs anyway) */
+  fits: boolean;
+}
+
+/**
+ * M6: every recomputation policy of a training arena of (B, T), fastest first, as measured (docs/RULES.md M6):
+ * keep everything, keep the matmul outputs, recompute whole blocks but attention, recompute whole blocks; with the
+ * bytes each arena takes, exactly what Llama allocates. `fits` is left false (activationPlan sets it).
+ */
+export function activationPlans(
+  c: LlamaConfig,
+  B: number,
+  T: number,
+  headChunkTokens: number = defaultHeadChunkTokens(c.vocabSize),
+): ActivationPlan[] {
+  const N = B * T,
+    D = c.hiddenSize,
+    H = c.numHeads,
+    K = c.numKvHeads,
+    E = c.headDim,
+    F = c.intermediateSize,
+    L = c.numLayers;
+  const matmulOuts = N * (2 * H * E + 2 * K * E + D + 2 * F) + B * H * T; // q, k, v, o, x1, gate, up; lse
+  const full = matmulOuts + N * (2 * D + 2 + F); // + h1, h2, r1, r2, swiglu
+  const common =
+    (L + 1) * N * D + // block inputs
+    full + // layer 0's activations (every policy's shared scratch)
+    N * D +
+    N + // final norm
+    Math.min(N, headChunkTokens) * c.vocabSize + // one LM-head chunk of logits
+    N + // targets
+    T * E + // RoPE cos and sin
+    2 * N * D +
+    2 * N * H * E +
+    2 * N * K * E +
+    3 * N * F; // gradient scratch
+  const attn = N * H * E + B * H * T; // o, lse
+  const perLayer: Array<[ActivationPlan["recompute"], boolean, number]> = [
+    ["none", true, full],
+    ["kept", true, matmulOuts],
+    ["whole", true, attn],
+    ["whole", false, 0],
+  ];
+  return perLayer.map(([recompute, attnKept, floats]) => ({
+    recompute,
+    attnKept,
+    bytes: 4 * (common + (L - 1) * floats),
+    fits: false,
+  }));
+}
+
+/**
+ * M6: the fastest policy of activationPlans whose arena fits budgetBytes, else the least memory (fits false).
+ * Without gradCkpt nothing is recomputed, whatever the memory.
+ */
+export function activationPlan(
+  c: LlamaConfig,
+  B: number,
+  T: number,
+  gradCkpt: boolean,
+  budgetBytes: number,
+  headChunkTokens: number = defaultHeadChunkTokens(c.vocabSize),
+): ActivationPlan {
+  const all = activationPlans(c, B, T, headChunkTokens).map((p) => ({ ...p, fits: p.bytes <= budgetBytes }));
+  if (!gradCkpt) return all[0];
+  return all.find((p) => p.fits) ?? all[all.length - 1];
 }
 
 /** RoPE tables [T, E/2] (M4): angle t / theta^(2i/E) in float64, its cos and sin rounded once to float32. */

@@ -42,7 +42,7 @@ import * as crypto from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { nativeChoice, type RunConfig } from "../config";
+import { activationBudget, nativeChoice, type RunConfig } from "../config";
 import type { MpiWorld } from "../mpi/world";
 import type { LlamaConfig } from "../model/llama-config";
 import { readManifest } from "../data/manifest";
@@ -253,6 +253,7 @@ export class DistLink {
       world: cfg.world,
       model: doc.model,
       gradCkpt: cfg.gradCkpt,
+      activationBudgetBytes: activationBudget(cfg).bytes,
       backend,
       native: nativeChoice(cfg),
       fault: null,

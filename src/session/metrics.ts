@@ -89,7 +89,15 @@ export class MetricWindow {
 
 /** The `memory` figures of RUN_JSON (G6). */
 export interface MemoryReport {
-  per_rank: Array<{ rank: number; heap_mb: number; tf_tensors_mb: number; wasm_heap_mb: number; arena_mb: number }>;
+  per_rank: Array<{
+    rank: number;
+    heap_mb: number;
+    tf_tensors_mb: number;
+    wasm_heap_mb: number;
+    arena_mb: number;
+    /** the activation arena exactly (M6: the start line's "activations:" size) */
+    arena_bytes: number;
+  }>;
   max_rank_mb: number;
   process_rss_mb: number;
 }
@@ -105,6 +113,7 @@ export async function memoryReport(coord: Coordinator, rep: Reporter): Promise<M
       tf_tensors_mb: megabytes(m.tfPeakBytes),
       wasm_heap_mb: megabytes(m.wasmHeapBytes),
       arena_mb: megabytes(m.arenaBytes),
+      arena_bytes: m.arenaBytes,
     })),
     max_rank_mb: Math.max(
       ...mem.map((m) => megabytes(m.heapPeakBytes + m.arenaBytes + Math.max(m.tfPeakBytes, m.wasmHeapBytes))),
