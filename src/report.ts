@@ -22,18 +22,31 @@ export function createReporter(
 ): Reporter {
   const tty = !lines;
   const everyMs = progressEverySeconds() * 1000;
+  // G5: a reader that goes away (`| head`) must not end a run: its lines stop, training and metrics.jsonl go on
+  let closed = false;
+  stream.on("error", (e: NodeJS.ErrnoException) => {
+    if (e.code !== "EPIPE") throw e;
+    if (closed) return;
+    closed = true;
+    process.stderr.write(
+      `note: the output's reader closed it (EPIPE); the run goes on, its log lines in ${path.join(outDir, "metrics.jsonl")}\n`,
+    );
+  });
+  const write = (s: string) => {
+    if (!closed) stream.write(s);
+  };
   let lastProgress = performance.now();
   let progressShown = false;
   const clear = () => {
     if (progressShown) {
-      stream.write("\r\x1b[2K");
+      write("\r\x1b[2K");
       progressShown = false;
     }
   };
   return {
     say(line: string) {
       clear();
-      stream.write(`${line}\n`);
+      write(`${line}\n`);
     },
     progress(line: string) {
       if (!tty) {
@@ -41,10 +54,10 @@ export function createReporter(
         const now = performance.now();
         if (now - lastProgress < everyMs) return;
         lastProgress = now;
-        stream.write(`progress: ${line}\n`);
+        write(`progress: ${line}\n`);
         return;
       }
-      stream.write(`\r\x1b[2K${line.slice(0, (stream.columns || 120) - 1)}`);
+      write(`\r\x1b[2K${line.slice(0, (stream.columns || 120) - 1)}`);
       progressShown = true;
     },
     metric(entry: LogEntry) {

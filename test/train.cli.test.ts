@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyArgs as tinyRunArgs, tinyConfig } from "./helpers/run";
@@ -576,4 +576,26 @@ test("the phases before and after training say what they do: hashing a large mix
   );
   assert.match(r.stdout, /^validation: 16 held-out windows of 16 tokens on 1 rank\(s\)$/m);
   assert.ok(r.stdout.indexOf("validation: 16 held-out") < r.stdout.indexOf("validation loss="), "said before the pass");
+});
+
+test("a reader that closes the output (| head) ends no run: no stack trace, the run finishes (G5)", {
+  timeout: 300_000,
+}, async () => {
+  const out = tmpDir("tstrain-epipe-");
+  const child = spawn(process.execPath, [MAIN, ...tinyRunArgs(mix.root, out, ["--backend", "wasm"])], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stderr = "";
+  child.stderr.setEncoding("utf8");
+  child.stderr.on("data", (s: string) => {
+    stderr += s;
+  });
+  // like `| head -1`: read the first line, then close the pipe while the run is still writing
+  child.stdout.once("data", () => child.stdout.destroy());
+  const code = await new Promise<number | null>((resolve) => child.on("exit", (c) => resolve(c)));
+  assert.equal(code, 0, stderr);
+  assert.match(stderr, /the output's reader closed it \(EPIPE\); the run goes on/);
+  assert.ok(!/\n\s+at /.test(stderr), `no stack trace:\n${stderr}`);
+  const metrics = fs.readFileSync(path.join(out, "metrics.jsonl"), "utf8").trim().split("\n");
+  assert.equal(JSON.parse(metrics[metrics.length - 1]).step, 8, "the run trained to its last step");
 });
