@@ -556,14 +556,22 @@ export function validate(c: RunConfig): RunConfig {
 
 /**
  * M6: the bytes one rank's training arena may take: --activation-budget-gb, or (0) half of this machine's memory
- * shared by the process's rank threads. `auto` says which; `totalBytes` is the machine's memory.
+ * shared by every rank thread on it: the process's, times the processes the MPI launcher started on this host
+ * (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE; 1 without one). `auto` says which;
+ * `ranksHere` is the divisor, `totalBytes` the machine's memory.
  */
 export function activationBudget(
   c: Pick<RunConfig, "activationBudgetGb" | "world">,
   totalBytes: number = os.totalmem(),
-): { bytes: number; auto: boolean; totalBytes: number } {
-  if (c.activationBudgetGb > 0) return { bytes: Math.floor(c.activationBudgetGb * 2 ** 30), auto: false, totalBytes };
-  return { bytes: Math.floor(totalBytes / 2 / c.world), auto: true, totalBytes };
+  env: NodeJS.ProcessEnv = process.env,
+): { bytes: number; auto: boolean; totalBytes: number; ranksHere: number } {
+  const local = [env.OMPI_COMM_WORLD_LOCAL_SIZE, env.MPI_LOCALNRANKS, env.SLURM_NTASKS_PER_NODE]
+    .map((v) => Number.parseInt(v ?? "", 10))
+    .find((n) => Number.isSafeInteger(n) && n >= 1);
+  const ranksHere = c.world * (local ?? 1);
+  if (c.activationBudgetGb > 0)
+    return { bytes: Math.floor(c.activationBudgetGb * 2 ** 30), auto: false, totalBytes, ranksHere };
+  return { bytes: Math.floor(totalBytes / 2 / ranksHere), auto: true, totalBytes, ranksHere };
 }
 
 /** The native engine's choices of a run (--gemm, --isa, --precision), as every rank loads them. */

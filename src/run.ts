@@ -246,7 +246,7 @@ export function activationReport(s: Pick<Session, "cfg" | "model">): { line: str
           ? "whole blocks recomputed but attention"
           : "whole blocks recomputed";
   const of = budget.auto
-    ? `half of this machine's ${gib(budget.totalBytes)} over ${cfg.world} rank${cfg.world > 1 ? "s" : ""}`
+    ? `half of this machine's ${gib(budget.totalBytes)} over its ${budget.ranksHere} rank${budget.ranksHere > 1 ? "s" : ""}`
     : "--activation-budget-gb";
   const over = p.fits
     ? ""

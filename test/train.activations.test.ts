@@ -20,18 +20,30 @@ const plan = (budget: number, gradCkpt = true) => activationPlan(model, 2, 16, g
 const [noneBytes, keptBytes] = activationPlans(model, 2, 16).map((p) => p.bytes);
 const GB = 2 ** 30;
 
-test("the budget is --activation-budget-gb, or half the machine's memory over the ranks (M6)", () => {
-  assert.deepEqual(activationBudget({ activationBudgetGb: 0, world: 2 }, 24 * GB), {
+test("the budget is --activation-budget-gb, or half the machine's memory over the ranks on it (M6)", () => {
+  assert.deepEqual(activationBudget({ activationBudgetGb: 0, world: 2 }, 24 * GB, {}), {
     bytes: 6 * GB,
     auto: true,
     totalBytes: 24 * GB,
+    ranksHere: 2,
   });
-  assert.equal(activationBudget({ activationBudgetGb: 0, world: 1 }, 24 * GB).bytes, 12 * GB);
-  assert.deepEqual(activationBudget({ activationBudgetGb: 1.5, world: 2 }, 24 * GB), {
-    bytes: 1.5 * GB,
-    auto: false,
-    totalBytes: 24 * GB,
-  });
+  assert.equal(activationBudget({ activationBudgetGb: 0, world: 1 }, 24 * GB, {}).bytes, 12 * GB);
+  // processes an MPI launcher put on this host share its memory too
+  for (const env of [{ OMPI_COMM_WORLD_LOCAL_SIZE: "3" }, { MPI_LOCALNRANKS: "3" }, { SLURM_NTASKS_PER_NODE: "3" }])
+    assert.equal(
+      activationBudget({ activationBudgetGb: 0, world: 2 }, 24 * GB, env).bytes,
+      2 * GB,
+      JSON.stringify(env),
+    );
+  assert.deepEqual(
+    activationBudget({ activationBudgetGb: 1.5, world: 2 }, 24 * GB, { OMPI_COMM_WORLD_LOCAL_SIZE: "3" }),
+    {
+      bytes: 1.5 * GB,
+      auto: false,
+      totalBytes: 24 * GB,
+      ranksHere: 6,
+    },
+  );
   assert.equal(parseArgs([]).config.activationBudgetGb, 0);
 });
 
