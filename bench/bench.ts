@@ -558,7 +558,7 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
   if (o.cases.has("optim")) {
     await run.guard("optim", async () => {
       log(
-        `optim: reduce over 2 slots + AdamW, P = ${o.optimSizes.map((p) => `${(p / 1e6).toFixed(0)}M`).join(", ")}, 1 thread vs ${o.optimThreads} threads`,
+        `optim: fold, reduce over 2 slots and AdamW against a bandwidth probe, P = ${o.optimSizes.map((p) => `${(p / 1e6).toFixed(0)}M`).join(", ")}, 1 thread vs ${o.optimThreads} threads`,
       );
       for (const row of await runOptimCase({
         sizes: o.optimSizes,

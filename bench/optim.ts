@@ -1,22 +1,27 @@
 /**
- * Case 4: gradient averaging plus the optimizer step alone, against parameter count. One "step" is
- * what the coordinator asks of the ranks after compute: reduce (average `world` gradient slots into
- * slot 0, unscale, sum of squares) then update (AdamW over params/m/v with the averaged gradient).
- * Run in one worker thread over [0, P), and split across `threads` worker threads by slice (as the
- * ranks do, each phase a barrier), alternating the two so drift hits both alike. Times are wall
- * clock from this thread, message round trips included (as the coordinator sees a phase).
+ * Case 4: the optimizer's memory-bound passes alone, with the trainer's own functions (bench/optim-worker.ts), at
+ * each parameter count, in one worker thread and split across `threads` worker threads as the ranks split them,
+ * against a memory-bandwidth probe measured in the same rounds by the same threads:
  *
- * Shared-memory traffic per element (float32): reduce reads `world` slots and writes 1;
- * AdamW reads params, m, v, g and writes params, m, v (7 accesses).
+ *   fold        foldMicro: a micro-batch's float32 gradient into the rank's float64 slot (every rank, whole vector;
+ *               later micro-batches: reads g and the slot, writes both (g zeroed): 24 B an element; the first: 16 B)
+ *   reduce      reduceChunks64 over `world` float64 slots into the float32 gradient, with the chunks' sums of
+ *               squares (each thread its chunks): reads 8 B per slot, writes 4 B
+ *   update      adamwSliceSimd: reads params, m, v, g and writes params, m, v: 28 B
+ *   probe       the better of a triad x = y + s*z (24 B) and a copy (TypedArray.set, a memmove: 16 B) over float64
+ *
+ * Each pass's GB/s counts those bytes (no write-allocate, as STREAM counts), and `*_of_bw` is its GB/s over the
+ * probe's. Rounds alternate which of the two thread counts goes first, so drift hits both alike; each figure is the
+ * median over the timed rounds. Times are each thread's time inside the call, the slowest thread's per phase.
  */
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
-import { slices, ADAMW_DEFAULTS, type DecayRange } from "../src/optim/optim";
+import { chunkCount, chunkSlices, slices, ADAMW_DEFAULTS, type DecayRange } from "../src/optim/optim";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
-import type { OptimCmd, OptimReply } from "./optim-worker";
+import type { OptimCmd, OptimReply, OptimWorkerInit } from "./optim-worker";
 import type { BenchRow } from "./steps";
-import { median, r, summarize } from "./stats";
+import { median, r } from "./stats";
 
 export function parseCount(s: string): number {
   const m = /^(\d+(?:\.\d+)?)([kKmM]?)$/.exec(s.trim());
@@ -74,80 +79,105 @@ export async function runOptimCase(o: {
   log: (s: string) => void;
 }): Promise<BenchRow[]> {
   const maxP = Math.max(...o.sizes);
-  const f32 = () => new SharedArrayBuffer(maxP * 4);
-  const bufs = { params: f32(), m: f32(), v: f32(), slots: Array.from({ length: o.world }, f32) };
+  const sab = (bytes: number) => new SharedArrayBuffer(maxP * bytes);
+  const threads = Math.max(o.threads, 1);
+  const bufs: OptimWorkerInit = {
+    params: sab(4),
+    m: sab(4),
+    v: sab(4),
+    slots: Array.from({ length: Math.max(o.world, threads) }, () => sab(8)),
+    micro: Array.from({ length: Math.max(o.world, threads) }, () => sab(4)),
+    grad: sab(4),
+    sq: new SharedArrayBuffer(chunkCount(maxP) * 8),
+    probe: sab(8),
+  };
   const params = new Float32Array(bufs.params),
     m = new Float32Array(bufs.m),
     v = new Float32Array(bufs.v);
-  const slots = bufs.slots.map((b) => new Float32Array(b));
-  // Plausible values: weights ~0.02, grads ~1e-3 * scale-ish, moments small and positive.
+  const slots = bufs.slots.map((b) => new Float64Array(b));
+  // Plausible values: weights ~0.02, moments small and positive, slots a loss-scaled gradient sum.
   for (let i = 0; i < maxP; i++) {
     const u = ((i * 2654435761) >>> 0) / 4294967296 - 0.5;
     params[i] = 0.04 * u;
     m[i] = 1e-4 * u;
     v[i] = 1e-8 * (1 + u);
-    for (let s = 0; s < o.world; s++) slots[s][i] = 65536 * 1e-3 * (u + 0.01 * s);
+    for (let s = 0; s < slots.length; s++) slots[s][i] = 65536 * 1e-3 * (u + 0.01 * s);
   }
-  // Both modes run in worker threads of their own (a fresh isolate each, as a rank is), so the JIT
-  // state of this thread (which also ran SingleThreadTrainer on plain arrays) cannot colour either figure.
+  // Both thread counts run in worker threads of their own (a fresh isolate each, as a rank is).
   const single = new Pool(1);
-  const pool = new Pool(o.threads);
+  const pool = new Pool(threads);
   const rows: BenchRow[] = [];
   const hyper = { lr: 6e-4, ...ADAMW_DEFAULTS };
+  type Phase = "triad" | "copy" | "foldFirst" | "fold" | "reduce" | "update";
+  const PHASES: Phase[] = ["triad", "copy", "foldFirst", "fold", "reduce", "update"];
   try {
     await single.all(() => ({ op: "init", init: bufs }));
     await pool.all(() => ({ op: "init", init: bufs }));
     for (const P of o.sizes) {
       const ranges = rangesFor(P);
       const invScale = 1 / (o.world * 65536);
-      // reduce writes slot 0 in place; slot 0 converges to a fixed point ~ slot1/(2*65536), far from
-      // denormals, so every step does the same arithmetic on normal floats.
-      const one = { reduce: [] as number[], update: [] as number[], total: [] as number[] };
-      const split = { reduce: [] as number[], update: [] as number[], total: [] as number[] };
+      const times = new Map<Pool, Record<Phase, number[]>>(
+        [single, pool].map((p) => [
+          p,
+          Object.fromEntries(PHASES.map((x) => [x, [] as number[]])) as Record<Phase, number[]>,
+        ]),
+      );
       let t = 1;
-      const step = async (p: Pool, acc: typeof one, keep: boolean) => {
-        const parts = slices(P, p.size);
-        const a = performance.now();
-        const rr = await p.all((i) => ({ op: "reduce", P, lo: parts[i][0], hi: parts[i][1], invScale }));
-        const b = performance.now();
-        const norm = Math.sqrt(rr.reduce((x, y) => x + y.sumSq, 0));
-        await p.all((i) => ({
-          op: "update",
-          P,
-          lo: parts[i][0],
-          hi: parts[i][1],
-          ranges,
-          lr: hyper.lr,
-          coef: Math.min(1, 1 / (norm + 1e-6)),
-          t: t++,
-        }));
-        const c = performance.now();
-        if (keep) {
-          acc.reduce.push(b - a);
-          acc.update.push(c - b);
-          acc.total.push(c - a);
-        }
+      const slowest = (rs: OptimReply[]) => Math.max(...rs.map((x) => x.ms));
+      const round = async (p: Pool, keep: boolean) => {
+        const parts = slices(P, p.size),
+          chunks = chunkSlices(P, p.size),
+          at = times.get(p)!;
+        const got: Record<Phase, number> = {
+          triad: slowest(await p.all((i) => ({ op: "triad", lo: parts[i][0], hi: parts[i][1] }))),
+          copy: slowest(await p.all((i) => ({ op: "copy", lo: parts[i][0], hi: parts[i][1] }))),
+          foldFirst: slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: true }))),
+          fold: slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: false }))),
+          reduce: slowest(
+            await p.all((i) => ({ op: "reduce", P, c0: chunks[i][0], c1: chunks[i][1], invScale: invScale })),
+          ),
+          update: slowest(
+            await p.all((i) => ({
+              op: "update",
+              P,
+              lo: parts[i][0],
+              hi: parts[i][1],
+              ranges,
+              lr: hyper.lr,
+              coef: 0.5,
+              t: t++,
+            })),
+          ),
+        };
+        if (keep) for (const x of PHASES) at[x].push(got[x]);
       };
       for (let k = 0; k < o.warmup + o.steps; k++) {
         const keep = k >= o.warmup;
         // alternate which goes first, so neither always runs on a cache the other just warmed
-        if (k % 2 === 0) {
-          await step(single, one, keep);
-          await step(pool, split, keep);
-        } else {
-          await step(pool, split, keep);
-          await step(single, one, keep);
-        }
+        for (const p of k % 2 === 0 ? [single, pool] : [pool, single]) await round(p, keep);
       }
-      const reduceBytes = P * (o.world + 1) * 4,
-        updateBytes = P * 7 * 4;
-      for (const [label, xs, threads] of [
-        ["optim-1thread", one, 1],
-        [`optim-${pool.size}threads`, split, pool.size],
+      for (const [label, p] of [
+        ["optim-1thread", single],
+        [`optim-${pool.size}threads`, pool],
       ] as const) {
-        const tot = summarize(xs.total),
-          red = median(xs.reduce),
-          upd = median(xs.update);
+        const at = times.get(p)!,
+          n = p.size;
+        const ms = (x: Phase) => median(at[x]);
+        const gbs = (bytes: number, x: Phase) => bytes / (ms(x) / 1000) / 1e9;
+        const bytes: Record<Phase, number> = {
+          triad: 24 * P,
+          copy: 16 * P,
+          foldFirst: 16 * P * n, // every rank folds its whole gradient
+          fold: 24 * P * n,
+          reduce: (8 * o.world + 4) * P,
+          update: 28 * P,
+        };
+        const bw = Math.max(gbs(bytes.triad, "triad"), gbs(bytes.copy, "copy"));
+        const pass = (x: Phase, key: string) => ({
+          [`${key}_ms_median`]: r(ms(x)),
+          [`${key}_gb_per_s`]: r(gbs(bytes[x], x), 2),
+          [`${key}_of_bw`]: r(gbs(bytes[x], x) / bw, 3),
+        });
         const row: BenchRow = {
           case: label,
           backend: "js",
@@ -155,22 +185,21 @@ export async function runOptimCase(o: {
           params: P,
           seq_len: null,
           micro_batch: null,
-          step_ms_median: r(tot.median),
+          step_ms_median: r(ms("reduce") + ms("update")),
           tok_per_s: null,
-          threads,
-          step_ms_p25: r(tot.p25),
-          step_ms_p75: r(tot.p75),
-          steps_timed: tot.n,
-          reduce_ms_median: r(red),
-          update_ms_median: r(upd),
-          reduce_gb_per_s: r(reduceBytes / (red / 1000) / 1e9, 2),
-          update_gb_per_s: r(updateBytes / (upd / 1000) / 1e9, 2),
-          total_gb_per_s: r((reduceBytes + updateBytes) / (tot.median / 1000) / 1e9, 2),
-          bytes_per_step: reduceBytes + updateBytes,
+          threads: n,
+          steps_timed: at.update.length,
+          bw_probe_gb_per_s: r(bw, 2),
+          triad_gb_per_s: r(gbs(bytes.triad, "triad"), 2),
+          copy_gb_per_s: r(gbs(bytes.copy, "copy"), 2),
+          ...pass("foldFirst", "fold_first"),
+          ...pass("fold", "fold"),
+          ...pass("reduce", "reduce"),
+          ...pass("update", "update"),
         };
         rows.push(row);
         o.log(
-          `  ${label.padEnd(15)} P=${(P / 1e6).toFixed(1)}M: ${row.step_ms_median} ms (reduce ${row.reduce_ms_median} ms ${row.reduce_gb_per_s} GB/s, adamw ${row.update_ms_median} ms ${row.update_gb_per_s} GB/s)`,
+          `  ${label.padEnd(15)} P=${(P / 1e6).toFixed(1)}M: probe ${row.bw_probe_gb_per_s} GB/s; fold ${row.fold_ms_median} ms ${row.fold_gb_per_s} GB/s (${row.fold_of_bw}), first fold ${row.fold_first_gb_per_s} GB/s (${row.fold_first_of_bw}), reduce ${row.reduce_ms_median} ms ${row.reduce_gb_per_s} GB/s (${row.reduce_of_bw}), adamw ${row.update_ms_median} ms ${row.update_gb_per_s} GB/s (${row.update_of_bw})`,
         );
       }
     }

@@ -84,20 +84,19 @@ export function markdown(o: {
   const opt = o.rows.filter((x) => String(x.case).startsWith("optim-"));
   if (opt.length) {
     L.push(
-      `## Gradient average + AdamW alone (reduce over ${fmt(opt[0].world)} slots, then AdamW; float32 in SharedArrayBuffers)`,
+      `## The optimizer's passes against the memory bandwidth (${fmt(opt[0].world)} slots; the trainer's own functions)`,
       "",
     );
     L.push(
-      `Bytes per element: reduce (world+1)×4 (reads every slot, writes slot 0), AdamW 7×4 (reads params, m, v, g; writes params, m, v).`,
+      "Bytes per element: fold 24 (the first micro-batch's 16), reduce 8 per slot + 4, AdamW 28; the probe is the better of a float64 triad (24) and copy (16), by the same threads in the same rounds. Each cell: GB/s (fraction of the probe).",
       "",
     );
-    L.push(
-      `| case | params | threads | step ms (median) | reduce ms | reduce GB/s | AdamW ms | AdamW GB/s | total GB/s | n |`,
-    );
-    L.push(`|---|---|---|---|---|---|---|---|---|---|`);
+    L.push(`| case | params | threads | probe GB/s | fold | first fold | reduce | AdamW | n |`);
+    L.push(`|---|---|---|---|---|---|---|---|---|`);
+    const cell = (x: BenchRow, k: string) => `${fmt(x[`${k}_gb_per_s`])} (${fmt(x[`${k}_of_bw`])})`;
     for (const x of opt) {
       L.push(
-        `| ${x.case} | ${fmt(x.params)} | ${fmt(x.threads)} | ${fmt(x.step_ms_median)} | ${fmt(x.reduce_ms_median)} | ${fmt(x.reduce_gb_per_s)} | ${fmt(x.update_ms_median)} | ${fmt(x.update_gb_per_s)} | ${fmt(x.total_gb_per_s)} | ${fmt(x.steps_timed)} |`,
+        `| ${x.case} | ${fmt(x.params)} | ${fmt(x.threads)} | ${fmt(x.bw_probe_gb_per_s)} | ${cell(x, "fold")} | ${cell(x, "fold_first")} | ${cell(x, "reduce")} | ${cell(x, "update")} | ${fmt(x.steps_timed)} |`,
       );
     }
     L.push("");
