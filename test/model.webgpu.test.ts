@@ -179,25 +179,25 @@ test("on webgpu, every kernel matches the JS reference (matmul: float64), on una
       kk = rand(B * T * KV * Eh, 16),
       v = rand(B * T * KV * Eh, 17);
     const out = new Float32Array(B * T * H * Eh),
-      att = new Float32Array(B * H * T * T);
-    jsKernels.attentionForward(out, att, q, kk, v, B, T, H, KV, Eh);
+      lse = new Float32Array(B * H * T);
+    jsKernels.attentionForward(out, lse, q, kk, v, B, T, H, KV, Eh);
     await check(
       k,
       "attentionForward",
-      [rand(out.length, 18), rand(att.length, 19)],
+      [rand(out.length, 18), rand(lse.length, 19)],
       ([o, a]) => k.attentionForward(o, a, q, kk, v, B, T, H, KV, Eh),
-      [out, att],
+      [out, lse],
     );
     const dO = rand(out.length, 20),
       dq = new Float32Array(q.length),
       dk = new Float32Array(kk.length),
       dv = new Float32Array(v.length);
-    jsKernels.attentionBackward(dq, dk, dv, dO, q, kk, v, att, B, T, H, KV, Eh);
+    jsKernels.attentionBackward(dq, dk, dv, dO, q, kk, v, out, lse, B, T, H, KV, Eh);
     await check(
       k,
       "attentionBackward",
       [rand(dq.length, 21), rand(dk.length, 22), rand(dv.length, 23)],
-      ([a, b, c]) => k.attentionBackward(a, b, c, dO, q, kk, v, att, B, T, H, KV, Eh),
+      ([a, b, c]) => k.attentionBackward(a, b, c, dO, q, kk, v, out, lse, B, T, H, KV, Eh),
       [dq, dk, dv],
     );
     // cached: 3 new positions after 5 cached ones, against a cache of 11 rows

@@ -231,38 +231,40 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 
 /**
  * One causal softmax row of attention, shared by the training forward and the cached forward so that both run
- * the same operations: scores into pr[row + u] for u <= last, their max, exp and sum in u order, the
- * probabilities, then out = sum_u p * v in u order. QI, KI(u), VI(u) and OI are index expressions.
+ * the same operations: scores into pr[prow + u] for u <= last, their max, exp and sum in u order (the row's
+ * log-sum-exp into `lse` when given), the probabilities, then out = sum_u p * v in u order. QI, KI(u), VI(u) and
+ * OI are index expressions.
  */
-function attentionRow(QI: string, KI: string, VI: string, OI: string, E = "p.E"): string {
+function attentionRow(QI: string, KI: string, VI: string, OI: string, lse = ""): string {
   return `
   var mx = -0x1.fffffep+127f;
   for (var u = 0u; u <= last; u++) {
     var s = 0.0;
-    for (var e = 0u; e < ${E}; e++) { s = s + q[${QI} + e] * k[${KI} + e]; }
+    for (var e = 0u; e < p.E; e++) { s = s + q[${QI} + e] * k[${KI} + e]; }
     s = s * p.scale;
     pr[prow + u] = s;
     mx = max(mx, s);
   }
   var sum = 0.0;
   for (var u = 0u; u <= last; u++) { sum = sum + exp(pr[prow + u] - mx); }
+  ${lse ? `${lse} = mx + log(sum);` : ""}
   for (var u = 0u; u <= last; u++) { pr[prow + u] = exp(pr[prow + u] - mx) / sum; }
-  for (var e = 0u; e < ${E}; e++) {
+  for (var e = 0u; e < p.E; e++) {
     var acc = 0.0;
     for (var u = 0u; u <= last; u++) { acc = acc + pr[prow + u] * v[${VI} + e]; }
     out[${OI} + e] = acc;
   }`;
 }
 
-/** One thread per (b, h, t): its row of att [B,H,T,T] (zeros past t) and out [B,T,H,E]. */
+/** One thread per (b, h, t): out [B,T,H,E] and lse [B,H,T]; pr is scratch [B*H*T, T] for the row's scores. */
 const attentionForward = `
 ${sb(0, "out")}
-${sb(1, "pr")}
-${sb(2, "q")}
-${sb(3, "k")}
-${sb(4, "v")}
-${uni(5, "B: u32, T: u32, H: u32, K: u32, E: u32, oO: u32, oA: u32, oQ: u32, oK: u32, oV: u32, scale: f32")}
-${idx}
+${sb(1, "lse")}
+${sb(2, "pr")}
+${sb(3, "q")}
+${sb(4, "k")}
+${sb(5, "v")}
+${uni(6, "B: u32, T: u32, H: u32, K: u32, E: u32, oO: u32, oL: u32, oQ: u32, oK: u32, oV: u32, scale: f32")}
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let id = g.x + g.y * nw.x * 64u;
@@ -272,11 +274,10 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   let b = id / (p.T * p.H);
   let j = (h * p.K) / p.H;
   let last = t;
-  let prow = p.oA + id * p.T;
+  let prow = id * p.T;
   let qo = p.oQ + ((b * p.T + t) * p.H + h) * p.E;
   let kvb = b * p.T;
-  ${attentionRow("qo", "p.oK + ((kvb + u) * p.K + j) * p.E", "p.oV + ((kvb + u) * p.K + j) * p.E", "p.oO + ((b * p.T + t) * p.H + h) * p.E")}
-  for (var u = t + 1u; u < p.T; u++) { pr[prow + u] = 0.0; }
+  ${attentionRow("qo", "p.oK + ((kvb + u) * p.K + j) * p.E", "p.oV + ((kvb + u) * p.K + j) * p.E", "p.oO + ((b * p.T + t) * p.H + h) * p.E", "lse[p.oL + id]")}
 }`;
 
 /** One thread per (new position t, head h) against the cache; pr is scratch [T*H, P+T]. */
@@ -301,17 +302,21 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 }`;
 
 /**
- * Backward, part 1, one thread per (b, h, t): dP[u] = dout[t] . v[u], dS = att * (dP - sum_u att*dP) * scale
- * into ds [B,H,T,T] (zeros past t), and dq[t] = sum_u dS[u] k[u] (overwritten).
+ * Backward, part 1, one thread per (b, h, t): the probabilities recomputed from the scores and the forward's
+ * lse, P[u] = exp(s[u] - lse), into sc[pOff + row + u]; D = dout[t] . out[t]; dS = P * (dout[t] . v[u] - D) *
+ * scale into sc[row + u] (both zero past t); dq[t] = sum_u dS[u] k[u] in u order (overwritten). sc is scratch
+ * of 2 * B*H*T*T floats: dS, then P.
  */
 const attentionBackwardQ = `
 ${sb(0, "dq")}
-${sb(1, "ds")}
+${sb(1, "sc")}
 ${sb(2, "dout")}
-${sb(3, "k")}
-${sb(4, "v")}
-${sb(5, "att")}
-${uni(6, "B: u32, T: u32, H: u32, K: u32, E: u32, oDQ: u32, oDO: u32, oK: u32, oV: u32, oA: u32, scale: f32")}
+${sb(3, "q")}
+${sb(4, "k")}
+${sb(5, "v")}
+${sb(6, "out")}
+${sb(7, "lse")}
+${uni(8, "B: u32, T: u32, H: u32, K: u32, E: u32, oDQ: u32, oDO: u32, oQ: u32, oK: u32, oV: u32, oO: u32, oL: u32, pOff: u32, scale: f32")}
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let id = g.x + g.y * nw.x * 64u;
@@ -322,35 +327,41 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   let j = (h * p.K) / p.H;
   let row = id * p.T;
   let qo = ((b * p.T + t) * p.H + h) * p.E;
-  var dot = 0.0;
+  let x = lse[p.oL + id];
+  var dd = 0.0;
+  for (var e = 0u; e < p.E; e++) { dd = dd + dout[p.oDO + qo + e] * out[p.oO + qo + e]; }
   for (var u = 0u; u <= t; u++) {
+    let ko = p.oK + ((b * p.T + u) * p.K + j) * p.E;
     let vo = p.oV + ((b * p.T + u) * p.K + j) * p.E;
+    var s = 0.0;
     var dp = 0.0;
-    for (var e = 0u; e < p.E; e++) { dp = dp + dout[p.oDO + qo + e] * v[vo + e]; }
-    ds[row + u] = dp;
-    dot = dot + att[p.oA + row + u] * dp;
+    for (var e = 0u; e < p.E; e++) {
+      s = s + q[p.oQ + qo + e] * k[ko + e];
+      dp = dp + dout[p.oDO + qo + e] * v[vo + e];
+    }
+    let pu = exp(s * p.scale - x);
+    sc[p.pOff + row + u] = pu;
+    sc[row + u] = pu * (dp - dd) * p.scale;
   }
-  for (var u = 0u; u <= t; u++) { ds[row + u] = att[p.oA + row + u] * (ds[row + u] - dot) * p.scale; }
-  for (var u = t + 1u; u < p.T; u++) { ds[row + u] = 0.0; }
+  for (var u = t + 1u; u < p.T; u++) { sc[row + u] = 0.0; sc[p.pOff + row + u] = 0.0; }
   for (var e = 0u; e < p.E; e++) {
     var acc = 0.0;
-    for (var u = 0u; u <= t; u++) { acc = acc + ds[row + u] * k[p.oK + ((b * p.T + u) * p.K + j) * p.E + e]; }
+    for (var u = 0u; u <= t; u++) { acc = acc + sc[row + u] * k[p.oK + ((b * p.T + u) * p.K + j) * p.E + e]; }
     dq[p.oDQ + qo + e] = acc;
   }
 }`;
 
 /**
  * Backward, part 2, one thread per (b, u, kv head j, e): dk = sum over the group's query heads h, then t >= u, of
- * dS[t,u] q[t]; dv the same of att[t,u] dout[t] (both overwritten).
+ * dS[t,u] q[t]; dv the same of P[t,u] dout[t] (both overwritten).
  */
 const attentionBackwardKV = `
 ${sb(0, "dk")}
 ${sb(1, "dv")}
-${sb(2, "ds")}
+${sb(2, "sc")}
 ${sb(3, "q")}
 ${sb(4, "dout")}
-${sb(5, "att")}
-${uni(6, "B: u32, T: u32, H: u32, K: u32, E: u32, oDK: u32, oDV: u32, oQ: u32, oDO: u32, oA: u32")}
+${uni(5, "B: u32, T: u32, H: u32, K: u32, E: u32, oDK: u32, oDV: u32, oQ: u32, oDO: u32, pOff: u32")}
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -368,8 +379,8 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
     for (var t = u; t < p.T; t++) {
       let a = ((b * p.H + h) * p.T + t) * p.T + u;
       let qo = ((b * p.T + t) * p.H + h) * p.E + e;
-      ak = ak + ds[a] * q[p.oQ + qo];
-      av = av + att[p.oA + a] * dout[p.oDO + qo];
+      ak = ak + sc[a] * q[p.oQ + qo];
+      av = av + sc[p.pOff + a] * dout[p.oDO + qo];
     }
   }
   dk[p.oDK + id] = ak;

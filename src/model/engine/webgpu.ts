@@ -451,39 +451,42 @@ class WebgpuEngine {
       },
       ropeForward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, 1),
       ropeBackward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, -1),
-      attentionForward: (out, att, q, k, v, B, T, H, K, E) => {
+      attentionForward: (out, lse, q, k, v, B, T, H, K, E) => {
         const qb = bindR(q),
           kb = bindR(k),
           vb = bindR(v),
+          s = this.own(this.scratchOf(B * H * T * T), B * H * T * T),
           o = this.bind(out, "w"),
-          a = this.bind(att, "w");
+          l = this.bind(lse, "w");
         d(
           "attentionForward",
-          [o, a, qb, kb, vb],
-          [B, T, H, K, E, e(o), e(a), e(qb), e(kb), e(vb), { f: 1 / Math.sqrt(E) }],
+          [o, l, s, qb, kb, vb],
+          [B, T, H, K, E, e(o), e(l), e(qb), e(kb), e(vb), { f: 1 / Math.sqrt(E) }],
           grid(B * H * T, 64),
         );
       },
-      attentionBackward: (dq, dk, dv, dout, q, k, v, att, B, T, H, K, E) => {
+      attentionBackward: (dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) => {
+        const n = B * H * T * T; // dS, then the recomputed probabilities P
         const g = bindR(dout),
           qb = bindR(q),
           kb = bindR(k),
           vb = bindR(v),
-          a = bindR(att),
-          s = this.own(this.scratchOf(B * H * T * T), B * H * T * T),
+          ob = bindR(out),
+          l = bindR(lse),
+          s = this.own(this.scratchOf(2 * n), 2 * n),
           oq = this.bind(dq, "w"),
           ok = this.bind(dk, "w"),
           ov = this.bind(dv, "w");
         d(
           "attentionBackwardQ",
-          [oq, s, g, kb, vb, a],
-          [B, T, H, K, E, e(oq), e(g), e(kb), e(vb), e(a), { f: 1 / Math.sqrt(E) }],
+          [oq, s, g, qb, kb, vb, ob, l],
+          [B, T, H, K, E, e(oq), e(g), e(qb), e(kb), e(vb), e(ob), e(l), n, { f: 1 / Math.sqrt(E) }],
           grid(B * H * T, 64),
         );
         d(
           "attentionBackwardKV",
-          [ok, ov, s, qb, g, a],
-          [B, T, H, K, E, e(ok), e(ov), e(qb), e(g), e(a)],
+          [ok, ov, s, qb, g],
+          [B, T, H, K, E, e(ok), e(ov), e(qb), e(g), n],
           grid(B * T * K * E),
         );
       },
