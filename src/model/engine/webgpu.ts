@@ -2,9 +2,9 @@
  * The webgpu engine (`--backend webgpu`): every kernel of the Kernels interface (kernels.ts), forward and
  * backward, as a WGSL compute shader (webgpu-wgsl.ts) on a WebGPU device, through Dawn's Node binding (the
  * optional npm package `webgpu`, which loads libvulkan.so.1 at run time). Each rank thread calls
- * createWebgpuKernels for itself and opens its own adapter and device: `--world N` in one process uses N devices
- * (Dawn names adapters, not boards: on a machine of N identical GPUs every rank may get the first one; run one
- * process per GPU then, see docs/webgpu.md).
+ * createWebgpuKernels for itself and opens its own device, but requestAdapter() has no index and Dawn's adapter=
+ * flag matches names, which identical GPUs share: every rank of a process gets the same (first) GPU. Several GPUs
+ * take one MPI process per GPU, each seeing one (docs/webgpu.md).
  *
  * The arena on the device. The model hands each kernel Float32Array views of its host arrays. The engine mirrors
  * each host ArrayBuffer it is handed (or, on a SharedArrayBuffer, the range it is told about or handed) by one
