@@ -15,7 +15,7 @@
  * committed bench/results/ move only with an explicit --out bench/results/...
  *
  *   node dist/bench/bench.js [--model small|demo|frozen] [--seq N] [--micro-batch N] [--accum N]
- *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,gemm,attention,mpi]
+ *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu|webgpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,gemm,attention,mpi]
  *     [--worlds 1,2] [--upload-worlds 2,1] [--optim-sizes 1M,10M,50M,106M] [--sequential] [--no-grad-ckpt] [--out DIR]
  */
 import * as fs from "node:fs";
@@ -117,7 +117,7 @@ function usage(): string {
     "  --accum N                   micro-batches per step (default 1)",
     "  --steps N                   timed steps per case, >= 5 (default 8)",
     "  --warmup N                  untimed warm-up steps per case (default 1)",
-    "  --backend auto|native|wasm|cpu  engine for every case (default auto, as the trainer: native when it loads, else tfjs)",
+    "  --backend auto|native|wasm|cpu|webgpu  engine for every case (default auto, as the trainer: native when it loads, else tfjs); webgpu: the frozen-step and actor cases only",
     `  --cases a,b,c               of ${ALL_CASES.join(",")} (default all but frozen-step: the frozen 106M model's fwd+bwd, its MFU against the matMul rate, at --seq/--micro-batch)`,
     `  --worlds 1,2                actor world sizes (default 1..max(2, availableParallelism=${cores}))`,
     "  --upload-worlds 2,1         actor worlds for the upload-stall case (default 2,1: 2 = spec, 1 = a core left free)",
@@ -233,8 +233,8 @@ function parseOptions(argv: string[]): Options {
         break;
       case "--backend": {
         const b = v();
-        if (b !== "auto" && b !== "native" && b !== "wasm" && b !== "cpu" && b !== "tensorflow")
-          throw new Error(`--backend ${JSON.stringify(b)}: use auto, native, wasm, cpu or tensorflow`);
+        if (b !== "auto" && b !== "native" && b !== "wasm" && b !== "cpu" && b !== "tensorflow" && b !== "webgpu")
+          throw new Error(`--backend ${JSON.stringify(b)}: use auto, native, wasm, cpu, tensorflow or webgpu`);
         o.backend = b;
         break;
       }
@@ -313,6 +313,14 @@ function parseOptions(argv: string[]): Options {
     }
   }
   if (o.steps < 5) process.stderr.write(`warning: --steps ${o.steps} < 5: medians of fewer than 5 steps are noisy\n`);
+  if (o.backend === "webgpu") {
+    // the webgpu engine is deferred (kernels.ts: settle): the cases that time the model's passes themselves await it
+    const other = [...o.cases].filter((c) => c !== "frozen-step" && c !== "actor");
+    if (other.length)
+      throw new Error(
+        `--backend webgpu runs the frozen-step and actor cases only, not ${other.join(", ")}: pass --cases frozen-step,actor`,
+      );
+  }
   return o;
 }
 

@@ -17,7 +17,7 @@
  * Prints a `BENCH_JSON` line (case "frozen-step"). Also importable: frozenStepBench(o).
  * Usage: node dist/bench/model-frozen-step.js [--seq 256] [--micro-batch 1] [--grad-ckpt|--no-grad-ckpt] [--calls 3]
  *        [--activation-budget-gb G (0 = half the machine's memory over --world ranks)] [--world 1]
- *        [--layers N] [--backend auto|native|wasm|cpu]
+ *        [--layers N] [--backend auto|native|wasm|cpu|webgpu]
  */
 import * as tf from "@tensorflow/tfjs-core";
 import { activationBudget } from "../src/config";
@@ -70,8 +70,8 @@ export function rateShapes(N: number, D: number, F: number, V: number): MatmulSh
   ];
 }
 
-/** GFLOP/s of the engine's matmul on one shape, one sample per rep (one untimed call first). */
-export function matmulRates(k: Kernels, sh: MatmulShape): number[] {
+/** GFLOP/s of the engine's matmul on one shape, one sample per rep (one untimed call first; a deferred engine is awaited). */
+export async function matmulRates(k: Kernels, sh: MatmulShape): Promise<number[]> {
   const a = new Float32Array(sh.M * sh.K),
     b = new Float32Array(sh.K * sh.N),
     c = new Float32Array(sh.M * sh.N);
@@ -82,10 +82,12 @@ export function matmulRates(k: Kernels, sh: MatmulShape): number[] {
       x[i] = s / 4294967296 - 0.5;
     }
   k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
+  await k.settle?.([c]);
   const out: number[] = [];
   for (let i = 0; i < sh.reps; i++) {
     const t0 = performance.now();
     k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
+    await k.settle?.([c]);
     out.push((2 * sh.M * sh.N * sh.K) / ((performance.now() - t0) / 1000) / 1e9);
   }
   return out;
@@ -117,9 +119,15 @@ export async function frozenStepBench(o: {
   log(
     `frozen-step activations: recompute ${plan.recompute}${plan.attnKept ? "" : " (attention too)"}, ${(plan.bytes / 2 ** 30).toFixed(2)} GiB of a ${(o.activationBudgetBytes / 2 ** 30).toFixed(2)} GiB budget`,
   );
+  // a deferred engine (webgpu): each pass is timed to its settle, the loss and the gradient read back
+  const pass = async (ids: Int32Array, grads: Float32Array): Promise<number> => {
+    const loss = m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
+    return be.kernels.settle ? (await be.kernels.settle([grads])).loss : loss;
+  };
   try {
     let t0 = performance.now();
     m.bindParams(w);
+    be.kernels.weightsAre?.(w);
     const setMs = performance.now() - t0;
     const ids = new Int32Array(o.microBatch * o.seq);
     let s = 12345;
@@ -130,19 +138,20 @@ export async function frozenStepBench(o: {
     const grads = new Float32Array(total);
     const tok = o.microBatch * o.seq;
     t0 = performance.now();
-    const loss0 = m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
+    const loss0 = await pass(ids, grads);
     const firstMs = performance.now() - t0;
     log(`first call: ${firstMs.toFixed(0)} ms, loss ${loss0.toFixed(4)}`);
     const shapes = rateShapes(tok, cfg.hiddenSize, cfg.intermediateSize, cfg.vocabSize);
-    const mmBefore = shapes.map((sh) => matmulRates(be.kernels, sh));
+    const mmBefore: number[][] = [];
+    for (const sh of shapes) mmBefore.push(await matmulRates(be.kernels, sh));
     const stepMs: number[] = [],
       cpuMs: number[] = [];
-    const tfjs = be.engine !== "native"; // no tfjs backend is initialised under the native engine
+    const tfjs = be.engine !== "native" && be.engine !== "webgpu"; // no tfjs backend is initialised under these
     const tensorsBefore = tfjs ? tf.memory().numTensors : 0;
     for (let i = 0; i < o.calls; i++) {
       const c0 = process.cpuUsage();
       t0 = performance.now();
-      m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
+      await pass(ids, grads);
       const dt = performance.now() - t0;
       const cu = process.cpuUsage(c0);
       stepMs.push(dt);
@@ -151,12 +160,13 @@ export async function frozenStepBench(o: {
         `call ${i + 1}: ${dt.toFixed(0)} ms wall (${((tok / dt) * 1000).toFixed(1)} tok/s), ${cpuMs[i].toFixed(0)} ms CPU`,
       );
     }
-    const mmAfter = shapes.map((sh) => matmulRates(be.kernels, sh));
+    const mmAfter: number[][] = [];
+    for (const sh of shapes) mmAfter.push(await matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
     const prof = profiledKernels(be.kernels);
     Object.assign(k, prof.kernels);
     t0 = performance.now();
-    m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
+    await pass(ids, grads); // a deferred engine's rows are the time to record each kernel, its total the whole pass
     const profMs = performance.now() - t0;
     Object.assign(k, be.kernels);
     const kernelRows = prof.rows(profMs);
@@ -194,7 +204,10 @@ export async function frozenStepBench(o: {
       matmul_gflops: +gflops.toFixed(2),
       matmul_rates: perShape,
       sgemm_2048_gflops: perShape[perShape.length - 1].gflops,
-      matmul_rate_what: `the ${be.engine} engine's kernels.matmul, one thread, best of the shapes (median per shape)`,
+      matmul_rate_what:
+        be.engine === "webgpu"
+          ? "the webgpu engine's kernels.matmul on its device, each call to its settle (read back included), best of the shapes (median per shape)"
+          : `the ${be.engine} engine's kernels.matmul, one thread, best of the shapes (median per shape)`,
       model_flops_per_token: flopsPerTok,
       model_flops_formula: "6*params + 12*layers*seq*hidden",
       mfu: +mfu.toFixed(3),

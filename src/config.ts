@@ -20,7 +20,7 @@ export type IsaChoice = "auto" | "amx" | "avx512" | "avx2" | "portable";
 /** `--precision` (P8): the matrix products' operands, fp32 or bf16 (bf16 accumulates in fp32; masters stay fp32). */
 export type Precision = "fp32" | "bf16";
 /** `--backend`: the compute engine; auto = native when its addon loads, else the best tfjs backend that loads. */
-export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu";
+export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu" | "webgpu";
 
 export interface RunConfig {
   /** G12: the --config file the settings were read from ('' = none); flags on the command line override it. */

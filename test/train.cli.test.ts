@@ -123,8 +123,8 @@ test("--benchmark N runs N timed steps without actors, prints BENCH_JSON and nev
 
 test("an unknown backend name and a torch-only flag are refused (G10)", () => {
   assert.match(
-    cli(["--backend", "webgpu"]).stderr,
-    /--backend "webgpu" is not one of auto, native, tensorflow, wasm, cpu/,
+    cli(["--backend", "metal"]).stderr,
+    /--backend "metal" is not one of auto, native, tensorflow, wasm, cpu, webgpu/,
   );
   assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
 });

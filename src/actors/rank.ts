@@ -77,7 +77,7 @@ async function handleInit(init: RankInit): Promise<FromRank> {
   return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
 }
 
-function compute(s: RankState, step: number, gradScale: number): FromRank {
+async function compute(s: RankState, step: number, gradScale: number): Promise<FromRank> {
   const t0 = performance.now();
   const slot = s.views.slots[s.init.rank];
   const d = s.init.data;
@@ -88,7 +88,9 @@ function compute(s: RankState, step: number, gradScale: number): FromRank {
     if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;
     faultBeforeMicroBatch(s.init.fault, s.init.rank, step);
     s.stream.readMicroBatch(step, s.init.dataRank, micro, s.ids);
-    losses.push(s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, s.micro));
+    const loss = s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, s.micro);
+    // a deferred (device) engine: one wait per micro-batch, for the loss and the gradient it reads back into s.micro
+    losses.push(s.kernels.settle ? (await s.kernels.settle([s.micro])).loss : loss);
     foldMicro(slot, s.micro, micro === 0); // A10: each micro-batch's gradient on its own, added in float64; s.micro back to 0
     s.mem.sample();
   }
@@ -125,7 +127,7 @@ function update(s: RankState, step: number, lr: number, coef: number, t: number)
   return { type: "updated", rank: s.init.rank, step, ms: performance.now() - t0 };
 }
 
-function evaluate(s: RankState, from: number, to: number): FromRank {
+async function evaluate(s: RankState, from: number, to: number): Promise<FromRank> {
   if (!s.val) throw new Error("no validation stream on this rank (nVal = 0)");
   faultAtValidation(s.init.fault, s.init.rank);
   const seq = s.init.data.seqLen;
@@ -134,7 +136,8 @@ function evaluate(s: RankState, from: number, to: number): FromRank {
   let count = 0;
   for (let i = from; i < to; i++) {
     s.val.read(i, ids);
-    lossSum += s.model.loss(ids, 1, seq);
+    const loss = s.model.loss(ids, 1, seq);
+    lossSum += s.kernels.settle ? (await s.kernels.settle([])).loss : loss;
     count++;
   }
   return { type: "evaluated", rank: s.init.rank, lossSum, count };

@@ -13,11 +13,12 @@ import { UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
 import { DEFAULT_NATIVE, loadNative, type NativeOptions } from "./engine/native";
+import { createWebgpuKernels, probeWebgpuSync, type WebgpuUnavailable } from "./engine/webgpu";
 
 /** What `--backend` accepts: defined once, with the config. */
 export type { BackendName };
 /** The tfjs backends (initBackend). */
-export type TfjsBackendName = Exclude<BackendName, "native">;
+export type TfjsBackendName = Exclude<BackendName, "native" | "webgpu">;
 
 const NODE_PACKAGES = ["@tensorflow/tfjs-node-gpu", "@tensorflow/tfjs-node"] as const;
 
@@ -128,7 +129,7 @@ export async function initBackend(
 /** A compute engine: the kernels the model runs on, which engine that is, and the `backend:` line's detail. */
 export interface Engine {
   kernels: Kernels;
-  engine: "native" | "tensorflow" | "wasm" | "cpu";
+  engine: "native" | "tensorflow" | "wasm" | "cpu" | "webgpu";
   detail: string;
 }
 
@@ -157,6 +158,11 @@ function explicitNative(native: NativeOptions): boolean {
   );
 }
 
+/** The refusal of `--backend webgpu` with no adapter (P1), with the command that gets one. */
+function webgpuRefusal(w: WebgpuUnavailable): UserError {
+  return new UserError("P1", `--backend webgpu is not available: ${w.reason}; fix: ${w.fix}; or pass --backend native`);
+}
+
 /** The refusal of an explicit `--backend tensorflow` that cannot load (P1); `tried` says why for each package. */
 function tensorflowRefusal(tried: string[]): UserError {
   return new UserError(
@@ -172,6 +178,11 @@ function tensorflowRefusal(tried: string[]): UserError {
  * exit 2, A1).
  */
 export function checkEngineRequest(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): void {
+  if (requested === "webgpu") {
+    const w = probeWebgpuSync();
+    if ("reason" in w) throw webgpuRefusal(w);
+    return;
+  }
   if (requested === "tensorflow") {
     const tried: string[] = [];
     for (const pkg of NODE_PACKAGES) {
@@ -192,10 +203,16 @@ export function checkEngineRequest(requested: BackendName, native: NativeOptions
 /**
  * The engine for `--backend` (P1). `native`: the native kernels, or a UserError naming the fix. `auto`: native
  * when it loads, else a tfjs backend as initBackend selects it, with the reason native was passed over and its
- * fix in the detail. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on
+ * fix in the detail. `webgpu`: the webgpu engine on this thread's own adapter and device (engine/webgpu.ts), or a
+ * UserError with the command that gets an adapter. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on
  * that backend, the rest in JS) on top. Each worker thread calls this for itself.
  */
 export async function initEngine(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): Promise<Engine> {
+  if (requested === "webgpu") {
+    const w = await createWebgpuKernels();
+    if ("reason" in w) throw webgpuRefusal(w);
+    return { kernels: w.kernels, engine: "webgpu", detail: `webgpu: ${w.kernels.name}` };
+  }
   if (requested === "native" || requested === "auto") {
     const n = loadNative(native);
     if ("kernels" in n) return { kernels: n.kernels, engine: "native", detail: `${requested}: ${n.kernels.name}` };

@@ -189,6 +189,24 @@ export interface Kernels {
   /** Remakes share `part` of `parts` of those copies now (each rank its own, side by side, before its products). */
   prepareWeights?(part: number, parts: number): void;
 
+  // ------------------------------------------------------------------ a device engine (optional)
+  /**
+   * dst = src (equal lengths). The model copies between its activation arrays through this when an engine has it
+   * (a device engine keeps them on the device); without it the model copies on the host (dst.set(src)).
+   */
+  copy?(dst: Float32Array, src: Float32Array): void;
+  /** x[i] = value for every element: the model's zeroing of an accumulator, as copy. */
+  fill?(x: Float32Array, value: number): void;
+  /**
+   * A DEFERRED engine (webgpu) only queues each kernel on its device: outputs exist on the device, not yet in the
+   * caller's arrays, and crossEntropy returns 0. settle() waits for everything queued, copies each array of
+   * `readback` (e.g. the gradient buffer) into host memory, and resolves to the mean cross-entropy over the
+   * targeted rows of every crossEntropy call since the previous settle (the loss lossAndGrads / loss would return).
+   * Between settles the host must not read or write an array a kernel wrote, except through the kernels. An
+   * engine without settle computes each kernel when it is called (native, tfjs).
+   */
+  settle?(readback: Float32Array[]): Promise<{ loss: number; rows: number }>;
+
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;
 }

@@ -157,7 +157,7 @@ export class Llama {
     // ---- final norm, LM head + cross-entropy (dhF lands in grads.dh), final norm backward into dx
     this.finalNormForward(P, a);
     const loss = this.headForwardBackward(P, a, gradScale, gradOut);
-    grads.dx.fill(0);
+    this.zero(grads.dx);
     this.finalNormBackward(P, a, gradOut);
     // ---- blocks in reverse (M6: recompute the block's activations from its input first)
     for (let l = L - 1; l >= 0; l--) {
@@ -260,8 +260,9 @@ export class Llama {
       ops.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
     }
     if (kv) {
-      kv.keys.set(s.k, kv.past * K * E);
-      kv.values.set(s.v, kv.past * K * E);
+      const at = kv.past * K * E;
+      this.copy(kv.keys.subarray(at, at + s.k.length), s.k);
+      this.copy(kv.values.subarray(at, at + s.v.length), s.v);
       ops.attentionCachedForward(s.o, s.q, kv.keys, kv.values, kv.past, a.T, H, K, E);
     } else if (attn) ops.attentionForward(s.o, s.lse, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same bits
     if (mm) this.linearForward(s.x1, s.o, W.wo, N, H * E, D, x); // x1 = x + o Wo^T: the residual
@@ -336,7 +337,7 @@ export class Llama {
     outF: number,
     residual?: Float32Array,
   ): void {
-    if (residual) y.set(residual);
+    if (residual) this.copy(y, residual);
     this.ops.matmul(false, true, N, outF, inF, 1, x, W, residual ? 1 : 0, y);
   }
 
@@ -413,6 +414,18 @@ export class Llama {
 
   // ================================================================ plumbing
 
+  /** dst = src, through the engine when it has a copy (a device engine keeps both on the device). */
+  private copy(dst: Float32Array, src: Float32Array): void {
+    if (this.ops.copy) this.ops.copy(dst, src);
+    else dst.set(src);
+  }
+
+  /** x = 0, through the engine when it has a fill. */
+  private zero(x: Float32Array): void {
+    if (this.ops.fill) this.ops.fill(x, 0);
+    else x.fill(0);
+  }
+
   /** Embedding, the blocks and the final norm, activations of one block at a time (loss / logits / generation). */
   private forwardHidden(P: Float32Array, ids: Int32Array, B: number, T: number, cache: KvCache | null): Arena {
     const c = this.cfg,
@@ -429,7 +442,9 @@ export class Llama {
   private headLogits(P: Float32Array, a: Arena): Float32Array {
     const V = this.cfg.vocabSize,
       out = new Float32Array(a.B * a.T * V);
-    this.headChunks(P, a, (c0, len, logits) => out.set(logits.subarray(0, len * V), c0 * V));
+    this.headChunks(P, a, (c0, len, logits) =>
+      this.copy(out.subarray(c0 * V, (c0 + len) * V), logits.subarray(0, len * V)),
+    );
     return out;
   }
 

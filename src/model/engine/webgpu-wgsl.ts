@@ -1,0 +1,511 @@
+/**
+ * The WGSL of the webgpu engine (webgpu.ts): one compute shader per kernel of the Kernels interface (kernels.ts).
+ *
+ * Every array is a read_write storage binding (WebGPU lets one buffer back several storage bindings of a
+ * dispatch only when all of them are writable) of a range of a device mirror of a host array, with an element
+ * offset (`o*`) into it in the shader's uniforms. float32 throughout. Deterministic by construction: no atomics,
+ * every sum runs in one fixed order (a thread's own loop, or a workgroup's fixed tree), so the same inputs give
+ * the same bits on one device, run to run. Elementwise kernels index a 1-D range over a 2-D grid (x * 256 per
+ * row of the grid; the host splits past 65535 workgroups); row kernels take one workgroup per row.
+ */
+
+/** Threads per workgroup of the elementwise and per-row kernels. */
+export const WG = 256;
+/** The matmul's output tile: TILE x TILE per workgroup of 16 x 16 threads, 4 x 4 outputs each, K in steps of 16. */
+export const TILE = 64;
+
+const idx = `fn flat(g: vec3u, n: vec3u) -> u32 { return g.x + g.y * n.x * ${WG}u; }`;
+const row = `fn rowOf(w: vec3u, n: vec3u) -> u32 { return w.x + w.y * n.x; }`;
+
+/** A storage binding line: `@group(0) @binding(i) var<storage, read_write> name: array<type>;`. */
+function sb(i: number, name: string, type = "f32"): string {
+  return `@group(0) @binding(${i}) var<storage, read_write> ${name}: array<${type}>;`;
+}
+function uni(i: number, fields: string): string {
+  return `struct P { ${fields} }\n@group(0) @binding(${i}) var<uniform> p: P;`;
+}
+
+/** C = alpha op(A) op(B) + beta C (beta 0 ignores C), cblas_sgemm's row-major contract; every C element sums k in order. */
+const matmul = `
+${sb(0, "A")}
+${sb(1, "B")}
+${sb(2, "C")}
+${uni(3, "M: u32, N: u32, K: u32, tA: u32, tB: u32, oA: u32, oB: u32, oC: u32, alpha: f32, beta: f32")}
+var<workgroup> As: array<vec4<f32>, 256>;
+var<workgroup> Bs: array<vec4<f32>, 256>;
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let m0 = wg.y * 64u;
+  let n0 = wg.x * 64u;
+  let tid = lid.y * 16u + lid.x;
+  var c0 = vec4<f32>(0.0);
+  var c1 = vec4<f32>(0.0);
+  var c2 = vec4<f32>(0.0);
+  var c3 = vec4<f32>(0.0);
+  for (var k0 = 0u; k0 < p.K; k0 += 16u) {
+    for (var r = 0u; r < 4u; r++) {
+      let e = tid + r * 256u;
+      var kk: u32; var mm: u32;
+      if (p.tA == 1u) { mm = e % 64u; kk = e / 64u; } else { kk = e % 16u; mm = e / 16u; }
+      let m = m0 + mm; let k = k0 + kk;
+      var v = 0.0;
+      if (m < p.M && k < p.K) { v = A[p.oA + select(m * p.K + k, k * p.M + m, p.tA == 1u)]; }
+      As[kk * 16u + mm / 4u][mm % 4u] = v;
+      var nn: u32; var kb: u32;
+      if (p.tB == 1u) { kb = e % 16u; nn = e / 16u; } else { nn = e % 64u; kb = e / 64u; }
+      let n = n0 + nn; let kq = k0 + kb;
+      var w = 0.0;
+      if (n < p.N && kq < p.K) { w = B[p.oB + select(kq * p.N + n, n * p.K + kq, p.tB == 1u)]; }
+      Bs[kb * 16u + nn / 4u][nn % 4u] = w;
+    }
+    workgroupBarrier();
+    let kn = min(16u, p.K - k0);
+    for (var kk = 0u; kk < kn; kk++) {
+      let a = As[kk * 16u + lid.y];
+      let b = Bs[kk * 16u + lid.x];
+      c0 = c0 + a.x * b;
+      c1 = c1 + a.y * b;
+      c2 = c2 + a.z * b;
+      c3 = c3 + a.w * b;
+    }
+    workgroupBarrier();
+  }
+  let rows = array<vec4<f32>, 4>(c0, c1, c2, c3);
+  for (var i = 0u; i < 4u; i++) {
+    let m = m0 + lid.y * 4u + i;
+    if (m >= p.M) { continue; }
+    for (var j = 0u; j < 4u; j++) {
+      let n = n0 + lid.x * 4u + j;
+      if (n < p.N) {
+        let c = p.oC + m * p.N + n;
+        var r = p.alpha * rows[i][j];
+        if (p.beta != 0.0) { r = r + p.beta * C[c]; }
+        C[c] = r;
+      }
+    }
+  }
+}`;
+
+const embeddingForward = `
+${sb(0, "out")}
+${sb(1, "ids", "i32")}
+${sb(2, "E")}
+${uni(3, "n: u32, D: u32, oO: u32, oI: u32, oE: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let i = flat(g, nw);
+  if (i >= p.n) { return; }
+  let t = i / p.D; let d = i % p.D;
+  out[p.oO + i] = E[p.oE + u32(ids[p.oI + t]) * p.D + d];
+}`;
+
+/** One thread per column d, the tokens in n order: the scatter-add without atomics. */
+const embeddingBackward = `
+${sb(0, "dE")}
+${sb(1, "ids", "i32")}
+${sb(2, "dout")}
+${uni(3, "N: u32, D: u32, oE: u32, oI: u32, oD: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let d = flat(g, nw);
+  if (d >= p.D) { return; }
+  for (var n = 0u; n < p.N; n++) {
+    let at = p.oE + u32(ids[p.oI + n]) * p.D + d;
+    dE[at] = dE[at] + dout[p.oD + n * p.D + d];
+  }
+}`;
+
+/** A workgroup's fixed-order tree sum of red[0..WG) into red[0] (every thread calls it: it holds barriers). */
+const treeSum = `
+var<workgroup> red: array<f32, ${WG}>;
+fn treeSum(l: u32) {
+  for (var s = ${WG / 2}u; s > 0u; s = s >> 1u) {
+    workgroupBarrier();
+    if (l < s) { red[l] = red[l] + red[l + s]; }
+  }
+  workgroupBarrier();
+}
+fn treeMax(l: u32) {
+  for (var s = ${WG / 2}u; s > 0u; s = s >> 1u) {
+    workgroupBarrier();
+    if (l < s) { red[l] = max(red[l], red[l + s]); }
+  }
+  workgroupBarrier();
+}`;
+
+const rmsnormForward = `
+${sb(0, "out")}
+${sb(1, "rstd")}
+${sb(2, "x")}
+${sb(3, "w")}
+${uni(4, "N: u32, D: u32, oO: u32, oR: u32, oX: u32, oW: u32, eps: f32")}
+${row}
+${treeSum}
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @builtin(local_invocation_index) l: u32) {
+  let n = rowOf(wg, nw);
+  let live = n < p.N;
+  let o = n * p.D;
+  var ss = 0.0;
+  if (live) { for (var d = l; d < p.D; d += ${WG}u) { let v = x[p.oX + o + d]; ss = ss + v * v; } }
+  red[l] = ss;
+  treeSum(l);
+  let r = 1.0 / sqrt(red[0] / f32(p.D) + p.eps);
+  if (!live) { return; }
+  if (l == 0u) { rstd[p.oR + n] = r; }
+  for (var d = l; d < p.D; d += ${WG}u) { out[p.oO + o + d] = x[p.oX + o + d] * r * w[p.oW + d]; }
+}`;
+
+/** dx += rstd * (dout*w - xhat * mean(dout*w*xhat)), one workgroup per row (dw: rmsnormBackwardW). */
+const rmsnormBackward = `
+${sb(0, "dx")}
+${sb(1, "dout")}
+${sb(2, "x")}
+${sb(3, "w")}
+${sb(4, "rstd")}
+${uni(5, "N: u32, D: u32, oDX: u32, oDO: u32, oX: u32, oW: u32, oR: u32")}
+${row}
+${treeSum}
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @builtin(local_invocation_index) l: u32) {
+  let n = rowOf(wg, nw);
+  let live = n < p.N;
+  let o = n * p.D;
+  var r = 0.0;
+  var dot = 0.0;
+  if (live) {
+    r = rstd[p.oR + n];
+    for (var d = l; d < p.D; d += ${WG}u) { dot = dot + dout[p.oDO + o + d] * w[p.oW + d] * (x[p.oX + o + d] * r); }
+  }
+  red[l] = dot;
+  treeSum(l);
+  let mean = red[0] / f32(p.D);
+  if (!live) { return; }
+  for (var d = l; d < p.D; d += ${WG}u) {
+    let at = p.oDX + o + d;
+    dx[at] = dx[at] + r * (dout[p.oDO + o + d] * w[p.oW + d] - x[p.oX + o + d] * r * mean);
+  }
+}`;
+
+/** dw[d] += sum over n, in n order, of dout[n,d] * x[n,d] * rstd[n]: one thread per column. */
+const rmsnormBackwardW = `
+${sb(0, "dw")}
+${sb(1, "dout")}
+${sb(2, "x")}
+${sb(3, "rstd")}
+${uni(4, "N: u32, D: u32, oDW: u32, oDO: u32, oX: u32, oR: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let d = flat(g, nw);
+  if (d >= p.D) { return; }
+  var acc = 0.0;
+  for (var n = 0u; n < p.N; n++) { acc = acc + dout[p.oDO + n * p.D + d] * (x[p.oX + n * p.D + d] * rstd[p.oR + n]); }
+  dw[p.oDW + d] = dw[p.oDW + d] + acc;
+}`;
+
+/** One thread per rotated pair (b, t, head, i < E/2); sign -1 is the backward (the rotation by -angle). */
+const rope = `
+${sb(0, "x")}
+${sb(1, "cs")}
+${sb(2, "sn")}
+${uni(3, "n: u32, T: u32, nh: u32, h: u32, oX: u32, oC: u32, oS: u32, sign: f32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let id = flat(g, nw);
+  if (id >= p.n) { return; }
+  let i = id % p.h;
+  let bt = id / (p.h * p.nh);
+  let t = bt % p.T;
+  let o = p.oX + (id / p.h) * 2u * p.h;
+  let c = cs[p.oC + t * p.h + i];
+  let s = p.sign * sn[p.oS + t * p.h + i];
+  let a = x[o + i];
+  let z = x[o + i + p.h];
+  x[o + i] = a * c - z * s;
+  x[o + i + p.h] = z * c + a * s;
+}`;
+
+/**
+ * One causal softmax row of attention, shared by the training forward and the cached forward so that both run
+ * the same operations: scores into pr[prow + u] for u <= last, their max, exp and sum in u order (the row's
+ * log-sum-exp into `lse` when given), the probabilities, then out = sum_u p * v in u order. QI, KI(u), VI(u) and
+ * OI are index expressions.
+ */
+function attentionRow(QI: string, KI: string, VI: string, OI: string, lse = ""): string {
+  return `
+  var mx = -0x1.fffffep+127f;
+  for (var u = 0u; u <= last; u++) {
+    var s = 0.0;
+    for (var e = 0u; e < p.E; e++) { s = s + q[${QI} + e] * k[${KI} + e]; }
+    s = s * p.scale;
+    pr[prow + u] = s;
+    mx = max(mx, s);
+  }
+  var sum = 0.0;
+  for (var u = 0u; u <= last; u++) { sum = sum + exp(pr[prow + u] - mx); }
+  ${lse ? `${lse} = mx + log(sum);` : ""}
+  for (var u = 0u; u <= last; u++) { pr[prow + u] = exp(pr[prow + u] - mx) / sum; }
+  for (var e = 0u; e < p.E; e++) {
+    var acc = 0.0;
+    for (var u = 0u; u <= last; u++) { acc = acc + pr[prow + u] * v[${VI} + e]; }
+    out[${OI} + e] = acc;
+  }`;
+}
+
+/** One thread per (b, h, t): out [B,T,H,E] and lse [B,H,T]; pr is scratch [B*H*T, T] for the row's scores. */
+const attentionForward = `
+${sb(0, "out")}
+${sb(1, "lse")}
+${sb(2, "pr")}
+${sb(3, "q")}
+${sb(4, "k")}
+${sb(5, "v")}
+${uni(6, "B: u32, T: u32, H: u32, K: u32, E: u32, oO: u32, oL: u32, oQ: u32, oK: u32, oV: u32, scale: f32")}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let id = g.x + g.y * nw.x * 64u;
+  if (id >= p.B * p.H * p.T) { return; }
+  let t = id % p.T;
+  let h = (id / p.T) % p.H;
+  let b = id / (p.T * p.H);
+  let j = (h * p.K) / p.H;
+  let last = t;
+  let prow = id * p.T;
+  let qo = p.oQ + ((b * p.T + t) * p.H + h) * p.E;
+  let kvb = b * p.T;
+  ${attentionRow("qo", "p.oK + ((kvb + u) * p.K + j) * p.E", "p.oV + ((kvb + u) * p.K + j) * p.E", "p.oO + ((b * p.T + t) * p.H + h) * p.E", "lse[p.oL + id]")}
+}`;
+
+/** One thread per (new position t, head h) against the cache; pr is scratch [T*H, P+T]. */
+const attentionCachedForward = `
+${sb(0, "out")}
+${sb(1, "pr")}
+${sb(2, "q")}
+${sb(3, "k")}
+${sb(4, "v")}
+${uni(5, "P: u32, T: u32, H: u32, K: u32, E: u32, oO: u32, oQ: u32, oK: u32, oV: u32, scale: f32")}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let id = g.x + g.y * nw.x * 64u;
+  if (id >= p.T * p.H) { return; }
+  let t = id / p.H;
+  let h = id % p.H;
+  let j = (h * p.K) / p.H;
+  let last = p.P + t;
+  let prow = id * (p.P + p.T);
+  let qo = p.oQ + (t * p.H + h) * p.E;
+  ${attentionRow("qo", "p.oK + (u * p.K + j) * p.E", "p.oV + (u * p.K + j) * p.E", "p.oO + (t * p.H + h) * p.E")}
+}`;
+
+/**
+ * Backward, part 1, one thread per (b, h, t): the probabilities recomputed from the scores and the forward's
+ * lse, P[u] = exp(s[u] - lse), into sc[pOff + row + u]; D = dout[t] . out[t]; dS = P * (dout[t] . v[u] - D) *
+ * scale into sc[row + u] (both zero past t); dq[t] = sum_u dS[u] k[u] in u order (overwritten). sc is scratch
+ * of 2 * B*H*T*T floats: dS, then P.
+ */
+const attentionBackwardQ = `
+${sb(0, "dq")}
+${sb(1, "sc")}
+${sb(2, "dout")}
+${sb(3, "q")}
+${sb(4, "k")}
+${sb(5, "v")}
+${sb(6, "out")}
+${sb(7, "lse")}
+${uni(8, "B: u32, T: u32, H: u32, K: u32, E: u32, oDQ: u32, oDO: u32, oQ: u32, oK: u32, oV: u32, oO: u32, oL: u32, pOff: u32, scale: f32")}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let id = g.x + g.y * nw.x * 64u;
+  if (id >= p.B * p.H * p.T) { return; }
+  let t = id % p.T;
+  let h = (id / p.T) % p.H;
+  let b = id / (p.T * p.H);
+  let j = (h * p.K) / p.H;
+  let row = id * p.T;
+  let qo = ((b * p.T + t) * p.H + h) * p.E;
+  let x = lse[p.oL + id];
+  var dd = 0.0;
+  for (var e = 0u; e < p.E; e++) { dd = dd + dout[p.oDO + qo + e] * out[p.oO + qo + e]; }
+  for (var u = 0u; u <= t; u++) {
+    let ko = p.oK + ((b * p.T + u) * p.K + j) * p.E;
+    let vo = p.oV + ((b * p.T + u) * p.K + j) * p.E;
+    var s = 0.0;
+    var dp = 0.0;
+    for (var e = 0u; e < p.E; e++) {
+      s = s + q[p.oQ + qo + e] * k[ko + e];
+      dp = dp + dout[p.oDO + qo + e] * v[vo + e];
+    }
+    let pu = exp(s * p.scale - x);
+    sc[p.pOff + row + u] = pu;
+    sc[row + u] = pu * (dp - dd) * p.scale;
+  }
+  for (var u = t + 1u; u < p.T; u++) { sc[row + u] = 0.0; sc[p.pOff + row + u] = 0.0; }
+  for (var e = 0u; e < p.E; e++) {
+    var acc = 0.0;
+    for (var u = 0u; u <= t; u++) { acc = acc + sc[row + u] * k[p.oK + ((b * p.T + u) * p.K + j) * p.E + e]; }
+    dq[p.oDQ + qo + e] = acc;
+  }
+}`;
+
+/**
+ * Backward, part 2, one thread per (b, u, kv head j, e): dk = sum over the group's query heads h, then t >= u, of
+ * dS[t,u] q[t]; dv the same of P[t,u] dout[t] (both overwritten).
+ */
+const attentionBackwardKV = `
+${sb(0, "dk")}
+${sb(1, "dv")}
+${sb(2, "sc")}
+${sb(3, "q")}
+${sb(4, "dout")}
+${uni(5, "B: u32, T: u32, H: u32, K: u32, E: u32, oDK: u32, oDV: u32, oQ: u32, oDO: u32, pOff: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let id = flat(g, nw);
+  if (id >= p.B * p.T * p.K * p.E) { return; }
+  let e = id % p.E;
+  let j = (id / p.E) % p.K;
+  let u = (id / (p.E * p.K)) % p.T;
+  let b = id / (p.E * p.K * p.T);
+  let R = p.H / p.K;
+  var ak = 0.0;
+  var av = 0.0;
+  for (var i = 0u; i < R; i++) {
+    let h = j * R + i;
+    for (var t = u; t < p.T; t++) {
+      let a = ((b * p.H + h) * p.T + t) * p.T + u;
+      let qo = ((b * p.T + t) * p.H + h) * p.E + e;
+      ak = ak + sc[a] * q[p.oQ + qo];
+      av = av + sc[p.pOff + a] * dout[p.oDO + qo];
+    }
+  }
+  dk[p.oDK + id] = ak;
+  dv[p.oDV + id] = av;
+}`;
+
+const swigluForward = `
+${sb(0, "out")}
+${sb(1, "gate")}
+${sb(2, "up")}
+${uni(3, "n: u32, oO: u32, oG: u32, oU: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let i = flat(g, nw);
+  if (i >= p.n) { return; }
+  let x = gate[p.oG + i];
+  out[p.oO + i] = (x / (1.0 + exp(-x))) * up[p.oU + i];
+}`;
+
+const swigluBackward = `
+${sb(0, "dgate")}
+${sb(1, "dup")}
+${sb(2, "dout")}
+${sb(3, "gate")}
+${sb(4, "up")}
+${uni(5, "n: u32, oDG: u32, oDU: u32, oDO: u32, oG: u32, oU: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let i = flat(g, nw);
+  if (i >= p.n) { return; }
+  let x = gate[p.oG + i];
+  let sg = 1.0 / (1.0 + exp(-x));
+  let d = dout[p.oDO + i];
+  dup[p.oDU + i] = d * x * sg;
+  dgate[p.oDG + i] = d * up[p.oU + i] * sg * (1.0 + x * (1.0 - sg));
+}`;
+
+/**
+ * One workgroup per row: max and sum of exp by fixed trees, the row's loss (logsumexp - row[target], 0 for
+ * target -1) into loss[row], and with gs > 0 the row overwritten by (softmax - onehot) * gs (zeros for target -1).
+ */
+const crossEntropy = `
+${sb(0, "x")}
+${sb(1, "tg", "i32")}
+${sb(2, "loss")}
+${uni(3, "rows: u32, V: u32, oX: u32, oT: u32, gs: f32")}
+${row}
+${treeSum}
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @builtin(local_invocation_index) l: u32) {
+  let r = rowOf(wg, nw);
+  let live = r < p.rows;
+  var y = -1;
+  if (live) { y = tg[p.oT + r]; }
+  let o = p.oX + r * p.V;
+  var xy = 0.0;
+  var mx = -0x1.fffffep+127f;
+  if (live) {
+    if (y >= 0) { xy = x[o + u32(y)]; }
+    for (var i = l; i < p.V; i += ${WG}u) { mx = max(mx, x[o + i]); }
+  }
+  red[l] = mx;
+  treeMax(l);
+  let m = red[0];
+  workgroupBarrier();
+  var s = 0.0;
+  if (live) { for (var i = l; i < p.V; i += ${WG}u) { s = s + exp(x[o + i] - m); } }
+  red[l] = s;
+  treeSum(l);
+  let sum = red[0];
+  if (!live) { return; }
+  if (l == 0u) { loss[r] = select(0.0, m + log(sum) - xy, y >= 0); }
+  if (p.gs > 0.0) {
+    let inv = 1.0 / sum;
+    for (var i = l; i < p.V; i += ${WG}u) {
+      var gv = 0.0;
+      if (y >= 0) { gv = exp(x[o + i] - m) * inv * p.gs; if (i == u32(y)) { gv = (exp(xy - m) * inv - 1.0) * p.gs; } }
+      x[o + i] = gv;
+    }
+  }
+}`;
+
+const copy = `
+${sb(0, "dst")}
+${sb(1, "src")}
+${uni(2, "n: u32, oD: u32, oS: u32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let i = flat(g, nw);
+  if (i >= p.n) { return; }
+  dst[p.oD + i] = src[p.oS + i];
+}`;
+
+const fill = `
+${sb(0, "dst")}
+${uni(1, "n: u32, oD: u32, value: f32")}
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let i = flat(g, nw);
+  if (i >= p.n) { return; }
+  dst[p.oD + i] = p.value;
+}`;
+
+/** Every shader by name; each has one entry point, `main`. */
+export const SHADERS = {
+  matmul,
+  embeddingForward,
+  embeddingBackward,
+  rmsnormForward,
+  rmsnormBackward,
+  rmsnormBackwardW,
+  rope,
+  attentionForward,
+  attentionCachedForward,
+  attentionBackwardQ,
+  attentionBackwardKV,
+  swigluForward,
+  swigluBackward,
+  crossEntropy,
+  copy,
+  fill,
+} as const;
+
+export type ShaderName = keyof typeof SHADERS;

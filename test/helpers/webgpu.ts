@@ -1,0 +1,35 @@
+// The webgpu engine for a test (src/model/engine/webgpu.ts): this thread's own adapter and device, or null after
+// marking the test skipped. With TSTRAIN_REQUIRE_WEBGPU=1 (CI, where .ci/run installed Mesa 25's lavapipe) an
+// engine that cannot open FAILS the test instead.
+import type { TestContext } from "node:test";
+import type { Kernels } from "../../src/model/kernels";
+import { createWebgpuKernels, probeWebgpuSync } from "../../src/model/engine/webgpu";
+
+export const REQUIRE_WEBGPU = "TSTRAIN_REQUIRE_WEBGPU";
+
+function unavailable(t: TestContext, reason: string, fix: string): null {
+  const why = `webgpu engine unavailable here: ${reason}; fix: ${fix}`;
+  if (process.env[REQUIRE_WEBGPU] === "1") throw new Error(`${REQUIRE_WEBGPU}=1 but the ${why}`);
+  t.skip(why);
+  return null;
+}
+
+export async function useWebgpu(t: TestContext): Promise<Kernels | null> {
+  const w = await createWebgpuKernels();
+  if ("reason" in w) return unavailable(t, w.reason, w.fix);
+  return w.kernels;
+}
+
+/** Whether a child process (a run) can open an adapter here; false after marking the test skipped. */
+export function webgpuRuns(t: TestContext): boolean {
+  const w = probeWebgpuSync();
+  if ("reason" in w) return unavailable(t, w.reason, w.fix) !== null;
+  return true;
+}
+
+/** The settle of a deferred engine (the webgpu engine has one). */
+export function settleOf(k: Kernels): NonNullable<Kernels["settle"]> {
+  const s = k.settle;
+  if (!s) throw new Error(`${k.name} has no settle()`);
+  return s;
+}

@@ -1,0 +1,379 @@
+/**
+ * The webgpu engine (src/model/engine/webgpu.ts, its WGSL in webgpu-wgsl.ts) on this machine's WebGPU adapter (in CI
+ * the llvmpipe software adapter of Mesa 25, TSTRAIN_REQUIRE_WEBGPU=1; elsewhere skipped, saying why):
+ *  - every kernel, forward and backward, against the JS reference (js.ts; matmul against float64) within 1e-5
+ *    relative, on views at unaligned offsets and on a SharedArrayBuffer, and bit-identical when run again;
+ *  - llama-tiny's loss, logits and every gradient against the float64 fixture within the parity test's
+ *    tolerances (1e-5, 1e-4, 1e-4), gradient checkpointing on and off bit-identical, and a second micro-batch
+ *    accumulating into the read-back gradient;
+ *  - the forward with the KV cache equal to the training forward at every position (G11's tolerance);
+ *  - `--backend webgpu` refused before any work (P1, exit 2) with the command that gets an adapter, when none opens.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { spawnSync } from "node:child_process";
+import { jsKernels } from "../src/model/engine/js";
+import type { Kernels } from "../src/model/kernels";
+import { KvCache, Llama } from "../src/model/llama";
+import { buildConfig } from "../src/model/llama-config";
+import { paramLayout } from "../src/model/layout";
+import { initWeights } from "../src/model/init";
+import { readSafetensors } from "../src/model/safetensors";
+import { maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
+import { FIX, loadTinyFixture } from "./helpers/fixture";
+import { settleOf, useWebgpu } from "./helpers/webgpu";
+
+/** n pseudo-random floats in [-1, 1), as a view at an unaligned offset (3 floats) of a bigger buffer, or on a SharedArrayBuffer. */
+function rand(n: number, seed: number, shared = false): Float32Array {
+  const a = shared
+    ? new Float32Array(new SharedArrayBuffer(4 * (n + 5))).subarray(3, 3 + n)
+    : new Float32Array(n + 5).subarray(3, 3 + n);
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    a[i] = (s / 2 ** 32) * 2 - 1;
+  }
+  return a;
+}
+
+function copyOf(a: Float32Array): Float32Array {
+  const c = new Float32Array(a.length + 5).subarray(1, 1 + a.length);
+  c.set(a);
+  return c;
+}
+
+/** float64 alpha op(A) op(B) + beta C. */
+function matmulRef(
+  tA: boolean,
+  tB: boolean,
+  M: number,
+  N: number,
+  K: number,
+  alpha: number,
+  A: Float32Array,
+  B: Float32Array,
+  beta: number,
+  C: Float32Array,
+): Float64Array {
+  const out = new Float64Array(M * N);
+  for (let m = 0; m < M; m++)
+    for (let n = 0; n < N; n++) {
+      let s = 0;
+      for (let k = 0; k < K; k++) s += A[tA ? k * M + m : m * K + k] * B[tB ? n * K + k : k * N + n];
+      out[m * N + n] = alpha * s + (beta === 0 ? 0 : beta * C[m * N + n]);
+    }
+  return out;
+}
+
+/** Runs `call` on the webgpu kernels twice (fresh copies of the outputs), settles, checks both against `ref` and each other. */
+async function check(
+  k: Kernels,
+  what: string,
+  outs: Float32Array[],
+  call: (o: Float32Array[]) => void,
+  ref: ArrayLike<number>[],
+  tol = 1e-5,
+): Promise<void> {
+  const runs: Float32Array[][] = [];
+  for (let r = 0; r < 2; r++) {
+    const o = outs.map(copyOf);
+    call(o);
+    await settleOf(k)(o);
+    runs.push(o);
+  }
+  for (let i = 0; i < outs.length; i++) {
+    const err = relErr(runs[0][i], ref[i]);
+    assert.ok(err < tol, `${what}: output ${i} rel err ${err}`);
+    assert.ok(sameBits(runs[0][i], runs[1][i]), `${what}: output ${i} differs run to run`);
+  }
+}
+
+test("on webgpu, every kernel matches the JS reference (matmul: float64), on unaligned views and shared memory, bit-identical run to run", async (t) => {
+  const k = await useWebgpu(t);
+  if (!k) return;
+  // matmul: every transpose pair, alpha and beta (beta 0 ignores a NaN C), shapes off the 64-tile
+  let seed = 1;
+  for (const [M, N, K] of [
+    [5, 7, 3],
+    [70, 65, 129],
+    [1, 96, 48],
+    [33, 1, 200],
+  ]) {
+    for (const tA of [false, true])
+      for (const tB of [false, true])
+        for (const [alpha, beta] of [
+          [1, 0],
+          [1, 1],
+          [0.25, 0.5],
+        ]) {
+          const A = rand(M * K, seed++, seed % 2 === 0),
+            B = rand(K * N, seed++),
+            C = rand(M * N, seed++);
+          if (beta === 0) C.fill(Number.NaN);
+          const want = matmulRef(tA, tB, M, N, K, alpha, A, B, beta, C);
+          await check(
+            k,
+            `matmul ${tA} ${tB} ${M}x${N}x${K} a${alpha} b${beta}`,
+            [C],
+            ([c]) => k.matmul(tA, tB, M, N, K, alpha, A, B, beta, c),
+            [want],
+          );
+        }
+  }
+  const N = 37,
+    D = 48,
+    V = 96;
+  const ids = Int32Array.from({ length: N }, (_, i) => (i * 7) % 11); // repeats: the scatter-add order
+  const E = rand(V * D, 5, true),
+    dout = rand(N * D, 6);
+  {
+    const want = new Float32Array(N * D);
+    jsKernels.embeddingForward(want, ids, E, N, D);
+    await check(k, "embeddingForward", [new Float32Array(N * D)], ([o]) => k.embeddingForward(o, ids, E, N, D), [want]);
+    const dE = rand(V * D, 7),
+      wantE = copyOf(dE);
+    jsKernels.embeddingBackward(wantE, ids, dout, N, D);
+    await check(k, "embeddingBackward", [dE], ([o]) => k.embeddingBackward(o, ids, dout, N, D), [wantE]);
+  }
+  {
+    const x = rand(N * D, 8),
+      w = rand(D, 9),
+      out = new Float32Array(N * D),
+      rstd = new Float32Array(N);
+    jsKernels.rmsnormForward(out, rstd, x, w, N, D, 1e-5);
+    await check(
+      k,
+      "rmsnormForward",
+      [new Float32Array(N * D), new Float32Array(N)],
+      ([o, r]) => k.rmsnormForward(o, r, x, w, N, D, 1e-5),
+      [out, rstd],
+    );
+    const dx = rand(N * D, 10),
+      dw = rand(D, 11),
+      wdx = copyOf(dx),
+      wdw = copyOf(dw);
+    jsKernels.rmsnormBackward(wdx, wdw, dout, x, w, rstd, N, D);
+    await check(k, "rmsnormBackward", [dx, dw], ([a, b]) => k.rmsnormBackward(a, b, dout, x, w, rstd, N, D), [
+      wdx,
+      wdw,
+    ]);
+  }
+  const B = 2,
+    T = 9,
+    H = 6,
+    KV = 2,
+    Eh = 8;
+  const cos = rand(T * (Eh / 2), 12),
+    sin = rand(T * (Eh / 2), 13);
+  for (const dir of ["ropeForward", "ropeBackward"] as const) {
+    const x = rand(B * T * H * Eh, 14),
+      want = copyOf(x);
+    jsKernels[dir](want, cos, sin, B, T, H, Eh);
+    await check(k, dir, [x], ([o]) => k[dir](o, cos, sin, B, T, H, Eh), [want]);
+  }
+  {
+    const q = rand(B * T * H * Eh, 15),
+      kk = rand(B * T * KV * Eh, 16),
+      v = rand(B * T * KV * Eh, 17);
+    const out = new Float32Array(B * T * H * Eh),
+      lse = new Float32Array(B * H * T);
+    jsKernels.attentionForward(out, lse, q, kk, v, B, T, H, KV, Eh);
+    await check(
+      k,
+      "attentionForward",
+      [rand(out.length, 18), rand(lse.length, 19)],
+      ([o, a]) => k.attentionForward(o, a, q, kk, v, B, T, H, KV, Eh),
+      [out, lse],
+    );
+    const dO = rand(out.length, 20),
+      dq = new Float32Array(q.length),
+      dk = new Float32Array(kk.length),
+      dv = new Float32Array(v.length);
+    jsKernels.attentionBackward(dq, dk, dv, dO, q, kk, v, out, lse, B, T, H, KV, Eh);
+    await check(
+      k,
+      "attentionBackward",
+      [rand(dq.length, 21), rand(dk.length, 22), rand(dv.length, 23)],
+      ([a, b, c]) => k.attentionBackward(a, b, c, dO, q, kk, v, out, lse, B, T, H, KV, Eh),
+      [dq, dk, dv],
+    );
+    // cached: 3 new positions after 5 cached ones, against a cache of 11 rows
+    const P = 5,
+      Tn = 3,
+      S = 11,
+      qn = rand(Tn * H * Eh, 24),
+      kc = rand(S * KV * Eh, 25),
+      vc = rand(S * KV * Eh, 26);
+    const co = new Float32Array(Tn * H * Eh);
+    jsKernels.attentionCachedForward(co, qn, kc, vc, P, Tn, H, KV, Eh);
+    await check(
+      k,
+      "attentionCachedForward",
+      [new Float32Array(co.length)],
+      ([o]) => k.attentionCachedForward(o, qn, kc, vc, P, Tn, H, KV, Eh),
+      [co],
+    );
+  }
+  {
+    const n = 1000,
+      g = rand(n, 27),
+      u = rand(n, 28),
+      d = rand(n, 29);
+    for (let i = 0; i < n; i++) g[i] *= 8; // into silu's tails
+    const out = new Float32Array(n),
+      dg = new Float32Array(n),
+      du = new Float32Array(n);
+    jsKernels.swigluForward(out, g, u, n);
+    jsKernels.swigluBackward(dg, du, d, g, u, n);
+    await check(k, "swigluForward", [new Float32Array(n)], ([o]) => k.swigluForward(o, g, u, n), [out]);
+    await check(k, "swigluBackward", [rand(n, 30), rand(n, 31)], ([a, b]) => k.swigluBackward(a, b, d, g, u, n), [
+      dg,
+      du,
+    ]);
+  }
+  {
+    const rows = 7,
+      Vc = 300,
+      logits = rand(rows * Vc, 32),
+      tg = Int32Array.of(3, -1, 299, 0, 150, -1, 7);
+    for (let i = 0; i < logits.length; i++) logits[i] *= 6;
+    for (const gs of [0, 0.125]) {
+      const want = copyOf(logits),
+        loss = jsKernels.crossEntropy(want, tg, rows, Vc, gs);
+      const got = copyOf(logits);
+      assert.equal(k.crossEntropy(got, tg, rows, Vc, gs), 0, "deferred: crossEntropy returns 0");
+      const r = await settleOf(k)([got]);
+      assert.equal(r.rows, 5, "the targeted rows");
+      assert.ok(
+        Math.abs(r.loss - loss / 5) / (loss / 5) < 1e-6,
+        `crossEntropy gs ${gs}: loss ${r.loss} vs ${loss / 5}`,
+      );
+      assert.ok(relErr(got, want) < 1e-5, `crossEntropy gs ${gs}: logits / gradient rel err ${relErr(got, want)}`);
+    }
+  }
+  {
+    const src = rand(500, 33),
+      dst = rand(500, 34),
+      z = rand(300, 35);
+    await check(k, "copy", [dst], ([o]) => k.copy?.(o, src), [src]);
+    await check(k, "fill", [z], ([o]) => k.fill?.(o, 0.5), [new Float32Array(300).fill(0.5)]);
+  }
+  k.dispose();
+});
+
+const { cfg, ref, B, T, ids, layout, weights } = loadTinyFixture();
+const refGrads = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;
+const refLogits = readSafetensors(path.join(FIX, "logits.f64.safetensors")).tensors.get("logits")?.data as Float64Array;
+
+test("on webgpu, llama-tiny's loss, logits and every gradient match the float64 reference, gradient checkpointing on and off bit-identical (M4, M6)", async (t) => {
+  const k = await useWebgpu(t);
+  if (!k) return;
+  const settle = settleOf(k);
+  const got = new Map<boolean, Float32Array>();
+  for (const gradCkpt of [false, true]) {
+    const m = new Llama(cfg, k, { gradCkpt });
+    m.bindParams(weights);
+    k.weightsAre?.(weights);
+    const grads = new Float32Array(layout.total);
+    m.lossAndGrads(ids, B, T, 1, grads);
+    const { loss } = await settle([grads]);
+    assert.ok(Math.abs(loss - ref.loss) / ref.loss < 1e-5, `loss ${loss} vs ${ref.loss}`);
+    m.loss(ids, B, T);
+    const again = (await settle([])).loss;
+    assert.ok(Math.abs(again - ref.loss) / ref.loss < 1e-5, `loss() ${again} vs ${ref.loss}`);
+    const logits = m.logits(ids, B, T);
+    await settle([logits]);
+    const le = relErr(logits, refLogits);
+    assert.ok(le < 1e-4, `logits rel err ${le}`);
+    let worst = 0;
+    for (const en of layout.entries) {
+      const r = refGrads.get(en.name);
+      assert.ok(r, `reference has ${en.name}`);
+      const err = relErr(grads.subarray(en.offset, en.offset + en.size), r.data as Float64Array);
+      assert.ok(err < 1e-4, `${en.name}: gradient rel err ${err}`);
+      worst = Math.max(worst, err);
+    }
+    console.log(
+      `# PARITY webgpu gradCkpt=${gradCkpt}: loss rel err ${(Math.abs(loss - ref.loss) / ref.loss).toExponential(2)}, logits ${le.toExponential(2)}, worst gradient ${worst.toExponential(2)}`,
+    );
+    got.set(gradCkpt, grads);
+    if (gradCkpt) {
+      // a second micro-batch adds into the gradient read back (the host's values are uploaded, not the device's)
+      const twice = Float32Array.from(grads, (g) => g);
+      m.lossAndGrads(ids, B, T, 1, twice);
+      await settle([twice]);
+      const doubled = Float32Array.from(grads, (g) => 2 * g);
+      assert.ok(relErr(twice, doubled) < 1e-6, `a second micro-batch accumulates: rel err ${relErr(twice, doubled)}`);
+    }
+    m.dispose();
+  }
+  assert.ok(
+    sameBits(got.get(false) as Float32Array, got.get(true) as Float32Array),
+    "gradient checkpointing changes no bit (M6)",
+  );
+  k.dispose();
+});
+
+test("on webgpu, the forward with the KV cache equals the training forward at every position (G11)", async (t) => {
+  const k = await useWebgpu(t);
+  if (!k) return;
+  const settle = settleOf(k);
+  const c = buildConfig({ seqLen: 48, layers: 3, hidden: 144, vocabSize: 300 });
+  const params = new Float32Array(paramLayout(c).total);
+  initWeights(c, 1234, params);
+  for (const e of paramLayout(c).entries) // sharpen: logits far from flat (as test/generate.test.ts does)
+    if (e.name.endsWith("embed_tokens.weight") || e.name.includes("_proj."))
+      for (let i = e.offset; i < e.offset + e.size; i++) params[i] *= 6;
+  const model = new Llama(c, k, { gradCkpt: false });
+  model.bindParams(params);
+  k.weightsAre?.(params);
+  const Tn = 40,
+    V = c.vocabSize;
+  const seq = Int32Array.from({ length: Tn }, (_, i) => (i * 37 + 11) % V);
+  const full = model.logits(seq, 1, Tn);
+  await settle([full]);
+  const scale = maxAbs(full);
+  assert.ok(scale > 1, `logits are not flat (max |logit| ${scale})`);
+  const cache = new KvCache(c, Tn);
+  // a prompt of 7 positions at once, then one position per pass
+  const first = model.forwardCached(seq.subarray(0, 7), cache);
+  await settle([first]);
+  for (let p = 0; p < 7; p++) {
+    const { diff } = maxAbsDiff(first.subarray(p * V, (p + 1) * V), full.subarray(p * V, (p + 1) * V));
+    assert.ok(diff <= 1e-5 * scale, `prompt position ${p}: max |diff| ${diff} (scale ${scale})`);
+  }
+  for (let p = 7; p < Tn; p++) {
+    const got = model.forwardCached(seq.subarray(p, p + 1), cache);
+    await settle([got]);
+    const { diff, at } = maxAbsDiff(got, full.subarray(p * V, (p + 1) * V));
+    assert.ok(diff <= 1e-5 * scale, `position ${p}: max |diff| ${diff} at vocab ${at} (scale ${scale})`);
+  }
+  assert.equal(cache.length, Tn);
+  k.dispose();
+});
+
+test("--backend webgpu with no adapter is refused before any work (P1, exit 2), with the command that gets one", () => {
+  const out = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-webgpu-refuse-"));
+  const run = path.join(out, "run");
+  // the Vulkan loader finds no driver: Dawn has no adapter
+  const env = {
+    ...process.env,
+    VK_DRIVER_FILES: path.join(out, "none.json"),
+    VK_ICD_FILENAMES: path.join(out, "none.json"),
+  };
+  const r = spawnSync(
+    process.execPath,
+    [path.join(__dirname, "..", "main.js"), "--demo", "--backend", "webgpu", "--out", run],
+    { env, encoding: "utf8", timeout: 120_000 },
+  );
+  const text = `${r.stdout}${r.stderr}`;
+  assert.equal(r.status, 2, text);
+  assert.match(text, /P1/);
+  assert.match(text, /--backend webgpu is not available/);
+  assert.match(text, /apt-get install -y -t bookworm-backports mesa-vulkan-drivers|npm install webgpu@0\.6\.2/);
+  assert.ok(!fs.existsSync(run), "nothing was written: refused before any work");
+  fs.rmSync(out, { recursive: true, force: true });
+});
