@@ -16,16 +16,25 @@
  *
  * Prints a `BENCH_JSON` line (case "frozen-step"). Also importable: frozenStepBench(o).
  * Usage: node dist/bench/model-frozen-step.js [--seq 256] [--micro-batch 1] [--grad-ckpt|--no-grad-ckpt] [--calls 3]
- *        [--layers N] [--backend auto|native|wasm|cpu]
+ *        [--layers N] [--backend auto|native|wasm|cpu] [--precision fp32|bf16]
+ * (bf16: the products on bf16 operands, P8; the native engine's built-in GEMM only)
  */
 import * as tf from "@tensorflow/tfjs-core";
 import { initEngine, type BackendName } from "../src/model/backend";
+import { attentionRestTimer, DEFAULT_NATIVE } from "../src/model/engine/native";
+import type { Precision } from "../src/config";
 import type { Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
-import { profiledKernels, type KernelRow } from "./kernel-profile";
+import {
+  cpuMs as cpuNowMs,
+  profiledKernels,
+  profileSummary,
+  type KernelRow,
+  type ProfileSummary,
+} from "./kernel-profile";
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
@@ -96,10 +105,15 @@ export async function frozenStepBench(o: {
   calls: number;
   layers?: number;
   backend?: BackendName;
+  /** the products' precision (bf16: the native engine's built-in GEMM, P8); default fp32 */
+  precision?: Precision;
   log?: (s: string) => void;
-}): Promise<Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number }> {
+}): Promise<
+  Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number; profile_summary: ProfileSummary }
+> {
   const log = o.log ?? (() => undefined);
-  const be = await initEngine(o.backend ?? "auto");
+  const precision = o.precision ?? "fp32";
+  const be = await initEngine(o.backend ?? "auto", { ...DEFAULT_NATIVE, precision });
   log(`frozen-step engine: ${be.detail}`);
   const cfg = buildConfig({ seqLen: o.seq, layers: o.layers });
   const { total } = paramLayout(cfg);
@@ -145,11 +159,11 @@ export async function frozenStepBench(o: {
     }
     const mmAfter = shapes.map((sh) => matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
-    const prof = profiledKernels(be.kernels);
+    const prof = profiledKernels(be.kernels, be.engine === "native" ? attentionRestTimer() : null);
     Object.assign(k, prof.kernels);
-    t0 = performance.now();
+    t0 = cpuNowMs(); // the proxy's clock: CPU time
     m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
-    const profMs = performance.now() - t0;
+    const profMs = cpuNowMs() - t0;
     Object.assign(k, be.kernels);
     const kernelRows = prof.rows(profMs);
     const perShape = shapes.map((sh, i) => ({
@@ -169,6 +183,7 @@ export async function frozenStepBench(o: {
       backend: be.engine,
       detail: be.detail,
       kernels_name: be.kernels.name,
+      precision,
       world: 1,
       params,
       layers: cfg.numLayers,
@@ -197,6 +212,7 @@ export async function frozenStepBench(o: {
       rss_bytes: process.memoryUsage().rss,
       profile_step_ms: +profMs.toFixed(1),
       kernel_profile: kernelRows,
+      profile_summary: profileSummary(kernelRows, profMs),
     };
   } finally {
     m.dispose();
@@ -209,6 +225,9 @@ async function main(): Promise<void> {
   const calls = Number(arg("--calls", arg("--steps", "3")));
   const gradCkpt = !(process.argv.includes("--no-grad-ckpt") || process.argv.includes("--no-ckpt"));
   const layersArg = arg("--layers", "");
+  const precision = arg("--precision", "fp32");
+  if (precision !== "fp32" && precision !== "bf16")
+    throw new Error(`--precision ${JSON.stringify(precision)}: use fp32 or bf16`);
   const res = await frozenStepBench({
     seq,
     microBatch,
@@ -216,6 +235,7 @@ async function main(): Promise<void> {
     calls,
     layers: layersArg ? Number(layersArg) : undefined,
     backend: arg("--backend", "auto") as BackendName,
+    precision,
     log: (s) => console.log(s),
   });
   console.log(`BENCH_JSON ${JSON.stringify(res)}`);

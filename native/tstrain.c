@@ -355,6 +355,20 @@ static napi_value AttentionBackwardUnfused(napi_env env, napi_callback_info info
   return NULL;
 }
 
+/* attentionProfile(on): turns this thread's timing of the fused attention's work between its block products on or
+ * off and returns the milliseconds (wall) it took since the last call (the bench's split of attention into its
+ * products and the rest) */
+static napi_value AttentionProfile(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionProfile";
+  ARGS(1);
+  BOOL(0, on);
+  napi_value v;
+  napi_create_double(env, att_rest_ns / 1e6, &v);
+  att_rest_ns = 0;
+  att_prof = on;
+  return v;
+}
+
 /* attentionCachedForward(out, q, kCache, vCache, P, T, H, K, E): T new positions against a cache of P + T */
 static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "attentionCachedForward";
@@ -469,6 +483,7 @@ NAPI_MODULE_INIT() {
       {"attentionForwardUnfused", NULL, AttentionForwardUnfused, NULL, NULL, NULL, napi_default, NULL},
       {"attentionBackwardUnfused", NULL, AttentionBackwardUnfused, NULL, NULL, NULL, napi_default, NULL},
       {"attentionCachedForward", NULL, AttentionCachedForward, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionProfile", NULL, AttentionProfile, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
       {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},

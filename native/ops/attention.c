@@ -19,6 +19,28 @@
  * the bench's comparison (attentionForwardUnfused / attentionBackwardUnfused).
  */
 #include "../engine.h"
+#include <time.h>
+
+/* The bench's split of attention's time (attentionProfile, tstrain.c): while att_prof is on, the wall time of the
+ * fused kernels' work between their block products (transposes, softmax rows, row dots, the finish) is added to
+ * att_rest_ns, on the vDSO's cheap clock (a CPU-time clock is a system call, ~1 us, at ~100,000 regions a step) */
+__thread int att_prof = 0;
+__thread double att_rest_ns = 0;
+static inline double mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+#define ATT_REST(stmt)                                                                                                 \
+  do {                                                                                                                 \
+    if (att_prof) {                                                                                                    \
+      const double t0_ = mono_ns();                                                                                    \
+      stmt;                                                                                                            \
+      att_rest_ns += mono_ns() - t0_;                                                                                  \
+    } else {                                                                                                           \
+      stmt;                                                                                                            \
+    }                                                                                                                  \
+  } while (0)
 
 /* The blocks: ATT_BQ query rows against ATT_FBK keys in the forward (its online softmax's order depends on ATT_FBK)
  * and ATT_BK keys in the backward (each dq sums over the key blocks in order). ATT_FBK is a multiple of ATT_BQ, so a
@@ -140,18 +162,19 @@ int attention_forward(float *out, float *lse, const float *q, const float *k, co
     for (int64_t hh = 0; hh < H; hh++) {
       const int64_t j = hh * K / H;
       const float *vp = v + (b * T * K + j) * E, *qp = q + (b * T * H + hh) * E;
-      if (hh == 0 || j != (hh - 1) * K / H) transpose_rows(k + (b * T * K + j) * E, ldk, T, E, scale, kt);
+      if (hh == 0 || j != (hh - 1) * K / H) ATT_REST(transpose_rows(k + (b * T * K + j) * E, ldk, T, E, scale, kt));
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BQ) {
         const int64_t rows = T - t0 < ATT_BQ ? T - t0 : ATT_BQ, t1 = t0 + rows;
         for (int64_t k0 = 0; k0 < t1; k0 += ATT_FBK) { /* key blocks up to the diagonal */
           const int64_t kn = t1 - k0 < ATT_FBK ? t1 - k0 : ATT_FBK;
           /* s = q rows @ (scale * k)^T, then p; o = p @ v (first block), else o * exp(m - m') + p @ v */
           oom |= sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, qp + t0 * ldq, ldq, kt + k0, (int)T, 0.0f, s, ATT_FBK);
-          online_softmax(s, rows, kn, t0, k0, m, l, o, E, k0 == 0);
+          ATT_REST(online_softmax(s, rows, kn, t0, k0, m, l, o, E, k0 == 0));
           oom |= sgemm(0, 0, (int)rows, (int)E, (int)kn, 1.0f, s, ATT_FBK, vp + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f, o,
                        (int)E);
         }
-        finish_rows(out + (b * T * H + hh) * E + t0 * ldq, ldq, lse + (b * H + hh) * T + t0, o, m, l, rows, E);
+        ATT_REST(
+            finish_rows(out + (b * T * H + hh) * E + t0 * ldq, ldq, lse + (b * H + hh) * T + t0, o, m, l, rows, E));
       }
     }
   free(kt);
@@ -209,11 +232,10 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
     for (int64_t j = 0; j < K; j++) {
       const float *kp = k + (b * T * K + j) * E;
       float *dkp = dk + (b * T * K + j) * E, *dvp = dv + (b * T * K + j) * E;
-      transpose_rows(kp, ldk, T, E, scale, kt);
-      transpose_rows(v + (b * T * K + j) * E, ldk, T, E, 1.0f, vt);
+      ATT_REST(transpose_rows(kp, ldk, T, E, scale, kt); transpose_rows(v + (b * T * K + j) * E, ldk, T, E, 1.0f, vt));
       for (int64_t i = 0; i < R; i++) {
         const int64_t o = (b * T * H + j * R + i) * E;
-        row_dots(D + i * T, dout + o, out + o, ldq, T, E);
+        ATT_REST(row_dots(D + i * T, dout + o, out + o, ldq, T, E));
       }
       for (int64_t k0 = 0; k0 < T; k0 += ATT_BK) {
         const int64_t kn = T - k0 < ATT_BK ? T - k0 : ATT_BK;
@@ -228,7 +250,7 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
             oom |= sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, qh + t0 * ldq, ldq, kt + k0, (int)T, 0.0f, pb, ATT_BK);
             oom |=
                 sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, doh + t0 * ldq, ldq, vt + k0, (int)T, 0.0f, dp, ATT_BK);
-            softmax_grad(pb, db, dp, rows, kn, t0, k0, lse + (b * H + hh) * T + t0, D + i * T + t0, scale);
+            ATT_REST(softmax_grad(pb, db, dp, rows, kn, t0, k0, lse + (b * H + hh) * T + t0, D + i * T + t0, scale));
             /* dq[t0 block] (+)= dS @ k[k0 block] */
             oom |= sgemm(0, 0, (int)rows, (int)E, (int)kn, 1.0f, db, ATT_BK, kp + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f,
                          dqh + t0 * ldq, ldq);

@@ -68,6 +68,9 @@ interface Addon {
   swigluForward: Kernels["swigluForward"];
   swigluBackward: Kernels["swigluBackward"];
   crossEntropy: Kernels["crossEntropy"];
+  /** This thread's timing of the fused attention's work between its block products on or off; the ms (wall) it took
+   *  since the last call. */
+  attentionProfile(on: boolean): number;
 }
 
 export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
@@ -237,6 +240,14 @@ export function builtinGemm(): Addon["gemm"] | null {
 export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | null {
   const got = loadAddon();
   return "reason" in got ? null : { gemm: got.addon.gemmBf16, hw: got.addon.gemmBf16Hw() };
+}
+
+/** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
+ *  block products (softmax rows, transposes, row dots); each call returns the ms (wall) it took since the previous
+ *  one (timer(false) also stops); null without the addon. */
+export function attentionRestTimer(): ((on: boolean) => number) | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon.attentionProfile !== "function" ? null : got.addon.attentionProfile;
 }
 
 /**
