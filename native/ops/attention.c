@@ -12,13 +12,15 @@
  * Every block product runs on this thread's GEMM (engine.h sgemm: the built-in GEMM's chain of FMAs, the same bits
  * on every instruction set; in bf16 its operands rounded to bf16 at the GEMM, as for every product). Everything
  * between the products is plain C in one order, compiled for every target (KERNEL_CLONES, -ffp-contract=off),
- * with exp_ps for exp: the same bits on every CPU. The order of the online softmax depends on the block sizes,
- * so they are constants, the same on every instruction set.
+ * with ops/vmath.h's exp and log (the rows of exponentials on ops/rows.c's copy of this thread's instruction set):
+ * the same bits on every CPU. The order of the online softmax depends on the block sizes, so they are constants,
+ * the same on every instruction set.
  *
  * The unfused kernels these replaced (the whole [B, H, T, T] probabilities kept for the backward) stay below, for
  * the bench's comparison (attentionForwardUnfused / attentionBackwardUnfused).
  */
 #include "../engine.h"
+#include "vmath.h"
 #include <time.h>
 
 /* The bench's split of attention's time (attentionProfile, tstrain.c): while att_prof is on, the wall time of the
@@ -116,12 +118,12 @@ KERNEL_CLONES static void online_softmax(float *s, int64_t rows, int64_t kn, int
     const int64_t c = t0 + r - k0 + 1 < kn ? t0 + r - k0 + 1 : kn; /* visible keys: >= 1 (ATT_FBK % ATT_BQ == 0) */
     float mx = row_max(sr, c);
     if (!first && m[r] > mx) mx = m[r];
-    for (int64_t u = 0; u < c; u++) sr[u] = exp_ps(sr[u] - mx);
+    exp_sub_row(sr, c, mx);
     for (int64_t u = c; u < kv; u++) sr[u] = 0.0f;
     const double sum = (double)row_sum(sr, kv);
     if (first) l[r] = sum;
     else {
-      const float a = exp_ps(m[r] - mx); /* exactly 1 when the max did not move */
+      const float a = exp_f32(m[r] - mx); /* exactly 1 when the max did not move */
       l[r] = l[r] * (double)a + sum;
       if (a != 1.0f)
         for (int64_t e = 0; e < E; e++) o[r * E + e] *= a;
@@ -136,7 +138,7 @@ KERNEL_CLONES static void finish_rows(float *out, int64_t ldo, float *lse, const
   for (int64_t r = 0; r < rows; r++) {
     const float inv = (float)(1.0 / l[r]);
     for (int64_t e = 0; e < E; e++) out[r * ldo + e] = o[r * E + e] * inv;
-    lse[r] = (float)((double)m[r] + log(l[r]));
+    lse[r] = (float)((double)m[r] + log_f64(l[r]));
   }
 }
 
@@ -145,7 +147,7 @@ int attention_forward(float *out, float *lse, const float *q, const float *k, co
   if (T == 0 || H == 0) return 0;
   if (E == 0) { /* every score is 0: the softmax over u <= t is uniform, out has no elements */
     for (int64_t bh = 0; bh < B * H; bh++)
-      for (int64_t t = 0; t < T; t++) lse[bh * T + t] = (float)log((double)(t + 1));
+      for (int64_t t = 0; t < T; t++) lse[bh * T + t] = (float)log_f64((double)(t + 1));
     return 0;
   }
   const float scale = (float)(1.0 / sqrt((double)E));
@@ -190,12 +192,7 @@ KERNEL_CLONES static void softmax_grad(float *s, float *ds, const float *dp, int
     float *sr = s + r * ATT_BK, *dr = ds + r * ATT_BK;
     const float *pr = dp + r * ATT_BK;
     const int64_t c = t0 + r - k0 + 1 < kn ? t0 + r - k0 + 1 : kn;
-    const float x = lse[r], d = D[r];
-    for (int64_t u = 0; u < c; u++) {
-      const float p = exp_ps(sr[u] - x);
-      sr[u] = p;
-      dr[u] = p * (pr[u] - d) * scale;
-    }
+    softmax_grad_row(sr, dr, pr, c, lse[r], D[r], scale);
     for (int64_t u = c; u < kn; u++) sr[u] = dr[u] = 0.0f;
   }
 }
