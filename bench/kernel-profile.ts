@@ -169,7 +169,7 @@ export function profileSummary(rows: KernelRow[], stepMs: number): ProfileSummar
   };
   const nonProduct = stepMs - matmul - (attProd ?? 0);
   const listed = Object.values(parts).reduce((s, x) => s + x, 0);
-  parts.other_kernels = nonProduct - listed;
+  parts.other_kernels = Math.abs(nonProduct - listed) < 0.005 ? 0 : nonProduct - listed; // not float dust
   const r2 = (x: number) => +x.toFixed(2);
   return {
     step_ms: r2(stepMs),
