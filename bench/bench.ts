@@ -32,7 +32,7 @@ import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
 import { attentionBench } from "./attention";
-import { kernelTableMarkdown, type KernelRow } from "./kernel-profile";
+import { kernelTableMarkdown, profileSummary, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
 import { activationBudget, type GemmChoice, type Precision } from "../src/config";
 import { gemmShapesBench, gemmTableMarkdown, type GemmRow } from "./gemm-shapes";
@@ -385,7 +385,8 @@ class BenchRun {
   gemm: { rows: GemmRow[]; peaks: Record<string, number> } | null = null;
   readonly notes: string[] = [];
   failed = 0;
-  profiled: { rows: KernelRow[]; stepMs: number; engine: string } | null = null;
+  /** the frozen-step case's profiled step, one per precision */
+  profiled: { rows: KernelRow[]; stepMs: number; engine: string; precision: string }[] = [];
 
   /** Appended to every case name recorded while set ("@1024" with --seqs), so rows of two shapes stay apart. */
   suffix = "";
@@ -624,26 +625,28 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
 
   // ---- 7: the frozen 106M model's forward+backward and its MFU, whatever --model says
   if (o.cases.has("frozen-step")) {
-    await run.guard("frozen-step", async () => {
-      log(
-        `frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${Math.max(3, o.steps)} warm calls`,
-      );
-      const { kernel_profile: kp, ...j } = await frozenStepBench({
-        seq: o.seq,
-        microBatch: o.microBatch,
-        gradCkpt: o.gradCkpt,
-        // the policy a rank of the widest world runs (one call stands for one rank's forward+backward)
-        activationBudgetBytes: activationBudget({
-          activationBudgetGb: o.activationBudgetGb,
-          world: Math.max(...o.worlds),
-        }).bytes,
-        calls: Math.max(3, o.steps),
-        backend: o.backend,
-        log,
+    for (const precision of o.precisions)
+      await run.guard(`frozen-step-${precision}`, async () => {
+        log(
+          `frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${precision}, ${Math.max(3, o.steps)} warm calls`,
+        );
+        const { kernel_profile: kp, ...j } = await frozenStepBench({
+          seq: o.seq,
+          microBatch: o.microBatch,
+          gradCkpt: o.gradCkpt,
+          // the policy a rank of the widest world runs (one call stands for one rank's forward+backward)
+          activationBudgetBytes: activationBudget({
+            activationBudgetGb: o.activationBudgetGb,
+            world: Math.max(...o.worlds),
+          }).bytes,
+          calls: Math.max(3, o.steps),
+          backend: o.backend,
+          precision,
+          log,
+        });
+        run.profiled.push({ rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name), precision });
+        run.record((precision === "fp32" ? j : { ...j, case: "frozen-step-bf16" }) as unknown as BenchRow);
       });
-      run.profiled = { rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name) };
-      run.record(j as unknown as BenchRow);
-    });
   }
 }
 
@@ -1146,13 +1149,19 @@ async function main(): Promise<number> {
       `${JSON.stringify({ command, machine: mach, peaks: run.gemm.peaks, rows: run.gemm.rows }, null, 1)}\n`,
     );
   }
-  const kernelProfile = run.profiled;
-  if (kernelProfile) {
-    const title = `Per-kernel share of one frozen training step (forward + backward), ${kernelProfile.engine}`;
+  if (run.profiled.length) {
+    const when = `Machine: ${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start; command: \`${command}\`; ${mach.date}.`;
     fs.writeFileSync(
       path.join(o.out, "kernels-frozen-step.md"),
-      kernelTableMarkdown(title, kernelProfile.rows, kernelProfile.stepMs) +
-        `\nMachine: ${mach.cpu}, ${mach.cores} cores, load ${mach.load_avg_1m_start} at the start; command: \`${command}\`; ${mach.date}.\n`,
+      `${run.profiled
+        .map((p) =>
+          kernelTableMarkdown(
+            `Per-kernel share of one frozen training step (forward + backward), ${p.precision}, ${p.engine}`,
+            p.rows,
+            p.stepMs,
+          ),
+        )
+        .join("\n")}\n${when}\n`,
     );
     fs.writeFileSync(
       path.join(o.out, "kernels-frozen-step.json"),
@@ -1160,9 +1169,13 @@ async function main(): Promise<number> {
         {
           command,
           machine: mach,
-          engine: kernelProfile.engine,
-          step_ms: kernelProfile.stepMs,
-          rows: kernelProfile.rows,
+          profiles: run.profiled.map((p) => ({
+            precision: p.precision,
+            engine: p.engine,
+            step_ms: p.stepMs,
+            summary: profileSummary(p.rows, p.stepMs),
+            rows: p.rows,
+          })),
         },
         null,
         1,

@@ -17,17 +17,25 @@
  * Prints a `BENCH_JSON` line (case "frozen-step"). Also importable: frozenStepBench(o).
  * Usage: node dist/bench/model-frozen-step.js [--seq 256] [--micro-batch 1] [--grad-ckpt|--no-grad-ckpt] [--calls 3]
  *        [--activation-budget-gb G (0 = half the machine's memory over --world ranks)] [--world 1]
- *        [--layers N] [--backend auto|native|wasm|cpu|webgpu]
+ *        [--layers N] [--backend auto|native|wasm|cpu|webgpu] [--precision fp32|bf16]
+ * (bf16: the products on bf16 operands, P8; the native engine's built-in GEMM only)
  */
 import * as tf from "@tensorflow/tfjs-core";
-import { activationBudget } from "../src/config";
+import { activationBudget, type Precision } from "../src/config";
 import { initEngine, type BackendName } from "../src/model/backend";
+import { attentionRestTimer, DEFAULT_NATIVE } from "../src/model/engine/native";
 import type { Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { activationPlan, Llama } from "../src/model/llama";
-import { profiledKernels, type KernelRow } from "./kernel-profile";
+import {
+  cpuMs as cpuNowMs,
+  profiledKernels,
+  profileSummary,
+  type KernelRow,
+  type ProfileSummary,
+} from "./kernel-profile";
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
@@ -103,9 +111,14 @@ export async function frozenStepBench(o: {
   layers?: number;
   backend?: BackendName;
   log?: (s: string) => void;
-}): Promise<Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number }> {
+  /** the products' precision (bf16: the native engine's built-in GEMM, P8); default fp32 */
+  precision?: Precision;
+}): Promise<
+  Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number; profile_summary: ProfileSummary }
+> {
   const log = o.log ?? (() => undefined);
-  const be = await initEngine(o.backend ?? "auto");
+  const precision = o.precision ?? "fp32";
+  const be = await initEngine(o.backend ?? "auto", { ...DEFAULT_NATIVE, precision });
   log(`frozen-step engine: ${be.detail}`);
   const cfg = buildConfig({ seqLen: o.seq, layers: o.layers });
   const { total } = paramLayout(cfg);
@@ -163,11 +176,14 @@ export async function frozenStepBench(o: {
     const mmAfter: number[][] = [];
     for (const sh of shapes) mmAfter.push(await matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
-    const prof = profiledKernels(be.kernels);
+    const prof = profiledKernels(be.kernels, be.engine === "native" ? attentionRestTimer() : null);
     Object.assign(k, prof.kernels);
-    t0 = performance.now();
-    await pass(ids, grads); // a deferred engine's rows are the time to record each kernel, its total the whole pass
-    const profMs = performance.now() - t0;
+    // the proxy's clock: CPU time; a deferred engine's rows are the time to record each kernel, its total the whole
+    // pass on the wall clock (the device's time is not this thread's)
+    const clock = be.engine === "webgpu" ? () => performance.now() : cpuNowMs;
+    t0 = clock();
+    await pass(ids, grads);
+    const profMs = clock() - t0;
     Object.assign(k, be.kernels);
     const kernelRows = prof.rows(profMs);
     const perShape = shapes.map((sh, i) => ({
@@ -192,6 +208,7 @@ export async function frozenStepBench(o: {
       layers: cfg.numLayers,
       seq_len: o.seq,
       micro_batch: o.microBatch,
+      precision,
       grad_ckpt: o.gradCkpt,
       recompute: plan.attnKept ? plan.recompute : "whole+attention",
       activation_bytes: plan.bytes,
@@ -220,6 +237,7 @@ export async function frozenStepBench(o: {
       rss_bytes: process.memoryUsage().rss,
       profile_step_ms: +profMs.toFixed(1),
       kernel_profile: kernelRows,
+      profile_summary: profileSummary(kernelRows, profMs),
     };
   } finally {
     m.dispose();
@@ -232,6 +250,9 @@ async function main(): Promise<void> {
   const calls = Number(arg("--calls", arg("--steps", "3")));
   const gradCkpt = !(process.argv.includes("--no-grad-ckpt") || process.argv.includes("--no-ckpt"));
   const layersArg = arg("--layers", "");
+  const precision = arg("--precision", "fp32");
+  if (precision !== "fp32" && precision !== "bf16")
+    throw new Error(`--precision ${JSON.stringify(precision)}: use fp32 or bf16`);
   const res = await frozenStepBench({
     seq,
     microBatch,
@@ -243,6 +264,7 @@ async function main(): Promise<void> {
     calls,
     layers: layersArg ? Number(layersArg) : undefined,
     backend: arg("--backend", "auto") as BackendName,
+    precision,
     log: (s) => console.log(s),
   });
   console.log(`BENCH_JSON ${JSON.stringify(res)}`);

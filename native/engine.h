@@ -115,7 +115,8 @@ static inline float max_f32(const float *restrict x, int64_t n) {
   return m;
 }
 
-/* exp(x) in float, Cephes' expf polynomial (relative error ~2e-7), written so that loops over it vectorise
+/* The unfused attention's exp (the bench's 2babbe7 baseline keeps it; every other kernel uses ops/vmath.h's).
+ * exp(x) in float, Cephes' expf polynomial (relative error ~2e-7), written so that loops over it vectorise
  * (libm's expf is a call the compiler cannot vectorise without -ffast-math). Inputs are clamped to
  * [-87, 88]: below, the result is ~1.6e-38 instead of a denormal or 0, which no sum here can see. */
 static inline float exp_ps(float x) {
@@ -155,7 +156,8 @@ static inline int matmul(int transA, int transB, int64_t M, int64_t N, int64_t K
              : 0;
 }
 
-/* ops/rows.c: embedding, RMSNorm, RoPE, SwiGLU, cross-entropy */
+/* ops/rows.c: embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, and attention's softmax pieces; each runs the copy
+ * (ops/rows-isa.h) of this thread's gemm_kernel (auto: the widest), all of them the same bits */
 void embedding_forward(float *out, const int32_t *ids, const float *E, int64_t N, int64_t D);
 void embedding_backward(float *dE, const int32_t *ids, const float *dout, int64_t N, int64_t D);
 void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t D, double eps);
@@ -166,6 +168,13 @@ void rope_backward(float *dx, const float *cs, const float *sn, int64_t B, int64
 void swiglu_forward(float *out, const float *g, const float *u, int64_t n);
 void swiglu_backward(float *dg, float *du, const float *dout, const float *g, const float *u, int64_t n);
 double cross_entropy(float *lg, const int32_t *tg, int64_t rows, int64_t V, double gradScale);
+/* x[i] = exp(x[i] - sub) (ops/vmath.h's exp); the fused attention's backward row: p = exp(s - lse) into s and
+ * ds = p * (dp - d) * scale, over c keys */
+void exp_sub_row(float *x, int64_t n, float sub);
+void softmax_grad_row(float *s, float *ds, const float *dp, int64_t c, float lse, float d, float scale);
+/* vmath.h's exp and log alone on the copy of one instruction set (the addon's vmath, for the checks) */
+void vmath_exp(gemm_isa isa, float *out, const float *x, int64_t n);
+void vmath_log(gemm_isa isa, double *out, const double *x, int64_t n);
 
 /* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward), the
  * unfused kernels it replaced (the whole probabilities att [B, H, T, T] kept: the bench's baseline), and the cached
@@ -179,6 +188,9 @@ int attention_forward_unfused(float *out, float *att, const float *q, const floa
                               int64_t T, int64_t H, int64_t K, int64_t E);
 int attention_backward_unfused(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K, int64_t E);
+/* The bench's timing of the fused kernels' work between their block products: on while att_prof, its ns added up */
+extern __thread int att_prof;
+extern __thread double att_rest_ns;
 void attention_cached(float *out, const float *q, const float *kc, const float *vc, int64_t P, int64_t T, int64_t H,
                       int64_t K, int64_t E, float *sc, double *acc);
 

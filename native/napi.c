@@ -20,7 +20,9 @@ int get_array(napi_env env, napi_value v, napi_typedarray_type want, size_t need
   if (napi_get_typedarray_info(env, v, &t, &len, data, NULL, NULL) != napi_ok || t != want) {
     char msg[200];
     snprintf(msg, sizeof msg, "tstrain native %s: %s must be a %s", fn, name,
-             want == napi_float32_array ? "Float32Array" : "Int32Array");
+             want == napi_float32_array   ? "Float32Array"
+             : want == napi_float64_array ? "Float64Array"
+                                          : "Int32Array");
     napi_throw_type_error(env, NULL, msg);
     return 0;
   }

@@ -355,6 +355,68 @@ static napi_value AttentionBackwardUnfused(napi_env env, napi_callback_info info
   return NULL;
 }
 
+/* attentionProfile(on): turns this thread's timing of the fused attention's work between its block products on or
+ * off and returns the milliseconds (wall) it took since the last call (the bench's split of attention into its
+ * products and the rest) */
+static napi_value AttentionProfile(napi_env env, napi_callback_info info) {
+  static const char fn[] = "attentionProfile";
+  ARGS(1);
+  BOOL(0, on);
+  napi_value v;
+  napi_create_double(env, att_rest_ns / 1e6, &v);
+  att_rest_ns = 0;
+  att_prof = on;
+  return v;
+}
+
+/* vmath(fn, isa, x, out): out = exp(x) (fn "exp", Float32Arrays) or log(x) (fn "log", Float64Arrays) on the copy of
+ * the row kernels' maths (ops/vmath.h) for isa "avx512" | "avx2" | "portable" (one this CPU runs): the checks
+ * that every copy gives the same bits */
+static napi_value Vmath(napi_env env, napi_callback_info info) {
+  static const char fn[] = "vmath";
+  ARGS(4);
+  char what[8] = {0}, isa[16] = {0};
+  size_t len = 0;
+  if (napi_get_value_string_utf8(env, argv[0], what, sizeof what, &len) != napi_ok ||
+      napi_get_value_string_utf8(env, argv[1], isa, sizeof isa, &len) != napi_ok) {
+    napi_throw_type_error(env, NULL, "tstrain native vmath: expects (fn, isa, x, out) with fn and isa strings");
+    return NULL;
+  }
+  const int is_exp = strcmp(what, "exp") == 0;
+  if (!is_exp && strcmp(what, "log") != 0) {
+    throw_range(env, fn, "fn must be exp or log");
+    return NULL;
+  }
+  const gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
+                        : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
+                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
+                                                       : GEMM_ISA_AUTO;
+  if (want == GEMM_ISA_AUTO) {
+    throw_range(env, fn, "isa must be avx512, avx2 or portable");
+    return NULL;
+  }
+  if (!gemm_isa_supported(want)) {
+    throw_range(env, fn, "this CPU does not have that instruction set");
+    return NULL;
+  }
+  void *x, *out;
+  size_t n = 0;
+  napi_typedarray_type ty;
+  napi_value ab;
+  size_t off;
+  if (napi_get_typedarray_info(env, argv[2], &ty, &n, &x, &ab, &off) != napi_ok ||
+      ty != (is_exp ? napi_float32_array : napi_float64_array)) {
+    napi_throw_type_error(env, NULL,
+                          is_exp ? "tstrain native vmath: x must be a Float32Array for exp"
+                                 : "tstrain native vmath: x must be a Float64Array for log");
+    return NULL;
+  }
+  if (!get_array(env, argv[3], is_exp ? napi_float32_array : napi_float64_array, n, &out, fn, "out")) return NULL;
+  if (is_exp) vmath_exp(want, (float *)out, (const float *)x, (int64_t)n);
+  else vmath_log(want, (double *)out, (const double *)x, (int64_t)n);
+  return NULL;
+}
+
 /* attentionCachedForward(out, q, kCache, vCache, P, T, H, K, E): T new positions against a cache of P + T */
 static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "attentionCachedForward";
@@ -469,6 +531,8 @@ NAPI_MODULE_INIT() {
       {"attentionForwardUnfused", NULL, AttentionForwardUnfused, NULL, NULL, NULL, napi_default, NULL},
       {"attentionBackwardUnfused", NULL, AttentionBackwardUnfused, NULL, NULL, NULL, napi_default, NULL},
       {"attentionCachedForward", NULL, AttentionCachedForward, NULL, NULL, NULL, napi_default, NULL},
+      {"attentionProfile", NULL, AttentionProfile, NULL, NULL, NULL, napi_default, NULL},
+      {"vmath", NULL, Vmath, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
       {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},

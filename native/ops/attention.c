@@ -12,13 +12,37 @@
  * Every block product runs on this thread's GEMM (engine.h sgemm: the built-in GEMM's chain of FMAs, the same bits
  * on every instruction set; in bf16 its operands rounded to bf16 at the GEMM, as for every product). Everything
  * between the products is plain C in one order, compiled for every target (KERNEL_CLONES, -ffp-contract=off),
- * with exp_ps for exp: the same bits on every CPU. The order of the online softmax depends on the block sizes,
- * so they are constants, the same on every instruction set.
+ * with ops/vmath.h's exp and log (the rows of exponentials on ops/rows.c's copy of this thread's instruction set):
+ * the same bits on every CPU. The order of the online softmax depends on the block sizes, so they are constants,
+ * the same on every instruction set.
  *
  * The unfused kernels these replaced (the whole [B, H, T, T] probabilities kept for the backward) stay below, for
  * the bench's comparison (attentionForwardUnfused / attentionBackwardUnfused).
  */
 #include "../engine.h"
+#include "vmath.h"
+#include <time.h>
+
+/* The bench's split of attention's time (attentionProfile, tstrain.c): while att_prof is on, the wall time of the
+ * fused kernels' work between their block products (transposes, softmax rows, row dots, the finish) is added to
+ * att_rest_ns, on the vDSO's cheap clock (a CPU-time clock is a system call, ~1 us, at ~100,000 regions a step) */
+__thread int att_prof = 0;
+__thread double att_rest_ns = 0;
+static inline double mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+#define ATT_REST(stmt)                                                                                                 \
+  do {                                                                                                                 \
+    if (att_prof) {                                                                                                    \
+      const double t0_ = mono_ns();                                                                                    \
+      stmt;                                                                                                            \
+      att_rest_ns += mono_ns() - t0_;                                                                                  \
+    } else {                                                                                                           \
+      stmt;                                                                                                            \
+    }                                                                                                                  \
+  } while (0)
 
 /* The blocks: ATT_BQ query rows against ATT_FBK keys in the forward (its online softmax's order depends on ATT_FBK)
  * and ATT_BK keys in the backward (each dq sums over the key blocks in order). ATT_FBK is a multiple of ATT_BQ, so a
@@ -94,12 +118,12 @@ KERNEL_CLONES static void online_softmax(float *s, int64_t rows, int64_t kn, int
     const int64_t c = t0 + r - k0 + 1 < kn ? t0 + r - k0 + 1 : kn; /* visible keys: >= 1 (ATT_FBK % ATT_BQ == 0) */
     float mx = row_max(sr, c);
     if (!first && m[r] > mx) mx = m[r];
-    for (int64_t u = 0; u < c; u++) sr[u] = exp_ps(sr[u] - mx);
+    exp_sub_row(sr, c, mx);
     for (int64_t u = c; u < kv; u++) sr[u] = 0.0f;
     const double sum = (double)row_sum(sr, kv);
     if (first) l[r] = sum;
     else {
-      const float a = exp_ps(m[r] - mx); /* exactly 1 when the max did not move */
+      const float a = exp_f32(m[r] - mx); /* exactly 1 when the max did not move */
       l[r] = l[r] * (double)a + sum;
       if (a != 1.0f)
         for (int64_t e = 0; e < E; e++) o[r * E + e] *= a;
@@ -114,7 +138,7 @@ KERNEL_CLONES static void finish_rows(float *out, int64_t ldo, float *lse, const
   for (int64_t r = 0; r < rows; r++) {
     const float inv = (float)(1.0 / l[r]);
     for (int64_t e = 0; e < E; e++) out[r * ldo + e] = o[r * E + e] * inv;
-    lse[r] = (float)((double)m[r] + log(l[r]));
+    lse[r] = (float)((double)m[r] + log_f64(l[r]));
   }
 }
 
@@ -123,7 +147,7 @@ int attention_forward(float *out, float *lse, const float *q, const float *k, co
   if (T == 0 || H == 0) return 0;
   if (E == 0) { /* every score is 0: the softmax over u <= t is uniform, out has no elements */
     for (int64_t bh = 0; bh < B * H; bh++)
-      for (int64_t t = 0; t < T; t++) lse[bh * T + t] = (float)log((double)(t + 1));
+      for (int64_t t = 0; t < T; t++) lse[bh * T + t] = (float)log_f64((double)(t + 1));
     return 0;
   }
   const float scale = (float)(1.0 / sqrt((double)E));
@@ -140,18 +164,19 @@ int attention_forward(float *out, float *lse, const float *q, const float *k, co
     for (int64_t hh = 0; hh < H; hh++) {
       const int64_t j = hh * K / H;
       const float *vp = v + (b * T * K + j) * E, *qp = q + (b * T * H + hh) * E;
-      if (hh == 0 || j != (hh - 1) * K / H) transpose_rows(k + (b * T * K + j) * E, ldk, T, E, scale, kt);
+      if (hh == 0 || j != (hh - 1) * K / H) ATT_REST(transpose_rows(k + (b * T * K + j) * E, ldk, T, E, scale, kt));
       for (int64_t t0 = 0; t0 < T; t0 += ATT_BQ) {
         const int64_t rows = T - t0 < ATT_BQ ? T - t0 : ATT_BQ, t1 = t0 + rows;
         for (int64_t k0 = 0; k0 < t1; k0 += ATT_FBK) { /* key blocks up to the diagonal */
           const int64_t kn = t1 - k0 < ATT_FBK ? t1 - k0 : ATT_FBK;
           /* s = q rows @ (scale * k)^T, then p; o = p @ v (first block), else o * exp(m - m') + p @ v */
           oom |= sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, qp + t0 * ldq, ldq, kt + k0, (int)T, 0.0f, s, ATT_FBK);
-          online_softmax(s, rows, kn, t0, k0, m, l, o, E, k0 == 0);
+          ATT_REST(online_softmax(s, rows, kn, t0, k0, m, l, o, E, k0 == 0));
           oom |= sgemm(0, 0, (int)rows, (int)E, (int)kn, 1.0f, s, ATT_FBK, vp + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f, o,
                        (int)E);
         }
-        finish_rows(out + (b * T * H + hh) * E + t0 * ldq, ldq, lse + (b * H + hh) * T + t0, o, m, l, rows, E);
+        ATT_REST(
+            finish_rows(out + (b * T * H + hh) * E + t0 * ldq, ldq, lse + (b * H + hh) * T + t0, o, m, l, rows, E));
       }
     }
   free(kt);
@@ -167,12 +192,7 @@ KERNEL_CLONES static void softmax_grad(float *s, float *ds, const float *dp, int
     float *sr = s + r * ATT_BK, *dr = ds + r * ATT_BK;
     const float *pr = dp + r * ATT_BK;
     const int64_t c = t0 + r - k0 + 1 < kn ? t0 + r - k0 + 1 : kn;
-    const float x = lse[r], d = D[r];
-    for (int64_t u = 0; u < c; u++) {
-      const float p = exp_ps(sr[u] - x);
-      sr[u] = p;
-      dr[u] = p * (pr[u] - d) * scale;
-    }
+    softmax_grad_row(sr, dr, pr, c, lse[r], D[r], scale);
     for (int64_t u = c; u < kn; u++) sr[u] = dr[u] = 0.0f;
   }
 }
@@ -209,11 +229,10 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
     for (int64_t j = 0; j < K; j++) {
       const float *kp = k + (b * T * K + j) * E;
       float *dkp = dk + (b * T * K + j) * E, *dvp = dv + (b * T * K + j) * E;
-      transpose_rows(kp, ldk, T, E, scale, kt);
-      transpose_rows(v + (b * T * K + j) * E, ldk, T, E, 1.0f, vt);
+      ATT_REST(transpose_rows(kp, ldk, T, E, scale, kt); transpose_rows(v + (b * T * K + j) * E, ldk, T, E, 1.0f, vt));
       for (int64_t i = 0; i < R; i++) {
         const int64_t o = (b * T * H + j * R + i) * E;
-        row_dots(D + i * T, dout + o, out + o, ldq, T, E);
+        ATT_REST(row_dots(D + i * T, dout + o, out + o, ldq, T, E));
       }
       for (int64_t k0 = 0; k0 < T; k0 += ATT_BK) {
         const int64_t kn = T - k0 < ATT_BK ? T - k0 : ATT_BK;
@@ -228,7 +247,7 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
             oom |= sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, qh + t0 * ldq, ldq, kt + k0, (int)T, 0.0f, pb, ATT_BK);
             oom |=
                 sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, doh + t0 * ldq, ldq, vt + k0, (int)T, 0.0f, dp, ATT_BK);
-            softmax_grad(pb, db, dp, rows, kn, t0, k0, lse + (b * H + hh) * T + t0, D + i * T + t0, scale);
+            ATT_REST(softmax_grad(pb, db, dp, rows, kn, t0, k0, lse + (b * H + hh) * T + t0, D + i * T + t0, scale));
             /* dq[t0 block] (+)= dS @ k[k0 block] */
             oom |= sgemm(0, 0, (int)rows, (int)E, (int)kn, 1.0f, db, ATT_BK, kp + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f,
                          dqh + t0 * ldq, ldq);

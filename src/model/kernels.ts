@@ -20,7 +20,7 @@
  */
 
 export interface Kernels {
-  /** e.g. "native (GEMM: built-in avx512, AVX-512F 8x32 micro-kernel, fp32; C kernels AVX-512 (x86-64-v4))". */
+  /** e.g. "native (GEMM: built-in avx512, AVX-512F 8x32 micro-kernel, fp32; C kernels AVX-512 (x86-64-v4), row kernels avx512)". */
   readonly name: string;
 
   // ------------------------------------------------------------------ matrix product

@@ -14,9 +14,9 @@ import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
 import { builtinGemmBf16, loadNative, supportedIsas } from "../../src/model/engine/native";
 
-export const DEMO_SHA256 = "116657fdcdb1b344421ba6bca55850152df172ece7ff7a3b08035d7b72a7eaef";
+export const DEMO_SHA256 = "ef9980615583a1b6fbd27f30167806870d854bcb1f686a8958d843924866b172";
 /** The same demo with `--precision bf16` (P8): its own pinned weights, on the AMX kernel and every emulation. */
-export const DEMO_BF16_SHA256 = "58976c4de29524d3e885724bfa801b14777ae2a4ec6d3a04c342335ab19b0b50";
+export const DEMO_BF16_SHA256 = "29af018a54b57b89d752396068f735cd1d6079bb59e1d72f6c8fba02004476e1";
 
 const MAIN = path.join(__dirname, "..", "..", "main.js");
 

@@ -68,6 +68,12 @@ interface Addon {
   swigluForward: Kernels["swigluForward"];
   swigluBackward: Kernels["swigluBackward"];
   crossEntropy: Kernels["crossEntropy"];
+  /** This thread's timing of the fused attention's work between its block products on or off; the ms (wall) it took
+   *  since the last call. */
+  attentionProfile(on: boolean): number;
+  /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
+  vmath(fn: "exp", isa: Exclude<IsaChoice, "auto">, x: Float32Array, out: Float32Array): void;
+  vmath(fn: "log", isa: Exclude<IsaChoice, "auto">, x: Float64Array, out: Float64Array): void;
 }
 
 export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
@@ -200,7 +206,7 @@ function load(opts: NativeOptions): NativeLoad {
     precision === "fp32"
       ? "fp32"
       : `bf16 products${info.isa === "amx" ? "" : " (TDPBF16PS emulated)"}, fp32 accumulation`;
-  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel, ${prec}; C kernels ${addon.simd()})`;
+  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel, ${prec}; C kernels ${addon.simd()}, row kernels ${info.isa === "amx" ? "avx512" : info.isa})`;
   return {
     kernels: nativeKernels(addon, name, "builtin", opts.isa, precision),
     blas: `built-in ${info.isa}`,
@@ -237,6 +243,21 @@ export function builtinGemm(): Addon["gemm"] | null {
 export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | null {
   const got = loadAddon();
   return "reason" in got ? null : { gemm: got.addon.gemmBf16, hw: got.addon.gemmBf16Hw() };
+}
+
+/** The row kernels' exp (float) and log (double) on one instruction set's copy (native/ops/vmath.h), for the checks
+ *  that every copy gives the same bits; null when the addon does not load. */
+export function vmath(): Addon["vmath"] | null {
+  const got = loadAddon();
+  return "reason" in got ? null : got.addon.vmath;
+}
+
+/** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
+ *  block products (softmax rows, transposes, row dots); each call returns the ms (wall) it took since the previous
+ *  one (timer(false) also stops); null without the addon. */
+export function attentionRestTimer(): ((on: boolean) => number) | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon.attentionProfile !== "function" ? null : got.addon.attentionProfile;
 }
 
 /**
