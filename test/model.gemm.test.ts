@@ -164,6 +164,23 @@ test("A stored [M,K] with whole row tiles, read in place: edge columns, several 
       for (const beta of [0, 1, -0.35]) for (const pad of [0, 3]) check(mk(false, tb, M, N, K, 1, beta, pad), seed++);
 });
 
+test("A stored [M,K] read in place with a last row tile cut by M (the LM head's 341-row chunks), every beta", {
+  skip,
+  timeout: 300_000,
+}, () => {
+  // M over the small-product limit and not a multiple of the AVX-512 row tile (8): blocked() reads A's rows in place
+  // and its last row tile reads the 8 rows that end at M, keeping only its new ones; K = 700 runs in two K blocks
+  // (beta 0: the chains continue in C; beta != 0: in the workspace, where A is packed instead)
+  let seed = 400;
+  for (const tb of [false, true])
+    for (const [M, N, K] of [
+      [341, 45, 600],
+      [101, 77, 100],
+      [75, 64, 700],
+    ])
+      for (const beta of [0, 1, -0.35]) for (const pad of [0, 3]) check(mk(false, tb, M, N, K, 1, beta, pad), seed++);
+});
+
 test("the frozen model's shapes at seq 256 (sampled elements against the documented order, all kernels identical)", {
   skip,
   timeout: 600_000,

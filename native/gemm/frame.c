@@ -213,22 +213,28 @@ static void edge_tile(const gemm_kernel *g, int64_t kc, const float *a, const fl
 #ifdef GEMM_X86
 /* One tile with A read in place (mr rows of A stored [M,K], lda apart, from ar) by the row-pointer kernel, B from
  * its packed sliver: whole tiles straight to C (or through t when the chain meets beta*C here), a tile cut by N's
- * edge through a full-size tile buffer. The same chains as the packed kernel: the same bits. */
+ * or M's edge through a full-size tile buffer (cut by M: the mr rows that end at M, only the rows from r0 on new,
+ * as direct() does; not with the workspace, whose tiles start at multiples of mr). The same chains as the packed
+ * kernel: the same bits (the LM head's 341-row products at seq 1024, paired median time 0.94-0.96 against A
+ * packed). */
 static void rows_tile(const direct_kernel *d, int64_t kc, const float *ar, int64_t lda, const float *bs, float *c,
-                      int64_t ldc, int64_t cols, int load, int combine, float beta) {
+                      int64_t ldc, int r0, int64_t cols, int load, int combine, float beta) {
   float t[A5_MR * A5_NR] __attribute__((aligned(64)));
   const int mr = d->mr, nr = d->nr, mix = combine && beta != 0.0f;
-  if (cols == nr) {
+  if (cols == nr && r0 == 0) {
     d->rows(kc, ar, 4 * lda, bs, 4 * nr, c, ldc, load, mix ? t : NULL, NULL);
     if (mix) d->combine(t, c, ldc, beta);
     return;
   }
+  /* cut by M's edge: ar is the mr rows that end at M, C's rows from r0 on are the tile's new ones (c their first);
+   * the rows before r0 are recomputed chains of the tile above, left out */
   float tile[A5_MR * A5_NR] __attribute__((aligned(64)));
+  c -= r0 * ldc;
   for (int r = 0; r < mr; r++)
-    for (int j = 0; j < nr; j++) tile[r * nr + j] = (load || mix) && j < cols ? c[r * ldc + j] : 0.0f;
+    for (int j = 0; j < nr; j++) tile[r * nr + j] = (load || mix) && r >= r0 && j < cols ? c[r * ldc + j] : 0.0f;
   d->rows(kc, ar, 4 * lda, bs, 4 * nr, tile, nr, load, mix ? t : NULL, NULL);
   if (mix) d->combine(t, tile, nr, beta);
-  for (int r = 0; r < mr; r++)
+  for (int r = r0; r < mr; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = tile[r * nr + j];
 }
 #endif
@@ -258,8 +264,8 @@ static int64_t k_blocks(const gemm_kernel *g, int64_t K) { return K <= g->kone ?
  * beta is 0 or K is one block (which meets beta*C in the kernel's store), else in a workspace of whole tiles (each
  * mr x nr tile contiguous) whose last block meets beta*C tile by tile, so C is read and written once.
  * Within a block, a row of tiles at a time: the A sliver (mr x kc) stays in L1 while the B slivers stream from the
- * packed panel (L2), and C is written along its rows. On the AVX-512 kernel, A stored [M,K] with alpha 1 and whole
- * row tiles is not packed: its sliver is read in place by the row-pointer kernel (in L1 after the first tile of the
+ * packed panel (L2), and C is written along its rows. On the AVX-512 kernel, A stored [M,K] with alpha 1 is not
+ * packed: its sliver is read in place by the row-pointer kernel (in L1 after the first tile of the
  * row). */
 static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -279,8 +285,9 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
   if (beta != 0.0f && kblocks > 1 && !(w = workspace((size_t)(((M + mr - 1) / mr) * ntiles * mr * nr)))) return -1;
 #ifdef GEMM_X86
   /* the AVX2 kernel reads packed A faster than A in place (an AVX2-only Zen 3: 4-8 % on the model's products) */
-  const direct_kernel *rows =
-      !ta && alpha == 1.0f && M % mr == 0 && g == &KERNELS[GEMM_ISA_AVX512] ? &DIRECT[g - KERNELS] : NULL;
+  const direct_kernel *rows = !ta && alpha == 1.0f && M >= mr && (M % mr == 0 || !w) && g == &KERNELS[GEMM_ISA_AVX512]
+                                  ? &DIRECT[g - KERNELS]
+                                  : NULL;
   if (rows && !rows->rows) rows = NULL;
 #else
   const void *rows = NULL;
@@ -298,16 +305,19 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
           const int64_t nrows = mc - ir < mr ? mc - ir : mr;
           const float *as = ap + ir * kc;
 #ifdef GEMM_X86
-          const float *ar = rows ? A + (ic + ir) * lda + pc : NULL; /* A's sliver in place */
+          /* A's sliver in place; a last row tile cut by M's edge reads the mr rows that end at M (rows_tile) */
+          const int64_t r0 = nrows < mr ? mr - nrows : 0;
+          const float *ar = rows ? A + (ic + ir - r0) * lda + pc : NULL;
 #endif
           for (int64_t jr = 0; jr < nc; jr += nr) {
             const int64_t cols = nc - jr < nr ? nc - jr : nr;
             const float *bs = bp + jr * kc;
             float *cp = C + (ic + ir) * ldc + jc + jr;
 #ifdef GEMM_X86
-            /* the next tile's C, when this K block continues its chains in C, or (the AVX2 kernel) when this tile's
-             * chain meets beta*C: fetched while this one runs (C is often a gradient, cold from memory) */
-            const int meets = beta != 0.0f && (w ? last : combine) && g == &KERNELS[GEMM_ISA_AVX2];
+            /* the next tile's C, when this K block continues its chains in C, or when this tile's chain meets
+             * beta*C: fetched while this one runs (C is often a gradient, cold from memory; AVX-512, paired median
+             * time 0.94 on the LM head's dE += dlogits^T h) */
+            const int meets = beta != 0.0f && (w ? last : combine) && g != &KERNELS[GEMM_ISA_PORTABLE];
             if ((load && !w) || meets) {
               const float *next = jr + nr < nc ? cp + nr : ir + mr < mc ? cp - jr + mr * ldc : NULL;
               for (int r = 0; next && r < mr; r++) {
@@ -327,7 +337,7 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
             }
 #ifdef GEMM_X86
             if (rows) {
-              rows_tile(rows, kc, ar, lda, bs, cp, ldc, cols, load, combine, beta);
+              rows_tile(rows, kc, ar, lda, bs, cp, ldc, (int)r0, cols, load, combine, beta);
               continue;
             }
 #endif

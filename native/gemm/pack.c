@@ -104,8 +104,10 @@ __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const floa
 __attribute__((target("avx512f"))) static int64_t pack_cols32_avx512(const float *src, int64_t ld, int64_t kc,
                                                                      float *dst) {
   int64_t p = 0;
-  for (; p + 16 <= kc; p += 16)
+  for (; p + 16 <= kc; p += 16) {
+    for (int j = 0; j < 32; j++) _mm_prefetch((const char *)(src + (j + 32) * ld + p), _MM_HINT_T0);
     for (int j = 0; j < 32; j += 16) transpose16(src + j * ld + p, ld, dst + p * 32 + j, 32);
+  }
   return p;
 }
 int fast_pack = -1; /* AVX2 transposes, where the CPU has them (same bits as the loops) */
