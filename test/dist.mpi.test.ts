@@ -483,8 +483,9 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
   timeout: 1_200_000,
 }, async (t) => {
   if (!needMpi(t)) return;
-  // 300 steps of seq 128 (about 25 s on a quiet 2-core machine): the SIGTERM reaches the processes 10 s after
-  // mpirun gets it, and the run must still be going then; 10 s is ample to finish a step and save under load.
+  // 300 steps of seq 128 (about 11 s on a quiet 2-core machine since the kernels got faster): the SIGTERM reaches
+  // the processes 5 s after mpirun gets it, and the run must still be going then (at 10 s it had reached step 294,
+  // leaving the SIGUSR2 run nothing to stop); 5 s is still ample to finish a step and save under load (0.2 s here).
   // Signalled, mpirun stops reading its processes' stdout (a pty of about 18 KB) until it has killed them: with a
   // log line every step, process 0 fills it before the SIGTERM comes on a quiet machine, and must still stop.
   const ref = await reference(300, 128),
@@ -504,7 +505,7 @@ test("SIGTERM to mpirun itself reaches the processes odls_base_sigkill_timeout s
   // exits 1 whatever its processes return, so each process says its own exit code.
   const term = { at: 0 };
   const a = await mpirun(2, job(["--log-every", "1"]), {
-    mca: ["--mca", "odls_base_sigkill_timeout", "10"],
+    mca: ["--mca", "odls_base_sigkill_timeout", "5"],
     during: signal(/step 20: weights and moments identical/, "SIGTERM", term),
   });
   assert.ok(term.at > 0, `mpirun was signalled mid-run:\n${a.out.slice(-2000)}`);

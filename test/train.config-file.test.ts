@@ -193,7 +193,7 @@ test("a value of the wrong type, a bad choice, bad TOML or a missing file is ref
   refused("prune = 1\n", /: prune = 1 is a whole number, but prune takes true or false: fix its value/);
   refused('prune = "true"\n', /: prune = "true" is a string, but prune takes true or false \(write it without quotes/);
   refused("root = 3\n", /: root = 3 is a whole number, but root takes a string \(in quotes: root = "3"\)/);
-  refused('backend = "gpu"\n', /: backend = "gpu" is not one of auto, native, tensorflow, wasm, cpu: pick one/);
+  refused('backend = "gpu"\n', /: backend = "gpu" is not one of auto, native, tensorflow, wasm, cpu, webgpu: pick one/);
   refused("tokens = 100000000000000000000\n", /tokens = 100000000000000000000 is a whole number too large to hold/);
   refused(
     "resume = 2026-01-01\n",
