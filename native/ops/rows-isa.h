@@ -213,3 +213,23 @@ static void ISA_FN(softmax_grad_row)(float *s, float *ds, const float *dp, int64
     memcpy(ds + u, td, (size_t)(c - u) * sizeof(float));
   }
 }
+
+/* the macros the including file defined for this copy: undefined, so the next copy defines its own */
+#undef ISA_FN
+#undef VW
+#undef vf
+#undef VLOAD
+#undef VSTORE
+#undef VSET
+#undef VMAX
+#undef VMIN
+#undef VFMA
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VPOW2
+#undef VACC
+#undef VACC_ZERO
+#undef VACC_ADD
+#undef VACC_STORE

@@ -30,20 +30,7 @@ typedef float vf;
 #define VMUL(a, b) ((a) * (b))
 #define VDIV(a, b) ((a) / (b))
 #define VPOW2(n) pow2_f32(n)
-#include "rows-isa.h"
-#undef ISA_FN
-#undef VW
-#undef VLOAD
-#undef VSTORE
-#undef VSET
-#undef VMAX
-#undef VMIN
-#undef VFMA
-#undef VADD
-#undef VSUB
-#undef VMUL
-#undef VDIV
-#undef VPOW2
+#include "rows-isa.h" /* it #undefs the macros above at its end */
 
 #ifdef ROWS_X86
 /* ------------------------------------------------------------------ AVX2 + FMA: 8 lanes */
@@ -79,25 +66,7 @@ typedef struct {
     _mm256_storeu_pd((p), (a).lo);                                                                                     \
     _mm256_storeu_pd((p) + 4, (a).hi);                                                                                 \
   } while (0)
-#include "rows-isa.h"
-#undef ISA_FN
-#undef VW
-#undef vf
-#undef VLOAD
-#undef VSTORE
-#undef VSET
-#undef VMAX
-#undef VMIN
-#undef VFMA
-#undef VADD
-#undef VSUB
-#undef VMUL
-#undef VDIV
-#undef VPOW2
-#undef VACC
-#undef VACC_ZERO
-#undef VACC_ADD
-#undef VACC_STORE
+#include "rows-isa.h" /* it #undefs the macros above at its end */
 #pragma GCC pop_options
 
 /* ------------------------------------------------------------------ AVX-512F: 16 lanes */
@@ -126,25 +95,7 @@ typedef struct {
     (a) = _mm512_add_pd((a), _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));       \
   } while (0)
 #define VACC_STORE(p, a) _mm512_storeu_pd((p), (a))
-#include "rows-isa.h"
-#undef ISA_FN
-#undef VW
-#undef vf
-#undef VLOAD
-#undef VSTORE
-#undef VSET
-#undef VMAX
-#undef VMIN
-#undef VFMA
-#undef VADD
-#undef VSUB
-#undef VMUL
-#undef VDIV
-#undef VPOW2
-#undef VACC
-#undef VACC_ZERO
-#undef VACC_ADD
-#undef VACC_STORE
+#include "rows-isa.h" /* it #undefs the macros above at its end */
 #pragma GCC pop_options
 #endif
 
