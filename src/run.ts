@@ -261,6 +261,7 @@ export function activationReport(s: Pick<Session, "cfg" | "model">): { line: str
 
 function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
+  const act = activationReport(s);
   const j = {
     dry_run: true,
     train_samples: s.data.nWindows,
@@ -276,9 +277,9 @@ function dryRun(s: Session, rep: Reporter): RunResult {
     world: cfg.world,
     seqs_per_step: plan.seqsPerStep,
     tokens_per_step: plan.tokensPerStep,
-    activations: activationReport(s).json,
+    activations: act.json,
   };
-  rep.say(activationReport(s).line);
+  rep.say(act.line);
   rep.say(JSON.stringify(j));
   return { runJson: j, exported: null };
 }
