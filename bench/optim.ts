@@ -10,7 +10,9 @@
  *   update      adamwSliceSimd: reads params, m, v, g and writes params, m, v: 28 B
  *   probe       the better of a triad x = y + s*z (24 B) and a copy (TypedArray.set, a memmove: 16 B) over float64
  *
- * Each pass's GB/s counts those bytes (no write-allocate, as STREAM counts), and `*_of_bw` is its GB/s over the
+ * Before each fold every thread's micro-batch gradient is refilled with gradient-like values (untimed), so that no
+ * pass runs on zeros (foldMicro leaves g zeroed, as the trainer's backward then refills it), which the memory system
+ * moves at other speeds. Each pass's GB/s counts those bytes (no write-allocate, as STREAM counts), and `*_of_bw` is its GB/s over the
  * probe's. Rounds alternate which of the two thread counts goes first, so drift hits both alike; each figure is the
  * median over the timed rounds. Times are each thread's time inside the call, the slowest thread's per phase.
  */
@@ -125,14 +127,20 @@ export async function runOptimCase(o: {
       let t = 1;
       const slowest = (rs: OptimReply[]) => Math.max(...rs.map((x) => x.ms));
       const round = async (p: Pool, keep: boolean) => {
+        // each thread's micro-batch gradient refilled before each fold (untimed), as the backward refills it
+        const fill = () => p.all((i) => ({ op: "fill", P, thread: i, salt: t * 7 + i }));
         const parts = slices(P, p.size),
           chunks = chunkSlices(P, p.size),
           at = times.get(p)!;
         const got: Record<Phase, number> = {
           triad: slowest(await p.all((i) => ({ op: "triad", lo: parts[i][0], hi: parts[i][1] }))),
           copy: slowest(await p.all((i) => ({ op: "copy", lo: parts[i][0], hi: parts[i][1] }))),
-          foldFirst: slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: true }))),
-          fold: slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: false }))),
+          foldFirst: await fill().then(async () =>
+            slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: true }))),
+          ),
+          fold: await fill().then(async () =>
+            slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: false }))),
+          ),
           reduce: slowest(
             await p.all((i) => ({ op: "reduce", P, c0: chunks[i][0], c1: chunks[i][1], invScale: invScale })),
           ),

@@ -15,6 +15,7 @@ import {
   chunkSquares,
   reduceChunks64,
   SQ_CHUNK,
+  SQ_LANES,
   sumSlots64,
   totalSquares,
   unscaleInto,
@@ -247,5 +248,13 @@ test("reduceChunks64 (one process) equals the path across processes (sumSlots64,
     assert.ok(Buffer.from(grad.buffer).equals(Buffer.from(grad2.buffer)), `${k} slots: the same gradient bits`);
     assert.ok(Buffer.from(sq.buffer).equals(Buffer.from(sq2.buffer)), `${k} slots: the same chunk sums`);
     assert.equal(totalSquares(sq).sumSq, totalSquares(sq2).sumSq);
+    // each chunk's sum in the documented order: element i of the chunk in lane i % SQ_LANES, each lane in index
+    // order, then (lane 0 + lane 1) + (lane 2 + lane 3); the last chunk (123 elements) ends in a partial quad
+    for (let c = 0; c < sq.length; c++) {
+      const lanes = [0, 0, 0, 0];
+      for (let i = c * SQ_CHUNK; i < Math.min(P, (c + 1) * SQ_CHUNK); i++)
+        lanes[(i - c * SQ_CHUNK) % SQ_LANES] += grad2[i] * grad2[i];
+      assert.equal(sq[c], lanes[0] + lanes[1] + (lanes[2] + lanes[3]), `${k} slots: chunk ${c} in the lanes' order`);
+    }
   }
 });

@@ -273,11 +273,22 @@ export function slices(total: number, parts: number): Array<[number, number]> {
 // ---------------------------------------------------------------- sums in an order fixed by the data (A10)
 
 /**
- * A10: the sum of squares behind the clip is taken over chunks of this many parameters, each summed in index
- * order in float64, and the chunks' sums added in chunk order: a figure of the gradient alone, whatever slices
- * the threads or processes work on.
+ * A10: the sum of squares behind the clip is taken over chunks of this many parameters, each summed in float64 in
+ * SQ_LANES interleaved lanes (the chunk's element i in lane i % 4, each lane in index order, from 0) and the lanes
+ * added as (lane 0 + lane 1) + (lane 2 + lane 3), and the chunks' sums added in chunk order: a figure of the
+ * gradient alone, whatever slices the threads or processes work on. Four chains instead of one: a single chain of
+ * float64 adds ran the reduce at the add's latency (about 2 ns an element), not at memory speed.
  */
 export const SQ_CHUNK = 4096;
+export const SQ_LANES = 4;
+
+/** The chunk's tail (its last n % 4 elements, from index i): lanes 0, 1, 2 in order, then the lanes combined. */
+function laneTail(x: ArrayLike<number>, i: number, hi: number, s0: number, s1: number, s2: number, s3: number): number {
+  if (i < hi) s0 += x[i] * x[i];
+  if (i + 1 < hi) s1 += x[i + 1] * x[i + 1];
+  if (i + 2 < hi) s2 += x[i + 2] * x[i + 2];
+  return s0 + s1 + (s2 + s3);
+}
 
 /** The number of SQ_CHUNK chunks of a vector of P parameters. */
 export function chunkCount(P: number): number {
@@ -347,43 +358,85 @@ export function reduceChunks64(
     b = k > 1 ? slots[1] : a;
   for (let c = c0; c < c1; c++) {
     const lo = c * SQ_CHUNK,
-      hi = Math.min(P, lo + SQ_CHUNK);
-    let s = 0;
+      hi = Math.min(P, lo + SQ_CHUNK),
+      end = lo + ((hi - lo) & ~3);
+    let s0 = 0,
+      s1 = 0,
+      s2 = 0,
+      s3 = 0;
+    // the chunk's whole quads (its sum of squares in SQ_LANES lanes), then its tail through grad (laneTail)
     if (k === 1) {
-      for (let i = lo; i < hi; i++) {
-        const x = Math.fround(a[i] * invScale);
-        grad[i] = x;
-        s += x * x;
+      for (let i = lo; i < end; i += 4) {
+        const x0 = Math.fround(a[i] * invScale),
+          x1 = Math.fround(a[i + 1] * invScale),
+          x2 = Math.fround(a[i + 2] * invScale),
+          x3 = Math.fround(a[i + 3] * invScale);
+        grad[i] = x0;
+        grad[i + 1] = x1;
+        grad[i + 2] = x2;
+        grad[i + 3] = x3;
+        s0 += x0 * x0;
+        s1 += x1 * x1;
+        s2 += x2 * x2;
+        s3 += x3 * x3;
       }
+      for (let i = end; i < hi; i++) grad[i] = a[i] * invScale;
     } else if (k === 2) {
-      for (let i = lo; i < hi; i++) {
-        const x = Math.fround((a[i] + b[i]) * invScale);
-        grad[i] = x;
-        s += x * x;
+      for (let i = lo; i < end; i += 4) {
+        const x0 = Math.fround((a[i] + b[i]) * invScale),
+          x1 = Math.fround((a[i + 1] + b[i + 1]) * invScale),
+          x2 = Math.fround((a[i + 2] + b[i + 2]) * invScale),
+          x3 = Math.fround((a[i + 3] + b[i + 3]) * invScale);
+        grad[i] = x0;
+        grad[i + 1] = x1;
+        grad[i + 2] = x2;
+        grad[i + 3] = x3;
+        s0 += x0 * x0;
+        s1 += x1 * x1;
+        s2 += x2 * x2;
+        s3 += x3 * x3;
       }
+      for (let i = end; i < hi; i++) grad[i] = (a[i] + b[i]) * invScale;
     } else {
       for (let i = lo; i < hi; i++) {
         let acc = a[i];
         for (let r = 1; r < k; r++) acc += slots[r][i];
         const x = Math.fround(acc * invScale);
         grad[i] = x;
-        s += x * x;
+        if (i < end) {
+          const lane = (i - lo) & 3;
+          if (lane === 0) s0 += x * x;
+          else if (lane === 1) s1 += x * x;
+          else if (lane === 2) s2 += x * x;
+          else s3 += x * x;
+        }
       }
     }
-    sq[c] = s;
+    sq[c] = laneTail(grad, end, hi, s0, s1, s2, s3);
   }
 }
 
-/** sq[c] = the sum of g[i]^2 over chunk c (index order, float64) for chunks [c0, c1) of a P-vector. */
+/** sq[c] = the sum of g[i]^2 over chunk c (float64, in SQ_LANES lanes: SQ_CHUNK) for chunks [c0, c1) of a P-vector. */
 export function chunkSquares(g: Float32Array, P: number, sq: Float64Array, c0: number, c1: number): void {
   for (let c = c0; c < c1; c++) {
-    const hi = Math.min(P, (c + 1) * SQ_CHUNK);
-    let s = 0;
-    for (let i = c * SQ_CHUNK; i < hi; i++) {
-      const x = g[i];
-      s += x * x;
+    const lo = c * SQ_CHUNK,
+      hi = Math.min(P, lo + SQ_CHUNK),
+      end = lo + ((hi - lo) & ~3);
+    let s0 = 0,
+      s1 = 0,
+      s2 = 0,
+      s3 = 0;
+    for (let i = lo; i < end; i += 4) {
+      const x0 = g[i],
+        x1 = g[i + 1],
+        x2 = g[i + 2],
+        x3 = g[i + 3];
+      s0 += x0 * x0;
+      s1 += x1 * x1;
+      s2 += x2 * x2;
+      s3 += x3 * x3;
     }
-    sq[c] = s;
+    sq[c] = laneTail(g, end, hi, s0, s1, s2, s3);
   }
 }
 
