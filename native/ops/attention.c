@@ -219,8 +219,8 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
   const int64_t R = H / K;
   const int ldq = (int)(H * E), ldk = (int)(K * E);
   /* kt, vt: the kv head's keys times scale and values as [E, T]; D [R, T]; pc, dc: one query head's P and dS of a
-   * key block, [T, ATT_BK] each (row t - k0); dp [ATT_BQ, ATT_BK] */
-  const size_t n = (size_t)(2 * T * E + R * T + 2 * T * ATT_BK + ATT_BQ * ATT_BK);
+   * key block, [T, ATT_BK] each (row t - k0); dp likewise */
+  const size_t n = (size_t)(2 * T * E + R * T + 3 * T * ATT_BK);
   float *kt = (float *)malloc(n * sizeof(float));
   if (!kt) return GEMM_NOMEM;
   float *vt = kt + T * E, *D = vt + T * E, *pc = D + R * T, *dc = pc + T * ATT_BK, *dp = dc + T * ATT_BK;
@@ -240,18 +240,14 @@ int attention_backward(float *dq, float *dk, float *dv, const float *dout, const
           const int64_t hh = j * R + i;
           const float *qh = q + (b * T * H + hh) * E, *doh = dout + (b * T * H + hh) * E;
           float *dqh = dq + (b * T * H + hh) * E;
-          for (int64_t t0 = k0; t0 < T; t0 += ATT_BQ) { /* the query rows from the diagonal down */
-            const int64_t rows = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-            float *pb = pc + (t0 - k0) * ATT_BK, *db = dc + (t0 - k0) * ATT_BK;
-            /* s = q rows @ (scale * k)^T (the forward's scores, bit for bit), dp = dout rows @ v^T */
-            oom |= sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, qh + t0 * ldq, ldq, kt + k0, (int)T, 0.0f, pb, ATT_BK);
-            oom |=
-                sgemm(0, 0, (int)rows, (int)kn, (int)E, 1.0f, doh + t0 * ldq, ldq, vt + k0, (int)T, 0.0f, dp, ATT_BK);
-            ATT_REST(softmax_grad(pb, db, dp, rows, kn, t0, k0, lse + (b * H + hh) * T + t0, D + i * T + t0, scale));
-            /* dq[t0 block] (+)= dS @ k[k0 block] */
-            oom |= sgemm(0, 0, (int)rows, (int)E, (int)kn, 1.0f, db, ATT_BK, kp + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f,
-                         dqh + t0 * ldq, ldq);
-          }
+          const int rows = (int)(T - k0); /* the query rows from the diagonal down, in one product each */
+          /* s = q rows @ (scale * k)^T (the forward's scores, bit for bit), dp = dout rows @ v^T */
+          oom |= sgemm(0, 0, rows, (int)kn, (int)E, 1.0f, qh + k0 * ldq, ldq, kt + k0, (int)T, 0.0f, pc, ATT_BK);
+          oom |= sgemm(0, 0, rows, (int)kn, (int)E, 1.0f, doh + k0 * ldq, ldq, vt + k0, (int)T, 0.0f, dp, ATT_BK);
+          ATT_REST(softmax_grad(pc, dc, dp, rows, kn, k0, k0, lse + (b * H + hh) * T + k0, D + i * T + k0, scale));
+          /* dq[k0:T] (+)= dS @ k[k0 block] */
+          oom |= sgemm(0, 0, rows, (int)E, (int)kn, 1.0f, dc, ATT_BK, kp + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f,
+                       dqh + k0 * ldq, ldq);
           /* dv[k0 block] (+)= P^T @ dout[k0:T], dk[k0 block] (+)= dS^T @ q[k0:T], this query head's */
           oom |= sgemm(1, 0, (int)kn, (int)E, (int)(T - k0), 1.0f, pc, ATT_BK, doh + k0 * ldq, ldq,
                        i == 0 ? 0.0f : 1.0f, dvp + k0 * ldk, ldk);
