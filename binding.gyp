@@ -8,6 +8,7 @@
         "native/setup.c",
         "native/ops/rows.c",
         "native/ops/attention.c",
+        "native/ops/optim.c",
         "native/peak.c",
         "native/gemm/frame.c",
         "native/gemm/pack.c",

@@ -7,7 +7,8 @@
  *               later micro-batches: reads g and the slot, writes both (g zeroed): 24 B an element; the first: 16 B)
  *   reduce      reduceChunks64 over `world` float64 slots into the float32 gradient, with the chunks' sums of
  *               squares (each thread its chunks): reads 8 B per slot, writes 4 B
- *   update      adamwSliceSimd: reads params, m, v, g and writes params, m, v: 28 B
+ *   update      adamwSliceSimd (the addon's C kernel where it loads, else wasm; the row's update_kernel): reads
+ *               params, m, v, g and writes params, m, v: 28 B
  *   probe       the better of a triad x = y + s*z (24 B) and a copy (TypedArray.set, a memmove: 16 B) over float64
  *
  * Before each fold every thread's micro-batch gradient is refilled with gradient-like values (untimed), so that no
@@ -21,6 +22,7 @@ import * as path from "node:path";
 import { chunkCount, chunkSlices, slices, ADAMW_DEFAULTS, type DecayRange } from "../src/optim/optim";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
+import { adamwKernel } from "../src/optim/optim-simd";
 import type { OptimCmd, OptimReply, OptimWorkerInit } from "./optim-worker";
 import type { BenchRow } from "./steps";
 import { median, r } from "./stats";
@@ -204,10 +206,11 @@ export async function runOptimCase(o: {
           ...pass("fold", "fold"),
           ...pass("reduce", "reduce"),
           ...pass("update", "update"),
+          update_kernel: adamwKernel(),
         };
         rows.push(row);
         o.log(
-          `  ${label.padEnd(15)} P=${(P / 1e6).toFixed(1)}M: probe ${row.bw_probe_gb_per_s} GB/s; fold ${row.fold_ms_median} ms ${row.fold_gb_per_s} GB/s (${row.fold_of_bw}), first fold ${row.fold_first_gb_per_s} GB/s (${row.fold_first_of_bw}), reduce ${row.reduce_ms_median} ms ${row.reduce_gb_per_s} GB/s (${row.reduce_of_bw}), adamw ${row.update_ms_median} ms ${row.update_gb_per_s} GB/s (${row.update_of_bw})`,
+          `  ${label.padEnd(15)} P=${(P / 1e6).toFixed(1)}M: probe ${row.bw_probe_gb_per_s} GB/s; fold ${row.fold_ms_median} ms ${row.fold_gb_per_s} GB/s (${row.fold_of_bw}), first fold ${row.fold_first_gb_per_s} GB/s (${row.fold_first_of_bw}), reduce ${row.reduce_ms_median} ms ${row.reduce_gb_per_s} GB/s (${row.reduce_of_bw}), adamw (${row.update_kernel}) ${row.update_ms_median} ms ${row.update_gb_per_s} GB/s (${row.update_of_bw})`,
         );
       }
     }

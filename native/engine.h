@@ -176,6 +176,11 @@ void softmax_grad_row(float *s, float *ds, const float *dp, int64_t c, float lse
 void vmath_exp(gemm_isa isa, float *out, const float *x, int64_t n);
 void vmath_log(gemm_isa isa, double *out, const double *x, int64_t n);
 
+/* ops/optim.c: AdamW over n floats in place, float32, the wasm kernel's operations in its order; h = decay, b1,
+ * b1c, b2, b2c, coef, ibc2, eps, step (each a float, as the wasm kernel's splats) */
+void adamw_f32(float *restrict p, float *restrict m, float *restrict v, const float *restrict g, int64_t n,
+               const float h[9]);
+
 /* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward), the
  * unfused kernels it replaced (the whole probabilities att [B, H, T, T] kept: the bench's baseline), and the cached
  * form for generation */

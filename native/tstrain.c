@@ -446,6 +446,27 @@ static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) 
   return NULL;
 }
 
+/* adamw(params, m, v, g, lo, hi, h): AdamW over [lo, hi) of the four Float32Arrays (SharedArrayBuffer views: the
+ * floats are read and written in place), h a Float32Array of the 9 hyperparameters (ops/optim.c) */
+static napi_value Adamw(napi_env env, napi_callback_info info) {
+  static const char fn[] = "adamw";
+  ARGS(7);
+  DIM(4, lo);
+  DIM(5, hi);
+  if (hi < lo) {
+    throw_range(env, fn, "hi is below lo");
+    return NULL;
+  }
+  float *p, *m, *v, *g, *h;
+  F32(0, p, hi, "params");
+  F32(1, m, hi, "m");
+  F32(2, v, hi, "v");
+  F32(3, g, hi, "g");
+  F32(6, h, 9, "h");
+  adamw_f32(p + lo, m + lo, v + lo, g + lo, hi - lo, h);
+  return NULL;
+}
+
 /* swigluForward(out, gate, up, n) */
 static napi_value SwigluForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "swigluForward";
@@ -533,6 +554,7 @@ NAPI_MODULE_INIT() {
       {"attentionCachedForward", NULL, AttentionCachedForward, NULL, NULL, NULL, napi_default, NULL},
       {"attentionProfile", NULL, AttentionProfile, NULL, NULL, NULL, napi_default, NULL},
       {"vmath", NULL, Vmath, NULL, NULL, NULL, napi_default, NULL},
+      {"adamw", NULL, Adamw, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
       {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},

@@ -20,7 +20,15 @@ import {
   totalSquares,
   unscaleInto,
 } from "../src/optim/optim";
-import { adamwSliceSimd, reduceSliceSimd } from "../src/optim/optim-simd";
+import { adamwSliceSimd, reduceSliceSimd, type AdamwKernel } from "../src/optim/optim-simd";
+import { nativeAdamw } from "../src/model/engine/native";
+
+// The AdamW kernels to hold: the wasm one always; the addon's C one where it loads (under TSTRAIN_REQUIRE_NATIVE=1,
+// as in CI, an addon that does not load fails the native test instead of skipping it).
+const nativeSkip =
+  nativeAdamw() || process.env.TSTRAIN_REQUIRE_NATIVE === "1"
+    ? false
+    : "the native addon does not load (npm run build:native)";
 
 test("the trapezoid LR equals the original script's formula at k = 0, warmup-1, warmup, decay_start and steps-1 (P5)", () => {
   // steps 1000: warmup = max(100, int(1000*0.02)) = 100, decay_start = int(1000*0.8) = 800
@@ -126,11 +134,12 @@ test("slices cover [0, total) without gaps or overlaps", () => {
   }
 });
 
-for (const [impl, adamwSlice] of [
-  ["reference", adamwRef],
-  ["simd", adamwSliceSimd],
+for (const [impl, adamwSlice, skip] of [
+  ["reference", adamwRef, false],
+  ["wasm", (...a: Parameters<typeof adamwRef>) => adamwSliceSimd(...a, "wasm"), false],
+  ["native", (...a: Parameters<typeof adamwRef>) => adamwSliceSimd(...a, "native"), nativeSkip],
 ] as const)
-  test(`AdamW (${impl}) decays 2-D weights only and takes a sign-sized first step (P3)`, () => {
+  test(`AdamW (${impl}) decays 2-D weights only and takes a sign-sized first step (P3)`, { skip }, () => {
     const p = new Float32Array([1, 1, 1, 1]);
     const m = new Float32Array(4),
       v = new Float32Array(4);
@@ -202,7 +211,7 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   const p0 = Float32Array.from(A.p);
   for (let t = 1; t <= 3; t++) {
     adamwRef(A.p, A.m, A.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
-    adamwSliceSimd(B.p, B.m, B.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t);
+    adamwSliceSimd(B.p, B.m, B.v, g, ranges, 7, P - 2, { lr: 3e-3, ...ADAMW_DEFAULTS }, 0.8, t, "wasm");
   }
   for (const key of ["p", "m", "v"] as const) {
     const x = A[key],
@@ -221,6 +230,54 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   let moved = 0;
   for (let i = 7; i < P - 2; i++) if (Math.abs(B.p[i] - p0[i]) > 1e-3) moved++;
   assert.ok(moved > 0.5 * (P - 9), `only ${moved} of ${P - 9} weights in the slice moved by more than 1e-3`);
+});
+
+test("the native AdamW kernel gives the wasm kernel's bits, in place on shared memory, on odd slices and edge values", {
+  skip: nativeSkip,
+}, () => {
+  let seed = 7;
+  const rnd = () => {
+    seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
+    return seed / 2 ** 32 - 0.5;
+  };
+  const P = 2 * 4096 + 4101;
+  const shared = (f: (i: number) => number) => {
+    const a = new Float32Array(new SharedArrayBuffer(P * 4));
+    for (let i = 0; i < P; i++) a[i] = f(i);
+    return a;
+  };
+  // gradients: ordinary, zero, subnormal, large (its square overflows float32 to inf), and a NaN
+  const g = shared((i) => (i % 97 === 0 ? 0 : i % 89 === 0 ? 1e-41 : i % 83 === 0 ? 3e19 : rnd() * 4e-3));
+  g[P - 50] = Number.NaN;
+  const state = () => ({
+    p: shared(() => rnd() * 0.08),
+    m: shared((i) => (i % 71 === 0 ? 0 : rnd() * 4e-4)),
+    v: shared((i) => (i % 71 === 0 ? 0 : (rnd() + 0.5) * 2e-7)),
+  });
+  const W = state();
+  const N = { p: shared((i) => W.p[i]), m: shared((i) => W.m[i]), v: shared((i) => W.v[i]) };
+  const edges = [W.p[4], W.p[P - 3], W.m[4], W.v[P - 3]];
+  const ranges = [
+    { lo: 0, hi: 3001, decay: true },
+    { lo: 3001, hi: 3003, decay: false },
+    { lo: 3003, hi: P, decay: true },
+  ];
+  const run = (x: typeof W, k: AdamwKernel, t: number, coef: number, lr: number) =>
+    adamwSliceSimd(x.p, x.m, x.v, g, ranges, 5, P - 3, { lr, ...ADAMW_DEFAULTS }, coef, t, k);
+  for (const [t, coef, lr] of [
+    [1, 1, 3e-4],
+    [2, 0.37, 2.9e-4],
+    [1000, 1, 1e-5],
+  ] as const) {
+    run(W, "wasm", t, coef, lr);
+    run(N, "native", t, coef, lr);
+    for (const key of ["p", "m", "v"] as const)
+      for (let i = 0; i < P; i++)
+        if (!Object.is(W[key][i], N[key][i]))
+          assert.fail(`step ${t}: ${key}[${i}] is ${N[key][i]} on the native kernel, ${W[key][i]} on wasm (g ${g[i]})`);
+  }
+  assert.ok(Number.isNaN(N.p[P - 50]), "the NaN gradient reached its weight on both");
+  assert.deepEqual([N.p[4], N.p[P - 3], N.m[4], N.v[P - 3]], edges, "outside the slice untouched");
 });
 
 test("reduceChunks64 (one process) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)", () => {

@@ -3,7 +3,9 @@
  * instruction instead of one float64 scalar in JS, ~3-4x faster over the 106M-parameter vectors (bench/optim.ts).
  * The kernel cannot see the SharedArrayBuffers (a wasm module reads only its own memory), so each call streams its
  * slice through a small private memory in chunks of CHUNK floats: copy in (TypedArray.set, a memmove), compute,
- * copy out. The chunk regions stay in cache, so the traffic to main memory is the same as the JS loop's.
+ * copy out. Where the native addon loads, AdamW runs instead on its C kernel (native/ops/optim.c), which reads and
+ * writes the shared arrays in place: the same float32 operations in the same order, so the same bits, with no
+ * copies (the bench's optim case: ~0.93 of the bandwidth probe against ~0.69 for the wasm path).
  *
  * Same arithmetic as optim.ts's reference loops, in float32 (as torch's fp32 AdamW): the reduce is bit-identical to
  * reduceSlice when the unscale factor is a float32 value (a power of two over world*accum in {1, 2, 4, ...}); its
@@ -12,6 +14,7 @@
  *
  * The module is assembled here from its opcodes (a few hundred bytes; no toolchain at build or run time).
  */
+import { nativeAdamw } from "../model/engine/native";
 import { reduceSlice, ADAMW_DEFAULTS, type AdamHyper, type DecayRange, type ReduceResult } from "./optim";
 
 /** Floats per region; region r starts at byte r * CHUNK * 4 (= r << 14). */
@@ -362,7 +365,19 @@ export function reduceSliceSimd(
   return { sumSq, finite: Number.isFinite(sumSq) };
 }
 
-/** adamwSlice (optim.ts) on the kernel, float32 arithmetic. */
+/** Which AdamW kernel runs: "native" (the addon's C, in place), "wasm" (this module's, through its regions), or
+ *  "auto" (native where the addon loads). Both give the same bits. */
+export type AdamwKernel = "auto" | "native" | "wasm";
+
+/** The kernel "auto" picks in this thread: "native" where the addon loads, else "wasm". */
+export function adamwKernel(): "native" | "wasm" {
+  return nativeAdamw() ? "native" : "wasm";
+}
+
+/**
+ * adamwSlice (optim.ts) in float32 arithmetic, on the addon's C kernel (native/ops/optim.c: the arrays read and
+ * written in place) or this module's wasm kernel (the same operations in the same order: the same bits).
+ */
 export function adamwSliceSimd(
   params: Float32Array,
   m: Float32Array,
@@ -374,12 +389,27 @@ export function adamwSliceSimd(
   h: AdamHyper,
   coef: number,
   t: number,
+  kernel: AdamwKernel = "auto",
 ): void {
-  const K = getKernel(),
-    H = K.heap;
   const { lr, beta1, beta2, eps, weightDecay } = h;
   const stepSize = lr / (1 - Math.pow(beta1, t));
   const ibc2 = 1 / Math.sqrt(1 - Math.pow(beta2, t));
+  const nat = kernel === "wasm" ? null : nativeAdamw();
+  if (kernel === "native" && !nat)
+    throw new Error("adamwSliceSimd: the native addon does not load (npm run build:native)");
+  if (nat) {
+    const hp = new Float32Array(9); // the wasm kernel's f32 parameters, rounded the same way (to nearest)
+    for (const r of ranges) {
+      const a0 = Math.max(lo, r.lo),
+        b0 = Math.min(hi, r.hi);
+      if (a0 >= b0) continue;
+      hp.set([r.decay ? 1 - lr * weightDecay : 1, beta1, 1 - beta1, beta2, 1 - beta2, coef, ibc2, eps, stepSize]);
+      nat(params, m, v, g, a0, b0, hp);
+    }
+    return;
+  }
+  const K = getKernel(),
+    H = K.heap;
   for (const r of ranges) {
     const a0 = Math.max(lo, r.lo),
       b0 = Math.min(hi, r.hi);

@@ -72,6 +72,16 @@ interface Addon {
    *  since the last call. */
   attentionProfile(on: boolean): number;
   /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
+  /** AdamW over [lo, hi) in place (native/ops/optim.c); h: the 9 float32 hyperparameters. */
+  adamw(
+    params: Float32Array,
+    m: Float32Array,
+    v: Float32Array,
+    g: Float32Array,
+    lo: number,
+    hi: number,
+    h: Float32Array,
+  ): void;
   vmath(fn: "exp", isa: Exclude<IsaChoice, "auto">, x: Float32Array, out: Float32Array): void;
   vmath(fn: "log", isa: Exclude<IsaChoice, "auto">, x: Float64Array, out: Float64Array): void;
 }
@@ -250,6 +260,13 @@ export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | nu
 export function vmath(): Addon["vmath"] | null {
   const got = loadAddon();
   return "reason" in got ? null : got.addon.vmath;
+}
+
+/** The optimizer's AdamW pass in C, on the arrays in place (native/ops/optim.c: the WebAssembly kernel's float32
+ *  operations in its order, the same bits); null when the addon does not load or is older than this checkout. */
+export function nativeAdamw(): Addon["adamw"] | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon.adamw !== "function" ? null : got.addon.adamw;
 }
 
 /** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
