@@ -180,6 +180,8 @@ void vmath_log(gemm_isa isa, double *out, const double *x, int64_t n);
  * b1c, b2, b2c, coef, ibc2, eps, step (each a float, as the wasm kernel's splats) */
 void adamw_f32(float *restrict p, float *restrict m, float *restrict v, const float *restrict g, int64_t n,
                const float h[9]);
+/* ops/optim.c: a micro-batch's gradient into its float64 sum, acc = g (first) or acc += g, and g = 0 (foldMicro) */
+void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first);
 
 /* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward), the
  * unfused kernels it replaced (the whole probabilities att [B, H, T, T] kept: the bench's baseline), and the cached

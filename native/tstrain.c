@@ -467,6 +467,21 @@ static napi_value Adamw(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* fold(acc, g, first): acc = g (first) or acc += g over all of g, in float64, then g = 0 (ops/optim.c) */
+static napi_value Fold(napi_env env, napi_callback_info info) {
+  static const char fn[] = "fold";
+  ARGS(3);
+  BOOL(2, first);
+  float *g;
+  double *acc;
+  size_t n = 0;
+  if (napi_get_typedarray_info(env, argv[1], NULL, &n, NULL, NULL, NULL) != napi_ok) n = 0;
+  F32(1, g, n, "g");
+  if (!get_array(env, argv[0], napi_float64_array, n, (void **)&acc, fn, "acc")) return NULL;
+  fold_f32(acc, g, (int64_t)n, first);
+  return NULL;
+}
+
 /* swigluForward(out, gate, up, n) */
 static napi_value SwigluForward(napi_env env, napi_callback_info info) {
   static const char fn[] = "swigluForward";
@@ -555,6 +570,7 @@ NAPI_MODULE_INIT() {
       {"attentionProfile", NULL, AttentionProfile, NULL, NULL, NULL, napi_default, NULL},
       {"vmath", NULL, Vmath, NULL, NULL, NULL, napi_default, NULL},
       {"adamw", NULL, Adamw, NULL, NULL, NULL, napi_default, NULL},
+      {"fold", NULL, Fold, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
       {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},

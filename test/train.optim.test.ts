@@ -13,6 +13,7 @@ import {
   ADAMW_DEFAULTS,
   chunkCount,
   chunkSquares,
+  foldMicro,
   reduceChunks64,
   SQ_CHUNK,
   SQ_LANES,
@@ -21,12 +22,12 @@ import {
   unscaleInto,
 } from "../src/optim/optim";
 import { adamwSliceSimd, reduceSliceSimd, type AdamwKernel } from "../src/optim/optim-simd";
-import { nativeAdamw } from "../src/model/engine/native";
+import { nativeAdamw, nativeFold } from "../src/model/engine/native";
 
 // The AdamW kernels to hold: the wasm one always; the addon's C one where it loads (under TSTRAIN_REQUIRE_NATIVE=1,
 // as in CI, an addon that does not load fails the native test instead of skipping it).
 const nativeSkip =
-  nativeAdamw() || process.env.TSTRAIN_REQUIRE_NATIVE === "1"
+  (nativeAdamw() && nativeFold()) || process.env.TSTRAIN_REQUIRE_NATIVE === "1"
     ? false
     : "the native addon does not load (npm run build:native)";
 
@@ -278,6 +279,48 @@ test("the native AdamW kernel gives the wasm kernel's bits, in place on shared m
   }
   assert.ok(Number.isNaN(N.p[P - 50]), "the NaN gradient reached its weight on both");
   assert.deepEqual([N.p[4], N.p[P - 3], N.m[4], N.v[P - 3]], edges, "outside the slice untouched");
+});
+
+test("foldMicro: the native fold gives the JS loop's bits (first and later micro-batches), zeroes g, touches nothing past it (A10)", {
+  skip: nativeSkip,
+}, () => {
+  let seed = 11;
+  const rnd = () => {
+    seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
+    return seed / 2 ** 32 - 0.5;
+  };
+  const specials = [-0, 0, 1e-42, -3e38, Number.POSITIVE_INFINITY, Number.NaN];
+  for (const [off, n] of [
+    [0, 4096 * 3 + 5],
+    [3, 1001], // acc starts 24 bytes into a line: the streaming stores' alignment prologue
+    [7, 9],
+    [1, 0],
+  ]) {
+    const A = new Float64Array(new SharedArrayBuffer((off + n + 3) * 8)),
+      B = new Float64Array(new SharedArrayBuffer((off + n + 3) * 8));
+    A.fill(42);
+    B.fill(42);
+    const a = A.subarray(off, off + n + 3),
+      b = B.subarray(off, off + n + 3);
+    for (let micro = 0; micro < 3; micro++) {
+      const gs = Float32Array.from({ length: n }, (_, i) => (i % 37 === 5 ? specials[(i + micro) % 6] : rnd() * 10));
+      const ga = new Float32Array(new SharedArrayBuffer(n * 4)),
+        gb = new Float32Array(new SharedArrayBuffer(n * 4));
+      ga.set(gs);
+      gb.set(gs);
+      foldMicro(a, ga, micro === 0, "js");
+      foldMicro(b, gb, micro === 0);
+      for (let i = 0; i < A.length; i++)
+        if (!Object.is(A[i], B[i]))
+          assert.fail(`offset ${off}, n ${n}, micro-batch ${micro}: acc[${i - off}] is ${B[i]} native, ${A[i]} in JS`);
+      assert.ok(
+        gb.every((x) => Object.is(x, 0)),
+        `offset ${off}, n ${n}: g zeroed (+0) after the fold`,
+      );
+    }
+    assert.deepEqual([A[off + n], A[off + n + 2]], [42, 42], "the accumulator past g untouched");
+    if (off > 0) assert.equal(A[off - 1], 42);
+  }
 });
 
 test("reduceChunks64 (one process) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)", () => {

@@ -6,6 +6,7 @@
  * loop works on a [lo, hi) slice, so the ranks split them by parameter range; decideStep is pure and is the only
  * place either runtime decides anything about a step.
  */
+import { nativeFold } from "../model/engine/native";
 
 // ---------------------------------------------------------------- LR (P5)
 
@@ -300,8 +301,16 @@ export function chunkCount(P: number): number {
  * micro-batch of the step, which sets it). The sum of float32 values in
  * float64 is exact while an element's terms lie within 2^(29 - log2 terms) of each other, so the accumulated sum
  * is the same whichever rank, process or micro-batch each term came from, and in whichever order they are added.
+ * `kernel`: the addon's C loop (native/ops/optim.c, the same bits; its first fold's streaming stores skip reading
+ * the slot's lines before writing them) where it loads ("auto"), or this JS loop ("js"; the tests hold one to the
+ * other).
  */
-export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean): void {
+export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean, kernel: "auto" | "js" = "auto"): void {
+  const nat = kernel === "js" ? null : nativeFold();
+  if (nat) {
+    nat(acc, g, first);
+    return;
+  }
   const n = g.length;
   // Every sum starts from its first term (never from 0 + it), here, in sumSlots64/reduceChunks64 and in MPI's sum, so a
   // -0 term sums alike in every split. `g` is left zeroed for the next micro-batch's += (lossAndGrads).

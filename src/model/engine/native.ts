@@ -72,6 +72,8 @@ interface Addon {
    *  since the last call. */
   attentionProfile(on: boolean): number;
   /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
+  /** acc = g (first) or acc += g in float64, then g = 0, over all of g (native/ops/optim.c). */
+  fold(acc: Float64Array, g: Float32Array, first: boolean): void;
   /** AdamW over [lo, hi) in place (native/ops/optim.c); h: the 9 float32 hyperparameters. */
   adamw(
     params: Float32Array,
@@ -267,6 +269,13 @@ export function vmath(): Addon["vmath"] | null {
 export function nativeAdamw(): Addon["adamw"] | null {
   const got = loadAddon();
   return "reason" in got || typeof got.addon.adamw !== "function" ? null : got.addon.adamw;
+}
+
+/** foldMicro in C (native/ops/optim.c: each element one exact conversion and add, so the JS loop's bits; the first
+ *  fold with streaming stores); null when the addon does not load or is older than this checkout. */
+export function nativeFold(): Addon["fold"] | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon.fold !== "function" ? null : got.addon.fold;
 }
 
 /** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
