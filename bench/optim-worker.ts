@@ -9,6 +9,7 @@
 import { parentPort } from "node:worker_threads";
 import { ADAMW_DEFAULTS, foldMicro, reduceChunks64, type DecayRange } from "../src/optim/optim";
 import { adamwSliceSimd } from "../src/optim/optim-simd";
+import { streamProbe } from "../src/model/engine/native";
 
 export interface OptimWorkerInit {
   params: SharedArrayBuffer;
@@ -30,7 +31,7 @@ export type OptimCmd =
   | { op: "fold"; P: number; thread: number; first: boolean }
   | { op: "reduce"; P: number; c0: number; c1: number; invScale: number }
   | { op: "update"; P: number; lo: number; hi: number; ranges: DecayRange[]; lr: number; coef: number; t: number }
-  | { op: "triad" | "copy"; lo: number; hi: number };
+  | { op: "triad" | "copy" | "ctriad" | "axpy"; lo: number; hi: number };
 export type OptimReply = { op: string; ms: number };
 
 interface Views {
@@ -100,7 +101,12 @@ parentPort!.on("message", (c: OptimCmd) => {
         c.t,
       );
     else if (c.op === "triad") triad(w.probe, w.slots[0], w.slots[1 % w.slots.length], c.lo, c.hi);
-    else w.probe.set(w.slots[0].subarray(c.lo, c.hi), c.lo);
+    else if (c.op === "ctriad" || c.op === "axpy") {
+      const probe = streamProbe();
+      if (!probe) throw new Error(`optim bench: the ${c.op} probe needs the native addon (npm run build:native)`);
+      const sub = (x: Float64Array) => x.subarray(c.lo, c.hi);
+      probe(c.op === "ctriad" ? "triad" : "axpy", sub(w.probe), sub(w.slots[0]), sub(w.slots[1 % w.slots.length]), 0.5);
+    } else w.probe.set(w.slots[0].subarray(c.lo, c.hi), c.lo);
   }
   parentPort!.postMessage({ op: c.op, ms: performance.now() - t0 } satisfies OptimReply);
 });

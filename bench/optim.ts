@@ -9,7 +9,10 @@
  *               squares (each thread its chunks): reads 8 B per slot, writes 4 B
  *   update      adamwSliceSimd (the addon's C kernel where it loads, else wasm; the row's update_kernel): reads
  *               params, m, v, g and writes params, m, v: 28 B
- *   probe       the better of a triad x = y + s*z (24 B) and a copy (TypedArray.set, a memmove: 16 B) over float64
+ *   probe       the best of four over float64: a triad x = y + s*z in JS and in C (24 B), an in-place x += s*y in C
+ *               (24 B, none of it a line read only to be overwritten) and a copy (TypedArray.set, a memmove: 16 B);
+ *               the C ones need the addon (without it, the JS two). The JS loops alone run well under what the
+ *               memory moves for C (here 12 against 30 GB/s on one thread), so they are not the hardware's figure.
  *
  * Before each fold every thread's micro-batch gradient is refilled with gradient-like values (untimed), so that no
  * pass runs on zeros (foldMicro leaves g zeroed, as the trainer's backward then refills it), which the memory system
@@ -23,6 +26,7 @@ import { chunkCount, chunkSlices, slices, ADAMW_DEFAULTS, type DecayRange } from
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import { adamwKernel } from "../src/optim/optim-simd";
+import { streamProbe } from "../src/model/engine/native";
 import type { OptimCmd, OptimReply, OptimWorkerInit } from "./optim-worker";
 import type { BenchRow } from "./steps";
 import { median, r } from "./stats";
@@ -112,8 +116,9 @@ export async function runOptimCase(o: {
   const pool = new Pool(threads);
   const rows: BenchRow[] = [];
   const hyper = { lr: 6e-4, ...ADAMW_DEFAULTS };
-  type Phase = "triad" | "copy" | "foldFirst" | "fold" | "reduce" | "update";
-  const PHASES: Phase[] = ["triad", "copy", "foldFirst", "fold", "reduce", "update"];
+  type Phase = "triad" | "copy" | "ctriad" | "axpy" | "foldFirst" | "fold" | "reduce" | "update";
+  const PHASES: Phase[] = ["triad", "copy", "ctriad", "axpy", "foldFirst", "fold", "reduce", "update"];
+  const cProbes = streamProbe() !== null; // the C probes need the addon; without it the JS ones alone
   try {
     await single.all(() => ({ op: "init", init: bufs }));
     await pool.all(() => ({ op: "init", init: bufs }));
@@ -137,6 +142,8 @@ export async function runOptimCase(o: {
         const got: Record<Phase, number> = {
           triad: slowest(await p.all((i) => ({ op: "triad", lo: parts[i][0], hi: parts[i][1] }))),
           copy: slowest(await p.all((i) => ({ op: "copy", lo: parts[i][0], hi: parts[i][1] }))),
+          ctriad: cProbes ? slowest(await p.all((i) => ({ op: "ctriad", lo: parts[i][0], hi: parts[i][1] }))) : NaN,
+          axpy: cProbes ? slowest(await p.all((i) => ({ op: "axpy", lo: parts[i][0], hi: parts[i][1] }))) : NaN,
           foldFirst: await fill().then(async () =>
             slowest(await p.all((i) => ({ op: "fold", P, thread: i, first: true }))),
           ),
@@ -177,12 +184,17 @@ export async function runOptimCase(o: {
         const bytes: Record<Phase, number> = {
           triad: 24 * P,
           copy: 16 * P,
+          ctriad: 24 * P,
+          axpy: 24 * P,
           foldFirst: 16 * P * n, // every rank folds its whole gradient
           fold: 24 * P * n,
           reduce: (8 * o.world + 4) * P,
           update: 28 * P,
         };
-        const bw = Math.max(gbs(bytes.triad, "triad"), gbs(bytes.copy, "copy"));
+        const probes = (["triad", "copy", "ctriad", "axpy"] as const).filter(
+          (x) => cProbes || x === "triad" || x === "copy",
+        );
+        const bw = Math.max(...probes.map((x) => gbs(bytes[x], x)));
         const pass = (x: Phase, key: string) => ({
           [`${key}_ms_median`]: r(ms(x)),
           [`${key}_gb_per_s`]: r(gbs(bytes[x], x), 2),
@@ -202,6 +214,8 @@ export async function runOptimCase(o: {
           bw_probe_gb_per_s: r(bw, 2),
           triad_gb_per_s: r(gbs(bytes.triad, "triad"), 2),
           copy_gb_per_s: r(gbs(bytes.copy, "copy"), 2),
+          c_triad_gb_per_s: cProbes ? r(gbs(bytes.ctriad, "ctriad"), 2) : null,
+          c_axpy_gb_per_s: cProbes ? r(gbs(bytes.axpy, "axpy"), 2) : null,
           ...pass("foldFirst", "fold_first"),
           ...pass("fold", "fold"),
           ...pass("reduce", "reduce"),

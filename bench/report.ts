@@ -88,7 +88,7 @@ export function markdown(o: {
       "",
     );
     L.push(
-      "Bytes per element: fold 24 (the first micro-batch's 16), reduce 8 per slot + 4, AdamW 28; the probe is the better of a float64 triad (24) and copy (16), by the same threads in the same rounds. Each cell: GB/s (fraction of the probe).",
+      "Bytes per element: fold 24 (the first micro-batch's 16), reduce 8 per slot + 4, AdamW 28; the probe is the best of float64 triads in JS and C (24), an in-place axpy in C (24) and a copy (16), by the same threads in the same rounds. Each cell: GB/s (fraction of the probe).",
       "",
     );
     L.push(`| case | params | threads | probe GB/s | fold | first fold | reduce | AdamW | n |`);

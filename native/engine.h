@@ -179,9 +179,15 @@ void vmath_log(gemm_isa isa, double *out, const double *x, int64_t n);
 /* ops/optim.c: AdamW over n floats in place, float32, the wasm kernel's operations in its order; h = decay, b1,
  * b1c, b2, b2c, coef, ibc2, eps, step (each a float, as the wasm kernel's splats) */
 void adamw_f32(float *restrict p, float *restrict m, float *restrict v, const float *restrict g, int64_t n,
-               const float h[9]);
+               const float h[9], gemm_isa isa);
 /* ops/optim.c: a micro-batch's gradient into its float64 sum, acc = g (first) or acc += g, and g = 0 (foldMicro) */
-void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first);
+void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first, gemm_isa isa);
+/* ops/optim.c: reduceChunks64 (the k float64 slots averaged into the float32 gradient, each chunk's sum of squares) */
+void reduce_chunks64(const double *const *slots, int k, float *restrict grad, double inv, int64_t P,
+                     double *restrict sq, int64_t c0, int64_t c1);
+/* ops/optim.c: the bench's bandwidth probes, x = y + s * z and x += s * y over n doubles */
+void stream_triad(double *restrict x, const double *restrict y, const double *restrict z, double s, int64_t n);
+void stream_axpy(double *restrict x, const double *restrict y, double s, int64_t n);
 
 /* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward), the
  * unfused kernels it replaced (the whole probabilities att [B, H, T, T] kept: the bench's baseline), and the cached

@@ -446,11 +446,35 @@ static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) 
   return NULL;
 }
 
-/* adamw(params, m, v, g, lo, hi, h): AdamW over [lo, hi) of the four Float32Arrays (SharedArrayBuffer views: the
+/* The optional isa argument of the optimizer kernels (argv[i] when given): "avx512" | "avx2" | "portable" (one this
+ * CPU runs) for the tests that hold every copy to the others; undefined: GEMM_ISA_AUTO, this thread's (setGemm).
+ * Returns 0 after throwing. */
+static int optim_isa_arg(napi_env env, const char *fn, napi_value *argv, size_t argc, size_t i, gemm_isa *out) {
+  *out = GEMM_ISA_AUTO;
+  if (argc <= i) return 1;
+  napi_valuetype t;
+  if (napi_typeof(env, argv[i], &t) != napi_ok || t == napi_undefined) return 1;
+  char isa[16] = {0};
+  size_t len = 0;
+  if (napi_get_value_string_utf8(env, argv[i], isa, sizeof isa, &len) != napi_ok)
+    return throw_range(env, fn, "isa must be a string");
+  const gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
+                        : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
+                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
+                                                       : GEMM_ISA_AUTO;
+  if (want == GEMM_ISA_AUTO) return throw_range(env, fn, "isa must be avx512, avx2 or portable");
+  if (!gemm_isa_supported(want)) return throw_range(env, fn, "this CPU does not have that instruction set");
+  *out = want;
+  return 1;
+}
+
+/* adamw(params, m, v, g, lo, hi, h, isa): AdamW over [lo, hi) of the four Float32Arrays (SharedArrayBuffer views: the
  * floats are read and written in place), h a Float32Array of the 9 hyperparameters (ops/optim.c) */
 static napi_value Adamw(napi_env env, napi_callback_info info) {
   static const char fn[] = "adamw";
-  ARGS(7);
+  ARGS(8); /* isa: undefined for this thread's */
+  gemm_isa isa;
+  if (!optim_isa_arg(env, fn, argv, argc, 7, &isa)) return NULL;
   DIM(4, lo);
   DIM(5, hi);
   if (hi < lo) {
@@ -463,22 +487,83 @@ static napi_value Adamw(napi_env env, napi_callback_info info) {
   F32(2, v, hi, "v");
   F32(3, g, hi, "g");
   F32(6, h, 9, "h");
-  adamw_f32(p + lo, m + lo, v + lo, g + lo, hi - lo, h);
+  adamw_f32(p + lo, m + lo, v + lo, g + lo, hi - lo, h, isa);
   return NULL;
 }
 
-/* fold(acc, g, first): acc = g (first) or acc += g over all of g, in float64, then g = 0 (ops/optim.c) */
+/* fold(acc, g, first, isa): acc = g (first) or acc += g over all of g, in float64, then g = 0 (ops/optim.c) */
 static napi_value Fold(napi_env env, napi_callback_info info) {
   static const char fn[] = "fold";
-  ARGS(3);
+  ARGS(4); /* isa: undefined for this thread's */
   BOOL(2, first);
+  gemm_isa isa;
+  if (!optim_isa_arg(env, fn, argv, argc, 3, &isa)) return NULL;
   float *g;
   double *acc;
   size_t n = 0;
   if (napi_get_typedarray_info(env, argv[1], NULL, &n, NULL, NULL, NULL) != napi_ok) n = 0;
   F32(1, g, n, "g");
   if (!get_array(env, argv[0], napi_float64_array, n, (void **)&acc, fn, "acc")) return NULL;
-  fold_f32(acc, g, (int64_t)n, first);
+  fold_f32(acc, g, (int64_t)n, first, isa);
+  return NULL;
+}
+
+/* reduceChunks(slots, grad, invScale, P, sq, c0, c1): reduceChunks64 (ops/optim.c); slots an array of 1 to 64
+ * Float64Arrays of at least P elements */
+static napi_value ReduceChunks(napi_env env, napi_callback_info info) {
+  static const char fn[] = "reduceChunks";
+  ARGS(7);
+  NUM(2, inv);
+  DIM(3, P);
+  DIM(5, c0);
+  DIM(6, c1);
+  uint32_t k = 0;
+  bool isArr = false;
+  if (napi_is_array(env, argv[0], &isArr) != napi_ok || !isArr || napi_get_array_length(env, argv[0], &k) != napi_ok ||
+      k < 1 || k > 64) {
+    napi_throw_type_error(env, NULL, "tstrain native reduceChunks: slots must be an array of 1 to 64 Float64Arrays");
+    return NULL;
+  }
+  const int64_t chunks = (P + 4095) / 4096;
+  if (c0 > c1 || c1 > chunks) {
+    throw_range(env, fn, "the chunk range [c0, c1) is not within the vector's chunks");
+    return NULL;
+  }
+  const double *sl[64];
+  for (uint32_t r = 0; r < k; r++) {
+    napi_value e;
+    CHECK_NAPI(napi_get_element(env, argv[0], r, &e));
+    if (!get_array(env, e, napi_float64_array, (size_t)P, (void **)&sl[r], fn, "a slot")) return NULL;
+  }
+  float *grad;
+  double *sq;
+  F32(1, grad, P, "grad");
+  if (!get_array(env, argv[4], napi_float64_array, (size_t)c1, (void **)&sq, fn, "sq")) return NULL;
+  reduce_chunks64(sl, (int)k, grad, inv, P, sq, c0, c1);
+  return NULL;
+}
+
+/* streamProbe(kind, x, y, z, s): the bench's bandwidth probes over all of x (Float64Arrays): "triad" x = y + s * z,
+ * "axpy" x += s * y (ops/optim.c) */
+static napi_value StreamProbe(napi_env env, napi_callback_info info) {
+  static const char fn[] = "streamProbe";
+  ARGS(5);
+  char kind[8] = {0};
+  size_t kl = 0;
+  if (napi_get_value_string_utf8(env, argv[0], kind, sizeof kind, &kl) != napi_ok ||
+      (strcmp(kind, "triad") != 0 && strcmp(kind, "axpy") != 0)) {
+    napi_throw_type_error(env, NULL, "tstrain native streamProbe: kind must be \"triad\" or \"axpy\"");
+    return NULL;
+  }
+  NUM(4, s);
+  size_t n = 0;
+  if (napi_get_typedarray_info(env, argv[1], NULL, &n, NULL, NULL, NULL) != napi_ok) n = 0;
+  double *x, *y, *z;
+  if (!get_array(env, argv[1], napi_float64_array, n, (void **)&x, fn, "x")) return NULL;
+  if (!get_array(env, argv[2], napi_float64_array, n, (void **)&y, fn, "y")) return NULL;
+  if (!get_array(env, argv[3], napi_float64_array, n, (void **)&z, fn, "z")) return NULL;
+  if (kind[0] == 't') stream_triad(x, y, z, s, (int64_t)n);
+  else stream_axpy(x, y, s, (int64_t)n);
   return NULL;
 }
 
@@ -571,6 +656,8 @@ NAPI_MODULE_INIT() {
       {"vmath", NULL, Vmath, NULL, NULL, NULL, napi_default, NULL},
       {"adamw", NULL, Adamw, NULL, NULL, NULL, napi_default, NULL},
       {"fold", NULL, Fold, NULL, NULL, NULL, napi_default, NULL},
+      {"reduceChunks", NULL, ReduceChunks, NULL, NULL, NULL, napi_default, NULL},
+      {"streamProbe", NULL, StreamProbe, NULL, NULL, NULL, napi_default, NULL},
       {"swigluForward", NULL, SwigluForward, NULL, NULL, NULL, napi_default, NULL},
       {"swigluBackward", NULL, SwigluBackward, NULL, NULL, NULL, napi_default, NULL},
       {"crossEntropy", NULL, CrossEntropy, NULL, NULL, NULL, napi_default, NULL},

@@ -22,12 +22,12 @@ import {
   unscaleInto,
 } from "../src/optim/optim";
 import { adamwSliceSimd, reduceSliceSimd, type AdamwKernel } from "../src/optim/optim-simd";
-import { nativeAdamw, nativeFold } from "../src/model/engine/native";
+import { nativeAdamw, nativeFold, nativeReduce, supportedIsas } from "../src/model/engine/native";
 
 // The AdamW kernels to hold: the wasm one always; the addon's C one where it loads (under TSTRAIN_REQUIRE_NATIVE=1,
 // as in CI, an addon that does not load fails the native test instead of skipping it).
 const nativeSkip =
-  (nativeAdamw() && nativeFold()) || process.env.TSTRAIN_REQUIRE_NATIVE === "1"
+  (nativeAdamw() && nativeFold() && nativeReduce()) || process.env.TSTRAIN_REQUIRE_NATIVE === "1"
     ? false
     : "the native addon does not load (npm run build:native)";
 
@@ -233,9 +233,11 @@ test("the SIMD kernel matches the reference loops: reduce bit for bit, AdamW wit
   assert.ok(moved > 0.5 * (P - 9), `only ${moved} of ${P - 9} weights in the slice moved by more than 1e-3`);
 });
 
-test("the native AdamW kernel gives the wasm kernel's bits, in place on shared memory, on odd slices and edge values", {
+test("the native AdamW kernel gives the wasm kernel's bits on every instruction set, in place on shared memory, on odd slices and edge values", {
   skip: nativeSkip,
 }, () => {
+  const isas = supportedIsas().filter((x) => x !== "amx");
+  assert.ok(isas.includes("portable"), `the instruction sets found: ${isas.join(", ")}`);
   let seed = 7;
   const rnd = () => {
     seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
@@ -256,7 +258,10 @@ test("the native AdamW kernel gives the wasm kernel's bits, in place on shared m
     v: shared((i) => (i % 71 === 0 ? 0 : (rnd() + 0.5) * 2e-7)),
   });
   const W = state();
-  const N = { p: shared((i) => W.p[i]), m: shared((i) => W.m[i]), v: shared((i) => W.v[i]) };
+  const copies = isas.map((isa) => ({
+    isa,
+    x: { p: shared((i) => W.p[i]), m: shared((i) => W.m[i]), v: shared((i) => W.v[i]) },
+  }));
   const edges = [W.p[4], W.p[P - 3], W.m[4], W.v[P - 3]];
   const ranges = [
     { lo: 0, hi: 3001, decay: true },
@@ -271,17 +276,21 @@ test("the native AdamW kernel gives the wasm kernel's bits, in place on shared m
     [1000, 1, 1e-5],
   ] as const) {
     run(W, "wasm", t, coef, lr);
-    run(N, "native", t, coef, lr);
-    for (const key of ["p", "m", "v"] as const)
-      for (let i = 0; i < P; i++)
-        if (!Object.is(W[key][i], N[key][i]))
-          assert.fail(`step ${t}: ${key}[${i}] is ${N[key][i]} on the native kernel, ${W[key][i]} on wasm (g ${g[i]})`);
+    for (const { isa, x: N } of copies) {
+      run(N, `native-${isa as "avx512" | "avx2" | "portable"}`, t, coef, lr);
+      for (const key of ["p", "m", "v"] as const)
+        for (let i = 0; i < P; i++)
+          if (!Object.is(W[key][i], N[key][i]))
+            assert.fail(`step ${t}, ${isa}: ${key}[${i}] is ${N[key][i]} native, ${W[key][i]} on wasm (g ${g[i]})`);
+    }
   }
-  assert.ok(Number.isNaN(N.p[P - 50]), "the NaN gradient reached its weight on both");
-  assert.deepEqual([N.p[4], N.p[P - 3], N.m[4], N.v[P - 3]], edges, "outside the slice untouched");
+  for (const { isa, x: N } of copies) {
+    assert.ok(Number.isNaN(N.p[P - 50]), `${isa}: the NaN gradient reached its weight`);
+    assert.deepEqual([N.p[4], N.p[P - 3], N.m[4], N.v[P - 3]], edges, `${isa}: outside the slice untouched`);
+  }
 });
 
-test("foldMicro: the native fold gives the JS loop's bits (first and later micro-batches), zeroes g, touches nothing past it (A10)", {
+test("foldMicro: the native fold gives the JS loop's bits on every instruction set (first and later micro-batches), zeroes g, touches nothing past it (A10)", {
   skip: nativeSkip,
 }, () => {
   let seed = 11;
@@ -289,72 +298,84 @@ test("foldMicro: the native fold gives the JS loop's bits (first and later micro
     seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
     return seed / 2 ** 32 - 0.5;
   };
+  assert.ok(nativeFold(), "the addon's fold loads");
   const specials = [-0, 0, 1e-42, -3e38, Number.POSITIVE_INFINITY, Number.NaN];
-  for (const [off, n] of [
-    [0, 4096 * 3 + 5],
-    [3, 1001], // acc starts 24 bytes into a line: the streaming stores' alignment prologue
-    [7, 9],
-    [1, 0],
-  ]) {
-    const A = new Float64Array(new SharedArrayBuffer((off + n + 3) * 8)),
-      B = new Float64Array(new SharedArrayBuffer((off + n + 3) * 8));
-    A.fill(42);
-    B.fill(42);
-    const a = A.subarray(off, off + n + 3),
-      b = B.subarray(off, off + n + 3);
-    for (let micro = 0; micro < 3; micro++) {
-      const gs = Float32Array.from({ length: n }, (_, i) => (i % 37 === 5 ? specials[(i + micro) % 6] : rnd() * 10));
-      const ga = new Float32Array(new SharedArrayBuffer(n * 4)),
-        gb = new Float32Array(new SharedArrayBuffer(n * 4));
-      ga.set(gs);
-      gb.set(gs);
-      foldMicro(a, ga, micro === 0, "js");
-      foldMicro(b, gb, micro === 0);
-      for (let i = 0; i < A.length; i++)
-        if (!Object.is(A[i], B[i]))
-          assert.fail(`offset ${off}, n ${n}, micro-batch ${micro}: acc[${i - off}] is ${B[i]} native, ${A[i]} in JS`);
-      assert.ok(
-        gb.every((x) => Object.is(x, 0)),
-        `offset ${off}, n ${n}: g zeroed (+0) after the fold`,
-      );
+  for (const isa of supportedIsas().filter((x) => x !== "amx"))
+    for (const [off, n] of [
+      [0, 4096 * 3 + 5],
+      [3, 1001], // acc starts 24 bytes into a line: the streaming stores' alignment prologue
+      [7, 9],
+      [1, 0],
+    ]) {
+      const A = new Float64Array(new SharedArrayBuffer((off + n + 3) * 8)),
+        B = new Float64Array(new SharedArrayBuffer((off + n + 3) * 8));
+      A.fill(42);
+      B.fill(42);
+      const a = A.subarray(off, off + n + 3),
+        b = B.subarray(off, off + n + 3);
+      for (let micro = 0; micro < 3; micro++) {
+        const gs = Float32Array.from({ length: n }, (_, i) => (i % 37 === 5 ? specials[(i + micro) % 6] : rnd() * 10));
+        const ga = new Float32Array(new SharedArrayBuffer(n * 4)),
+          gb = new Float32Array(new SharedArrayBuffer(n * 4));
+        ga.set(gs);
+        gb.set(gs);
+        foldMicro(a, ga, micro === 0, "js");
+        foldMicro(b, gb, micro === 0, isa);
+        for (let i = 0; i < A.length; i++)
+          if (!Object.is(A[i], B[i]))
+            assert.fail(
+              `${isa}, offset ${off}, n ${n}, micro-batch ${micro}: acc[${i - off}] is ${B[i]} native, ${A[i]} in JS`,
+            );
+        assert.ok(
+          gb.every((x) => Object.is(x, 0)),
+          `offset ${off}, n ${n}: g zeroed (+0) after the fold`,
+        );
+      }
+      assert.deepEqual([A[off + n], A[off + n + 2]], [42, 42], "the accumulator past g untouched");
+      if (off > 0) assert.equal(A[off - 1], 42);
     }
-    assert.deepEqual([A[off + n], A[off + n + 2]], [42, 42], "the accumulator past g untouched");
-    if (off > 0) assert.equal(A[off - 1], 42);
-  }
 });
 
-test("reduceChunks64 (one process) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)", () => {
-  const P = 3 * SQ_CHUNK + 123;
-  let seed = 12345;
-  const rnd = () => {
-    seed = (seed * 1103515245 + 12345) % 2147483648;
-    return seed / 2147483648 - 0.5;
-  };
-  for (const k of [1, 2, 3]) {
-    // float64 slots holding sums of float32 micro-batch gradients, as foldMicro leaves them
-    const slots = Array.from({ length: k }, () =>
-      Float64Array.from({ length: P }, () => Math.fround(rnd() * 1e-3) + Math.fround(rnd() * 1e-6)),
-    );
-    const inv = 1 / (3 * k * 65536);
-    const grad = new Float32Array(P),
-      sq = new Float64Array(chunkCount(P));
-    reduceChunks64(slots, grad, inv, P, sq, 0, sq.length);
-    const sum = new Float64Array(P);
-    sumSlots64(slots, sum, 0, P);
-    const grad2 = new Float32Array(P),
-      sq2 = new Float64Array(chunkCount(P));
-    unscaleInto(sum, grad2, 0, P, inv);
-    chunkSquares(grad2, P, sq2, 0, sq2.length);
-    assert.ok(Buffer.from(grad.buffer).equals(Buffer.from(grad2.buffer)), `${k} slots: the same gradient bits`);
-    assert.ok(Buffer.from(sq.buffer).equals(Buffer.from(sq2.buffer)), `${k} slots: the same chunk sums`);
-    assert.equal(totalSquares(sq).sumSq, totalSquares(sq2).sumSq);
-    // each chunk's sum in the documented order: element i of the chunk in lane i % SQ_LANES, each lane in index
-    // order, then (lane 0 + lane 1) + (lane 2 + lane 3); the last chunk (123 elements) ends in a partial quad
-    for (let c = 0; c < sq.length; c++) {
-      const lanes = [0, 0, 0, 0];
-      for (let i = c * SQ_CHUNK; i < Math.min(P, (c + 1) * SQ_CHUNK); i++)
-        lanes[(i - c * SQ_CHUNK) % SQ_LANES] += grad2[i] * grad2[i];
-      assert.equal(sq[c], lanes[0] + lanes[1] + (lanes[2] + lanes[3]), `${k} slots: chunk ${c} in the lanes' order`);
+for (const [kernel, skip] of [
+  ["js", false],
+  ["native", nativeSkip],
+] as const)
+  test(`reduceChunks64 (${kernel}) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)`, {
+    skip,
+  }, () => {
+    const P = 3 * SQ_CHUNK + 123;
+    let seed = 12345;
+    const rnd = () => {
+      seed = (seed * 1103515245 + 12345) % 2147483648;
+      return seed / 2147483648 - 0.5;
+    };
+    for (const k of [1, 2, 3]) {
+      // float64 slots holding sums of float32 micro-batch gradients, as foldMicro leaves them
+      const slots = Array.from({ length: k }, () =>
+        Float64Array.from({ length: P }, () => Math.fround(rnd() * 1e-3) + Math.fround(rnd() * 1e-6)),
+      );
+      const inv = 1 / (3 * k * 65536);
+      const grad = new Float32Array(P),
+        sq = new Float64Array(chunkCount(P));
+      // in two calls, as two owners split the chunks (the second's range ends at the partial last chunk)
+      reduceChunks64(slots, grad, inv, P, sq, 0, 2, kernel === "js" ? "js" : "auto");
+      reduceChunks64(slots, grad, inv, P, sq, 2, sq.length, kernel === "js" ? "js" : "auto");
+      const sum = new Float64Array(P);
+      sumSlots64(slots, sum, 0, P);
+      const grad2 = new Float32Array(P),
+        sq2 = new Float64Array(chunkCount(P));
+      unscaleInto(sum, grad2, 0, P, inv);
+      chunkSquares(grad2, P, sq2, 0, sq2.length);
+      assert.ok(Buffer.from(grad.buffer).equals(Buffer.from(grad2.buffer)), `${k} slots: the same gradient bits`);
+      assert.ok(Buffer.from(sq.buffer).equals(Buffer.from(sq2.buffer)), `${k} slots: the same chunk sums`);
+      assert.equal(totalSquares(sq).sumSq, totalSquares(sq2).sumSq);
+      // each chunk's sum in the documented order: element i of the chunk in lane i % SQ_LANES, each lane in index
+      // order, then (lane 0 + lane 1) + (lane 2 + lane 3); the last chunk (123 elements) ends in a partial quad
+      for (let c = 0; c < sq.length; c++) {
+        const lanes = [0, 0, 0, 0];
+        for (let i = c * SQ_CHUNK; i < Math.min(P, (c + 1) * SQ_CHUNK); i++)
+          lanes[(i - c * SQ_CHUNK) % SQ_LANES] += grad2[i] * grad2[i];
+        assert.equal(sq[c], lanes[0] + lanes[1] + (lanes[2] + lanes[3]), `${k} slots: chunk ${c} in the lanes' order`);
+      }
     }
-  }
-});
+  });

@@ -365,9 +365,10 @@ export function reduceSliceSimd(
   return { sumSq, finite: Number.isFinite(sumSq) };
 }
 
-/** Which AdamW kernel runs: "native" (the addon's C, in place), "wasm" (this module's, through its regions), or
- *  "auto" (native where the addon loads). Both give the same bits. */
-export type AdamwKernel = "auto" | "native" | "wasm";
+/** Which AdamW kernel runs: "native" (the addon's C, in place, on this thread's instruction set; "native-<isa>":
+ *  that copy of its vector code, for the tests), "wasm" (this module's, through its regions), or "auto" (native
+ *  where the addon loads). All give the same bits. */
+export type AdamwKernel = "auto" | "native" | "native-avx512" | "native-avx2" | "native-portable" | "wasm";
 
 /** The kernel "auto" picks in this thread: "native" where the addon loads, else "wasm". */
 export function adamwKernel(): "native" | "wasm" {
@@ -395,8 +396,9 @@ export function adamwSliceSimd(
   const stepSize = lr / (1 - Math.pow(beta1, t));
   const ibc2 = 1 / Math.sqrt(1 - Math.pow(beta2, t));
   const nat = kernel === "wasm" ? null : nativeAdamw();
-  if (kernel === "native" && !nat)
+  if (kernel.startsWith("native") && !nat)
     throw new Error("adamwSliceSimd: the native addon does not load (npm run build:native)");
+  const isa = kernel.startsWith("native-") ? (kernel.slice(7) as "avx512" | "avx2" | "portable") : undefined;
   if (nat) {
     const hp = new Float32Array(9); // the wasm kernel's f32 parameters, rounded the same way (to nearest)
     for (const r of ranges) {
@@ -404,7 +406,7 @@ export function adamwSliceSimd(
         b0 = Math.min(hi, r.hi);
       if (a0 >= b0) continue;
       hp.set([r.decay ? 1 - lr * weightDecay : 1, beta1, 1 - beta1, beta2, 1 - beta2, coef, ibc2, eps, stepSize]);
-      nat(params, m, v, g, a0, b0, hp);
+      nat(params, m, v, g, a0, b0, hp, isa);
     }
     return;
   }

@@ -6,7 +6,7 @@
  * loop works on a [lo, hi) slice, so the ranks split them by parameter range; decideStep is pure and is the only
  * place either runtime decides anything about a step.
  */
-import { nativeFold } from "../model/engine/native";
+import { nativeFold, nativeReduce } from "../model/engine/native";
 
 // ---------------------------------------------------------------- LR (P5)
 
@@ -302,15 +302,22 @@ export function chunkCount(P: number): number {
  * float64 is exact while an element's terms lie within 2^(29 - log2 terms) of each other, so the accumulated sum
  * is the same whichever rank, process or micro-batch each term came from, and in whichever order they are added.
  * `kernel`: the addon's C loop (native/ops/optim.c, the same bits; its first fold's streaming stores skip reading
- * the slot's lines before writing them) where it loads ("auto"), or this JS loop ("js"; the tests hold one to the
- * other).
+ * the slot's lines before writing them) where it loads ("auto"; an instruction set's name: that copy), or this JS
+ * loop ("js"; the tests hold one to the other).
  */
-export function foldMicro(acc: Float64Array, g: Float32Array, first: boolean, kernel: "auto" | "js" = "auto"): void {
+export function foldMicro(
+  acc: Float64Array,
+  g: Float32Array,
+  first: boolean,
+  kernel: "auto" | "js" | "avx512" | "avx2" | "portable" = "auto",
+): void {
   const nat = kernel === "js" ? null : nativeFold();
   if (nat) {
-    nat(acc, g, first);
+    nat(acc, g, first, kernel === "auto" || kernel === "js" ? undefined : kernel);
     return;
   }
+  if (kernel !== "auto" && kernel !== "js")
+    throw new Error("foldMicro: the native addon does not load (npm run build:native)");
   const n = g.length;
   // Every sum starts from its first term (never from 0 + it), here, in sumSlots64/reduceChunks64 and in MPI's sum, so a
   // -0 term sums alike in every split. `g` is left zeroed for the next micro-batch's += (lossAndGrads).
@@ -351,7 +358,9 @@ export function unscaleInto(sum: Float64Array, grad: Float32Array, at: number, n
  * The whole-process reduce over chunks [c0, c1) of a P-vector (one process, A10): grad[i] = fround((slots[0][i] +
  * ...) * invScale), and sq[c] = the chunk's sum of squares as chunkSquares takes it, in the same pass. Bit-identical
  * to sumSlots64 across processes, unscaleInto and chunkSquares (the float64 sums are exact, see foldMicro). One and
- * two slots have their own loops (about twice the generic loop's speed over 106M parameters).
+ * two slots have their own loops (about twice the generic loop's speed over 106M parameters). `kernel`: the addon's
+ * C loop (native/ops/optim.c: these operations in this order, the same bits) where it loads ("auto"), or this one
+ * ("js"; the tests hold one to the other).
  */
 export function reduceChunks64(
   slots: readonly Float64Array[],
@@ -361,7 +370,13 @@ export function reduceChunks64(
   sq: Float64Array,
   c0: number,
   c1: number,
+  kernel: "auto" | "js" = "auto",
 ): void {
+  const nat = kernel === "js" || slots.length > 64 ? null : nativeReduce();
+  if (nat) {
+    nat(slots, grad, invScale, P, sq, c0, c1);
+    return;
+  }
   const k = slots.length,
     a = slots[0],
     b = k > 1 ? slots[1] : a;

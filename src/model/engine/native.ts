@@ -72,9 +72,22 @@ interface Addon {
    *  since the last call. */
   attentionProfile(on: boolean): number;
   /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
-  /** acc = g (first) or acc += g in float64, then g = 0, over all of g (native/ops/optim.c). */
-  fold(acc: Float64Array, g: Float32Array, first: boolean): void;
-  /** AdamW over [lo, hi) in place (native/ops/optim.c); h: the 9 float32 hyperparameters. */
+  /** acc = g (first) or acc += g in float64, then g = 0, over all of g (native/ops/optim.c); isa: that copy of the
+   *  vector code (the tests), undefined: this thread's GEMM kernel's. */
+  fold(acc: Float64Array, g: Float32Array, first: boolean, isa: Exclude<IsaChoice, "auto"> | undefined): void;
+  /** reduceChunks64 over chunks [c0, c1) (native/ops/optim.c). */
+  reduceChunks(
+    slots: readonly Float64Array[],
+    grad: Float32Array,
+    invScale: number,
+    P: number,
+    sq: Float64Array,
+    c0: number,
+    c1: number,
+  ): void;
+  /** The bench's bandwidth probes over all of x: "triad" x = y + s z, "axpy" x += s y (native/ops/optim.c). */
+  streamProbe(kind: "triad" | "axpy", x: Float64Array, y: Float64Array, z: Float64Array, s: number): void;
+  /** AdamW over [lo, hi) in place (native/ops/optim.c); h: the 9 float32 hyperparameters; isa as for fold. */
   adamw(
     params: Float32Array,
     m: Float32Array,
@@ -83,6 +96,7 @@ interface Addon {
     lo: number,
     hi: number,
     h: Float32Array,
+    isa: Exclude<IsaChoice, "auto"> | undefined,
   ): void;
   vmath(fn: "exp", isa: Exclude<IsaChoice, "auto">, x: Float32Array, out: Float32Array): void;
   vmath(fn: "log", isa: Exclude<IsaChoice, "auto">, x: Float64Array, out: Float64Array): void;
@@ -276,6 +290,19 @@ export function nativeAdamw(): Addon["adamw"] | null {
 export function nativeFold(): Addon["fold"] | null {
   const got = loadAddon();
   return "reason" in got || typeof got.addon.fold !== "function" ? null : got.addon.fold;
+}
+
+/** reduceChunks64 in C (native/ops/optim.c: the JS loop's operations in its order, its bits); null when the addon
+ *  does not load or is older than this checkout. */
+export function nativeReduce(): Addon["reduceChunks"] | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon.reduceChunks !== "function" ? null : got.addon.reduceChunks;
+}
+
+/** The bench's C bandwidth probes (a triad and an in-place axpy over float64); null without the addon. */
+export function streamProbe(): Addon["streamProbe"] | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon.streamProbe !== "function" ? null : got.addon.streamProbe;
 }
 
 /** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
