@@ -182,7 +182,9 @@ void adamw_f32(float *restrict p, float *restrict m, float *restrict v, const fl
                const float h[9], gemm_isa isa);
 /* ops/optim.c: a micro-batch's gradient into its float64 sum, acc = g (first) or acc += g, and g = 0 (foldMicro) */
 void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first, gemm_isa isa);
-/* ops/optim.c: reduceChunks64 (the k float64 slots averaged into the float32 gradient, each chunk's sum of squares) */
+/* ops/optim.c: reduceChunks64 (the k float64 slots averaged into the float32 gradient, each chunk's sum of squares
+ * over SQ_CHUNK floats: src/optim/optim.ts's SQ_CHUNK) */
+#define SQ_CHUNK 4096
 void reduce_chunks64(const double *const *slots, int k, float *restrict grad, double inv, int64_t P,
                      double *restrict sq, int64_t c0, int64_t c1);
 /* ops/optim.c: the bench's bandwidth probes, x = y + s * z and x += s * y over n doubles */

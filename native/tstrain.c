@@ -369,6 +369,19 @@ static napi_value AttentionProfile(napi_env env, napi_callback_info info) {
   return v;
 }
 
+/* A copy of the row and optimizer kernels by name: "avx512" | "avx2" | "portable", one this CPU runs (vmath and the
+ * optimizer kernels' isa argument). Returns 0 after throwing. */
+static int isa_copy(napi_env env, const char *fn, const char *isa, gemm_isa *out) {
+  const gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
+                        : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
+                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
+                                                       : GEMM_ISA_AUTO;
+  if (want == GEMM_ISA_AUTO) return throw_range(env, fn, "isa must be avx512, avx2 or portable");
+  if (!gemm_isa_supported(want)) return throw_range(env, fn, "this CPU does not have that instruction set");
+  *out = want;
+  return 1;
+}
+
 /* vmath(fn, isa, x, out): out = exp(x) (fn "exp", Float32Arrays) or log(x) (fn "log", Float64Arrays) on the copy of
  * the row kernels' maths (ops/vmath.h) for isa "avx512" | "avx2" | "portable" (one this CPU runs): the checks
  * that every copy gives the same bits */
@@ -387,18 +400,8 @@ static napi_value Vmath(napi_env env, napi_callback_info info) {
     throw_range(env, fn, "fn must be exp or log");
     return NULL;
   }
-  const gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
-                        : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
-                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
-                                                       : GEMM_ISA_AUTO;
-  if (want == GEMM_ISA_AUTO) {
-    throw_range(env, fn, "isa must be avx512, avx2 or portable");
-    return NULL;
-  }
-  if (!gemm_isa_supported(want)) {
-    throw_range(env, fn, "this CPU does not have that instruction set");
-    return NULL;
-  }
+  gemm_isa want = GEMM_ISA_AUTO;
+  if (!isa_copy(env, fn, isa, &want)) return NULL;
   void *x, *out;
   size_t n = 0;
   napi_typedarray_type ty;
@@ -446,26 +449,17 @@ static napi_value AttentionCachedForward(napi_env env, napi_callback_info info) 
   return NULL;
 }
 
-/* The optional isa argument of the optimizer kernels (argv[i] when given): "avx512" | "avx2" | "portable" (one this
- * CPU runs) for the tests that hold every copy to the others; undefined: GEMM_ISA_AUTO, this thread's (setGemm).
- * Returns 0 after throwing. */
-static int optim_isa_arg(napi_env env, const char *fn, napi_value *argv, size_t argc, size_t i, gemm_isa *out) {
+/* The optional isa argument of the optimizer kernels (argv[i]): a copy's name as for vmath, for the tests that hold
+ * every copy to the others; undefined: GEMM_ISA_AUTO, this thread's (setGemm). Returns 0 after throwing. */
+static int optim_isa_arg(napi_env env, const char *fn, napi_value v, gemm_isa *out) {
   *out = GEMM_ISA_AUTO;
-  if (argc <= i) return 1;
   napi_valuetype t;
-  if (napi_typeof(env, argv[i], &t) != napi_ok || t == napi_undefined) return 1;
+  if (napi_typeof(env, v, &t) != napi_ok || t == napi_undefined) return 1;
   char isa[16] = {0};
   size_t len = 0;
-  if (napi_get_value_string_utf8(env, argv[i], isa, sizeof isa, &len) != napi_ok)
+  if (napi_get_value_string_utf8(env, v, isa, sizeof isa, &len) != napi_ok)
     return throw_range(env, fn, "isa must be a string");
-  const gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
-                        : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
-                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
-                                                       : GEMM_ISA_AUTO;
-  if (want == GEMM_ISA_AUTO) return throw_range(env, fn, "isa must be avx512, avx2 or portable");
-  if (!gemm_isa_supported(want)) return throw_range(env, fn, "this CPU does not have that instruction set");
-  *out = want;
-  return 1;
+  return isa_copy(env, fn, isa, out);
 }
 
 /* adamw(params, m, v, g, lo, hi, h, isa): AdamW over [lo, hi) of the four Float32Arrays (SharedArrayBuffer views: the
@@ -474,7 +468,7 @@ static napi_value Adamw(napi_env env, napi_callback_info info) {
   static const char fn[] = "adamw";
   ARGS(8); /* isa: undefined for this thread's */
   gemm_isa isa;
-  if (!optim_isa_arg(env, fn, argv, argc, 7, &isa)) return NULL;
+  if (!optim_isa_arg(env, fn, argv[7], &isa)) return NULL;
   DIM(4, lo);
   DIM(5, hi);
   if (hi < lo) {
@@ -497,7 +491,7 @@ static napi_value Fold(napi_env env, napi_callback_info info) {
   ARGS(4); /* isa: undefined for this thread's */
   BOOL(2, first);
   gemm_isa isa;
-  if (!optim_isa_arg(env, fn, argv, argc, 3, &isa)) return NULL;
+  if (!optim_isa_arg(env, fn, argv[3], &isa)) return NULL;
   float *g;
   double *acc;
   size_t n = 0;
@@ -524,7 +518,7 @@ static napi_value ReduceChunks(napi_env env, napi_callback_info info) {
     napi_throw_type_error(env, NULL, "tstrain native reduceChunks: slots must be an array of 1 to 64 Float64Arrays");
     return NULL;
   }
-  const int64_t chunks = (P + 4095) / 4096;
+  const int64_t chunks = (P + SQ_CHUNK - 1) / SQ_CHUNK;
   if (c0 > c1 || c1 > chunks) {
     throw_range(env, fn, "the chunk range [c0, c1) is not within the vector's chunks");
     return NULL;

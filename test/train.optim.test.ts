@@ -284,6 +284,15 @@ test("the native AdamW kernel gives the wasm kernel's bits on every instruction 
             assert.fail(`step ${t}, ${isa}: ${key}[${i}] is ${N[key][i]} native, ${W[key][i]} on wasm (g ${g[i]})`);
     }
   }
+  const bad = "sse9" as unknown as "avx2";
+  assert.throws(
+    () => nativeAdamw()!(W.p, W.m, W.v, g, 0, 4, new Float32Array(9), bad),
+    /isa must be avx512, avx2 or portable/,
+  );
+  assert.throws(
+    () => nativeFold()!(new Float64Array(4), new Float32Array(4), true, bad),
+    /isa must be avx512, avx2 or portable/,
+  );
   for (const { isa, x: N } of copies) {
     assert.ok(Number.isNaN(N.p[P - 50]), `${isa}: the NaN gradient reached its weight`);
     assert.deepEqual([N.p[4], N.p[P - 3], N.m[4], N.v[P - 3]], edges, `${isa}: outside the slice untouched`);

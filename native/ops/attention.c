@@ -204,9 +204,9 @@ KERNEL_CLONES static void row_dots(float *D, const float *dout, const float *out
 
 /* dq = dS @ k, dk = dS^T @ q, dv = P^T @ dout (overwritten), with P = exp(S - lse), S = q (scale k)^T,
  * dS = P * (dP - D) * scale, dP = dout @ v^T and D = rowsum(dout * out), a key block at a time: per (sequence, kv
- * head), key block and query head, P and dS of the query rows from the diagonal down (ATT_BQ rows at a time), each
- * one's dq += dS @ k as it goes (dq sums over the key blocks in order), then the key block's dv and dk in one
- * product over all those rows (the query heads added in order). */
+ * head), key block and query head: S and dP of all the query rows from the diagonal down, one product each, then
+ * P and dS, then dq += dS @ k in one product (dq sums over the key blocks in order), then the key block's dv and dk
+ * in one product over all those rows (the query heads added in order). */
 int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                        const float *v, const float *out, const float *lse, int64_t B, int64_t T, int64_t H, int64_t K,
                        int64_t E) {

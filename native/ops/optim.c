@@ -142,8 +142,6 @@ void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first, gem
  * ((slots[0][i] + slots[1][i] + ...) * inv), the slots added in order, and sq[c] = the chunk's sum of squares of
  * those floats in double in 4 lanes: element i of the chunk's whole quads into lane i % 4, the tail's 1-3 elements
  * into lanes 0, 1, 2, then (l0 + l1) + (l2 + l3). The JS loop's operations in its order: its bits. */
-#define SQ_CHUNK 4096
-
 static inline double fold_lanes(const float *x, int64_t i, int64_t hi, double s0, double s1, double s2, double s3) {
   if (i < hi) s0 += (double)x[i] * (double)x[i];
   if (i + 1 < hi) s1 += (double)x[i + 1] * (double)x[i + 1];

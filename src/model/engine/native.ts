@@ -278,31 +278,34 @@ export function vmath(): Addon["vmath"] | null {
   return "reason" in got ? null : got.addon.vmath;
 }
 
+/** One of the addon's functions, or null when the addon does not load or is older than this checkout (no such
+ *  export): the getters of the optimizer kernels and the bench's probes. */
+function addonMethod<K extends "adamw" | "fold" | "reduceChunks" | "streamProbe">(key: K): Addon[K] | null {
+  const got = loadAddon();
+  return "reason" in got || typeof got.addon[key] !== "function" ? null : got.addon[key];
+}
+
 /** The optimizer's AdamW pass in C, on the arrays in place (native/ops/optim.c: the WebAssembly kernel's float32
  *  operations in its order, the same bits); null when the addon does not load or is older than this checkout. */
 export function nativeAdamw(): Addon["adamw"] | null {
-  const got = loadAddon();
-  return "reason" in got || typeof got.addon.adamw !== "function" ? null : got.addon.adamw;
+  return addonMethod("adamw");
 }
 
 /** foldMicro in C (native/ops/optim.c: each element one exact conversion and add, so the JS loop's bits; the first
  *  fold with streaming stores); null when the addon does not load or is older than this checkout. */
 export function nativeFold(): Addon["fold"] | null {
-  const got = loadAddon();
-  return "reason" in got || typeof got.addon.fold !== "function" ? null : got.addon.fold;
+  return addonMethod("fold");
 }
 
 /** reduceChunks64 in C (native/ops/optim.c: the JS loop's operations in its order, its bits); null when the addon
  *  does not load or is older than this checkout. */
 export function nativeReduce(): Addon["reduceChunks"] | null {
-  const got = loadAddon();
-  return "reason" in got || typeof got.addon.reduceChunks !== "function" ? null : got.addon.reduceChunks;
+  return addonMethod("reduceChunks");
 }
 
 /** The bench's C bandwidth probes (a triad and an in-place axpy over float64); null without the addon. */
 export function streamProbe(): Addon["streamProbe"] | null {
-  const got = loadAddon();
-  return "reason" in got || typeof got.addon.streamProbe !== "function" ? null : got.addon.streamProbe;
+  return addonMethod("streamProbe");
 }
 
 /** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
