@@ -35,8 +35,12 @@
 #define A5_DIRECT_KC 0 /* direct(): K in one block */
 
 /* The drivers (frame.c) */
-#define DIRECT_MAX_M 64            /* a product with at most this many rows runs read in place (direct()) */
-#define PANEL ((int64_t)1 << 18)   /* floats (1 MB): blocked()'s packed B panel, kept in L2 */
+#define DIRECT_MAX_M 64 /* a product with at most this many rows runs read in place (direct()) */
+/* blocked()'s packed B panel, kept in L2, in floats: at most PANEL (1 MB) where one panel holds all of N; where N
+ * takes several, half the bytes of this core's L2 (frame.c: panel_floats; 1 MB where L2 is 2 MB, 512 KB on a Zen 4's
+ * 1 MB), from PANEL_MIN to PANEL */
+#define PANEL ((int64_t)1 << 18)
+#define PANEL_MIN ((int64_t)1 << 16)
 #define WS_BAND ((int64_t)1 << 20) /* floats (4 MB): gemm_sgemm's bands of C when beta != 0 over several K blocks */
 
 /* bf16 (bf16.c, kernels/amx.c, weights.c) */

@@ -20,6 +20,8 @@
  */
 #include "internal.h"
 
+#include <unistd.h>
+
 /* ------------------------------------------------------------------ the kernels */
 const gemm_kernel KERNELS[3] = {
     [GEMM_ISA_PORTABLE] = {.mr = P_MR,
@@ -260,6 +262,22 @@ static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, in
  * that pays a full tile's load and store for little work; a K up to g->kone in one. The order of summation does not
  * change. */
 static int64_t k_blocks(const gemm_kernel *g, int64_t K) { return K <= g->kone ? 1 : (K + g->kc - 1) / g->kc; }
+/* The B panel's size in floats where N needs several panels (config.h: PANEL): half the bytes of this core's L2
+ * (sysconf), between PANEL_MIN and PANEL. Only the N blocks depend on it, never a chain: the same bits on any
+ * machine. Computed once (a race only stores the same value twice). */
+static int64_t panel_floats(void) {
+  static int64_t panel = 0;
+  if (panel == 0) {
+    int64_t p = PANEL;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0) p = (int64_t)l2 / 2 / (int64_t)sizeof(float);
+#endif
+    panel = p < PANEL_MIN ? PANEL_MIN : p > PANEL ? PANEL : p;
+  }
+  return panel;
+}
+
 /* C = op(A) op(B) + beta*C. K-blocks after the first continue the chains where the one before left them: in C when
  * beta is 0 or K is one block (which meets beta*C in the kernel's store), else in a workspace of whole tiles (each
  * mr x nr tile contiguous) whose last block meets beta*C tile by tile, so C is read and written once.
@@ -271,8 +289,11 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
   const int64_t kblocks = k_blocks(g, K), kcMax = (K + kblocks - 1) / kblocks;
-  /* N in equal blocks too, each B panel (kc x nc) at most PANEL floats, so that it stays in L2 */
-  int64_t ncCap = PANEL / kcMax / nr * nr;
+  /* N in equal blocks too, each B panel (kc x nc) small enough to stay in L2: one panel of at most PANEL floats
+   * where it holds all of N (A is then read or packed once), else panel_floats() (the LM head's logits: 2-3 % on a
+   * Zen 4's 1 MB L2, against PANEL) */
+  const int64_t ncOne = PANEL / kcMax / nr * nr;
+  int64_t ncCap = N <= ncOne ? ncOne : panel_floats() / kcMax / nr * nr;
   ncCap = ncCap < nr ? nr : ncCap > g->nc ? g->nc : ncCap;
   const int64_t nblocks = (N + ncCap - 1) / ncCap, ncMax = ((N + nblocks - 1) / nblocks + nr - 1) / nr * nr;
   const int64_t mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
