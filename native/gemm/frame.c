@@ -264,18 +264,20 @@ static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, in
 static int64_t k_blocks(const gemm_kernel *g, int64_t K) { return K <= g->kone ? 1 : (K + g->kc - 1) / g->kc; }
 /* The B panel's size in floats where N needs several panels (config.h: PANEL): half the bytes of this core's L2
  * (sysconf), between PANEL_MIN and PANEL. Only the N blocks depend on it, never a chain: the same bits on any
- * machine. Computed once (a race only stores the same value twice). */
+ * machine. Computed once; two rank threads may both store it, the same value, through relaxed atomics. */
 static int64_t panel_floats(void) {
   static int64_t panel = 0;
-  if (panel == 0) {
+  int64_t got = __atomic_load_n(&panel, __ATOMIC_RELAXED);
+  if (got == 0) {
     int64_t p = PANEL;
 #ifdef _SC_LEVEL2_CACHE_SIZE
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
     if (l2 > 0) p = (int64_t)l2 / 2 / (int64_t)sizeof(float);
 #endif
-    panel = p < PANEL_MIN ? PANEL_MIN : p > PANEL ? PANEL : p;
+    got = p < PANEL_MIN ? PANEL_MIN : p > PANEL ? PANEL : p;
+    __atomic_store_n(&panel, got, __ATOMIC_RELAXED);
   }
-  return panel;
+  return got;
 }
 
 /* C = op(A) op(B) + beta*C. K-blocks after the first continue the chains where the one before left them: in C when
