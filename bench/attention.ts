@@ -7,10 +7,15 @@
  * process's CPU clock (only this thread is busy) and each figure is its best round. Two ratios: forward+backward
  * once each, and the training step's count under gradient checkpointing (on by default), where the unfused forward
  * ran twice (once more before the block's backward, to remake att) and the fused one once (its out and lse kept).
+ * With a base (`--attention-base DIR`: an older revision built beside this one by bench/native/build-base.sh), its
+ * own addon's attention (the unfused signature, on that revision's GEMM) takes turns too, in fp32: the fused kernel
+ * against the base as it ran then, not only against its kernels on today's GEMM.
  *
- *   node dist/bench/attention.js [--seqs 256,1024] [--rounds 9] [--precisions fp32,bf16]
+ *   node dist/bench/attention.js [--seqs 256,1024] [--rounds 9] [--precisions fp32,bf16] [--attention-base DIR]
  */
-import { loadNative, type Precision, unfusedAttention } from "../src/model/engine/native";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { loadNative, type Precision, type UnfusedAttention, unfusedAttention } from "../src/model/engine/native";
 
 export interface AttentionRow {
   seq: number;
@@ -26,6 +31,62 @@ export interface AttentionRow {
   /** what each kernel keeps for the backward, MB */
   unfused_saved_mb: number;
   fused_saved_mb: number;
+  /** with a base (fp32 rows): its revision, its own addon's timings and the fused kernel's speedups over them */
+  base_rev?: string;
+  base_fwd_ms?: number;
+  base_bwd_ms?: number;
+  speedup_vs_base_fwd_bwd?: number;
+  speedup_vs_base_ckpt_step?: number;
+}
+
+/** An older revision's attention, from its own addon (the unfused signature: att [B,H,T,T] kept). */
+export interface BaseAttention extends UnfusedAttention {
+  rev: string;
+  dir: string;
+}
+
+/** The attention of the build in `dir` (bench/native/build-base.sh REV DIR), or an error naming what is missing
+ * and the command that makes it. */
+export function loadBaseAttention(dir: string): BaseAttention {
+  const abs = path.resolve(dir),
+    addon = path.join(abs, "build", "Release", "tstrain_native.node"),
+    fix = 'build a base with `bench/native/build-base.sh 2babbe7 "$(mktemp -d)"`, which prints the folder to pass';
+  if (!fs.existsSync(addon)) throw new Error(`--attention-base ${JSON.stringify(dir)}: no ${addon}; ${fix}`);
+  let a: Record<string, unknown>;
+  try {
+    a = require(addon) as Record<string, unknown>; // its functions are not enumerable (napi_default)
+  } catch (e) {
+    throw new Error(
+      `--attention-base ${JSON.stringify(dir)}: ${addon} does not load (${(e as Error).message}); ${fix}`,
+    );
+  }
+  const fwd = a.attentionForward,
+    bwd = a.attentionBackward;
+  // the unfused signature: attentionForward(out, att, q, k, v, B, T, H, K, E) and the backward with att, 13 arguments
+  if (
+    typeof fwd !== "function" ||
+    typeof bwd !== "function" ||
+    "attentionForwardUnfused" in a ||
+    "attentionProfile" in a
+  )
+    throw new Error(
+      `--attention-base ${JSON.stringify(dir)}: ${addon} has no unfused attentionForward/attentionBackward (a revision before the fused kernel, such as 2babbe7, has them); ${fix}`,
+    );
+  const revFile = path.join(abs, ".base-rev");
+  const rev = fs.existsSync(revFile) ? fs.readFileSync(revFile, "utf8").trim() : path.basename(abs);
+  return {
+    rev,
+    dir: abs,
+    forward: (...args) => void (fwd as (...x: unknown[]) => unknown)(...args),
+    backward: (...args) => void (bwd as (...x: unknown[]) => unknown)(...args),
+  };
+}
+
+/** Largest |a - b| over two arrays of one length. */
+function maxDiff(a: Float32Array, b: Float32Array): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
 }
 
 function rand(n: number, seed: number): Float32Array {
@@ -51,6 +112,7 @@ export function attentionBench(opts: {
   rounds: number;
   precisions: Precision[];
   log: (m: string) => void;
+  base?: BaseAttention;
 }): AttentionRow[] {
   const H = 9,
     Kh = 3,
@@ -74,17 +136,31 @@ export function attentionBench(opts: {
       const dq = new Float32Array(q.length),
         dk = new Float32Array(kk.length),
         dv = new Float32Array(v.length);
+      const base = precision === "fp32" ? opts.base : undefined;
+      const bout = new Float32Array(out.length),
+        bdq = new Float32Array(dq.length);
       const calls = [
         () => un.forward(out, att, q, kk, v, 1, T, H, Kh, E),
         () => un.backward(dq, dk, dv, dout, q, kk, v, att, 1, T, H, Kh, E),
         () => k.attentionForward(out, lse, q, kk, v, 1, T, H, Kh, E),
         () => k.attentionBackward(dq, dk, dv, dout, q, kk, v, out, lse, 1, T, H, Kh, E),
       ];
+      if (base)
+        calls.push(
+          () => base.forward(bout, att, q, kk, v, 1, T, H, Kh, E),
+          () => base.backward(bdq, dk, dv, dout, q, kk, v, att, 1, T, H, Kh, E),
+        );
       for (const f of calls) f(); // untimed: pages touched, caches and GEMM buffers warm
+      if (base) {
+        // the base computes the same attention (out and dq after the fused calls and the base's, all from q, k, v)
+        const d = Math.max(maxDiff(bout, out), maxDiff(bdq, dq));
+        if (!(d < 1e-3))
+          throw new Error(`attention T${T}: the base ${base.rev} (${base.dir}) differs from the fused kernel by ${d}`);
+      }
       const best = calls.map(() => Infinity);
       for (let r = 0; r < opts.rounds; r++)
         for (let i = 0; i < calls.length; i++) best[i] = Math.min(best[i], cpuMs(calls[i]));
-      const [uf, ub, ff, fb] = best;
+      const [uf, ub, ff, fb, bf, bb] = best;
       const row: AttentionRow = {
         seq: T,
         precision,
@@ -96,9 +172,16 @@ export function attentionBench(opts: {
         speedup_ckpt_step: round((2 * uf + ub) / (ff + fb)),
         unfused_saved_mb: round((att.length * 4) / 1e6),
         fused_saved_mb: round((lse.length * 4) / 1e6, 3),
+        ...(base && {
+          base_rev: base.rev,
+          base_fwd_ms: round(bf),
+          base_bwd_ms: round(bb),
+          speedup_vs_base_fwd_bwd: round((bf + bb) / (ff + fb)),
+          speedup_vs_base_ckpt_step: round((2 * bf + bb) / (ff + fb)),
+        }),
       };
       opts.log(
-        `attention T${T} ${precision}: unfused ${row.unfused_fwd_ms} + ${row.unfused_bwd_ms} ms, fused ${row.fused_fwd_ms} + ${row.fused_bwd_ms} ms: ${row.speedup_fwd_bwd}x forward+backward, ${row.speedup_ckpt_step}x in a checkpointed step; kept ${row.unfused_saved_mb} MB -> ${row.fused_saved_mb} MB`,
+        `attention T${T} ${precision}: unfused ${row.unfused_fwd_ms} + ${row.unfused_bwd_ms} ms, fused ${row.fused_fwd_ms} + ${row.fused_bwd_ms} ms: ${row.speedup_fwd_bwd}x forward+backward, ${row.speedup_ckpt_step}x in a checkpointed step; kept ${row.unfused_saved_mb} MB -> ${row.fused_saved_mb} MB${base ? `; base ${base.rev} ${row.base_fwd_ms} + ${row.base_bwd_ms} ms: ${row.speedup_vs_base_fwd_bwd}x, ${row.speedup_vs_base_ckpt_step}x checkpointed` : ""}`,
       );
       rows.push(row);
     }
@@ -115,11 +198,13 @@ function arg(name: string, dflt: string): string {
 if (require.main === module) {
   const seqs = arg("--seqs", "256,1024").split(",").map(Number),
     rounds = Number(arg("--rounds", "9")),
-    precisions = arg("--precisions", "fp32").split(",") as Precision[];
+    precisions = arg("--precisions", "fp32").split(",") as Precision[],
+    baseDir = arg("--attention-base", "");
   for (const x of [...seqs, rounds])
     if (!Number.isInteger(x) || x < 1) throw new RangeError(`attention bench: ${x} is not a positive integer`);
   for (const p of precisions)
     if (p !== "fp32" && p !== "bf16") throw new RangeError(`attention bench: precision ${p} is not fp32 or bf16`);
-  const rows = attentionBench({ seqs, rounds, precisions, log: (m) => process.stdout.write(`${m}\n`) });
+  const base = baseDir ? loadBaseAttention(baseDir) : undefined;
+  const rows = attentionBench({ seqs, rounds, precisions, base, log: (m) => process.stdout.write(`${m}\n`) });
   for (const r of rows) process.stdout.write(`BENCH_JSON ${JSON.stringify({ case: "attention", ...r })}\n`);
 }

@@ -31,7 +31,7 @@ import { markdown, type Machine, type Ratio } from "./report";
 import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
-import { attentionBench } from "./attention";
+import { attentionBench, type BaseAttention, loadBaseAttention } from "./attention";
 import { kernelTableMarkdown, profileSummary, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
 import { activationBudget, type GemmChoice, type Precision } from "../src/config";
@@ -104,6 +104,8 @@ interface Options {
   precisions: Precision[];
   gemmRounds: number;
   gemmSeqs: number[];
+  /** attention case: an older revision's own build beside this one (`--attention-base DIR`), loaded when parsed */
+  attentionBase?: BaseAttention;
 }
 
 const cores = os.availableParallelism();
@@ -129,6 +131,7 @@ function usage(): string {
     "  --seqs 256,1024             run the step cases (single, actor, framework-free, torch) at each seq in turn; with more than one, case names get @seq",
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
     "  --gemm-seqs 256,1024        gemm and attention cases: the sequence lengths measured (default 256,1024)",
+    "  --attention-base DIR        attention case: also time DIR's own build of an older revision (bench/native/build-base.sh 2babbe7 DIR)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
@@ -277,6 +280,12 @@ function parseOptions(argv: string[]): Options {
       case "--gemm-seqs":
         o.gemmSeqs = list(a, v()).map((x) => int(a, x, 1));
         break;
+      case "--attention-base": {
+        const d = v();
+        if (!d) throw new Error("--attention-base needs a folder: bench/native/build-base.sh 2babbe7 DIR builds one");
+        o.attentionBase = loadBaseAttention(d);
+        break;
+      }
       case "--sequential":
         o.interleave = false;
         break;
@@ -312,6 +321,8 @@ function parseOptions(argv: string[]): Options {
         throw new Error(`unknown flag ${a}\n${usage()}`);
     }
   }
+  if (o.attentionBase && !o.cases.has("attention"))
+    throw new Error(`--attention-base times the attention case, which this run leaves out: add attention to --cases`);
   if (o.steps < 5) process.stderr.write(`warning: --steps ${o.steps} < 5: medians of fewer than 5 steps are noisy\n`);
   if (o.backend === "webgpu") {
     // the webgpu engine is deferred (kernels.ts: settle): the cases that time the model's passes themselves await it
@@ -617,6 +628,7 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
         seqs: o.gemmSeqs,
         rounds: Math.max(5, o.gemmRounds),
         precisions: o.precisions,
+        base: o.attentionBase,
         log,
       }))
         run.record({ case: `attention-T${x.seq}-${x.precision}`, ...x } as unknown as BenchRow);

@@ -126,6 +126,20 @@ export function markdown(o: {
         `| ${x.case} | ${fmt(x.unfused_fwd_ms)} / ${fmt(x.unfused_bwd_ms)} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.speedup_fwd_bwd)} | ${fmt(x.speedup_ckpt_step)} | ${fmt(x.unfused_saved_mb)} / ${fmt(x.fused_saved_mb)} |`,
       );
     L.push("");
+    const based = att.filter((x) => x.base_rev !== undefined);
+    if (based.length) {
+      L.push(
+        `The fused kernel against an older revision's own build, loaded beside this one (\`--attention-base\`):`,
+        "",
+        `| case | base | base fwd / bwd ms | fused fwd / bwd ms | fwd+bwd speedup | checkpointed-step speedup |`,
+        `|---|---|---|---|---|---|`,
+      );
+      for (const x of based)
+        L.push(
+          `| ${x.case} | ${x.base_rev} | ${fmt(x.base_fwd_ms)} / ${fmt(x.base_bwd_ms)} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.speedup_vs_base_fwd_bwd)} | ${fmt(x.speedup_vs_base_ckpt_step)} |`,
+        );
+      L.push("");
+    }
   }
   if (o.ratios.length) {
     L.push(`## Ratios (computed within this run)`, "");
