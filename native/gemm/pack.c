@@ -89,23 +89,25 @@ __attribute__((target("avx2"))) static int64_t pack_rows_avx2(int mr, const floa
  * (the next nr rows of B) are fetched a line per row every 16 k while this one is transposed: each row is a short
  * stream (kc floats) that the hardware prefetcher barely starts on, and B is usually a weight, cold from memory
  * (AVX2-only Zen 3, B and A flushed from the caches before each call, paired median time 0.95-0.99 on the
- * model's x W^T at seq 256). */
+ * model's x W^T at seq 256). Into L2 (T1), not L1: a sliver ahead is 37-73 KB, more than L1 holds, so lines fetched
+ * into L1 were evicted before their transpose read them (Zen 4, against T0: paired median time 0.94-0.96 on the LM
+ * head's logits, NT 256/341 x 49152 x 576, on both kernels; the packing alone 14 -> 7.5 ms of 113 MB). */
 __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const float *src, int64_t ld, int64_t kc,
                                                               float *dst) {
   int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
     if (!(p & 15))
-      for (int j = 0; j < nr; j++) _mm_prefetch((const char *)(src + (j + nr) * ld + p), _MM_HINT_T0);
+      for (int j = 0; j < nr; j++) _mm_prefetch((const char *)(src + (j + nr) * ld + p), _MM_HINT_T1);
     for (int j = 0; j < nr; j += 8) transpose8(src + j * ld + p, ld, dst + p * nr + j, nr, 8);
   }
   return p;
 }
-/* B [N,K] with NR 32 (the AVX-512 kernel): 16 x 16 transposes. */
+/* B [N,K] with NR 32 (the AVX-512 kernel): 16 x 16 transposes, the next sliver fetched into L2 as above. */
 __attribute__((target("avx512f"))) static int64_t pack_cols32_avx512(const float *src, int64_t ld, int64_t kc,
                                                                      float *dst) {
   int64_t p = 0;
   for (; p + 16 <= kc; p += 16) {
-    for (int j = 0; j < 32; j++) _mm_prefetch((const char *)(src + (j + 32) * ld + p), _MM_HINT_T0);
+    for (int j = 0; j < 32; j++) _mm_prefetch((const char *)(src + (j + 32) * ld + p), _MM_HINT_T1);
     for (int j = 0; j < 32; j += 16) transpose16(src + j * ld + p, ld, dst + p * 32 + j, 32);
   }
   return p;
