@@ -79,19 +79,20 @@ export function modelShapes(seq: number): GemmShape[] {
     s("bwd dW += dy^T x (gate/up)", true, false, F, D, T, 1),
     s("bwd dW += dy^T x (down)", true, false, D, F, T, 1),
     s("bwd dE += dlogits^T h (head)", true, false, V, D, Th, 1),
-    // native/ops/attention.c: the fused attention_forward / attention_backward (the largest block of each product:
-    // 64 query rows against 256 keys forward, 64 backward). The scores read q's head in place ([T, 9 x 64]) and the
-    // keys times scale as [E, T]; p v reads the block of probabilities and v's head in place ([T, 3 x 64]); dq +=
-    // dS k writes dq's head in place; dv += P^T dout reads a key block's P of every query row below it and dout's
-    // head in place into dv's head ([T, 3 x 64])
+    // native/ops/attention.c: the fused attention_forward / attention_backward, the largest block of each product:
+    // forward, 64 query rows against 256 keys; backward, every query row from the diagonal down against a key block
+    // of 64 (the first block: T rows; dq's first accumulating block: T - 64). The scores read q's head in place
+    // ([T, 9 x 64]) and the keys times scale as [E, T]; p v reads the block of probabilities and v's head in place
+    // ([T, 3 x 64]); dq += dS k writes dq's head in place; dv += P^T dout reads a key block's P of every query row
+    // below it and dout's head in place into dv's head ([T, 3 x 64])
     s("attn scores q (scale k)^T, fwd (64 x 256 block)", false, false, B, Math.min(T, 256), E, 0, [
       D,
       T,
       Math.min(T, 256),
     ]),
     s("attn o += p v, fwd", false, false, B, E, Math.min(T, 256), 1, [Math.min(T, 256), KV, E]),
-    s("attn scores / dP, bwd (64 x 64 block)", false, false, B, B, E, 0, [D, T, B]),
-    s("attn dq += dS k, bwd", false, false, B, E, B, 1, [B, KV, D]),
+    s("attn scores / dP, bwd (T rows x 64-key block)", false, false, T, B, E, 0, [D, T, B]),
+    s("attn dq += dS k, bwd (T - 64 rows)", false, false, Math.max(T - B, 1), E, B, 1, [B, KV, D]),
     s("attn dk/dv += P^T dout, bwd", true, false, B, E, T, 1, [B, D, KV]),
   ];
 }
