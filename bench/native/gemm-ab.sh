@@ -4,7 +4,7 @@
 #   bench/native/gemm-ab.sh OLD [NEW] [PRODUCT...]
 #
 # OLD and NEW: git revisions, or "." for the working tree (NEW defaults to "."). PRODUCT: TATB:MxNxK:beta
-# [:lda/ldb/ldc] (default: the frozen model's 40 products at seq 256 and 1024, as the bench's gemm case runs them).
+# [:lda/ldb/ldc] (default: the frozen model's 44 products at seq 256 and 1024, as the bench's gemm case runs them).
 # Each version is built as the addon builds the GEMM (binding.gyp's flags): native/gemm/**/*.c and native/peak.c, or
 # native/gemm.c alone in a revision from before the split into native/gemm/ (either side may be either layout).
 # gemm-bits then hashes 4,734 products on every kernel this CPU runs (a difference is reported and fails the
@@ -46,12 +46,13 @@ if [ $# -eq 0 ]; then # the frozen model's products (bench/gemm-shapes.ts), seq 
   set -- NT:256x576x576:0 NT:256x576x576:1 NT:256x192x576:0 NT:256x1536x576:0 NT:256x576x1536:1 \
     NT:256x49152x576:0 NN:256x576x576:0 NN:256x576x192:1 NN:256x576x1536:0 NN:256x576x1536:1 NN:256x1536x576:0 \
     NN:256x576x49152:0 TN:576x576x256:1 TN:192x576x256:1 TN:1536x576x256:1 TN:576x1536x256:1 TN:49152x576x256:1 \
-    NN:64x256x64:0:64/256/256 NN:64x64x256:0:256/192/576 TN:64x64x256:1:256/576/192 \
+    NN:64x256x64:0:576/256/256 NN:64x64x256:1:256/192/64 NN:256x64x64:0:576/256/64 NN:192x64x64:1:64/192/576 \
+    TN:64x64x256:1:64/576/192 \
     NT:1024x576x576:0 NT:1024x576x576:1 NT:1024x192x576:0 NT:1024x1536x576:0 NT:1024x576x1536:1 \
     NT:341x49152x576:0 NN:1024x576x576:0 NN:1024x576x192:1 NN:1024x576x1536:0 NN:1024x576x1536:1 \
     NN:1024x1536x576:0 NN:341x576x49152:0 TN:576x576x1024:1 TN:192x576x1024:1 TN:1536x576x1024:1 \
-    TN:576x1536x1024:1 TN:49152x576x341:1 NN:64x1024x64:0:64/1024/1024 NN:64x64x1024:0:1024/192/576 \
-    TN:64x64x1024:1:1024/576/192
+    TN:576x1536x1024:1 TN:49152x576x341:1 NN:64x256x64:0:576/1024/256 NN:64x64x256:1:256/192/64 \
+    NN:1024x64x64:0:576/1024/64 NN:960x64x64:1:64/192/576 TN:64x64x1024:1:64/576/192
 fi
 "$work/ab" "$work/old.so" "$work/new.so" "$@"
 [ "$same" = yes ] || { echo "gemm-ab: the two versions give different bits" >&2; exit 1; }
