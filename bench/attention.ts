@@ -45,12 +45,16 @@ export interface BaseAttention extends UnfusedAttention {
   dir: string;
 }
 
+/** How to get a base: the build script prints the folder to pass to --attention-base. */
+export const BUILD_BASE =
+  'build a base with `bench/native/build-base.sh 2babbe7 "$(mktemp -d)"`, which prints the folder to pass';
+
 /** The attention of the build in `dir` (bench/native/build-base.sh REV DIR), or an error naming what is missing
  * and the command that makes it. */
 export function loadBaseAttention(dir: string): BaseAttention {
   const abs = path.resolve(dir),
     addon = path.join(abs, "build", "Release", "tstrain_native.node"),
-    fix = 'build a base with `bench/native/build-base.sh 2babbe7 "$(mktemp -d)"`, which prints the folder to pass';
+    fix = BUILD_BASE;
   if (!fs.existsSync(addon)) throw new Error(`--attention-base ${JSON.stringify(dir)}: no ${addon}; ${fix}`);
   let a: Record<string, unknown>;
   try {

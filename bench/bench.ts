@@ -31,7 +31,7 @@ import { markdown, type Machine, type Ratio } from "./report";
 import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
-import { attentionBench, type BaseAttention, loadBaseAttention } from "./attention";
+import { attentionBench, type BaseAttention, BUILD_BASE, loadBaseAttention } from "./attention";
 import { kernelTableMarkdown, profileSummary, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
 import { activationBudget, type GemmChoice, type Precision } from "../src/config";
@@ -282,7 +282,7 @@ function parseOptions(argv: string[]): Options {
         break;
       case "--attention-base": {
         const d = v();
-        if (!d) throw new Error("--attention-base needs a folder: bench/native/build-base.sh 2babbe7 DIR builds one");
+        if (!d) throw new Error(`--attention-base needs a folder: ${BUILD_BASE}`);
         o.attentionBase = loadBaseAttention(d);
         break;
       }
@@ -322,7 +322,9 @@ function parseOptions(argv: string[]): Options {
     }
   }
   if (o.attentionBase && !o.cases.has("attention"))
-    throw new Error(`--attention-base times the attention case, which this run leaves out: add attention to --cases`);
+    throw new Error(
+      `--attention-base times the attention case, which this run leaves out: add attention to --cases (e.g. --cases attention)`,
+    );
   if (o.steps < 5) process.stderr.write(`warning: --steps ${o.steps} < 5: medians of fewer than 5 steps are noisy\n`);
   if (o.backend === "webgpu") {
     // the webgpu engine is deferred (kernels.ts: settle): the cases that time the model's passes themselves await it
