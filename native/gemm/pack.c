@@ -89,9 +89,10 @@ __attribute__((target("avx2"))) static int64_t pack_rows_avx2(int mr, const floa
  * (the next nr rows of B) are fetched a line per row every 16 k while this one is transposed: each row is a short
  * stream (kc floats) that the hardware prefetcher barely starts on, and B is usually a weight, cold from memory
  * (AVX2-only Zen 3, B and A flushed from the caches before each call, paired median time 0.95-0.99 on the
- * model's x W^T at seq 256). Into L2 (T1), not L1: a sliver ahead is 37-73 KB, more than L1 holds, so lines fetched
- * into L1 were evicted before their transpose read them (Zen 4, against T0: paired median time 0.94-0.96 on the LM
- * head's logits, NT 256/341 x 49152 x 576, on both kernels; the packing alone 14 -> 7.5 ms of 113 MB). */
+ * model's x W^T at seq 256). Into L2 (T1), not L1: a sliver ahead is 16 KB (AVX2, kc 256) to 73 KB (AVX-512, kc
+ * 576), half of L1 or more beside the A sliver and the packed output, so lines fetched into L1 were evicted before
+ * their transpose read them (Zen 4, against T0: paired median time 0.94-0.96 on the LM head's logits, NT 256/341 x
+ * 49152 x 576, on both kernels; the packing alone 14 -> 7.5 ms of 113 MB). */
 __attribute__((target("avx2"))) static int64_t pack_cols_avx2(int nr, const float *src, int64_t ld, int64_t kc,
                                                               float *dst) {
   int64_t p = 0;
