@@ -349,7 +349,7 @@ for (const [kernel, skip] of [
   ["js", false],
   ["native", nativeSkip],
 ] as const)
-  test(`reduceChunks64 (${kernel}) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots (A10)`, {
+  test(`reduceChunks64 (${kernel}) equals the path across processes (sumSlots64, unscaleInto, chunkSquares) bit for bit, for 1, 2 and 3 slots, grad aligned or not (A10)`, {
     skip,
   }, () => {
     const P = 3 * SQ_CHUNK + 123;
@@ -358,13 +358,14 @@ for (const [kernel, skip] of [
       seed = (seed * 1103515245 + 12345) % 2147483648;
       return seed / 2147483648 - 0.5;
     };
-    for (const k of [1, 2, 3]) {
+    // grad at the start of its buffer (16-byte aligned: the C kernel streams its stores) and one float in (plain stores)
+    for (const [k, off] of [1, 2, 3].flatMap((k) => [0, 1].map((off) => [k, off] as const))) {
       // float64 slots holding sums of float32 micro-batch gradients, as foldMicro leaves them
       const slots = Array.from({ length: k }, () =>
         Float64Array.from({ length: P }, () => Math.fround(rnd() * 1e-3) + Math.fround(rnd() * 1e-6)),
       );
       const inv = 1 / (3 * k * 65536);
-      const grad = new Float32Array(P),
+      const grad = new Float32Array(new ArrayBuffer((P + 1) * 4), off * 4, P),
         sq = new Float64Array(chunkCount(P));
       // in two calls, as two owners split the chunks (the second's range ends at the partial last chunk)
       reduceChunks64(slots, grad, inv, P, sq, 0, 2, kernel === "js" ? "js" : "auto");
@@ -375,7 +376,8 @@ for (const [kernel, skip] of [
         sq2 = new Float64Array(chunkCount(P));
       unscaleInto(sum, grad2, 0, P, inv);
       chunkSquares(grad2, P, sq2, 0, sq2.length);
-      assert.ok(Buffer.from(grad.buffer).equals(Buffer.from(grad2.buffer)), `${k} slots: the same gradient bits`);
+      const bits = Buffer.from(grad.buffer, grad.byteOffset, grad.byteLength);
+      assert.ok(bits.equals(Buffer.from(grad2.buffer)), `${k} slots, grad at float ${off}: the same gradient bits`);
       assert.ok(Buffer.from(sq.buffer).equals(Buffer.from(sq2.buffer)), `${k} slots: the same chunk sums`);
       assert.equal(totalSquares(sq).sumSq, totalSquares(sq2).sumSq);
       // each chunk's sum in the documented order: element i of the chunk in lane i % SQ_LANES, each lane in index

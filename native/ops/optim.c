@@ -141,7 +141,11 @@ void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first, gem
 /* src/optim/optim.ts's reduceChunks64 over chunks [c0, c1) of a P-vector (SQ_CHUNK floats each): grad[i] = (float)
  * ((slots[0][i] + slots[1][i] + ...) * inv), the slots added in order, and sq[c] = the chunk's sum of squares of
  * those floats in double in 4 lanes: element i of the chunk's whole quads into lane i % 4, the tail's 1-3 elements
- * into lanes 0, 1, 2, then (l0 + l1) + (l2 + l3). The JS loop's operations in its order: its bits. */
+ * into lanes 0, 1, 2, then (l0 + l1) + (l2 + l3). The JS loop's operations in its order: its bits.
+ * For 1 or 2 slots on x86 with grad 16-byte aligned (a buffer's start is; a view one float in is not), the quads go
+ * to grad through streaming stores, as the first fold's do: grad is only written here, and a plain store first reads
+ * each line it overwrites (4 bytes an element less to move: 24 become 20 over 2 slots). The same values: the same
+ * bits. */
 static inline double fold_lanes(const float *x, int64_t i, int64_t hi, double s0, double s1, double s2, double s3) {
   if (i < hi) s0 += (double)x[i] * (double)x[i];
   if (i + 1 < hi) s1 += (double)x[i + 1] * (double)x[i + 1];
@@ -158,6 +162,9 @@ KERNEL_CLONES void reduce_chunks64(const double *const *slots, int k, float *res
                                    double *restrict sq, int64_t c0, int64_t c1) {
   const double *a = slots[0], *b = k > 1 ? slots[1] : slots[0];
   const v4d vinv = {inv, inv, inv, inv};
+#ifdef OPTIM_X86
+  const int stream = ((uintptr_t)grad & 15) == 0;
+#endif
   for (int64_t c = c0; c < c1; c++) {
     const int64_t lo = c * SQ_CHUNK, hi = P < lo + SQ_CHUNK ? P : lo + SQ_CHUNK, end = lo + ((hi - lo) & ~(int64_t)3);
     v4d s = {0, 0, 0, 0};
@@ -170,7 +177,11 @@ KERNEL_CLONES void reduce_chunks64(const double *const *slots, int k, float *res
           y += z;
         }
         const v4f f = __builtin_convertvector(y * vinv, v4f);
-        memcpy(grad + i, &f, sizeof f);
+#ifdef OPTIM_X86
+        if (stream) _mm_stream_ps(grad + i, (__m128)f);
+        else
+#endif
+          memcpy(grad + i, &f, sizeof f);
         const v4d x = __builtin_convertvector(f, v4d);
         s += x * x;
       }
@@ -186,6 +197,9 @@ KERNEL_CLONES void reduce_chunks64(const double *const *slots, int k, float *res
     }
     sq[c] = fold_lanes(grad, end, hi, s[0], s[1], s[2], s[3]);
   }
+#ifdef OPTIM_X86
+  if (stream) _mm_sfence(); /* the streamed lines reach memory before the caller says the gradient is ready */
+#endif
 }
 
 /* ------------------------------------------------------------------ the bench's bandwidth probes */
