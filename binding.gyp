@@ -9,6 +9,7 @@
         "native/ops/rows.c",
         "native/ops/attention.c",
         "native/ops/optim.c",
+        "native/probes.c",
         "native/peak.c",
         "native/gemm/frame.c",
         "native/gemm/pack.c",

@@ -1,48 +1,71 @@
 /**
  * The `attention` case of `npm run bench`: the fused attention kernel (native/ops/attention.c, FlashAttention-2's
- * scheme: lse [H,T] kept) against the unfused one it replaced (the whole [H,T,T] probabilities kept; the kernels of
- * 2babbe7, kept in the addon for this comparison), one sequence of the frozen shape (9 query heads over 3 kv heads of
- * 64) at each T, one thread, in each precision. Rounds take turns between the four calls (unfused forward, unfused
- * backward, fused forward, fused backward), so drift on a shared machine hits them alike; each call is timed on the
- * process's CPU clock (only this thread is busy) and each figure is its best round. Two ratios: forward+backward
- * once each, and the training step's count under gradient checkpointing (on by default), where the unfused forward
- * ran twice (once more before the block's backward, to remake att) and the fused one once (its out and lse kept).
- * With a base (`--attention-base DIR`: an older revision built beside this one by bench/native/build-base.sh), its
- * own addon's attention (the unfused signature, on that revision's GEMM) takes turns too, in fp32: the fused kernel
- * against the base as it ran then, not only against its kernels on today's GEMM.
+ * scheme: lse [H,T] kept), one sequence of the frozen shape (9 query heads over 3 kv heads of 64) at each T, one
+ * thread, in each precision, each call timed on the process's CPU clock (only this thread is busy), each figure its
+ * best round. With a base (`--attention-base DIR`: an older revision built beside this one by
+ * bench/native/build-base.sh, such as 2babbe7 with the unfused kernels the fused ones replaced, the whole [H,T,T]
+ * probabilities kept), its own addon's attention (the unfused signature, on that revision's GEMM) takes turns with
+ * the fused calls, round by round in fp32, so drift on a shared machine hits them alike: the fused kernel against the
+ * base as it ran then. Two ratios: forward+backward once each, and the training step's count under gradient
+ * checkpointing (on by default), where the base's forward ran twice (once more before the block's backward, to remake
+ * att) and the fused one once (its out and lse kept).
  *
  *   node dist/bench/attention.js [--seqs 256,1024] [--rounds 9] [--precisions fp32,bf16] [--attention-base DIR]
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { loadNative, type Precision, type UnfusedAttention, unfusedAttention } from "../src/model/engine/native";
+import { loadNative, type Precision } from "../src/model/engine/native";
 
 export interface AttentionRow {
   seq: number;
   precision: Precision;
-  unfused_fwd_ms: number;
-  unfused_bwd_ms: number;
   fused_fwd_ms: number;
   fused_bwd_ms: number;
-  /** (unfused fwd + bwd) / (fused fwd + bwd) */
-  speedup_fwd_bwd: number;
-  /** (2 x unfused fwd + bwd) / (fused fwd + bwd): one block of a checkpointed step */
-  speedup_ckpt_step: number;
-  /** what each kernel keeps for the backward, MB */
-  unfused_saved_mb: number;
+  /** what the fused kernel keeps for the backward (lse), MB */
   fused_saved_mb: number;
-  /** with a base (fp32 rows): its revision, its own addon's timings and the fused kernel's speedups over them */
+  /** with a base (fp32 rows): its revision, its own addon's timings, what it keeps (att) and the fused kernel's
+   *  speedups over it: (base fwd + bwd) / (fused fwd + bwd), and (2 x base fwd + bwd) / (fused fwd + bwd), one block
+   *  of a checkpointed step */
   base_rev?: string;
   base_fwd_ms?: number;
   base_bwd_ms?: number;
+  base_saved_mb?: number;
   speedup_vs_base_fwd_bwd?: number;
   speedup_vs_base_ckpt_step?: number;
 }
 
-/** An older revision's attention, from its own addon (the unfused signature: att [B,H,T,T] kept). */
-export interface BaseAttention extends UnfusedAttention {
+/** An older revision's attention, from its own addon: the unfused signature, the whole probabilities att [B,H,T,T]
+ *  kept by the forward and read by the backward. */
+export interface BaseAttention {
   rev: string;
   dir: string;
+  forward(
+    out: Float32Array,
+    att: Float32Array,
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
+  backward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    dout: Float32Array,
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    att: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+  ): void;
 }
 
 /** How to get a base: the build script prints the folder to pass to --attention-base. */
@@ -124,28 +147,23 @@ export function attentionBench(opts: {
   const rows: AttentionRow[] = [];
   for (const precision of opts.precisions)
     for (const T of opts.seqs) {
-      const choice = { gemm: "builtin", isa: "auto", precision } as const;
-      const n = loadNative(choice),
-        un = unfusedAttention(choice);
-      if (!("kernels" in n) || !un)
-        throw new Error(`attention: the native engine does not load (${"reason" in n ? n.reason : "?"})`);
+      const n = loadNative({ gemm: "builtin", isa: "auto", precision });
+      if (!("kernels" in n)) throw new Error(`attention: the native engine does not load (${n.reason})`);
       const k = n.kernels;
       const q = rand(T * H * E, 1),
         kk = rand(T * Kh * E, 2),
         v = rand(T * Kh * E, 3),
         dout = rand(T * H * E, 4);
       const out = new Float32Array(T * H * E),
-        att = new Float32Array(H * T * T),
         lse = new Float32Array(H * T);
       const dq = new Float32Array(q.length),
         dk = new Float32Array(kk.length),
         dv = new Float32Array(v.length);
       const base = precision === "fp32" ? opts.base : undefined;
-      const bout = new Float32Array(out.length),
-        bdq = new Float32Array(dq.length);
+      const att = new Float32Array(base ? H * T * T : 0),
+        bout = new Float32Array(base ? out.length : 0),
+        bdq = new Float32Array(base ? dq.length : 0);
       const calls = [
-        () => un.forward(out, att, q, kk, v, 1, T, H, Kh, E),
-        () => un.backward(dq, dk, dv, dout, q, kk, v, att, 1, T, H, Kh, E),
         () => k.attentionForward(out, lse, q, kk, v, 1, T, H, Kh, E),
         () => k.attentionBackward(dq, dk, dv, dout, q, kk, v, out, lse, 1, T, H, Kh, E),
       ];
@@ -164,28 +182,24 @@ export function attentionBench(opts: {
       const best = calls.map(() => Infinity);
       for (let r = 0; r < opts.rounds; r++)
         for (let i = 0; i < calls.length; i++) best[i] = Math.min(best[i], cpuMs(calls[i]));
-      const [uf, ub, ff, fb, bf, bb] = best;
+      const [ff, fb, bf, bb] = best;
       const row: AttentionRow = {
         seq: T,
         precision,
-        unfused_fwd_ms: round(uf),
-        unfused_bwd_ms: round(ub),
         fused_fwd_ms: round(ff),
         fused_bwd_ms: round(fb),
-        speedup_fwd_bwd: round((uf + ub) / (ff + fb)),
-        speedup_ckpt_step: round((2 * uf + ub) / (ff + fb)),
-        unfused_saved_mb: round((att.length * 4) / 1e6),
         fused_saved_mb: round((lse.length * 4) / 1e6, 3),
         ...(base && {
           base_rev: base.rev,
           base_fwd_ms: round(bf),
           base_bwd_ms: round(bb),
+          base_saved_mb: round((att.length * 4) / 1e6),
           speedup_vs_base_fwd_bwd: round((bf + bb) / (ff + fb)),
           speedup_vs_base_ckpt_step: round((2 * bf + bb) / (ff + fb)),
         }),
       };
       opts.log(
-        `attention T${T} ${precision}: unfused ${row.unfused_fwd_ms} + ${row.unfused_bwd_ms} ms, fused ${row.fused_fwd_ms} + ${row.fused_bwd_ms} ms: ${row.speedup_fwd_bwd}x forward+backward, ${row.speedup_ckpt_step}x in a checkpointed step; kept ${row.unfused_saved_mb} MB -> ${row.fused_saved_mb} MB${base ? `; base ${base.rev} ${row.base_fwd_ms} + ${row.base_bwd_ms} ms: ${row.speedup_vs_base_fwd_bwd}x, ${row.speedup_vs_base_ckpt_step}x checkpointed` : ""}`,
+        `attention T${T} ${precision}: fused ${row.fused_fwd_ms} + ${row.fused_bwd_ms} ms, keeps ${row.fused_saved_mb} MB${base ? `; base ${base.rev} ${row.base_fwd_ms} + ${row.base_bwd_ms} ms, keeps ${row.base_saved_mb} MB: ${row.speedup_vs_base_fwd_bwd}x forward+backward, ${row.speedup_vs_base_ckpt_step}x in a checkpointed step` : ""}`,
       );
       rows.push(row);
     }

@@ -620,11 +620,11 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
     });
   }
 
-  // ---- 9: the fused attention kernel against the unfused one it replaced, at the frozen shape
+  // ---- 9: the fused attention kernel at the frozen shape (with --attention-base, against an older revision's build)
   if (o.cases.has("attention")) {
     await run.guard("attention", async () => {
       log(
-        `attention: fused vs unfused at the frozen shape (9/3 heads of 64), T ${o.gemmSeqs.join(", ")}, ${o.precisions.join(", ")}, one thread, ${Math.max(5, o.gemmRounds)} rounds`,
+        `attention: fused${o.attentionBase ? ` vs ${o.attentionBase.rev}'s build` : ""} at the frozen shape (9/3 heads of 64), T ${o.gemmSeqs.join(", ")}, ${o.precisions.join(", ")}, one thread, ${Math.max(5, o.gemmRounds)} rounds`,
       );
       for (const x of attentionBench({
         seqs: o.gemmSeqs,

@@ -3,12 +3,13 @@
  * process.cpuUsage, so a busy machine's waits do not land on whichever kernel was running) and added to a row per
  * kernel (matmul: per transpose pair and shape), so one training step (timed on the same clock) gives each kernel's
  * share of the step. The proxy costs two clock reads per call (~1 us; a step makes a few thousand calls), and the
- * profiled call is run apart from the timed ones. With the native engine's attention timer, the fused attention's
- * work between its block products is timed inside the kernel too (on the wall clock: a CPU-time clock read costs a
+ * profiled call is run apart from the timed ones. With the native engine's timed copy of the fused attention
+ * (profiledAttention: the same bits), its work between the block products is timed inside the kernel too (on the wall clock: a CPU-time clock read costs a
  * system call, and there are ~100,000 such regions a step), and product_ms is the call's time less that; so the step
  * splits into the matrix products (the model's and attention's) and everything else: profileSummary. On a busy
  * machine the wall-clock part reads long, so the split errs towards the non-product side.
  */
+import type { ProfiledAttention } from "../src/model/engine/native";
 import type { Kernels } from "../src/model/kernels";
 
 export interface KernelRow {
@@ -19,7 +20,7 @@ export interface KernelRow {
   gflops: number | null;
   share: number;
   /** the fused attention kernels only: the ms of their block products (the call's time less the rest, which the
-   *  native engine's timer measures) */
+   *  native engine's timed copy measures) */
   product_ms?: number;
 }
 
@@ -56,7 +57,7 @@ export function cpuMs(): number {
 
 export function profiledKernels(
   k: Kernels,
-  attentionRest: ((on: boolean) => number) | null = null,
+  attention: ProfiledAttention | null = null,
 ): {
   kernels: Kernels;
   rows: (stepMs: number) => KernelRow[];
@@ -96,13 +97,14 @@ export function profiledKernels(
           2 * M * N * K,
         );
       };
-    } else if (attentionRest && (key === "attentionForward" || key === "attentionBackward")) {
+    } else if (attention && (key === "attentionForward" || key === "attentionBackward")) {
+      const timed = (key === "attentionForward" ? attention.forward : attention.backward) as AnyFn;
       wrapped[key] = (...a: unknown[]) => {
-        attentionRest(true);
+        attention.restMs();
         const t0 = cpuMs();
-        const r = (f as AnyFn).apply(k, a);
+        const r = timed(...a);
         const ms = cpuMs() - t0;
-        add(key, ms, 0, Math.max(0, ms - attentionRest(false)));
+        add(key, ms, 0, Math.max(0, ms - attention.restMs()));
         return r;
       };
     } else {
@@ -128,7 +130,7 @@ export function profiledKernels(
           gflop: a.flop ? +(a.flop / 1e9).toFixed(3) : null,
           gflops: a.flop ? +(a.flop / (a.ms / 1000) / 1e9).toFixed(1) : null,
           share: +(a.ms / stepMs).toFixed(4),
-          ...(attentionRest && kernel.startsWith("attention") ? { product_ms: +a.prod.toFixed(2) } : {}),
+          ...(attention && kernel.startsWith("attention") ? { product_ms: +a.prod.toFixed(2) } : {}),
         });
       }
       const inKernels = out.reduce((s, r) => s + r.ms, 0);

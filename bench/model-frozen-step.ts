@@ -23,7 +23,7 @@
 import * as tf from "@tensorflow/tfjs-core";
 import { activationBudget, type Precision } from "../src/config";
 import { initEngine, type BackendName } from "../src/model/backend";
-import { attentionRestTimer, DEFAULT_NATIVE } from "../src/model/engine/native";
+import { DEFAULT_NATIVE, profiledAttention } from "../src/model/engine/native";
 import type { Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
@@ -176,7 +176,10 @@ export async function frozenStepBench(o: {
     const mmAfter: number[][] = [];
     for (const sh of shapes) mmAfter.push(await matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
-    const prof = profiledKernels(be.kernels, be.engine === "native" ? attentionRestTimer() : null);
+    const prof = profiledKernels(
+      be.kernels,
+      be.engine === "native" ? profiledAttention({ ...DEFAULT_NATIVE, precision }) : null,
+    );
     Object.assign(k, prof.kernels);
     // the proxy's clock: CPU time; a deferred engine's rows are the time to record each kernel, its total the whole
     // pass on the wall clock (the device's time is not this thread's)

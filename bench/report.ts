@@ -116,27 +116,22 @@ export function markdown(o: {
   }
   const att = o.rows.filter(isAttention);
   if (att.length) {
-    L.push(`## Attention: the fused kernel against the unfused one it replaced (the attention case, one sequence)`, "");
-    L.push(
-      `| case | unfused fwd / bwd ms | fused fwd / bwd ms | fwd+bwd speedup | checkpointed-step speedup (unfused fwd twice) | kept for the backward, MB (unfused / fused) |`,
-      `|---|---|---|---|---|---|`,
-    );
+    L.push(`## Attention: the fused kernel (the attention case, one sequence)`, "");
+    L.push(`| case | fused fwd / bwd ms | kept for the backward, MB |`, `|---|---|---|`);
     for (const x of att)
-      L.push(
-        `| ${x.case} | ${fmt(x.unfused_fwd_ms)} / ${fmt(x.unfused_bwd_ms)} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.speedup_fwd_bwd)} | ${fmt(x.speedup_ckpt_step)} | ${fmt(x.unfused_saved_mb)} / ${fmt(x.fused_saved_mb)} |`,
-      );
+      L.push(`| ${x.case} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.fused_saved_mb)} |`);
     L.push("");
     const based = att.filter((x) => x.base_rev !== undefined);
     if (based.length) {
       L.push(
-        `The fused kernel against an older revision's own build, loaded beside this one (\`--attention-base\`):`,
+        `The fused kernel against an older revision's own build, loaded beside this one (\`--attention-base\`; checkpointed step: the base's forward twice):`,
         "",
-        `| case | base | base fwd / bwd ms | fused fwd / bwd ms | fwd+bwd speedup | checkpointed-step speedup |`,
-        `|---|---|---|---|---|---|`,
+        `| case | base | base fwd / bwd ms | fused fwd / bwd ms | fwd+bwd speedup | checkpointed-step speedup | kept for the backward, MB (base / fused) |`,
+        `|---|---|---|---|---|---|---|`,
       );
       for (const x of based)
         L.push(
-          `| ${x.case} | ${x.base_rev} | ${fmt(x.base_fwd_ms)} / ${fmt(x.base_bwd_ms)} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.speedup_vs_base_fwd_bwd)} | ${fmt(x.speedup_vs_base_ckpt_step)} |`,
+          `| ${x.case} | ${x.base_rev} | ${fmt(x.base_fwd_ms)} / ${fmt(x.base_bwd_ms)} | ${fmt(x.fused_fwd_ms)} / ${fmt(x.fused_bwd_ms)} | ${fmt(x.speedup_vs_base_fwd_bwd)} | ${fmt(x.speedup_vs_base_ckpt_step)} | ${fmt(x.base_saved_mb)} / ${fmt(x.fused_saved_mb)} |`,
         );
       L.push("");
     }

@@ -115,29 +115,6 @@ static inline float max_f32(const float *restrict x, int64_t n) {
   return m;
 }
 
-/* The unfused attention's exp (the bench's 2babbe7 baseline keeps it; every other kernel uses ops/vmath.h's).
- * exp(x) in float, Cephes' expf polynomial (relative error ~2e-7), written so that loops over it vectorise
- * (libm's expf is a call the compiler cannot vectorise without -ffast-math). Inputs are clamped to
- * [-87, 88]: below, the result is ~1.6e-38 instead of a denormal or 0, which no sum here can see. */
-static inline float exp_ps(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500E-4f;
-  p = p * r + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f;
-  p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
-  float sc;
-  memcpy(&sc, &bits, sizeof sc);
-  return y * sc;
-}
-
 /* ================================================================== the kernels (maths only) */
 /* Each returns 0, or GEMM_NOMEM when the built-in GEMM (or a scratch buffer) could not be allocated. */
 enum { GEMM_NOMEM = -1 };
@@ -187,25 +164,14 @@ void fold_f32(double *restrict acc, float *restrict g, int64_t n, int first, gem
 #define SQ_CHUNK 4096
 void reduce_chunks64(const double *const *slots, int k, float *restrict grad, double inv, int64_t P,
                      double *restrict sq, int64_t c0, int64_t c1);
-/* ops/optim.c: the bench's bandwidth probes, x = y + s * z and x += s * y over n doubles */
-void stream_triad(double *restrict x, const double *restrict y, const double *restrict z, double s, int64_t n);
-void stream_axpy(double *restrict x, const double *restrict y, double s, int64_t n);
 
-/* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward), the
- * unfused kernels it replaced (the whole probabilities att [B, H, T, T] kept: the bench's baseline), and the cached
- * form for generation */
+/* ops/attention.c: causal attention (GQA), fused (the per-row log-sum-exp lse [B, H, T] kept for the backward;
+ * the body in ops/attention-fused.h), and the cached form for generation */
 int attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
                       int64_t H, int64_t K, int64_t E);
 int attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                        const float *v, const float *out, const float *lse, int64_t B, int64_t T, int64_t H, int64_t K,
                        int64_t E);
-int attention_forward_unfused(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
-                              int64_t T, int64_t H, int64_t K, int64_t E);
-int attention_backward_unfused(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                               const float *v, const float *att, int64_t B, int64_t T, int64_t H, int64_t K, int64_t E);
-/* The bench's timing of the fused kernels' work between their block products: on while att_prof, its ns added up */
-extern __thread int att_prof;
-extern __thread double att_rest_ns;
 void attention_cached(float *out, const float *q, const float *kc, const float *vc, int64_t P, int64_t T, int64_t H,
                       int64_t K, int64_t E, float *sc, double *acc);
 

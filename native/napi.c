@@ -83,3 +83,16 @@ napi_value set_str(napi_env env, napi_value obj, const char *key, const char *s)
   napi_set_named_property(env, obj, key, v);
   return obj;
 }
+
+/* A copy of the row and optimizer kernels by name: "avx512" | "avx2" | "portable", one this CPU runs (vmath and the
+ * optimizer kernels' isa argument). Returns 0 after throwing. */
+int isa_copy(napi_env env, const char *fn, const char *isa, gemm_isa *out) {
+  const gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
+                        : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
+                        : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
+                                                       : GEMM_ISA_AUTO;
+  if (want == GEMM_ISA_AUTO) return throw_range(env, fn, "isa must be avx512, avx2 or portable");
+  if (!gemm_isa_supported(want)) return throw_range(env, fn, "this CPU does not have that instruction set");
+  *out = want;
+  return 1;
+}

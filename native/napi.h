@@ -70,6 +70,23 @@ int get_bool(napi_env env, napi_value v, bool *out, const char *fn, const char *
 /* obj.key = s; returns obj */
 napi_value set_str(napi_env env, napi_value obj, const char *key, const char *s);
 
+/* A copy of the row and optimizer kernels by name: "avx512" | "avx2" | "portable", one this CPU runs. Returns 0 after
+ * throwing. */
+int isa_copy(napi_env env, const char *fn, const char *isa, gemm_isa *out);
+
+/* tstrain.c: the attention wrappers' checks around a kernel of attention_forward's / attention_backward's signature
+ * (the engine's, or probes.c's timed copy); fn names it in the errors */
+typedef int (*attention_forward_fn)(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B,
+                                    int64_t T, int64_t H, int64_t K, int64_t E);
+typedef int (*attention_backward_fn)(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                     const float *v, const float *out, const float *lse, int64_t B, int64_t T,
+                                     int64_t H, int64_t K, int64_t E);
+napi_value attention_forward_call(napi_env env, napi_callback_info info, const char *fn, attention_forward_fn kernel);
+napi_value attention_backward_call(napi_env env, napi_callback_info info, const char *fn, attention_backward_fn kernel);
+
+/* probes.c: adds the tests' and the bench's probes to the addon's exports */
+napi_status probes_define(napi_env env, napi_value exports);
+
 /* setup.c: loadBlas, simd, setGemm, gemmPeak */
 napi_value LoadBlas(napi_env env, napi_callback_info info);
 napi_value Simd(napi_env env, napi_callback_info info);

@@ -14,7 +14,7 @@ import assert from "node:assert/strict";
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
 import type { Kernels } from "../src/model/kernels";
-import { loadNative, unfusedAttention } from "../src/model/engine/native";
+import { loadNative, profiledAttention } from "../src/model/engine/native";
 import { jsKernels, type NonMatmulKernels } from "../src/model/engine/js";
 
 const loaded = loadNative();
@@ -398,30 +398,36 @@ test("attention: causal GQA forward (out, lse) and backward (dq, dk, dv overwrit
   );
 });
 
-test("the unfused attention the bench compares against (the whole [B,H,T,T] probabilities kept) computes what the fused one does", {
+test("the bench's timed copy of the fused attention (native/probes.c) gives the kernels' bits, checks the same, and times the work between its products", {
   skip,
 }, () => {
-  const un = unfusedAttention()!;
+  const k = K!,
+    pa = profiledAttention()!;
   const [B, T, H, Kh, E] = [2, 150, 6, 2, 16];
   const q = rand(B * T * H * E, 71, true, 2),
     kk = rand(B * T * Kh * E, 72, true, 2),
     v = rand(B * T * Kh * E, 73, true),
     dout = rand(B * T * H * E, 74, true);
-  const ref = refAttention(q, kk, v, dout, B, T, H, Kh, E);
-  const out = filled(B * T * H * E, NaN),
-    att = filled(B * H * T * T, NaN);
-  un.forward(out, att, q, kk, v, B, T, H, Kh, E);
-  close(out, ref.out, TOL, "unfused out");
-  const dq = filled(q.length, NaN),
-    dk = filled(kk.length, NaN),
-    dv = filled(v.length, NaN);
-  un.backward(dq, dk, dv, dout, q, kk, v, att, B, T, H, Kh, E);
-  close(dq, ref.dq, TOL, "unfused dq");
-  close(dk, ref.dk, TOL, "unfused dk");
-  close(dv, ref.dv, TOL, "unfused dv");
+  const run = (fwd: typeof k.attentionForward, bwd: typeof k.attentionBackward) => {
+    const out = filled(B * T * H * E, NaN),
+      lse = filled(B * H * T, NaN),
+      dq = filled(q.length, NaN),
+      dk = filled(kk.length, NaN),
+      dv = filled(v.length, NaN);
+    fwd(out, lse, q, kk, v, B, T, H, Kh, E);
+    bwd(dq, dk, dv, dout, q, kk, v, out, lse, B, T, H, Kh, E);
+    return [out, lse, dq, dk, dv];
+  };
+  const want = run(k.attentionForward, k.attentionBackward);
+  pa.restMs();
+  const got = run(pa.forward, pa.backward);
+  assert.ok(pa.restMs() > 0, "the timed copy's work between the products took some time");
+  assert.equal(pa.restMs(), 0, "reading the time resets it");
+  for (let i = 0; i < want.length; i++)
+    assert.deepEqual(new Uint32Array(got[i].buffer), new Uint32Array(want[i].buffer), `array ${i}: the same bits`);
   assert.throws(
-    () => un.backward(dq, dk, dv, dout, q, kk, v, att.subarray(1), B, T, H, Kh, E),
-    /att has 269999 elements, the shapes need 270000/,
+    () => pa.forward(want[0], new Float32Array(3), q, kk, v, B, T, H, Kh, E),
+    /attentionForwardProfiled: lse has 3 elements/,
   );
 });
 

@@ -201,15 +201,3 @@ KERNEL_CLONES void reduce_chunks64(const double *const *slots, int k, float *res
   if (stream) _mm_sfence(); /* the streamed lines reach memory before the caller says the gradient is ready */
 #endif
 }
-
-/* ------------------------------------------------------------------ the bench's bandwidth probes */
-/* x = y + s * z (STREAM's triad: 24 bytes an element counted, the store's line read first not) and x += s * y
- * (in place: 24 bytes, every one moved), over [0, n) */
-KERNEL_CLONES void stream_triad(double *restrict x, const double *restrict y, const double *restrict z, double s,
-                                int64_t n) {
-  for (int64_t i = 0; i < n; i++) x[i] = y[i] + s * z[i];
-}
-
-KERNEL_CLONES void stream_axpy(double *restrict x, const double *restrict y, double s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) x[i] += s * y[i];
-}

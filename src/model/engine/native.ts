@@ -31,7 +31,8 @@ type GemmArgs = [
   ldc: number,
 ];
 
-/** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader. */
+/** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader; and the
+ *  tests' and the bench's probes (native/probes.c). */
 interface Addon {
   loadBlas(paths: string[]): { ok: boolean; path: string; config: string; threads: number; tried: string };
   simd(): string;
@@ -62,16 +63,15 @@ interface Addon {
   ropeBackward: Kernels["ropeBackward"];
   attentionForward: Kernels["attentionForward"];
   attentionBackward: Kernels["attentionBackward"];
-  attentionForwardUnfused: UnfusedAttention["forward"];
-  attentionBackwardUnfused: UnfusedAttention["backward"];
   attentionCachedForward: Kernels["attentionCachedForward"];
   swigluForward: Kernels["swigluForward"];
   swigluBackward: Kernels["swigluBackward"];
   crossEntropy: Kernels["crossEntropy"];
-  /** This thread's timing of the fused attention's work between its block products on or off; the ms (wall) it took
-   *  since the last call. */
-  attentionProfile(on: boolean): number;
-  /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
+  /** The fused attention's timed copy (native/probes.c: the same arguments and bits), and the ms (wall) its work
+   *  between the block products took on this thread since the last attentionProfile(). */
+  attentionForwardProfiled: Kernels["attentionForward"];
+  attentionBackwardProfiled: Kernels["attentionBackward"];
+  attentionProfile(): number;
   /** acc = g (first) or acc += g in float64, then g = 0, over all of g (native/ops/optim.c); isa: that copy of the
    *  vector code (the tests), undefined: this thread's GEMM kernel's. */
   fold(acc: Float64Array, g: Float32Array, first: boolean, isa: Exclude<IsaChoice, "auto"> | undefined): void;
@@ -98,6 +98,7 @@ interface Addon {
     h: Float32Array,
     isa: Exclude<IsaChoice, "auto"> | undefined,
   ): void;
+  /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
   vmath(fn: "exp", isa: Exclude<IsaChoice, "auto">, x: Float32Array, out: Float32Array): void;
   vmath(fn: "log", isa: Exclude<IsaChoice, "auto">, x: Float64Array, out: Float64Array): void;
 }
@@ -308,53 +309,18 @@ export function streamProbe(): Addon["streamProbe"] | null {
   return addonMethod("streamProbe");
 }
 
-/** The bench's split of the fused attention's time: timer(true) starts timing, on this thread, its work between the
- *  block products (softmax rows, transposes, row dots); each call returns the ms (wall) it took since the previous
- *  one (timer(false) also stops); null without the addon. */
-export function attentionRestTimer(): ((on: boolean) => number) | null {
-  const got = loadAddon();
-  return "reason" in got || typeof got.addon.attentionProfile !== "function" ? null : got.addon.attentionProfile;
+/** The fused attention's timed copy, for the bench's split of a step into products and the rest (native/probes.c:
+ *  the same operations and bits as the kernels'); restMs() is the ms (wall) its work between the block products
+ *  (softmax rows, transposes, row dots) took on this thread since the previous call. On the GEMM of `opts`, as
+ *  loadNative(opts)'s kernels run it; null when those do not load. */
+export interface ProfiledAttention {
+  forward: Kernels["attentionForward"];
+  backward: Kernels["attentionBackward"];
+  restMs(): number;
 }
-
-/**
- * The unfused attention kernels the fused ones replaced (native/attention.c): the forward keeps the whole
- * probabilities att [B,H,T,T] (instead of lse [B,H,T]) and the backward reads them. Not part of the Kernels interface:
- * the bench's baseline, and a test holds them to the fused kernels.
- */
-export interface UnfusedAttention {
-  forward(
-    out: Float32Array,
-    att: Float32Array,
-    q: Float32Array,
-    k: Float32Array,
-    v: Float32Array,
-    B: number,
-    T: number,
-    H: number,
-    K: number,
-    E: number,
-  ): void;
-  backward(
-    dq: Float32Array,
-    dk: Float32Array,
-    dv: Float32Array,
-    dout: Float32Array,
-    q: Float32Array,
-    k: Float32Array,
-    v: Float32Array,
-    att: Float32Array,
-    B: number,
-    T: number,
-    H: number,
-    K: number,
-    E: number,
-  ): void;
-}
-
-/** The unfused attention on the GEMM of `opts` (as loadNative(opts)'s kernels run it); null when those do not load. */
-export function unfusedAttention(opts: NativeOptions = DEFAULT_NATIVE): UnfusedAttention | null {
+export function profiledAttention(opts: NativeOptions = DEFAULT_NATIVE): ProfiledAttention | null {
   const got = loadAddon();
-  if ("reason" in got || "reason" in loadNative(opts)) return null;
+  if ("reason" in got || "reason" in loadNative(opts) || typeof got.addon.attentionProfile !== "function") return null;
   const a = got.addon,
     use = gemmUser(
       a,
@@ -365,12 +331,13 @@ export function unfusedAttention(opts: NativeOptions = DEFAULT_NATIVE): UnfusedA
   return {
     forward: (...args) => {
       use();
-      a.attentionForwardUnfused(...args);
+      a.attentionForwardProfiled(...args);
     },
     backward: (...args) => {
       use();
-      a.attentionBackwardUnfused(...args);
+      a.attentionBackwardProfiled(...args);
     },
+    restMs: () => a.attentionProfile(),
   };
 }
 
