@@ -359,36 +359,49 @@ function machine(): Machine {
   };
 }
 
-function ratio(
-  rows: BenchRow[],
-  name: string,
-  num: string,
-  den: string,
-  field: "tok_per_s" | "step_ms_median" | "tok_per_cpu_s",
-  target: { op: ">=" | "<="; v: number } | null,
-  note?: string,
-): Ratio | null {
-  const a = rows.find((x) => x.case === num),
-    b = rows.find((x) => x.case === den);
+type RatioField = "tok_per_s" | "step_ms_median" | "tok_per_cpu_s";
+
+/** One ratio of the run: the numerator case's field over the denominator case's, with its target (null: reported
+ *  only). A row of ratioTable; params picks, among rows of one case, those of that parameter count (optim). */
+interface RatioSpec {
+  name: string;
+  numerator: string;
+  denominator: string;
+  target: { op: ">=" | "<="; v: number } | null;
+  field?: RatioField;
+  note?: string;
+  /** said after the denominator (the torch row chosen as the best) */
+  denominatorNote?: string;
+  params?: number;
+}
+
+/** A RatioSpec's value from the rows (null when either case is missing or the denominator is 0), with the same ratio
+ *  from each case's fastest step beside it. */
+function ratio(rows: BenchRow[], s: RatioSpec): Ratio | null {
+  const field = s.field ?? "tok_per_s";
+  const find = (c: string) => rows.find((x) => x.case === c && (s.params === undefined || x.params === s.params));
+  const a = find(s.numerator),
+    b = find(s.denominator);
   const av = a?.[field],
     bv = b?.[field];
   if (typeof av !== "number" || typeof bv !== "number" || bv === 0) return null;
   const value = r(av / bv, 3);
-  const met = target === null || value === null ? null : target.op === ">=" ? value >= target.v : value <= target.v;
+  const t = s.target;
+  const met = t === null || value === null ? null : t.op === ">=" ? value >= t.v : value <= t.v;
   // the same ratio from each case's fastest step: what the code can do when the machine leaves it alone
   const bestField = field === "tok_per_s" ? "tok_per_s_best" : field === "step_ms_median" ? "step_ms_min" : null;
   const ab = bestField ? a?.[bestField] : null,
     bb = bestField ? b?.[bestField] : null;
   const best = typeof ab === "number" && typeof bb === "number" && bb !== 0 ? r(ab / bb, 3) : null;
   return {
-    ratio: name,
+    ratio: s.name,
     value,
-    target: target ? `${target.op} ${target.v}` : null,
+    target: t ? `${t.op} ${t.v}` : null,
     met,
-    num: `${num} ${field}`,
-    den: `${den} ${field}`,
+    num: `${s.numerator} ${field}`,
+    den: `${s.denominator} ${field}${s.denominatorNote ? ` ${s.denominatorNote}` : ""}`,
     value_best_steps: best,
-    ...(note ? { note } : {}),
+    ...(s.note ? { note: s.note } : {}),
   };
 }
 
@@ -747,102 +760,179 @@ function addTrainingMfu(rows: BenchRow[]): void {
 }
 
 /** Every ratio this run can compute from its own rows (each printed as BENCH_JSON). */
-function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
-  // ---- ratios, all from this run
-  const ratios: Ratio[] = [];
-  const add = (x: Ratio | null) => {
-    if (x) {
-      ratios.push(x);
-      emit(x);
-    }
-  };
-  for (const x of rows) {
-    if (typeof x.mfu !== "number") continue;
-    add({
-      ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`,
-      value: x.mfu,
-      target: x.case === "actor-w1" ? ">= 0.6" : null,
-      met: x.case === "actor-w1" ? x.mfu >= 0.6 : null,
-      num: `${x.case} tok_per_s`,
-      den: "frozen-step matmul_gflops",
-    });
-  }
-  const worlds = o.worlds.filter((w) => w > 1);
+/** Every ratio the run can give, in the report's order: a new one is a row here. */
+function ratioTable(rows: BenchRow[], o: Options): RatioSpec[] {
+  const ge = (v: number) => ({ op: ">=", v }) as const,
+    le = (v: number) => ({ op: "<=", v }) as const;
+  const worlds = o.worlds.filter((w) => w > 1),
+    wMax = Math.max(...o.worlds);
+  const torchRows = rows.filter((x) => String(x.case).startsWith("torch-") && typeof x.tok_per_s === "number");
+  const torchBest = torchRows.length
+    ? torchRows.reduce((a, b) => (Number(b.tok_per_s) > Number(a.tok_per_s) ? b : a))
+    : null;
+  const t: RatioSpec[] = [];
   for (const w of worlds)
-    add(
-      ratio(
-        rows,
-        `world${w}/world1 tok/s`,
-        `actor-w${w}`,
-        "actor-w1",
-        "tok_per_s",
-        w === 2 ? { op: ">=", v: 1.85 } : null,
-      ),
-    );
+    t.push({
+      name: `world${w}/world1 tok/s`,
+      numerator: `actor-w${w}`,
+      denominator: "actor-w1",
+      target: w === 2 ? ge(1.85) : null,
+    });
   // the targets against PyTorch on the same machine, same shape, same run
-  {
-    const tok = (c: string) => rows.find((x) => x.case === c)?.tok_per_s;
-    const torchRows = rows.filter((x) => String(x.case).startsWith("torch-") && typeof x.tok_per_s === "number");
-    const torchBest = torchRows.length
-      ? torchRows.reduce((a, b) => (Number(b.tok_per_s) > Number(a.tok_per_s) ? b : a))
-      : null;
-    const w2 = tok("actor-w2"),
-      w1 = tok("actor-w1"),
-      t1 = tok("torch-1thread");
-    if (typeof w2 === "number" && torchBest) {
-      const v = r(w2 / Number(torchBest.tok_per_s), 3);
-      add({
-        ratio: "world2_over_torch_best",
-        value: v,
-        target: ">= 2",
-        met: v === null ? null : v >= 2,
-        num: "actor-w2 tok_per_s",
-        den: `${String(torchBest.case)} tok_per_s (PyTorch's best of ${torchRows.map((x) => x.case).join(", ")})`,
-      });
-    }
-    if (typeof w1 === "number" && typeof t1 === "number" && t1 > 0) {
-      const v = r(w1 / t1, 3);
-      add({
-        ratio: "world1_over_torch_1thread",
-        value: v,
-        target: ">= 1",
-        met: v === null ? null : v >= 1,
-        num: "actor-w1 tok_per_s",
-        den: "torch-1thread tok_per_s",
-      });
-    }
-  }
+  if (torchBest)
+    t.push({
+      name: "world2_over_torch_best",
+      numerator: "actor-w2",
+      denominator: String(torchBest.case),
+      denominatorNote: `(PyTorch's best of ${torchRows.map((x) => x.case).join(", ")})`,
+      target: ge(2),
+    });
+  t.push({ name: "world1_over_torch_1thread", numerator: "actor-w1", denominator: "torch-1thread", target: ge(1) });
   for (const w of o.worlds)
-    add(
-      ratio(
-        rows,
-        `world ${w}: built-in GEMM / OpenBLAS tok/s`,
-        `actor-w${w}`,
-        `actor-w${w}-openblas`,
-        "tok_per_s",
-        w === 2 ? { op: ">=", v: 1.6 } : null,
-      ),
-    );
+    t.push({
+      name: `world ${w}: built-in GEMM / OpenBLAS tok/s`,
+      numerator: `actor-w${w}`,
+      denominator: `actor-w${w}-openblas`,
+      target: w === 2 ? ge(1.6) : null,
+    });
   for (const sfx of o.seqs.length > 1 ? o.seqs.map((q) => `@${q}`) : [""])
     for (const w of o.worlds) {
-      add(
-        ratio(
-          rows,
-          `world ${w}${sfx}: bf16 / fp32 products tok/s (built-in GEMM, P8)`,
-          `actor-w${w}-bf16${sfx}`,
-          `actor-w${w}${sfx}`,
-          "tok_per_s",
-          w === 2 ? { op: ">=", v: 1.6 } : null,
-        ),
-      );
+      t.push({
+        name: `world ${w}${sfx}: bf16 / fp32 products tok/s (built-in GEMM, P8)`,
+        numerator: `actor-w${w}-bf16${sfx}`,
+        denominator: `actor-w${w}${sfx}`,
+        target: w === 2 ? ge(1.6) : null,
+      });
       for (const prec of ["", "-bf16"])
-        for (const t of [`torch-${cores}threads${sfx}`, `torch-${cores}threads-autocast-bf16${sfx}`])
-          add(ratio(rows, `world ${w}${prec}${sfx} / ${t} tok/s`, `actor-w${w}${prec}${sfx}`, t, "tok_per_s", null));
+        for (const d of [`torch-${cores}threads${sfx}`, `torch-${cores}threads-autocast-bf16${sfx}`])
+          t.push({
+            name: `world ${w}${prec}${sfx} / ${d} tok/s`,
+            numerator: `actor-w${w}${prec}${sfx}`,
+            denominator: d,
+            target: null,
+          });
     }
+  for (const w of worlds)
+    t.push({
+      name: `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`,
+      numerator: `actor-w${w}`,
+      denominator: "actor-w1",
+      target: null,
+      field: "tok_per_cpu_s",
+      note: "1.0 = world 2 spends no more CPU per token than world 1",
+    });
+  t.push(
+    {
+      name: "mpi: 2 processes x world 1 / one process x world 2, tok/s",
+      numerator: "mpi-np2-w1",
+      denominator: "mpi-ref-w2",
+      target: ge(0.9),
+    },
+    {
+      name: "actor/single-thread tok/s (world 1, same work)",
+      numerator: "actor-w1",
+      denominator: "single-thread",
+      target: null,
+    },
+  );
+  if (wMax > 1)
+    t.push({
+      name: `actor world ${wMax}/single-thread tok/s (speed-up)`,
+      numerator: `actor-w${wMax}`,
+      denominator: "single-thread",
+      target: null,
+    });
+  t.push({
+    name: "actor/framework-free tok/s (world 1, same work)",
+    numerator: "actor-w1",
+    denominator: "framework-free",
+    target: ge(0.95),
+  });
+  if (wMax > 1)
+    t.push({
+      name: `actor world ${wMax}/framework-free tok/s (speed-up)`,
+      numerator: `actor-w${wMax}`,
+      denominator: "framework-free",
+      target: null,
+    });
+  t.push({
+    name: "single-thread (in-process)/framework-free (subprocess) tok/s",
+    numerator: "single-thread",
+    denominator: "framework-free",
+    target: null,
+    note: "same loop, two processes: a consistency check",
+  });
+  for (const w of o.uploadWorlds) {
+    t.push({
+      name: `upload stall world ${w} (step ms overlapping an upload / not)`,
+      numerator: `upload-w${w}-overlap`,
+      denominator: `upload-w${w}-quiet`,
+      target: w === 2 ? le(1.05) : null,
+      field: "step_ms_median",
+      note: w === 2 ? "B3" : "control: a core is free for the uploader",
+    });
+    if (o.uploadNice)
+      t.push({
+        name: `upload stall world ${w}, uploader niced (experiment)`,
+        numerator: `upload-w${w}-nice-overlap`,
+        denominator: `upload-w${w}-nice-quiet`,
+        target: null,
+        field: "step_ms_median",
+        note: "uploader thread at nice 19",
+      });
+  }
+  for (const p of o.optimSizes)
+    t.push({
+      name: `optim ${(p / 1e6).toFixed(0)}M: 1 thread / ${o.optimThreads} threads step ms (speed-up)`,
+      numerator: "optim-1thread",
+      denominator: `optim-${o.optimThreads}threads`,
+      target: null,
+      field: "step_ms_median",
+      params: p,
+    });
+  t.push(
+    {
+      name: "single-thread/torch 1 thread tok/s",
+      numerator: "single-thread",
+      denominator: "torch-1thread",
+      target: null,
+    },
+    {
+      name: "frozen-step (fwd+bwd)/torch 1 thread (fwd+bwd+clip+AdamW) tok/s",
+      numerator: "frozen-step",
+      denominator: "torch-1thread",
+      target: null,
+      note: "same shape only with --model frozen",
+    },
+  );
+  if (cores > 1)
+    t.push({
+      name: `actor world ${wMax}/torch ${cores} threads tok/s`,
+      numerator: `actor-w${wMax}`,
+      denominator: `torch-${cores}threads`,
+      target: null,
+    });
+  return t;
+}
+
+/** The figures that are one row's own ratio, against a target: each row's MFU, each GEMM kernel's worst fraction of
+ *  its FMA peak. */
+function rowFigures(rows: BenchRow[]): Ratio[] {
+  const out: Ratio[] = [];
+  for (const x of rows)
+    if (typeof x.mfu === "number")
+      out.push({
+        ratio: `mfu ${x.case} (model FLOPs x tok/s per rank / matMul rate)`,
+        value: x.mfu,
+        target: x.case === "actor-w1" ? ">= 0.6" : null,
+        met: x.case === "actor-w1" ? x.mfu >= 0.6 : null,
+        num: `${x.case} tok_per_s`,
+        den: "frozen-step matmul_gflops",
+      });
   for (const k of ["builtin-avx512", "builtin-avx2"]) {
     const g = rows.find((x) => x.case === `gemm-${k}`);
     if (g && typeof g.min_of_peak === "number")
-      add({
+      out.push({
         ratio: `gemm ${k}: lowest fraction of its FMA peak over the model's shapes`,
         value: g.min_of_peak,
         target: ">= 0.85",
@@ -851,129 +941,17 @@ function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
         den: `fma-peak-${k.split("-")[1]} GFLOP/s`,
       });
   }
-  for (const w of worlds)
-    add(
-      ratio(
-        rows,
-        `world${w}/world1 tok per CPU-second (parallel efficiency, load-insensitive)`,
-        `actor-w${w}`,
-        "actor-w1",
-        "tok_per_cpu_s",
-        null,
-        "1.0 = world 2 spends no more CPU per token than world 1",
-      ),
-    );
-  add(
-    ratio(rows, "mpi: 2 processes x world 1 / one process x world 2, tok/s", "mpi-np2-w1", "mpi-ref-w2", "tok_per_s", {
-      op: ">=",
-      v: 0.9,
-    }),
-  );
-  add(ratio(rows, "actor/single-thread tok/s (world 1, same work)", "actor-w1", "single-thread", "tok_per_s", null));
-  const wMax = Math.max(...o.worlds);
-  if (wMax > 1)
-    add(
-      ratio(
-        rows,
-        `actor world ${wMax}/single-thread tok/s (speed-up)`,
-        `actor-w${wMax}`,
-        "single-thread",
-        "tok_per_s",
-        null,
-      ),
-    );
-  add(
-    ratio(rows, "actor/framework-free tok/s (world 1, same work)", "actor-w1", "framework-free", "tok_per_s", {
-      op: ">=",
-      v: 0.95,
-    }),
-  );
-  if (wMax > 1)
-    add(
-      ratio(
-        rows,
-        `actor world ${wMax}/framework-free tok/s (speed-up)`,
-        `actor-w${wMax}`,
-        "framework-free",
-        "tok_per_s",
-        null,
-      ),
-    );
-  add(
-    ratio(
-      rows,
-      "single-thread (in-process)/framework-free (subprocess) tok/s",
-      "single-thread",
-      "framework-free",
-      "tok_per_s",
-      null,
-      "same loop, two processes: a consistency check",
-    ),
-  );
-  for (const w of o.uploadWorlds) {
-    add(
-      ratio(
-        rows,
-        `upload stall world ${w} (step ms overlapping an upload / not)`,
-        `upload-w${w}-overlap`,
-        `upload-w${w}-quiet`,
-        "step_ms_median",
-        w === 2 ? { op: "<=", v: 1.05 } : null,
-        w === 2 ? "B3" : "control: a core is free for the uploader",
-      ),
-    );
-    if (o.uploadNice)
-      add(
-        ratio(
-          rows,
-          `upload stall world ${w}, uploader niced (experiment)`,
-          `upload-w${w}-nice-overlap`,
-          `upload-w${w}-nice-quiet`,
-          "step_ms_median",
-          null,
-          "uploader thread at nice 19",
-        ),
-      );
+  return out;
+}
+
+/** The ratios of this run (each printed as it is found): the rows' own figures, then ratioTable's. */
+function computeRatios(rows: BenchRow[], o: Options): Ratio[] {
+  const ratios = [...rowFigures(rows)];
+  for (const s of ratioTable(rows, o)) {
+    const x = ratio(rows, s);
+    if (x) ratios.push(x);
   }
-  for (const p of o.optimSizes) {
-    const one = rows.find((x) => x.case === "optim-1thread" && x.params === p),
-      two = rows.find((x) => x.case === `optim-${o.optimThreads}threads` && x.params === p);
-    if (one && two && typeof one.step_ms_median === "number" && typeof two.step_ms_median === "number") {
-      const x: Ratio = {
-        ratio: `optim ${(p / 1e6).toFixed(0)}M: 1 thread / ${o.optimThreads} threads step ms (speed-up)`,
-        value: r(one.step_ms_median / two.step_ms_median, 3),
-        target: null,
-        met: null,
-        num: "optim-1thread step_ms_median",
-        den: `optim-${o.optimThreads}threads step_ms_median`,
-      };
-      ratios.push(x);
-      emit(x);
-    }
-  }
-  add(ratio(rows, "single-thread/torch 1 thread tok/s", "single-thread", "torch-1thread", "tok_per_s", null));
-  add(
-    ratio(
-      rows,
-      "frozen-step (fwd+bwd)/torch 1 thread (fwd+bwd+clip+AdamW) tok/s",
-      "frozen-step",
-      "torch-1thread",
-      "tok_per_s",
-      null,
-      "same shape only with --model frozen",
-    ),
-  );
-  if (cores > 1)
-    add(
-      ratio(
-        rows,
-        `actor world ${wMax}/torch ${cores} threads tok/s`,
-        `actor-w${wMax}`,
-        `torch-${cores}threads`,
-        "tok_per_s",
-        null,
-      ),
-    );
+  for (const x of ratios) emit(x);
   return ratios;
 }
 
