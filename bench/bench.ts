@@ -35,6 +35,7 @@ import { attentionBench, type BaseAttention, BUILD_BASE, loadBaseAttention } fro
 import { kernelTableMarkdown, profileSummary, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
 import { activationBudget, type GemmChoice, type Precision } from "../src/config";
+import { type FlagArgs, type FlagTable, parseFlags } from "../src/cli-args";
 import { gemmShapesBench, gemmTableMarkdown, type GemmRow } from "./gemm-shapes";
 
 /** A fingerprint of the compiled runtime (dist/src): rank workers and subprocesses load it when they
@@ -192,134 +193,133 @@ function list(flag: string, v: string | undefined): string[] {
     .filter(Boolean);
 }
 
+/** A flag's list of whole numbers >= min. */
+const ints = (a: FlagArgs, min: number) => list(a.flag, a.next()).map((x) => int(a.flag, x, min));
+
+/** The bench's flags (usage() says what each does). */
+const FLAGS: FlagTable<Options> = {
+  "--model": (o, a) => {
+    const m = a.next();
+    if (m !== "small" && m !== "demo" && m !== "frozen")
+      throw new Error(`--model ${JSON.stringify(m)}: use small, demo or frozen`);
+    o.model = m;
+  },
+  "--seq": (o, a) => {
+    o.seq = int(a.flag, a.next(), 2);
+    o.seqs = [o.seq];
+  },
+  "--seqs": (o, a) => {
+    o.seqs = ints(a, 2);
+    o.seq = o.seqs[0];
+  },
+  "--torch-threads": (o, a) => {
+    o.torchThreads = ints(a, 1);
+  },
+  "--micro-batch": (o, a) => {
+    o.microBatch = int(a.flag, a.next(), 1);
+  },
+  "--accum": (o, a) => {
+    o.accum = int(a.flag, a.next(), 1);
+  },
+  "--steps": (o, a) => {
+    o.steps = int(a.flag, a.next(), 1);
+  },
+  "--warmup": (o, a) => {
+    o.warmup = int(a.flag, a.next(), 0);
+  },
+  "--backend": (o, a) => {
+    const b = a.next();
+    if (b !== "auto" && b !== "native" && b !== "wasm" && b !== "cpu" && b !== "tensorflow" && b !== "webgpu")
+      throw new Error(`--backend ${JSON.stringify(b)}: use auto, native, wasm, cpu, tensorflow or webgpu`);
+    o.backend = b;
+  },
+  "--cases": (o, a) => {
+    const cs = list(a.flag, a.next());
+    for (const c of cs)
+      if (!(ALL_CASES as readonly string[]).includes(c))
+        throw new Error(`--cases: unknown case ${JSON.stringify(c)} (known: ${ALL_CASES.join(", ")})`);
+    o.cases = new Set(cs as CaseName[]);
+  },
+  "--worlds": (o, a) => {
+    o.worlds = ints(a, 1);
+  },
+  "--upload-worlds": (o, a) => {
+    o.uploadWorlds = ints(a, 1);
+  },
+  "--optim-sizes": (o, a) => {
+    o.optimSizes = list(a.flag, a.next()).map(parseCount);
+  },
+  "--optim-threads": (o, a) => {
+    o.optimThreads = int(a.flag, a.next(), 1);
+  },
+  "--gemms": (o, a) => {
+    o.gemms = list(a.flag, a.next()).map((x) => {
+      if (x !== "builtin" && x !== "openblas")
+        throw new Error(`--gemms ${JSON.stringify(x)}: use builtin and/or openblas`);
+      return x;
+    });
+  },
+  "--precisions": (o, a) => {
+    o.precisions = list(a.flag, a.next()).map((x) => {
+      if (x !== "fp32" && x !== "bf16") throw new Error(`--precisions ${JSON.stringify(x)}: use fp32 and/or bf16`);
+      return x;
+    });
+  },
+  "--gemm-rounds": (o, a) => {
+    o.gemmRounds = int(a.flag, a.next(), 1);
+  },
+  "--gemm-seqs": (o, a) => {
+    o.gemmSeqs = ints(a, 1);
+  },
+  "--attention-base": (o, a) => {
+    const d = a.next();
+    if (!d) throw new Error(`--attention-base needs a folder: ${BUILD_BASE}`);
+    o.attentionBase = loadBaseAttention(d);
+  },
+  "--sequential": (o) => {
+    o.interleave = false;
+  },
+  "--ff-runs": (o, a) => {
+    o.ffRuns = int(a.flag, a.next(), 1);
+  },
+  "--upload-nice": (o) => {
+    o.uploadNice = true;
+  },
+  "--wait-quiet": (o, a) => {
+    o.waitQuiet = int(a.flag, a.next(), 0);
+  },
+  "--rewarm": (o, a) => {
+    o.rewarm = int(a.flag, a.next(), 0);
+  },
+  "--no-grad-ckpt": (o) => {
+    o.gradCkpt = false;
+  },
+  "--grad-ckpt": (o) => {
+    o.gradCkpt = true;
+  },
+  "--activation-budget-gb": (o, a) => {
+    const g = Number(a.next());
+    if (!(Number.isFinite(g) && g >= 0))
+      throw new Error(`--activation-budget-gb ${g}: must be a number of GB >= 0 (0 = half this machine's memory)`);
+    o.activationBudgetGb = g;
+  },
+  "--out": (o, a) => {
+    o.out = path.resolve(a.next() ?? "");
+  },
+};
+FLAGS["--seq-len"] = FLAGS["--seq"];
+
 function parseOptions(argv: string[]): Options {
-  const o = defaultOptions();
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const v = () => argv[++i];
-    switch (a) {
-      case "--help":
-      case "-h":
-        process.stdout.write(`${usage()}\n`);
-        process.exit(0);
-        break;
-      case "--model": {
-        const m = v();
-        if (m !== "small" && m !== "demo" && m !== "frozen")
-          throw new Error(`--model ${JSON.stringify(m)}: use small, demo or frozen`);
-        o.model = m;
-        break;
-      }
-      case "--seq":
-      case "--seq-len":
-        o.seq = int(a, v(), 2);
-        o.seqs = [o.seq];
-        break;
-      case "--seqs":
-        o.seqs = list(a, v()).map((x) => int(a, x, 2));
-        o.seq = o.seqs[0];
-        break;
-      case "--torch-threads":
-        o.torchThreads = list(a, v()).map((x) => int(a, x, 1));
-        break;
-      case "--micro-batch":
-        o.microBatch = int(a, v(), 1);
-        break;
-      case "--accum":
-        o.accum = int(a, v(), 1);
-        break;
-      case "--steps":
-        o.steps = int(a, v(), 1);
-        break;
-      case "--warmup":
-        o.warmup = int(a, v(), 0);
-        break;
-      case "--backend": {
-        const b = v();
-        if (b !== "auto" && b !== "native" && b !== "wasm" && b !== "cpu" && b !== "tensorflow" && b !== "webgpu")
-          throw new Error(`--backend ${JSON.stringify(b)}: use auto, native, wasm, cpu, tensorflow or webgpu`);
-        o.backend = b;
-        break;
-      }
-      case "--cases": {
-        const cs = list(a, v());
-        for (const c of cs)
-          if (!(ALL_CASES as readonly string[]).includes(c))
-            throw new Error(`--cases: unknown case ${JSON.stringify(c)} (known: ${ALL_CASES.join(", ")})`);
-        o.cases = new Set(cs as CaseName[]);
-        break;
-      }
-      case "--worlds":
-        o.worlds = list(a, v()).map((x) => int(a, x, 1));
-        break;
-      case "--upload-worlds":
-        o.uploadWorlds = list(a, v()).map((x) => int(a, x, 1));
-        break;
-      case "--optim-sizes":
-        o.optimSizes = list(a, v()).map(parseCount);
-        break;
-      case "--optim-threads":
-        o.optimThreads = int(a, v(), 1);
-        break;
-      case "--gemms":
-        o.gemms = list(a, v()).map((x) => {
-          if (x !== "builtin" && x !== "openblas")
-            throw new Error(`--gemms ${JSON.stringify(x)}: use builtin and/or openblas`);
-          return x;
-        });
-        break;
-      case "--precisions":
-        o.precisions = list(a, v()).map((x) => {
-          if (x !== "fp32" && x !== "bf16") throw new Error(`--precisions ${JSON.stringify(x)}: use fp32 and/or bf16`);
-          return x;
-        });
-        break;
-      case "--gemm-rounds":
-        o.gemmRounds = int(a, v(), 1);
-        break;
-      case "--gemm-seqs":
-        o.gemmSeqs = list(a, v()).map((x) => int(a, x, 1));
-        break;
-      case "--attention-base": {
-        const d = v();
-        if (!d) throw new Error(`--attention-base needs a folder: ${BUILD_BASE}`);
-        o.attentionBase = loadBaseAttention(d);
-        break;
-      }
-      case "--sequential":
-        o.interleave = false;
-        break;
-      case "--ff-runs":
-        o.ffRuns = int(a, v(), 1);
-        break;
-      case "--upload-nice":
-        o.uploadNice = true;
-        break;
-      case "--wait-quiet":
-        o.waitQuiet = int(a, v(), 0);
-        break;
-      case "--rewarm":
-        o.rewarm = int(a, v(), 0);
-        break;
-      case "--no-grad-ckpt":
-        o.gradCkpt = false;
-        break;
-      case "--grad-ckpt":
-        o.gradCkpt = true;
-        break;
-      case "--activation-budget-gb": {
-        const g = Number(v());
-        if (!(Number.isFinite(g) && g >= 0))
-          throw new Error(`--activation-budget-gb ${g}: must be a number of GB >= 0 (0 = half this machine's memory)`);
-        o.activationBudgetGb = g;
-        break;
-      }
-      case "--out":
-        o.out = path.resolve(v() ?? "");
-        break;
-      default:
-        throw new Error(`unknown flag ${a}\n${usage()}`);
-    }
+  const o = parseFlags(argv, defaultOptions(), FLAGS, {
+    value(flag, v) {
+      if (v === undefined) throw new Error(`${flag} needs a value`);
+      return v;
+    },
+    unknown: (a) => new Error(`unknown flag ${a}\n${usage()}`),
+  });
+  if (o === null) {
+    process.stdout.write(`${usage()}\n`);
+    process.exit(0);
   }
   if (o.attentionBase && !o.cases.has("attention"))
     throw new Error(

@@ -32,9 +32,9 @@ const LAYERS = [
   {
     layer: 1,
     name: "foundation",
-    // Error types and the one validated config: everything else may use them, and they use nothing
-    // of ours (config.ts reads only errors.ts and config-file.ts, the --config file's syntax).
-    patterns: ["errors.ts", "config.ts", "config-file.ts"],
+    // Error types, the one validated config and the small commands' flag parser: everything else may use them,
+    // and they use nothing of ours (config.ts reads only errors.ts and config-file.ts, the --config file's syntax).
+    patterns: ["errors.ts", "config.ts", "config-file.ts", "cli-args.ts"],
   },
   {
     layer: 2,

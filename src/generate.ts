@@ -35,6 +35,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
+import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
@@ -78,68 +79,64 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     allowOtherTokenizer: false,
   };
   let havePrompt = false;
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const val = (): string => {
-      const v = argv[++i];
-      if (v === undefined) throw new UserError("G11", `${a} needs a value\n${USAGE}`);
-      return v;
-    };
-    const num = (): number => {
-      const v = val();
-      const n = Number(v);
-      if (v.trim() === "" || !Number.isFinite(n)) throw new UserError("G11", `${a} ${v} is not a number\n${USAGE}`);
-      return n;
-    };
-    switch (a) {
-      case "--help":
-      case "-h":
-        return null;
-      case "--model":
-        o.model = val();
-        break;
-      case "--prompt":
-        o.prompt = val();
-        havePrompt = true;
-        break;
-      case "--max-new-tokens":
-        o.maxNewTokens = num();
-        break;
-      case "--temperature":
-        o.temperature = num();
-        break;
-      case "--top-k":
-        o.topK = num();
-        break;
-      case "--top-p":
-        o.topP = num();
-        break;
-      case "--seed":
-        o.seed = num();
-        break;
-      case "--backend": {
-        const b = val();
-        if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b))
-          throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow`);
-        o.backend = b as BackendName;
-        break;
-      }
-      case "--tokenizer":
-        o.tokenizer = val();
-        break;
-      case "--hub-url":
-        o.hubUrl = val();
-        break;
-      case "--no-cache":
-        o.cache = false;
-        break;
-      case "--allow-other-tokenizer":
-        o.allowOtherTokenizer = true;
-        break;
-      default:
-        throw new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
-    }
-  }
+  const num = (a: FlagArgs): number => {
+    const v = a.value();
+    const n = Number(v);
+    if (v.trim() === "" || !Number.isFinite(n)) throw new UserError("G11", `${a.flag} ${v} is not a number\n${USAGE}`);
+    return n;
+  };
+  const flags: FlagTable<CliArgs> = {
+    "--model": (o, a) => {
+      o.model = a.value();
+    },
+    "--prompt": (o, a) => {
+      o.prompt = a.value();
+      havePrompt = true;
+    },
+    "--max-new-tokens": (o, a) => {
+      o.maxNewTokens = num(a);
+    },
+    "--temperature": (o, a) => {
+      o.temperature = num(a);
+    },
+    "--top-k": (o, a) => {
+      o.topK = num(a);
+    },
+    "--top-p": (o, a) => {
+      o.topP = num(a);
+    },
+    "--seed": (o, a) => {
+      o.seed = num(a);
+    },
+    "--backend": (o, a) => {
+      const b = a.value();
+      if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b))
+        throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow`);
+      o.backend = b as BackendName;
+    },
+    "--tokenizer": (o, a) => {
+      o.tokenizer = a.value();
+    },
+    "--hub-url": (o, a) => {
+      o.hubUrl = a.value();
+    },
+    "--no-cache": (o) => {
+      o.cache = false;
+    },
+    "--allow-other-tokenizer": (o) => {
+      o.allowOtherTokenizer = true;
+    },
+  };
+  if (
+    parseFlags(argv, o, flags, {
+      value(flag, v) {
+        if (v === undefined) throw new UserError("G11", `${flag} needs a value\n${USAGE}`);
+        return v;
+      },
+      unknown: (a) => new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
+    }) === null
+  )
+    return null;
   if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
   checkSampling(o);
   if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1)

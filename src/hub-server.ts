@@ -5,6 +5,7 @@
  */
 import { LocalHub, loadTokensFile, type HubToken } from "./hub/server";
 import { fsRefusal } from "./errors";
+import { type FlagTable, parseFlags } from "./cli-args";
 
 const HELP = `usage: node dist/hub-server.js --dir DIR [--port N] [--host HOST] [--tokens FILE] [--faults FILE]
 
@@ -28,29 +29,42 @@ interface CliOptions {
   faultsFile: string;
 }
 
+const FLAGS: FlagTable<CliOptions> = {
+  "--dir": (o, a) => {
+    o.dir = a.value();
+  },
+  "--host": (o, a) => {
+    o.host = a.value();
+  },
+  "--tokens": (o, a) => {
+    o.tokensFile = a.value();
+  },
+  "--faults": (o, a) => {
+    o.faultsFile = a.value();
+  },
+  "--port": (o, a) => {
+    const v = a.value();
+    o.port = Number(v);
+    if (!Number.isInteger(o.port) || o.port < 0 || o.port > 65535)
+      throw new Error(`--port ${v} is not a port number (0-65535)`);
+  },
+};
+
 function parse(argv: string[]): CliOptions | null {
-  const o: CliOptions = { dir: "", port: 0, host: "127.0.0.1", tokensFile: "", faultsFile: "" };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const [flag, inline] = a.includes("=") ? [a.slice(0, a.indexOf("=")), a.slice(a.indexOf("=") + 1)] : [a, undefined];
-    const value = (): string => {
-      const v = inline ?? argv[++i];
-      if (v === undefined || v === "") throw new Error(`${flag} needs a value`);
-      return v;
-    };
-    if (flag === "--help" || flag === "-h") return null;
-    else if (flag === "--dir") o.dir = value();
-    else if (flag === "--host") o.host = value();
-    else if (flag === "--tokens") o.tokensFile = value();
-    else if (flag === "--faults") o.faultsFile = value();
-    else if (flag === "--port") {
-      const v = value();
-      o.port = Number(v);
-      if (!Number.isInteger(o.port) || o.port < 0 || o.port > 65535)
-        throw new Error(`--port ${v} is not a port number (0-65535)`);
-    } else throw new Error(`unknown argument ${a} (see --help)`);
-  }
-  if (!o.dir) throw new Error("--dir is required (see --help)");
+  const o = parseFlags<CliOptions>(
+    argv,
+    { dir: "", port: 0, host: "127.0.0.1", tokensFile: "", faultsFile: "" },
+    FLAGS,
+    {
+      inline: true,
+      value(flag, v) {
+        if (v === undefined || v === "") throw new Error(`${flag} needs a value`);
+        return v;
+      },
+      unknown: (a) => new Error(`unknown argument ${a} (see --help)`),
+    },
+  );
+  if (o && !o.dir) throw new Error("--dir is required (see --help)");
   return o;
 }
 

@@ -7,6 +7,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
+import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { removeScratchNow } from "./data/prepare-scratch";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
 
@@ -20,61 +21,56 @@ const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/
   [--eos-token NAME]   end-of-document token (default: tokenizer_config.json's eos_token, else <|endoftext|>, </s>, ...)
   [--force]            replace an existing ROOT (the old one is moved aside, never deleted)`;
 
-function num(flag: string, v: string | undefined): number {
-  if (v === undefined || v.startsWith("--")) throw new UserError("D2", `${flag} needs a value\n${USAGE}`);
+/** D2: a flag's value: present, and not the next flag */
+const PREPARE_SYNTAX: CliSyntax = {
+  value(flag, v) {
+    if (v === undefined || v.startsWith("--")) throw new UserError("D2", `${flag} needs a value\n${USAGE}`);
+    return v;
+  },
+  unknown: (a) => new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
+};
+
+function num(a: FlagArgs): number {
+  const v = a.value();
   const n = Number(v.replace(/_/g, ""));
-  if (!Number.isFinite(n)) throw new UserError("D2", `${flag} ${v} is not a number\n${USAGE}`);
+  if (!Number.isFinite(n)) throw new UserError("D2", `${a.flag} ${v} is not a number\n${USAGE}`);
   return n;
 }
 
+const PREPARE_FLAGS: FlagTable<PrepareOptions> = {
+  "--input": (o, a) => o.inputs.push(a.value(), ...a.more()),
+  "--tokenizer": (o, a) => {
+    o.tokenizer = a.value();
+  },
+  "--out": (o, a) => {
+    o.out = a.value();
+  },
+  "--val-fraction": (o, a) => {
+    o.valFraction = num(a);
+  },
+  "--shard-tokens": (o, a) => {
+    o.shardTokens = num(a);
+  },
+  "--workers": (o, a) => {
+    o.workers = num(a);
+  },
+  "--eos-token": (o, a) => {
+    o.eosToken = a.value();
+  },
+  "--text-field": (o, a) => {
+    o.textField = a.value();
+  },
+  "--hub-url": (o, a) => {
+    o.hubUrl = a.value();
+  },
+  "--force": (o) => {
+    o.force = true;
+  },
+};
+
 export function parsePrepareArgs(argv: string[]): PrepareOptions | null {
-  const o: PrepareOptions = { inputs: [], tokenizer: "", out: "" };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const val = (): string => {
-      const v = argv[++i];
-      if (v === undefined || v.startsWith("--")) throw new UserError("D2", `${a} needs a value\n${USAGE}`);
-      return v;
-    };
-    switch (a) {
-      case "--help":
-      case "-h":
-        return null;
-      case "--input":
-        o.inputs.push(val());
-        while (i + 1 < argv.length && !argv[i + 1].startsWith("--")) o.inputs.push(argv[++i]);
-        break;
-      case "--tokenizer":
-        o.tokenizer = val();
-        break;
-      case "--out":
-        o.out = val();
-        break;
-      case "--val-fraction":
-        o.valFraction = num(a, argv[++i]);
-        break;
-      case "--shard-tokens":
-        o.shardTokens = num(a, argv[++i]);
-        break;
-      case "--workers":
-        o.workers = num(a, argv[++i]);
-        break;
-      case "--eos-token":
-        o.eosToken = val();
-        break;
-      case "--text-field":
-        o.textField = val();
-        break;
-      case "--hub-url":
-        o.hubUrl = val();
-        break;
-      case "--force":
-        o.force = true;
-        break;
-      default:
-        throw new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`);
-    }
-  }
+  const o = parseFlags<PrepareOptions>(argv, { inputs: [], tokenizer: "", out: "" }, PREPARE_FLAGS, PREPARE_SYNTAX);
+  if (o === null) return null;
   if (o.inputs.length === 0 || !o.tokenizer || !o.out)
     throw new UserError("D2", `prepare needs --input, --tokenizer and --out\n${USAGE}`);
   return o;

@@ -1,0 +1,61 @@
+/**
+ * The one command-line flag parser of the small commands (generate, prepare, hub-server) and of the bench: a table of
+ * flags, each a function that reads its value (if any) and sets it in the options. Each command keeps its own words:
+ * what a missing value and an unknown flag say (and which rule they cite) are its own functions. The trainer's flags
+ * are config.ts's (a typed table, src/config-flags.json), not this.
+ */
+
+/** What a flag's function reads the command line through. */
+export interface FlagArgs {
+  /** the flag as written (before any `=value`) */
+  readonly flag: string;
+  /** the flag's value, through the command's check (CliSyntax.value): a string, or it throws */
+  value(): string;
+  /** the next argument as it is (undefined at the end), for a command that checks its values itself */
+  next(): string | undefined;
+  /** the arguments after the value up to the next `--flag`, taken (a flag of several values) */
+  more(): string[];
+}
+
+/** The flags: each name's function (an alias is a second name for one function). */
+export type FlagTable<O> = Record<string, (o: O, a: FlagArgs) => void>;
+
+export interface CliSyntax {
+  /** the value given after a flag (undefined: none), returned when it is one, else an error thrown */
+  value(flag: string, v: string | undefined): string;
+  /** the error for an argument that is no flag of the table */
+  unknown(arg: string): Error;
+  /** `--flag=value` is read as `--flag value` (default: no) */
+  inline?: boolean;
+}
+
+/** Sets the options from argv through the table, in order; null for --help or -h (the caller prints its help). */
+export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>, syntax: CliSyntax): O | null {
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const eq = syntax.inline ? a.indexOf("=") : -1;
+    const flag = eq >= 0 ? a.slice(0, eq) : a;
+    let inline: string | undefined = eq >= 0 ? a.slice(eq + 1) : undefined;
+    if (flag === "--help" || flag === "-h") return null;
+    if (!Object.hasOwn(table, flag)) throw syntax.unknown(a);
+    const next = (): string | undefined => {
+      if (inline !== undefined) {
+        const v = inline;
+        inline = undefined;
+        return v;
+      }
+      return argv[++i];
+    };
+    table[flag](o, {
+      flag,
+      next,
+      value: () => syntax.value(flag, next()),
+      more: () => {
+        const out: string[] = [];
+        while (i + 1 < argv.length && !argv[i + 1].startsWith("--")) out.push(argv[++i]);
+        return out;
+      },
+    });
+  }
+  return o;
+}
