@@ -18,7 +18,8 @@
         "native/gemm/kernels/portable.c",
         "native/gemm/kernels/avx2.c",
         "native/gemm/kernels/avx512.c",
-        "native/gemm/kernels/amx.c"
+        "native/gemm/kernels/amx.c",
+        "native/gemm/kernels/avx512bf16.c"
       ],
       "cflags": ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter"],
       "libraries": ["-ldl", "-lm", "-lpthread"],

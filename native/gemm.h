@@ -31,20 +31,29 @@ const char *gemm_isa_detail(gemm_isa isa);
 int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* gemm_bf16's kernels: the emulation on an fp32 micro-kernel, AMX-BF16's TDPBF16PS, AVX512_BF16's VDPBF16PS. */
+enum { GEMM_BF16_EMULATED = 0, GEMM_BF16_AMX = 1, GEMM_BF16_DP = 2 };
+
 /*
  * bf16 products: as gemm_sgemm with alpha 1, every element of op(A) and op(B) first rounded to bf16 (to nearest
  * even; a denormal read as 0), each C element summed in AMX's TDPBF16PS order: K padded with zeros to a multiple
  * of 32 and cut into chunks of 32; per chunk e = chain over its 16 even k, o = chain over its 16 odd k, each from 0
  * (e = fma(a[k], b[k], e)), then acc = acc + (e + o), acc from 0; then C = acc, C + acc or fma(beta, C, acc). Every
- * result is flushed to 0 when it is denormal and every input read as 0 when it is. hw = 1 runs the AMX kernel where
- * the CPU (and OS) has it; otherwise, and with hw = 0, isa's fp32 kernel on the rounded operands (or the portable
- * one): the same bits either way. Returns 0, or -1 (out of memory).
+ * result that is tiny (below 2^-126 once rounded to 24 bits with an unbounded exponent: x86's rule) is flushed to 0,
+ * and every denormal input read as 0. hw: GEMM_BF16_AMX runs the AMX kernel where the CPU (and OS) has it,
+ * GEMM_BF16_DP the VDPBF16PS kernel where the CPU has it and it passed its self-check; otherwise, and with
+ * GEMM_BF16_EMULATED, isa's fp32 kernel on the rounded operands (or the portable one): the same bits every way.
+ * Returns 0, or -1 (out of memory).
  */
 int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Whether this CPU has AMX-BF16 and the OS lets this process use it (the hardware kernel of gemm_bf16). */
 int gemm_bf16_hw_supported(void);
-/* The process's weights, [base, base + n): gemm_bf16's AMX kernel keeps each B operand that lies there packed
+/* Whether this CPU has AVX512_BF16 and its VDPBF16PS passed the start-up self-check against the emulation (run once,
+ * on the first call); gemm_bf16_dp_status says why not ("" when it did). */
+int gemm_bf16_dp_supported(void);
+const char *gemm_bf16_dp_status(void);
+/* The process's weights, [base, base + n): gemm_bf16's AMX and VDPBF16PS kernels keep each B operand that lies there packed
  * (shared by every thread) until gemm_bf16_weights_changed, which the trainer calls after every update of them. The
  * bits are those of packing B every time. Each call (the same range again included) makes the kept copies stale;
  * n = 0 forgets the range. */

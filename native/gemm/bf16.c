@@ -11,9 +11,11 @@
  * padded with zeros to a multiple of 32 and cut into chunks of 32; in each chunk one chain runs over its 16 even k
  * and one over its 16 odd k, each from 0, e = ftz(fma(a[k], b[k], e)); then acc = ftz(acc + ftz(e + o)), acc from
  * 0 over the chunks in order; every input a denormal read as 0. Then C = acc, ftz(ftz(C) + acc) or
- * ftz(fma(beta, ftz(C), acc)). The emulations run an fp32 micro-kernel on each half chunk (K 16, from 0) under
- * the CPU's flush-to-zero and denormals-are-zero modes (the portable one with the flushes written out), and add
- * the halves into the tile's acc themselves: the same bits. */
+ * ftz(fma(beta, ftz(C), acc)). ftz is x86's flush: a result below 2^-126 once rounded to 24 bits with an unbounded
+ * exponent (internal.h: fma_ftz; for a sum of two floats the same as flushing a denormal). The emulations run an
+ * fp32 micro-kernel on each half chunk (K 16, from 0) under the CPU's flush-to-zero and denormals-are-zero modes (the
+ * portable one with the flushes written out), and add the halves into the tile's acc themselves; the VDPBF16PS
+ * kernel (kernels/avx512bf16.c) and the AMX one compute the same order in hardware: the same bits. */
 
 /* As pack_a / pack_b (alpha 1), every value rounded to bf16 and each chunk of 32 k laid out as its 16 even k then
  * its 16 odd k: kv values of k in a panel of kc (a multiple of 32, zeros past kv). */
@@ -106,22 +108,47 @@ int gemm_bf16_hw_supported(void) {
   return 0;
 #endif
 }
+int gemm_bf16_dp_supported(void) {
+#ifdef GEMM_X86
+  return dp_supported();
+#else
+  return 0;
+#endif
+}
+const char *gemm_bf16_dp_status(void) {
+#ifdef GEMM_X86
+  return dp_status();
+#else
+  return "the CPU is not x86-64";
+#endif
+}
 
 int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0) return 0;
   if (isa == GEMM_ISA_AUTO) isa = gemm_best_isa();
-  hw = hw && gemm_bf16_hw_supported();
+  hw = hw == GEMM_BF16_AMX  ? (gemm_bf16_hw_supported() ? GEMM_BF16_AMX : GEMM_BF16_EMULATED)
+       : hw == GEMM_BF16_DP ? (gemm_bf16_dp_supported() ? GEMM_BF16_DP : GEMM_BF16_EMULATED)
+                            : GEMM_BF16_EMULATED;
   const gemm_kernel *e = isa == GEMM_ISA_PORTABLE ? &PORTABLE_BF16 : &KERNELS[isa];
 #ifdef GEMM_X86
+  /* flush-to-zero, denormals-are-zero: the hardware's modes, for the x86 emulations; the portable one writes its
+   * flushes out and runs with both off, as it runs on a CPU without them */
   const unsigned int csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040); /* flush-to-zero, denormals-are-zero: the hardware's modes, for the emulations */
+  _mm_setcsr(e == &PORTABLE_BF16 ? csr & ~0x8040u : csr | 0x8040u);
 #endif
   int rc = 0;
 #ifdef GEMM_X86
   /* AMX with K in one block: each tile's sum meets C in place (no workspace) */
-  if (hw && beta != 0.0f && K > 0 && K <= AMX_KC_ONE) {
-    rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, weight_packed(tb, B, ldb, N, K), beta, C, ldc);
+  if (hw == GEMM_BF16_DP && K > 0) { /* its blocks meet C themselves (a band of workspace over several K blocks) */
+    rc = blocked_dp(ta, tb, M, N, K, A, lda, B, ldb, (const uint32_t *)weight_packed(GEMM_BF16_DP, tb, B, ldb, N, K),
+                    beta, C, ldc);
+    _mm_setcsr(csr);
+    return rc;
+  }
+  if (hw == GEMM_BF16_AMX && beta != 0.0f && K > 0 && K <= AMX_KC_ONE) {
+    rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, (const uint16_t *)weight_packed(GEMM_BF16_AMX, tb, B, ldb, N, K),
+                     beta, C, ldc);
     _mm_setcsr(csr);
     return rc;
   }
@@ -135,7 +162,9 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) out[i * ldo + j] = 0.0f;
 #ifdef GEMM_X86
-  else if (hw) rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, weight_packed(tb, B, ldb, N, K), 0.0f, out, ldo);
+  else if (hw == GEMM_BF16_AMX)
+    rc = blocked_amx(ta, tb, M, N, K, A, lda, B, ldb, (const uint16_t *)weight_packed(GEMM_BF16_AMX, tb, B, ldb, N, K),
+                     0.0f, out, ldo);
 #endif
   else rc = blocked_bf16(e, ta, tb, M, N, K, A, lda, B, ldb, out, ldo);
   if (w && !rc)
@@ -143,7 +172,7 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
       for (int64_t j = 0; j < N; j++) {
         float *cp = C + i * ldc + j;
         const float x = w[i * N + j];
-        *cp = beta == 1.0f ? ftz(ftz(*cp) + x) : ftz(fmaf(beta, ftz(*cp), x));
+        *cp = beta == 1.0f ? ftz(ftz(*cp) + x) : fma_ftz(ftz(beta), ftz(*cp), x);
       }
   free(w);
 #ifdef GEMM_X86

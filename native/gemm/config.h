@@ -34,6 +34,15 @@
 #define A5_KONE 640
 #define A5_DIRECT_KC 0 /* direct(): K in one block */
 
+/* AVX512_BF16 (VDPBF16PS, bf16.c's order): 6 x 32, 24 stream accumulators (even and odd, 6 x 2 vectors each: twice
+ * VDPBF16PS's 6-cycle latency at 2 per cycle), the tile's running sum kept in L1. MC rows of A (a multiple of DP_MR)
+ * and DP_KC of k (a multiple of 32) per packed A block; a K up to DP_KONE runs as one block. */
+#define DP_MR 6
+#define DP_NR 32
+#define DP_MC 384
+#define DP_KC 512
+#define DP_KONE 640
+
 /* The drivers (frame.c) */
 #define DIRECT_MAX_M 64 /* a product with at most this many rows runs read in place (direct()) */
 /* blocked()'s packed B panel, kept in L2, in floats: at most PANEL (1 MB) where one panel holds all of N; where N

@@ -85,8 +85,18 @@ int blocked_amx(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
 size_t amx_packed_b_size(int64_t N, int64_t K);
 void amx_pack_b_whole(int tb, const float *B, int64_t ldb, int64_t N, int64_t K, uint16_t *dst);
 
-/* weights.c: B's packed copy when B is a registered weight (packing it now if this generation has none), else NULL */
-const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, int64_t K);
+/* kernels/avx512bf16.c: whether VDPBF16PS is there and passed the start-up self-check (and why not); C from the
+ * chunks' sums on it (bf16.c's order and combine; B packed whole by dp_pack_b_whole, or NULL) */
+int dp_supported(void);
+const char *dp_status(void);
+int blocked_dp(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+               int64_t ldb, const uint32_t *bw, float beta, float *C, int64_t ldc);
+size_t dp_packed_b_size(int64_t N, int64_t K);
+void dp_pack_b_whole(int tb, const float *B, int64_t ldb, int64_t N, int64_t K, uint32_t *dst);
+
+/* weights.c: B's packed copy in a kernel's layout (GEMM_BF16_AMX: uint16_t, GEMM_BF16_DP: uint32_t) when B is a
+ * registered weight (packing it now if this generation has none), else NULL */
+const void *weight_packed(int layout, int tb, const float *B, int64_t ldb, int64_t N, int64_t K);
 
 /* pack.c: whether the AVX2 transposes run (set by gemm_sgemm on its first call; same bits as the loops), and the
  * row-wise copy into AVX2 slivers (direct() lays out A stored [K,M] with it) */
@@ -122,6 +132,23 @@ static inline float ftz(float x) {
   if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
   memcpy(&x, &u, 4);
   return x;
+}
+/* fma(a, b, c) flushed as x86 flushes it under flush-to-zero (for a, b, c normal or 0): a result whose magnitude,
+ * rounded to 24 bits with an unbounded exponent, is below 2^-126 is a signed 0. That differs from flushing the IEEE
+ * result when the exact value lies in [2^-126 - 2^-150, 2^-126 - 2^-151): IEEE rounds it up to 2^-126 (normal, kept),
+ * x86 to 2^-126 - 2^-150 (tiny, flushed). So where fmaf gives 2^-126 the exact value decides: a*b is exact in double
+ * (48 bits) and s + t = a*b + c exactly (TwoSum). */
+static inline float fma_ftz(float a, float b, float c) {
+  float r = fmaf(a, b, c);
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  if ((u & 0x7fffffffu) == 0x00800000u) {
+    const double p = (double)a * (double)b, cd = (double)c, s = p + cd, bb = s - p;
+    const double t = (p - (s - bb)) + (cd - bb), lim = 0x1p-126 - 0x1p-151, as = fabs(s);
+    if (as < lim || (as == lim && (s > 0 ? t < 0 : t > 0))) u &= 0x80000000u;
+  } else if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+  memcpy(&r, &u, 4);
+  return r;
 }
 static inline uint32_t bf16_bits(float x) {
   uint32_t u;

@@ -1,5 +1,5 @@
 /*
- * The weights' packed copies for the AMX kernel (gemm.h: gemm_bf16_weights*), shared by every thread.
+ * The weights' packed copies for the AMX and VDPBF16PS kernels (gemm.h: gemm_bf16_weights*), shared by every thread.
  */
 #include "internal.h"
 
@@ -12,9 +12,9 @@
  * the process (the ranks multiply against the same weights). A thread that finds an entry being packed waits. */
 typedef struct {
   const float *B;
-  int tb;
+  int layout, tb;
   int64_t N, K, ldb, gen;
-  uint16_t *buf;
+  void *buf;
   size_t cap;
   int packing;
 } wcache_entry;
@@ -41,6 +41,15 @@ void gemm_bf16_weights_changed(void) {
   pthread_mutex_unlock(&wc_lock);
 }
 
+/* The bytes of a packed copy in a kernel's layout, and the packing */
+static size_t packed_bytes(int layout, int64_t N, int64_t K) {
+  return layout == GEMM_BF16_DP ? dp_packed_b_size(N, K) * 4 : amx_packed_b_size(N, K) * 2;
+}
+static void pack_whole(int layout, int tb, const float *B, int64_t ldb, int64_t N, int64_t K, void *buf) {
+  if (layout == GEMM_BF16_DP) dp_pack_b_whole(tb, B, ldb, N, K, (uint32_t *)buf);
+  else amx_pack_b_whole(tb, B, ldb, N, K, (uint16_t *)buf);
+}
+
 /* Packs this generation's copy of every kept entry i with i % parts == part that is stale and not being packed: the
  * ranks call it at the start of a compute phase, each with its own part, so the weights' copies are remade side by
  * side instead of by whichever thread meets each first while the others wait. */
@@ -55,7 +64,7 @@ void gemm_bf16_weights_prepack(int part, int parts) {
     e->packing = 1;
     const int64_t gen = w_gen;
     pthread_mutex_unlock(&wc_lock);
-    amx_pack_b_whole(e->tb, e->B, e->ldb, e->N, e->K, e->buf);
+    pack_whole(e->layout, e->tb, e->B, e->ldb, e->N, e->K, e->buf);
     pthread_mutex_lock(&wc_lock);
     e->packing = 0;
     e->gen = gen;
@@ -65,7 +74,7 @@ void gemm_bf16_weights_prepack(int part, int parts) {
 }
 
 /* B's packed copy when B is a registered weight (packing it now if this generation has none), else NULL. */
-const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, int64_t K) {
+const void *weight_packed(int layout, int tb, const float *B, int64_t ldb, int64_t N, int64_t K) {
   const float *last = B + (tb ? (N - 1) * ldb + K : (K - 1) * ldb + N);
   if (!w_lo || B < w_lo || last > w_hi) return NULL;
   pthread_mutex_lock(&wc_lock);
@@ -77,7 +86,8 @@ const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, in
   for (;;) {
     e = NULL;
     for (int i = 0; i < wc_n; i++)
-      if (wc[i].B == B && wc[i].tb == tb && wc[i].N == N && wc[i].K == K && wc[i].ldb == ldb) e = &wc[i];
+      if (wc[i].B == B && wc[i].layout == layout && wc[i].tb == tb && wc[i].N == N && wc[i].K == K && wc[i].ldb == ldb)
+        e = &wc[i];
     if (!e || !e->packing) break;
     pthread_cond_wait(&wc_cond, &wc_lock);
   }
@@ -92,12 +102,12 @@ const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, in
     }
     e = &wc[wc_n++];
     memset(e, 0, sizeof *e);
-    e->B = B, e->tb = tb, e->N = N, e->K = K, e->ldb = ldb;
+    e->B = B, e->layout = layout, e->tb = tb, e->N = N, e->K = K, e->ldb = ldb;
   }
-  const size_t need = amx_packed_b_size(N, K);
+  const size_t need = packed_bytes(layout, N, K);
   if (e->cap < need) {
     free(e->buf);
-    e->buf = (uint16_t *)aligned_alloc(64, (need * 2 + 63) / 64 * 64);
+    e->buf = aligned_alloc(64, (need + 63) / 64 * 64);
     e->cap = e->buf ? need : 0;
   }
   if (!e->buf) {
@@ -107,7 +117,7 @@ const uint16_t *weight_packed(int tb, const float *B, int64_t ldb, int64_t N, in
   e->packing = 1;
   const int64_t gen = w_gen;
   pthread_mutex_unlock(&wc_lock);
-  amx_pack_b_whole(tb, B, ldb, N, K, e->buf);
+  pack_whole(layout, tb, B, ldb, N, K, e->buf);
   pthread_mutex_lock(&wc_lock);
   e->packing = 0;
   e->gen = gen;

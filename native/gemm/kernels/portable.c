@@ -37,7 +37,8 @@ void ukr_portable(int64_t kc, const float *a, const float *b, float *c, int64_t 
   }
 }
 
-/* The portable kernel with the flushes written out (no CPU mode to rely on): one chain from 0 over kc. */
+/* The portable kernel with the flushes written out, by x86's rule (fma_ftz; no CPU mode to rely on): one chain from 0
+ * over kc. */
 void ukr_portable_bf16(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load, int combine,
                        float beta) {
   (void)load, (void)combine, (void)beta;
@@ -47,7 +48,7 @@ void ukr_portable_bf16(int64_t kc, const float *a, const float *b, float *c, int
     for (int64_t p = 0; p < kc; p++) {
       const float av = a[p * P_MR + r];
       const float *bv = b + p * P_NR;
-      for (int j = 0; j < P_NR; j++) acc[j] = ftz(fmaf(av, bv[j], acc[j]));
+      for (int j = 0; j < P_NR; j++) acc[j] = fma_ftz(av, bv[j], acc[j]);
     }
     for (int j = 0; j < P_NR; j++) c[r * ldc + j] = acc[j];
   }
