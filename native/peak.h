@@ -15,5 +15,8 @@ double gemm_thread_seconds(void);
 double gemm_fma_peak(gemm_isa isa, int64_t iters);
 /* GFLOP/s of this core on 6 independent register-only TDPBF16PS tiles (16 x 16 x 32 x 2 flops each); 0 without AMX. */
 double gemm_bf16_peak(int64_t iters);
+/* GFLOP/s of this core on 24 independent register-only VDPBF16PS chains (16 lanes x 2 products x 2 flops each); 0
+ * where gemm_bf16_dp_supported is not. */
+double gemm_dp_peak(int64_t iters);
 
 #endif

@@ -22,8 +22,8 @@
  * kernel with leading dimensions, whatever this thread's setGemm says (tests and the bench compare kernels with it).
  * With calls (the bench), the product runs that many times back to back and the call returns this thread's CPU
  * seconds for them: the time the products ran, as the trainer calls them from C, without the call from JS.
- * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "amx" is the AMX-BF16 kernel,
- * the others the emulation on that kernel. */
+ * gemmBf16(...): the same on bf16 operands (gemm.h: gemm_bf16), alpha 1; isa "amx" is the AMX-BF16 kernel, "avx512bf16"
+ * the VDPBF16PS one, the others the emulation on that kernel. */
 static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
   const char *fn = bf16 ? "gemmBf16" : "gemm";
   size_t argc = 15;
@@ -44,18 +44,22 @@ static napi_value gemm_call(napi_env env, napi_callback_info info, int bf16) {
     napi_throw_type_error(env, NULL, "tstrain native gemm: isa must be a string");
     return NULL;
   }
-  const int hw = bf16 && strcmp(isa, "amx") == 0;
+  const int hw = !bf16                            ? GEMM_BF16_EMULATED
+                 : strcmp(isa, "amx") == 0        ? GEMM_BF16_AMX
+                 : strcmp(isa, "avx512bf16") == 0 ? GEMM_BF16_DP
+                                                  : GEMM_BF16_EMULATED;
   const gemm_isa want = hw || strcmp(isa, "avx512") == 0 ? GEMM_ISA_AVX512
                         : strcmp(isa, "avx2") == 0       ? GEMM_ISA_AVX2
                         : strcmp(isa, "portable") == 0   ? GEMM_ISA_PORTABLE
                                                          : GEMM_ISA_AUTO;
   if (want == GEMM_ISA_AUTO && strcmp(isa, "auto") != 0) {
-    throw_range(
-        env, fn,
-        bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable");
+    throw_range(env, fn,
+                bf16 ? "isa must be auto, amx, avx512bf16, avx512, avx2 or portable"
+                     : "isa must be auto, avx512, avx2 or portable");
     return NULL;
   }
-  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want) || (hw && !gemm_bf16_hw_supported())) {
+  if (!gemm_isa_supported(want == GEMM_ISA_AUTO ? gemm_best_isa() : want) ||
+      (hw == GEMM_BF16_AMX && !gemm_bf16_hw_supported()) || (hw == GEMM_BF16_DP && !gemm_bf16_dp_supported())) {
     throw_range(env, fn, "this CPU does not have that instruction set");
     return NULL;
   }

@@ -125,9 +125,11 @@ napi_value Simd(napi_env env, napi_callback_info info) {
 /* ------------------------------------------------------------------ setGemm(kind, isa, precision) */
 /* Chooses this thread's GEMM: kind "builtin" (native/gemm/) with isa "auto" | "avx512" | "avx2" | "portable", or
  * "blas" (the library loadBlas found; isa ignored); precision "fp32" (default) or "bf16" (built-in only: gemm_bf16,
- * isa "amx" the AMX-BF16 kernel, "auto" that kernel where the CPU has it, the others the emulation on
- * their fp32 kernel: the same bits). Throws a RangeError for an unknown name, an instruction set this CPU lacks,
- * bf16 on a BLAS, or "blas" before a BLAS is loaded. Returns { kind, isa, detail, best, supported, precision }. */
+ * isa "amx" the AMX-BF16 kernel, "avx512bf16" the VDPBF16PS one, "auto" the first of those two the CPU has (the
+ * VDPBF16PS one only once it passed its self-check), the others the emulation on their fp32 kernel: the same bits).
+ * Throws a RangeError for an unknown name, an instruction set this CPU lacks, bf16 on a BLAS, or "blas" before a
+ * BLAS is loaded. Returns { kind, isa, detail, best, supported, precision, bf16Check } (bf16Check: why VDPBF16PS
+ * is not used, "" where it passed its self-check or the CPU has AMX). */
 napi_value SetGemm(napi_env env, napi_callback_info info) {
   size_t argc = 3;
   napi_value argv[3];
@@ -161,21 +163,33 @@ napi_value SetGemm(napi_env env, napi_callback_info info) {
     gemm_isa want;
     if (strcmp(isa, "auto") == 0) {
       want = best;
-      hw = bf16 && gemm_bf16_hw_supported();
+      hw = !bf16                      ? GEMM_BF16_EMULATED
+           : gemm_bf16_hw_supported() ? GEMM_BF16_AMX
+           : gemm_bf16_dp_supported() ? GEMM_BF16_DP
+                                      : GEMM_BF16_EMULATED;
     } else if (strcmp(isa, "amx") == 0 && bf16) {
       if (!gemm_bf16_hw_supported()) {
         throw_range(env, "setGemm", "this CPU does not have that instruction set");
         return NULL;
       }
       want = GEMM_ISA_AVX512;
-      hw = 1;
+      hw = GEMM_BF16_AMX;
+    } else if (strcmp(isa, "avx512bf16") == 0 && bf16) {
+      if (!gemm_bf16_dp_supported()) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "VDPBF16PS cannot be used here: %s", gemm_bf16_dp_status());
+        throw_range(env, "setGemm", msg);
+        return NULL;
+      }
+      want = GEMM_ISA_AVX512;
+      hw = GEMM_BF16_DP;
     } else if (strcmp(isa, "avx512") == 0) want = GEMM_ISA_AVX512;
     else if (strcmp(isa, "avx2") == 0) want = GEMM_ISA_AVX2;
     else if (strcmp(isa, "portable") == 0) want = GEMM_ISA_PORTABLE;
     else {
-      throw_range(
-          env, "setGemm",
-          bf16 ? "isa must be auto, amx, avx512, avx2 or portable" : "isa must be auto, avx512, avx2 or portable");
+      throw_range(env, "setGemm",
+                  bf16 ? "isa must be auto, amx, avx512bf16, avx512, avx2 or portable"
+                       : "isa must be auto, avx512, avx2 or portable");
       return NULL;
     }
     if (!gemm_isa_supported(want)) {
@@ -193,11 +207,17 @@ napi_value SetGemm(napi_env env, napi_callback_info info) {
   napi_value obj, sup;
   CHECK_NAPI(napi_create_object(env, &obj));
   set_str(env, obj, "kind", gemm_kind == GEMM_BLAS ? "blas" : "builtin");
-  set_str(env, obj, "isa", gemm_kind == GEMM_BLAS ? "" : hw ? "amx" : gemm_isa_name(gemm_kernel));
+  set_str(env, obj, "isa",
+          gemm_kind == GEMM_BLAS ? ""
+          : hw == GEMM_BF16_AMX  ? "amx"
+          : hw == GEMM_BF16_DP   ? "avx512bf16"
+                                 : gemm_isa_name(gemm_kernel));
   set_str(env, obj, "detail",
           gemm_kind == GEMM_BLAS ? blas_config
-          : hw                   ? "AMX-BF16 32x32 (TDPBF16PS)"
+          : hw == GEMM_BF16_AMX  ? "AMX-BF16 32x32 (TDPBF16PS)"
+          : hw == GEMM_BF16_DP   ? "AVX512_BF16 6x32 (VDPBF16PS)"
                                  : gemm_isa_detail(gemm_kernel));
+  set_str(env, obj, "bf16Check", bf16 && !gemm_bf16_hw_supported() ? gemm_bf16_dp_status() : "");
   set_str(env, obj, "best", gemm_isa_name(best));
   set_str(env, obj, "precision", bf16 ? "bf16" : "fp32");
   CHECK_NAPI(napi_create_array(env, &sup));
@@ -205,6 +225,11 @@ napi_value SetGemm(napi_env env, napi_callback_info info) {
   if (bf16 && gemm_bf16_hw_supported()) {
     napi_value v;
     napi_create_string_utf8(env, "amx", NAPI_AUTO_LENGTH, &v);
+    napi_set_element(env, sup, n++, v);
+  }
+  if (bf16 && gemm_bf16_dp_supported()) {
+    napi_value v;
+    napi_create_string_utf8(env, "avx512bf16", NAPI_AUTO_LENGTH, &v);
     napi_set_element(env, sup, n++, v);
   }
   for (int i = GEMM_ISA_AVX512; i >= GEMM_ISA_PORTABLE; i--)
@@ -218,7 +243,7 @@ napi_value SetGemm(napi_env env, napi_callback_info info) {
 }
 
 /* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set (bench);
- * "amx": the TDPBF16PS loop. */
+ * "amx": the TDPBF16PS loop; "avx512bf16": the VDPBF16PS loop. */
 napi_value GemmPeak(napi_env env, napi_callback_info info) {
   ARGS(2);
   char isa[32] = {0};
@@ -234,7 +259,10 @@ napi_value GemmPeak(napi_env env, napi_callback_info info) {
                   : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
                                                  : GEMM_ISA_AUTO;
   napi_value v;
-  CHECK_NAPI(napi_create_double(
-      env, strcmp(isa, "amx") == 0 ? gemm_bf16_peak((int64_t)iters) : gemm_fma_peak(want, (int64_t)iters), &v));
+  CHECK_NAPI(napi_create_double(env,
+                                strcmp(isa, "amx") == 0          ? gemm_bf16_peak((int64_t)iters)
+                                : strcmp(isa, "avx512bf16") == 0 ? gemm_dp_peak((int64_t)iters)
+                                                                 : gemm_fma_peak(want, (int64_t)iters),
+                                &v));
   return v;
 }
