@@ -15,8 +15,8 @@ import flagTable from "./config-flags.json";
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
 export type GemmChoice = "builtin" | "openblas";
 /** `--isa`: the built-in GEMM's micro-kernel; auto = the widest this CPU has (every one gives the same bits);
- *  amx = the AMX-BF16 kernel, for --precision bf16 only. */
-export type IsaChoice = "auto" | "amx" | "avx512" | "avx2" | "portable";
+ *  amx = the AMX-BF16 kernel and avx512bf16 the VDPBF16PS one, for --precision bf16 only. */
+export type IsaChoice = "auto" | "amx" | "avx512bf16" | "avx512" | "avx2" | "portable";
 /** `--precision` (P8): the matrix products' operands, fp32 or bf16 (bf16 accumulates in fp32; masters stay fp32). */
 export type Precision = "fp32" | "bf16";
 /** `--backend`: the compute engine; auto = native when its addon loads, else the best tfjs backend that loads. */
@@ -579,13 +579,13 @@ export function nativeChoice(c: RunConfig): { gemm: GemmChoice; isa: IsaChoice; 
   return { gemm: c.gemm, isa: c.isa, precision: c.precision };
 }
 
-/** P8: bf16 products run on the native engine's own GEMM only; the AMX kernel only computes bf16. */
+/** P8: bf16 products run on the native engine's own GEMM only; the AMX and VDPBF16PS kernels only compute bf16. */
 function refuseBf16Mismatch(c: RunConfig): void {
   if (c.precision !== "bf16") {
-    if (c.isa === "amx")
+    if (c.isa === "amx" || c.isa === "avx512bf16")
       throw new UserError(
         "P8",
-        "--isa amx is the bf16 kernel (AMX-BF16): add --precision bf16, or pass --isa avx512 for fp32 products",
+        `--isa ${c.isa} is a bf16 kernel (${c.isa === "amx" ? "AMX-BF16" : "AVX512_BF16"}): add --precision bf16, or pass --isa avx512 for fp32 products`,
       );
     return;
   }

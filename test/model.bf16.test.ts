@@ -8,7 +8,7 @@ import { test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { Llama } from "../src/model/llama";
-import { loadNative, supportedIsas, type IsaChoice } from "../src/model/engine/native";
+import { builtinGemmBf16, loadNative, supportedIsas, type IsaChoice } from "../src/model/engine/native";
 import { readSafetensors } from "../src/model/safetensors";
 import type { Kernels } from "../src/model/kernels";
 import { bf16ReferenceKernels } from "./helpers/bf16-reference";
@@ -81,12 +81,15 @@ test("the bf16 reference is a bf16 computation: it stands apart from the fp32 fl
   assert.ok(worst > 10 * GRAD_TOL, `worst gradient gap ${worst}`);
 });
 
-test("every bf16 kernel (AMX where present, and the emulations on AVX-512, AVX2 and portable) gives the same loss and gradients, bit for bit (P8)", (t) => {
+test("every bf16 kernel (AMX and VDPBF16PS where present, and the emulations on AVX-512, AVX2 and portable) gives the same loss and gradients, bit for bit (P8)", (t) => {
   const base = bf16Kernels(t);
   if (!base) return;
-  const n = loadNative({ gemm: "builtin", isa: "auto", precision: "bf16" });
-  const hw = "kernels" in n && /built-in amx,/.test(n.kernels.name);
-  const isas: IsaChoice[] = [...(hw ? (["amx"] as const) : []), ...supportedIsas()];
+  const g = builtinGemmBf16();
+  const isas: IsaChoice[] = [
+    ...(g?.hw ? (["amx"] as const) : []),
+    ...(g?.dp ? (["avx512bf16"] as const) : []),
+    ...supportedIsas(),
+  ];
   assert.ok(isas.includes("portable"), "the portable kernel is always there");
   const want = step(base, true);
   for (const isa of isas) {

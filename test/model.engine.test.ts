@@ -117,7 +117,10 @@ test("an unknown --gemm or --isa is refused naming the choices; an --isa this CP
   skip: skipNoNative,
 }, () => {
   assert.throws(() => parseArgs(["--gemm", "mkl"]), /--gemm "mkl" is not one of builtin, openblas/);
-  assert.throws(() => parseArgs(["--isa", "neon"]), /--isa "neon" is not one of auto, amx, avx512, avx2, portable/);
+  assert.throws(
+    () => parseArgs(["--isa", "neon"]),
+    /--isa "neon" is not one of auto, amx, avx512bf16, avx512, avx2, portable/,
+  );
   assert.equal(parseArgs(["--isa", "portable"]).config.isa, "portable");
   const missing = (["avx512", "avx2"] as const).find((i) => !supportedIsas().includes(i));
   if (!missing) return; // this CPU runs every kernel: the refusal is tested in model.gemm (loadNative's reason)
@@ -148,7 +151,11 @@ test("--precision bf16 is refused with a tfjs backend or OpenBLAS, and --isa amx
     ],
     [
       ["--isa", "amx"],
-      /--isa amx is the bf16 kernel \(AMX-BF16\): add --precision bf16, or pass --isa avx512 for fp32 products/,
+      /--isa amx is a bf16 kernel \(AMX-BF16\): add --precision bf16, or pass --isa avx512 for fp32 products/,
+    ],
+    [
+      ["--isa", "avx512bf16"],
+      /--isa avx512bf16 is a bf16 kernel \(AVX512_BF16\): add --precision bf16, or pass --isa avx512 for fp32 products/,
     ],
   ];
   for (const [args, msg] of cases) {
@@ -172,13 +179,16 @@ test("--precision bf16 with --backend auto takes the native engine with bf16 pro
 }, async () => {
   const e = await initEngine("auto", { gemm: "builtin", isa: "auto", precision: "bf16" });
   assert.equal(e.engine, "native");
-  // AMX where the CPU has it, else the emulation on the fp32 kernel, which the line says
-  const amx = builtinGemmBf16()?.hw ?? false;
+  // AMX where the CPU has it, else VDPBF16PS where it has AVX512_BF16, else the emulation on the fp32 kernel, which
+  // the line says
+  const g = builtinGemmBf16();
   assert.match(
     e.detail,
-    amx
+    g?.hw
       ? /built-in amx, .*bf16 products, fp32 accumulation/
-      : /bf16 products \(TDPBF16PS emulated\), fp32 accumulation/,
+      : g?.dp
+        ? /built-in avx512bf16, AVX512_BF16 6x32 \(VDPBF16PS\) micro-kernel, bf16 products, fp32 accumulation/
+        : /bf16 products \(TDPBF16PS emulated(: [^)]*)?\), fp32 accumulation/,
   );
 });
 

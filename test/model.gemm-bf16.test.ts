@@ -11,7 +11,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { builtinGemmBf16, loadNative, supportedIsas } from "../src/model/engine/native";
-import { bf16, fmaf, ftz } from "./helpers/numeric";
+import { bf16, fmaf, fmaFtz, ftz } from "./helpers/numeric";
 import { checkKernelOutputs } from "./helpers/gemm-check";
 
 const native = loadNative();
@@ -32,11 +32,11 @@ interface Case {
   ldc: number;
 }
 
-/** The kernels this CPU runs: the hardware one first where there is one. */
-function kernels(): Array<"amx" | "avx512" | "avx2" | "portable"> {
+/** The kernels this CPU runs: the hardware ones first where there are some. */
+function kernels(): Array<"amx" | "avx512bf16" | "avx512" | "avx2" | "portable"> {
   const g = builtinGemmBf16()!;
   const emu = supportedIsas() as Array<"avx512" | "avx2" | "portable">;
-  return g.hw ? ["amx", ...emu] : emu;
+  return [...(g.hw ? (["amx"] as const) : []), ...(g.dp ? (["avx512bf16"] as const) : []), ...emu];
 }
 
 /** Values in [-1, 1), one in 40 scaled into float32's denormal range (those the flushes act on). */
@@ -58,14 +58,14 @@ function reference(c: Case, A: Float32Array, B: Float32Array, C0: Float32Array, 
     let e = 0,
       o = 0;
     for (let k = k0; k < k0 + 32; k += 2) {
-      e = k < c.K ? ftz(fmaf(a(k), b(k), e)) : ftz(fmaf(0, 0, e)); // past K: zeros (the padding)
-      o = k + 1 < c.K ? ftz(fmaf(a(k + 1), b(k + 1), o)) : ftz(fmaf(0, 0, o));
+      e = k < c.K ? fmaFtz(a(k), b(k), e) : fmaFtz(0, 0, e); // past K: zeros (the padding)
+      o = k + 1 < c.K ? fmaFtz(a(k + 1), b(k + 1), o) : fmaFtz(0, 0, o);
     }
     s = ftz(Math.fround(s + ftz(Math.fround(e + o))));
   }
   const beta = Math.fround(c.beta),
     old = ftz(C0[i * c.ldc + j]);
-  return beta === 0 ? s : beta === 1 ? ftz(Math.fround(old + s)) : ftz(fmaf(beta, old, s));
+  return beta === 0 ? s : beta === 1 ? ftz(Math.fround(old + s)) : fmaFtz(ftz(beta), old, s);
 }
 
 /** scale: A, B and C's old values times these (tiny ones make the products and sums denormal, where the flushes
@@ -190,4 +190,118 @@ test("gemmBf16 refuses an alpha other than 1 and names the kernels", { skip }, (
   const a = new Float32Array(4);
   assert.throws(() => gemm("portable", false, false, 2, 2, 1, 0.5, a, 1, a, 2, 0, a, 2), /alpha must be 1/);
   assert.throws(() => gemm("sse" as "portable", false, false, 2, 2, 1, 1, a, 1, a, 2, 0, a, 2), /amx/);
+});
+
+/** n values of one input class: the edges of the order's arithmetic (denormals read as 0, products and sums near
+ *  2^-126 where x86's flush decides, exact cancellation, rounding ties, infinities, NaN, overflow). */
+function classValues(cls: string, n: number, seed: number): Float32Array {
+  const r = rand(n, seed);
+  const pick = (xs: number[]) => r.map((x, i) => xs[(((x + 1) * 1e6) | 0) % xs.length] * (i % 2 ? 1 : -1));
+  switch (cls) {
+    case "normal":
+      return r;
+    case "denormal": // denormal inputs (read as 0) among normal ones
+      return r.map((x, i) => (i % 3 === 0 ? x * 2 ** -127 : x));
+    case "tiny": // products and chain sums about 2^-126: the flushes and x86's window below 2^-126
+      return r.map((x) => x * 2 ** -63);
+    case "cancel": // sums that cancel exactly and nearly
+      return pick([1, 1 + 2 ** -7, 2 ** -8, 3, 0.5, 1 - 2 ** -8]);
+    case "ties": // sums that land on half an ulp
+      return pick([1, 2 ** -12, 2 ** -13, 1 + 2 ** -7, 2 ** -24, 3 * 2 ** -12]);
+    default: // specials: signed zeros, infinities, NaN, the largest values, among ordinary ones
+      return r.map((x, i) =>
+        i % 4 === 0 ? [0, -0, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY, Number.NaN, 3e38, -3e38][i % 7] : x,
+      );
+  }
+}
+
+test("the VDPBF16PS kernel gives the portable emulation's bits: every tile edge, K not a multiple of 32, several K blocks, every beta, every input class (NaN where it gives NaN)", {
+  skip: skip || (builtinGemmBf16()?.dp ? false : `no VDPBF16PS kernel here: ${builtinGemmBf16()?.check}`),
+  timeout: 600_000,
+}, () => {
+  const { gemm } = builtinGemmBf16()!;
+  const u32 = (a: Float32Array) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+  let seed = 900,
+    cases = 0;
+  for (const [M, N, K] of [
+    [1, 1, 1],
+    [5, 31, 31], // under one register tile (6 x 32) and one chunk (32)
+    [6, 32, 32], // one tile, one chunk
+    [7, 33, 33], // one over each
+    [13, 17, 95],
+    [12, 64, 64],
+    [19, 100, 65],
+    [385, 33, 70], // rows over the A block (384)
+    [7, 65, 641], // K over the one-block limit (640): two K blocks
+    [11, 40, 1100], // three K blocks of 512: the sums wait in the workspace band where beta != 0
+  ])
+    for (const [ta, tb] of [
+      [false, false],
+      [false, true],
+      [true, false],
+      [true, true],
+    ] as const)
+      for (const beta of [0, 1, 0.75, -2])
+        for (const cls of ["normal", "denormal", "tiny", "cancel", "ties", "special"]) {
+          const c = mk(ta, tb, M, N, K, beta, seed % 2 ? 3 : 0);
+          const A = classValues(cls, Math.max(1, (ta ? K : M) * c.lda), seed++),
+            B = classValues(cls, Math.max(1, (tb ? N : K) * c.ldb), seed++),
+            C0 = classValues(cls === "special" ? "normal" : cls, Math.max(1, M * c.ldc), seed++);
+          const want = C0.slice(),
+            got = C0.slice();
+          gemm("portable", ta, tb, M, N, K, 1, A, c.lda, B, c.ldb, beta, want, c.ldc);
+          gemm("avx512bf16", ta, tb, M, N, K, 1, A, c.lda, B, c.ldb, beta, got, c.ldc);
+          const w = u32(want),
+            g = u32(got);
+          for (let i = 0; i < w.length; i++)
+            if (w[i] !== g[i] && !(Number.isNaN(want[i]) && Number.isNaN(got[i])))
+              assert.fail(
+                `${cls} ${ta ? "T" : "N"}${tb ? "T" : "N"} M=${M} N=${N} K=${K} beta=${beta} ld=${c.lda}/${c.ldb}/${c.ldc}: element ${i} is ${got[i]} (0x${g[i].toString(16)}) on VDPBF16PS, ${want[i]} (0x${w[i].toString(16)}) on the portable emulation`,
+              );
+          cases++;
+        }
+  assert.equal(cases, 10 * 4 * 4 * 6);
+});
+
+test("x86's flush on every kernel, the portable one included: a chain or a beta combine whose exact value lies just below 2^-126 is 0 where x86 rounds it under 2^-126, 2^-126 where it does not", {
+  skip,
+}, () => {
+  const { gemm } = builtinGemmBf16()!;
+  // the exact value 2^-126 - q 2^-151: q 1.5 and 2 lie in [2^-126 - 2^-150, 2^-126 - 2^-151), where IEEE rounds up to
+  // 2^-126 and x86 (24 bits, unbounded exponent) rounds under it and flushes; q 1 is the tie (to even: 2^-126), q
+  // 0.5 rounds up either way, q 2.5 is denormal either way
+  for (const [q, want] of [
+    [0.5, 2 ** -126],
+    [1, 2 ** -126],
+    [1.5, 0],
+    [2, 0],
+    [2.5, 0],
+  ]) {
+    assert.ok(Object.is(fmaFtz(-(2 ** -75), q * 2 ** -76, 2 ** -126), want), `the reference at q ${q}`);
+    for (const isa of kernels()) {
+      // the even chain: fma(1, 2^-126, 0) = 2^-126, then fma(-2^-75, q 2^-76, 2^-126)
+      const C = new Float32Array(1);
+      gemm(
+        isa,
+        false,
+        false,
+        1,
+        1,
+        3,
+        1,
+        Float32Array.of(1, 0, -(2 ** -75)),
+        3,
+        Float32Array.of(2 ** -126, 0, q * 2 ** -76),
+        1,
+        0,
+        C,
+        1,
+      );
+      assert.ok(Object.is(C[0], want), `${isa}, the chain, q ${q}: ${C[0]} (want ${want})`);
+      // the combine: fma(beta 2^-30, C -q 2^-121, acc 2^-126)
+      const D = Float32Array.of(-q * 2 ** -121);
+      gemm(isa, false, false, 1, 1, 1, 1, Float32Array.of(1), 1, Float32Array.of(2 ** -126), 1, 2 ** -30, D, 1);
+      assert.ok(Object.is(D[0], want), `${isa}, the beta combine, q ${q}: ${D[0]} (want ${want})`);
+    }
+  }
 });

@@ -228,7 +228,7 @@ test("an injected non-finite gradient is skipped, counted, logged, and the scale
   assert.equal(resumed.runJson.skipped_steps, 1);
 });
 
-test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so; without AMX the run warns that bf16 is emulated, about 3x slower (P8, P2)", {
+test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so; without AMX or VDPBF16PS the run warns that bf16 is emulated, about 3x slower, and with VDPBF16PS says what to expect (P8, P2)", {
   timeout: 180_000,
 }, async (t) => {
   const be = runEngineArgs(t, "bf16");
@@ -244,19 +244,39 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
     "the precision line says bf16 and the fixed scale",
   );
   assert.equal(r.runJson.precision, "bf16");
-  // without AMX the products are emulated, about 3x slower than fp32: the run says so at start
-  const amx = builtinGemmBf16()?.hw ?? false;
+  // without AMX or VDPBF16PS the products are emulated, about 3x slower than fp32; with VDPBF16PS the run says
+  // what to expect: either way, at start
+  const k = builtinGemmBf16()!;
   const slow = r.rep.lines.filter((l) => l.startsWith("WARNING --precision bf16 on a CPU without AMX"));
-  assert.equal(slow.length, amx ? 0 : 1, `the emulation warned of where the CPU has no AMX (amx: ${amx})`);
-  if (!amx)
+  const fast = r.rep.lines.filter((l) => l.startsWith("bf16 products on VDPBF16PS"));
+  assert.equal(slow.length, k.hw || k.dp ? 0 : 1, `the emulation warned of where it runs (amx ${k.hw}, dp ${k.dp})`);
+  assert.equal(fast.length, !k.hw && k.dp ? 1 : 0, `VDPBF16PS said what to expect where it runs (dp ${k.dp})`);
+  if (slow.length)
     assert.match(
       slow[0],
       /about 3x slower than --precision fp32: train in fp32 here \(drop --precision bf16\).*\(P8\)$/,
     );
-  assert.equal(bf16Warning("bf16", "auto", true), null, "AMX: no warning");
-  assert.equal(bf16Warning("bf16", "avx2", false), null, "a forced --isa: no warning");
-  assert.equal(bf16Warning("fp32", "auto", false), null, "fp32: no warning");
-  assert.match(bf16Warning("bf16", "auto", false) ?? "", /^WARNING --precision bf16 on a CPU without AMX/);
+  const none = { hw: false, dp: false, check: "the CPU has no AVX512_BF16" };
+  assert.equal(bf16Warning("bf16", "auto", { ...none, hw: true }), null, "AMX: no warning");
+  assert.equal(bf16Warning("bf16", "avx2", none), null, "a forced --isa: no warning");
+  assert.equal(bf16Warning("fp32", "auto", none), null, "fp32: no warning");
+  assert.match(
+    bf16Warning("bf16", "auto", none) ?? "",
+    /^WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS: /,
+  );
+  assert.match(
+    bf16Warning("bf16", "auto", { ...none, check: "VDPBF16PS failed the start-up self-check (lane 3)" }) ?? "",
+    /^WARNING .*a usable VDPBF16PS \(VDPBF16PS failed the start-up self-check \(lane 3\)\): .*emulated/,
+  );
+  const dp = { hw: false, dp: true, check: "" };
+  assert.match(
+    bf16Warning("bf16", "auto", dp, 2.0) ?? "",
+    /^bf16 products on VDPBF16PS .*2\.0x this core's fp32 FMA rate.*1\.6-1\.9x as fast/,
+  );
+  assert.match(
+    bf16Warning("bf16", "auto", dp, 1.0) ?? "",
+    /1\.0x this core's fp32 FMA rate.*about as fast as --precision fp32/,
+  );
   assert.equal(r.runJson.skipped_steps, 1);
   assert.equal(r.runJson.loss_scale, 1);
   assert.ok(

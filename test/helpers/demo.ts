@@ -48,21 +48,29 @@ function runDemo(
 /**
  * One test: the whole demo on the built-in GEMM's `isa` kernel, OpenBLAS hidden (TSTRAIN_BLAS points nowhere: the
  * built-in GEMM needs no BLAS, so the native engine runs), ends with DEMO_SHA256 (with `--precision bf16`:
- * DEMO_BF16_SHA256; isa "amx" is the AMX-BF16 kernel). One file per kernel (test/train.isa-*.test.ts),
+ * DEMO_BF16_SHA256; isa "amx" is the AMX-BF16 kernel, "avx512bf16" the VDPBF16PS one). One file per kernel (test/train.isa-*.test.ts),
  * so that each whole demo has the test runner's per-file time to itself on a busy machine. Skipped, saying why,
  * where the native engine does not load (a failure under TSTRAIN_REQUIRE_NATIVE=1) or this CPU lacks the
  * instruction set.
  */
-export function demoOnKernel(isa: "amx" | "avx512" | "avx2" | "portable", precision: "fp32" | "bf16" = "fp32"): void {
+export function demoOnKernel(
+  isa: "amx" | "avx512bf16" | "avx512" | "avx2" | "portable",
+  precision: "fp32" | "bf16" = "fp32",
+): void {
   const native = loadNative();
-  const has = isa === "amx" ? (builtinGemmBf16()?.hw ?? false) : supportedIsas().includes(isa);
+  const has =
+    isa === "amx"
+      ? (builtinGemmBf16()?.hw ?? false)
+      : isa === "avx512bf16"
+        ? (builtinGemmBf16()?.dp ?? false)
+        : supportedIsas().includes(isa);
   const skip =
     "reason" in native
       ? process.env.TSTRAIN_REQUIRE_NATIVE === "1"
         ? false
         : `native engine unavailable here: ${native.reason}`
       : !has
-        ? `this CPU has no ${isa} (it runs: ${supportedIsas().join(", ")})`
+        ? `this CPU has no ${isa} (it runs: ${supportedIsas().join(", ")}${isa === "avx512bf16" ? `; ${builtinGemmBf16()?.check}` : ""})`
         : false;
   const pinned = precision === "bf16" ? DEMO_BF16_SHA256 : DEMO_SHA256;
   const what = precision === "bf16" ? "DEMO_BF16_SHA256" : "DEMO_SHA256";

@@ -85,6 +85,22 @@ export function fmaf(a: number, b: number, c: number): number {
   return e > 0 ? hi : lo;
 }
 
+/**
+ * fmaf(a, b, c) flushed as x86 flushes under flush-to-zero (a, b, c normal or 0): a result whose magnitude, rounded
+ * to 24 bits with an unbounded exponent, is below 2^-126 is a signed 0. Flushing the IEEE result (ftz(fmaf(...)))
+ * differs for an exact value in [2^-126 - 2^-150, 2^-126 - 2^-151): IEEE rounds it up to 2^-126, x86 flushes it.
+ */
+export function fmaFtz(a: number, b: number, c: number): number {
+  const p = a * b,
+    s = p + c;
+  const bb = s - p,
+    e = p - (s - bb) + (c - bb);
+  const v = Math.abs(s),
+    lim = 2 ** -126 - 2 ** -151;
+  if (s !== 0 && Number.isFinite(s) && (v < lim || (v === lim && (s > 0 ? e < 0 : e > 0)))) return s > 0 ? 0 : -0;
+  return ftz(fmaf(a, b, c));
+}
+
 /** x (a float32) rounded to bf16 as VCVTNE2PS2BF16 does: a denormal is a signed 0, the rest to nearest even, a
  *  NaN stays NaN; returned as the float32 it widens to. */
 export function bf16(x: number): number {

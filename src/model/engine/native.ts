@@ -41,12 +41,22 @@ interface Addon {
     kind: "builtin" | "blas",
     isa: IsaChoice,
     precision?: Precision,
-  ): { kind: string; isa: string; detail: string; best: string; supported: string[]; precision: Precision };
+  ): {
+    kind: string;
+    isa: string;
+    detail: string;
+    best: string;
+    supported: string[];
+    precision: Precision;
+    /** bf16: why the VDPBF16PS kernel is not used ("" where it passed its self-check, or the CPU has AMX) */
+    bf16Check: string;
+  };
   gemmPeak(isa: IsaChoice, iters: number): number;
   gemm(isa: IsaChoice, ...args: GemmArgs): void;
   /** With calls: the product that many times back to back; returns this thread's CPU seconds for them (bench). */
   gemm(isa: IsaChoice, ...args: [...GemmArgs, calls: number]): number;
-  /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "amx" is the AMX-BF16 kernel. */
+  /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "amx" is the AMX-BF16 kernel, "avx512bf16" the
+   *  VDPBF16PS one. */
   gemmBf16(isa: IsaChoice, ...args: GemmArgs): void;
   gemmBf16(isa: IsaChoice, ...args: [...GemmArgs, calls: number]): number;
   gemmBf16Hw(): boolean;
@@ -229,11 +239,12 @@ function load(opts: NativeOptions): NativeLoad {
       fix: `pass --isa auto (here: ${best.supported[0]})`,
     };
   }
+  const hwBf16 = info.isa === "amx" || info.isa === "avx512bf16";
   const prec =
     precision === "fp32"
       ? "fp32"
-      : `bf16 products${info.isa === "amx" ? "" : " (TDPBF16PS emulated)"}, fp32 accumulation`;
-  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel, ${prec}; C kernels ${addon.simd()}, row kernels ${info.isa === "amx" ? "avx512" : info.isa})`;
+      : `bf16 products${hwBf16 ? "" : ` (TDPBF16PS emulated${info.bf16Check ? `: ${info.bf16Check}` : ""})`}, fp32 accumulation`;
+  const name = `native (GEMM: built-in ${info.isa}, ${info.detail} micro-kernel, ${prec}; C kernels ${addon.simd()}, row kernels ${hwBf16 ? "avx512" : info.isa})`;
   return {
     kernels: nativeKernels(addon, name, "builtin", opts.isa, precision),
     blas: `built-in ${info.isa}`,
@@ -265,11 +276,21 @@ export function builtinGemm(): Addon["gemm"] | null {
   return "reason" in got ? null : got.addon.gemm;
 }
 
-/** The built-in bf16 GEMM on one kernel ("amx": the hardware one, where hw says the CPU has it), for
- *  tests and the bench; null when the addon does not load. */
-export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean } | null {
+/** The built-in bf16 GEMM on one kernel, for tests and the bench; null when the addon does not load. hw: the CPU has
+ *  AMX-BF16 ("amx"); dp: the VDPBF16PS kernel ("avx512bf16") runs here (AVX512_BF16, and it passed its start-up
+ *  self-check; else check says why not). */
+export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean; dp: boolean; check: string } | null {
   const got = loadAddon();
-  return "reason" in got ? null : { gemm: got.addon.gemmBf16, hw: got.addon.gemmBf16Hw() };
+  if ("reason" in got) return null;
+  const s = got.addon.setGemm("builtin", "auto", "bf16");
+  got.addon.setGemm("builtin", "auto");
+  current = "";
+  return {
+    gemm: got.addon.gemmBf16,
+    hw: got.addon.gemmBf16Hw(),
+    dp: s.supported.includes("avx512bf16"),
+    check: s.bf16Check,
+  };
 }
 
 /** The row kernels' exp (float) and log (double) on one instruction set's copy (native/ops/vmath.h), for the checks
