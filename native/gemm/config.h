@@ -35,11 +35,13 @@
 #define A5_DIRECT_KC 0 /* direct(): K in one block */
 
 /* AVX512_BF16 (VDPBF16PS, bf16.c's order): 6 x 32, 24 stream accumulators (even and odd, 6 x 2 vectors each: twice
- * VDPBF16PS's 6-cycle latency at 2 per cycle), the tile's running sum kept in L1. MC rows of A (a multiple of DP_MR)
- * and DP_KC of k (a multiple of 32) per packed A block; a K up to DP_KONE runs as one block. */
+ * VDPBF16PS's 6-cycle latency at 2 per cycle), the tile's running sum kept in L1. DP_MC rows of A (DP_MC_T where A is
+ * stored [K,M]: longer runs along its rows; multiples of DP_MR) and DP_KC of k (a multiple of 32) per packed A block;
+ * a K up to DP_KONE runs as one block. */
 #define DP_MR 6
 #define DP_NR 32
 #define DP_MC 384
+#define DP_MC_T 768
 #define DP_KC 512
 #define DP_KONE 640
 

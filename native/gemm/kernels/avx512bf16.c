@@ -11,7 +11,8 @@
  *
  * Packed A (a DP_MR-row sliver): per chunk, per row, its 16 dwords (the even stream's 8, then the odd stream's 8).
  * Packed B (a DP_NR-column sliver): per chunk, per dword d of the 16, the DP_NR columns. B is packed whole, once per
- * call, or once per optimizer step for a weight (weights.c); A once per block of DP_MC rows and DP_KC of k.
+ * call, or once per optimizer step for a weight (weights.c); A once per block of DP_MC rows (DP_MC_T where A is
+ * stored [K,M]) and DP_KC of k.
  */
 #include "../internal.h"
 #ifdef GEMM_X86
@@ -52,94 +53,111 @@ DPT static inline __m512i pair_dwords(const float *hi, const float *lo) {
 static inline uint32_t dword_of(float hi, float lo) { return bf16_bits(hi) << 16 | bf16_bits(lo); }
 
 /* ---- Packing */
-/* op(A)[i0 : i0 + mc, p0 : p0 + kv] into slivers of DP_MR rows, nch chunks each (rows past mc and k past kv zero). */
+/* op(A)[i0 : i0 + mc, p0 : p0 + kv] into slivers of DP_MR rows, nch chunks each (rows past mc and k past kv zero).
+ * A row-major: row by row, each read once along its length. A stored [K,M]: per chunk, 16 rows at a time (dwords over
+ * the rows, then a 16 x 16 transpose), the next chunk's 32 rows fetched meanwhile. */
 DPT static void pack_a_dp(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kv,
                           int64_t nch, uint32_t *ap) {
   const __m512i perm = chunk_perm();
-  const int64_t rows = (mc + DP_MR - 1) / DP_MR * DP_MR;
-  uint32_t tmp[16 * 16] __attribute__((aligned(64)));
+  const int64_t rows = (mc + DP_MR - 1) / DP_MR * DP_MR, full = kv / 32 < nch ? kv / 32 : nch;
+  uint32_t tmp[16 * 16] __attribute__((aligned(64))), out[16 * 16] __attribute__((aligned(64)));
 #define A_SLOT(i, c) (ap + (((i) / DP_MR) * nch + (c)) * (DP_MR * CHUNK_DW) + ((i) % DP_MR) * CHUNK_DW)
-  for (int64_t c = 0; c < nch; c++) {
-    const int64_t p = c * 32;
-    const int fullk = p + 32 <= kv;
-    int64_t i = 0;
-    if (fullk && !ta)
-      for (; i < mc; i++) _mm512_storeu_si512(A_SLOT(i, c), chunk_dwords(A + (i0 + i) * lda + p0 + p, perm));
-    else if (fullk) /* A stored [K,M]: 16 rows at a time, dwords over the rows, then a 16 x 16 transpose */
-      for (; i + 16 <= mc; i += 16) {
-        for (int d = 0; d < 16; d++) {
-          const int64_t k = p0 + p + 4 * (d & 7) + (d >> 3);
-          _mm512_store_si512(tmp + d * 16, pair_dwords(A + k * lda + i0 + i, A + (k + 2) * lda + i0 + i));
-        }
-        uint32_t out[16 * 16] __attribute__((aligned(64)));
-        transpose16((const float *)tmp, 16, (float *)out, 16);
-        for (int r = 0; r < 16; r++) _mm512_storeu_si512(A_SLOT(i + r, c), _mm512_load_si512(out + r * 16));
-      }
-    for (; i < rows; i++) {
-      uint32_t *dst = A_SLOT(i, c);
-      for (int d = 0; d < 16; d++) {
-        const int64_t k = p + 4 * (d & 7) + (d >> 3);
-        float x[2] = {0.0f, 0.0f};
-        for (int h = 0; h < 2; h++) {
-          const int64_t kk = k + 2 * h;
-          if (i < mc && kk < kv) x[h] = ta ? A[(p0 + kk) * lda + i0 + i] : A[(i0 + i) * lda + p0 + kk];
-        }
-        dst[d] = dword_of(x[0], x[1]);
-      }
+  /* the scalar edge: row i (zeros past mc), chunk c (zeros past kv) */
+#define A_EDGE(i, c)                                                                                                   \
+  do {                                                                                                                 \
+    uint32_t *dst = A_SLOT(i, c);                                                                                      \
+    for (int d = 0; d < 16; d++) {                                                                                     \
+      const int64_t k = (c)*32 + 4 * (d & 7) + (d >> 3);                                                               \
+      float x[2] = {0.0f, 0.0f};                                                                                       \
+      for (int h = 0; h < 2; h++)                                                                                      \
+        if ((i) < mc && k + 2 * h < kv)                                                                                \
+          x[h] = ta ? A[(p0 + k + 2 * h) * lda + i0 + (i)] : A[(i0 + (i)) * lda + p0 + k + 2 * h];                     \
+      dst[d] = dword_of(x[0], x[1]);                                                                                   \
+    }                                                                                                                  \
+  } while (0)
+  if (!ta) {
+    for (int64_t i = 0; i < mc; i++) {
+      const float *src = A + (i0 + i) * lda + p0;
+      if (i + 1 < mc) /* the next row's run, on its way while this one converts */
+        for (int64_t q = 0; q < full * 2; q++) _mm_prefetch((const char *)(src + lda + q * 16), _MM_HINT_T0);
+      for (int64_t c = 0; c < full; c++) _mm512_storeu_si512(A_SLOT(i, c), chunk_dwords(src + c * 32, perm));
+      for (int64_t c = full; c < nch; c++) A_EDGE(i, c);
     }
-  }
+  } else
+    for (int64_t c = 0; c < nch; c++) {
+      int64_t i = 0;
+      if (c < full)
+        for (; i + 16 <= mc; i += 16) {
+          const float *src = A + (p0 + c * 32) * lda + i0 + i;
+          for (int d = 0; d < 16; d++) {
+            const int64_t k = 4 * (d & 7) + (d >> 3);
+            _mm512_store_si512(tmp + d * 16, pair_dwords(src + k * lda, src + (k + 2) * lda));
+          }
+          transpose16((const float *)tmp, 16, (float *)out, 16);
+          for (int r = 0; r < 16; r++) _mm512_storeu_si512(A_SLOT(i + r, c), _mm512_load_si512(out + r * 16));
+        }
+      for (; i < mc; i++) A_EDGE(i, c);
+    }
+  for (int64_t i = mc; i < rows; i++)
+    for (int64_t c = 0; c < nch; c++) A_EDGE(i, c);
+#undef A_EDGE
 #undef A_SLOT
 }
 
 size_t dp_packed_b_size(int64_t N, int64_t K) {
   return (size_t)((N + DP_NR - 1) / DP_NR) * (size_t)((K + 31) / 32) * (CHUNK_DW * DP_NR);
 }
-/* op(B) [K,N] whole into slivers of DP_NR columns, every chunk of K (columns past N and k past K zero). */
+/* op(B) [K,N] whole into slivers of DP_NR columns, every chunk of K (columns past N and k past K zero). B stored
+ * [K,N]: per chunk and dword, the two rows it pairs read along N. B stored [N,K] (the forward's weights, packed once
+ * per step): per sliver and chunk, 16 columns' 32 k at a time, then a 16 x 16 transpose. */
 DPT void dp_pack_b_whole(int tb, const float *B, int64_t ldb, int64_t N, int64_t K, uint32_t *bp) {
   const __m512i perm = chunk_perm();
-  const int64_t nch = (K + 31) / 32, nsl = (N + DP_NR - 1) / DP_NR;
+  const int64_t nch = (K + 31) / 32, nsl = (N + DP_NR - 1) / DP_NR, full = K / 32, nfull = N / 16 * 16;
   uint32_t tmp[16 * 16] __attribute__((aligned(64)));
-  for (int64_t s = 0; s < nsl; s++)
-    for (int64_t c = 0; c < nch; c++) {
-      uint32_t *dst = bp + (s * nch + c) * (CHUNK_DW * DP_NR);
-      const int64_t p = c * 32;
-      for (int64_t g = 0; g < DP_NR; g += 16) {
-        const int64_t j = s * DP_NR + g;
-        if (p + 32 <= K && j + 16 <= N) {
-          if (!tb)
-            for (int d = 0; d < 16; d++) {
-              const int64_t k = p + 4 * (d & 7) + (d >> 3);
-              _mm512_store_si512(dst + d * DP_NR + g, pair_dwords(B + k * ldb + j, B + (k + 2) * ldb + j));
-            }
-          else { /* B stored [N,K]: a column's chunk is 32 floats in a row; 16 columns, then a 16 x 16 transpose */
-            for (int q = 0; q < 16; q++) _mm512_store_si512(tmp + q * 16, chunk_dwords(B + (j + q) * ldb + p, perm));
-            transpose16((const float *)tmp, 16, (float *)(dst + g), DP_NR);
-          }
-          continue;
-        }
-        for (int d = 0; d < 16; d++) {
-          const int64_t k = p + 4 * (d & 7) + (d >> 3);
-          for (int q = 0; q < 16; q++) {
-            float x[2] = {0.0f, 0.0f};
-            for (int h = 0; h < 2; h++) {
-              const int64_t kk = k + 2 * h;
-              if (j + q < N && kk < K) x[h] = tb ? B[(j + q) * ldb + kk] : B[kk * ldb + j + q];
-            }
-            dst[d * DP_NR + g + q] = dword_of(x[0], x[1]);
-          }
-        }
+#define B_AT(j, c, d) (bp + (((j) / DP_NR) * nch + (c)) * (CHUNK_DW * DP_NR) + (d)*DP_NR + (j) % DP_NR)
+  /* the scalar edge: 16 columns from j (zeros past N), chunk c (zeros past K) */
+#define B_EDGE(j, c)                                                                                                   \
+  do {                                                                                                                 \
+    for (int d = 0; d < 16; d++) {                                                                                     \
+      const int64_t k = (c)*32 + 4 * (d & 7) + (d >> 3);                                                               \
+      for (int q = 0; q < 16; q++) {                                                                                   \
+        float x[2] = {0.0f, 0.0f};                                                                                     \
+        for (int h = 0; h < 2; h++)                                                                                    \
+          if ((j) + q < N && k + 2 * h < K)                                                                            \
+            x[h] = tb ? B[((j) + q) * ldb + k + 2 * h] : B[(k + 2 * h) * ldb + (j) + q];                               \
+        B_AT((j) + q, c, d)[0] = dword_of(x[0], x[1]);                                                                 \
+      }                                                                                                                \
+    }                                                                                                                  \
+  } while (0)
+  for (int64_t c = 0; c < nch; c++) {
+    if (c < full && !tb)
+      for (int d = 0; d < 16; d++) {
+        const int64_t k = c * 32 + 4 * (d & 7) + (d >> 3);
+        const float *hi = B + k * ldb, *lo = B + (k + 2) * ldb;
+        for (int64_t j = 0; j < nfull; j += 16) _mm512_storeu_si512(B_AT(j, c, d), pair_dwords(hi + j, lo + j));
       }
-    }
+    else if (c < full)
+      for (int64_t j = 0; j < nfull; j += 16) {
+        for (int q = 0; q < 16; q++) _mm512_store_si512(tmp + q * 16, chunk_dwords(B + (j + q) * ldb + c * 32, perm));
+        transpose16((const float *)tmp, 16, (float *)B_AT(j, c, 0), DP_NR);
+      }
+    for (int64_t j = c < full ? nfull : 0; j < nsl * DP_NR; j += 16) B_EDGE(j, c);
+  }
+#undef B_EDGE
+#undef B_AT
 }
 
-/* ---- The micro-kernel: t (DP_MR x DP_NR, the tile's running sum) += nch chunks of a sliver of A times one of B */
-DPT static void ukr_dp(int64_t nch, const uint32_t *a, const uint32_t *b, float *t) {
-  for (int64_t ch = 0; ch < nch; ch++, a += DP_MR * CHUNK_DW, b += CHUNK_DW * DP_NR) {
-    __m512 e[DP_MR][2], o[DP_MR][2];
+/* ---- The micro-kernel: t (DP_MR x DP_NR, the tile's running sum) += nch chunks of a sliver of A times one of B.
+ * The last chunk runs me steps of its even stream and mo of its odd one (8 and 8 but where K ends inside it: the
+ * steps left out would only add products of the zero padding, fma(0, 0, e) = e, which changes nothing in the sum: at
+ * most an e of -0 would become +0, and acc, which starts at +0, is never -0, so acc + (e + o) has the same bits). */
+DPT static inline void chunk_dp(const uint32_t *a, const uint32_t *b, float *t, int me, int mo) {
+  __m512 e[DP_MR][2], o[DP_MR][2];
 #pragma GCC unroll 6
-    for (int r = 0; r < DP_MR; r++) e[r][0] = e[r][1] = o[r][0] = o[r][1] = _mm512_setzero_ps();
+  for (int r = 0; r < DP_MR; r++) e[r][0] = e[r][1] = o[r][0] = o[r][1] = _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int m = 0; m < 8; m++) {
+  for (int m = 0; m < 8; m++) {
+    if (m < me) {
       const __m512bh b0 = (__m512bh)_mm512_load_si512(b + m * DP_NR),
                      b1 = (__m512bh)_mm512_load_si512(b + m * DP_NR + 16);
 #pragma GCC unroll 6
@@ -148,6 +166,8 @@ DPT static void ukr_dp(int64_t nch, const uint32_t *a, const uint32_t *b, float 
         e[r][0] = _mm512_dpbf16_ps(e[r][0], av, b0);
         e[r][1] = _mm512_dpbf16_ps(e[r][1], av, b1);
       }
+    }
+    if (m < mo) {
       const __m512bh c0 = (__m512bh)_mm512_load_si512(b + (8 + m) * DP_NR),
                      c1 = (__m512bh)_mm512_load_si512(b + (8 + m) * DP_NR + 16);
 #pragma GCC unroll 6
@@ -157,14 +177,19 @@ DPT static void ukr_dp(int64_t nch, const uint32_t *a, const uint32_t *b, float 
         o[r][1] = _mm512_dpbf16_ps(o[r][1], av, c1);
       }
     }
-#pragma GCC unroll 6
-    for (int r = 0; r < DP_MR; r++)
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; h++) {
-        float *tp = t + r * DP_NR + 16 * h;
-        _mm512_store_ps(tp, _mm512_add_ps(_mm512_load_ps(tp), _mm512_add_ps(e[r][h], o[r][h])));
-      }
   }
+#pragma GCC unroll 6
+  for (int r = 0; r < DP_MR; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      float *tp = t + r * DP_NR + 16 * h;
+      _mm512_store_ps(tp, _mm512_add_ps(_mm512_load_ps(tp), _mm512_add_ps(e[r][h], o[r][h])));
+    }
+}
+DPT static void ukr_dp(int64_t nch, const uint32_t *a, const uint32_t *b, float *t, int me, int mo) {
+  for (int64_t ch = 0; ch + 1 < nch; ch++, a += DP_MR * CHUNK_DW, b += CHUNK_DW * DP_NR) chunk_dp(a, b, t, 8, 8);
+  if (me == 8 && mo == 8) chunk_dp(a, b, t, 8, 8);
+  else chunk_dp(a, b, t, me, mo);
 }
 
 /* The tile's start: 0, or the sum a previous K block left in src (rows x cols of it; the rest 0) */
@@ -200,7 +225,8 @@ DPT static inline void tile_out(const float *t, float *dst, int64_t ld, int64_t 
 DPT int blocked_dp(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                    int64_t ldb, const uint32_t *bw, float beta, float *C, int64_t ldc) {
   const int64_t nch = (K + 31) / 32, kcc = nch * 32 <= DP_KONE ? nch : DP_KC / 32;
-  const size_t asize = (size_t)(DP_MC / DP_MR) * (size_t)kcc * (DP_MR * CHUNK_DW);
+  const int64_t mcb = ta ? DP_MC_T : DP_MC; /* A stored [K,M]: taller blocks, longer runs along its rows */
+  const size_t asize = (size_t)(mcb / DP_MR) * (size_t)kcc * (DP_MR * CHUNK_DW);
   uint32_t *buf = (uint32_t *)scratch(asize + (bw ? 0 : dp_packed_b_size(N, K)));
   if (!buf) return -1;
   uint32_t *ap = buf;
@@ -209,16 +235,18 @@ DPT int blocked_dp(int ta, int tb, int64_t M, int64_t N, int64_t K, const float 
     dp_pack_b_whole(tb, B, ldb, N, K, buf + asize);
     bp = buf + asize;
   }
-  /* with beta != 0 over several K blocks, the blocks' sums wait in a band of DP_MC rows until the last block */
+  /* with beta != 0 over several K blocks, the blocks' sums wait in a band of mcb rows until the last block */
   float *w = NULL;
-  if (beta != 0.0f && nch > kcc && !(w = workspace((size_t)DP_MC * (size_t)N))) return -1;
+  if (beta != 0.0f && nch > kcc && !(w = workspace((size_t)mcb * (size_t)N))) return -1;
   const int mode = beta == 0.0f ? 0 : beta == 1.0f ? 1 : 2;
   float t[DP_MR * DP_NR] __attribute__((aligned(64)));
-  for (int64_t ic = 0; ic < M; ic += DP_MC) {
-    const int64_t mc = M - ic < DP_MC ? M - ic : DP_MC;
+  for (int64_t ic = 0; ic < M; ic += mcb) {
+    const int64_t mc = M - ic < mcb ? M - ic : mcb;
     for (int64_t c0 = 0; c0 < nch; c0 += kcc) {
       const int64_t kn = nch - c0 < kcc ? nch - c0 : kcc, p0 = c0 * 32, kv = K - p0 < kn * 32 ? K - p0 : kn * 32;
       const int first = c0 == 0, last = c0 + kn >= nch;
+      /* the last chunk's steps that hold any k < K (rest = its k below K): even dword m holds 4m, odd 4m + 1 */
+      const int rest = (int)(kv - (kn - 1) * 32), me = (rest + 3) / 4, mo = rest / 4 + (rest % 4 > 1);
       pack_a_dp(ta, A, lda, ic, mc, p0, kv, kn, ap);
       for (int64_t jr = 0; jr < N; jr += DP_NR) {
         const int64_t cols = N - jr < DP_NR ? N - jr : DP_NR;
@@ -239,7 +267,7 @@ DPT int blocked_dp(int ta, int tb, int64_t M, int64_t N, int64_t K, const float 
             for (int64_t q = (ir / DP_MR) * per, e = q + per < blines ? q + per : blines; q < e; q++)
               _mm_prefetch(bnext + q * 64, _MM_HINT_T1);
           tile_in(t, first ? NULL : wp ? wp : cp, wp ? N : ldc, rows, cols);
-          ukr_dp(kn, ap + (ir / DP_MR) * kn * (DP_MR * CHUNK_DW), bs, t);
+          ukr_dp(kn, ap + (ir / DP_MR) * kn * (DP_MR * CHUNK_DW), bs, t, me, mo);
           if (last) tile_out(t, cp, ldc, rows, cols, mode, beta);
           else tile_out(t, wp ? wp : cp, wp ? N : ldc, rows, cols, 0, 0.0f);
         }
