@@ -1,5 +1,5 @@
 /**
- * The actor runtime's step, checked against the reference step math (src/optim/optim.ts), at the level of
+ * The actor runtime's step, checked against reference step math, at the level of
  * behaviour: spawn the coordinator and its rank workers, run steps, and compare what lands in shared memory
  * (master weights, both AdamW moments) with the reference AdamW applied to the same pre-step state.
  *
@@ -8,7 +8,7 @@
  *   same windows at the same weights in one thread; the runtime's reduced gradient (slot 0) must equal it;
  * - the LR: the trapezoid written out by hand for the shape used (P5), not lrFactor;
  * - the clip coefficient: min(1, 1 / (||g|| + 1e-6)) from that gradient in float64 (P4);
- * - the update: adamwSlice (float64 intermediates) with torch's hyper-parameters (P3), t = applied steps + 1.
+ * - the update: adamwSlice (test/helpers/optim-reference.ts, float64 intermediates) with torch's hyper-parameters (P3), t = applied steps + 1.
  *
  * Tolerance (stated once, used for weights and both moments, element-wise):
  *   |runtime - reference| <= REL * |reference| + ABS * max|reference|   with REL = 1e-5, ABS = 1e-6.
@@ -19,7 +19,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { SingleThreadTrainer } from "../src/single-thread";
-import { adamwSlice, newScaler, type DecayRange, type OptimizerPosition } from "../src/optim/optim";
+import { newScaler, type DecayRange, type OptimizerPosition } from "../src/optim/optim";
+import { adamwSlice } from "./helpers/optim-reference";
 import type { RankFault } from "../src/actors/injected-faults";
 import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";

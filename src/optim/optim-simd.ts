@@ -1,27 +1,27 @@
 /**
- * The optimizer's two hot loops (reduce + unscale, AdamW) as a WebAssembly SIMD kernel: four float32 lanes per
- * instruction instead of one float64 scalar in JS, ~3-4x faster over the 106M-parameter vectors (bench/optim.ts).
- * The kernel cannot see the SharedArrayBuffers (a wasm module reads only its own memory), so each call streams its
- * slice through a small private memory in chunks of CHUNK floats: copy in (TypedArray.set, a memmove), compute,
- * copy out. Where the native addon loads, AdamW runs instead on its C kernel (native/ops/optim.c), which reads and
- * writes the shared arrays in place: the same float32 operations in the same order, so the same bits, with no
- * copies (the bench's optim case: ~0.93 of the bandwidth probe against ~0.69 for the wasm path).
+ * AdamW (P3) in float32, as torch's fp32 AdamW: the optimizer's update of the weights and both moments over a
+ * parameter slice. Where the native addon loads it runs on the addon's C kernel (native/ops/optim.c), which reads
+ * and writes the shared arrays in place; without the addon it runs on a small WebAssembly SIMD kernel built here
+ * (four float32 lanes per instruction, ~3-4x a float64 JS loop over the 106M-parameter vectors). The two do the same
+ * float32 operations in the same order, so they give the same bits. The wasm kernel cannot see the
+ * SharedArrayBuffers (a wasm module reads only its own memory), so each call streams its slice through a small
+ * private memory in chunks of CHUNK floats: copy in (TypedArray.set, a memmove), compute, copy out (the bench's
+ * optim case: ~0.93 of the bandwidth probe for the C kernel against ~0.69 for the wasm path).
  *
- * Same arithmetic as optim.ts's reference loops, in float32 (as torch's fp32 AdamW): the reduce is bit-identical to
- * reduceSlice when the unscale factor is a float32 value (a power of two over world*accum in {1, 2, 4, ...}); its
- * sum of squares is exact products summed in float64 in another order. AdamW differs from adamwSlice (float64
- * intermediates) by float32 rounding: tests bound both against the references (train.optim.test.ts).
+ * It differs from the float64-intermediate reference loop (test/helpers/optim-reference.ts adamwSlice) by float32
+ * rounding; train.optim.test.ts bounds both kernels against it. The reduce that feeds it the averaged gradient is
+ * optim.ts's reduceChunks64 (the addon's C loop or its JS one), not this module.
  *
  * The module is assembled here from its opcodes (a few hundred bytes; no toolchain at build or run time).
  */
 import { nativeAdamw } from "../model/engine/native";
-import { reduceSlice, ADAMW_DEFAULTS, type AdamHyper, type DecayRange, type ReduceResult } from "./optim";
+import { ADAMW_DEFAULTS, type AdamHyper, type DecayRange } from "./optim";
 
 /** Floats per region; region r starts at byte r * CHUNK * 4 (= r << 14). */
 const CHUNK = 4096;
 const REGION_BYTES = CHUNK * 4;
-/** Regions the private memory holds: AdamW uses 4 (g, m, v, p); the reduce one per gradient slot. */
-const MAX_REGIONS = 16;
+/** Regions the private memory holds: AdamW's four (g, m, v, p). */
+const MAX_REGIONS = 4;
 
 // ------------------------------------------------------------------ a minimal wasm assembler
 
@@ -53,7 +53,6 @@ const name = (s: string): number[] => vec([...Buffer.from(s, "utf8")].map((b) =>
 
 const I32 = 0x7f,
   F32 = 0x7d,
-  F64 = 0x7c,
   V128 = 0x7b;
 const get = (i: number) => [0x20, ...uleb(i)];
 const set = (i: number) => [0x21, ...uleb(i)];
@@ -62,9 +61,6 @@ const simd = (op: number, ...imm: number[]) => [0xfd, ...uleb(op), ...imm];
 const load = (offset: number) => simd(0x00, 4, ...uleb(offset)); // v128.load align=16
 const store = (offset: number) => simd(0x0b, 4, ...uleb(offset)); // v128.store align=16
 const F32X4 = { splat: 0x13, sqrt: 0xe3, add: 0xe4, sub: 0xe5, mul: 0xe6, div: 0xe7 };
-const F64X2 = { extract: 0x21, add: 0xf0, mul: 0xf2, promoteLow: 0x5f };
-const SHUFFLE = 0x0d,
-  V128_CONST = 0x0c;
 const BLOCK = [0x02, 0x40],
   LOOP = [0x03, 0x40],
   END = 0x0b,
@@ -72,8 +68,7 @@ const BLOCK = [0x02, 0x40],
   BR_IF = 0x0d;
 const I32_ADD = 0x6a,
   I32_SHL = 0x74,
-  I32_GE_U = 0x4f,
-  F64_ADD = 0xa0;
+  I32_GE_U = 0x4f;
 
 /** adam(n, decayMul, b1, b1c, b2, b2c, coef, ibc2, eps, stepSize) over regions g=0, m=1, v=2, p=3; n a multiple of 4. */
 function adamBody(): number[] {
@@ -165,119 +160,13 @@ function adamBody(): number[] {
   ];
 }
 
-/** reduce(n, k, scale) -> f64: region 0 = (region 0 + ... + region k-1) * scale, returns the sum of its squares. */
-function reduceBody(): number[] {
-  // params 0 n, 1 k, 2 scale; locals: 3 o, 4 r (i32); 5 acc, 6 vscale, 7 s0, 8 s1, 9 tmp (v128)
-  const [N, K, SC, O, R, ACC, VS, S0, S1, TMP] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9];
-  const zero = simd(V128_CONST, ...new Array<number>(16).fill(0));
-  const hiToLo = [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7];
-  const sq = (src: number[], accLocal: number) => [
-    ...src,
-    ...set(TMP),
-    ...get(accLocal),
-    ...get(TMP),
-    ...get(TMP),
-    ...simd(F64X2.mul),
-    ...simd(F64X2.add),
-    ...set(accLocal),
-  ];
-  const code = [
-    ...get(SC),
-    ...simd(F32X4.splat),
-    ...set(VS),
-    ...zero,
-    ...set(S0),
-    ...zero,
-    ...set(S1),
-    ...BLOCK,
-    ...LOOP,
-    ...get(O),
-    ...get(N),
-    ...i32c(2),
-    I32_SHL,
-    I32_GE_U,
-    BR_IF,
-    1,
-    ...get(O),
-    ...load(0),
-    ...set(ACC),
-    ...i32c(1),
-    ...set(R),
-    ...BLOCK,
-    ...LOOP,
-    ...get(R),
-    ...get(K),
-    I32_GE_U,
-    BR_IF,
-    1,
-    ...get(ACC),
-    ...get(O),
-    ...get(R),
-    ...i32c(14),
-    I32_SHL,
-    I32_ADD,
-    ...load(0),
-    ...simd(F32X4.add),
-    ...set(ACC),
-    ...get(R),
-    ...i32c(1),
-    I32_ADD,
-    ...set(R),
-    BR,
-    0,
-    END,
-    END,
-    ...get(ACC),
-    ...get(VS),
-    ...simd(F32X4.mul),
-    ...set(ACC),
-    ...get(O),
-    ...get(ACC),
-    ...store(0),
-    ...sq([...get(ACC), ...simd(F64X2.promoteLow)], S0),
-    ...sq([...get(ACC), ...get(ACC), ...simd(SHUFFLE, ...hiToLo), ...simd(F64X2.promoteLow)], S1),
-    ...get(O),
-    ...i32c(16),
-    I32_ADD,
-    ...set(O),
-    BR,
-    0,
-    END,
-    END,
-    ...get(S0),
-    ...get(S1),
-    ...simd(F64X2.add),
-    ...set(S0),
-    ...get(S0),
-    ...simd(F64X2.extract, 0),
-    ...get(S0),
-    ...simd(F64X2.extract, 1),
-    F64_ADD,
-    END,
-  ];
-  return [
-    ...vec([
-      [2, I32],
-      [5, V128],
-    ]),
-    ...code,
-  ];
-}
-
 function moduleBytes(): Uint8Array {
-  if (REGION_BYTES !== 1 << 14) throw new Error("optim-simd: the reduce kernel addresses regions as r << 14");
-  const types = vec([
-    [0x60, ...vec([[I32], ...new Array<number[]>(9).fill([F32])]), ...vec([])],
-    [0x60, ...vec([[I32], [I32], [F32]]), ...vec([[F64]])],
-  ]);
+  const types = vec([[0x60, ...vec([[I32], ...new Array<number[]>(9).fill([F32])]), ...vec([])]]);
   const pages = Math.ceil((MAX_REGIONS * REGION_BYTES) / 65536);
   const imports = vec([[...name("env"), ...name("mem"), 0x02, 0x00, ...uleb(pages)]]);
-  const funcs = vec([[0], [1]]);
-  const exports = vec([
-    [...name("adam"), 0x00, 0],
-    [...name("reduce"), 0x00, 1],
-  ]);
-  const code = vec([adamBody(), reduceBody()].map((b) => [...uleb(b.length), ...b]));
+  const funcs = vec([[0]]);
+  const exports = vec([[...name("adam"), 0x00, 0]]);
+  const code = vec([adamBody()].map((b) => [...uleb(b.length), ...b]));
   return Uint8Array.from([
     0x00,
     0x61,
@@ -311,7 +200,6 @@ interface Kernel {
     eps: number,
     stepSize: number,
   ) => void;
-  reduce: (n: number, k: number, scale: number) => number;
 }
 
 /** The few WebAssembly JS-API members used here (the project compiles without the DOM type library). */
@@ -328,42 +216,13 @@ function getKernel(): Kernel {
   const bytes = moduleBytes();
   const mem = new WebAssembly.Memory({ initial: Math.ceil((MAX_REGIONS * REGION_BYTES) / 65536) });
   const inst = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { mem } });
-  const ex = inst.exports as unknown as Pick<Kernel, "adam" | "reduce">;
-  kernel = { heap: new Float32Array(mem.buffer), adam: ex.adam, reduce: ex.reduce };
+  const ex = inst.exports as unknown as Pick<Kernel, "adam">;
+  kernel = { heap: new Float32Array(mem.buffer), adam: ex.adam };
   return kernel;
 }
 
 /** Multiple of 4 at or above n (the kernel works in whole vectors; the pad lanes are never copied out). */
 const up4 = (n: number) => (n + 3) & ~3;
-
-/**
- * reduceSlice (optim.ts) on the kernel: out[i] = (sum over slots of slots[s][i]) * invScale over [lo, hi), in slot
- * order. Falls back to the reference loop for more slots than the private memory holds.
- */
-export function reduceSliceSimd(
-  slots: readonly Float32Array[],
-  out: Float32Array,
-  invScale: number,
-  lo: number,
-  hi: number,
-): ReduceResult {
-  const k = slots.length;
-  if (k > MAX_REGIONS) return reduceSlice(slots, out, invScale, lo, hi);
-  const K = getKernel(),
-    H = K.heap;
-  let sumSq = 0;
-  for (let a = lo; a < hi; a += CHUNK) {
-    const n = Math.min(CHUNK, hi - a),
-      n4 = up4(n);
-    for (let s = 0; s < k; s++) {
-      H.set(slots[s].subarray(a, a + n), s * CHUNK);
-      if (n4 !== n) H.fill(0, s * CHUNK + n, s * CHUNK + n4); // zero pad lanes: they enter the sum of squares
-    }
-    sumSq += K.reduce(n4, k, invScale);
-    out.set(H.subarray(0, n), a);
-  }
-  return { sumSq, finite: Number.isFinite(sumSq) };
-}
 
 /** Which AdamW kernel runs: "native" (the addon's C, in place, on this thread's instruction set; "native-<isa>":
  *  that copy of its vector code, for the tests), "wasm" (this module's, through its regions), or "auto" (native

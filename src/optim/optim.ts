@@ -1,9 +1,11 @@
 /**
  * The step math, on flat Float32Arrays (views on SharedArrayBuffers in the actor runtime, plain arrays in the
  * single-thread loop): the step's decision from global figures (decideStep: skip or apply, the loss scaler (P2),
- * the clip coefficient (P4), the LR of optimizer step k (P5)), and the two loops the decision drives: gradient
- * averaging + unscale with the finite check (reduceSlice) and AdamW with torch semantics (P3, adamwSlice). Each
- * loop works on a [lo, hi) slice, so the ranks split them by parameter range; decideStep is pure and is the only
+ * the clip coefficient (P4), the LR of optimizer step k (P5)), and the sums whose order is fixed by the data (A10):
+ * foldMicro (a micro-batch's gradient into a rank's float64 slot), the reduce (reduceChunks64: the slots averaged
+ * and unscaled into the float32 gradient, with each chunk's sum of squares; across processes sumSlots64,
+ * unscaleInto and chunkSquares) and totalSquares. AdamW (P3) is optim-simd.ts's adamwSliceSimd. The loops work on
+ * [lo, hi) slices or chunk ranges, so the ranks split them by parameter range; decideStep is pure and is the only
  * place either runtime decides anything about a step.
  */
 import { nativeFold, nativeReduce } from "../model/engine/native";
@@ -156,53 +158,10 @@ export function decideStep(
 
 // ---------------------------------------------------------------- reduce + unscale
 
-/** A reduce's figures over its slice, or summed over all slices: the unscaled gradient's sum of squares, and whether it is all finite. */
+/** The reduce's figures summed over all chunks (totalSquares): the unscaled gradient's sum of squares, and whether it is all finite. */
 export interface ReduceResult {
   sumSq: number;
   finite: boolean;
-}
-
-/**
- * out[i] = (sum over slots of slots[s][i]) * invScale for i in [lo, hi), where invScale (unscaleFactor) folds
- * the 1/(world*accum) average and the 1/scale unscale together. Returns the slice's sum of squares
- * (float64) and whether every value is finite. Slots are summed in rank order, so the result does
- * not depend on which thread runs the slice.
- */
-export function reduceSlice(
-  slots: readonly Float32Array[],
-  out: Float32Array,
-  invScale: number,
-  lo: number,
-  hi: number,
-): ReduceResult {
-  const n = slots.length;
-  let sumSq = 0;
-  const s0 = slots[0];
-  if (n === 1) {
-    for (let i = lo; i < hi; i++) {
-      const g = Math.fround(s0[i] * invScale);
-      out[i] = g;
-      sumSq += g * g;
-    }
-  } else if (n === 2) {
-    // The common world-2 case, unrolled: ~2x the generic loop's bandwidth (bench/optim.ts).
-    const s1 = slots[1];
-    for (let i = lo; i < hi; i++) {
-      const g = Math.fround(Math.fround(s0[i] + s1[i]) * invScale);
-      out[i] = g;
-      sumSq += g * g;
-    }
-  } else {
-    for (let i = lo; i < hi; i++) {
-      let acc = s0[i];
-      for (let s = 1; s < n; s++) acc = Math.fround(acc + slots[s][i]);
-      const g = Math.fround(acc * invScale);
-      out[i] = g;
-      sumSq += g * g;
-    }
-  }
-  // A NaN or inf anywhere makes sumSq non-finite: one test instead of one per element.
-  return { sumSq, finite: Number.isFinite(sumSq) };
 }
 
 // ---------------------------------------------------------------- AdamW (P3)
@@ -221,47 +180,6 @@ export interface DecayRange {
   lo: number;
   hi: number;
   decay: boolean;
-}
-
-/**
- * One AdamW update of params/m/v over [lo, hi) with grads `g` (already averaged and unscaled),
- * multiplied by `coef` (the clip coefficient). `t` is the 1-based optimizer step (bias correction).
- * torch.optim.AdamW (foreach=False) order: decay, moments, bias-corrected step.
- */
-export function adamwSlice(
-  params: Float32Array,
-  m: Float32Array,
-  v: Float32Array,
-  g: Float32Array,
-  ranges: readonly DecayRange[],
-  lo: number,
-  hi: number,
-  h: AdamHyper,
-  coef: number,
-  t: number,
-): void {
-  const { lr, beta1, beta2, eps, weightDecay } = h;
-  const bc1 = 1 - Math.pow(beta1, t);
-  const bc2 = 1 - Math.pow(beta2, t);
-  const stepSize = lr / bc1;
-  const bc2Sqrt = Math.sqrt(bc2);
-  const b1c = 1 - beta1;
-  const b2c = 1 - beta2;
-  for (const r of ranges) {
-    const a = Math.max(lo, r.lo);
-    const b = Math.min(hi, r.hi);
-    if (a >= b) continue;
-    const decayMul = r.decay ? 1 - lr * weightDecay : 1;
-    for (let i = a; i < b; i++) {
-      const gi = g[i] * coef;
-      const mi = beta1 * m[i] + b1c * gi;
-      const vi = beta2 * v[i] + b2c * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const denom = Math.sqrt(vi) / bc2Sqrt + eps;
-      params[i] = params[i] * decayMul - stepSize * (mi / denom);
-    }
-  }
 }
 
 /** Split [0, total) into `parts` contiguous slices of near-equal size. */
