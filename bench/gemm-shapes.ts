@@ -25,6 +25,9 @@ export interface GemmShape {
   /** the leading dimensions of A, B and C where the model's operands are views into wider matrices (attention's
    *  per-head blocks); absent: dense, each the width of its operand */
   ld?: [number, number, number];
+  /** B is a weight (a linear's W, the head's E): the bf16 hardware kernels keep it packed for a whole optimizer step,
+   *  so a rank never packs it per product; the bench registers it as the trainer does */
+  weightB: boolean;
 }
 export interface GemmRow {
   shape: string;
@@ -60,7 +63,18 @@ export function modelShapes(seq: number): GemmShape[] {
     K: number,
     beta = 0,
     ld?: [number, number, number],
-  ): GemmShape => ({ name, ta, tb, M, N, K, beta, seq, ...(ld ? { ld } : {}) });
+  ): GemmShape => ({
+    name,
+    ta,
+    tb,
+    M,
+    N,
+    K,
+    beta,
+    seq,
+    weightB: /^(fwd |bwd d[xsh] )/.test(name),
+    ...(ld ? { ld } : {}),
+  });
   return [
     s("fwd q = x Wq^T", false, true, T, D, D),
     s("fwd x + o Wo^T (residual)", false, true, T, D, D, 1),
@@ -141,15 +155,23 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) =>
       g(isa, ...gemmArgs(sh, A, B, C), calls),
   }));
-  // bf16 products on AMX (native/gemm.h: gemm_bf16), where the CPU has AMX-BF16, against TDPBF16PS's own
-  // register-only peak (--precision bf16, P8)
+  // bf16 products (native/gemm.h: gemm_bf16, --precision bf16, P8) on AMX where the CPU has AMX-BF16, against
+  // TDPBF16PS's own register-only peak, and on VDPBF16PS where it has AVX512_BF16, against VDPBF16PS's; a weight
+  // operand registered as a rank registers the weights: packed once per step, so once per shape here (the untimed
+  // warm-up call packs it), not per product
   const bf = builtinGemmBf16();
-  if (bf?.hw)
-    kernels.push({
-      name: "builtin bf16 (AMX)",
-      peakOf: "amx",
-      time: (sh, A, B, C, calls) => bf.gemm("amx", ...gemmArgs(sh, A, B, C), calls),
-    });
+  let registered: Float32Array | null = null;
+  const bfTime =
+    (isa: "amx" | "avx512bf16") =>
+    (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) => {
+      if (!bf) return 0;
+      const want = sh.weightB ? B : null;
+      if (want !== registered) bf.weights(want ?? new Float32Array(0));
+      registered = want;
+      return bf.gemm(isa, ...gemmArgs(sh, A, B, C), calls);
+    };
+  if (bf?.hw) kernels.push({ name: "builtin bf16 (AMX)", peakOf: "amx", time: bfTime("amx") });
+  if (bf?.dp) kernels.push({ name: "builtin avx512bf16", peakOf: "avx512bf16", time: bfTime("avx512bf16") });
   if ("kernels" in blas) {
     const k = blas.kernels;
     kernels.push({
@@ -171,7 +193,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
   }));
   const best = new Map<string, number>();
   const peaks: Record<string, number> = {};
-  const probes = [...isas, ...(bf?.hw ? (["amx"] as const) : [])];
+  const probes = [...isas, ...(bf?.hw ? (["amx"] as const) : []), ...(bf?.dp ? (["avx512bf16"] as const) : [])];
   for (let round = 0; round < opts.rounds; round++) {
     shapes.forEach((sh, i) => {
       // a peak probe per instruction set before every shape, so the probes are spread over the run as the products
@@ -203,6 +225,7 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
         .join(", ")} GFLOP/s`,
     );
   }
+  if (registered) bf?.weights(new Float32Array(0));
   const rows: GemmRow[] = [];
   shapes.forEach((sh, i) => {
     for (const k of kernels) {

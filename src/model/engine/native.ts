@@ -279,7 +279,14 @@ export function builtinGemm(): Addon["gemm"] | null {
 /** The built-in bf16 GEMM on one kernel, for tests and the bench; null when the addon does not load. hw: the CPU has
  *  AMX-BF16 ("amx"); dp: the VDPBF16PS kernel ("avx512bf16") runs here (AVX512_BF16, and it passed its start-up
  *  self-check; else check says why not). */
-export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean; dp: boolean; check: string } | null {
+export function builtinGemmBf16(): {
+  gemm: Addon["gemmBf16"];
+  hw: boolean;
+  dp: boolean;
+  check: string;
+  /** the process's weights (their products' B kept packed, as a rank keeps them); an empty array forgets them */
+  weights: (p: Float32Array) => void;
+} | null {
   const got = loadAddon();
   if ("reason" in got) return null;
   const s = got.addon.setGemm("builtin", "auto", "bf16");
@@ -290,6 +297,7 @@ export function builtinGemmBf16(): { gemm: Addon["gemmBf16"]; hw: boolean; dp: b
     hw: got.addon.gemmBf16Hw(),
     dp: s.supported.includes("avx512bf16"),
     check: s.bf16Check,
+    weights: (p: Float32Array) => got.addon.bf16Weights(p),
   };
 }
 
