@@ -27,7 +27,8 @@
  *   4. decide: actors/coordinator.ts step calls optim/optim.ts decideStep (finite? the clip coefficient, the
  *      LR of this optimizer step, the loss scaler), the one step decision of both loops.
  *   5. update: each rank, and the coordinator's own slice when a core is free, applies AdamW to its slice of
- *      the weights and moments (optim/optim-simd.ts updateSlice, a WebAssembly SIMD kernel).
+ *      the weights and moments (optim/optim-simd.ts updateSlice: the addon's C kernel, native/ops/optim.c, where
+ *      it loads, else a WebAssembly SIMD kernel with the same bits).
  *
  * BETWEEN STEPS (session/loop.ts)
  *   6. session/metrics.ts (log line, metrics.jsonl, progress, the sample), session/in-flight.ts (a checkpoint

@@ -4,8 +4,9 @@
  * optim.ts, from the ranks' figures). When to checkpoint and when to stop is the session loop's
  * (src/session/loop.ts, on this same thread). The arithmetic runs in the ranks, each on its slice of the shared
  * buffers; the coordinator moves scalars, and when the machine has a core the ranks leave idle
- * (world < available cores) it takes one slice of the reduce and of the update itself, so at world 1
- * the optimizer runs on two threads instead of one.
+ * (world < available cores) it takes one slice of the update (AdamW) itself, so at world 1 the update runs on
+ * two threads instead of one. The reduce is the ranks' alone, split by chunks (with --dist mpi the coordinator
+ * also unscales its process's block between the reduce-scatter and the allgather).
  *
  * One step, as messages (every phase is a barrier: all ranks answer before the next phase):
  *   compute(step, scale) -> each rank adds its accum micro-batch gradients into its float64 slot (A10)
@@ -225,7 +226,7 @@ export class Coordinator {
   readonly views: SharedViews;
   readonly P: number;
   readonly decayRanges: DecayRange[];
-  /** The coordinator's own [lo, hi) of the reduce and update, or null (see RankSetup.coordinatorShare). */
+  /** The coordinator's own [lo, hi) of the update, or null (see RankSetup.coordinatorShare). */
   readonly ownSlice: [number, number] | null;
   private readonly rankSlices: Array<[number, number]>;
   private readonly rankChunks: Array<[number, number]>;
@@ -312,8 +313,9 @@ export class Coordinator {
   }
 
   /**
-   * One optimizer step (A2): the ranks' phases, the decision (decideStep, optim.ts) from their figures, and `pos`
-   * moved to where the decision leaves it. Does not touch the data position: the step number is the position.
+   * One optimizer step (A2): the ranks' phases (compute, the reduce, then the update, with the coordinator's own
+   * slice of it when it has one), the decision (decideStep, optim.ts) from their figures, and `pos` moved to where
+   * the decision leaves it. Does not touch the data position: the step number is the position.
    */
   async step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): Promise<StepResult> {
     const accum = this.setup.data.accum;

@@ -1,10 +1,11 @@
 /**
  * The compute layer's ONE kernel interface. The model (llama.ts) is written against it, llm.c style: one
  * forward and one backward per op, on flat row-major Float32Arrays, every output buffer allocated by the
- * caller. An engine implements it: `native` (src/model/engine/native.ts: a Node-API addon of the project's own C,
- * native/: every matrix product on the built-in GEMM, or on the system's OpenBLAS loaded at run time with
- * `--gemm openblas`, and the other kernels in plain C) or `tfjs` (src/model/engine/tfjs.ts: matmul, and attention
- * through it, on a tfjs backend; the rest in plain JS, src/model/engine/js.ts).
+ * caller. An engine implements it, one of three: `native` (src/model/engine/native.ts: a Node-API addon of the
+ * project's own C, native/: every matrix product on the built-in GEMM, or on the system's OpenBLAS loaded at run
+ * time with `--gemm openblas`, and the other kernels in plain C), `tfjs` (src/model/engine/tfjs.ts: matmul, and
+ * attention through it, on a tfjs backend; the rest in plain JS, src/model/engine/js.ts) or `webgpu`
+ * (src/model/engine/webgpu.ts: every kernel a WGSL compute shader, webgpu-wgsl.ts, on a WebGPU device).
  *
  * Shape legend:  B batch, T sequence, N = B*T tokens, D hidden, H query heads, K kv heads (GQA: kv head j
  *                serves query heads j*H/K ... (j+1)*H/K-1), E head_dim, F ffn width, V vocab.

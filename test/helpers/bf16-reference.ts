@@ -4,7 +4,7 @@
  * float64 with every operand rounded to bf16 (to nearest even, a denormal read as 0: `bf16` in ./numeric.ts) at
  * the points where the native engine rounds them:
  *  - the linears (matmul): both operands, whatever the transposes; C = s or beta*C + s, s summed in float64;
- *  - attention (native/attention.c): the scores from bf16(q) and bf16(float(scale*k)); the weighted sum of values
+ *  - attention (native/ops/attention.c): the scores from bf16(q) and bf16(float(scale*k)); the weighted sum of values
  *    from bf16(unnormalised probabilities) and bf16(v), normalised after; in the backward, the probabilities
  *    recomputed from the log-sum-exp, datt from bf16(dout) and bf16(v), dq from bf16(dscores) and bf16(k), dk from
  *    bf16(dscores) and bf16(q), dv from bf16(probabilities) and bf16(dout).
@@ -47,7 +47,7 @@ function matmulBf16(
 }
 
 /**
- * The native kernel's forward (native/attention.c) with one key block per row: the float32 scores from bf16 operands,
+ * The native kernel's forward (native/ops/attention.c) with one key block per row: the float32 scores from bf16 operands,
  * p = exp(s - max) in float32 (unnormalised, as the online softmax feeds its product), out = (sum_u bf16(p) bf16(v))
  * times float32(1 / sum p), lse = max + log(sum p). The fixture's T (16) is under the kernel's block of 256 keys,
  * so its running max is the row's max and these are its rounding points.

@@ -1,6 +1,7 @@
 /**
- * The native CPU engine: the Kernels interface on a Node-API addon built from native/tstrain.c and native/gemm.c
- * (scripts/build-native.cjs, run by `npm ci`). Matrix products run on the project's own GEMM (native/gemm.c:
+ * The native CPU engine: the Kernels interface on a Node-API addon built from the C under native/ (tstrain.c the
+ * Node-API layer, ops/ the row, attention and optimizer kernels, gemm/ the GEMM; the list is binding.gyp's) by
+ * scripts/build-native.cjs, run by `npm ci`. Matrix products run on the project's own GEMM (native/gemm/:
  * AVX-512, AVX2 or portable micro-kernels chosen at run time, one order of summation, the same bits on each) or,
  * with `--gemm openblas`, on the system's OpenBLAS (cblas_sgemm, found at run time with dlopen, pinned to 1
  * thread per rank). Arrays are read and written in place (ArrayBuffer, SharedArrayBuffer, subarray views): no
