@@ -1,5 +1,8 @@
 /*
- * The optimizer's AdamW pass in C: src/optim/optim-simd.ts's adamwSliceSimd (the WebAssembly kernel) over the
+ * The optimizer's memory-bound passes in C: AdamW, the fold of a micro-batch's gradient into a rank's float64 slot
+ * (foldMicro) and the reduce (reduceChunks64), each the operations of its JS or wasm counterpart in their order.
+ *
+ * AdamW: src/optim/optim-simd.ts's adamwSliceSimd (the WebAssembly kernel) over the
  * shared weights, moments and gradient in place. The wasm kernel reads only its own memory, so it streams every
  * slice through private regions (copy in, compute, copy out); this one reads and writes the SharedArrayBuffers'
  * floats directly, so a step moves only the 28 bytes a parameter needs (read g, m, v, p; write m, v, p).
@@ -10,9 +13,6 @@
  * kernel on every CPU (test/train.optim.test.ts holds the two to each other).
  */
 #include "../engine.h"
-
-/* sqrtf without errno (a negative input only gives NaN, as the wasm f32x4.sqrt does), so the loop vectorises; the
- * result is the same correctly rounded square root */
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
