@@ -261,13 +261,6 @@ export interface UploadResult {
   detail: string;
 }
 
-/**
- * The actor runtime at `world` with the uploader pushing to an embedded LocalHub on loopback (the
- * same arrangement as run.ts with --hub-url embedded). Alternates: `quietRun` steps with no upload in
- * flight, then a checkpoint is staged at a step boundary and steps run until it settles (those steps
- * overlap the upload). Repeats until both kinds have `steps` samples. Staging (the params|m|v copy
- * into the staging buffer, in the coordinator's thread between two steps) is timed on its own.
- */
 /** Linux: the thread ids of this process (/proc/self/task); empty elsewhere. */
 function threadIds(): Set<number> {
   try {
@@ -277,6 +270,13 @@ function threadIds(): Set<number> {
   }
 }
 
+/**
+ * The actor runtime at `world` with the uploader pushing to an embedded LocalHub on loopback (the
+ * same arrangement as run.ts with --hub-url embedded). Alternates: `quietRun` steps with no upload in
+ * flight, then a checkpoint is staged at a step boundary and steps run until it settles (those steps
+ * overlap the upload). Repeats until both kinds have `steps` samples. Staging (the params|m|v copy
+ * into the staging buffer, in the coordinator's thread between two steps) is timed on its own.
+ */
 export async function runUploadCase(
   s: Shape,
   world: number,

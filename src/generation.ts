@@ -69,7 +69,6 @@ export function loadTokenizerFile(file: string): { tk: Tokenizer; eosText: strin
   }
 }
 
-/** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
 /** G11: --model names a path that is not there: say so, and name the checkpoints still on disk beside it. */
 function refuseMissingModelDir(dir: string): never {
   const ckpts =
@@ -123,6 +122,7 @@ function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, all
   );
 }
 
+/** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
 export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherTokenizer = false): LoadedModel {
   const cfgFile = path.join(dir, "config.json"),
     wFile = path.join(dir, "model.safetensors");

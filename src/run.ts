@@ -250,7 +250,6 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
   }
 }
 
-/** G7: everything built and checked, nothing trained; one JSON line. */
 /** M6: the policy a rank runs for the run's (micro-batch, seq) under the activation budget, and its size. */
 export function activationReport(s: Pick<Session, "cfg" | "model">): { line: string; json: Record<string, unknown> } {
   const { cfg } = s,
@@ -279,6 +278,7 @@ export function activationReport(s: Pick<Session, "cfg" | "model">): { line: str
   };
 }
 
+/** G7: everything built and checked, nothing trained; one JSON line. */
 function dryRun(s: Session, rep: Reporter): RunResult {
   const { cfg, plan } = s;
   const act = activationReport(s);

@@ -111,7 +111,6 @@ export interface HubClientOptions {
 
 const MIN_UPLOAD_BYTES_PER_MS = (1024 * 1024) / 1000; // 1 MiB/s budget for request bodies
 
-/** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
 /** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) every interval while it runs. */
 class TransferProgress {
   private done = 0;
@@ -143,6 +142,7 @@ class TransferProgress {
   }
 }
 
+/** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
 interface Tracker {
   fetch: typeof fetch;
   status: number | null;
