@@ -11,15 +11,15 @@ import { createHash } from "node:crypto";
 import { DEMO_SHA256 } from "./helpers/demo";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
-import { tinyArgs } from "./helpers/run";
+import { tinyRun } from "./helpers/run";
 import { loadMpi } from "../src/mpi/world";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
 
-/** A tiny model on the synthetic mix: 8 steps, checkpoints at 4 and 8 (test/helpers/run.ts's tinyArgs). */
+/** A tiny model on the synthetic mix: 8 steps, checkpoints at 4 and 8 (test/helpers/run.ts's tinyRun). */
 function tiny(out: string, extra: string[] = []): string[] {
-  return tinyArgs(mix.root, out, ["--vocab-size", "64", "--no-sample", ...extra]);
+  return tinyRun(mix.root, out, ["--vocab-size", "64", "--no-sample", ...extra]);
 }
 
 /** Why MPI tests cannot run here, or null. */

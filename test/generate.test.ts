@@ -16,6 +16,7 @@ import { lastLogits, loadModelDir } from "../src/generation";
 import { ENGINES, useEngine } from "./helpers/engines";
 import { maxAbs, maxAbsDiff } from "./helpers/numeric";
 import { tmpDir } from "./helpers/tmp";
+import { tinyRun } from "./helpers/run";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 
@@ -405,32 +406,10 @@ test("the export records its tokenizer's vocabulary hash, and generate refuses a
     "0.05",
   ]);
   assert.equal(p.status, 0, p.stderr);
-  const t = run("main.js", [
-    "--root",
-    mix,
-    "--out",
-    path.join(work, "run"),
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    "--hidden",
-    "36",
-    "--vocab-size",
-    "320",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--max-steps",
-    "4",
-    "--push-every-steps",
-    "4",
-    "--val-tokens",
-    "256",
-    "--backend",
-    "wasm",
-  ]);
+  const t = run(
+    "main.js",
+    tinyRun(mix, path.join(work, "run"), ["--vocab-size", "320", "--max-steps", "4", "--backend", "wasm"]),
+  );
   assert.equal(t.status, 0, t.stderr);
   const final = path.join(work, "run", "final");
   const recorded = JSON.parse(fs.readFileSync(path.join(final, "run_summary.json"), "utf8")).tokenizer_vocab_sha256;

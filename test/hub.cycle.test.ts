@@ -15,20 +15,32 @@ let n = 0;
 
 useTestHub({ pageSize: 4 }, (t) => (th = t));
 
-/** A fresh repo, one verified checkpoint at step 10 already published (the pointer's prior position). */
-async function repoWithFirstCheckpoint(): Promise<{ store: HubClient; first: Pointer; lines: string[] }> {
-  const store = th.store({ repo: `tester/cycle-${++n}` });
-  await store.ensureRepo();
-  const ck = writeFakeCheckpoint(path.join(th.tmp, `r${n}`, "checkpoint-10"), { step: 10 });
-  const lines: string[] = [];
-  await publishCheckpoint(store, {
+/** A fake checkpoint folder on disk and its pointer (writeFakeCheckpoint). */
+type Ck = Pointer & { dir: string };
+
+/**
+ * publishCheckpoint of `ck` (its folder, its path in the repo, its pointer) with no prune and no disk guard, its
+ * log lines into `lines`; `extra` overrides any option.
+ */
+function publishNext(store: HubClient, ck: Ck, lines: string[] = [], extra: Partial<PublishOptions> = {}) {
+  return publishCheckpoint(store, {
     localDir: ck.dir,
     pathInRepo: ck.path_in_repo,
     pointer: pointerOf(ck),
     prune: false,
     minFreeGb: 0,
     log: (l) => lines.push(l),
+    ...extra,
   });
+}
+
+/** A fresh repo, one verified checkpoint at step 10 already published (the pointer's prior position). */
+async function repoWithFirstCheckpoint(): Promise<{ store: HubClient; first: Pointer; lines: string[] }> {
+  const store = th.store({ repo: `tester/cycle-${++n}` });
+  await store.ensureRepo();
+  const ck = writeFakeCheckpoint(path.join(th.tmp, `r${n}`, "checkpoint-10"), { step: 10 });
+  const lines: string[] = [];
+  await publishNext(store, ck, lines);
   return { store, first: pointerOf(ck), lines };
 }
 
@@ -51,15 +63,7 @@ describe("publishCheckpoint (K3)", () => {
     assert.deepEqual(await store.readPointer(), first);
     const ck = nextCheckpoint();
     const out: string[] = [];
-    const r = await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: (l) => out.push(l),
-      loss: 2.5,
-    });
+    const r = await publishNext(store, ck, out, { loss: 2.5 });
     assert.equal(r.ok, true);
     assert.deepEqual(r.verify, { missing: [], mismatch: [], extra: [], readbackOk: true });
     assert.equal(r.step, 20);
@@ -92,31 +96,20 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ status: { upload: 500 } });
     const lines: string[] = [];
-    await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: true,
-        minFreeGb: 0,
-        log: (l) => lines.push(l),
-        ...QUICK,
-      }),
-      (e: Error) => {
-        assert.equal(e.name, "CheckpointPublishError");
-        assert.match(
-          e.message,
-          /checkpoint 20: upload to tester\/cycle-\d+\/ckpt\/checkpoint-20 failed: upload of ckpt\/checkpoint-20 \(step 20\) kept failing for .*--hub-retry-minutes.*last error: HTTP 500/,
-        );
-        assert.match(
-          e.message,
-          new RegExp(
-            `local copy at ${ck.dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} is kept and latest.json was not moved`,
-          ),
-        );
-        return true;
-      },
-    );
+    await assert.rejects(publishNext(store, ck, lines, { prune: true, ...QUICK }), (e: Error) => {
+      assert.equal(e.name, "CheckpointPublishError");
+      assert.match(
+        e.message,
+        /checkpoint 20: upload to tester\/cycle-\d+\/ckpt\/checkpoint-20 failed: upload of ckpt\/checkpoint-20 \(step 20\) kept failing for .*--hub-retry-minutes.*last error: HTTP 500/,
+      );
+      assert.match(
+        e.message,
+        new RegExp(
+          `local copy at ${ck.dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} is kept and latest.json was not moved`,
+        ),
+      );
+      return true;
+    });
     // K6: the failed attempts were retried, one log line each, then the give-up. How many attempts fit in the
     // 400 ms limit depends on the machine's load (one, under heavy load), so only the first is required.
     const attempts = lines.filter((l) =>
@@ -132,15 +125,7 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ status: { commit: 500 } });
     await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: true,
-        minFreeGb: 0,
-        log: () => {},
-        ...QUICK,
-      }),
+      publishNext(store, ck, [], { prune: true, ...QUICK }),
       /upload to .* failed: .*kept failing.*HTTP 500.*local copy .* is kept and latest\.json was not moved/,
     );
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -151,16 +136,7 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ status: { commit: 503, upload: 500, lfsBatch: 429 }, failCount: 3 });
     const lines: string[] = [];
-    const r = await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: (l) => lines.push(l),
-      ...QUICK,
-      giveUpMs: 60_000,
-    });
+    const r = await publishNext(store, ck, lines, { ...QUICK, giveUpMs: 60_000 });
     assert.equal(r.ok, true);
     assert.equal((await store.readPointer())?.step, 20);
     assert.equal(
@@ -176,16 +152,7 @@ describe("publishCheckpoint (K3)", () => {
     th.hub.setFaults({ status: { commit: 403 } });
     const lines: string[] = [];
     await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: (l) => lines.push(l),
-        ...QUICK,
-        giveUpMs: 60_000,
-      }),
+      publishNext(store, ck, lines, { ...QUICK, giveUpMs: 60_000 }),
       /upload to .* failed: HTTP 403/,
     );
     assert.equal(lines.filter((l) => /retrying in/.test(l)).length, 0, lines.join("\n"));
@@ -197,14 +164,7 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"] });
     await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: true,
-        minFreeGb: 0,
-        log: () => {},
-      }),
+      publishNext(store, ck, [], { prune: true }),
       (e: Error & { verify?: { mismatch: string[] } }) => {
         assert.equal(e.name, "CheckpointVerifyError");
         assert.match(
@@ -225,14 +185,7 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/cursor.json"] });
     await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      }),
+      publishNext(store, ck),
       /mismatched 1 \[ckpt\/checkpoint-20\/cursor\.json\].*read-back FAILED/,
     );
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -242,24 +195,14 @@ describe("publishCheckpoint (K3)", () => {
     const { store, first } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
     th.hub.setFaults({ dropOnCommit: ["checkpoint-20/optimizer.safetensors"] });
-    await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: true,
-        minFreeGb: 0,
-        log: () => {},
-      }),
-      (e: Error) => {
-        assert.equal(e.name, "CheckpointVerifyError");
-        assert.match(
-          e.message,
-          /missing 1 \[ckpt\/checkpoint-20\/optimizer\.safetensors\], mismatched 0, extra 0, read-back ok/,
-        );
-        return true;
-      },
-    );
+    await assert.rejects(publishNext(store, ck, [], { prune: true }), (e: Error) => {
+      assert.equal(e.name, "CheckpointVerifyError");
+      assert.match(
+        e.message,
+        /missing 1 \[ckpt\/checkpoint-20\/optimizer\.safetensors\], mismatched 0, extra 0, read-back ok/,
+      );
+      return true;
+    });
     await assertKeptAndUnmoved(store, ck.dir, first);
   });
 
@@ -268,14 +211,7 @@ describe("publishCheckpoint (K3)", () => {
     const ck = nextCheckpoint();
     th.hub.setFaults({ extraOnCommit: [{ path: "ckpt/checkpoint-20/stray.bin", content: "not ours" }] });
     await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: true,
-        minFreeGb: 0,
-        log: () => {},
-      }),
+      publishNext(store, ck, [], { prune: true }),
       /missing 0, mismatched 0, extra 1 \[ckpt\/checkpoint-20\/stray\.bin\], read-back ok.*local copy at .* is kept and latest\.json was not moved/,
     );
     await assertKeptAndUnmoved(store, ck.dir, first);
@@ -285,27 +221,16 @@ describe("publishCheckpoint (K3)", () => {
     const { store, first } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
     th.hub.setFaults({ failPointerWrite: true });
-    await assert.rejects(
-      publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: true,
-        minFreeGb: 0,
-        log: () => {},
-        ...QUICK,
-      }),
-      (e: Error & { stage?: string }) => {
-        assert.equal(e.name, "CheckpointPublishError");
-        assert.equal(e.stage, "pointer");
-        assert.match(
-          e.message,
-          /checkpoint 20 is verified on the Hub at .*ckpt\/checkpoint-20, but latest\.json could not be moved to it: .*kept failing.*HTTP 500/,
-        );
-        assert.match(e.message, /local copy at .* is kept/);
-        return true;
-      },
-    );
+    await assert.rejects(publishNext(store, ck, [], { prune: true, ...QUICK }), (e: Error & { stage?: string }) => {
+      assert.equal(e.name, "CheckpointPublishError");
+      assert.equal(e.stage, "pointer");
+      assert.match(
+        e.message,
+        /checkpoint 20 is verified on the Hub at .*ckpt\/checkpoint-20, but latest\.json could not be moved to it: .*kept failing.*HTTP 500/,
+      );
+      assert.match(e.message, /local copy at .* is kept/);
+      return true;
+    });
     await assertKeptAndUnmoved(store, ck.dir, first);
     // The checkpoint itself is on the Hub and complete.
     assert.equal((await store.list("ckpt/checkpoint-20")).length, 5);
@@ -314,14 +239,7 @@ describe("publishCheckpoint (K3)", () => {
   test("prune deletes the local copy when asked and the disk guard allows (K3)", async () => {
     const { store } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
-    const r = await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: true,
-      minFreeGb: 0,
-      log: () => {},
-    });
+    const r = await publishNext(store, ck, [], { prune: true });
     assert.equal(r.pruned, true);
     assert.equal(r.pruneReason, null);
     assert.equal(fs.existsSync(ck.dir), false);
@@ -332,14 +250,7 @@ describe("publishCheckpoint (K3)", () => {
     const { store } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
     const lines: string[] = [];
-    const r = await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: true,
-      minFreeGb: 1e9,
-      log: (l) => lines.push(l),
-    });
+    const r = await publishNext(store, ck, lines, { prune: true, minFreeGb: 1e9 });
     assert.equal(r.ok, true);
     assert.equal(r.pruned, false);
     assert.match(r.pruneReason!, /kept: free disk after pruning would be [\d.]+ GB, below the 1000000000 GB guard/);
@@ -351,23 +262,9 @@ describe("publishCheckpoint (K3)", () => {
     const { store } = await repoWithFirstCheckpoint();
     const ck = nextCheckpoint();
     fs.writeFileSync(path.join(ck.dir, "old-extra.json"), "{}");
-    await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: () => {},
-    });
+    await publishNext(store, ck);
     fs.rmSync(path.join(ck.dir, "old-extra.json"));
-    const r = await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: () => {},
-    });
+    const r = await publishNext(store, ck);
     assert.equal(r.ok, true);
     assert.equal(
       (await store.list("ckpt/checkpoint-20")).some((f) => f.path.endsWith("old-extra.json")),
@@ -423,8 +320,6 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
   /** K6 retries shortened: give up after 0.4 s of failures, backoff 20..50 ms. */
   const QUICK = { giveUpMs: 400, backoff: { baseMs: 20, capMs: 50 } };
 
-  type Ck = Pointer & { dir: string };
-
   async function freshRepo(): Promise<HubClient> {
     const store = th.store({ repo: `tester/cycle-rules-${++n}` });
     await store.ensureRepo();
@@ -433,18 +328,6 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
 
   function checkpoint(step = 20, o: { seqsPerStep?: number } = {}): Ck {
     return writeFakeCheckpoint(path.join(th.tmp, `c${n}`, `checkpoint-${step}`), { step, loss: 2.5, ...o });
-  }
-
-  function options(ck: Ck, lines: string[], extra: Partial<PublishOptions> = {}): PublishOptions {
-    return {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: (l) => lines.push(l),
-      ...extra,
-    };
   }
 
   /** Publishes ck with `file` corrupted by the Hub at commit time: a K4 refusal with this read-back verdict; check reads its message. */
@@ -456,14 +339,11 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
     check: (message: string) => void,
   ): Promise<void> {
     th.hub.setFaults({ corruptOnCommit: [`checkpoint-20/${file}`] });
-    await assert.rejects(
-      publishCheckpoint(store, options(ck, [])),
-      (e: Error & { verify?: { readbackOk: boolean } }) => {
-        assert.equal(e.verify!.readbackOk, readbackOk);
-        check(e.message);
-        return true;
-      },
-    );
+    await assert.rejects(publishNext(store, ck, []), (e: Error & { verify?: { readbackOk: boolean } }) => {
+      assert.equal(e.verify!.readbackOk, readbackOk);
+      check(e.message);
+      return true;
+    });
   }
 
   /** What the repo holds besides the .gitattributes every new repo starts with. */
@@ -494,7 +374,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = checkpoint();
       const lines: string[] = [];
-      await assert.rejects(publishCheckpoint(store, { ...options(ck, lines), pathInRepo: "ckpt/checkpoint-21" }), {
+      await assert.rejects(publishNext(store, ck, lines, { pathInRepo: "ckpt/checkpoint-21" }), {
         name: "TypeError",
         message: 'publish: pointer.path_in_repo "ckpt/checkpoint-20" differs from pathInRepo "ckpt/checkpoint-21"',
       });
@@ -506,7 +386,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       test(`a disk guard of ${bad} GB is a TypeError, and nothing is pushed`, async () => {
         const store = await freshRepo();
         const ck = checkpoint();
-        await assert.rejects(publishCheckpoint(store, options(ck, [], { minFreeGb: bad })), {
+        await assert.rejects(publishNext(store, ck, [], { minFreeGb: bad }), {
           name: "TypeError",
           message: `publish: minFreeGb must be >= 0, got ${bad}`,
         });
@@ -520,7 +400,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       for (const f of fs.readdirSync(ck.dir)) fs.rmSync(path.join(ck.dir, f));
       const lines: string[] = [];
       const t0 = performance.now();
-      await assert.rejects(publishCheckpoint(store, options(ck, lines)), (e: Error & { stage?: string }) => {
+      await assert.rejects(publishNext(store, ck, lines), (e: Error & { stage?: string }) => {
         assert.equal(e.name, "CheckpointPublishError");
         assert.equal(e.stage, "upload");
         assert.ok(
@@ -548,7 +428,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = checkpoint();
       fs.rmSync(ck.dir, { recursive: true });
-      await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error) => {
+      await assert.rejects(publishNext(store, ck, []), (e: Error) => {
         assert.equal(e.name, "CheckpointPublishError");
         assert.match(e.message, /^checkpoint 20: reading the local copy at .* failed: .*ENOENT/);
         return true;
@@ -559,8 +439,8 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
   describe("the commit (K3, G4)", () => {
     test("a checkpoint is committed as 'checkpoint step N', final/ as 'final export (step N)', or with the message given", async () => {
       const store = await freshRepo();
-      await publishCheckpoint(store, options(checkpoint(20), []));
-      await publishCheckpoint(store, options(checkpoint(30), [], { message: "my message" }));
+      await publishNext(store, checkpoint(20), []);
+      await publishNext(store, checkpoint(30), [], { message: "my message" });
       const dir = path.join(th.tmp, `c${n}`, "final");
       const fin = writeFakeCheckpoint(dir, { step: 40 });
       const r = await publishFinal(store, {
@@ -582,7 +462,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       fs.mkdirSync(path.join(ck.dir, "extra", "deep"), { recursive: true });
       fs.writeFileSync(path.join(ck.dir, "extra", "deep", "notes.txt"), "sub-folder file");
-      const r = await publishCheckpoint(store, options(ck, []));
+      const r = await publishNext(store, ck, []);
       assert.equal(r.ok, true);
       assert.ok(
         (await store.list("ckpt/checkpoint-20")).some((f) => f.path === "ckpt/checkpoint-20/extra/deep/notes.txt"),
@@ -594,7 +474,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint(200);
       const lines: string[] = [];
       const t0 = performance.now();
-      const r = await publishCheckpoint(store, options(ck, lines, { loss: 1.25 }));
+      const r = await publishNext(store, ck, lines, { loss: 1.25 });
       const callSeconds = (performance.now() - t0) / 1000;
       assert.ok(
         r.pushVerifySeconds > 0 && r.pushVerifySeconds <= callSeconds,
@@ -619,7 +499,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       th.hub.setFaults({ corruptOnCommit: ["checkpoint-20/model.safetensors"], failCount: 1 });
       const lines: string[] = [];
-      const r = await publishCheckpoint(store, options(ck, lines));
+      const r = await publishNext(store, ck, lines);
       assert.equal(r.ok, true);
       assert.deepEqual(r.verify, { missing: [], mismatch: [], extra: [], readbackOk: true });
       assert.match(
@@ -636,7 +516,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const size = fs.statSync(path.join(ck.dir, "config.json")).size;
       th.hub.setFaults({ extraOnCommit: [{ path: "ckpt/checkpoint-20/config.json", content: "{}" }] });
       await assert.rejects(
-        publishCheckpoint(store, options(ck, [])),
+        publishNext(store, ck, []),
         (e: Error & { verify?: { mismatch: string[]; extra: string[] } }) => {
           assert.equal(e.name, "CheckpointVerifyError");
           assert.ok(
@@ -660,7 +540,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
         ],
         dropOnCommit: ["checkpoint-20/config.json"],
       });
-      await assert.rejects(publishCheckpoint(store, options(ck, [])), (e: Error & { verify?: { extra: string[] } }) => {
+      await assert.rejects(publishNext(store, ck, []), (e: Error & { verify?: { extra: string[] } }) => {
         assert.ok(
           e.message.includes(
             "missing 1 [ckpt/checkpoint-20/config.json], mismatched 0, extra 2 [ckpt/checkpoint-20/a.bin, ckpt/checkpoint-20/z.bin], read-back ok. ",
@@ -678,7 +558,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
         dropOnCommit: ["checkpoint-20/config.json", "checkpoint-20/trainer_state.json"],
         corruptOnCommit: ["checkpoint-20/model.safetensors", "checkpoint-20/optimizer.safetensors"],
       });
-      await assert.rejects(publishCheckpoint(store, options(checkpoint(), [])), (e: Error) => {
+      await assert.rejects(publishNext(store, checkpoint(), []), (e: Error) => {
         assert.ok(
           e.message.includes(
             "missing 2 [ckpt/checkpoint-20/config.json, ckpt/checkpoint-20/trainer_state.json], mismatched 2 [ckpt/checkpoint-20/model.safetensors, ckpt/checkpoint-20/optimizer.safetensors], extra 0, read-back ok (ckpt/checkpoint-20/model.safetensors: sha256 ",
@@ -767,7 +647,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
         return r;
       };
       const lines: string[] = [];
-      const r = await publishCheckpoint(s, options(ck, lines));
+      const r = await publishNext(s, ck, lines);
       assert.equal(r.ok, true);
       const retried = lines.filter((l) => /did not verify/.test(l));
       assert.equal(retried.length, 1, lines.join("\n"));
@@ -790,7 +670,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = weightsOnly();
       await assert.rejects(
-        publishCheckpoint(faultAfterUpload(store, { status: { resolve: 403 } }), options(ck, [], QUICK)),
+        publishNext(faultAfterUpload(store, { status: { resolve: 403 } }), ck, [], QUICK),
         (e: Error & { verify?: { readbackOk: boolean } }) => {
           assert.equal(e.name, "CheckpointVerifyError");
           assert.equal(e.verify!.readbackOk, false);
@@ -809,9 +689,11 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = weightsOnly();
       const lines: string[] = [];
-      const r = await publishCheckpoint(
+      const r = await publishNext(
         faultAfterUpload(store, { status: { resolve: 503 }, failCount: 1 }),
-        options(ck, lines, QUICK),
+        ck,
+        lines,
+        QUICK,
       );
       assert.equal(r.ok, true);
       assert.ok(
@@ -825,7 +707,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = checkpoint();
       await assert.rejects(
-        publishCheckpoint(faultAfterUpload(store, { status: { list: 503 } }), options(ck, [], { ...QUICK })),
+        publishNext(faultAfterUpload(store, { status: { list: 503 } }), ck, [], { ...QUICK }),
         (e: Error) => {
           assert.equal(e.name, "CheckpointVerifyError");
           assert.match(
@@ -842,7 +724,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
     test("the unverifiable refusal carries an empty verification report (nothing was compared) (K4)", async () => {
       const store = await freshRepo();
       await assert.rejects(
-        publishCheckpoint(faultAfterUpload(store, { status: { list: 503 } }), options(checkpoint(), [], QUICK)),
+        publishNext(faultAfterUpload(store, { status: { list: 503 } }), checkpoint(), [], QUICK),
         (e: Error & { verify?: unknown }) => {
           assert.deepEqual(e.verify, { missing: [], mismatch: [], extra: [], readbackOk: false });
           return true;
@@ -854,14 +736,11 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const lines: string[] = [];
       await assert.rejects(
-        publishCheckpoint(
-          faultAfterUpload(store, { status: { list: 503 } }),
-          options(checkpoint(), lines, {
-            giveUpMs: 60_000,
-            backoff: { baseMs: 20, capMs: 50 },
-            abandon: () => "newer",
-          }),
-        ),
+        publishNext(faultAfterUpload(store, { status: { list: 503 } }), checkpoint(), lines, {
+          giveUpMs: 60_000,
+          backoff: { baseMs: 20, capMs: 50 },
+          abandon: () => "newer",
+        }),
         { name: "RetryAbandoned" },
       );
       assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false/);
@@ -876,7 +755,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       th.hub.setFaults({ status: { commit: 503 }, failCount: 1 });
       const lines: string[] = [];
-      const r = await publishCheckpoint(store, options(ck, lines, { backoff: { baseMs: 20, capMs: 50 } }));
+      const r = await publishNext(store, ck, lines, { backoff: { baseMs: 20, capMs: 50 } });
       assert.equal(r.ok, true);
       assert.equal(
         lines.filter((l) =>
@@ -894,19 +773,16 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const clock: { failingSince: number | null } = { failingSince: null };
       th.hub.setFaults({ status: { commit: 503 } });
       const before = performance.now();
-      await assert.rejects(publishCheckpoint(store, options(checkpoint(20), [], { ...QUICK, clock })), /kept failing/);
+      await assert.rejects(publishNext(store, checkpoint(20), [], { ...QUICK, clock }), /kept failing/);
       assert.ok(clock.failingSince !== null && clock.failingSince >= before, "the clock holds the first failure");
       const first = clock.failingSince;
       await assert.rejects(
-        publishCheckpoint(
-          store,
-          options(checkpoint(30), [], { ...QUICK, giveUpMs: 60_000, abandon: () => "stop", clock }),
-        ),
+        publishNext(store, checkpoint(30), [], { ...QUICK, giveUpMs: 60_000, abandon: () => "stop", clock }),
         { name: "RetryAbandoned" },
       );
       assert.equal(clock.failingSince, first, "a later failure does not restart the clock");
       th.hub.clearFaults();
-      const r = await publishCheckpoint(store, options(checkpoint(40), [], { ...QUICK, clock }));
+      const r = await publishNext(store, checkpoint(40), [], { ...QUICK, clock });
       assert.equal(r.ok, true);
       assert.equal(clock.failingSince, null, "success clears the clock");
     });
@@ -917,10 +793,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       th.hub.setFaults({ status: { commit: 503 } });
       const lines: string[] = [];
       await assert.rejects(
-        publishCheckpoint(
-          store,
-          options(checkpoint(), lines, { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, clock }),
-        ),
+        publishNext(store, checkpoint(), lines, { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, clock }),
         /upload of ckpt\/checkpoint-20 \(step 20\) kept failing for \d+\.\d min/,
       );
       assert.equal(lines.filter((l) => /retrying in/.test(l)).length, 0, lines.join("\n"));
@@ -940,7 +813,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
         return r;
       };
       const lines: string[] = [];
-      await assert.rejects(publishCheckpoint(s, options(checkpoint(), lines, QUICK)), (e: Error) => {
+      await assert.rejects(publishNext(s, checkpoint(), lines, QUICK), (e: Error) => {
         assert.equal(e.name, "CheckpointVerifyError");
         assert.match(e.message, /verification of ckpt\/checkpoint-20 \(step 20\) kept failing for/);
         return true;
@@ -954,14 +827,11 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       th.hub.setFaults({ status: { commit: 503 } });
       const lines: string[] = [];
       await assert.rejects(
-        publishCheckpoint(
-          store,
-          options(checkpoint(), lines, {
-            giveUpMs: 60_000,
-            backoff: { baseMs: 20, capMs: 50 },
-            abandon: () => "a newer checkpoint is waiting",
-          }),
-        ),
+        publishNext(store, checkpoint(), lines, {
+          giveUpMs: 60_000,
+          backoff: { baseMs: 20, capMs: 50 },
+          abandon: () => "a newer checkpoint is waiting",
+        }),
         (e: Error) => {
           assert.equal(e.name, "RetryAbandoned");
           assert.equal(e.message, "a newer checkpoint is waiting");
@@ -981,7 +851,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       th.hub.setFaults({ failPointerWrite: true });
       const lines: string[] = [];
-      await assert.rejects(publishCheckpoint(store, options(ck, lines, QUICK)), (e: Error & { stage?: string }) => {
+      await assert.rejects(publishNext(store, ck, lines, QUICK), (e: Error & { stage?: string }) => {
         assert.equal(e.stage, "pointer");
         assert.ok(
           e.message.includes(
@@ -1002,10 +872,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       th.hub.setFaults({ failPointerWrite: true });
       await assert.rejects(
-        publishCheckpoint(
-          store,
-          options(ck, [], { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, abandon: () => "newer" }),
-        ),
+        publishNext(store, ck, [], { giveUpMs: 60_000, backoff: { baseMs: 20, capMs: 50 }, abandon: () => "newer" }),
         { name: "RetryAbandoned" },
       );
       assert.ok(fs.existsSync(ck.dir));
@@ -1019,7 +886,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       await other.uploadFolder(theirs.dir, "elsewhere", "someone else's commit");
       const lines: string[] = [];
       const ck = checkpoint();
-      await assert.rejects(publishCheckpoint(store, options(ck, lines, QUICK)), { name: "ConcurrentWriterError" });
+      await assert.rejects(publishNext(store, ck, lines, QUICK), { name: "ConcurrentWriterError" });
       assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false/);
       assert.ok(fs.existsSync(ck.dir));
     });
@@ -1046,7 +913,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       th.hub.setFaults({ loseCommitAnswer: ["checkpoint-20/config.json"], failCount: 1 });
       const lines: string[] = [];
-      const r = await publishCheckpoint(store, options(ck, lines, PATIENT));
+      const r = await publishNext(store, ck, lines, PATIENT);
       assert.equal(r.ok, true);
       assert.ok(
         lines.some((l) => /^hub: upload of ckpt\/checkpoint-20 \(step 20\) failed \(attempt 1: HTTP 500/.test(l)),
@@ -1062,7 +929,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const ck = checkpoint();
       th.hub.setFaults({ loseCommitAnswer: ["latest.json"], failCount: 1 });
       const lines: string[] = [];
-      const r = await publishCheckpoint(store, options(ck, lines, PATIENT));
+      const r = await publishNext(store, ck, lines, PATIENT);
       assert.equal(r.ok, true);
       assert.ok(
         lines.some((l) => /^hub: write of latest\.json -> ckpt\/checkpoint-20 failed \(attempt 1: HTTP 500/.test(l)),
@@ -1086,7 +953,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const s = beforeUpload(store, 1, () =>
         other.uploadFolder(ck.dir, ck.path_in_repo, "the same folder, by someone else"),
       );
-      await assert.rejects(publishCheckpoint(s, options(ck, [], PATIENT)), { name: "ConcurrentWriterError" });
+      await assert.rejects(publishNext(s, ck, [], PATIENT), { name: "ConcurrentWriterError" });
       assert.equal(await store.readPointer(), null);
       assert.ok(fs.existsSync(ck.dir));
     });
@@ -1101,7 +968,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
         other.uploadFolder(ck.dir, ck.path_in_repo, "the same folder, by someone else"),
       );
       const lines: string[] = [];
-      await assert.rejects(publishCheckpoint(s, options(ck, lines, PATIENT)), { name: "ConcurrentWriterError" });
+      await assert.rejects(publishNext(s, ck, lines, PATIENT), { name: "ConcurrentWriterError" });
       assert.equal(lines.filter((l) => /did not verify .* uploading it once more/.test(l)).length, 1, lines.join("\n"));
       assert.equal(await store.readPointer(), null);
     });
@@ -1117,7 +984,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
         await other.writePointer(pointerOf(ck));
         return r;
       };
-      await assert.rejects(publishCheckpoint(s, options(ck, [], PATIENT)), { name: "ConcurrentWriterError" });
+      await assert.rejects(publishNext(s, ck, [], PATIENT), { name: "ConcurrentWriterError" });
       const titles = await commitTitles(store);
       assert.equal(titles.filter((t) => t.startsWith("latest.json -> ")).length, 1, titles.join(" | "));
     });
@@ -1126,7 +993,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
   describe("prune and the disk guard (K3)", () => {
     test("a kept copy names the free disk after pruning and the guard, with the rule (K3)", async () => {
       const store = await freshRepo();
-      const r = await publishCheckpoint(store, options(checkpoint(), [], { prune: true, minFreeGb: 1e9 }));
+      const r = await publishNext(store, checkpoint(), [], { prune: true, minFreeGb: 1e9 });
       assert.match(
         r.pruneReason!,
         /^kept: free disk after pruning would be \d+\.\d GB, below the 1000000000 GB guard \(K3\)$/,
@@ -1143,7 +1010,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = checkpoint();
       const lines: string[] = [];
-      const r = await publishCheckpoint(store, options(ck, lines, { prune: true, minFreeGb: 0 }));
+      const r = await publishNext(store, ck, lines, { prune: true, minFreeGb: 0 });
       assert.equal(r.pruned, true);
       assert.match(lines[0], /^CKPT 20 .* ok=true pruned=true free=\d+\.\dGB loss=n\/a$/);
       assert.ok(
@@ -1181,7 +1048,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const asked: string[] = [];
       const diskFree = async (p: string) => (asked.push(p), p === ck.dir ? 2e9 - size : 5.04e9);
       const lines: string[] = [];
-      const r = await publishCheckpoint(store, options(ck, lines, { prune: true, minFreeGb: 2, diskFree }));
+      const r = await publishNext(store, ck, lines, { prune: true, minFreeGb: 2, diskFree });
       assert.equal(r.pruned, true, r.pruneReason ?? "");
       assert.equal(r.freeGb, 5, "after pruning, the free disk of the parent folder");
       assert.deepEqual(asked, [ck.dir, path.dirname(ck.dir)]);
@@ -1193,18 +1060,16 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       const ck = checkpoint();
       const size = folderBytes(ck.dir);
-      const r = await publishCheckpoint(
-        store,
-        options(ck, [], { prune: true, minFreeGb: 2, diskFree: async () => 2e9 - size - 1 }),
-      );
+      const r = await publishNext(store, ck, [], { prune: true, minFreeGb: 2, diskFree: async () => 2e9 - size - 1 });
       assert.equal(r.pruned, false);
       assert.equal(r.pruneReason, "kept: free disk after pruning would be 2.0 GB, below the 2 GB guard (K3)");
       assert.equal(r.freeGb, 2);
       assert.ok(fs.existsSync(ck.dir));
-      const r2 = await publishCheckpoint(
-        store,
-        options(checkpoint(30), [], { prune: true, minFreeGb: 2, diskFree: async () => 1.2e9 }),
-      );
+      const r2 = await publishNext(store, checkpoint(30), [], {
+        prune: true,
+        minFreeGb: 2,
+        diskFree: async () => 1.2e9,
+      });
       assert.equal(r2.pruneReason, "kept: free disk after pruning would be 1.2 GB, below the 2 GB guard (K3)");
       assert.equal(r2.freeGb, 1.2);
     });
@@ -1212,10 +1077,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
     test("without --prune the free disk is reported in GB rounded to 0.1, and nothing is deleted (K3)", async () => {
       const store = await freshRepo();
       const ck = checkpoint();
-      const r = await publishCheckpoint(
-        store,
-        options(ck, [], { prune: false, minFreeGb: 0, diskFree: async () => 3.26e9 }),
-      );
+      const r = await publishNext(store, ck, [], { prune: false, minFreeGb: 0, diskFree: async () => 3.26e9 });
       assert.equal(r.pruneReason, "--prune not set");
       assert.equal(r.freeGb, 3.3);
       assert.ok(fs.existsSync(ck.dir));
@@ -1225,22 +1087,19 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
       const store = await freshRepo();
       th.hub.setFaults({ status: { commit: 403 } });
       const lines: string[] = [];
-      await assert.rejects(
-        publishCheckpoint(store, options(checkpoint(20), lines, { ...QUICK, diskFree: async () => 7.77e9 })),
-        { name: "CheckpointPublishError", stage: "upload" },
-      );
+      await assert.rejects(publishNext(store, checkpoint(20), lines, { ...QUICK, diskFree: async () => 7.77e9 }), {
+        name: "CheckpointPublishError",
+        stage: "upload",
+      });
       assert.match(lines[lines.length - 1], /^CKPT 20 .* ok=false pruned=false free=7\.8GB /);
       const lines2: string[] = [];
       await assert.rejects(
-        publishCheckpoint(
-          store,
-          options(checkpoint(30), lines2, {
-            ...QUICK,
-            diskFree: async () => {
-              throw new Error("statfs failed");
-            },
-          }),
-        ),
+        publishNext(store, checkpoint(30), lines2, {
+          ...QUICK,
+          diskFree: async () => {
+            throw new Error("statfs failed");
+          },
+        }),
         { name: "CheckpointPublishError" },
       );
       assert.match(lines2[lines2.length - 1], /^CKPT 30 .* ok=false pruned=false free=0\.0GB /);

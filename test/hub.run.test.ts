@@ -12,7 +12,7 @@ import { createHubClient } from "../src/hub/client";
 import { repoExists as hubRepoExists } from "@huggingface/hub";
 import { readSafetensors } from "../src/model/safetensors";
 import { writeSyntheticMix } from "./helpers/mix";
-import { runTiny, tinyConfig } from "./helpers/run";
+import { runTiny, tinyConfig, tinyRun } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 
 const MAIN = path.join(__dirname, "..", "main.js");
@@ -43,37 +43,19 @@ function withHub<T>(fn: (hub: LocalHub, url: string) => Promise<T>, token?: stri
 function cliArgs(out: string, url: string, repo: string, extra: string[] = []): string[] {
   return [
     MAIN,
-    "--root",
-    mix.root,
-    "--out",
-    out,
-    "--hub-url",
-    url,
-    "--hub-repo",
-    repo,
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    "--hidden",
-    "36",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--world",
-    "2",
-    "--max-steps",
-    "12",
-    "--push-every-steps",
-    "4",
-    "--log-every",
-    "2",
-    "--val-tokens",
-    "256",
-    "--backend",
-    "wasm",
-    ...extra,
+    ...tinyRun(mix.root, out, [
+      "--hub-url",
+      url,
+      "--hub-repo",
+      repo,
+      "--world",
+      "2",
+      "--max-steps",
+      "12",
+      "--backend",
+      "wasm",
+      ...extra,
+    ]),
   ];
 }
 

@@ -10,6 +10,7 @@ import { LocalHub } from "../src/hub/server";
 import { createHubClient } from "../src/hub/client";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
+import { tinyRun } from "./helpers/run";
 import { MAIN, RestartableHub, adviceAfter, modelBytes, runCli, startCli, type Child } from "./helpers/survive";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
@@ -17,41 +18,19 @@ const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 10
 function args(out: string, url: string, repo: string, extra: string[] = []): string[] {
   return [
     MAIN,
-    "--root",
-    mix.root,
-    "--out",
-    out,
-    "--hub-url",
-    url,
-    "--hub-repo",
-    repo,
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    "--hidden",
-    "36",
-    "--vocab-size",
-    "64",
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--world",
-    "1",
-    "--max-steps",
-    "12",
-    "--push-every-steps",
-    "4",
-    "--log-every",
-    "2",
-    "--val-tokens",
-    "256",
-    "--lr",
-    "3e-3",
-    "--backend",
-    "wasm",
-    ...extra,
+    ...tinyRun(mix.root, out, [
+      "--hub-url",
+      url,
+      "--hub-repo",
+      repo,
+      "--vocab-size",
+      "64",
+      "--max-steps",
+      "12",
+      "--backend",
+      "wasm",
+      ...extra,
+    ]),
   ];
 }
 

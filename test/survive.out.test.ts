@@ -10,6 +10,7 @@ import { LocalHub } from "../src/hub/server";
 import { createHubClient } from "../src/hub/client";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
+import { tinyRun } from "./helpers/run";
 import { MAIN, adviceAfter, modelBytes, runCli, type Child } from "./helpers/survive";
 import { createHash } from "node:crypto";
 import { parseManifest } from "../src/checkpoint";
@@ -20,37 +21,7 @@ const show = (c: Child) =>
 
 /** Small model (22k parameters) unless `model` overrides --hidden / --vocab-size. */
 function args(out: string, extra: string[] = [], model: string[] = ["--hidden", "36", "--vocab-size", "64"]): string[] {
-  return [
-    MAIN,
-    "--root",
-    mix.root,
-    "--out",
-    out,
-    "--seq-len",
-    "16",
-    "--layers",
-    "2",
-    ...model,
-    "--micro-batch",
-    "2",
-    "--accum",
-    "1",
-    "--world",
-    "1",
-    "--max-steps",
-    "8",
-    "--push-every-steps",
-    "4",
-    "--log-every",
-    "2",
-    "--val-tokens",
-    "256",
-    "--lr",
-    "3e-3",
-    "--backend",
-    "wasm",
-    ...extra,
-  ];
+  return [MAIN, ...tinyRun(mix.root, out, [...model, "--backend", "wasm", ...extra])];
 }
 
 let hub: LocalHub;

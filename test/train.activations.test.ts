@@ -14,7 +14,7 @@ import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
-// tinyArgs' shape (test/helpers/run.ts): seq 16, 2 layers, hidden 36, the runs below at micro-batch 2
+// tinyRun's shape (test/helpers/run.ts): seq 16, 2 layers, hidden 36, the runs below at micro-batch 2
 const model = buildConfig({ seqLen: 16, layers: 2, hidden: 36, vocabSize: 64 });
 const plan = (budget: number, gradCkpt = true) => activationPlan(model, 2, 16, gradCkpt, budget);
 const [noneBytes, keptBytes] = activationPlans(model, 2, 16).map((p) => p.bytes);

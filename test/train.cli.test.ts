@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
-import { runTiny, tinyArgs as tinyRunArgs, tinyConfig } from "./helpers/run";
+import { runTiny, tinyConfig, tinyRun } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { cpuWarning } from "../src/run";
@@ -150,7 +150,7 @@ test("--stop-after-steps must be a whole number of intervals, beyond the resume 
 
 /** The tiny run of helpers/run.ts, on wasm, without samples, as flags for dist/main.js. */
 function tinyArgs(root: string, out: string, extra: string[] = []): string[] {
-  return tinyRunArgs(root, out, ["--vocab-size", "64", "--backend", "wasm", "--no-sample", ...extra]);
+  return tinyRun(root, out, ["--vocab-size", "64", "--backend", "wasm", "--no-sample", ...extra]);
 }
 
 test("--resume DIR checks every file against the checkpoint's manifest.json and refuses a changed byte or a missing manifest (K7)", {
@@ -453,7 +453,7 @@ test("--resume on a path that does not exist says so (not 'no cursor.json'), and
   timeout: 120_000,
 }, async () => {
   const out = tmpDir("tstrain-resume-missing-");
-  const flags = tinyRunArgs(mix.root, out, ["--vocab-size", "64", "--backend", "wasm"]);
+  const flags = tinyRun(mix.root, out, ["--vocab-size", "64", "--backend", "wasm"]);
   const gone = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-4")]);
   assert.equal(gone.status, 2, gone.stderr);
   assert.match(
@@ -481,35 +481,7 @@ test("output to a file or pipe gets progress lines with done/total, rate, elapse
   const out = tmpDir("tstrain-progress-");
   const r = spawnSync(
     process.execPath,
-    [
-      MAIN,
-      "--root",
-      mix.root,
-      "--out",
-      out,
-      "--seq-len",
-      "16",
-      "--layers",
-      "2",
-      "--hidden",
-      "36",
-      "--vocab-size",
-      "64",
-      "--micro-batch",
-      "2",
-      "--accum",
-      "1",
-      "--max-steps",
-      "8",
-      "--push-every-steps",
-      "4",
-      "--log-every",
-      "4",
-      "--val-tokens",
-      "256",
-      "--backend",
-      "wasm",
-    ],
+    [MAIN, ...tinyRun(mix.root, out, ["--vocab-size", "64", "--log-every", "4", "--backend", "wasm"])],
     { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } },
   );
   assert.equal(r.status, 0, r.stderr);
@@ -536,30 +508,7 @@ test("the phases before and after training say what they do: hashing a large mix
     process.execPath,
     [
       MAIN,
-      "--root",
-      big.root,
-      "--out",
-      tmpDir("tstrain-phases-"),
-      "--seq-len",
-      "16",
-      "--layers",
-      "2",
-      "--hidden",
-      "36",
-      "--vocab-size",
-      "64",
-      "--micro-batch",
-      "2",
-      "--accum",
-      "1",
-      "--max-steps",
-      "4",
-      "--push-every-steps",
-      "4",
-      "--val-tokens",
-      "256",
-      "--backend",
-      "wasm",
+      ...tinyRun(big.root, tmpDir("tstrain-phases-"), ["--vocab-size", "64", "--max-steps", "4", "--backend", "wasm"]),
     ],
     { encoding: "utf8", timeout: 120_000, env: { ...process.env, TSTRAIN_PROGRESS_SECONDS: "0" } },
   );
@@ -582,7 +531,7 @@ test("a reader that closes the output (| head) ends no run: no stack trace, the 
   timeout: 300_000,
 }, async () => {
   const out = tmpDir("tstrain-epipe-");
-  const child = spawn(process.execPath, [MAIN, ...tinyRunArgs(mix.root, out, ["--backend", "wasm"])], {
+  const child = spawn(process.execPath, [MAIN, ...tinyRun(mix.root, out, ["--backend", "wasm"])], {
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stderr = "";

@@ -8,7 +8,7 @@ import { spawnSync } from "node:child_process";
 import { parse } from "smol-toml";
 import { configLine, FLAGS, parseArgs, type RunConfig } from "../src/config";
 import { writeSyntheticMix } from "./helpers/mix";
-import { tinyArgs } from "./helpers/run";
+import { tinyRun } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 
 const ROOT = path.join(__dirname, "..", "..");
@@ -92,7 +92,7 @@ test("node dist/main.js --config FILE --dry-run prints the same plan as the same
   assert.deepEqual(fromFile, plan([...asFlags(recipe), ...over]));
   assert.equal(fromFile.tokens_per_step, 4 * 32 * 1024, "the recipe's step: micro 4 x accum 32 x seq 1024");
   // A file that changes nearly every setting of the plan: the tiny run's flags, written as TOML.
-  const tiny = tinyArgs(mix.root, tmpDir("tstrain-cfg-tiny-"), ["--vocab-size", "64", "--world", "2"]);
+  const tiny = tinyRun(mix.root, tmpDir("tstrain-cfg-tiny-"), ["--vocab-size", "64", "--world", "2"]);
   const file = writeFile("tiny.toml", toToml(tiny));
   const fromTiny = plan(["--config", file]);
   assert.deepEqual(fromTiny, plan(tiny));
@@ -113,7 +113,7 @@ test("a flag on the command line overrides the file; the file overrides --demo's
   );
   // and through the CLI: the plan follows the flag
   const out = tmpDir("tstrain-cfg-over-");
-  const tiny = writeFile("t.toml", toToml(tinyArgs(mix.root, out, ["--vocab-size", "64"])));
+  const tiny = writeFile("t.toml", toToml(tinyRun(mix.root, out, ["--vocab-size", "64"])));
   const a = plan(["--config", tiny]);
   const b = plan(["--config", tiny, "--micro-batch", "3"]);
   assert.deepEqual([a.seqs_per_step, b.seqs_per_step], [2, 3]);
@@ -137,7 +137,7 @@ test("the start line names where each non-default setting came from: the file, -
   // accum = 32 in the file is the default again (over --demo's 1): not a change, so not listed
   assert.equal(p.config.accum, 32);
   // the run's first line, from the CLI
-  const tiny = writeFile("t.toml", toToml(tinyArgs(mix.root, tmpDir("tstrain-cfg-start-"), ["--vocab-size", "64"])));
+  const tiny = writeFile("t.toml", toToml(tinyRun(mix.root, tmpDir("tstrain-cfg-start-"), ["--vocab-size", "64"])));
   const line = startLine(["--config", tiny, "--world", "2"]);
   assert.match(line, new RegExp(`^config: from ${tiny.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}: root=".*", out=".*", `));
   assert.match(line, /seq-len=16, layers=2, hidden=36, vocab-size=64, micro-batch=2, accum=1, lr=0\.003, max-steps=8/);
@@ -228,7 +228,7 @@ test("a run's run_config.json given back as --config gives the same config and t
   timeout: 600_000,
 }, () => {
   const out = tmpDir("tstrain-cfg-rt-");
-  const args = tinyArgs(mix.root, out, [
+  const args = tinyRun(mix.root, out, [
     "--vocab-size",
     "64",
     "--backend",

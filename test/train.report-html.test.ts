@@ -7,6 +7,7 @@ import * as path from "node:path";
 import { lossCurveSvg, recordSample, writeRunReport } from "../src/report";
 import type { LogEntry } from "../src/checkpoint";
 import { tmpDir } from "./helpers/tmp";
+import { tinyRun } from "./helpers/run";
 import { LocalHub } from "../src/hub/server";
 import { writeSyntheticMix } from "./helpers/mix";
 import { MAIN, runCli, type Child } from "./helpers/survive";
@@ -131,39 +132,19 @@ test("after a resume the report shows every session (the resumed one marked), th
     const out = tmpDir("report-run");
     const args = (extra: string[]) => [
       MAIN,
-      "--root",
-      mix.root,
-      "--out",
-      out,
-      "--hub-url",
-      url,
-      "--hub-repo",
-      "me/report",
-      "--seq-len",
-      "16",
-      "--layers",
-      "2",
-      "--hidden",
-      "36",
-      "--vocab-size",
-      "64",
-      "--micro-batch",
-      "2",
-      "--accum",
-      "1",
-      "--max-steps",
-      "8",
-      "--push-every-steps",
-      "4",
-      "--log-every",
-      "1",
-      "--val-tokens",
-      "256",
-      "--lr",
-      "3e-3",
-      "--backend",
-      "wasm",
-      ...extra,
+      ...tinyRun(mix.root, out, [
+        "--hub-url",
+        url,
+        "--hub-repo",
+        "me/report",
+        "--vocab-size",
+        "64",
+        "--log-every",
+        "1",
+        "--backend",
+        "wasm",
+        ...extra,
+      ]),
     ];
     const show = (c: Child) => `exit ${c.code}\n${c.stdout.slice(-3000)}\n${c.stderr.slice(-2000)}`;
     const first = await runCli(args(["--stop-after-steps", "4"]));
