@@ -10,6 +10,7 @@
 import * as os from "node:os";
 import { UserError } from "./errors";
 import { readConfigFile, type ConfigFileDoc } from "./config-file";
+import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
 import flagTable from "./config-flags.json";
 
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
@@ -539,8 +540,11 @@ export function validate(c: RunConfig): RunConfig {
     if (!c.hubRepo && !c.demo)
       throw new UserError("R2", "--resume auto asks the Hub where the run stopped, so it needs --hub-repo");
   }
-  if (c.hubRepo && !/^[A-Za-z0-9][\w.-]*\/[\w.-]+$/.test(c.hubRepo)) {
-    throw new UserError("K5", `--hub-repo ${JSON.stringify(c.hubRepo)} is not of the form owner/name`);
+  if (c.hubRepo && !isRepoId(c.hubRepo)) {
+    throw new UserError(
+      "K5",
+      `--hub-repo ${JSON.stringify(c.hubRepo)} is not a Hub repo id (${REPO_ID_RULE}); pass e.g. --hub-repo my-user/my-run-ckpts`,
+    );
   }
   if (c.hubDir && c.hubUrl !== EMBEDDED_HUB) {
     throw new UserError(

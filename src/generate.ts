@@ -39,6 +39,7 @@ import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
+import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
 import { generateText, loadModelDir, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
@@ -152,6 +153,7 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
       "G11",
       `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`,
     );
+  if (!isRepoId(m[2])) throw new UserError("G11", `--model ${url}: "${m[2]}" is not a Hub repo id (${REPO_ID_RULE})`);
   const store = createHubClient({ hubUrl, repo: m[2], repoType: m[1] === "datasets" ? "dataset" : "model" });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {

@@ -505,11 +505,3 @@ ${sampleHtml}
   fs.writeFileSync(file, html);
   return file;
 }
-
-export function fmtDuration(s: number): string {
-  if (!Number.isFinite(s) || s < 0) return "?";
-  const h = Math.floor(s / 3600),
-    m = Math.floor((s % 3600) / 60),
-    sec = Math.floor(s % 60);
-  return h > 0 ? `${h}h${String(m).padStart(2, "0")}m` : m > 0 ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
-}

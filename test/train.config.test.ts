@@ -13,6 +13,10 @@ import {
   validate,
   type RunConfig,
 } from "../src/config";
+import { isRepoId } from "../src/hub/repo-id";
+import { parseHubUrl } from "../src/data/hub-input";
+import { createHubClient } from "../src/hub/client";
+import { validRepoName } from "../src/hub/server/write";
 
 test("defaults are the frozen recipe's numbers and paths are relative to the working directory (G10)", () => {
   const c = parseArgs([]).config;
@@ -66,7 +70,7 @@ test("--no-grad-ckpt turns checkpointing off, --grad-ckpt=false too (M6)", () =>
 
 test("--resume auto needs --hub-repo (R2)", () => {
   assert.throws(() => parseArgs(["--resume", "auto"]), /--resume auto .* needs --hub-repo/);
-  assert.throws(() => parseArgs(["--hub-repo", "no-slash"]), /not of the form owner\/name/);
+  assert.throws(() => parseArgs(["--hub-repo", "no-slash"]), /is not a Hub repo id \(owner\/name/);
 });
 
 test("--demo sets a small world-2 run unless a flag says otherwise", () => {
@@ -411,18 +415,19 @@ test("the cross-flag rules: --resume auto needs a Hub repo, the repo name's form
   assert.equal(validate({ ...base(), resume: "auto", hubRepo: "me/run" }).resume, "auto");
   assert.equal(validate({ ...base(), resume: "auto", demo: true }).resume, "auto", "--demo brings its own repo");
   assert.equal(validate({ ...base(), resume: "some/dir" }).resume, "some/dir", "a folder needs no Hub");
-  for (const bad of ["run", "/run", "me/", "-me/run", "me/run/x", "me run/x"])
+  for (const bad of ["run", "/run", "me/", "-me/run", "me/run/x", "me run/x", "me/run-", "me/a--b"])
     assert.throws(
       () => validate({ ...base(), hubRepo: bad }),
       userErr(
         "K5",
         new RegExp(
-          `^--hub-repo ${JSON.stringify(bad).replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} is not of the form owner/name`,
+          `^--hub-repo ${JSON.stringify(bad).replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} is not a Hub repo id \\(owner/name: .*\\); pass e\\.g\\. --hub-repo my-user/my-run-ckpts`,
         ),
       ),
       bad,
     );
-  for (const ok of ["me/run", "Me-1/run.v2_x", "9a/b"]) assert.equal(validate({ ...base(), hubRepo: ok }).hubRepo, ok);
+  for (const ok of ["me/run", "Me-1/run.v2_x", "9a/b", "owner/_x"])
+    assert.equal(validate({ ...base(), hubRepo: ok }).hubRepo, ok);
   assert.throws(
     () => validate({ ...base(), hubDir: "/tmp/h" }),
     userErr(
@@ -528,4 +533,40 @@ test("every documented flag parses under its own name into its own setting, with
     () => parseArgs(["--optim", "sgd"]),
     /--optim "sgd" is not one of adamw_torch, adamw_torch_fused, adamw_apex_fused/,
   );
+});
+
+test("one Hub repo id rule, the Hub's: --hub-repo, an hf:// input, the Hub client and the local Hub agree on each id (K5)", () => {
+  const cases: Array<[string, boolean]> = [
+    ["me/run", true],
+    ["owner/_x", true],
+    ["_o/x_", true],
+    ["Me-1/run.v2_x", true],
+    [`me/${"a".repeat(96)}`, true],
+    [`me/${"a".repeat(97)}`, false],
+    ["owner/-x", false],
+    ["owner/x.", false],
+    [".o/x", false],
+    ["me/a--b", false],
+    ["me/a..b", false],
+    ["me/run.git", false],
+    ["me/ru n", false],
+    ["me/run/x", false],
+    ["run", false],
+  ];
+  for (const [id, ok] of cases) {
+    assert.equal(isRepoId(id), ok, id);
+    const flag = () => validate({ ...base(), hubRepo: id });
+    if (ok) assert.equal(flag().hubRepo, id);
+    else assert.throws(flag, userErr("K5", /is not a Hub repo id/), id);
+    if (id.split("/").length === 2) {
+      const input = () => parseHubUrl(`hf://datasets/${id}/x.jsonl`, "--input");
+      if (ok) assert.equal(input().repo, id);
+      else assert.throws(input, userErr("D2", /is not a Hub repo id/), id);
+      const [owner, name] = id.split("/");
+      assert.equal(validRepoName({ owner, name, type: "model" }), ok, `the local Hub: ${id}`);
+    }
+    const client = () => createHubClient({ hubUrl: "http://127.0.0.1:9", repo: id, repoType: "model", token: "" });
+    if (ok) client();
+    else assert.throws(client, TypeError, id);
+  }
 });

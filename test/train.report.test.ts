@@ -1,7 +1,8 @@
 // Reporting: the loss-curve picture (B5) and the duration format of the progress line.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { lossCurveSvg, fmtDuration } from "../src/report";
+import { lossCurveSvg } from "../src/report";
+import { fmtDuration } from "../src/duration";
 import type { LogEntry } from "../src/checkpoint";
 import * as fs from "node:fs";
 import * as path from "node:path";

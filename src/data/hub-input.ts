@@ -22,6 +22,7 @@ import * as path from "node:path";
 import { downloadFile, fileDownloadInfo, HubApiError, listFiles } from "@huggingface/hub";
 import type { RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
+import { isRepoId, REPO_ID_RULE } from "../hub/repo-id";
 import { kindOf, type InputFile, SUPPORTED_FORMATS } from "./inputs";
 import type { SourceInfo } from "./manifest";
 
@@ -37,8 +38,6 @@ export interface HubSpec {
 /** What manifest.json records about a Hub input (and the fingerprint covers). */
 export type HubSource = SourceInfo;
 
-const REPO_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/;
-
 export function isHubUrl(s: string): boolean {
   return s.startsWith("hf://");
 }
@@ -49,11 +48,8 @@ export function parseHubUrl(s: string, what: string): HubSpec {
   const form = "hf://datasets/owner/name[@revision]/path-glob";
   if (!m) throw new UserError("D2", `${what} ${s} is not a Hub URL of the form ${form}`);
   const repo = `${m[2]}/${m[3]}`;
-  if (!REPO_RE.test(repo))
-    throw new UserError(
-      "D2",
-      `${what} ${s}: "${repo}" is not a repo id owner/name (letters, digits, ".", "_", "-"); use ${form}`,
-    );
+  if (!isRepoId(repo))
+    throw new UserError("D2", `${what} ${s}: "${repo}" is not a Hub repo id (${REPO_ID_RULE}); use ${form}`);
   let revision = "main";
   if (m[4] !== undefined) {
     try {
@@ -328,7 +324,7 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
 /** A --tokenizer that names the Hub (owner/name, or an hf:// URL) rather than a local file. */
 export function isHubTokenizer(s: string): boolean {
   if (isHubUrl(s)) return true;
-  return REPO_RE.test(s) && !fs.existsSync(s);
+  return isRepoId(s) && !fs.existsSync(s);
 }
 
 export interface HubTokenizer {

@@ -43,6 +43,7 @@ import {
   SUPPORTED_FORMATS,
 } from "./inputs";
 import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
+import { fmtDuration } from "../duration";
 import {
   DEFAULT_HUB_URL,
   fetchHubTokenizer,
@@ -325,7 +326,7 @@ class Progress {
   static line(bytes: number, total: number, tokens: number, secs: number): string {
     const pct = total > 0 ? Math.min(100, Math.floor((100 * bytes) / total)) : 100;
     const bRate = bytes / secs;
-    const eta = bytes > 0 && total > bytes ? fmtSecs((total - bytes) / bRate) : bytes >= total ? "0s" : "?";
+    const eta = bytes > 0 && total > bytes ? fmtDuration((total - bytes) / bRate) : bytes >= total ? "0s" : "?";
     return `prepare: ${String(pct).padStart(3)}% ${(bytes / 1e6).toFixed(1)}/${(total / 1e6).toFixed(1)} MB, ${tokens.toLocaleString("en-US")} tokens, ${Math.round(tokens / secs).toLocaleString("en-US")} tok/s, ${(bRate / 1e6).toFixed(2)} MB/s, ETA ${eta}`;
   }
   update(bytes: number, tokens: number, final = false): void {
@@ -349,14 +350,6 @@ class Progress {
       process.stderr.write(`${line}\n`);
     }
   }
-}
-
-function fmtSecs(s: number): string {
-  if (!Number.isFinite(s) || s < 0) return "?";
-  const h = Math.floor(s / 3600),
-    m = Math.floor((s % 3600) / 60),
-    sec = Math.floor(s % 60);
-  return h > 0 ? `${h}h${String(m).padStart(2, "0")}m` : m > 0 ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import {
 } from "@huggingface/hub";
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
+import { isRepoId, REPO_ID_RULE } from "./repo-id";
 import { progressEverySeconds } from "../config";
 import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./hub-errors";
 import { POINTER_FILE } from "../checkpoint/names";
@@ -242,12 +243,11 @@ class LiveHubClient implements HubClient {
   constructor(o: HubClientOptions) {
     if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl))
       throw new TypeError(`createHubClient: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
-    if (typeof o.repo !== "string" || !/^[A-Za-z0-9][A-Za-z0-9._-]*\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(o.repo)) {
-      throw new UserError(
-        "K5",
-        `--hub-repo ${JSON.stringify(o.repo)} is not of the form owner/name; pass e.g. --hub-repo my-user/my-run-ckpts`,
+    // The flags that name a repo are checked where they are read (config.ts, data/hub-input.ts, generate.ts).
+    if (!isRepoId(o.repo))
+      throw new TypeError(
+        `createHubClient: repo must be a Hub repo id (${REPO_ID_RULE}), got ${JSON.stringify(o.repo)}`,
       );
-    }
     if (o.repoType !== "dataset" && o.repoType !== "model")
       throw new UserError("K5", `--hub-repo-type ${JSON.stringify(o.repoType)} is neither "dataset" nor "model"`);
     const token = o.token !== undefined ? o.token : process.env.HF_TOKEN;

@@ -6,7 +6,8 @@ import type { LogEntry } from "../checkpoint";
 import type { Coordinator, StepResult } from "../actors/coordinator";
 import type { OptimizerPosition } from "../optim/optim";
 import type { RankMemory } from "../actors/protocol";
-import { fmtDuration, type Reporter } from "../report";
+import { fmtDuration } from "../duration";
+import type { Reporter } from "../report";
 import { sampleAtCheckpoint } from "../generation";
 import type { Session } from "./setup";
 

@@ -4,14 +4,14 @@ import { HttpError, checkRepoPath, parseJson, readBody, sendJson } from "./http"
 import { repoUrl, type HubContext } from "./context";
 import { createBranch, deleteBranch, superSquash } from "./history";
 import { repoId, type FileMap, type RepoRef, type RepoType } from "./repo";
+import { isRepoId } from "../repo-id";
 
-const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 const ALWAYS_LFS = /\.(safetensors|bin|pt|pth|ckpt|npy|msgpack)$/;
 const GITATTRIBUTES =
   "*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n*.pt filter=lfs diff=lfs merge=lfs -text\n";
 
 export function validRepoName(r: RepoRef): boolean {
-  return NAME_RE.test(r.owner) && NAME_RE.test(r.name);
+  return isRepoId(`${r.owner}/${r.name}`);
 }
 
 /** {name, organization, type} of createRepo / deleteRepo bodies. */
