@@ -197,6 +197,27 @@ test("-np 3 --world 1, one process at --world 3 and at --world 1 --accum 3 end b
   assert.ok(finalWeights(np3).equals(finalWeights(w3)), "-np 3 --world 1 == --world 3");
 });
 
+test("in bf16 (P8), mpirun -np 2 --world 1 ends byte-identical to one process at --world 2, and the processes agree at every checkpoint (A9, A10)", {
+  timeout: 600_000,
+}, async (t) => {
+  if (!needMpi(t)) return;
+  // on the CPU's fastest bf16 kernel (AMX, VDPBF16PS or the emulation): one order of summation on each, so the
+  // split of the global batch over processes changes no bit
+  const w2 = tmpDir("tstrain-bf16-w2-"),
+    np2 = tmpDir("tstrain-bf16-np2-");
+  ok(await one(tiny(w2, ["--world", "2", "--precision", "bf16"])), "--world 2 --precision bf16");
+  const m = await mpirun(2, tiny(np2, ["--dist", "mpi", "--world", "1", "--precision", "bf16"]));
+  ok(m, "mpirun -np 2 --world 1 --precision bf16");
+  assert.match(m.out, /^precision: master=fp32 \(asserted\) compute=bf16 products/m, "the run was in bf16");
+  for (const step of [4, 8])
+    assert.match(
+      m.out,
+      new RegExp(`step ${step}: weights and moments identical on all 2 processes \\(sha256 [0-9a-f]{32}\\)`),
+      `checkpoint ${step} compared`,
+    );
+  assert.ok(finalWeights(np2).equals(finalWeights(w2)), "-np 2 --world 1 == --world 2, in bf16");
+});
+
 test("-np 2 --world 2 (4 global ranks) ends byte-identical to one process at --world 4, logging allreduce_ms per step (A9, A10)", {
   timeout: 600_000,
 }, async (t) => {
