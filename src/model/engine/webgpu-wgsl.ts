@@ -3,66 +3,125 @@
  *
  * Every array is a read_write storage binding (WebGPU lets one buffer back several storage bindings of a
  * dispatch only when all of them are writable) of a range of a device mirror of a host array, with an element
- * offset (`o*`) into it in the shader's uniforms. float32 throughout. Deterministic by construction: no atomics,
- * every sum runs in one fixed order (a thread's own loop, or a workgroup's fixed tree), so the same inputs give
- * the same bits on one device, run to run. Elementwise kernels index a 1-D range over a 2-D grid (x * 256 per
- * row of the grid; the host splits past 65535 workgroups); row kernels take one workgroup per row.
+ * offset (`o*`) into it in the shader's settings. Each shader declares its storage arrays and its settings by name
+ * (shader()): the binding lines and the WGSL `struct P` are written from those lists, and the host passes the
+ * settings as an object keyed by the same names (packParams), so no list of numbers has to match a field order.
+ * float32 throughout. Deterministic by construction: no atomics, every sum runs in one fixed order (a thread's
+ * own loop, or a workgroup's fixed tree), so the same inputs give the same bits on one device, run to run.
+ * Elementwise kernels index a 1-D range over a 2-D grid (x * 256 per row of the grid; the host splits past 65535
+ * workgroups); row kernels take one workgroup per row.
  */
 
 /** Threads per workgroup of the elementwise and per-row kernels. */
 export const WG = 256;
-/** The matmul's output tile: TILE x TILE per workgroup of 16 x 16 threads, 4 x 4 outputs each, K in steps of 16. */
+/** The matmul's output tile: TILE x TILE per workgroup of MT x MT threads, 4 x 4 outputs each, K in steps of MT. */
 export const TILE = 64;
+/** The matmul's threads per side of its workgroup, and its K step: each thread holds 4 x 4 outputs (4 vec4s). */
+const MT = TILE / 4;
+// MT x MT threads load the TILE x MT tiles of A and B in 4 rounds each, and may not pass WebGPU's guaranteed 256
+if (!Number.isInteger(MT) || MT * MT > 256) throw new Error(`webgpu: TILE ${TILE} gives ${MT} x ${MT} threads`);
 
 const idx = `fn flat(g: vec3u, n: vec3u) -> u32 { return g.x + g.y * n.x * ${WG}u; }`;
 const row = `fn rowOf(w: vec3u, n: vec3u) -> u32 { return w.x + w.y * n.x; }`;
 
-/** A storage binding line: `@group(0) @binding(i) var<storage, read_write> name: array<type>;`. */
-function sb(i: number, name: string, type = "f32"): string {
-  return `@group(0) @binding(${i}) var<storage, read_write> ${name}: array<${type}>;`;
+/** A shader setting's WGSL type: u32 (a size, a flag, an element offset) or f32 (a scale, eps, a value). */
+export type ParamType = "u32" | "f32";
+/** A shader's settings, by name, in the order of its WGSL `struct P`. */
+export type ParamList = Readonly<Record<string, ParamType>>;
+/** A dispatch's settings: one number per name of the shader's ParamList, no other. */
+export type ParamValues<P extends ParamList = ParamList> = { readonly [K in keyof P]: number };
+
+/** One compute shader: its storage arrays, its settings by name, and its WGSL, whose `struct P` is made from `params`. */
+export interface Shader<P extends ParamList = ParamList> {
+  /** Binding i is storage array bindings[i]: "name" (f32) or "name:type". */
+  readonly bindings: readonly string[];
+  /** The uniform `p` (binding bindings.length): struct P's fields, in this order, each 4 bytes. */
+  readonly params: P;
+  readonly code: string;
 }
-function uni(i: number, fields: string): string {
-  return `struct P { ${fields} }\n@group(0) @binding(${i}) var<uniform> p: P;`;
+
+/**
+ * A shader from its storage arrays, its settings and the rest of its WGSL: the binding lines and `struct P` are
+ * written here from the two lists, so a setting's place in the uniform is its place in `params`, which
+ * packParams reads too. Names are WGSL identifiers (never integer-like, so an object keeps their order).
+ */
+function shader<const P extends ParamList>(bindings: readonly string[], params: P, body: string): Shader<P> {
+  const names = Object.keys(params);
+  for (const n of [...names, ...bindings.map((b) => b.split(":")[0])])
+    if (!/^[A-Za-z_]\w*$/.test(n)) throw new Error(`webgpu: ${JSON.stringify(n)} is no WGSL identifier`);
+  const storage = bindings.map((b, i) => {
+    const [name, type = "f32"] = b.split(":");
+    return `@group(0) @binding(${i}) var<storage, read_write> ${name}: array<${type}>;`;
+  });
+  const struct = `struct P { ${names.map((n) => `${n}: ${params[n]}`).join(", ")} }`;
+  const uniform = `@group(0) @binding(${bindings.length}) var<uniform> p: P;`;
+  return { bindings, params, code: `${storage.join("\n")}\n${struct}\n${uniform}\n${body}` };
+}
+
+/**
+ * The uniform buffer of one dispatch of `name`: each setting at 4 bytes times its place in the shader's params
+ * (u32 or f32 as declared), the size rounded up to 16. Throws on a name the shader lacks, a name it has that
+ * `values` lacks, and a u32 that is not an integer in [0, 2^32).
+ */
+export function packParams(name: string, s: Shader, values: Readonly<Record<string, number>>): ArrayBuffer {
+  const names = Object.keys(s.params);
+  const extra = Object.keys(values).filter((n) => !Object.hasOwn(s.params, n));
+  const missing = names.filter((n) => !Object.hasOwn(values, n));
+  if (extra.length || missing.length)
+    throw new Error(
+      `webgpu: ${name} takes settings ${names.join(", ")}; ${[missing.length ? `missing ${missing.join(", ")}` : "", extra.length ? `unknown ${extra.join(", ")}` : ""].filter((x) => x).join("; ")}`,
+    );
+  const raw = new ArrayBuffer(Math.max(16, Math.ceil((names.length * 4) / 16) * 16));
+  const u32 = new Uint32Array(raw),
+    f32 = new Float32Array(raw);
+  names.forEach((n, i) => {
+    const v = values[n];
+    if (typeof v !== "number") throw new TypeError(`webgpu: ${name} setting ${n} = ${String(v)} is no number`);
+    if (s.params[n] === "f32") f32[i] = v;
+    else if (!Number.isInteger(v) || v < 0 || v > 0xffffffff)
+      throw new RangeError(`webgpu: ${name} setting ${n} = ${v} is no u32`);
+    else u32[i] = v;
+  });
+  return raw;
 }
 
 /** C = alpha op(A) op(B) + beta C (beta 0 ignores C), cblas_sgemm's row-major contract; every C element sums k in order. */
-const matmul = `
-${sb(0, "A")}
-${sb(1, "B")}
-${sb(2, "C")}
-${uni(3, "M: u32, N: u32, K: u32, tA: u32, tB: u32, oA: u32, oB: u32, oC: u32, alpha: f32, beta: f32")}
-var<workgroup> As: array<vec4<f32>, 256>;
-var<workgroup> Bs: array<vec4<f32>, 256>;
-@compute @workgroup_size(16, 16)
+const matmul = shader(
+  ["A", "B", "C"],
+  { M: "u32", N: "u32", K: "u32", tA: "u32", tB: "u32", oA: "u32", oB: "u32", oC: "u32", alpha: "f32", beta: "f32" },
+  `
+var<workgroup> As: array<vec4<f32>, ${MT * MT}>;
+var<workgroup> Bs: array<vec4<f32>, ${MT * MT}>;
+@compute @workgroup_size(${MT}, ${MT})
 fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let m0 = wg.y * 64u;
-  let n0 = wg.x * 64u;
-  let tid = lid.y * 16u + lid.x;
+  let m0 = wg.y * ${TILE}u;
+  let n0 = wg.x * ${TILE}u;
+  let tid = lid.y * ${MT}u + lid.x;
   var c0 = vec4<f32>(0.0);
   var c1 = vec4<f32>(0.0);
   var c2 = vec4<f32>(0.0);
   var c3 = vec4<f32>(0.0);
-  for (var k0 = 0u; k0 < p.K; k0 += 16u) {
+  for (var k0 = 0u; k0 < p.K; k0 += ${MT}u) {
     for (var r = 0u; r < 4u; r++) {
-      let e = tid + r * 256u;
+      let e = tid + r * ${MT * MT}u;
       var kk: u32; var mm: u32;
-      if (p.tA == 1u) { mm = e % 64u; kk = e / 64u; } else { kk = e % 16u; mm = e / 16u; }
+      if (p.tA == 1u) { mm = e % ${TILE}u; kk = e / ${TILE}u; } else { kk = e % ${MT}u; mm = e / ${MT}u; }
       let m = m0 + mm; let k = k0 + kk;
       var v = 0.0;
       if (m < p.M && k < p.K) { v = A[p.oA + select(m * p.K + k, k * p.M + m, p.tA == 1u)]; }
-      As[kk * 16u + mm / 4u][mm % 4u] = v;
+      As[kk * ${MT}u + mm / 4u][mm % 4u] = v;
       var nn: u32; var kb: u32;
-      if (p.tB == 1u) { kb = e % 16u; nn = e / 16u; } else { nn = e % 64u; kb = e / 64u; }
+      if (p.tB == 1u) { kb = e % ${MT}u; nn = e / ${MT}u; } else { nn = e % ${TILE}u; kb = e / ${TILE}u; }
       let n = n0 + nn; let kq = k0 + kb;
       var w = 0.0;
       if (n < p.N && kq < p.K) { w = B[p.oB + select(kq * p.N + n, n * p.K + kq, p.tB == 1u)]; }
-      Bs[kb * 16u + nn / 4u][nn % 4u] = w;
+      Bs[kb * ${MT}u + nn / 4u][nn % 4u] = w;
     }
     workgroupBarrier();
-    let kn = min(16u, p.K - k0);
+    let kn = min(${MT}u, p.K - k0);
     for (var kk = 0u; kk < kn; kk++) {
-      let a = As[kk * 16u + lid.y];
-      let b = Bs[kk * 16u + lid.x];
+      let a = As[kk * ${MT}u + lid.y];
+      let b = Bs[kk * ${MT}u + lid.x];
       c0 = c0 + a.x * b;
       c1 = c1 + a.y * b;
       c2 = c2 + a.z * b;
@@ -84,13 +143,13 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
       }
     }
   }
-}`;
+}`,
+);
 
-const embeddingForward = `
-${sb(0, "out")}
-${sb(1, "ids", "i32")}
-${sb(2, "E")}
-${uni(3, "n: u32, D: u32, oO: u32, oI: u32, oE: u32")}
+const embeddingForward = shader(
+  ["out", "ids:i32", "E"],
+  { n: "u32", D: "u32", oO: "u32", oI: "u32", oE: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -98,14 +157,14 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   if (i >= p.n) { return; }
   let t = i / p.D; let d = i % p.D;
   out[p.oO + i] = E[p.oE + u32(ids[p.oI + t]) * p.D + d];
-}`;
+}`,
+);
 
 /** One thread per column d, the tokens in n order: the scatter-add without atomics. */
-const embeddingBackward = `
-${sb(0, "dE")}
-${sb(1, "ids", "i32")}
-${sb(2, "dout")}
-${uni(3, "N: u32, D: u32, oE: u32, oI: u32, oD: u32")}
+const embeddingBackward = shader(
+  ["dE", "ids:i32", "dout"],
+  { N: "u32", D: "u32", oE: "u32", oI: "u32", oD: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -115,7 +174,8 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
     let at = p.oE + u32(ids[p.oI + n]) * p.D + d;
     dE[at] = dE[at] + dout[p.oD + n * p.D + d];
   }
-}`;
+}`,
+);
 
 /** A workgroup's fixed-order tree sum of red[0..WG) into red[0] (every thread calls it: it holds barriers). */
 const treeSum = `
@@ -135,12 +195,10 @@ fn treeMax(l: u32) {
   workgroupBarrier();
 }`;
 
-const rmsnormForward = `
-${sb(0, "out")}
-${sb(1, "rstd")}
-${sb(2, "x")}
-${sb(3, "w")}
-${uni(4, "N: u32, D: u32, oO: u32, oR: u32, oX: u32, oW: u32, eps: f32")}
+const rmsnormForward = shader(
+  ["out", "rstd", "x", "w"],
+  { N: "u32", D: "u32", oO: "u32", oR: "u32", oX: "u32", oW: "u32", eps: "f32" },
+  `
 ${row}
 ${treeSum}
 @compute @workgroup_size(${WG})
@@ -156,16 +214,14 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
   if (!live) { return; }
   if (l == 0u) { rstd[p.oR + n] = r; }
   for (var d = l; d < p.D; d += ${WG}u) { out[p.oO + o + d] = x[p.oX + o + d] * r * w[p.oW + d]; }
-}`;
+}`,
+);
 
 /** dx += rstd * (dout*w - xhat * mean(dout*w*xhat)), one workgroup per row (dw: rmsnormBackwardW). */
-const rmsnormBackward = `
-${sb(0, "dx")}
-${sb(1, "dout")}
-${sb(2, "x")}
-${sb(3, "w")}
-${sb(4, "rstd")}
-${uni(5, "N: u32, D: u32, oDX: u32, oDO: u32, oX: u32, oW: u32, oR: u32")}
+const rmsnormBackward = shader(
+  ["dx", "dout", "x", "w", "rstd"],
+  { N: "u32", D: "u32", oDX: "u32", oDO: "u32", oX: "u32", oW: "u32", oR: "u32" },
+  `
 ${row}
 ${treeSum}
 @compute @workgroup_size(${WG})
@@ -187,15 +243,14 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
     let at = p.oDX + o + d;
     dx[at] = dx[at] + r * (dout[p.oDO + o + d] * w[p.oW + d] - x[p.oX + o + d] * r * mean);
   }
-}`;
+}`,
+);
 
 /** dw[d] += sum over n, in n order, of dout[n,d] * x[n,d] * rstd[n]: one thread per column. */
-const rmsnormBackwardW = `
-${sb(0, "dw")}
-${sb(1, "dout")}
-${sb(2, "x")}
-${sb(3, "rstd")}
-${uni(4, "N: u32, D: u32, oDW: u32, oDO: u32, oX: u32, oR: u32")}
+const rmsnormBackwardW = shader(
+  ["dw", "dout", "x", "rstd"],
+  { N: "u32", D: "u32", oDW: "u32", oDO: "u32", oX: "u32", oR: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -204,14 +259,14 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   var acc = 0.0;
   for (var n = 0u; n < p.N; n++) { acc = acc + dout[p.oDO + n * p.D + d] * (x[p.oX + n * p.D + d] * rstd[p.oR + n]); }
   dw[p.oDW + d] = dw[p.oDW + d] + acc;
-}`;
+}`,
+);
 
 /** One thread per rotated pair (b, t, head, i < E/2); sign -1 is the backward (the rotation by -angle). */
-const rope = `
-${sb(0, "x")}
-${sb(1, "cs")}
-${sb(2, "sn")}
-${uni(3, "n: u32, T: u32, nh: u32, h: u32, oX: u32, oC: u32, oS: u32, sign: f32")}
+const rope = shader(
+  ["x", "cs", "sn"],
+  { n: "u32", T: "u32", nh: "u32", h: "u32", oX: "u32", oC: "u32", oS: "u32", sign: "f32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -227,7 +282,8 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   let z = x[o + i + p.h];
   x[o + i] = a * c - z * s;
   x[o + i + p.h] = z * c + a * s;
-}`;
+}`,
+);
 
 /**
  * One causal softmax row of attention, shared by the training forward and the cached forward so that both run
@@ -257,14 +313,22 @@ function attentionRow(QI: string, KI: string, VI: string, OI: string, lse = ""):
 }
 
 /** One thread per (b, h, t): out [B,T,H,E] and lse [B,H,T]; pr is scratch [B*H*T, T] for the row's scores. */
-const attentionForward = `
-${sb(0, "out")}
-${sb(1, "lse")}
-${sb(2, "pr")}
-${sb(3, "q")}
-${sb(4, "k")}
-${sb(5, "v")}
-${uni(6, "B: u32, T: u32, H: u32, K: u32, E: u32, oO: u32, oL: u32, oQ: u32, oK: u32, oV: u32, scale: f32")}
+const attentionForward = shader(
+  ["out", "lse", "pr", "q", "k", "v"],
+  {
+    B: "u32",
+    T: "u32",
+    H: "u32",
+    K: "u32",
+    E: "u32",
+    oO: "u32",
+    oL: "u32",
+    oQ: "u32",
+    oK: "u32",
+    oV: "u32",
+    scale: "f32",
+  },
+  `
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let id = g.x + g.y * nw.x * 64u;
@@ -278,16 +342,14 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   let qo = p.oQ + ((b * p.T + t) * p.H + h) * p.E;
   let kvb = b * p.T;
   ${attentionRow("qo", "p.oK + ((kvb + u) * p.K + j) * p.E", "p.oV + ((kvb + u) * p.K + j) * p.E", "p.oO + ((b * p.T + t) * p.H + h) * p.E", "lse[p.oL + id]")}
-}`;
+}`,
+);
 
 /** One thread per (new position t, head h) against the cache; pr is scratch [T*H, P+T]. */
-const attentionCachedForward = `
-${sb(0, "out")}
-${sb(1, "pr")}
-${sb(2, "q")}
-${sb(3, "k")}
-${sb(4, "v")}
-${uni(5, "P: u32, T: u32, H: u32, K: u32, E: u32, oO: u32, oQ: u32, oK: u32, oV: u32, scale: f32")}
+const attentionCachedForward = shader(
+  ["out", "pr", "q", "k", "v"],
+  { P: "u32", T: "u32", H: "u32", K: "u32", E: "u32", oO: "u32", oQ: "u32", oK: "u32", oV: "u32", scale: "f32" },
+  `
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let id = g.x + g.y * nw.x * 64u;
@@ -299,7 +361,8 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   let prow = id * (p.P + p.T);
   let qo = p.oQ + (t * p.H + h) * p.E;
   ${attentionRow("qo", "p.oK + (u * p.K + j) * p.E", "p.oV + (u * p.K + j) * p.E", "p.oO + (t * p.H + h) * p.E")}
-}`;
+}`,
+);
 
 /**
  * Backward, part 1, one thread per (b, h, t): the probabilities recomputed from the scores and the forward's
@@ -307,16 +370,25 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
  * scale into sc[row + u] (both zero past t); dq[t] = sum_u dS[u] k[u] in u order (overwritten). sc is scratch
  * of 2 * B*H*T*T floats: dS, then P.
  */
-const attentionBackwardQ = `
-${sb(0, "dq")}
-${sb(1, "sc")}
-${sb(2, "dout")}
-${sb(3, "q")}
-${sb(4, "k")}
-${sb(5, "v")}
-${sb(6, "out")}
-${sb(7, "lse")}
-${uni(8, "B: u32, T: u32, H: u32, K: u32, E: u32, oDQ: u32, oDO: u32, oQ: u32, oK: u32, oV: u32, oO: u32, oL: u32, pOff: u32, scale: f32")}
+const attentionBackwardQ = shader(
+  ["dq", "sc", "dout", "q", "k", "v", "out", "lse"],
+  {
+    B: "u32",
+    T: "u32",
+    H: "u32",
+    K: "u32",
+    E: "u32",
+    oDQ: "u32",
+    oDO: "u32",
+    oQ: "u32",
+    oK: "u32",
+    oV: "u32",
+    oO: "u32",
+    oL: "u32",
+    pOff: "u32",
+    scale: "f32",
+  },
+  `
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let id = g.x + g.y * nw.x * 64u;
@@ -349,19 +421,17 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
     for (var u = 0u; u <= t; u++) { acc = acc + sc[row + u] * k[p.oK + ((b * p.T + u) * p.K + j) * p.E + e]; }
     dq[p.oDQ + qo + e] = acc;
   }
-}`;
+}`,
+);
 
 /**
  * Backward, part 2, one thread per (b, u, kv head j, e): dk = sum over the group's query heads h, then t >= u, of
  * dS[t,u] q[t]; dv the same of P[t,u] dout[t] (both overwritten).
  */
-const attentionBackwardKV = `
-${sb(0, "dk")}
-${sb(1, "dv")}
-${sb(2, "sc")}
-${sb(3, "q")}
-${sb(4, "dout")}
-${uni(5, "B: u32, T: u32, H: u32, K: u32, E: u32, oDK: u32, oDV: u32, oQ: u32, oDO: u32, pOff: u32")}
+const attentionBackwardKV = shader(
+  ["dk", "dv", "sc", "q", "dout"],
+  { B: "u32", T: "u32", H: "u32", K: "u32", E: "u32", oDK: "u32", oDV: "u32", oQ: "u32", oDO: "u32", pOff: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -385,13 +455,13 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   }
   dk[p.oDK + id] = ak;
   dv[p.oDV + id] = av;
-}`;
+}`,
+);
 
-const swigluForward = `
-${sb(0, "out")}
-${sb(1, "gate")}
-${sb(2, "up")}
-${uni(3, "n: u32, oO: u32, oG: u32, oU: u32")}
+const swigluForward = shader(
+  ["out", "gate", "up"],
+  { n: "u32", oO: "u32", oG: "u32", oU: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -399,15 +469,13 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   if (i >= p.n) { return; }
   let x = gate[p.oG + i];
   out[p.oO + i] = (x / (1.0 + exp(-x))) * up[p.oU + i];
-}`;
+}`,
+);
 
-const swigluBackward = `
-${sb(0, "dgate")}
-${sb(1, "dup")}
-${sb(2, "dout")}
-${sb(3, "gate")}
-${sb(4, "up")}
-${uni(5, "n: u32, oDG: u32, oDU: u32, oDO: u32, oG: u32, oU: u32")}
+const swigluBackward = shader(
+  ["dgate", "dup", "dout", "gate", "up"],
+  { n: "u32", oDG: "u32", oDU: "u32", oDO: "u32", oG: "u32", oU: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
@@ -418,17 +486,17 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
   let d = dout[p.oDO + i];
   dup[p.oDU + i] = d * x * sg;
   dgate[p.oDG + i] = d * up[p.oU + i] * sg * (1.0 + x * (1.0 - sg));
-}`;
+}`,
+);
 
 /**
  * One workgroup per row: max and sum of exp by fixed trees, the row's loss (logsumexp - row[target], 0 for
  * target -1) into loss[row], and with gs > 0 the row overwritten by (softmax - onehot) * gs (zeros for target -1).
  */
-const crossEntropy = `
-${sb(0, "x")}
-${sb(1, "tg", "i32")}
-${sb(2, "loss")}
-${uni(3, "rows: u32, V: u32, oX: u32, oT: u32, gs: f32")}
+const crossEntropy = shader(
+  ["x", "tg:i32", "loss"],
+  { rows: "u32", V: "u32", oX: "u32", oT: "u32", gs: "f32" },
+  `
 ${row}
 ${treeSum}
 @compute @workgroup_size(${WG})
@@ -463,30 +531,34 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
       x[o + i] = gv;
     }
   }
-}`;
+}`,
+);
 
-const copy = `
-${sb(0, "dst")}
-${sb(1, "src")}
-${uni(2, "n: u32, oD: u32, oS: u32")}
+const copy = shader(
+  ["dst", "src"],
+  { n: "u32", oD: "u32", oS: "u32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let i = flat(g, nw);
   if (i >= p.n) { return; }
   dst[p.oD + i] = src[p.oS + i];
-}`;
+}`,
+);
 
-const fill = `
-${sb(0, "dst")}
-${uni(1, "n: u32, oD: u32, value: f32")}
+const fill = shader(
+  ["dst"],
+  { n: "u32", oD: "u32", value: "f32" },
+  `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
   let i = flat(g, nw);
   if (i >= p.n) { return; }
   dst[p.oD + i] = p.value;
-}`;
+}`,
+);
 
 /** Every shader by name; each has one entry point, `main`. */
 export const SHADERS = {
@@ -509,3 +581,5 @@ export const SHADERS = {
 } as const;
 
 export type ShaderName = keyof typeof SHADERS;
+/** The settings a dispatch of shader N takes, by name. */
+export type ParamsOf<N extends ShaderName> = ParamValues<(typeof SHADERS)[N]["params"]>;

@@ -27,7 +27,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import type { Kernels } from "../kernels";
-import { SHADERS, TILE, WG, type ShaderName } from "./webgpu-wgsl";
+import { packParams, SHADERS, TILE, WG, type ParamsOf, type ShaderName } from "./webgpu-wgsl";
 
 // ------------------------------------------------------------------ the slice of the WebGPU API used here
 // (declared here, not taken from @webgpu/types, so the project type-checks without the optional package)
@@ -57,7 +57,7 @@ interface GpuEncoder {
 interface GpuPipeline {
   getBindGroupLayout(i: number): unknown;
 }
-interface GpuDevice {
+export interface GpuDevice {
   readonly limits: Record<string, number>;
   readonly queue: { submit(b: unknown[]): void; onSubmittedWorkDone(): Promise<void> };
   readonly lost: Promise<{ message: string }>;
@@ -211,9 +211,6 @@ interface Bound {
   elem: number;
 }
 
-/** A uniform field: a u32, or an f32 written as { f }. */
-type Field = number | { f: number };
-
 class WebgpuEngine {
   private readonly mirrors = new WeakMap<ArrayBufferLike, Mirror[]>();
   private readonly pipelines = new Map<ShaderName, GpuPipeline>();
@@ -301,25 +298,37 @@ class WebgpuEngine {
     const dev = lo - m.start,
       offset = Math.floor(dev / this.align) * this.align;
     const size = Math.max(4, dev + a.byteLength - offset);
-    if (size > this.maxBinding)
-      throw new Error(
-        `webgpu: a kernel operand of ${size} bytes exceeds this device's maxStorageBufferBindingSize (${this.maxBinding}); use a smaller --micro-batch or --seq-len`,
-      );
+    this.bindable(size);
     if (offset + size > m.gpu.size) throw new Error("webgpu: an operand's binding runs past its mirror");
     return { buffer: m.gpu, offset, size, elem: (dev - offset) / 4 };
   }
 
-  private own(buffer: GpuBuffer, floats: number): Bound {
-    return { buffer, offset: 0, size: Math.max(4, floats * 4), elem: 0 };
+  /** Refuses an operand binding of `size` bytes past the device's maxStorageBufferBindingSize. */
+  private bindable(size: number): void {
+    if (size > this.maxBinding)
+      throw new Error(
+        `webgpu: a kernel operand of ${size} bytes exceeds this device's maxStorageBufferBindingSize (${this.maxBinding}); use a smaller --micro-batch or --seq-len`,
+      );
   }
 
-  /** Engine scratch of at least n floats (attention's dS and the cached scores), grown on demand. */
-  private scratchOf(n: number): GpuBuffer {
+  /** The first `floats` of an engine-owned buffer as an operand, held to bind()'s binding-size limit. */
+  private own(buffer: GpuBuffer, floats: number): Bound {
+    const size = Math.max(4, floats * 4);
+    this.bindable(size);
+    return { buffer, offset: 0, size, elem: 0 };
+  }
+
+  /**
+   * Engine scratch of n floats as an operand (attention's scores, dS and P), the buffer grown on demand; refused
+   * before it is allocated when its binding would pass the device's limit.
+   */
+  private scratchOf(n: number): Bound {
+    this.bindable(Math.max(4, n * 4));
     if (!this.scratch || this.scratch.size < n * 4) {
       if (this.scratch) this.temps.push(this.scratch);
       this.scratch = this.device.createBuffer({ size: Math.max(16, n * 4), usage: USAGE.STORAGE | USAGE.COPY_SRC });
     }
-    return this.scratch;
+    return this.own(this.scratch, n);
   }
 
   // ---------------------------------------------------------------- the command stream
@@ -348,31 +357,29 @@ class WebgpuEngine {
   private pipeline(name: ShaderName): GpuPipeline {
     let p = this.pipelines.get(name);
     if (!p) {
-      const module = this.device.createShaderModule({ code: SHADERS[name] });
+      const module = this.device.createShaderModule({ code: SHADERS[name].code });
       p = this.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" } });
       this.pipelines.set(name, p);
     }
     return p;
   }
 
-  /** Records one dispatch of `name` over its operands (bindings 0..), its uniforms last, on a grid of [x, y] workgroups. */
-  dispatch(name: ShaderName, ops: Bound[], fields: Field[], grid: [number, number]): void {
+  /**
+   * Records one dispatch of `name` over its operands (bindings 0.., one per storage array of the shader) and its
+   * settings by name (the uniform, bound last), on a grid of [x, y] workgroups. A missing or unknown setting,
+   * or a wrong operand count, throws (packParams).
+   */
+  dispatch<N extends ShaderName>(name: N, ops: Bound[], params: ParamsOf<N>, grid: [number, number]): void {
     if (this.disposed) throw new Error("webgpu: the engine was disposed");
+    const shader = SHADERS[name];
+    if (ops.length !== shader.bindings.length)
+      throw new Error(`webgpu: ${name} binds ${shader.bindings.join(", ")}; given ${ops.length} operands`);
+    const bytes = packParams(name, shader, params);
     if (grid[0] === 0 || grid[1] === 0) return;
     if (grid[0] > MAX_GROUPS || grid[1] > MAX_GROUPS)
       throw new Error(`webgpu: ${name} needs a grid of ${grid[0]} x ${grid[1]} workgroups, over ${MAX_GROUPS}`);
-    const bytes = Math.max(16, Math.ceil((fields.length * 4) / 16) * 16);
-    const ub = this.device.createBuffer({ size: bytes, usage: USAGE.UNIFORM, mappedAtCreation: true });
-    const raw = ub.getMappedRange(),
-      u32 = new Uint32Array(raw),
-      f32 = new Float32Array(raw);
-    fields.forEach((v, i) => {
-      if (typeof v === "number") {
-        if (!Number.isInteger(v) || v < 0 || v > 0xffffffff)
-          throw new RangeError(`webgpu: ${name} field ${i} = ${v} is no u32`);
-        u32[i] = v;
-      } else f32[i] = v.f;
-    });
+    const ub = this.device.createBuffer({ size: bytes.byteLength, usage: USAGE.UNIFORM, mappedAtCreation: true });
+    new Uint8Array(ub.getMappedRange()).set(new Uint8Array(bytes));
     ub.unmap();
     this.temps.push(ub);
     const pipe = this.pipeline(name);
@@ -405,8 +412,8 @@ class WebgpuEngine {
   kernels(): Kernels {
     const grid = WebgpuEngine.grid;
     const bindR = (a: HostArray) => this.bind(a, "r");
-    const d = (name: ShaderName, ops: Bound[], fields: Field[], g: [number, number]) =>
-      this.dispatch(name, ops, fields, g);
+    const d = <N extends ShaderName>(name: N, ops: Bound[], params: ParamsOf<N>, g: [number, number]) =>
+      this.dispatch(name, ops, params, g);
     const e = (b: Bound) => b.elem;
     const k: Kernels = {
       name: this.name,
@@ -417,27 +424,28 @@ class WebgpuEngine {
         const a = bindR(A),
           b = bindR(B),
           c = this.bind(C, beta === 0 ? "w" : "rw");
-        const f = [M, N, K, tA ? 1 : 0, tB ? 1 : 0, e(a), e(b), e(c), { f: alpha }, { f: beta }];
+        const f = { M, N, K, tA: tA ? 1 : 0, tB: tB ? 1 : 0, oA: e(a), oB: e(b), oC: e(c), alpha, beta };
         d("matmul", [a, b, c], f, [Math.ceil(N / TILE), Math.ceil(M / TILE)]);
       },
       embeddingForward: (out, ids, E, N, D) => {
         const i = bindR(ids),
           t = bindR(E),
           o = this.bind(out, "w");
-        d("embeddingForward", [o, i, t], [N * D, D, e(o), e(i), e(t)], grid(N * D));
+        d("embeddingForward", [o, i, t], { n: N * D, D, oO: e(o), oI: e(i), oE: e(t) }, grid(N * D));
       },
       embeddingBackward: (dE, ids, dout, N, D) => {
         const i = bindR(ids),
           g = bindR(dout),
           o = this.bind(dE, "rw");
-        d("embeddingBackward", [o, i, g], [N, D, e(o), e(i), e(g)], grid(D));
+        d("embeddingBackward", [o, i, g], { N, D, oE: e(o), oI: e(i), oD: e(g) }, grid(D));
       },
       rmsnormForward: (out, rstd, x, w, N, D, eps) => {
         const xb = bindR(x),
           wb = bindR(w),
           o = this.bind(out, "w"),
           r = this.bind(rstd, "w");
-        d("rmsnormForward", [o, r, xb, wb], [N, D, e(o), e(r), e(xb), e(wb), { f: eps }], grid(N, 1));
+        const f = { N, D, oO: e(o), oR: e(r), oX: e(xb), oW: e(wb), eps };
+        d("rmsnormForward", [o, r, xb, wb], f, grid(N, 1));
       },
       rmsnormBackward: (dx, dw, dout, x, w, rstd, N, D) => {
         const g = bindR(dout),
@@ -446,8 +454,9 @@ class WebgpuEngine {
           r = bindR(rstd),
           o = this.bind(dx, "rw"),
           ow = this.bind(dw, "rw");
-        d("rmsnormBackward", [o, g, xb, wb, r], [N, D, e(o), e(g), e(xb), e(wb), e(r)], grid(N, 1));
-        d("rmsnormBackwardW", [ow, g, xb, r], [N, D, e(ow), e(g), e(xb), e(r)], grid(D));
+        const f = { N, D, oDX: e(o), oDO: e(g), oX: e(xb), oW: e(wb), oR: e(r) };
+        d("rmsnormBackward", [o, g, xb, wb, r], f, grid(N, 1));
+        d("rmsnormBackwardW", [ow, g, xb, r], { N, D, oDW: e(ow), oDO: e(g), oX: e(xb), oR: e(r) }, grid(D));
       },
       ropeForward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, 1),
       ropeBackward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, -1),
@@ -455,13 +464,13 @@ class WebgpuEngine {
         const qb = bindR(q),
           kb = bindR(k),
           vb = bindR(v),
-          s = this.own(this.scratchOf(B * H * T * T), B * H * T * T),
+          s = this.scratchOf(B * H * T * T),
           o = this.bind(out, "w"),
           l = this.bind(lse, "w");
         d(
           "attentionForward",
           [o, l, s, qb, kb, vb],
-          [B, T, H, K, E, e(o), e(l), e(qb), e(kb), e(vb), { f: 1 / Math.sqrt(E) }],
+          { B, T, H, K, E, oO: e(o), oL: e(l), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
           grid(B * H * T, 64),
         );
       },
@@ -473,20 +482,35 @@ class WebgpuEngine {
           vb = bindR(v),
           ob = bindR(out),
           l = bindR(lse),
-          s = this.own(this.scratchOf(2 * n), 2 * n),
+          s = this.scratchOf(2 * n),
           oq = this.bind(dq, "w"),
           ok = this.bind(dk, "w"),
           ov = this.bind(dv, "w");
         d(
           "attentionBackwardQ",
           [oq, s, g, qb, kb, vb, ob, l],
-          [B, T, H, K, E, e(oq), e(g), e(qb), e(kb), e(vb), e(ob), e(l), n, { f: 1 / Math.sqrt(E) }],
+          {
+            B,
+            T,
+            H,
+            K,
+            E,
+            oDQ: e(oq),
+            oDO: e(g),
+            oQ: e(qb),
+            oK: e(kb),
+            oV: e(vb),
+            oO: e(ob),
+            oL: e(l),
+            pOff: n,
+            scale: 1 / Math.sqrt(E),
+          },
           grid(B * H * T, 64),
         );
         d(
           "attentionBackwardKV",
           [ok, ov, s, qb, g],
-          [B, T, H, K, E, e(ok), e(ov), e(qb), e(g), n],
+          { B, T, H, K, E, oDK: e(ok), oDV: e(ov), oQ: e(qb), oDO: e(g), pOff: n },
           grid(B * T * K * E),
         );
       },
@@ -494,12 +518,12 @@ class WebgpuEngine {
         const qb = bindR(q),
           kb = bindR(kCache),
           vb = bindR(vCache),
-          s = this.own(this.scratchOf(T * H * (P + T)), T * H * (P + T)),
+          s = this.scratchOf(T * H * (P + T)),
           o = this.bind(out, "w");
         d(
           "attentionCachedForward",
           [o, s, qb, kb, vb],
-          [P, T, H, K, E, e(o), e(qb), e(kb), e(vb), { f: 1 / Math.sqrt(E) }],
+          { P, T, H, K, E, oO: e(o), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
           grid(T * H, 64),
         );
       },
@@ -507,7 +531,7 @@ class WebgpuEngine {
         const g = bindR(gate),
           u = bindR(up),
           o = this.bind(out, "w");
-        d("swigluForward", [o, g, u], [n, e(o), e(g), e(u)], grid(n));
+        d("swigluForward", [o, g, u], { n, oO: e(o), oG: e(g), oU: e(u) }, grid(n));
       },
       swigluBackward: (dgate, dup, dout, gate, up, n) => {
         const g = bindR(gate),
@@ -515,7 +539,8 @@ class WebgpuEngine {
           go = bindR(dout),
           og = this.bind(dgate, "w"),
           ou = this.bind(dup, "w");
-        d("swigluBackward", [og, ou, go, g, u], [n, e(og), e(ou), e(go), e(g), e(u)], grid(n));
+        const f = { n, oDG: e(og), oDU: e(ou), oDO: e(go), oG: e(g), oU: e(u) };
+        d("swigluBackward", [og, ou, go, g, u], f, grid(n));
       },
       crossEntropy: (logits, targets, rows, V, gradScale) => {
         if (rows === 0) return 0;
@@ -525,18 +550,19 @@ class WebgpuEngine {
           x = this.bind(logits, gradScale > 0 ? "rw" : "r");
         const buf = this.device.createBuffer({ size: Math.max(16, rows * 4), usage: USAGE.STORAGE | USAGE.COPY_SRC });
         this.losses.push({ buf, rows, targeted });
-        d("crossEntropy", [x, t, this.own(buf, rows)], [rows, V, e(x), e(t), { f: gradScale }], grid(rows, 1));
+        const f = { rows, V, oX: e(x), oT: e(t), gs: gradScale };
+        d("crossEntropy", [x, t, this.own(buf, rows)], f, grid(rows, 1));
         return 0; // deferred: settle() returns the loss
       },
       copy: (dst, src) => {
         if (dst.length !== src.length) throw new RangeError(`copy: ${dst.length} floats from ${src.length}`);
         const s = bindR(src),
           o = this.bind(dst, "w");
-        d("copy", [o, s], [src.length, e(o), e(s)], grid(src.length));
+        d("copy", [o, s], { n: src.length, oD: e(o), oS: e(s) }, grid(src.length));
       },
       fill: (x, value) => {
         const o = this.bind(x, "w");
-        d("fill", [o], [x.length, e(o), { f: value }], grid(x.length));
+        d("fill", [o], { n: x.length, oD: e(o), value }, grid(x.length));
       },
       weightsAre: (params) => this.weightsAre(params),
       weightsChanged: () => this.weightsChanged(),
@@ -563,7 +589,7 @@ class WebgpuEngine {
     this.dispatch(
       "rope",
       [o, c, s],
-      [B * T * nh * h, T, nh, h, o.elem, c.elem, s.elem, { f: sign }],
+      { n: B * T * nh * h, T, nh, h, oX: o.elem, oC: c.elem, oS: s.elem, sign },
       WebgpuEngine.grid(B * T * nh * h),
     );
   }
@@ -659,4 +685,13 @@ export async function createWebgpuKernels(): Promise<{ kernels: Kernels } | Webg
   const d = await openDevice();
   if ("reason" in d) return d;
   return { kernels: new WebgpuEngine(d.device, d.name).kernels() };
+}
+
+/** The webgpu engine on a given device, its kernels and its dispatch (a test's recording device: model.webgpu-params.test.ts). */
+export function webgpuEngineOn(
+  device: GpuDevice,
+  name: string,
+): { kernels: Kernels; dispatch: WebgpuEngine["dispatch"] } {
+  const engine = new WebgpuEngine(device, name);
+  return { kernels: engine.kernels(), dispatch: engine.dispatch.bind(engine) };
 }

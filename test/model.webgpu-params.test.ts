@@ -1,0 +1,237 @@
+/**
+ * The webgpu engine's shader settings by name (src/model/engine/webgpu-wgsl.ts, webgpu.ts), on any machine: no
+ * adapter is needed.
+ *  - each shader's WGSL `struct P` is its declared settings, in order, and the shader reads each of them and no
+ *    other (a misspelled or missing name in a declaration fails here, not as wrong numbers on a device);
+ *  - packParams puts each setting at its declared place whatever the order of the object, and refuses a missing,
+ *    misspelled or extra name and a u32 out of range;
+ *  - every kernel of the engine, run on a recording device, dispatches its shader with exactly its settings and
+ *    one operand per storage array; attention's scratch is held to the binding-size limit, as bind() holds the
+ *    operands.
+ * test/model.webgpu.test.ts runs the same kernels on an adapter against the JS reference.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import type { Kernels } from "../src/model/kernels";
+import { type GpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
+import { packParams, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
+
+const NAMES = Object.keys(SHADERS) as ShaderName[];
+
+/** The fields of a WGSL `struct P { a: u32, b: f32 }`, in order, as [name, type]. */
+function structFields(code: string): [string, string][] {
+  const m = /struct P \{([^}]*)\}/.exec(code);
+  assert.ok(m, "a struct P");
+  return m[1]
+    .split(",")
+    .map((f) => f.trim())
+    .filter((f) => f)
+    .map((f) => f.split(/\s*:\s*/) as [string, string]);
+}
+
+test("each webgpu shader's struct P is its declared settings in order, and its WGSL reads each of them and no other", () => {
+  for (const name of NAMES) {
+    const s: Shader = SHADERS[name];
+    assert.deepEqual(structFields(s.code), Object.entries(s.params), `${name}: struct P`);
+    const read = new Set([...s.code.matchAll(/\bp\.([A-Za-z_]\w*)/g)].map((m) => m[1]));
+    for (const n of read) assert.ok(Object.hasOwn(s.params, n), `${name} reads p.${n}, which it does not declare`);
+    for (const n of Object.keys(s.params)) assert.ok(read.has(n), `${name} declares ${n} and never reads p.${n}`);
+    const bindings = [...s.code.matchAll(/@binding\((\d+)\) var<storage, read_write> (\w+)/g)];
+    assert.deepEqual(
+      bindings.map((b) => [Number(b[1]), b[2]]),
+      s.bindings.map((b, i) => [i, b.split(":")[0]]),
+      `${name}: storage bindings`,
+    );
+    assert.match(s.code, new RegExp(`@binding\\(${s.bindings.length}\\) var<uniform> p: P;`), `${name}: the uniform`);
+  }
+});
+
+test("the matmul shader's tile is TILE: its workgroup, shared tiles and strides follow the exported constant", () => {
+  const code = SHADERS.matmul.code;
+  const mt = TILE / 4;
+  assert.match(code, new RegExp(`@workgroup_size\\(${mt}, ${mt}\\)`));
+  assert.match(code, new RegExp(`var<workgroup> As: array<vec4<f32>, ${mt * mt}>;`));
+  assert.match(code, new RegExp(`let m0 = wg\\.y \\* ${TILE}u;`));
+  assert.match(code, new RegExp(`k0 \\+= ${mt}u`));
+});
+
+test("packParams writes each setting by name at its declared place, and refuses a missing, misspelled or extra name", () => {
+  const s = SHADERS.rope; // n, T, nh, h, oX, oC, oS (u32), sign (f32)
+  const v = { sign: -1, oS: 7, oC: 6, oX: 5, h: 4, nh: 3, T: 2, n: 1 }; // the object's order is not the struct's
+  const raw = packParams("rope", s, v);
+  assert.equal(raw.byteLength, 32);
+  assert.deepEqual([...new Uint32Array(raw).slice(0, 7)], [1, 2, 3, 4, 5, 6, 7]);
+  assert.equal(new Float32Array(raw)[7], -1);
+  const { oC: _, ...missing } = v;
+  assert.throws(
+    () => packParams("rope", s, missing),
+    /^Error: webgpu: rope takes settings n, T, nh, h, oX, oC, oS, sign; missing oC$/,
+  );
+  assert.throws(() => packParams("rope", s, { ...missing, oc: 6 }), /; missing oC; unknown oc$/);
+  assert.throws(() => packParams("rope", s, { ...v, scale: 1 }), /; unknown scale$/);
+  assert.throws(() => packParams("rope", s, { ...v, oX: -1 }), /rope setting oX = -1 is no u32/);
+  assert.throws(() => packParams("rope", s, { ...v, n: 1.5 }), /rope setting n = 1.5 is no u32/);
+});
+
+interface Dispatch {
+  shader: ShaderName;
+  operands: number;
+  uniform: ArrayBuffer;
+}
+
+/** A device that records each dispatch (its shader, operand count and uniform bytes) and runs nothing. */
+function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches: Dispatch[]; created: number[] } {
+  const dispatches: Dispatch[] = [];
+  const created: number[] = [];
+  const byCode = new Map(NAMES.map((n) => [SHADERS[n].code, n]));
+  const buffer = (size: number) => {
+    const raw = new ArrayBuffer(size);
+    return { size, raw, destroy() {}, getMappedRange: () => raw, unmap() {}, mapAsync: async () => {} };
+  };
+  type Buf = ReturnType<typeof buffer>;
+  let pipeline: { shader: ShaderName } | null = null;
+  let group: { entries: { resource: { buffer: Buf } }[] } | null = null;
+  const pass = {
+    setPipeline(p: unknown) {
+      pipeline = p as { shader: ShaderName };
+    },
+    setBindGroup(_i: number, g: unknown) {
+      group = g as typeof group;
+    },
+    dispatchWorkgroups() {
+      assert.ok(pipeline && group);
+      const entries = group.entries;
+      const uniform = entries[entries.length - 1].resource.buffer.raw.slice(0);
+      dispatches.push({ shader: pipeline.shader, operands: entries.length - 1, uniform });
+    },
+    end() {},
+  };
+  const device: GpuDevice = {
+    limits: { minStorageBufferOffsetAlignment: 256, maxStorageBufferBindingSize: maxBinding },
+    queue: { submit() {}, onSubmittedWorkDone: async () => {} },
+    lost: new Promise(() => {}),
+    onuncapturederror: null,
+    createBuffer: (d) => {
+      created.push(d.size);
+      return buffer(d.size);
+    },
+    createShaderModule: (d) => ({ shader: byCode.get(d.code) }),
+    createComputePipeline: (d) => ({
+      shader: (d.compute.module as { shader: ShaderName }).shader,
+      getBindGroupLayout: () => null,
+    }),
+    createBindGroup: (d) => d,
+    createCommandEncoder: () => ({ beginComputePass: () => pass, copyBufferToBuffer() {}, finish: () => ({}) }),
+    destroy() {},
+  };
+  return { device, dispatches, created };
+}
+
+/** Each setting of a recorded dispatch by name, read back as its declared type. */
+function settingsOf(d: Dispatch): Record<string, number> {
+  const u32 = new Uint32Array(d.uniform),
+    f32 = new Float32Array(d.uniform);
+  return Object.fromEntries(
+    Object.entries(SHADERS[d.shader].params).map(([n, t], i) => [n, t === "f32" ? f32[i] : u32[i]]),
+  );
+}
+
+/** Calls every kernel of `k` once on small arrays: views at offsets (matmul's A, B, C at 1, 2, 3 floats). */
+function callEvery(k: Kernels): void {
+  const f = (n: number, at = 3) => new Float32Array(n + at).subarray(at);
+  const [B, T, H, K, E, D, V] = [2, 3, 4, 2, 4, 8, 5];
+  const ids = Int32Array.from({ length: B * T }, (_, i) => i % V);
+  k.matmul(false, true, 3, 5, 7, 0.5, f(21, 1), f(35, 2), 0.25, f(15, 3));
+  k.embeddingForward(f(B * T * D), ids, f(V * D), B * T, D);
+  k.embeddingBackward(f(V * D), ids, f(B * T * D), B * T, D);
+  k.rmsnormForward(f(B * T * D), f(B * T), f(B * T * D), f(D), B * T, D, 1e-5);
+  k.rmsnormBackward(f(B * T * D), f(D), f(B * T * D), f(B * T * D), f(D), f(B * T), B * T, D);
+  k.ropeForward(f(B * T * H * E), f(T * E), f(T * E), B, T, H, E);
+  k.ropeBackward(f(B * T * H * E), f(T * E), f(T * E), B, T, H, E);
+  const q = B * T * H * E,
+    kv = B * T * K * E;
+  k.attentionForward(f(q), f(B * H * T), f(q), f(kv), f(kv), B, T, H, K, E);
+  k.attentionBackward(f(q), f(kv), f(kv), f(q), f(q), f(kv), f(kv), f(q), f(B * H * T), B, T, H, K, E);
+  k.attentionCachedForward(f(T * H * E), f(T * H * E), f((2 + T) * K * E), f((2 + T) * K * E), 2, T, H, K, E);
+  k.swigluForward(f(12), f(12), f(12), 12);
+  k.swigluBackward(f(12), f(12), f(12), f(12), f(12), 12);
+  k.crossEntropy(f(B * T * V), ids, B * T, V, 0.5);
+  assert.ok(k.copy && k.fill, "the webgpu engine has copy and fill");
+  k.copy(f(9), f(9));
+  k.fill(f(9), 2.5);
+}
+
+test("every kernel of the webgpu engine dispatches its shader with exactly its settings, by name, and one operand per storage array", () => {
+  const { device, dispatches } = recordingDevice();
+  const k = webgpuEngineOn(device, "recording").kernels;
+  assert.doesNotThrow(() => callEvery(k));
+  assert.deepEqual(new Set(dispatches.map((d) => d.shader)), new Set(NAMES), "every shader dispatched");
+  for (const d of dispatches) assert.equal(d.operands, SHADERS[d.shader].bindings.length, d.shader);
+  // the settings read back by name are the call's: sizes, flags, scales, and the views' element offsets
+  const mm = settingsOf(dispatches[0]);
+  assert.equal(dispatches[0].shader, "matmul");
+  assert.deepEqual(
+    { M: mm.M, N: mm.N, K: mm.K, tA: mm.tA, tB: mm.tB, alpha: mm.alpha, beta: mm.beta },
+    { M: 3, N: 5, K: 7, tA: 0, tB: 1, alpha: 0.5, beta: 0.25 },
+  );
+  assert.deepEqual([mm.oA, mm.oB, mm.oC], [1, 2, 3], "A, B and C start 1, 2 and 3 floats into their buffers");
+  const rope = dispatches.filter((d) => d.shader === "rope").map(settingsOf);
+  assert.deepEqual(
+    rope.map((r) => r.sign),
+    [1, -1],
+  );
+  const fill = settingsOf(dispatches[dispatches.length - 1]);
+  assert.deepEqual([fill.n, fill.value], [9, 2.5]);
+  const att = dispatches.find((d) => d.shader === "attentionForward");
+  assert.ok(att);
+  assert.equal(settingsOf(att).scale, Math.fround(1 / Math.sqrt(4)));
+});
+
+test("a webgpu dispatch with a setting missing, misspelled or extra, or an operand short, throws naming it and records nothing", () => {
+  const { device, dispatches } = recordingDevice();
+  const buffer = device.createBuffer({ size: 64, usage: 0 });
+  const op = { buffer, offset: 0, size: 64, elem: 0 };
+  // reached with a cast: the types refuse these settings at compile time, the dispatch refuses them at run time
+  const dispatch = webgpuEngineOn(device, "recording").dispatch as unknown as (
+    name: ShaderName,
+    ops: (typeof op)[],
+    params: Record<string, number>,
+    grid: [number, number],
+  ) => void;
+  dispatch("fill", [op], { n: 16, oD: 0, value: 1 }, [1, 1]);
+  assert.equal(dispatches.length, 1);
+  assert.deepEqual(settingsOf(dispatches[0]), { n: 16, oD: 0, value: 1 });
+  assert.throws(
+    () => dispatch("fill", [op], { n: 16, oD: 0 }, [1, 1]),
+    /^Error: webgpu: fill takes settings n, oD, value; missing value$/,
+  );
+  assert.throws(() => dispatch("fill", [op], { n: 16, od: 0, value: 1 }, [1, 1]), /; missing oD; unknown od$/);
+  assert.throws(() => dispatch("fill", [op], { n: 16, oD: 0, value: 1, sign: 1 }, [1, 1]), /; unknown sign$/);
+  assert.throws(() => dispatch("fill", [op], { n: 0, oD: 0 }, [0, 0]), /missing value/, "an empty grid is checked too");
+  assert.throws(
+    () => dispatch("fill", [], { n: 16, oD: 0, value: 1 }, [1, 1]),
+    /^Error: webgpu: fill binds dst; given 0 operands$/,
+  );
+  assert.equal(dispatches.length, 1, "nothing more was recorded");
+});
+
+test("attention's scratch is held to the device's maxStorageBufferBindingSize, as bind() holds the operands, before it is allocated", () => {
+  const { device, created } = recordingDevice(4096);
+  const k = webgpuEngineOn(device, "recording").kernels;
+  const [B, T, H, K, E] = [1, 12, 4, 2, 4]; // the scores alone: B*H*T*T = 576 floats = 2304 bytes; dS and P: 4608
+  const f = (n: number) => new Float32Array(n);
+  const q = B * T * H * E,
+    kv = B * T * K * E;
+  k.attentionForward(f(q), f(B * H * T), f(q), f(kv), f(kv), B, T, H, K, E);
+  const before = created.length;
+  assert.throws(
+    () => k.attentionBackward(f(q), f(kv), f(kv), f(q), f(q), f(kv), f(kv), f(q), f(B * H * T), B, T, H, K, E),
+    /^Error: webgpu: a kernel operand of 4608 bytes exceeds this device's maxStorageBufferBindingSize \(4096\); use a smaller --micro-batch or --seq-len$/,
+  );
+  assert.ok(!created.slice(before).includes(4608), "no scratch buffer of 4608 bytes was made");
+  assert.throws(
+    // the cache: 30 positions of 960 bytes; the scores: T*H*(P+T) = 1440 floats
+    () => k.attentionCachedForward(f(T * H * E), f(T * H * E), f(30 * K * E), f(30 * K * E), 18, T, H, K, E),
+    /a kernel operand of 5760 bytes exceeds/,
+  );
+});
