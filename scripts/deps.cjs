@@ -35,8 +35,17 @@ const LAYERS = [
     // Error types, the one validated config and the small commands' flag parser: everything else may use them,
     // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, the --config file's syntax, and
     // hub/repo-id.ts, the Hub's rule for a repo id, which the Hub client and the local Hub hold to as well);
-    // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers'.
-    patterns: ["errors.ts", "config.ts", "config-file.ts", "cli-args.ts", "duration.ts", "hub/repo-id.ts"],
+    // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers', and
+    // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS).
+    patterns: [
+      "errors.ts",
+      "config.ts",
+      "config-file.ts",
+      "cli-args.ts",
+      "duration.ts",
+      "progress.ts",
+      "hub/repo-id.ts",
+    ],
   },
   {
     layer: 2,

@@ -635,10 +635,3 @@ export function planSteps(c: RunConfig): StepPlan {
     decayStart: Math.floor(stepsPlanned * c.decayFrac),
   };
 }
-
-/** Seconds between progress lines of long work (training to a file or a pipe, Hub transfers):
- *  TSTRAIN_PROGRESS_SECONDS, default 30. */
-export function progressEverySeconds(v = process.env.TSTRAIN_PROGRESS_SECONDS): number {
-  const n = v === undefined || v === "" ? 30 : Number(v);
-  return Number.isFinite(n) && n >= 0 ? n : 30;
-}

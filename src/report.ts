@@ -5,7 +5,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import type { LogEntry } from "./checkpoint";
-import { progressEverySeconds } from "./config";
+import { ProgressRhythm } from "./progress";
 
 export interface Reporter {
   say(line: string): void;
@@ -21,7 +21,7 @@ export function createReporter(
   lines = !stream.isTTY,
 ): Reporter {
   const tty = !lines;
-  const everyMs = progressEverySeconds() * 1000;
+  const rhythm = new ProgressRhythm();
   // G5: a reader that goes away (`| head`) must not end a run: its lines stop, training and metrics.jsonl go on
   let closed = false;
   stream.on("error", (e: NodeJS.ErrnoException) => {
@@ -35,7 +35,6 @@ export function createReporter(
   const write = (s: string) => {
     if (!closed) stream.write(s);
   };
-  let lastProgress = performance.now();
   let progressShown = false;
   const clear = () => {
     if (progressShown) {
@@ -50,10 +49,8 @@ export function createReporter(
     },
     progress(line: string) {
       if (!tty) {
-        // A file or a pipe: no line rewritten in place, but one line every N seconds, ETA included.
-        const now = performance.now();
-        if (now - lastProgress < everyMs) return;
-        lastProgress = now;
+        // A file or a pipe: no line rewritten in place, but a line at the progress rhythm (progress.ts), ETA included.
+        if (!rhythm.due()) return;
         write(`progress: ${line}\n`);
         return;
       }

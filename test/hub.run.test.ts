@@ -16,6 +16,8 @@ import { runTiny, tinyConfig, tinyRun } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 
 const MAIN = path.join(__dirname, "..", "main.js");
+/** A duration as the progress lines print it (fmtDuration, src/duration.ts): 5s, 2m05s, 1h02m. */
+const DURATION = "(?:\\d+h\\d\\dm|(?:\\d+m)?\\d+s)";
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 1024 });
 
 let hubRef: LocalHub | null = null;
@@ -335,7 +337,7 @@ test("a slow checkpoint upload and a slow resume download print progress lines (
     const env = { TSTRAIN_PROGRESS_SECONDS: "0.2" };
     const line = (verb: string, folder: string) =>
       new RegExp(
-        `^hub: ${verb} ${folder}/ \\(\\d+ files\\): (\\d+\\.\\d)/(\\d+\\.\\d) MB \\((\\d+)%\\), \\d+\\.\\d\\d MB/s, \\d+s so far, ETA (\\?|\\d+s)$`,
+        `^hub: ${verb} ${folder}/ \\(\\d+ files\\): (\\d+\\.\\d)/(\\d+\\.\\d) MB \\((\\d+)%\\), \\d+\\.\\d\\d MB/s, ${DURATION} so far, ETA (\\?|${DURATION})$`,
         "gm",
       );
     hub.setFaults({ delayMs: { upload: 1500 } }); // every LFS upload of this session waits 1.5 s

@@ -515,7 +515,7 @@ test("the phases before and after training say what they do: hashing a large mix
   assert.equal(r.status, 0, r.stderr);
   const hashing = [
     ...r.stdout.matchAll(
-      /^data: verifying the mix: (\d+)\/(\d+) MB of shards hashed \((\d+)%\), \d+ MB\/s, ETA \d+s$/gm,
+      /^data: verifying the mix: (\d+)\/(\d+) MB of shards hashed \((\d+)%\), \d+ MB\/s, ETA (\d+h\d\dm|(\d+m)?\d+s)$/gm,
     ),
   ];
   assert.ok(hashing.length >= 2, r.stdout.slice(0, 3000));

@@ -1,8 +1,9 @@
-// Reporting: the loss-curve picture (B5) and the duration format of the progress line.
+// Reporting: the loss-curve picture (B5), the duration format of the progress lines and their one rhythm.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { lossCurveSvg } from "../src/report";
 import { fmtDuration } from "../src/duration";
+import { etaOf, FIRST_LINE_SECONDS, ProgressRhythm, progressEverySeconds } from "../src/progress";
 import type { LogEntry } from "../src/checkpoint";
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -37,6 +38,27 @@ test("durations print as h/m/s", () => {
   assert.equal(fmtDuration(125), "2m05s");
   assert.equal(fmtDuration(3725), "1h02m");
   assert.equal(fmtDuration(Number.NaN), "?");
+});
+
+test("every progress reporter's rhythm: the first line after 5 s of work, then one every TSTRAIN_PROGRESS_SECONDS, ETAs as fmtDuration (B5)", () => {
+  assert.equal(FIRST_LINE_SECONDS, 5);
+  assert.equal(progressEverySeconds(undefined), 30);
+  assert.equal(progressEverySeconds("2.5"), 2.5);
+  assert.equal(progressEverySeconds("soon"), 30);
+  assert.equal(progressEverySeconds("-1"), 30);
+  const lines = (everyMs: number, at: number[]) => {
+    const r = new ProgressRhythm(everyMs, 0);
+    return at.filter((t) => r.due(t));
+  };
+  // the default: nothing for quick work, a line at 5 s, then every 30 s counted from the last line
+  assert.deepEqual(lines(30_000, [1000, 4999, 5000, 6000, 34_999, 35_000, 64_000, 65_500]), [5000, 35_000, 65_500]);
+  // a rhythm shorter than 5 s starts at once with it
+  assert.deepEqual(lines(2000, [1000, 2000, 3000, 4100, 6000, 6100]), [2000, 4100, 6100]);
+  // 0: a line at every chance
+  assert.deepEqual(lines(0, [0, 1, 2]), [0, 1, 2]);
+  assert.equal(etaOf(125, 1), "2m05s");
+  assert.equal(etaOf(7450, 2), "1h02m");
+  assert.equal(etaOf(10, 0), "?", "no rate yet");
 });
 
 test("compare.js prints two runs' losses step by step with the largest relative difference, draws both curves, and refuses a folder without metrics (B5)", () => {

@@ -15,6 +15,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { trainByteLevelBpe, tokenizerJson, tokenizerConfigJson, specialTokensMapJson } from "./bpe";
 import { brownDocuments } from "./brown";
+import { fmtDuration } from "../duration";
+import { etaOf, ProgressRhythm } from "../progress";
 import { mixFingerprint, sha256File } from "./fingerprint";
 import { readManifest } from "./manifest";
 import { isValDoc, prepareMix, valPpm } from "./prepare-mix";
@@ -47,24 +49,23 @@ export function demoMixIsReusable(dir: string): boolean {
   }
 }
 
-/** The BPE phase's progress: a line when it starts, at most one every 5 s with the share done and an ETA, one when done. */
+/** The BPE phase's progress: a line when it starts, lines with the share done and an ETA at the progress rhythm
+ *  (progress.ts), one when done. */
 function bpeProgress(
   log: (s: string) => void,
   docs: number,
 ): { tick: (ids: number, of: number) => void; done: () => void } {
   const t0 = performance.now();
-  let last = t0;
+  const rhythm = new ProgressRhythm(undefined, t0);
   log(
     `demo data: training the demo tokenizer (byte-level BPE, ${DEMO_VOCAB.toLocaleString("en-US")} ids) on ${docs} documents`,
   );
   return {
     tick(ids, of) {
-      const now = performance.now();
-      if (now - last < 5000) return;
-      last = now;
-      const secs = (now - t0) / 1000;
+      if (!rhythm.due()) return;
+      const secs = (performance.now() - t0) / 1000;
       log(
-        `demo data: tokenizer ${ids.toLocaleString("en-US")}/${of.toLocaleString("en-US")} ids (${Math.floor((100 * ids) / of)}%), ${secs.toFixed(0)}s, ETA ${Math.ceil((secs * (of - ids)) / Math.max(1, ids - 257))}s`,
+        `demo data: tokenizer ${ids.toLocaleString("en-US")}/${of.toLocaleString("en-US")} ids (${Math.floor((100 * ids) / of)}%), ${fmtDuration(secs)}, ETA ${etaOf(of - ids, Math.max(1, ids - 257) / secs)}`,
       );
     },
     done: () => log(`demo data: tokenizer trained in ${((performance.now() - t0) / 1000).toFixed(1)}s`),

@@ -14,6 +14,7 @@ import { createHash } from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
+import { etaOf, ProgressRhythm } from "../progress";
 import { bytesPerToken, type Manifest, type ShardInfo } from "./manifest";
 
 const CHUNK = 4 << 20;
@@ -68,26 +69,23 @@ function allShards(m: Manifest): Array<{ split: "train" | "val"; s: ShardInfo }>
   ];
 }
 
-/** Where the shard hashing's progress goes: a line at most every `everyMs` while it runs. */
+/** Where the shard hashing's progress goes: a line at the progress rhythm (progress.ts) while it runs. */
 export interface HashProgress {
   log: (line: string) => void;
-  everyMs: number;
 }
 
-/** A byte counter that logs share, rate and ETA at most every `everyMs` (nothing for a quick hash). */
+/** A byte counter that logs share, rate and ETA at the progress rhythm (nothing for a quick hash). */
 function hashTicker(total: number, p: HashProgress | undefined): (bytes: number) => void {
   const t0 = performance.now();
-  let last = t0,
-    done = 0;
+  const rhythm = new ProgressRhythm(undefined, t0);
+  let done = 0;
   return (n) => {
     done += n;
-    const now = performance.now();
-    if (!p || now - last < p.everyMs || done >= total) return;
-    last = now;
-    const secs = (now - t0) / 1000,
+    if (!p || done >= total || !rhythm.due()) return;
+    const secs = (performance.now() - t0) / 1000,
       rate = done / Math.max(1e-9, secs);
     p.log(
-      `data: verifying the mix: ${(done / 1e6).toFixed(0)}/${(total / 1e6).toFixed(0)} MB of shards hashed (${Math.floor((100 * done) / total)}%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${Math.ceil((total - done) / rate)}s`,
+      `data: verifying the mix: ${(done / 1e6).toFixed(0)}/${(total / 1e6).toFixed(0)} MB of shards hashed (${Math.floor((100 * done) / total)}%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${etaOf(total - done, rate)}`,
     );
   };
 }

@@ -43,7 +43,7 @@ import {
   SUPPORTED_FORMATS,
 } from "./inputs";
 import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
-import { fmtDuration } from "../duration";
+import { etaOf, ProgressRhythm } from "../progress";
 import {
   DEFAULT_HUB_URL,
   fetchHubTokenizer,
@@ -315,8 +315,7 @@ class ShardWriter {
 
 class Progress {
   private last = 0;
-  private lastPct = -1;
-  private lastLine = 0;
+  private readonly rhythm = new ProgressRhythm();
   constructor(
     private readonly mode: "bar" | "lines" | "none",
     private readonly totalBytes: number,
@@ -326,7 +325,7 @@ class Progress {
   static line(bytes: number, total: number, tokens: number, secs: number): string {
     const pct = total > 0 ? Math.min(100, Math.floor((100 * bytes) / total)) : 100;
     const bRate = bytes / secs;
-    const eta = bytes > 0 && total > bytes ? fmtDuration((total - bytes) / bRate) : bytes >= total ? "0s" : "?";
+    const eta = total > bytes ? etaOf(total - bytes, bRate) : "0s";
     return `prepare: ${String(pct).padStart(3)}% ${(bytes / 1e6).toFixed(1)}/${(total / 1e6).toFixed(1)} MB, ${tokens.toLocaleString("en-US")} tokens, ${Math.round(tokens / secs).toLocaleString("en-US")} tok/s, ${(bRate / 1e6).toFixed(2)} MB/s, ETA ${eta}`;
   }
   update(bytes: number, tokens: number, final = false): void {
@@ -342,11 +341,8 @@ class Progress {
       const filled = Math.round((w * pct) / 100);
       process.stderr.write(`\r[${"#".repeat(filled)}${".".repeat(w - filled)}] ${line}${final ? "\n" : ""}`);
     } else {
-      // plain lines (a file, a pipe): every 10 % and at least every 10 s on long work
-      const decile = Math.floor(pct / 10);
-      if (!final && decile === this.lastPct && now - this.lastLine < 10_000) return;
-      this.lastPct = decile;
-      this.lastLine = now;
+      // plain lines (a file, a pipe): at the progress rhythm (progress.ts), and the last one
+      if (!this.rhythm.due() && !final) return;
       process.stderr.write(`${line}\n`);
     }
   }

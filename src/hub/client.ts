@@ -26,7 +26,8 @@ import {
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { isRepoId, REPO_ID_RULE } from "./repo-id";
-import { progressEverySeconds } from "../config";
+import { fmtDuration } from "../duration";
+import { etaOf, ProgressRhythm } from "../progress";
 import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./hub-errors";
 import { POINTER_FILE } from "../checkpoint/names";
 import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
@@ -90,7 +91,7 @@ export interface CommitOptions {
    * head is adopted as this run's own commit instead of being reported as another writer's.
    */
   retry?: boolean;
-  /** Where a progress line goes, every TSTRAIN_PROGRESS_SECONDS while the upload runs (none for a quick one). */
+  /** Where a progress line goes, at the progress rhythm (progress.ts) while the upload runs (none for a quick one). */
   progress?: (line: string) => void;
 }
 
@@ -112,21 +113,17 @@ export interface HubClientOptions {
 
 const MIN_UPLOAD_BYTES_PER_MS = (1024 * 1024) / 1000; // 1 MiB/s budget for request bodies
 
-/** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) every interval while it runs. */
+/** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) at the progress rhythm while it runs. */
 class TransferProgress {
   private done = 0;
   private readonly t0 = performance.now();
-  private readonly timer: NodeJS.Timeout | null = null;
+  private readonly stopLines: (() => void) | null = null;
   constructor(
     private readonly what: string,
     private readonly total: number,
     log?: (line: string) => void,
   ) {
-    const every = progressEverySeconds() * 1000;
-    if (log) {
-      this.timer = setInterval(() => log(this.line()), Math.max(100, every));
-      this.timer.unref();
-    }
+    if (log) this.stopLines = new ProgressRhythm(undefined, this.t0).every(() => log(this.line()));
   }
   add(n: number): void {
     this.done = Math.min(this.total, this.done + n);
@@ -134,12 +131,12 @@ class TransferProgress {
   private line(): string {
     const secs = (performance.now() - this.t0) / 1000;
     const rate = this.done / Math.max(1e-9, secs);
-    const eta = this.done > 0 ? `${Math.ceil((this.total - this.done) / rate)}s` : "?";
+    const eta = etaOf(this.total - this.done, rate);
     const mb = (b: number) => (b / 1e6).toFixed(1);
-    return `hub: ${this.what}: ${mb(this.done)}/${mb(this.total)} MB (${Math.floor((100 * this.done) / Math.max(1, this.total))}%), ${(rate / 1e6).toFixed(2)} MB/s, ${secs.toFixed(0)}s so far, ETA ${eta}`;
+    return `hub: ${this.what}: ${mb(this.done)}/${mb(this.total)} MB (${Math.floor((100 * this.done) / Math.max(1, this.total))}%), ${(rate / 1e6).toFixed(2)} MB/s, ${fmtDuration(secs)} so far, ETA ${eta}`;
   }
   stop(): void {
-    if (this.timer) clearInterval(this.timer);
+    this.stopLines?.();
   }
 }
 

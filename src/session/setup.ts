@@ -6,7 +6,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { planSteps, progressEverySeconds, type RunConfig, type StepPlan } from "../config";
+import { planSteps, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/llama-config";
 import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/token-store";
@@ -135,7 +135,7 @@ async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
   // D3 with progress while the user waits, and the largest token id in the same pass (D1)
-  const tokenIds = verifyShards(root, manifest, { log: rep.say, everyMs: Math.min(5, progressEverySeconds()) * 1000 });
+  const tokenIds = verifyShards(root, manifest, { log: rep.say });
   const fingerprint = mixFingerprint(root, manifest, { verify: false });
   return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds };
 }

@@ -2,7 +2,8 @@
 import type { Coordinator } from "../actors/coordinator";
 import type { Reporter } from "../report";
 import type { Session } from "./setup";
-import { progressEverySeconds } from "../config";
+import { fmtDuration } from "../duration";
+import { ProgressRhythm } from "../progress";
 
 export interface Validation {
   valLoss: number | null;
@@ -20,11 +21,9 @@ export async function validate(s: Session, coord: Coordinator, segment: boolean,
     `validation: ${s.data.nVal.toLocaleString("en-US")} held-out windows of ${s.cfg.seqLen} tokens on ${s.cfg.world} rank(s)`,
   );
   const t0 = performance.now();
-  const beat = setInterval(
-    () => rep.say(`validation: still running, ${((performance.now() - t0) / 1000).toFixed(0)}s so far`),
-    Math.max(100, progressEverySeconds() * 1000),
+  const stopBeat = new ProgressRhythm(undefined, t0).every(() =>
+    rep.say(`validation: still running, ${fmtDuration((performance.now() - t0) / 1000)} so far`),
   );
-  beat.unref();
   try {
     const valLoss = await coord.evaluate(s.data.nVal);
     if (!Number.isFinite(valLoss)) throw new Error(`validation loss is ${valLoss}`);
@@ -36,6 +35,6 @@ export async function validate(s: Session, coord: Coordinator, segment: boolean,
     rep.say(`validation failed: ${valError}`);
     return { valLoss: null, ppl: null, valError };
   } finally {
-    clearInterval(beat);
+    stopBeat();
   }
 }
