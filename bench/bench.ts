@@ -1119,8 +1119,11 @@ async function main(): Promise<number> {
           `shape: ${MODELS[o.model].note}; seq ${seq}; ${sh.params.toLocaleString("en-US")} params; ${sh.dataKind} mix ${sh.root} (${sh.nWindows} windows)`,
         );
         run.suffix = o.seqs.length > 1 ? `@${seq}` : "";
-        await runStepCases(run, os, sh, scratch);
+        // PyTorch first: its fp32 step at seq 1024 holds about 17 GB, and the step cases' buffers (about 6 GB a
+        // runtime, shared with the main thread) are freed only when this process collects them, which nothing
+        // forces before the next case: after an fp32 and a bf16 runtime, PyTorch's fp32 run met the OOM killer
         if (o.cases.has("torch")) await runTorchCases(run, os, sh);
+        await runStepCases(run, os, sh, scratch);
         run.suffix = "";
       }
       if (shape) {
