@@ -741,11 +741,15 @@ function peakMfu(s: Shape, row: BenchRow, peak: { isa: string; gflops: number } 
 /** Adds the training rows' MFU where the frozen-step case measured the matMul rate. */
 function addTrainingMfu(rows: BenchRow[]): void {
   // ---- MFU of the training steps too, where this run measured the matMul rate (frozen-step case):
-  // per rank, (model FLOPs per token x tok/s / world) / matMul rate, for rows of the same model and seq.
-  const fz = rows.find((x) => x.case === "frozen-step");
-  if (fz && typeof fz.matmul_gflops === "number" && typeof fz.model_flops_per_token === "number") {
+  // per rank, (model FLOPs per token x tok/s / world) / matMul rate, for rows of the same model and seq; a bf16
+  // row (the trainer's -bf16 rows, PyTorch's autocast) against the bf16 products' rate (frozen-step-bf16)
+  for (const fz of rows.filter((x) => x.case === "frozen-step" || x.case === "frozen-step-bf16")) {
+    if (typeof fz.matmul_gflops !== "number" || typeof fz.model_flops_per_token !== "number") continue;
+    const bf16 = fz.case === "frozen-step-bf16";
     for (const x of rows) {
       if (x === fz || x.params !== fz.params || x.seq_len !== fz.seq_len || typeof x.tok_per_s !== "number") continue;
+      if (String(x.case).startsWith("frozen-step")) continue;
+      if (/-bf16(@|$)/.test(String(x.case)) !== bf16) continue;
       const per = String(x.case).startsWith("torch") ? 1 : Math.max(1, x.world ?? 1);
       x.mfu = r((fz.model_flops_per_token * x.tok_per_s) / per / (fz.matmul_gflops * 1e9), 3);
       x.mfu_note = `per rank, against the single-thread matmul rate of the frozen-step case's engine (${String(fz.backend)}) in this run`;
@@ -782,7 +786,11 @@ function ratioTable(rows: BenchRow[], o: Options): RatioSpec[] {
     le = (v: number) => ({ op: "<=", v }) as const;
   const worlds = o.worlds.filter((w) => w > 1),
     wMax = Math.max(...o.worlds);
-  const torchRows = rows.filter((x) => String(x.case).startsWith("torch-") && typeof x.tok_per_s === "number");
+  // PyTorch's best in fp32 (its autocast bf16 rows are set against the trainer's bf16 rows below)
+  const torchRows = rows.filter(
+    (x) =>
+      String(x.case).startsWith("torch-") && !String(x.case).includes("autocast") && typeof x.tok_per_s === "number",
+  );
   const torchBest = torchRows.length
     ? torchRows.reduce((a, b) => (Number(b.tok_per_s) > Number(a.tok_per_s) ? b : a))
     : null;
