@@ -36,7 +36,8 @@ const LAYERS = [
     // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, the --config file's syntax, and
     // hub/repo-id.ts, the Hub's rule for a repo id, which the Hub client and the local Hub hold to as well);
     // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers', and
-    // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS).
+    // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS); pipes.ts keeps a reader that
+    // closes stdout or stderr (`| head`) from ending any command (O7).
     patterns: [
       "errors.ts",
       "config.ts",
@@ -44,6 +45,7 @@ const LAYERS = [
       "cli-args.ts",
       "duration.ts",
       "progress.ts",
+      "pipes.ts",
       "hub/repo-id.ts",
     ],
   },

@@ -35,6 +35,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
+import { guardOutput } from "./pipes";
 import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
@@ -172,6 +173,7 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
 }
 
 async function main(): Promise<void> {
+  guardOutput("the generation goes on"); // O7: `| head -c 10` ends no generation
   let tmp: string | null = null;
   try {
     const a = parseGenerateArgs(process.argv.slice(2));

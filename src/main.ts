@@ -6,6 +6,7 @@
 import * as os from "node:os";
 import { parseArgs, usage } from "./config";
 import { fsRefusal, isUserError } from "./errors";
+import { guardOutput } from "./pipes";
 import { runSession } from "./run";
 import { EXIT_STOPPED, requestStop, RunComplete, RunStopped, setCommandLine } from "./session/stop";
 
@@ -31,6 +32,7 @@ function onSignals(): void {
 }
 
 async function main(): Promise<number> {
+  guardOutput(); // O7: `| head` ends no run (the reporter says where its log lines go)
   const { config, help, origins } = parseArgs(process.argv.slice(2));
   if (help) {
     process.stdout.write(`${usage()}\n`);

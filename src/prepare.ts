@@ -7,6 +7,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
+import { guardOutput } from "./pipes";
 import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { removeScratchNow } from "./data/prepare-scratch";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
@@ -92,6 +93,7 @@ function onSignals(out: string): void {
 }
 
 async function main(): Promise<void> {
+  guardOutput("the mix is still built"); // O7: `| head` ends no build
   try {
     const o = parsePrepareArgs(process.argv.slice(2));
     if (o === null) {

@@ -5,6 +5,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import type { LogEntry } from "./checkpoint";
+import { guardStream, writeOpen } from "./pipes";
 import { ProgressRhythm } from "./progress";
 
 export interface Reporter {
@@ -22,19 +23,15 @@ export function createReporter(
 ): Reporter {
   const tty = !lines;
   const rhythm = new ProgressRhythm();
-  // G5: a reader that goes away (`| head`) must not end a run: its lines stop, training and metrics.jsonl go on
-  let closed = false;
-  stream.on("error", (e: NodeJS.ErrnoException) => {
-    if (e.code !== "EPIPE") throw e;
-    if (closed) return;
-    closed = true;
-    process.stderr.write(
+  // O7: a reader that goes away (`| head`) must not end a run: its lines stop, training and metrics.jsonl go on
+  guardStream(stream, () =>
+    writeOpen(
+      process.stderr,
       `note: the output's reader closed it (EPIPE); the run goes on, its log lines in ${path.join(outDir, "metrics.jsonl")}\n`,
-    );
-  });
-  const write = (s: string) => {
-    if (!closed) stream.write(s);
-  };
+    ),
+  );
+  guardStream(process.stderr);
+  const write = (s: string) => writeOpen(stream, s);
   let progressShown = false;
   const clear = () => {
     if (progressShown) {
