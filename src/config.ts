@@ -7,6 +7,7 @@
  * A seed flag with no meaning in this stack is either given its closest honest meaning or refused
  * with the reason: never silently ignored.
  */
+import * as fs from "node:fs";
 import * as os from "node:os";
 import { UserError } from "./errors";
 import { readConfigFile, type ConfigFileDoc } from "./config-file";
@@ -546,6 +547,17 @@ export function validate(c: RunConfig): RunConfig {
       `--hub-repo ${JSON.stringify(c.hubRepo)} is not a Hub repo id (${REPO_ID_RULE}); pass e.g. --hub-repo my-user/my-run-ckpts`,
     );
   }
+  if (c.hubUrl !== EMBEDDED_HUB) {
+    const bad = hubUrlProblem(c.hubUrl);
+    if (bad)
+      throw new UserError("G10", `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}, or ${EMBEDDED_HUB} for the local Hub`);
+  }
+  if (isFile(c.root)) {
+    throw new UserError(
+      "D1",
+      `--root ${JSON.stringify(c.root)} is a file, not a folder: ${c.demo ? "--demo builds its mix in a folder there" : "a mix root is the folder prepare wrote"}; name a folder${c.demo ? " (or a path that does not exist yet)" : ""}`,
+    );
+  }
   if (c.hubDir && c.hubUrl !== EMBEDDED_HUB) {
     throw new UserError(
       "B6",
@@ -556,6 +568,31 @@ export function validate(c: RunConfig): RunConfig {
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
   c.hubUrl = c.hubUrl.replace(/\/+$/, "");
   return Object.freeze({ ...c });
+}
+
+/** True when something other than a folder is at the path (a folder, or nothing yet, is false). */
+function isFile(p: string): boolean {
+  try {
+    return !fs.statSync(p).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * G10, G11: why a Hub endpoint is not one (an http(s) URL with a host), e.g. "is not an http(s) URL such as
+ * https://huggingface.co"; null when it is one. Every command that takes --hub-url checks it before any work.
+ */
+export function hubUrlProblem(url: string): string | null {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    u = new URL("none:");
+  }
+  return u.protocol === "http:" || u.protocol === "https:"
+    ? null
+    : "is not an http(s) URL such as https://huggingface.co";
 }
 
 /**

@@ -35,6 +35,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
+import { hubUrlProblem } from "./config";
 import { guardOutput } from "./pipes";
 import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
@@ -81,6 +82,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     allowOtherTokenizer: false,
   };
   let havePrompt = false;
+  let hubUrlGiven = false;
   const num = (a: FlagArgs): number => {
     const v = a.value();
     const n = Number(v);
@@ -121,6 +123,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     },
     "--hub-url": (o, a) => {
       o.hubUrl = a.value();
+      hubUrlGiven = true;
     },
     "--no-cache": (o) => {
       o.cache = false;
@@ -139,6 +142,11 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     }) === null
   )
     return null;
+  const badUrl = hubUrlProblem(o.hubUrl);
+  if (badUrl) {
+    const from = hubUrlGiven ? "--hub-url" : "HF_ENDPOINT";
+    throw new UserError("G11", `${from} ${JSON.stringify(o.hubUrl)} ${badUrl}`);
+  }
   if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
   checkSampling(o);
   if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1)

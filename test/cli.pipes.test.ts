@@ -44,7 +44,6 @@ async function runClosed(file: string, args: string[], closed: Closed): Promise<
   return { code, open };
 }
 
-
 // a progress line at every chance: many writes to the closed pipe (the children inherit it)
 process.env.TSTRAIN_PROGRESS_SECONDS = "0";
 

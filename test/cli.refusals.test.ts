@@ -1,0 +1,99 @@
+// Bad input a careful user still gives (issue 53): each is refused at once, exit 2, one line naming the value and
+// the rule, nothing written; and each refusal's advice is run here and works.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { spawnSync } from "node:child_process";
+import { tmpDir } from "./helpers/tmp";
+import { tinyRun } from "./helpers/run";
+import { writeSyntheticMix } from "./helpers/mix";
+import { writeTinyTokenizer } from "./fixtures/data-synth";
+import { corpusDocs } from "./fixtures/corpus-docs";
+import { buildConfig, hfConfigJson } from "../src/model/llama-config";
+import { initWeights } from "../src/model/init";
+import { paramLayout } from "../src/model/layout";
+import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
+
+const DIST = path.join(__dirname, "..");
+const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
+
+function node(file: string, args: string[], env: NodeJS.ProcessEnv = process.env) {
+  return spawnSync(process.execPath, [path.join(DIST, file), ...args], { encoding: "utf8", timeout: 150_000, env });
+}
+
+/** A refusal: exit 2, one line on stderr matching `line`, no stack trace, nothing on stdout. */
+function assertRefused(r: ReturnType<typeof node>, line: RegExp): void {
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, line);
+  assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
+  assert.doesNotMatch(r.stderr, /\n\s+at |internal error/);
+}
+
+/** An exported model (2 layers, width 36, vocab 300) with its tokenizer, for generate. */
+function tinyModel(): string {
+  const dir = tmpDir("tstrain-refusals-model-");
+  const cfg = buildConfig({ seqLen: 32, layers: 2, hidden: 36, vocabSize: 300 });
+  const params = new Float32Array(paramLayout(cfg).total);
+  initWeights(cfg, 7, params);
+  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
+  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
+  writeTinyTokenizer(
+    dir,
+    corpusDocs().filter((d) => d.length > 0),
+  );
+  return dir;
+}
+
+test("a --hub-url that is no http(s) URL is refused before any work, exit 2, naming it; the URL it asks for works (G10, G11)", {
+  timeout: 300_000,
+}, () => {
+  const out = tmpDir("tstrain-hub-url-");
+  const bad = node("main.js", tinyRun(mix.root, out, ["--hub-url", "not a url", "--dry-run"]));
+  assertRefused(
+    bad,
+    /^refused: --hub-url "not a url" is not an http\(s\) URL such as https:\/\/huggingface\.co, or embedded for the local Hub \[G10\]$/m,
+  );
+  assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out");
+  // the advice: an http(s) URL, or embedded
+  for (const url of ["https://huggingface.co", "embedded"]) {
+    const ok = node("main.js", tinyRun(mix.root, out, ["--hub-url", url, "--dry-run"]));
+    assert.equal(ok.status, 0, ok.stderr);
+  }
+  const model = tinyModel();
+  const gen = ["--model", model, "--prompt", "The", "--max-new-tokens", "2", "--backend", "cpu"];
+  const g = node("generate.js", [...gen, "--hub-url", "not a url"]);
+  assertRefused(
+    g,
+    /^generate: --hub-url "not a url" is not an http\(s\) URL such as https:\/\/huggingface\.co \[G11\]$/m,
+  );
+  assert.equal(g.stdout, "");
+  const env = node("generate.js", gen, { ...process.env, HF_ENDPOINT: "huggingface.co" });
+  assertRefused(env, /^generate: HF_ENDPOINT "huggingface\.co" is not an http\(s\) URL/m);
+  const fixed = node("generate.js", [...gen, "--hub-url", "https://huggingface.co"]);
+  assert.equal(fixed.status, 0, fixed.stderr);
+});
+
+test("a --root that is a file is refused before any work, exit 2, naming it, also with --demo; a folder works (D1)", {
+  timeout: 300_000,
+}, () => {
+  const dir = tmpDir("tstrain-root-file-");
+  const file = path.join(dir, "not-a-folder");
+  fs.writeFileSync(file, "x");
+  const out = path.join(dir, "out");
+  const demo = node("main.js", ["--demo", "--dry-run", "--root", file, "--out", out]);
+  assertRefused(
+    demo,
+    /^refused: --root ".*not-a-folder" is a file, not a folder: --demo builds its mix in a folder there; name a folder \(or a path that does not exist yet\) \[D1\]$/m,
+  );
+  assert.ok(!fs.existsSync(out), "no --out made, no embedded Hub started");
+  const plain = node("main.js", tinyRun(file, out, ["--dry-run"]));
+  assertRefused(
+    plain,
+    /^refused: --root ".*not-a-folder" is a file, not a folder: a mix root is the folder prepare wrote; name a folder \[D1\]$/m,
+  );
+  assert.ok(!fs.existsSync(out));
+  // the advice: a folder (the mix's)
+  const ok = node("main.js", tinyRun(mix.root, out, ["--dry-run"]));
+  assert.equal(ok.status, 0, ok.stderr);
+});
