@@ -97,3 +97,38 @@ test("a --root that is a file is refused before any work, exit 2, naming it, als
   const ok = node("main.js", tinyRun(mix.root, out, ["--dry-run"]));
   assert.equal(ok.status, 0, ok.stderr);
 });
+
+test("a resume with another batch split names the change and the flags that work, and both work (C3)", {
+  timeout: 600_000,
+}, () => {
+  const out = tmpDir("tstrain-geometry-");
+  const first = node("main.js", tinyRun(mix.root, out, ["--world", "2", "--stop-after-steps", "4"]));
+  assert.equal(first.status, 0, first.stderr);
+  const ckpt = path.join(out, "ckpt", "checkpoint-4");
+  assert.ok(fs.existsSync(path.join(ckpt, "cursor.json")), first.stdout + first.stderr);
+  const resume = (extra: string[]) =>
+    node("main.js", tinyRun(mix.root, out, ["--world", "2", "--resume", ckpt, ...extra]));
+  const world = resume(["--world", "1"]);
+  assertRefused(
+    world,
+    /^refused: resume refused: the batch changed: 4 → 2 sequences per step \(world 2 → 1\); \S+checkpoint-4 was trained at 4, and a resumed run must read the same sequences per step: use --world 2, or --world 1 --accum 2 \[C3\]$/m,
+  );
+  const micro = resume(["--micro-batch", "1"]);
+  assertRefused(
+    micro,
+    /^refused: resume refused: the batch changed: 4 → 2 sequences per step \(micro-batch 2 → 1\); .*: use --micro-batch 2, or --micro-batch 1 --accum 2 \[C3\]$/m,
+  );
+  // the advice, each way: the split the run used, and the new split with --accum 2
+  for (const extra of [["--world", "1", "--accum", "2"], []]) {
+    const r = resume([...extra, "--out", tmpCopy(out)]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /resume from \S+checkpoint-4: step 4/);
+  }
+});
+
+/** A copy of a run folder (a resume may then train in it, leaving the original for the next). */
+function tmpCopy(out: string): string {
+  const copy = tmpDir("tstrain-geometry-copy-");
+  fs.cpSync(out, copy, { recursive: true });
+  return copy;
+}

@@ -134,10 +134,70 @@ export function parseCursor(text: string, where: string): Cursor {
   return c as unknown as Cursor;
 }
 
+/** The split of a step's sequences: micro-batch x rank threads x MPI processes x accumulation. */
+export interface BatchGeometry {
+  microBatch: number;
+  world: number;
+  hosts: number;
+  accum: number;
+}
+
+const seqsOf = (g: BatchGeometry): number => g.microBatch * g.world * g.hosts * g.accum;
+
+/**
+ * C3: a resume whose sequences per step differ from the run's, said as what changed and what works: the old
+ * values back, or the new split with an --accum that gives the old sequences per step. `then` is the run's
+ * recorded geometry (run_config.json); without it, only the sequences per step are known.
+ */
+export function batchChangeMessage(
+  where: string,
+  thenSeqs: number,
+  then: BatchGeometry | null,
+  now: BatchGeometry,
+): string {
+  const nowSeqs = seqsOf(now);
+  const flags: Array<[keyof BatchGeometry, string]> = [
+    ["world", "--world"],
+    ["microBatch", "--micro-batch"],
+    ["accum", "--accum"],
+  ];
+  const changed: string[] = [];
+  const back: string[] = [];
+  if (then) {
+    for (const [k, flag] of flags) {
+      if (then[k] !== now[k]) {
+        changed.push(`${flag.slice(2)} ${then[k]} → ${now[k]}`);
+        back.push(`${flag} ${then[k]}`);
+      }
+    }
+    if (then.hosts !== now.hosts) {
+      changed.push(`MPI processes ${then.hosts} → ${now.hosts}`);
+      back.push(`${then.hosts} MPI processes`);
+    }
+  }
+  const perAccum = now.microBatch * now.world * now.hosts;
+  const accum = thenSeqs / perAccum;
+  const keep = [
+    ...flags.filter(([k]) => k !== "accum" && then && then[k] !== now[k]).map(([k, f]) => `${f} ${now[k]}`),
+  ];
+  const withAccum =
+    Number.isInteger(accum) && accum >= 1 && accum !== now.accum ? [...keep, `--accum ${accum}`].join(" ") : null;
+  const advice = [back.length ? back.join(" ") : null, withAccum].filter((x) => x !== null);
+  return `resume refused: the batch changed: ${thenSeqs} → ${nowSeqs} sequences per step${changed.length ? ` (${changed.join(", ")})` : ""}; ${where} was trained at ${thenSeqs}, and a resumed run must read the same sequences per step: ${advice.length ? `use ${advice.join(", or ")}` : `split ${thenSeqs} sequences per step as micro-batch x world x MPI processes x accum`}`;
+}
+
 /** C3: every refusal before a resume. Returns where the data stream restarts (D5). */
 export function validateResume(
   c: Cursor | null,
-  expected: { seqLen: number; seed: number; permSha: string; fingerprint: string; seqsPerStep: number },
+  expected: {
+    seqLen: number;
+    seed: number;
+    permSha: string;
+    fingerprint: string;
+    seqsPerStep: number;
+    /** the geometry now, and the run's as run_config.json records it (null: not recorded) */
+    geometry?: { now: BatchGeometry; then: BatchGeometry | null };
+  },
   where: string,
 ): { startStep: number; startSample: number } {
   if (c === null) {
@@ -171,6 +231,15 @@ export function validateResume(
     }
   }
   const S = expected.seqsPerStep;
+  const g = expected.geometry;
+  // the run's sequences per step: its recorded geometry's, else the cursor's own ratio (a step 0 cursor has none)
+  const thenSeqs = g?.then
+    ? seqsOf(g.then)
+    : c.step > 0 && c.samples_consumed % c.step === 0
+      ? c.samples_consumed / c.step
+      : S;
+  if (g && thenSeqs !== S && c.step * thenSeqs === c.samples_consumed)
+    throw new UserError("C3", batchChangeMessage(where, thenSeqs, g.then, g.now));
   if (c.samples_consumed % S !== 0) {
     throw new UserError(
       "C3",

@@ -12,7 +12,7 @@ import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/token-store";
 import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerprint";
 import { permSha } from "../data/permutation";
-import { loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
+import { type BatchGeometry, loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
 import { checkNoWrap, mixTokenWarning, valWindowCount } from "../data/budget";
 import { checkHorizon } from "../optim/optim-state";
 import { ensureDemoMix } from "../data/demo";
@@ -221,6 +221,7 @@ async function planStart(
         permSha: data.permSha,
         fingerprint: data.fingerprint,
         seqsPerStep: plan.seqsPerStep,
+        geometry: { now: cfg, then: recordedGeometry(readRunConfigIfAny(dir)) },
       },
       dir,
     ));
@@ -466,4 +467,16 @@ export function pointerAt(s: Session, step: number, pathInRepo: string): Pointer
     fingerprint: s.data.fingerprint,
     seed: s.cfg.dataSeed,
   });
+}
+
+/** C3: the batch geometry a checkpoint's run_config.json records; null when it records none (an older one). */
+function recordedGeometry(saved: Record<string, unknown> | null): BatchGeometry | null {
+  if (!saved) return null;
+  const n = (k: string, def?: number): number | null => {
+    const v = saved[k] ?? def;
+    return typeof v === "number" && Number.isSafeInteger(v) && v >= 1 ? v : null;
+  };
+  const [microBatch, world, hosts, accum] = [n("microBatch"), n("world"), n("hosts", 1), n("accum")];
+  if (microBatch === null || world === null || hosts === null || accum === null) return null;
+  return { microBatch, world, hosts, accum };
 }
