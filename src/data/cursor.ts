@@ -196,7 +196,7 @@ export function validateResume(
     fingerprint: string;
     seqsPerStep: number;
     /** the geometry now, and the run's as run_config.json records it (null: not recorded) */
-    geometry?: { now: BatchGeometry; then: BatchGeometry | null };
+    geometry?: { now: BatchGeometry; was: BatchGeometry | null };
   },
   where: string,
 ): { startStep: number; startSample: number } {
@@ -233,13 +233,13 @@ export function validateResume(
   const S = expected.seqsPerStep;
   const g = expected.geometry;
   // the run's sequences per step: its recorded geometry's, else the cursor's own ratio (a step 0 cursor has none)
-  const thenSeqs = g?.then
-    ? seqsOf(g.then)
+  const thenSeqs = g?.was
+    ? seqsOf(g.was)
     : c.step > 0 && c.samples_consumed % c.step === 0
       ? c.samples_consumed / c.step
       : S;
   if (g && thenSeqs !== S && c.step * thenSeqs === c.samples_consumed)
-    throw new UserError("C3", batchChangeMessage(where, thenSeqs, g.then, g.now));
+    throw new UserError("C3", batchChangeMessage(where, thenSeqs, g.was, g.now));
   if (c.samples_consumed % S !== 0) {
     throw new UserError(
       "C3",

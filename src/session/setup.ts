@@ -221,7 +221,7 @@ async function planStart(
         permSha: data.permSha,
         fingerprint: data.fingerprint,
         seqsPerStep: plan.seqsPerStep,
-        geometry: { now: cfg, then: recordedGeometry(readRunConfigIfAny(dir)) },
+        geometry: { now: cfg, was: recordedGeometry(readRunConfigIfAny(dir)) },
       },
       dir,
     ));
