@@ -14,6 +14,7 @@ import { buildConfig, hfConfigJson } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
+import { aptMirror, installDriverAdvice } from "../src/model/engine/webgpu";
 
 const DIST = path.join(__dirname, "..");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -132,3 +133,53 @@ function tmpCopy(out: string): string {
   fs.cpSync(out, copy, { recursive: true });
   return copy;
 }
+
+test("the webgpu refusal's driver advice uses the machine's own apt mirror, else says it in words; the repository names no package registry's host (P1)", () => {
+  const etc = tmpDir("tstrain-apt-");
+  fs.mkdirSync(path.join(etc, "sources.list.d"));
+  assert.equal(aptMirror(etc), null, "no sources");
+  const advice = installDriverAdvice(aptMirror(etc));
+  assert.match(advice, /add the bookworm-backports suite \(component main\) of the Debian mirror you install from/);
+  assert.doesNotMatch(advice, /https?:\/\//, "no host of its own");
+  fs.writeFileSync(
+    path.join(etc, "sources.list"),
+    "# old style\ndeb [arch=amd64] http://mirror.example/debian bookworm main\n",
+  );
+  assert.equal(aptMirror(etc), "http://mirror.example/debian");
+  fs.writeFileSync(
+    path.join(etc, "sources.list.d", "debian.sources"),
+    "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n\nTypes: deb\nURIs: https://local.example/debian\nSuites: bookworm\n",
+  );
+  const mirror = aptMirror(etc);
+  assert.equal(mirror, "https://local.example/debian", "the deb822 sources first, the security archive skipped");
+  // the advice, run up to apt-get: its printf writes a sources file whose mirror is the machine's, suite backports
+  const cmd = installDriverAdvice(mirror);
+  const printf = /(printf '[^']*') > \/etc\/apt\/sources\.list\.d\/backports\.sources && apt-get update/.exec(cmd);
+  assert.ok(printf, cmd);
+  const written = path.join(etc, "sources.list.d", "backports.sources");
+  const r = spawnSync("bash", ["-c", `${printf[1]} > "$1"`, "_", written], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(
+    fs.readFileSync(written, "utf8"),
+    /^Types: deb\nURIs: https:\/\/local\.example\/debian\nSuites: bookworm-backports\nComponents: main\n/,
+  );
+  // no registry's host in any tracked file (the names are built here, so this file does not hold them either)
+  const hosts = [
+    ["deb", "debian", "org"],
+    ["security", "debian", "org"],
+    ["archive", "ubuntu", "com"],
+    ["registry", "npmjs", "org"],
+    ["pypi", "org"],
+    ["files", "pythonhosted", "org"],
+    ["crates", "io"],
+    ["proxy", "golang", "org"],
+  ].map((h) => h.join("."));
+  const root = path.join(__dirname, "..", "..");
+  const found = spawnSync("git", ["grep", "-n", "-i", "-F", ...hosts.flatMap((h) => ["-e", h])], {
+    cwd: root,
+    encoding: "utf8",
+  });
+  if (found.status === 128) return; // not a git checkout (a copied tree): nothing to search
+  assert.equal(found.stdout, "", "a registry host named in the repository");
+  assert.equal(found.status, 1, found.stderr);
+});

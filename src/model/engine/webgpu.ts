@@ -94,9 +94,48 @@ export interface WebgpuUnavailable {
 }
 
 const INSTALL_PACKAGE = "npm install webgpu@0.6.2";
-const INSTALL_DRIVER =
-  "install a Vulkan driver: your GPU vendor's (NVIDIA in a container: NVIDIA_DRIVER_CAPABILITIES must include graphics), or the software adapter on Debian 12: " +
-  "printf 'Types: deb\\nURIs: http://deb.debian.org/debian\\nSuites: bookworm-backports\\nComponents: main\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > /etc/apt/sources.list.d/backports.sources && apt-get update && apt-get install -y -t bookworm-backports mesa-vulkan-drivers libvulkan1";
+const DRIVER_VENDOR =
+  "install a Vulkan driver: your GPU vendor's (NVIDIA in a container: NVIDIA_DRIVER_CAPABILITIES must include graphics), or the software adapter on Debian 12: ";
+const BACKPORTS_INSTALL = "apt-get update && apt-get install -y -t bookworm-backports mesa-vulkan-drivers libvulkan1";
+
+/**
+ * The Debian mirror this machine's apt already installs from: the first URI of its sources (deb822 `URIs:` lines
+ * under sources.list.d, else `deb URI …` lines of sources.list) that is not the security archive; null when none.
+ * The project names no mirror of its own.
+ */
+export function aptMirror(etcApt = "/etc/apt"): string | null {
+  const read = (f: string): string => {
+    try {
+      return fs.readFileSync(f, "utf8");
+    } catch {
+      return "";
+    }
+  };
+  let listed: string[] = [];
+  try {
+    listed = fs.readdirSync(path.join(etcApt, "sources.list.d")).filter((f) => f.endsWith(".sources"));
+  } catch {
+    // no sources.list.d
+  }
+  const uris = [
+    ...listed
+      .sort()
+      .flatMap((f) =>
+        [...read(path.join(etcApt, "sources.list.d", f)).matchAll(/^URIs:\s*(.+)$/gm)].flatMap((m) =>
+          m[1].trim().split(/\s+/),
+        ),
+      ),
+    ...[...read(path.join(etcApt, "sources.list")).matchAll(/^deb\s+(?:\[[^\]]*\]\s+)?(\S+)/gm)].map((m) => m[1]),
+  ];
+  return uris.find((u) => /^https?:\/\//.test(u) && !/security/.test(u)) ?? null;
+}
+
+/** How to get a Vulkan driver here: the software adapter from bookworm-backports on the machine's own mirror. */
+export function installDriverAdvice(mirror: string | null = aptMirror()): string {
+  if (mirror === null)
+    return `${DRIVER_VENDOR}add the bookworm-backports suite (component main) of the Debian mirror you install from to apt's sources (a file under /etc/apt/sources.list.d), then ${BACKPORTS_INSTALL}`;
+  return `${DRIVER_VENDOR}printf 'Types: deb\\nURIs: ${mirror}\\nSuites: bookworm-backports\\nComponents: main\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > /etc/apt/sources.list.d/backports.sources && ${BACKPORTS_INSTALL}`;
+}
 
 /** Dawn's `create` from the package's prebuilt dawn.node (required directly: the package's index is an ES module). */
 function loadDawn(): { create: (flags: string[]) => Gpu } | WebgpuUnavailable {
@@ -123,7 +162,7 @@ function loadDawn(): { create: (flags: string[]) => Gpu } | WebgpuUnavailable {
   } catch (e) {
     return {
       reason: `dawn.node failed to load: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`,
-      fix: INSTALL_DRIVER,
+      fix: installDriverAdvice(),
     };
   }
 }
@@ -141,7 +180,7 @@ async function openDevice(): Promise<{ adapter: GpuAdapter; device: GpuDevice; n
     return {
       reason:
         "Dawn found no WebGPU adapter (no Vulkan driver with the features it needs: Mesa before 25's lavapipe lacks them)",
-      fix: INSTALL_DRIVER,
+      fix: installDriverAdvice(),
     };
   const lim = adapter.limits;
   const device = await adapter.requestDevice({
@@ -171,7 +210,7 @@ export function probeWebgpuSync(): { name: string } | WebgpuUnavailable {
   if (!line)
     return {
       reason: `the adapter probe ended without an answer (status ${r.status}${r.signal ? `, ${r.signal}` : ""}): ${(r.stderr ?? "").trim().split("\n").slice(-1)[0] ?? ""}`,
-      fix: INSTALL_DRIVER,
+      fix: installDriverAdvice(),
     };
   return JSON.parse(line.slice("WEBGPU_PROBE ".length)) as { name: string } | WebgpuUnavailable;
 }
