@@ -50,12 +50,29 @@ function parseJson(file: string, text: string): Record<string, unknown> {
   try {
     doc = JSON.parse(text);
   } catch (e) {
-    const msg = (e as Error).message;
-    const pos = /at position (\d+)/.exec(msg);
+    if (isToml(text)) {
+      const toml = `${file.replace(/\.json$/i, "")}.toml`;
+      throw new UserError(
+        "G12",
+        `--config ${file} holds TOML, not JSON (a .json file is read as JSON): rename it to ${toml}`,
+      );
+    }
+    const msg = (e as Error).message.split("\n")[0];
+    const pos = /at position (\d+)/.exec((e as Error).message);
     const at = pos ? `line ${text.slice(0, Number(pos[1])).split("\n").length}: ` : "";
-    throw new UserError("G12", `--config ${file} is not valid JSON: ${at}${msg}. Fix the file, or write it as TOML`);
+    throw new UserError("G12", `--config ${file} is not valid JSON: ${at}${msg}. Fix the file`);
   }
   if (doc === null || typeof doc !== "object" || Array.isArray(doc))
     throw new UserError("G12", `--config ${file} holds JSON that is not an object of settings: fix the file`);
   return doc as Record<string, unknown>;
+}
+
+/** True when the text is a TOML document (one that is not JSON: a .json file written as TOML). */
+function isToml(text: string): boolean {
+  try {
+    parse(text);
+    return true;
+  } catch {
+    return false;
+  }
 }

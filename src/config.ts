@@ -277,12 +277,32 @@ function unknownKey(
   }
   const base = key.startsWith("no-") ? FLAGS.find((f) => f.flag === key.slice(3) && f.negatable) : undefined;
   if (base) return new UserError("G12", `${where}: ${key} is not a flag's name: write ${base.flag} = false instead`);
+  const table = (v: unknown): v is Record<string, unknown> =>
+    v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Date);
+  const flat = "the file is flat: every key a flag's name at the top level, as on the command line without --";
+  if (table(raw)) {
+    // micro.batch = 2 is TOML's table micro holding batch: the flag it spells is micro-batch
+    const sub = Object.keys(raw).find((k) => names.includes(`${key}-${k}`));
+    const flag = sub === undefined ? undefined : `${key}-${sub}`;
+    if (sub !== undefined && flag !== undefined)
+      return new UserError(
+        "G12",
+        `${where}: ${key}.${flag.slice(key.length + 1)} (a TOML table: [${key}] or a dotted key) is not a flag, and ${flat}: write ${flag} = ${JSON.stringify(raw[sub])}`,
+      );
+    return new UserError(
+      "G12",
+      `${where}: [${key}] is a table, but ${flat}: move its settings to the top of the file and drop the [${key}] line`,
+    );
+  }
+  if (Array.isArray(raw) && raw.length > 0 && raw.every(table))
+    return new UserError(
+      "G12",
+      `${where}: [[${key}]] is an array of tables, but ${flat}: drop it and write the settings at the top of the file`,
+    );
   const near = closestName(key, names);
-  const table = raw !== null && typeof raw === "object" && !Array.isArray(raw) && !(raw instanceof Date);
-  const flat = table ? ` ([${key}] is a table: the file is flat, every key a flag's name at the top level)` : "";
   return new UserError(
     "G12",
-    `${where}: ${key} is not a flag${flat} (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
+    `${where}: ${key} is not a flag (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
   );
 }
 
@@ -313,7 +333,12 @@ function editDistance(a: string, b: string): number {
 /** One file value checked against its flag's kind and choices, as the command line's are. */
 function fileValue(file: string, key: string, spec: FlagSpec, raw: unknown): FlagValue {
   const name = key === spec.flag ? key : `${key} (--${spec.flag})`;
-  const shown = typeof raw === "bigint" ? String(raw) : raw instanceof Date ? raw.toISOString() : JSON.stringify(raw);
+  const shown =
+    typeof raw === "bigint" || typeof raw === "number"
+      ? String(raw)
+      : raw instanceof Date
+        ? raw.toISOString()
+        : JSON.stringify(raw);
   const refuse = (want: string, hint = "") =>
     new UserError(
       "G12",
@@ -349,7 +374,14 @@ function kindOf(v: unknown): string {
   if (typeof v === "string") return "a string";
   if (typeof v === "boolean") return "a boolean";
   if (typeof v === "bigint") return "a whole number too large to hold exactly";
-  if (typeof v === "number") return Number.isInteger(v) ? "a whole number" : "a number with a fraction";
+  if (typeof v === "number")
+    return Number.isNaN(v)
+      ? "not a number (nan)"
+      : !Number.isFinite(v)
+        ? "infinite (inf, or a number too large for a double, as 1e400)"
+        : Number.isInteger(v)
+          ? "a whole number"
+          : "a number with a fraction";
   if (Array.isArray(v)) return "an array";
   if (v instanceof Date) return "a date";
   return v === null ? "null" : "a table";

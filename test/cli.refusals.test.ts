@@ -15,6 +15,7 @@ import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { aptMirror, installDriverAdvice } from "../src/model/engine/webgpu";
+import { parseArgs } from "../src/config";
 
 const DIST = path.join(__dirname, "..");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -182,4 +183,63 @@ test("the webgpu refusal's driver advice uses the machine's own apt mirror, else
   if (found.status === 128) return; // not a git checkout (a copied tree): nothing to search
   assert.equal(found.stdout, "", "a registry host named in the repository");
   assert.equal(found.status, 1, found.stderr);
+});
+
+test("a config file's table, dotted key, array of tables, non-finite number or TOML in a .json is refused in one line saying what to write; what it says works (G12)", () => {
+  const dir = tmpDir("tstrain-config-refusals-");
+  const cases: Array<[name: string, text: string, refusal: RegExp, fixed: string]> = [
+    [
+      "table.toml",
+      "[train]\nlr = 0.001\n",
+      /: \[train\] is a table, but the file is flat: .*move its settings to the top of the file and drop the \[train\] line \[G12\]$/,
+      "lr = 0.001\n",
+    ],
+    [
+      "dotted.toml",
+      "micro.batch = 2\n",
+      /: micro\.batch \(a TOML table: \[micro\] or a dotted key\) is not a flag, and the file is flat: .*write micro-batch = 2 \[G12\]$/,
+      "micro-batch = 2\n",
+    ],
+    [
+      "array.toml",
+      "[[x]]\nlr = 0.001\n",
+      /: \[\[x\]\] is an array of tables, but the file is flat: .*drop it and write the settings at the top of the file \[G12\]$/,
+      "lr = 0.001\n",
+    ],
+    [
+      "inf.toml",
+      "lr = inf\n",
+      /: lr = Infinity is infinite \(inf, or a number too large for a double, as 1e400\), but lr takes a number: fix its value \[G12\]$/,
+      "lr = 0.001\n",
+    ],
+    ["big.toml", "lr = 1e400\n", /: lr = Infinity is infinite .*but lr takes a number/, "lr = 0.001\n"],
+    ["nan.toml", "lr = nan\n", /: lr = NaN is not a number \(nan\), but lr takes a number/, "lr = 0.001\n"],
+  ];
+  for (const [name, text, refusal, fixed] of cases) {
+    const file = path.join(dir, name);
+    fs.writeFileSync(file, text);
+    assert.throws(
+      () => parseArgs(["--config", file]),
+      (e: Error) => {
+        assert.match(e.message, refusal);
+        assert.doesNotMatch(e.message, /\n|rename|closest/, "one line, no rename to an unrelated flag");
+        return true;
+      },
+    );
+    fs.writeFileSync(file, fixed); // the advice
+    assert.doesNotThrow(() => parseArgs(["--config", file]), name);
+  }
+  const json = path.join(dir, "recipe.json");
+  fs.writeFileSync(json, "micro-batch = 2\nlr = 0.001\n");
+  assert.throws(
+    () => parseArgs(["--config", json]),
+    /: --config \S+recipe\.json holds TOML, not JSON \(a \.json file is read as JSON\): rename it to \S+recipe\.toml \[G12\]$/,
+  );
+  fs.renameSync(json, path.join(dir, "recipe.toml")); // the advice
+  assert.equal(parseArgs(["--config", path.join(dir, "recipe.toml")]).config.microBatch, 2);
+  fs.writeFileSync(json, '{"lr": 1,}');
+  assert.throws(
+    () => parseArgs(["--config", json]),
+    /: --config \S+ is not valid JSON: line 1: [^\n]*\. Fix the file \[G12\]$/,
+  );
 });

@@ -168,7 +168,13 @@ test("an unknown key is refused, exit 2, naming the closest flag, before any wor
     userErr("G12", /^--config .*n\.toml: no-hub-private is not a flag's name: write hub-private = false instead/),
   );
   const table = writeFile("t.toml", '[hub]\nrepo = "me/x"\n');
-  assert.throws(() => parseArgs(["--config", table]), userErr("G12", /hub is not a flag \(\[hub\] is a table: /));
+  assert.throws(
+    () => parseArgs(["--config", table]),
+    userErr(
+      "G12",
+      /hub\.repo \(a TOML table: \[hub\] or a dotted key\) is not a flag, and the file is flat: .*write hub-repo = "me\/x"/,
+    ),
+  );
   const nested = writeFile("c.toml", 'config = "other.toml"\n');
   assert.throws(() => parseArgs(["--config", nested]), userErr("G12", /a config file cannot name another one/));
   const json = writeFile("run_config.json", JSON.stringify({ microBatch: 2, micro_batch: 2 }));
