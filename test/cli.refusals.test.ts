@@ -16,6 +16,7 @@ import { paramLayout } from "../src/model/layout";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { aptMirror, installDriverAdvice } from "../src/model/engine/webgpu";
 import { parseArgs } from "../src/config";
+import { loadNative, supportedIsas } from "../src/model/engine/native";
 
 const DIST = path.join(__dirname, "..");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -242,4 +243,34 @@ test("a config file's table, dotted key, array of tables, non-finite number or T
     () => parseArgs(["--config", json]),
     /: --config \S+ is not valid JSON: line 1: [^\n]*\. Fix the file \[G12\]$/,
   );
+});
+
+test("--precision bf16 with a bf16 --isa this CPU lacks is refused before any work, exit 2; every command it advises works here (P1, P8)", {
+  timeout: 300_000,
+}, (t) => {
+  const native = loadNative();
+  if ("reason" in native) return t.skip(`native engine unavailable here: ${native.reason}`);
+  const missing = (["amx", "avx512bf16"] as const).find((i) => !supportedIsas().includes(i));
+  if (!missing) return t.skip("this CPU runs both bf16 kernels: nothing to refuse");
+  const out = tmpDir("tstrain-bf16-isa-");
+  const bad = node("main.js", tinyRun(mix.root, out, ["--precision", "bf16", "--isa", missing, "--dry-run"]));
+  assertRefused(
+    bad,
+    new RegExp(
+      `^refused: --isa ${missing} is not available: --isa ${missing}: this CPU has no ${missing} \\(it runs [^)]*\\); fix: pass --isa auto \\(here: \\w+\\) \\[P1\\]$`,
+      "m",
+    ),
+  );
+  assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out");
+  // the advice: every `pass --flag value` it gives, each run with the rest of the command kept
+  const advice = [...bad.stderr.matchAll(/pass (--[a-z0-9-]+) ([a-z0-9]+)/g)].map((m) => [m[1], m[2]]);
+  assert.ok(advice.length > 0, bad.stderr);
+  for (const [flag, value] of advice) {
+    const r = node(
+      "main.js",
+      tinyRun(mix.root, out, ["--precision", "bf16", "--isa", missing, "--dry-run", flag, value]),
+    );
+    assert.equal(r.status, 0, `${flag} ${value}: ${r.stderr}`);
+    assert.match(r.stdout, /"precision":"bf16"/);
+  }
 });

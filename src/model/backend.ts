@@ -133,7 +133,10 @@ export interface Engine {
   detail: string;
 }
 
-/** The refusal of an explicit `--backend native` that cannot load (P1), with the command that fixes it. */
+/**
+ * The refusal of an explicit `--backend native` that cannot load (P1), with the command that fixes it. The tfjs
+ * fallback is offered for fp32 only: --precision bf16 runs on the native GEMM alone (P8), so it would be refused.
+ */
 function nativeRefusal(requested: BackendName, native: NativeOptions, reason: string, fix: string): UserError {
   const what =
     requested === "native"
@@ -143,10 +146,8 @@ function nativeRefusal(requested: BackendName, native: NativeOptions, reason: st
         : native.isa !== DEFAULT_NATIVE.isa
           ? `--isa ${native.isa}`
           : `--precision ${native.precision}`;
-  return new UserError(
-    "P1",
-    `${what} is not available: ${reason}; fix: ${fix}; or pass --backend wasm (tfjs-wasm, slower)`,
-  );
+  const wasm = (native.precision ?? "fp32") === "bf16" ? "" : "; or pass --backend wasm (tfjs-wasm, slower)";
+  return new UserError("P1", `${what} is not available: ${reason}; fix: ${fix}${wasm}`);
 }
 
 /** Whether the native options name something other than the defaults (an explicit --gemm, --isa or --precision bf16). */
