@@ -34,6 +34,7 @@ import { checkpointManagerOf } from "./session/in-flight";
 import { checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
 import { createReporter, type Reporter } from "./report";
 import { LocalHub } from "./hub/server";
+import { refuseMalformedToken } from "./hub/token";
 import { runBenchmark } from "./single-thread";
 import { setupSession, type Session } from "./session/setup";
 import { trainLoop } from "./session/loop";
@@ -55,6 +56,8 @@ export async function runSession(
   origins: ReadonlyMap<string, string> = new Map(),
 ): Promise<RunResult> {
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
+  // K5: a malformed HF_TOKEN fails every Hub request; refused now, with what works for this Hub
+  if (cfg.hubRepo !== "") refuseMalformedToken(cfg.hubUrl === EMBEDDED_HUB);
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
   if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);

@@ -4,9 +4,10 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
+import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs } from "./fixtures/corpus-docs";
@@ -26,7 +27,7 @@ function node(file: string, args: string[], env: NodeJS.ProcessEnv = process.env
 }
 
 /** A refusal: exit 2, one line on stderr matching `line`, no stack trace, nothing on stdout. */
-function assertRefused(r: ReturnType<typeof node>, line: RegExp): void {
+function assertRefused(r: { status: number | null; stderr: string }, line: RegExp): void {
   assert.equal(r.status, 2, r.stderr);
   assert.match(r.stderr, line);
   assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
@@ -272,5 +273,94 @@ test("--precision bf16 with a bf16 --isa this CPU lacks is refused before any wo
     );
     assert.equal(r.status, 0, `${flag} ${value}: ${r.stderr}`);
     assert.match(r.stdout, /"precision":"bf16"/);
+  }
+});
+
+const ROOT = path.join(__dirname, "..", "..");
+
+/** `bash -c script` in the repository root, without blocking this process (a test Hub may be serving in it). */
+function bash(
+  script: string,
+  env: NodeJS.ProcessEnv,
+): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const cp = spawn("bash", ["-c", script], { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    cp.stdout.on("data", (d: Buffer) => {
+      stdout += d;
+    });
+    cp.stderr.on("data", (d: Buffer) => {
+      stderr += d;
+    });
+    cp.on("close", (status) => resolve({ status, stdout, stderr }));
+  });
+}
+
+/** A shell word for `a`. */
+const sh = (a: string) => `'${a.replace(/'/g, "'\\''")}'`;
+
+test("a malformed HF_TOKEN with the embedded Hub is refused before any work, exit 2, without showing it; the command it gives (env -u HF_TOKEN, the same command) works (K5)", {
+  timeout: 300_000,
+}, async () => {
+  const cases: Array<[token: string, why: RegExp]> = [
+    [
+      "hf_SECRETembedded0123\n",
+      /holds a character an HTTP header cannot carry \(a line break, LF, as its last character\)/,
+    ],
+    [
+      "hf_SECRET\r\nembedded0123",
+      /holds a character an HTTP header cannot carry \(a carriage return, CR, at character 10 of 23\)/,
+    ],
+    ["ghp_SECRETembedded0123", /does not start with "hf_"/],
+  ];
+  for (const [token, why] of cases) {
+    const out = tmpDir("tstrain-token-embedded-");
+    const args = tinyRun(mix.root, out, ["--hub-url", "embedded", "--hub-repo", "local/tok", "--dry-run"]);
+    const env = { ...process.env, HF_TOKEN: token };
+    const bad = node("main.js", args, env);
+    assertRefused(
+      bad,
+      /^refused: the Hub token \(HF_TOKEN\) .*; the embedded local Hub needs no token: run it without, as in env -u HF_TOKEN node dist\/main\.js .* \[K5\]$/m,
+    );
+    assert.match(bad.stderr, why);
+    assert.ok(!bad.stderr.includes("SECRET"), "the token is shown");
+    assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out, no Hub started");
+    // the advice, as printed: the same command without HF_TOKEN
+    const cmd = / as in (env -u HF_TOKEN .*) \[K5\]$/m.exec(bad.stderr)?.[1] ?? "";
+    assert.equal(cmd, `env -u HF_TOKEN node dist/main.js ${args.join(" ")}`);
+    const ok = await bash(cmd, env);
+    assert.equal(ok.status, 0, ok.stderr);
+    assert.match(ok.stdout, /"dry_run":true/);
+  }
+});
+
+test("an HF_TOKEN holding a character an HTTP header cannot carry is refused before any work, exit 2, without showing it; the export it gives makes the run work (K5)", {
+  timeout: 300_000,
+}, async () => {
+  const secret = "hf_SECRETremote0123456789";
+  const th = await startTestHub({ token: secret });
+  try {
+    const out = tmpDir("tstrain-token-remote-");
+    const args = tinyRun(mix.root, out, ["--hub-url", th.url, "--hub-repo", "me/tok", "--dry-run"]);
+    for (const token of [`${secret}\n`, `${secret.slice(0, 9)}\n${secret.slice(9)}`, `\u2028${secret}`]) {
+      const env = { ...process.env, HF_TOKEN: token };
+      const bad = await bash(`exec ${sh(process.execPath)} dist/main.js ${args.map(sh).join(" ")}`, env);
+      assertRefused(
+        bad,
+        /^refused: the Hub token \(HF_TOKEN\) holds a character an HTTP header cannot carry \([^)]*\), so no request can send it; set HF_TOKEN to the token alone \(hf_ then letters and digits\), as in export HF_TOKEN=.* \[K5\]$/m,
+      );
+      assert.ok(!bad.stderr.includes("SECRET"), "the token is shown");
+      assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out");
+      // the advice, as printed, then the same command
+      const fix = / as in (export HF_TOKEN=.*) \[K5\]$/m.exec(bad.stderr)?.[1] ?? "";
+      assert.ok(fix, bad.stderr);
+      const ok = await bash(`${fix} && exec ${sh(process.execPath)} dist/main.js ${args.map(sh).join(" ")}`, env);
+      assert.equal(ok.status, 0, ok.stderr);
+      assert.match(ok.stdout, /"dry_run":true/);
+      assert.ok(!(ok.stdout + ok.stderr).includes(secret), "the token is shown");
+    }
+  } finally {
+    await th.close();
   }
 });

@@ -8,6 +8,7 @@ import { startTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./he
 import { createHubClient, scrubSecret } from "../src/hub/client";
 import { publishCheckpoint } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
+import { headerUnsafe, hubTokenProblem } from "../src/hub/token";
 
 const SECRET = "hf_secretTOKENvalue0123456789abcdef";
 const WRONG = "hf_wrongTOKENvalue9876543210fedcba";
@@ -140,6 +141,34 @@ describe("Hub token (K5)", () => {
       "Authorization: Bearer hf_***; again hf_***",
     );
     assert.equal(scrubSecret("nothing here", undefined), "nothing here");
+  });
+
+  test("a token holding a character an HTTP header cannot carry is refused without showing it, saying which kind", () => {
+    const cases: Array<[token: string, kind: string]> = [
+      [`${SECRET}\n`, "a line break, LF, as its last character"],
+      [`${SECRET.slice(0, 5)}\r${SECRET.slice(5)}`, `a carriage return, CR, at character 6 of ${SECRET.length + 1}`],
+      [`${SECRET}\u0000x`, `a control character, U+0000, at character ${SECRET.length + 1} of ${SECRET.length + 2}`],
+      [`${SECRET}\u2028`, "a character beyond Latin-1, as its last character"],
+    ];
+    for (const [token, kind] of cases) {
+      assert.equal(headerUnsafe(token), kind);
+      assert.throws(
+        () => createHubClient({ hubUrl: th.url, repo: "tester/secret-run", repoType: "dataset", token }),
+        (e: Error & { rule?: string }) => {
+          assert.equal(e.name, "UserError");
+          assert.equal(e.rule, "K5");
+          assert.equal(
+            e.message,
+            `the Hub token (HF_TOKEN) holds a character an HTTP header cannot carry (${kind}), so no request can send it; set HF_TOKEN to a Hugging Face access token [K5]`,
+          );
+          assert.ok(!errorText(e).includes(SECRET.slice(3)), "the token is shown");
+          return true;
+        },
+      );
+    }
+    assert.equal(hubTokenProblem(SECRET), null);
+    assert.equal(hubTokenProblem(undefined), null);
+    assert.equal(hubTokenProblem(""), null);
   });
 
   test("a token that does not start with hf_ is refused without showing it", () => {

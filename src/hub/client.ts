@@ -26,6 +26,7 @@ import {
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { isRepoId, REPO_ID_RULE } from "./repo-id";
+import { hubTokenProblem } from "./token";
 import { fmtDuration } from "../duration";
 import { etaOf, ProgressRhythm } from "../progress";
 import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./hub-errors";
@@ -248,13 +249,9 @@ class LiveHubClient implements HubClient {
     if (o.repoType !== "dataset" && o.repoType !== "model")
       throw new UserError("K5", `--hub-repo-type ${JSON.stringify(o.repoType)} is neither "dataset" nor "model"`);
     const token = o.token !== undefined ? o.token : process.env.HF_TOKEN;
-    if (token !== undefined && token !== "" && !token.startsWith("hf_")) {
-      // The value itself is never shown, not even in part.
-      throw new UserError(
-        "K5",
-        `the Hub token (HF_TOKEN) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token`,
-      );
-    }
+    // The value itself is never shown, not even in part. A run checks HF_TOKEN at its start (token.ts).
+    const problem = hubTokenProblem(token);
+    if (problem) throw new UserError("K5", `${problem}; set HF_TOKEN to a Hugging Face access token`);
     this.token = token || undefined;
     this.hubUrl = o.hubUrl.replace(/\/+$/, "");
     this.repo = o.repo;

@@ -18,9 +18,20 @@ export function setLauncher(prefix: readonly string[]): void {
   launcher = [...prefix];
 }
 
+/** One word of a shell command, quoted when the shell would read it otherwise. */
+function q(a: string): string {
+  return /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
+}
+
+/** This run's own command, as it was started, with `prefix` in front (`env -u HF_TOKEN`, for advice to run it again). */
+export function sameCommand(prefix: readonly string[] = []): string {
+  const head = [...prefix, ...launcher, "node", "dist/main.js"];
+  if (!commandLine) return `${head.map(q).join(" ")} <the same flags>`;
+  return [...head, ...commandLine].map(q).join(" ");
+}
+
 /** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */
 export function resumeCommand(resume: string, extra: string[] = []): string {
-  const q = (a: string) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`);
   const head = [...launcher, "node", "dist/main.js"].join(" ");
   if (!commandLine) return `${head} <the same flags> --resume ${resume}${extra.length ? ` ${extra.join(" ")}` : ""}`;
   const out: string[] = [];
