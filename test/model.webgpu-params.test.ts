@@ -90,7 +90,7 @@ function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches:
   };
   type Buf = ReturnType<typeof buffer>;
   let pipeline: { shader: ShaderName } | null = null;
-  let group: { entries: { resource: { buffer: Buf } }[] } | null = null;
+  let group: { entries: { resource: { buffer: Buf; offset?: number; size?: number } }[] } | null = null;
   const pass = {
     setPipeline(p: unknown) {
       pipeline = p as { shader: ShaderName };
@@ -101,14 +101,25 @@ function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches:
     dispatchWorkgroups() {
       assert.ok(pipeline && group);
       const entries = group.entries;
-      const uniform = entries[entries.length - 1].resource.buffer.raw.slice(0);
+      const u = entries[entries.length - 1].resource;
+      const uniform = u.buffer.raw.slice(u.offset ?? 0, (u.offset ?? 0) + (u.size ?? u.buffer.size));
       dispatches.push({ shader: pipeline.shader, operands: entries.length - 1, uniform });
     },
     end() {},
   };
   const device: GpuDevice = {
-    limits: { minStorageBufferOffsetAlignment: 256, maxStorageBufferBindingSize: maxBinding },
-    queue: { submit() {}, onSubmittedWorkDone: async () => {} },
+    limits: {
+      minStorageBufferOffsetAlignment: 256,
+      minUniformBufferOffsetAlignment: 256,
+      maxStorageBufferBindingSize: maxBinding,
+    },
+    queue: {
+      submit() {},
+      onSubmittedWorkDone: async () => {},
+      writeBuffer(b, offset, data) {
+        new Uint8Array((b as Buf).raw, offset).set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+      },
+    },
     lost: new Promise(() => {}),
     onuncapturederror: null,
     createBuffer: (d) => {
@@ -121,7 +132,13 @@ function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches:
       getBindGroupLayout: () => null,
     }),
     createBindGroup: (d) => d,
-    createCommandEncoder: () => ({ beginComputePass: () => pass, copyBufferToBuffer() {}, finish: () => ({}) }),
+    createCommandEncoder: () => ({
+      beginComputePass: () => pass,
+      copyBufferToBuffer() {},
+      clearBuffer() {},
+      resolveQuerySet() {},
+      finish: () => ({}),
+    }),
     destroy() {},
   };
   return { device, dispatches, created };

@@ -206,8 +206,34 @@ export interface Kernels {
    * Between settles the host must not read or write an array a kernel wrote, except through the kernels. An
    * engine without settle computes each kernel when it is called (native, tfjs).
    */
-  settle?(readback: Float32Array[]): Promise<{ loss: number; rows: number }>;
+  settle?(readback: Float32Array[], opts?: SettleOptions): Promise<{ loss: number; rows: number }>;
+  /**
+   * A host array that never changes after this call (the RoPE tables): a device engine uploads it once and keeps
+   * it resident. Writing it afterwards is the caller's error.
+   */
+  constant?(a: Float32Array): void;
+  /** A device engine's counters since it was made: what crossed between host and device, and the dispatches. */
+  traffic?(): DeviceTraffic;
 
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;
+}
+
+/** settle()'s options. */
+export interface SettleOptions {
+  /**
+   * After each array of `readback` is read into host memory, the device's copy is set to 0 and stays the array's
+   * value on the device: the caller consumes the host copy and zeroes it (foldMicro does), so the next kernel that
+   * adds into the array neither uploads it nor waits for the host.
+   */
+  clear?: boolean;
+}
+
+/** Bytes that crossed between host and device (cumulative), by direction and by what they carried, and dispatches. */
+export interface DeviceTraffic {
+  /** Host to device: the master weights, constants (RoPE tables), inputs (token ids, targets), state (an array a kernel writes, uploaded whole). */
+  up: { weights: number; constants: number; inputs: number; state: number };
+  /** Device to host: arrays read back (the gradient), and the loss rows. */
+  down: { arrays: number; loss: number };
+  dispatches: number;
 }

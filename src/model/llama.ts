@@ -523,6 +523,8 @@ export class Llama {
     let a = this.arenas.get(`${B}x${T}`);
     if (!a) {
       const { cos, sin } = ropeTables(T, E, c.ropeTheta);
+      this.ops.constant?.(cos); // a device engine keeps the tables resident
+      this.ops.constant?.(sin);
       a = {
         B,
         T,

@@ -495,7 +495,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
  */
 const crossEntropy = shader(
   ["x", "tg:i32", "loss"],
-  { rows: "u32", V: "u32", oX: "u32", oT: "u32", gs: "f32" },
+  { rows: "u32", V: "u32", oX: "u32", oT: "u32", oL: "u32", gs: "f32" },
   `
 ${row}
 ${treeSum}
@@ -522,7 +522,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
   treeSum(l);
   let sum = red[0];
   if (!live) { return; }
-  if (l == 0u) { loss[r] = select(0.0, m + log(sum) - xy, y >= 0); }
+  if (l == 0u) { loss[p.oL + r] = select(0.0, m + log(sum) - xy, y >= 0); }
   if (p.gs > 0.0) {
     let inv = 1.0 / sum;
     for (var i = l; i < p.V; i += ${WG}u) {

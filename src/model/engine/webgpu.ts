@@ -26,7 +26,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
-import type { Kernels } from "../kernels";
+import type { DeviceTraffic, Kernels, SettleOptions } from "../kernels";
 import { packParams, SHADERS, TILE, WG, type ParamsOf, type ShaderName } from "./webgpu-wgsl";
 
 // ------------------------------------------------------------------ the slice of the WebGPU API used here
@@ -46,12 +46,19 @@ interface GpuBinding {
 interface GpuPass {
   setPipeline(p: unknown): void;
   setBindGroup(i: number, g: unknown): void;
-  dispatchWorkgroups(x: number, y?: number): void;
+  dispatchWorkgroups(x: number, y?: number, z?: number): void;
   end(): void;
 }
+interface GpuTimestampWrites {
+  querySet: unknown;
+  beginningOfPassWriteIndex: number;
+  endOfPassWriteIndex: number;
+}
 interface GpuEncoder {
-  beginComputePass(): GpuPass;
+  beginComputePass(d?: { timestampWrites?: GpuTimestampWrites }): GpuPass;
   copyBufferToBuffer(src: GpuBuffer, so: number, dst: GpuBuffer, d: number, size: number): void;
+  clearBuffer(b: GpuBuffer, offset?: number, size?: number): void;
+  resolveQuerySet(q: unknown, first: number, count: number, dst: GpuBuffer, offset: number): void;
   finish(): unknown;
 }
 interface GpuPipeline {
@@ -59,29 +66,53 @@ interface GpuPipeline {
 }
 export interface GpuDevice {
   readonly limits: Record<string, number>;
-  readonly queue: { submit(b: unknown[]): void; onSubmittedWorkDone(): Promise<void> };
+  readonly features?: { has(f: string): boolean };
+  readonly queue: {
+    submit(b: unknown[]): void;
+    onSubmittedWorkDone(): Promise<void>;
+    writeBuffer(b: GpuBuffer, offset: number, data: ArrayBufferView): void;
+  };
   readonly lost: Promise<{ message: string }>;
   onuncapturederror: ((e: { error: { message: string } }) => void) | null;
   createBuffer(d: { size: number; usage: number; mappedAtCreation?: boolean }): GpuBuffer;
   createShaderModule(d: { code: string }): unknown;
   createComputePipeline(d: { layout: "auto"; compute: { module: unknown; entryPoint: string } }): GpuPipeline;
   createBindGroup(d: { layout: unknown; entries: GpuBinding[] }): unknown;
+  createQuerySet?(d: { type: "timestamp"; count: number }): unknown;
   createCommandEncoder(): GpuEncoder;
   destroy(): void;
 }
 interface GpuAdapter {
   readonly limits: Record<string, number>;
+  readonly features: { has(f: string): boolean };
   readonly info?: { vendor?: string; architecture?: string; device?: string; description?: string };
-  requestDevice(d: { requiredLimits: Record<string, number> }): Promise<GpuDevice>;
+  requestDevice(d: { requiredLimits: Record<string, number>; requiredFeatures?: string[] }): Promise<GpuDevice>;
 }
 interface Gpu {
   requestAdapter(o?: { powerPreference?: string }): Promise<GpuAdapter | null>;
 }
 
-const USAGE = { MAP_READ: 0x1, COPY_SRC: 0x4, COPY_DST: 0x8, UNIFORM: 0x40, STORAGE: 0x80 } as const;
+const USAGE = {
+  MAP_READ: 0x1,
+  COPY_SRC: 0x4,
+  COPY_DST: 0x8,
+  UNIFORM: 0x40,
+  STORAGE: 0x80,
+  QUERY_RESOLVE: 0x200,
+} as const;
 const MAP_READ = 1;
-/** Dispatches recorded before the command stream is submitted (bounds the per-dispatch uniform buffers held). */
+/** Dispatches recorded before the command stream is submitted (the device starts on them while the host records more). */
 const SUBMIT_EVERY = 512;
+/** The features the engine asks for where the adapter has them: timing (the bench's profile), and two it reports. */
+const WANTED_FEATURES = ["timestamp-query", "subgroups", "shader-f16"] as const;
+/** Bytes of one uniform slab (the dispatches' settings, each at an aligned offset, written once and kept). */
+const UNIFORM_SLAB = 1 << 16;
+/** Cached bind groups before the cache starts again (a run repeats its dispatches; generation's grow with the cache). */
+const MAX_GROUPS_CACHED = 1 << 14;
+/** Bytes copied at a time from a SharedArrayBuffer (which writeBuffer does not take) through a bounce buffer. */
+const BOUNCE = 1 << 24;
+/** Timestamped dispatches resolved at a time, in profile mode. */
+const PROFILE_SPAN = 2048;
 /** WebGPU's guaranteed workgroups per grid dimension. */
 const MAX_GROUPS = 65535;
 
@@ -183,16 +214,38 @@ async function openDevice(): Promise<{ adapter: GpuAdapter; device: GpuDevice; n
       fix: installDriverAdvice(),
     };
   const lim = adapter.limits;
+  const features = WANTED_FEATURES.filter((f) => adapter.features.has(f));
   const device = await adapter.requestDevice({
+    requiredFeatures: [...features],
     requiredLimits: {
       maxStorageBufferBindingSize: lim.maxStorageBufferBindingSize,
       maxBufferSize: lim.maxBufferSize,
       maxStorageBuffersPerShaderStage: Math.min(lim.maxStorageBuffersPerShaderStage, 10),
+      maxComputeWorkgroupStorageSize: lim.maxComputeWorkgroupStorageSize,
+      maxComputeInvocationsPerWorkgroup: lim.maxComputeInvocationsPerWorkgroup,
+      maxComputeWorkgroupSizeX: lim.maxComputeWorkgroupSizeX,
+      maxComputeWorkgroupSizeY: lim.maxComputeWorkgroupSizeY,
     },
   });
+  return { adapter, device, name: adapterFacts(adapter, features) };
+}
+
+/**
+ * The adapter in words for the start line: vendor, architecture, device and driver, the features the engine asked
+ * for that it has (of timestamp-query, subgroups, shader-f16), and the limits that shape its kernels.
+ */
+export function adapterFacts(adapter: GpuAdapter, features: readonly string[]): string {
   const info = adapter.info ?? {};
   const what = [info.vendor, info.architecture, info.device, info.description].filter((s) => s).join(" ");
-  return { adapter, device, name: `webgpu (${what || "unnamed adapter"}; Dawn via the webgpu package)` };
+  const lim = adapter.limits;
+  const mib = (b: number) => `${Math.floor(b / 2 ** 20)} MiB`;
+  const missing = WANTED_FEATURES.filter((f) => !features.includes(f));
+  return (
+    `webgpu (${what || "unnamed adapter"}; Dawn via the webgpu package; ` +
+    `features: ${features.join(", ") || "none"}${missing.length ? ` (not ${missing.join(", ")})` : ""}; ` +
+    `workgroup storage ${lim.maxComputeWorkgroupStorageSize} B, ${lim.maxComputeInvocationsPerWorkgroup} invocations, ` +
+    `storage binding ${mib(lim.maxStorageBufferBindingSize)}, buffer ${mib(lim.maxBufferSize)})`
+  );
 }
 
 /**
@@ -239,8 +292,13 @@ interface Mirror {
   onDevice: boolean;
   /** The master weights: read only, uploaded whole when dirty (weightsAre / weightsChanged). */
   weights: boolean;
+  /** A constant (constant()): uploaded whole once, then resident. */
+  constant: boolean;
   dirty: boolean;
 }
+
+/** What one upload carried (DeviceTraffic's up). */
+type UpKind = keyof DeviceTraffic["up"];
 
 /** A bound operand: the device range of a view and the view's first element inside the binding. */
 interface Bound {
@@ -260,20 +318,65 @@ class WebgpuEngine {
   private recorded = 0;
   /** Buffers to destroy once the command stream that uses them is submitted. */
   private temps: GpuBuffer[] = [];
-  /** Each crossEntropy call's per-row losses since the last settle, with its targeted row count. */
-  private losses: { buf: GpuBuffer; rows: number; targeted: number }[] = [];
+  /** Each crossEntropy call's per-row losses since the last settle: its rows of lossBuf, and its targeted row count. */
+  private losses: { buf: GpuBuffer; at: number; rows: number; targeted: number }[] = [];
+  /** The crossEntropy rows' losses since the last settle (grown on demand; a replaced one lives until that settle). */
+  private lossBuf: GpuBuffer | null = null;
+  private lossAt = 0;
+  private lossRetired: GpuBuffer[] = [];
   private scratch: GpuBuffer | null = null;
   private error: string | null = null;
-  private readonly freed = new FinalizationRegistry<GpuBuffer>((b) => this.temps.push(b));
+  private readonly freed = new FinalizationRegistry<GpuBuffer>((b) => {
+    this.temps.push(b);
+    this.groups.clear(); // a cached bind group may name the freed buffer
+  });
   private disposed = false;
   private readonly weightList: Mirror[] = [];
+  /** Bind groups by pipeline, operand ranges and settings: a micro-batch repeats the same dispatches. */
+  private readonly groups = new Map<string, unknown>();
+  private readonly bufferIds = new WeakMap<GpuBuffer, number>();
+  private nextBufferId = 1;
+  /** The uniform slab being filled, and the next free offset in it. */
+  private slab: GpuBuffer | null = null;
+  private slabAt = UNIFORM_SLAB;
+  private readonly slabs: GpuBuffer[] = [];
+  private readonly uniformAlign: number;
+  /** MAP_READ buffers by size, free for the next readback. */
+  private readonly stagingPool = new Map<number, GpuBuffer[]>();
+  private bounceBuf: Uint8Array | null = null;
+  private readonly counts: DeviceTraffic = {
+    up: { weights: 0, constants: 0, inputs: 0, state: 0 },
+    down: { arrays: 0, loss: 0 },
+    dispatches: 0,
+  };
+  /** Profile mode: every dispatch in its own timestamped pass, its time added to its shader's total. */
+  private readonly prof: {
+    set: unknown;
+    resolve: GpuBuffer;
+    names: string[];
+    pending: Promise<void>[];
+    totals: Map<string, { calls: number; ms: number }>;
+  } | null = null;
 
   constructor(
     private readonly device: GpuDevice,
     readonly name: string,
+    opts: { profile?: boolean } = {},
   ) {
     this.align = device.limits.minStorageBufferOffsetAlignment;
+    this.uniformAlign = device.limits.minUniformBufferOffsetAlignment;
     this.maxBinding = device.limits.maxStorageBufferBindingSize;
+    if (opts.profile) {
+      if (!device.features?.has("timestamp-query") || !device.createQuerySet)
+        throw new Error("webgpu: the profile needs the adapter's timestamp-query feature, which this one lacks");
+      this.prof = {
+        set: device.createQuerySet({ type: "timestamp", count: 2 * PROFILE_SPAN }),
+        resolve: device.createBuffer({ size: 16 * PROFILE_SPAN, usage: USAGE.QUERY_RESOLVE | USAGE.COPY_SRC }),
+        names: [],
+        pending: [],
+        totals: new Map(),
+      };
+    }
     device.onuncapturederror = (e) => {
       this.error ??= e.error.message;
     };
@@ -300,21 +403,32 @@ class WebgpuEngine {
       size: Math.max(4, end - start),
       usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
     });
-    const m: Mirror = { host, start, end, gpu, onDevice: false, weights: false, dirty: true };
+    const m: Mirror = { host, start, end, gpu, onDevice: false, weights: false, constant: false, dirty: true };
     if (!list) this.mirrors.set(host, (list = []));
     list.push(m);
     this.freed.register(host, gpu);
     return m;
   }
 
-  /** Host bytes [lo, hi) into the mirror, as a copy in the command stream (so it lands between the kernels around it). */
-  private upload(m: Mirror, lo: number, hi: number): void {
+  /**
+   * Host bytes [lo, hi) into the mirror. The commands recorded so far are submitted first and the bytes are written
+   * through the queue, so they land after those kernels and before the ones recorded next; no buffer is made.
+   */
+  private upload(m: Mirror, lo: number, hi: number, kind: UpKind): void {
     if (hi <= lo) return;
-    const staging = this.device.createBuffer({ size: hi - lo, usage: USAGE.COPY_SRC, mappedAtCreation: true });
-    new Uint8Array(staging.getMappedRange()).set(new Uint8Array(m.host, lo, hi - lo));
-    staging.unmap();
-    this.copyEncoder().copyBufferToBuffer(staging, 0, m.gpu, lo - m.start, hi - lo);
-    this.temps.push(staging);
+    this.submit();
+    const q = this.device.queue;
+    if (m.host instanceof SharedArrayBuffer) {
+      // writeBuffer takes no SharedArrayBuffer: through a reused bounce buffer, BOUNCE bytes at a time
+      this.bounceBuf ??= new Uint8Array(BOUNCE);
+      for (let at = lo; at < hi; at += BOUNCE) {
+        const n = Math.min(BOUNCE, hi - at),
+          b = this.bounceBuf.subarray(0, n);
+        b.set(new Uint8Array(m.host, at, n));
+        q.writeBuffer(m.gpu, at - m.start, b);
+      }
+    } else q.writeBuffer(m.gpu, lo - m.start, new Uint8Array(m.host, lo, hi - lo));
+    this.counts.up[kind] += hi - lo;
   }
 
   /** The device range of view a for a kernel that reads ("r"), writes ("w") or does both ("rw"). */
@@ -322,17 +436,20 @@ class WebgpuEngine {
     const m = this.mirrorOf(a) as Mirror;
     const lo = a.byteOffset,
       hi = lo + a.byteLength;
-    if (m.weights) {
-      if (mode !== "r") throw new Error("webgpu: a kernel was asked to write the master weights");
+    if (m.weights || m.constant) {
+      if (mode !== "r")
+        throw new Error(`webgpu: a kernel was asked to write ${m.weights ? "the master weights" : "a constant"}`);
       if (m.dirty) {
-        this.upload(m, m.start, m.end);
+        this.upload(m, m.start, m.end, m.weights ? "weights" : "constants");
         m.dirty = false;
       }
     } else if (!m.onDevice) {
-      if (mode !== "r") {
-        this.upload(m, m.start, m.end); // what the kernel leaves alone keeps the host's values
+      if (mode === "w" && lo === m.start && hi === m.end)
+        m.onDevice = true; // the kernel writes all of it
+      else if (mode !== "r") {
+        this.upload(m, m.start, m.end, "state"); // what the kernel leaves alone keeps the host's values
         m.onDevice = true;
-      } else this.upload(m, lo, hi);
+      } else this.upload(m, lo, hi, "inputs");
     }
     const dev = lo - m.start,
       offset = Math.floor(dev / this.align) * this.align;
@@ -386,11 +503,68 @@ class WebgpuEngine {
       this.pass.end();
       this.pass = null;
     }
+    if (this.prof && this.prof.names.length > 0) this.resolveProfile();
     if (this.enc) this.device.queue.submit([this.enc.finish()]);
     this.enc = null;
     for (const t of this.temps) t.destroy();
     this.temps = [];
     this.recorded = 0;
+  }
+
+  /** Profile mode: the timestamps recorded so far into a readback whose times are added to each shader's total. */
+  private resolveProfile(): void {
+    const prof = this.prof!;
+    const names = prof.names;
+    prof.names = [];
+    const enc = (this.enc ??= this.device.createCommandEncoder());
+    enc.resolveQuerySet(prof.set, 0, 2 * names.length, prof.resolve, 0);
+    const staging = this.stagingOf(16 * names.length);
+    enc.copyBufferToBuffer(prof.resolve, 0, staging, 0, 16 * names.length);
+    prof.pending.push(
+      staging.mapAsync(MAP_READ).then(() => {
+        const t = new BigUint64Array(staging.getMappedRange(), 0, 2 * names.length);
+        names.forEach((n, i) => {
+          const e = prof.totals.get(n) ?? { calls: 0, ms: 0 };
+          e.calls++;
+          e.ms += Number(t[2 * i + 1] - t[2 * i]) / 1e6;
+          prof.totals.set(n, e);
+        });
+        staging.unmap();
+        this.release(staging);
+      }),
+    );
+  }
+
+  /** A MAP_READ staging buffer of `size` bytes from the pool (release() gives it back). */
+  private stagingOf(size: number): GpuBuffer {
+    const free = this.stagingPool.get(size);
+    return free?.pop() ?? this.device.createBuffer({ size, usage: USAGE.MAP_READ | USAGE.COPY_DST });
+  }
+
+  private release(b: GpuBuffer): void {
+    const list = this.stagingPool.get(b.size) ?? [];
+    list.push(b);
+    this.stagingPool.set(b.size, list);
+  }
+
+  private bufferId(b: GpuBuffer): number {
+    let id = this.bufferIds.get(b);
+    if (id === undefined) this.bufferIds.set(b, (id = this.nextBufferId++));
+    return id;
+  }
+
+  /** A place for one dispatch's settings in the uniform slab, written once (its bind group is cached with it). */
+  private uniformSlot(bytes: ArrayBuffer): { buffer: GpuBuffer; offset: number } {
+    const stride = Math.ceil(bytes.byteLength / this.uniformAlign) * this.uniformAlign;
+    if (this.slabAt + stride > UNIFORM_SLAB) {
+      this.slab = this.device.createBuffer({ size: UNIFORM_SLAB, usage: USAGE.UNIFORM | USAGE.COPY_DST });
+      this.slabs.push(this.slab);
+      this.slabAt = 0;
+    }
+    const offset = this.slabAt;
+    this.slabAt += stride;
+    this.device.queue.writeBuffer(this.slab!, offset, new Uint8Array(bytes));
+    return { buffer: this.slab!, offset };
   }
 
   private pipeline(name: ShaderName): GpuPipeline {
@@ -408,33 +582,59 @@ class WebgpuEngine {
    * settings by name (the uniform, bound last), on a grid of [x, y] workgroups. A missing or unknown setting,
    * or a wrong operand count, throws (packParams).
    */
-  dispatch<N extends ShaderName>(name: N, ops: Bound[], params: ParamsOf<N>, grid: [number, number]): void {
+  dispatch<N extends ShaderName>(
+    name: N,
+    ops: Bound[],
+    params: ParamsOf<N>,
+    grid: [number, number] | [number, number, number],
+  ): void {
     if (this.disposed) throw new Error("webgpu: the engine was disposed");
     const shader = SHADERS[name];
     if (ops.length !== shader.bindings.length)
       throw new Error(`webgpu: ${name} binds ${shader.bindings.join(", ")}; given ${ops.length} operands`);
     const bytes = packParams(name, shader, params);
-    if (grid[0] === 0 || grid[1] === 0) return;
-    if (grid[0] > MAX_GROUPS || grid[1] > MAX_GROUPS)
-      throw new Error(`webgpu: ${name} needs a grid of ${grid[0]} x ${grid[1]} workgroups, over ${MAX_GROUPS}`);
-    const ub = this.device.createBuffer({ size: bytes.byteLength, usage: USAGE.UNIFORM, mappedAtCreation: true });
-    new Uint8Array(ub.getMappedRange()).set(new Uint8Array(bytes));
-    ub.unmap();
-    this.temps.push(ub);
+    const [gx, gy, gz = 1] = grid;
+    if (gx === 0 || gy === 0 || gz === 0) return;
+    if (gx > MAX_GROUPS || gy > MAX_GROUPS || gz > MAX_GROUPS)
+      throw new Error(`webgpu: ${name} needs a grid of ${gx} x ${gy} x ${gz} workgroups, over ${MAX_GROUPS}`);
     const pipe = this.pipeline(name);
-    const entries: GpuBinding[] = ops.map((b, i) => ({
-      binding: i,
-      resource: { buffer: b.buffer, offset: b.offset, size: b.size },
-    }));
-    entries.push({ binding: ops.length, resource: { buffer: ub } });
-    const group = this.device.createBindGroup({ layout: pipe.getBindGroupLayout(0), entries });
-    if (!this.pass) {
-      this.enc ??= this.device.createCommandEncoder();
-      this.pass = this.enc.beginComputePass();
+    // the same pipeline, operand ranges and settings as an earlier dispatch: its bind group (and uniform) again
+    const key = `${name}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
+    let group = this.groups.get(key);
+    if (group === undefined) {
+      if (this.groups.size >= MAX_GROUPS_CACHED) {
+        this.groups.clear();
+        this.temps.push(...this.slabs.splice(0)); // destroyed once the commands that use them are submitted
+        this.slabAt = UNIFORM_SLAB;
+      }
+      const u = this.uniformSlot(bytes);
+      const entries: GpuBinding[] = ops.map((b, i) => ({
+        binding: i,
+        resource: { buffer: b.buffer, offset: b.offset, size: b.size },
+      }));
+      entries.push({ binding: ops.length, resource: { buffer: u.buffer, offset: u.offset, size: bytes.byteLength } });
+      group = this.device.createBindGroup({ layout: pipe.getBindGroupLayout(0), entries });
+      this.groups.set(key, group);
     }
+    this.enc ??= this.device.createCommandEncoder();
+    if (this.prof) {
+      // one pass per dispatch, timestamped at its start and end
+      if (this.pass) this.pass.end();
+      const i = this.prof.names.length;
+      this.pass = this.enc.beginComputePass({
+        timestampWrites: { querySet: this.prof.set, beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1 },
+      });
+      this.prof.names.push(name);
+    } else this.pass ??= this.enc.beginComputePass();
     this.pass.setPipeline(pipe);
     this.pass.setBindGroup(0, group);
-    this.pass.dispatchWorkgroups(grid[0], grid[1]);
+    this.pass.dispatchWorkgroups(gx, gy, gz);
+    this.counts.dispatches++;
+    if (this.prof) {
+      this.pass.end();
+      this.pass = null;
+      if (this.prof.names.length === PROFILE_SPAN) this.submit();
+    }
     if (++this.recorded >= SUBMIT_EVERY) this.submit();
   }
 
@@ -586,11 +786,11 @@ class WebgpuEngine {
         let targeted = 0;
         for (let r = 0; r < rows; r++) if (targets[r] >= 0) targeted++;
         const t = bindR(targets),
-          x = this.bind(logits, gradScale > 0 ? "rw" : "r");
-        const buf = this.device.createBuffer({ size: Math.max(16, rows * 4), usage: USAGE.STORAGE | USAGE.COPY_SRC });
-        this.losses.push({ buf, rows, targeted });
-        const f = { rows, V, oX: e(x), oT: e(t), gs: gradScale };
-        d("crossEntropy", [x, t, this.own(buf, rows)], f, grid(rows, 1));
+          x = this.bind(logits, gradScale > 0 ? "rw" : "r"),
+          l = this.lossRows(rows);
+        this.losses.push({ buf: l.buffer, at: l.elem, rows, targeted });
+        const f = { rows, V, oX: e(x), oT: e(t), oL: e(l), gs: gradScale };
+        d("crossEntropy", [x, t, l], f, grid(rows, 1));
         return 0; // deferred: settle() returns the loss
       },
       copy: (dst, src) => {
@@ -605,7 +805,9 @@ class WebgpuEngine {
       },
       weightsAre: (params) => this.weightsAre(params),
       weightsChanged: () => this.weightsChanged(),
-      settle: (readback) => this.settle(readback),
+      constant: (a) => this.constant(a),
+      traffic: () => structuredClone(this.counts),
+      settle: (readback, opts) => this.settle(readback, opts),
       dispose: () => this.dispose(),
     };
     return k;
@@ -645,7 +847,16 @@ class WebgpuEngine {
         size: Math.max(4, hi - lo),
         usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
       });
-      m = { host: params.buffer, start: lo, end: hi, gpu, onDevice: false, weights: true, dirty: true };
+      m = {
+        host: params.buffer,
+        start: lo,
+        end: hi,
+        gpu,
+        onDevice: false,
+        weights: true,
+        constant: false,
+        dirty: true,
+      };
       list.push(m);
       this.mirrors.set(params.buffer, list);
       this.freed.register(params.buffer, gpu);
@@ -656,56 +867,109 @@ class WebgpuEngine {
     if (!this.weightList.includes(m)) this.weightList.push(m);
   }
 
+  /** A host array that never changes again: its mirror is uploaded whole before its first read, then kept. */
+  private constant(a: Float32Array): void {
+    const m = this.mirrorOf(a) as Mirror;
+    if (m.weights) throw new Error("webgpu: constant() on the master weights");
+    if (m.onDevice) throw new Error("webgpu: constant() on an array a kernel wrote");
+    if (!m.constant) {
+      m.constant = true;
+      m.dirty = true;
+    }
+  }
+
+  /** `rows` floats of the loss buffer for one crossEntropy call (the buffer grows; a replaced one lives until settle). */
+  private lossRows(rows: number): Bound {
+    const need = (this.lossAt + rows) * 4;
+    if (!this.lossBuf || this.lossBuf.size < need) {
+      if (this.lossBuf) this.lossRetired.push(this.lossBuf);
+      this.lossBuf = this.device.createBuffer({
+        size: Math.max(1 << 16, 2 * need),
+        usage: USAGE.STORAGE | USAGE.COPY_SRC,
+      });
+      this.lossAt = 0;
+    }
+    const at = this.lossAt;
+    this.lossAt += rows;
+    // the binding starts at an aligned offset; the shader's oL is the row's element inside it
+    const offset = Math.floor((at * 4) / this.align) * this.align;
+    const size = Math.max(4, at * 4 + rows * 4 - offset);
+    this.bindable(size);
+    return { buffer: this.lossBuf, offset, size, elem: (at * 4 - offset) / 4 };
+  }
+
   /** Every weights mirror re-uploads before its next read (a WeakMap cannot be walked: they are listed). */
   private weightsChanged(): void {
     for (const m of this.weightList) m.dirty = true;
   }
 
-  /** Waits for everything queued; reads `readback` into host memory; the mean loss of the crossEntropy rows since the last settle. */
-  private async settle(readback: Float32Array[]): Promise<{ loss: number; rows: number }> {
+  /**
+   * Submits everything queued and resolves once it has run: each array of `readback` that a kernel wrote is read
+   * into host memory, and the mean loss of the crossEntropy rows since the last settle. With `clear`, each such
+   * array is then zeroed on the device and stays device-owned (kernels.ts). The host may go on recording kernels
+   * before it resolves: the readback is in the command stream, so it sees the kernels before it and none after.
+   */
+  private async settle(readback: Float32Array[], opts: SettleOptions = {}): Promise<{ loss: number; rows: number }> {
     const jobs: { m: Mirror; staging: GpuBuffer }[] = [];
+    const seen = new Set<Mirror>();
     for (const a of readback) {
       const m = this.mirrorOf(a, false);
-      if (!m?.onDevice || jobs.some((j) => j.m === m)) continue;
-      const staging = this.device.createBuffer({
-        size: Math.max(4, m.end - m.start),
-        usage: USAGE.MAP_READ | USAGE.COPY_DST,
-      });
-      this.copyEncoder().copyBufferToBuffer(m.gpu, 0, staging, 0, m.end - m.start);
-      jobs.push({ m, staging });
+      if (!m || seen.has(m)) continue;
+      seen.add(m);
+      if (m.onDevice) {
+        const staging = this.stagingOf(Math.max(4, m.end - m.start));
+        this.copyEncoder().copyBufferToBuffer(m.gpu, 0, staging, 0, m.end - m.start);
+        this.counts.down.arrays += m.end - m.start;
+        jobs.push({ m, staging });
+      }
+      if (opts.clear && !m.weights && !m.constant) {
+        this.copyEncoder().clearBuffer(m.gpu);
+        m.onDevice = true;
+      }
     }
     const losses = this.losses;
     this.losses = [];
+    this.lossAt = 0;
     const lossRows = losses.reduce((s, l) => s + l.rows, 0);
     let lossStaging: GpuBuffer | null = null;
     if (lossRows > 0) {
-      lossStaging = this.device.createBuffer({ size: lossRows * 4, usage: USAGE.MAP_READ | USAGE.COPY_DST });
+      lossStaging = this.stagingOf(lossRows * 4);
       let at = 0;
       for (const l of losses) {
-        this.copyEncoder().copyBufferToBuffer(l.buf, 0, lossStaging, at, l.rows * 4);
+        this.copyEncoder().copyBufferToBuffer(l.buf, l.at * 4, lossStaging, at, l.rows * 4);
         at += l.rows * 4;
-        this.temps.push(l.buf);
       }
+      this.counts.down.loss += lossRows * 4;
     }
+    this.temps.push(...this.lossRetired.splice(0));
     this.submit();
-    await Promise.all([...jobs.map((j) => j.staging.mapAsync(MAP_READ)), lossStaging?.mapAsync(MAP_READ)]);
+    const profiled = this.prof ? this.prof.pending.splice(0) : [];
+    await Promise.all([...jobs.map((j) => j.staging.mapAsync(MAP_READ)), lossStaging?.mapAsync(MAP_READ), ...profiled]);
     if (this.error) throw new Error(`webgpu: ${this.error}`);
     for (const { m, staging } of jobs) {
-      new Uint8Array(m.host, m.start, m.end - m.start).set(new Uint8Array(staging.getMappedRange()));
+      new Uint8Array(m.host, m.start, m.end - m.start).set(
+        new Uint8Array(staging.getMappedRange(), 0, m.end - m.start),
+      );
       staging.unmap();
-      staging.destroy();
-      m.onDevice = false;
+      this.release(staging);
+      if (!opts.clear) m.onDevice = false;
     }
     let sum = 0,
       rows = 0;
     if (lossStaging) {
-      const v = new Float32Array(lossStaging.getMappedRange());
+      const v = new Float32Array(lossStaging.getMappedRange(), 0, lossRows);
       for (let i = 0; i < lossRows; i++) sum += v[i];
       lossStaging.unmap();
-      lossStaging.destroy();
+      this.release(lossStaging);
       rows = losses.reduce((s, l) => s + l.targeted, 0);
     }
     return { loss: rows > 0 ? sum / rows : 0, rows };
+  }
+
+  /** Profile mode: each shader's dispatches and device time so far (settle() brings the times in). */
+  profile(): Map<string, { calls: number; ms: number }> {
+    if (!this.prof) throw new Error("webgpu: the engine was made without profile");
+    return new Map(this.prof.totals);
   }
 
   private dispose(): void {
@@ -724,6 +988,26 @@ export async function createWebgpuKernels(): Promise<{ kernels: Kernels } | Webg
   const d = await openDevice();
   if ("reason" in d) return d;
   return { kernels: new WebgpuEngine(d.device, d.name).kernels() };
+}
+
+/**
+ * The engine in profile mode (the bench's webgpu case): every dispatch timed by timestamp queries, `profile()`
+ * giving each shader's calls and device milliseconds; or why it cannot run (no adapter, or no timestamp-query).
+ */
+export async function createProfiledWebgpuKernels(): Promise<
+  { kernels: Kernels; profile: () => Map<string, { calls: number; ms: number }> } | WebgpuUnavailable
+> {
+  const d = await openDevice();
+  if ("reason" in d) return d;
+  if (!d.device.features?.has("timestamp-query"))
+    return { reason: `${d.name} offers no timestamp-query`, fix: "run the profile on an adapter that has it" };
+  const engine = new WebgpuEngine(d.device, d.name, { profile: true });
+  return { kernels: engine.kernels(), profile: () => engine.profile() };
+}
+
+/** This thread's adapter and device, opened as the engine opens them (the bench's peak probe). */
+export async function openWebgpuDevice(): Promise<{ device: GpuDevice; name: string } | WebgpuUnavailable> {
+  return openDevice();
 }
 
 /** The webgpu engine on a given device, its kernels and its dispatch (a test's recording device: model.webgpu-params.test.ts). */
