@@ -218,6 +218,8 @@ export interface StepResult {
   /** --dist mpi (O3): some process of the job has been asked to stop (mpirun signals one process at a time). */
   stopAsked: boolean;
   updateMs: number;
+  /** A device engine (webgpu): this process's ranks' bytes up and down in the step, and dispatches per micro-batch. */
+  device?: { up: number; down: number; gradientUp: number; dispatchesPerMicro: number };
 }
 
 /** The actor runtime: ranks + shared memory + uploader. */
@@ -344,6 +346,17 @@ export class Coordinator {
       updateMs: 0,
       stopAsked,
     };
+    const dev = computed.map((m) => m.device).filter((x) => x !== undefined);
+    if (dev.length > 0) {
+      const sum = (f: (t: (typeof dev)[number]) => number) => dev.reduce((a, t) => a + f(t), 0);
+      const micros = computed.reduce((a, m) => a + m.micro, 0);
+      res.device = {
+        up: sum((t) => t.up),
+        down: sum((t) => t.down),
+        gradientUp: sum((t) => t.gradientUp),
+        dispatchesPerMicro: Math.round(sum((t) => t.dispatches) / Math.max(1, micros)),
+      };
+    }
     if (d.apply) {
       const { lr, coef, t } = d;
       const { ranks: updated, ...mine } = await this.withOwn(

@@ -92,7 +92,16 @@ export interface RankMemory {
 export type FromRank =
   | { type: "ready"; rank: number; backend: string; detail: string }
   /** losses[m]: the loss of micro-batch m (A10: the coordinator adds them in global micro-batch order). */
-  | { type: "computed"; rank: number; step: number; losses: number[]; micro: number; ms: number }
+  | {
+      type: "computed";
+      rank: number;
+      step: number;
+      losses: number[];
+      micro: number;
+      ms: number;
+      /** A device engine: what crossed during the step (bytes), the part that uploaded kernel-written state, and its dispatches. */
+      device?: StepTraffic;
+    }
   | { type: "reduced"; rank: number; step: number; ms: number }
   | { type: "squared"; rank: number; step: number; ms: number }
   | { type: "updated"; rank: number; step: number; ms: number }
@@ -171,4 +180,13 @@ export interface UploaderApi {
 /** Exhaustiveness guard for every `switch (msg.type)`. */
 export function unreachable(x: never): never {
   throw new Error(`unhandled message ${JSON.stringify(x)}`);
+}
+
+/** A device rank's traffic in one step (Kernels.traffic, differenced). */
+export interface StepTraffic {
+  up: number;
+  down: number;
+  /** Bytes of arrays a kernel writes that were uploaded (0 once the run is going: the gradient stays on the device). */
+  gradientUp: number;
+  dispatches: number;
 }

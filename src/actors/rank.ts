@@ -11,7 +11,7 @@
 import { parentPort } from "node:worker_threads";
 import { Llama } from "../model/llama";
 import { initEngine } from "../model/backend";
-import type { Kernels } from "../model/kernels";
+import type { DeviceTraffic, Kernels } from "../model/kernels";
 import { readManifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/token-store";
 import { WindowPermutation } from "../data/permutation";
@@ -22,6 +22,7 @@ import { chunkSquares, foldMicro, reduceChunks64, SQ_CHUNK, sumSlots64 } from ".
 import { toWireError, unreachable, type FromRank, type RankInit, type ToRank } from "./protocol";
 import { memorySampler } from "./memory";
 import { faultAfterCompute, faultAtValidation, faultBeforeMicroBatch } from "./injected-faults";
+import { gradientArrays, runMicroBatches } from "./micro-batches";
 
 interface RankState {
   init: RankInit;
@@ -31,8 +32,10 @@ interface RankState {
   stream: TrainStream;
   val: ValStream | null;
   ids: Int32Array;
-  /** One micro-batch's float32 gradient, before foldMicro adds it into the slot (A10). */
-  micro: Float32Array;
+  /** A micro-batch's float32 gradient, before foldMicro adds it into the slot (A10); two on a deferred engine. */
+  grads: Float32Array[];
+  /** The engine's traffic() at the end of the previous compute (a device engine's bytes per step). */
+  traffic: DeviceTraffic | null;
   mem: ReturnType<typeof memorySampler>;
 }
 
@@ -71,7 +74,8 @@ async function handleInit(init: RankInit): Promise<FromRank> {
     stream,
     val,
     ids: new Int32Array(d.microBatch * d.seqLen),
-    micro: new Float32Array(init.shared.P),
+    grads: gradientArrays(be.kernels, init.shared.P),
+    traffic: be.kernels.traffic?.() ?? null,
     mem: memorySampler(() => model.arenaBytes()),
   };
   return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
@@ -81,21 +85,37 @@ async function compute(s: RankState, step: number, gradScale: number): Promise<F
   const t0 = performance.now();
   const slot = s.views.slots[s.init.rank];
   const d = s.init.data;
-  const losses: number[] = [];
   s.kernels.prepareWeights?.(s.init.rank, s.init.world); // P8: this rank's share of the weights' bf16 copies
-  let micro = 0;
-  for (; micro < d.accum; micro++) {
-    if (Atomics.load(s.views.ctl, CTL_ABORT) !== 0) break;
-    faultBeforeMicroBatch(s.init.fault, s.init.rank, step);
-    s.stream.readMicroBatch(step, s.init.dataRank, micro, s.ids);
-    const loss = s.model.lossAndGrads(s.ids, d.microBatch, d.seqLen, gradScale, s.micro);
-    // a deferred (device) engine: one wait per micro-batch, for the loss and the gradient it reads back into s.micro
-    losses.push(s.kernels.settle ? (await s.kernels.settle([s.micro])).loss : loss);
-    foldMicro(slot, s.micro, micro === 0); // A10: each micro-batch's gradient on its own, added in float64; s.micro back to 0
-    s.mem.sample();
-  }
+  const { losses, micro } = await runMicroBatches({
+    kernels: s.kernels,
+    accum: d.accum,
+    ids: s.ids,
+    grads: s.grads,
+    stop: () => Atomics.load(s.views.ctl, CTL_ABORT) !== 0,
+    read: (m, ids) => {
+      faultBeforeMicroBatch(s.init.fault, s.init.rank, step);
+      s.stream.readMicroBatch(step, s.init.dataRank, m, ids);
+    },
+    lossAndGrads: (ids, g) => s.model.lossAndGrads(ids, d.microBatch, d.seqLen, gradScale, g),
+    fold: (g, first) => foldMicro(slot, g, first), // A10: each micro-batch's gradient on its own, added in float64; g back to 0
+    folded: () => s.mem.sample(),
+  });
   faultAfterCompute(s.init.fault, s.init.rank, step, slot, losses);
-  return { type: "computed", rank: s.init.rank, step, losses, micro, ms: performance.now() - t0 };
+  const reply: FromRank = { type: "computed", rank: s.init.rank, step, losses, micro, ms: performance.now() - t0 };
+  const now = s.kernels.traffic?.();
+  if (now && s.traffic) {
+    const was = s.traffic;
+    const up = (t: DeviceTraffic) => t.up.weights + t.up.constants + t.up.inputs + t.up.state;
+    const down = (t: DeviceTraffic) => t.down.arrays + t.down.loss;
+    reply.device = {
+      up: up(now) - up(was),
+      down: down(now) - down(was),
+      gradientUp: now.up.state - was.up.state,
+      dispatches: now.dispatches - was.dispatches,
+    };
+    s.traffic = now;
+  }
+  return reply;
 }
 
 /** This rank's chunks as a parameter range [lo, hi) of the P-vector. */

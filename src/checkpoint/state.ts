@@ -26,6 +26,10 @@ export interface LogEntry {
   elapsed_s: number;
   /** --dist mpi (A9): the mean time per step of the gradient's combine across processes, in ms. */
   allreduce_ms?: number;
+  /** --backend webgpu: the mean MB per step that crossed to and from this process's devices, and dispatches per micro-batch. */
+  h2d_mb?: number;
+  d2h_mb?: number;
+  dispatches_per_micro?: number;
 }
 
 export const TRAINER_STATE_FORMAT = "tstrain-trainer-state/1";

@@ -203,8 +203,9 @@ export interface Kernels {
    * caller's arrays, and crossEntropy returns 0. settle() waits for everything queued, copies each array of
    * `readback` (e.g. the gradient buffer) into host memory, and resolves to the mean cross-entropy over the
    * targeted rows of every crossEntropy call since the previous settle (the loss lossAndGrads / loss would return).
-   * Between settles the host must not read or write an array a kernel wrote, except through the kernels. An
-   * engine without settle computes each kernel when it is called (native, tfjs).
+   * Between settles the host must not read or write an array a kernel wrote, except through the kernels, nor
+   * change an array a kernel has read (an input is uploaded once per settle). An engine without settle computes
+   * each kernel when it is called (native, tfjs).
    */
   settle?(readback: Float32Array[], opts?: SettleOptions): Promise<{ loss: number; rows: number }>;
   /**

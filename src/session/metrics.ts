@@ -18,6 +18,7 @@ export class MetricWindow {
   lastLoss = Number.NaN;
   private loss = 0;
   private allreduceMs = 0;
+  private device: { up: number; down: number; dispatches: number } | null = null;
   private steps = 0;
   private tokens = 0;
   private t0 = performance.now();
@@ -44,6 +45,12 @@ export class MetricWindow {
       );
     this.loss += r.loss;
     this.allreduceMs += r.allreduceMs;
+    if (r.device) {
+      this.device ??= { up: 0, down: 0, dispatches: 0 };
+      this.device.up += r.device.up;
+      this.device.down += r.device.down;
+      this.device.dispatches = r.device.dispatchesPerMicro;
+    }
     this.steps++;
     this.tokens += tokensPerStep;
     const elapsedTrain = this.trainSeconds();
@@ -74,14 +81,23 @@ export class MetricWindow {
       e.allreduce_ms === undefined
         ? ""
         : ` allreduce_ms=${e.allreduce_ms} (${((100 * this.allreduceMs) / Math.max(1e-9, winSec * 1000)).toFixed(1)} % of the step)`;
+    let traffic = "";
+    if (this.device) {
+      const mb = (b: number) => Math.round(b / this.steps / 1e5) / 10;
+      e.h2d_mb = mb(this.device.up);
+      e.d2h_mb = mb(this.device.down);
+      e.dispatches_per_micro = this.device.dispatches;
+      traffic = ` h2d=${e.h2d_mb}MB d2h=${e.d2h_mb}MB dispatches/micro=${e.dispatches_per_micro}`;
+    }
     this.history.push(e);
     this.rep.metric(e);
     this.rep.curve(this.history);
     this.rep.say(
-      `step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}${share} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`,
+      `step ${done}/${this.s.plan.stepsPlanned} loss=${e.loss.toFixed(4)} lr=${e.lr.toExponential(3)} grad_norm=${e.grad_norm?.toFixed(4) ?? "skipped"} scale=${e.loss_scale} skipped=${e.skipped_steps} tok/s=${e.tok_per_s}${share}${traffic} elapsed=${fmtDuration(elapsedTrain)} eta=${eta}`,
     );
     this.loss = 0;
     this.allreduceMs = 0;
+    this.device = null;
     this.steps = 0;
     this.tokens = 0;
     this.t0 = performance.now();

@@ -295,6 +295,8 @@ interface Mirror {
   /** A constant (constant()): uploaded whole once, then resident. */
   constant: boolean;
   dirty: boolean;
+  /** A host-owned input: the byte range uploaded since the last settle() call, which needs no second upload. */
+  fresh: { epoch: number; lo: number; hi: number } | null;
 }
 
 /** What one upload carried (DeviceTraffic's up). */
@@ -332,6 +334,8 @@ class WebgpuEngine {
   });
   private disposed = false;
   private readonly weightList: Mirror[] = [];
+  /** settle() calls so far: an input uploaded in this epoch is still the host's (kernels.ts: settle). */
+  private epoch = 0;
   /** Bind groups by pipeline, operand ranges and settings: a micro-batch repeats the same dispatches. */
   private readonly groups = new Map<string, unknown>();
   private readonly bufferIds = new WeakMap<GpuBuffer, number>();
@@ -403,7 +407,17 @@ class WebgpuEngine {
       size: Math.max(4, end - start),
       usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
     });
-    const m: Mirror = { host, start, end, gpu, onDevice: false, weights: false, constant: false, dirty: true };
+    const m: Mirror = {
+      host,
+      start,
+      end,
+      gpu,
+      onDevice: false,
+      weights: false,
+      constant: false,
+      dirty: true,
+      fresh: null,
+    };
     if (!list) this.mirrors.set(host, (list = []));
     list.push(m);
     this.freed.register(host, gpu);
@@ -449,7 +463,11 @@ class WebgpuEngine {
       else if (mode !== "r") {
         this.upload(m, m.start, m.end, "state"); // what the kernel leaves alone keeps the host's values
         m.onDevice = true;
-      } else this.upload(m, lo, hi, "inputs");
+      } else if (!(m.fresh?.epoch === this.epoch && m.fresh.lo <= lo && hi <= m.fresh.hi)) {
+        // an input (token ids, targets): once between settles, however many kernels read it
+        this.upload(m, lo, hi, "inputs");
+        m.fresh = { epoch: this.epoch, lo, hi };
+      }
     }
     const dev = lo - m.start,
       offset = Math.floor(dev / this.align) * this.align;
@@ -856,6 +874,7 @@ class WebgpuEngine {
         weights: true,
         constant: false,
         dirty: true,
+        fresh: null,
       };
       list.push(m);
       this.mirrors.set(params.buffer, list);
@@ -910,6 +929,7 @@ class WebgpuEngine {
    * before it resolves: the readback is in the command stream, so it sees the kernels before it and none after.
    */
   private async settle(readback: Float32Array[], opts: SettleOptions = {}): Promise<{ loss: number; rows: number }> {
+    this.epoch++;
     const jobs: { m: Mirror; staging: GpuBuffer }[] = [];
     const seen = new Set<Mirror>();
     for (const a of readback) {
