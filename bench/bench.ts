@@ -31,6 +31,7 @@ import { markdown, type Machine, type Ratio } from "./report";
 import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
+import { webgpuBench } from "./webgpu";
 import { attentionBench, type BaseAttention, BUILD_BASE, loadBaseAttention } from "./attention";
 import { kernelTableMarkdown, profileSummary, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
@@ -68,10 +69,11 @@ const ALL_CASES = [
   "gemm",
   "attention",
   "mpi",
+  "webgpu",
 ] as const;
 type CaseName = (typeof ALL_CASES)[number];
 /** frozen-step (the MFU figure on the 106M model) takes minutes, so it runs only when asked. */
-const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" && c !== "mpi");
+const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" && c !== "mpi" && c !== "webgpu");
 
 interface Options {
   model: ModelName;
@@ -107,6 +109,8 @@ interface Options {
   gemmSeqs: number[];
   /** attention case: an older revision's own build beside this one (`--attention-base DIR`), loaded when parsed */
   attentionBase?: BaseAttention;
+  /** webgpu case: an older revision's build (`--webgpu-base DIR`) whose engine runs the same step */
+  webgpuBase?: { dir: string; rev: string };
 }
 
 const cores = os.availableParallelism();
@@ -133,6 +137,7 @@ function usage(): string {
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
     "  --gemm-seqs 256,1024        gemm and attention cases: the sequence lengths measured (default 256,1024)",
     "  --attention-base DIR        attention case: also time DIR's own build of an older revision (bench/native/build-base.sh 2babbe7 DIR)",
+    "  --webgpu-base DIR           webgpu case: also run DIR's build of an older revision (bench/native/build-base.sh REV DIR builds its TypeScript too)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
@@ -275,6 +280,19 @@ const FLAGS: FlagTable<Options> = {
     const d = a.next();
     if (!d) throw new Error(`--attention-base needs a folder: ${BUILD_BASE}`);
     o.attentionBase = loadBaseAttention(d);
+  },
+  "--webgpu-base": (o, a) => {
+    const d = a.next();
+    if (!d) throw new Error(`--webgpu-base needs a folder: ${BUILD_BASE}`);
+    const dir = path.resolve(d);
+    if (!fs.existsSync(path.join(dir, "dist", "src", "model", "engine", "webgpu.js")))
+      throw new Error(
+        `--webgpu-base ${d}: no built webgpu engine there (dist/src/model/engine/webgpu.js): ${BUILD_BASE}`,
+      );
+    const rev = fs.existsSync(path.join(dir, ".base-rev"))
+      ? fs.readFileSync(path.join(dir, ".base-rev"), "utf8").trim()
+      : d;
+    o.webgpuBase = { dir, rev };
   },
   "--sequential": (o) => {
     o.interleave = false;
@@ -649,6 +667,23 @@ async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
         log,
       }))
         run.record({ case: `attention-T${x.seq}-${x.precision}`, ...x } as unknown as BenchRow);
+    });
+  }
+
+  // ---- 10: the frozen model on the webgpu engine (with --webgpu-base, against an older revision's build)
+  if (o.cases.has("webgpu")) {
+    await run.guard("webgpu", async () => {
+      log(
+        `webgpu: the frozen model, seq ${o.seq}, micro ${o.microBatch}, ${Math.max(1, o.steps)} warm call(s)${o.webgpuBase ? ` vs ${o.webgpuBase.rev}'s build` : ""}; the peak probe, the device profile and the frozen step's counts`,
+      );
+      const x = await webgpuBench({
+        seq: o.seq,
+        microBatch: o.microBatch,
+        calls: Math.max(1, o.steps),
+        base: o.webgpuBase,
+        log,
+      });
+      run.record(x as unknown as BenchRow);
     });
   }
 

@@ -1,0 +1,121 @@
+/**
+ * What the webgpu engine sends to its device for the frozen model's optimizer step, counted without computing it:
+ * the engine runs on a device that records and runs nothing (buffers hold no memory; a readback's staging is
+ * zeros), through the rank's own micro-batch loop (runMicroBatches). The counts are the engine's own: dispatches per
+ * micro-batch, and the bytes up and down per step by what they carried, against the step's floor (the weights up
+ * once and the gradient down once).
+ */
+import { webgpuEngineOn, type GpuDevice } from "../src/model/engine/webgpu";
+import { buildConfig } from "../src/model/llama-config";
+import { paramLayout } from "../src/model/layout";
+import { Llama } from "../src/model/llama";
+import type { DeviceTraffic } from "../src/model/kernels";
+import { gradientArrays, runMicroBatches } from "../src/actors/micro-batches";
+
+/** A device that records nothing and runs nothing; a MAP_READ buffer maps to zeros. */
+function nullDevice(): GpuDevice {
+  const buffer = (size: number, usage: number) => {
+    let raw: ArrayBuffer | null = null;
+    return {
+      size,
+      destroy() {},
+      getMappedRange: () => (raw ??= new ArrayBuffer(usage & 1 ? size : 0)),
+      unmap() {},
+      mapAsync: async () => {},
+    };
+  };
+  const pass = { setPipeline() {}, setBindGroup() {}, dispatchWorkgroups() {}, end() {} };
+  return {
+    limits: {
+      minStorageBufferOffsetAlignment: 256,
+      minUniformBufferOffsetAlignment: 256,
+      maxStorageBufferBindingSize: 2 ** 31 - 4,
+    },
+    queue: { submit() {}, onSubmittedWorkDone: async () => {}, writeBuffer() {} },
+    lost: new Promise(() => {}),
+    onuncapturederror: null,
+    createBuffer: (d) => buffer(d.size, d.usage),
+    createShaderModule: () => ({}),
+    createComputePipeline: () => ({ getBindGroupLayout: () => ({}) }),
+    createBindGroup: () => ({}),
+    createCommandEncoder: () => ({
+      beginComputePass: () => pass,
+      copyBufferToBuffer() {},
+      clearBuffer() {},
+      resolveQuerySet() {},
+      finish: () => ({}),
+    }),
+    destroy() {},
+  };
+}
+
+export interface WebgpuCounts {
+  seq_len: number;
+  micro_batch: number;
+  accum: number;
+  dispatches_per_micro: number;
+  /** bytes per optimizer step (the second step: the first also makes the arena) */
+  up: DeviceTraffic["up"];
+  down: DeviceTraffic["down"];
+  /** the weights once up and the gradient once down */
+  floor_bytes: number;
+  bytes_over_floor: number;
+  /** what crosses per micro-batch besides the once-per-step weights and the gradient readback */
+  per_micro_up_bytes: number;
+}
+
+/** The frozen model's step at seq x micro-batch, accum micro-batches, counted twice; the second step's figures. */
+export async function webgpuCounts(
+  seq: number,
+  microBatch: number,
+  accum: number,
+  layers?: number,
+): Promise<WebgpuCounts> {
+  const cfg = buildConfig({ seqLen: seq, layers });
+  const P = paramLayout(cfg).total;
+  const { kernels } = webgpuEngineOn(nullDevice(), "webgpu (counting: no device)");
+  const params = new Float32Array(new SharedArrayBuffer(4 * P));
+  const model = new Llama(cfg, kernels, { gradCkpt: false });
+  model.bindParams(params);
+  kernels.weightsAre?.(params);
+  const grads = gradientArrays(kernels, P);
+  const ids = new Int32Array(microBatch * seq);
+  const t: DeviceTraffic[] = [];
+  for (let step = 0; step < 2; step++) {
+    t.push(kernels.traffic!());
+    await runMicroBatches({
+      kernels,
+      accum,
+      ids,
+      grads,
+      stop: () => false,
+      read: (m, into) => into.fill((step * accum + m) % cfg.vocabSize),
+      lossAndGrads: (x, g) => model.lossAndGrads(x, microBatch, seq, 1, g),
+      fold: (g) => g.fill(0), // the fold's arithmetic is the host's; only the traffic is counted here
+    });
+    kernels.weightsChanged?.();
+  }
+  t.push(kernels.traffic!());
+  const [, a, b] = t;
+  const up = {
+    weights: b.up.weights - a.up.weights,
+    constants: b.up.constants - a.up.constants,
+    inputs: b.up.inputs - a.up.inputs,
+    state: b.up.state - a.up.state,
+  };
+  const down = { arrays: b.down.arrays - a.down.arrays, loss: b.down.loss - a.down.loss };
+  const floor = 8 * P;
+  const total = up.weights + up.constants + up.inputs + up.state + down.arrays + down.loss;
+  kernels.dispose();
+  return {
+    seq_len: seq,
+    micro_batch: microBatch,
+    accum,
+    dispatches_per_micro: (b.dispatches - a.dispatches) / accum,
+    up,
+    down,
+    floor_bytes: floor,
+    bytes_over_floor: +(total / floor).toFixed(3),
+    per_micro_up_bytes: (up.inputs + up.constants + up.state) / accum,
+  };
+}
