@@ -24,7 +24,7 @@ import { builtinGemmBf16, fmaPeak } from "./model/engine/native";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
 import { dropUnreadOutput, sigkillWarning, unblockStdout } from "./mpi/output";
 import { DistLink } from "./session/dist";
-import { RunComplete, RunStopped, EXIT_STOPPED, setLauncher, stopRequested } from "./session/stop";
+import { RunComplete, RunStopped, EXIT_STOPPED, sameCommand, setLauncher, stopRequested } from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
 import { fixedScaler, newScaler, scalerModeOf, SCALER_DEFAULTS, type OptimizerPosition } from "./optim/optim";
 import type { UploaderEvent } from "./actors/protocol";
@@ -57,7 +57,10 @@ export async function runSession(
 ): Promise<RunResult> {
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // K5: a malformed HF_TOKEN fails every Hub request; refused now, with what works for this Hub
-  if (cfg.hubRepo !== "") refuseMalformedToken(cfg.hubUrl === EMBEDDED_HUB);
+  if (cfg.hubRepo !== "")
+    refuseMalformedToken({
+      embeddedWithout: cfg.hubUrl === EMBEDDED_HUB ? sameCommand(["env", "-u", "HF_TOKEN"]) : undefined,
+    });
   // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
   if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);

@@ -2,10 +2,10 @@
  * HF_TOKEN's form (K5), in words that never show it: a character an HTTP header cannot carry (a line break
  * from `cat token.txt`, a control character, anything beyond Latin-1) would fail every request to the Hub,
  * and a token without `hf_` is refused by the Hub client. A run checks it at start, before any work, with
- * advice that works where it runs: with the embedded local Hub, which needs no token, to unset it.
+ * advice that works where it runs: with the embedded local Hub, which needs no token, to unset it. prepare's
+ * hf:// inputs and generate's hf:// models are checked the same way before their first request.
  */
 import { UserError } from "../errors";
-import { sameCommand } from "../session/stop";
 
 /** The first character of `token` an HTTP header cannot carry, in words (not the token), or null. */
 export function headerUnsafe(token: string): string | null {
@@ -35,21 +35,29 @@ export function hubTokenProblem(token: string | undefined): string | null {
 }
 
 /**
- * K5 at the start of a run that talks to a Hub (`embedded`: the local Hub in this process): a malformed
+ * K5 at the start of a run that talks to a Hub (`embeddedWithout`: the local Hub in this process): a malformed
  * HF_TOKEN is refused before any work, with the command that works here. The local Hub needs no token, so
  * the advice there is to run the same command without it; a remote Hub needs the token alone.
  */
-export function refuseMalformedToken(embedded: boolean, token: string | undefined = process.env.HF_TOKEN): void {
+export function refuseMalformedToken(
+  o: {
+    /** With the embedded local Hub: the same command run without HF_TOKEN (`env -u HF_TOKEN node dist/main.js …`). */
+    embeddedWithout?: string;
+    /** Only reads (prepare's hf:// inputs, generate's hf:// models): a public repo reads without a token. */
+    readsOnly?: boolean;
+  },
+  token: string | undefined = process.env.HF_TOKEN,
+): void {
   const problem = hubTokenProblem(token);
   if (!problem) return;
-  if (embedded)
+  if (o.embeddedWithout)
     throw new UserError(
       "K5",
-      `${problem}; the embedded local Hub needs no token: run it without, as in ${sameCommand(["env", "-u", "HF_TOKEN"])}`,
+      `${problem}; the embedded local Hub needs no token: run it without, as in ${o.embeddedWithout}`,
     );
   const fix =
     token && headerUnsafe(token)
       ? `set HF_TOKEN to the token alone (hf_ then letters and digits), as in export HF_TOKEN="$(printf %s "$HF_TOKEN" | tr -cd '[:alnum:]_')"`
-      : "set HF_TOKEN to a Hugging Face access token";
+      : `set HF_TOKEN to a Hugging Face access token${o.readsOnly ? ", or unset it (unset HF_TOKEN) to read a public repo" : ""}`;
   throw new UserError("K5", `${problem}; ${fix}`);
 }
