@@ -15,6 +15,7 @@
  * glob (or a directory) takes every supported file under it. Revisions with a "/" are written
  * URL-encoded (hf://datasets/o/n@refs%2Fconvert%2Fparquet/...).
  */
+import { refuseMalformedToken } from "../hub/token";
 import { createHash } from "node:crypto";
 import * as fs from "node:fs";
 import * as os from "node:os";
@@ -97,11 +98,7 @@ function hasGlob(s: string): boolean {
 function hubToken(): string | undefined {
   const t = process.env.HF_TOKEN;
   if (t === undefined || t === "") return undefined;
-  if (!t.startsWith("hf_"))
-    throw new UserError(
-      "D2",
-      `the Hub token (HF_TOKEN) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token, or unset it for public repos`,
-    );
+  refuseMalformedToken({ readsOnly: true }, t); // K5: a token no request can carry, or without hf_, refused as a run refuses it
   return t;
 }
 
