@@ -87,6 +87,54 @@ export function checkOutWritable(out: string): void {
   }
 }
 
+/**
+ * O1, L8: the embedded Hub's folder (`flag`: --hub-dir, or --out for its default `<out>/hub`) is a folder, or can be
+ * made one, and can be written, before the Hub starts. Each missing folder is made one level at a time, so a
+ * read-only filesystem says EROFS (a recursive mkdir says ENOENT there). Returns the topmost folder this call made,
+ * for `removeIfEmpty` when the run ends, or null when the folder was there already.
+ */
+export function prepareHubDir(dir: string, flag: string): string | null {
+  const abs = path.resolve(dir);
+  const missing: string[] = [];
+  let top = abs;
+  while (!fs.existsSync(top) && path.dirname(top) !== top) {
+    missing.unshift(top);
+    top = path.dirname(top);
+  }
+  const refuse = (what: string) =>
+    new UserError(
+      "O1",
+      `${flag} ${abs} ${what}; the embedded local Hub stores its files there. Choose a writable folder for ${flag}`,
+    );
+  if (!fs.statSync(top).isDirectory())
+    throw refuse(
+      top === abs ? "is a file, not a folder" : `cannot be created: ${top} is a file, not a folder (ENOTDIR)`,
+    );
+  let made: string | null = null;
+  const probe = path.join(abs, `.tstrain-probe-${process.pid}`);
+  try {
+    for (const d of missing) {
+      fs.mkdirSync(d);
+      made ??= d;
+    }
+    fs.writeFileSync(probe, "probe\n");
+    fs.rmSync(probe, { force: true });
+  } catch (e) {
+    fs.rmSync(probe, { force: true });
+    if (made) fs.rmSync(made, { recursive: true, force: true }); // only what this call made, and it holds nothing
+    throw refuse(`cannot be ${missing.length ? "created" : "written"}: ${whyNot(e)}`);
+  }
+  return made;
+}
+
+/** A folder this run made (prepareHubDir) and left without a file: removed, so a refused run leaves nothing. */
+export function removeIfEmpty(dir: string | null): void {
+  if (!dir || !fs.existsSync(dir)) return;
+  const holdsFile = (d: string): boolean =>
+    fs.readdirSync(d, { withFileTypes: true }).some((e) => !e.isDirectory() || holdsFile(path.join(d, e.name)));
+  if (!holdsFile(dir)) fs.rmSync(dir, { recursive: true, force: true });
+}
+
 /** O1 (second half): room for at least one checkpoint of `bytes`. */
 export function checkOutRoom(out: string, bytes: number, what: string): void {
   const abs = path.resolve(out);

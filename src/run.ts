@@ -31,7 +31,7 @@ import type { UploaderEvent } from "./actors/protocol";
 import { faultFromEnv } from "./actors/injected-faults";
 import type { LogEntry } from "./checkpoint";
 import { checkpointManagerOf } from "./session/in-flight";
-import { checkOutWritable, cleanOut, lockOut, type OutLock } from "./outdir";
+import { checkOutWritable, cleanOut, lockOut, prepareHubDir, removeIfEmpty, type OutLock } from "./outdir";
 import { createReporter, type Reporter } from "./report";
 import { LocalHub } from "./hub/server";
 import { refuseMalformedToken } from "./hub/token";
@@ -195,6 +195,8 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
   // 1. The embedded local Hub (B6), its files under the run's own folder unless --hub-dir (L8).
   const embedded = cfg.hubUrl === EMBEDDED_HUB && cfg.hubRepo !== "";
   const hubDir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub"));
+  // O1: its folder checked before it starts; one this run made is removed at the end if nothing was stored in it
+  const madeHubDir = embedded ? prepareHubDir(hubDir, "--hub-dir") : null;
   const hub = embedded ? new LocalHub({ dir: hubDir }) : null;
   try {
     // the Hub's address this session; cfg (and so run_config.json) keeps "embedded", which a later run can reuse
@@ -253,6 +255,7 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
     }
   } finally {
     await hub?.stop();
+    removeIfEmpty(madeHubDir);
   }
 }
 
