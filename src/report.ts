@@ -317,7 +317,7 @@ export type SessionEvent =
       session: string;
       at: string;
       final_step: number;
-      ended: "complete" | "segment" | "stopped" | "failed";
+      ended: "complete" | "segment" | "stopped" | "failed" | "refused";
       seconds: number;
       checkpoints: number[];
       hub: HubPublication[];
@@ -350,6 +350,7 @@ const ENDED: Record<string, string> = {
   segment: "ended at its segment boundary",
   stopped: "stopped by a signal",
   failed: "stopped: a checkpoint failed",
+  refused: "refused before its first step",
 };
 
 /** The sessions table (every session, a resumed one marked) and the Hub's record, for report.html. */

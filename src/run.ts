@@ -39,7 +39,7 @@ import { runBenchmark } from "./single-thread";
 import { setupSession, type Session } from "./session/setup";
 import { trainLoop } from "./session/loop";
 import type { RunResult } from "./session/finish";
-import { recordSessionStart } from "./session/record";
+import { recordSessionEnd, recordSessionStart } from "./session/record";
 
 export type { RunResult } from "./session/finish";
 
@@ -232,20 +232,7 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
         },
       });
       try {
-        const { pos, history } = startingPoint(s, coord);
-        // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
-        await link?.start(
-          {
-            model: s.model.config,
-            root: s.data.root,
-            fingerprint: s.data.fingerprint,
-            lrShape: s.plan.lrShape,
-            startStep: s.start.startStep,
-            pos,
-          },
-          coord,
-        );
-        const events = await startActors(s, coord, pos, rep, hubUrl);
+        const { pos, history, events } = await startTraining(s, coord, rep, hubUrl, link, t0);
         return await trainLoop(s, coord, pos, history, rep, t0, events);
       } finally {
         await coord.close();
@@ -256,6 +243,48 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
   } finally {
     await hub?.stop();
     removeIfEmpty(madeHubDir);
+  }
+}
+
+/**
+ * The session's start, after its start record (B5): the starting state (a resumed checkpoint's, K2), the other MPI
+ * processes' copy of it (A9), the ranks and the uploader. A refusal here ends the session's record with an end
+ * line, as the loop's own ends do, before it propagates.
+ */
+async function startTraining(
+  s: Session,
+  coord: Coordinator,
+  rep: Reporter,
+  hubUrl: string,
+  link: DistLink | null,
+  t0: number,
+): Promise<{ pos: OptimizerPosition; history: LogEntry[]; events: UploaderEvent[] }> {
+  try {
+    const { pos, history } = startingPoint(s, coord);
+    // A9: the followers get the plan's figures and this starting state (resumed or initialised) from process 0.
+    await link?.start(
+      {
+        model: s.model.config,
+        root: s.data.root,
+        fingerprint: s.data.fingerprint,
+        lrShape: s.plan.lrShape,
+        startStep: s.start.startStep,
+        pos,
+      },
+      coord,
+    );
+    const events = await startActors(s, coord, pos, rep, hubUrl);
+    return { pos, history, events };
+  } catch (e) {
+    // a crash keeps no end line: the report says "killed or crashed", as it is
+    if (isUserError(e))
+      recordSessionEnd(s, {
+        ended: "refused",
+        finalStep: s.start.startStep,
+        seconds: (performance.now() - t0) / 1000,
+        outcomes: [],
+      });
+    throw e;
   }
 }
 

@@ -5,7 +5,7 @@
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { UserError } from "../errors";
+import { isUserError, UserError } from "../errors";
 import type { LlamaConfig } from "../model/llama-config";
 import { decodeSafetensors } from "../model/safetensors";
 import { createHash } from "node:crypto";
@@ -90,8 +90,35 @@ export function readCheckpointFolder(
   const runConfig = readJsonOf(dir, RUN_CONFIG_FILE);
   const hfConfig = readHfConfig(dir);
   for (const part of TENSOR_PARTS)
-    part.loadStateDict(cfg, decodeSafetensors(readFileOf(dir, part.file)).tensors, { params, m, v }, dir);
+    part.loadStateDict(cfg, decodeTensorFile(dir, part.file).tensors, { params, m, v }, dir);
   return { state, runConfig, hfConfig };
+}
+
+/** K2: a tensor file of a checkpoint, decoded; a damaged one (truncated, say) is refused naming its path. */
+function decodeTensorFile(dir: string, name: string): ReturnType<typeof decodeSafetensors> {
+  const buf = readFileOf(dir, name);
+  try {
+    return decodeSafetensors(buf);
+  } catch (e) {
+    if (!isUserError(e)) throw e;
+    const what = e.message
+      .replace(/^not a valid safetensors file: /, "")
+      .replace(/; re-export or re-download the file \[M7\]$/, "");
+    throw new UserError(
+      "K2",
+      `checkpoint ${name} at ${path.join(dir, name)} is not a valid safetensors file (${what}): the checkpoint is damaged. ${otherCheckpointAdvice(dir)}`,
+    );
+  }
+}
+
+/** What to resume from instead of the checkpoint `dir`: the newest other one beside it, else a fresh start. */
+export function otherCheckpointAdvice(dir: string): string {
+  const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter(
+    (c) => path.resolve(c.dir) !== path.resolve(dir),
+  );
+  return others.length
+    ? `Resume from another checkpoint (--resume ${others[others.length - 1].dir})`
+    : "Resume from another checkpoint folder, or start fresh with another --out";
 }
 
 /** sha256 of a file, read in 8 MiB pieces (a checkpoint's weights may not fit one Buffer). */
