@@ -41,8 +41,9 @@ import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
+import { refuseMalformedToken } from "./hub/token";
 import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
-import { generateText, loadModelDir, type GenerateRequest } from "./generation";
+import { generateText, loadModelDir, promptIds, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
 // CLI
@@ -163,6 +164,7 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
       `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`,
     );
   if (!isRepoId(m[2])) throw new UserError("G11", `--model ${url}: "${m[2]}" is not a Hub repo id (${REPO_ID_RULE})`);
+  refuseMalformedToken({ readsOnly: true }); // K5: before the first request, with advice that works
   const store = createHubClient({ hubUrl, repo: m[2], repoType: m[1] === "datasets" ? "dataset" : "model" });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {
@@ -196,6 +198,7 @@ async function main(): Promise<void> {
     process.stderr.write(
       `generate: ${a.model} (${m.cfg.numLayers} layers, width ${m.cfg.hiddenSize}, vocab ${m.cfg.vocabSize}) on ${engine.detail}; ${a.temperature === 0 ? "greedy" : `temperature ${a.temperature}, top-k ${a.topK}, top-p ${a.topP}, seed ${a.seed}`}${a.cache ? "" : ", no KV cache"}\n`,
     );
+    promptIds(m, a); // G11: a prompt refused is refused before it is printed
     process.stdout.write(a.prompt);
     const t0 = performance.now();
     const r = generateText(m, engine.kernels, a, (s) => process.stdout.write(s));

@@ -22,7 +22,13 @@ import {
   type SamplingOptions,
 } from "./model/decode";
 import { Llama } from "./model/llama";
-import { readHfConfig, readRunConfigIfAny } from "./checkpoint";
+import {
+  listCheckpointFolders,
+  MANIFEST_FILE,
+  readHfConfig,
+  readRunConfigIfAny,
+  verifyCheckpointFolder,
+} from "./checkpoint";
 import { recordSample } from "./report";
 import { vocabSha256 } from "./data/vocab-hash";
 
@@ -122,6 +128,32 @@ function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, all
   );
 }
 
+/**
+ * K7: a checkpoint folder (one with a manifest.json) proves itself against it before its weights are used, as a
+ * resume does; a mismatch is refused naming the file, with the folders still to be trusted beside it. An export
+ * (final/) carries no manifest.
+ */
+function checkManifest(dir: string): void {
+  if (!fs.existsSync(path.join(dir, MANIFEST_FILE))) return;
+  const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter(
+    (c) => path.resolve(c.dir) !== path.resolve(dir),
+  );
+  const exported = path.join(path.dirname(path.dirname(path.resolve(dir))), "final");
+  const ways = [
+    ...(others.length ? [`--model ${others[others.length - 1].dir}`] : []),
+    ...(fs.existsSync(path.join(exported, "model.safetensors")) ? [`--model ${exported}`] : []),
+  ];
+  const advice = ways.length
+    ? `Generate from another folder (${ways.join(" or ")}).`
+    : "Generate from another checkpoint folder or an exported final/ folder.";
+  verifyCheckpointFolder(dir, {
+    allowNoManifest: true,
+    advice,
+    flag: "--model",
+    unlisted: ["tokenizer.json", "tokenizer_config.json"],
+  });
+}
+
 /** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
 export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherTokenizer = false): LoadedModel {
   const cfgFile = path.join(dir, "config.json"),
@@ -133,6 +165,7 @@ export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherToke
       `--model ${dir} holds no config.json + model.safetensors: name an exported final/ folder or a checkpoint folder (RUN/final, RUN/ckpt/checkpoint-N)`,
     );
   }
+  checkManifest(dir);
   const cfg = configFromHf(readHfConfig(dir));
   const params = new Float32Array(paramLayout(cfg).total);
   tensorsToFlat(cfg, readSafetensors(wFile).tensors, params);
@@ -196,6 +229,25 @@ export interface GenerateRequest extends SamplingOptions {
   cache: boolean;
 }
 
+/**
+ * G11: the request checked against the model, and the prompt's ids: refused when the prompt encodes to nothing
+ * or leaves no position to generate into. The CLI asks before it prints the prompt, so a refused one is not shown.
+ */
+export function promptIds(m: LoadedModel, r: GenerateRequest): number[] {
+  checkSampling(r);
+  if (!Number.isInteger(r.maxNewTokens) || r.maxNewTokens < 1)
+    throw new UserError("G11", `--max-new-tokens ${r.maxNewTokens} must be a whole number >= 1`);
+  const prompt = m.tokenizer.encode(r.prompt, { add_special_tokens: false }).ids;
+  if (prompt.length === 0)
+    throw new UserError("G11", `--prompt ${JSON.stringify(r.prompt)} encodes to no tokens: give some text`);
+  if (m.cfg.maxPositionEmbeddings - prompt.length < 1)
+    throw new UserError(
+      "G11",
+      `the prompt is ${prompt.length} tokens, the model has ${m.cfg.maxPositionEmbeddings} positions: shorten it`,
+    );
+  return prompt;
+}
+
 /** Generates text from a loaded model on an engine's kernels; `onText` sees the text as it streams. */
 export function generateText(
   m: LoadedModel,
@@ -203,19 +255,8 @@ export function generateText(
   r: GenerateRequest,
   onText: (s: string) => void = () => undefined,
 ): { ids: number[]; text: string } {
-  checkSampling(r);
-  if (!Number.isInteger(r.maxNewTokens) || r.maxNewTokens < 1)
-    throw new UserError("G11", `--max-new-tokens ${r.maxNewTokens} must be a whole number >= 1`);
-  const prompt = m.tokenizer.encode(r.prompt, { add_special_tokens: false }).ids;
-  if (prompt.length === 0)
-    throw new UserError("G11", `--prompt ${JSON.stringify(r.prompt)} encodes to no tokens: give some text`);
-  const room = m.cfg.maxPositionEmbeddings - prompt.length;
-  if (room < 1)
-    throw new UserError(
-      "G11",
-      `the prompt is ${prompt.length} tokens, the model has ${m.cfg.maxPositionEmbeddings} positions: shorten it`,
-    );
-  const n = Math.min(r.maxNewTokens, room);
+  const prompt = promptIds(m, r);
+  const n = Math.min(r.maxNewTokens, m.cfg.maxPositionEmbeddings - prompt.length);
   const dec = streamingDecoder(m.tokenizer, onText);
   const o = { ...r, maxNewTokens: n, eosId: m.eosId, onToken: (id: number) => dec.push(id) };
   let ids: number[];

@@ -151,17 +151,28 @@ function filesUnder(dir: string, rel = ""): string[] {
  * mismatch is a UserError naming the file. A folder without a manifest is refused too, unless
  * `allowNoManifest` (a checkpoint written before tstrain wrote manifests); then it returns false.
  */
-export function verifyCheckpointFolder(dir: string, o: { allowNoManifest: boolean; advice: string }): boolean {
+export function verifyCheckpointFolder(
+  dir: string,
+  o: {
+    allowNoManifest: boolean;
+    advice: string;
+    /** The flag that named the folder (generate's --model); --resume by default. */
+    flag?: string;
+    /** Files the folder may hold beside the listed ones (generate's tokenizer copied in). */
+    unlisted?: readonly string[];
+  },
+): boolean {
+  const flag = o.flag ?? "--resume";
   const refuse = (what: string) =>
-    new UserError("K7", `--resume ${dir}: ${what}; the checkpoint cannot be trusted. ${o.advice}`);
+    new UserError("K7", `${flag} ${dir}: ${what}; the checkpoint cannot be trusted. ${o.advice}`);
   if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory())
-    throw new UserError("R1", `--resume ${dir}: no such checkpoint folder`);
+    throw new UserError("R1", `${flag} ${dir}: no such checkpoint folder`);
   const mp = path.join(dir, MANIFEST_FILE);
   if (!fs.existsSync(mp)) {
     if (o.allowNoManifest) return false;
     throw new UserError(
       "K7",
-      `--resume ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`,
+      `${flag} ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`,
     );
   }
   let m: ReturnType<typeof parseManifest>;
@@ -172,6 +183,7 @@ export function verifyCheckpointFolder(dir: string, o: { allowNoManifest: boolea
   }
   const present = new Set(filesUnder(dir));
   present.delete(MANIFEST_FILE);
+  for (const name of o.unlisted ?? []) if (!(name in m.files)) present.delete(name);
   for (const name of CKPT_FILES) if (!(name in m.files)) throw refuse(`${MANIFEST_FILE} does not list ${name}`);
   for (const [rel, want] of Object.entries(m.files)) {
     const p = path.join(dir, ...rel.split("/"));
