@@ -10,7 +10,7 @@ import { tinyRun } from "./helpers/run";
 import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
-import { corpusDocs } from "./fixtures/corpus-docs";
+import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 import { buildConfig, hfConfigJson } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
@@ -360,6 +360,261 @@ test("an HF_TOKEN holding a character an HTTP header cannot carry is refused bef
       assert.match(ok.stdout, /"dry_run":true/);
       assert.ok(!(ok.stdout + ok.stderr).includes(secret), "the token is shown");
     }
+  } finally {
+    await th.close();
+  }
+});
+
+/** A path as a regular expression matching it literally. */
+const lit = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
+test("--hub-dir on a read-only filesystem is refused before any work, exit 2, naming the path and EROFS; a writable --hub-dir works (O1)", {
+  timeout: 300_000,
+}, (t) => {
+  const ro = tmpDir("tstrain-ro-hub-");
+  const m = spawnSync("mount", ["-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", ro], { encoding: "utf8" });
+  if (m.status !== 0) {
+    const why = `mount -t tmpfs failed (${(m.stderr || m.error?.message || "").trim()})`;
+    if (process.env.TSTRAIN_REQUIRE_TMPFS === "1") assert.fail(`TSTRAIN_REQUIRE_TMPFS=1 but ${why}`);
+    return t.skip(`no read-only filesystem to test on: ${why}`);
+  }
+  try {
+    const out = tmpDir("tstrain-ro-hub-out-");
+    const hubDir = path.join(ro, "hub");
+    const hub = ["--hub-url", "embedded", "--hub-repo", "local/ro", "--dry-run"];
+    const bad = node("main.js", tinyRun(mix.root, out, [...hub, "--hub-dir", hubDir]));
+    assertRefused(
+      bad,
+      new RegExp(
+        `^refused: --hub-dir ${lit(hubDir)} cannot be created: it is on a read-only filesystem \\(EROFS\\); the embedded local Hub stores its files there\\. Choose a writable folder for --hub-dir \\[O1\\]$`,
+        "m",
+      ),
+    );
+    assert.doesNotMatch(bad.stdout, /embedded local Hub at/, "no Hub started");
+    assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out");
+    // the advice: a writable folder
+    const ok = node("main.js", tinyRun(mix.root, out, [...hub, "--hub-dir", path.join(out, "hub-here")]));
+    assert.equal(ok.status, 0, ok.stderr);
+    assert.match(ok.stdout, /"dry_run":true/);
+  } finally {
+    spawnSync("umount", [ro]);
+  }
+});
+
+test("a refused run leaves no empty <out>/hub it made, and keeps the Hub folder that was there; the start it advises works (O1, L8)", {
+  timeout: 300_000,
+}, () => {
+  const out = tmpDir("tstrain-refused-hub-");
+  const hub = ["--hub-url", "embedded", "--hub-repo", "local/refused"];
+  const missing = path.join(out, "ckpt", "checkpoint-4");
+  const refused = () => node("main.js", tinyRun(mix.root, out, [...hub, "--resume", missing]));
+  const bad = refused();
+  assertRefused(
+    bad,
+    /^refused: resume refused: --resume \S+checkpoint-4 does not exist\..* start fresh without --resume \[C3\]$/m,
+  );
+  assert.ok(!fs.existsSync(path.join(out, "hub")), "an empty hub/ is left");
+  // a Hub folder that was there before the refused run is kept, empty or not
+  fs.mkdirSync(path.join(out, "hub", "earlier"), { recursive: true });
+  fs.writeFileSync(path.join(out, "hub", "earlier.txt"), "saved before");
+  assert.equal(refused().status, 2);
+  assert.ok(fs.existsSync(path.join(out, "hub", "earlier")), "a folder saved before is removed");
+  assert.equal(fs.readFileSync(path.join(out, "hub", "earlier.txt"), "utf8"), "saved before");
+  // the advice: start fresh without --resume
+  const ok = node("main.js", tinyRun(mix.root, tmpDir("tstrain-refused-hub-fresh-"), [...hub, "--max-steps", "4"]));
+  assert.equal(ok.status, 0, ok.stderr);
+});
+
+/**
+ * A run on a mix with a real tokenizer (vocab 320), stopped at step 8 of 12 with checkpoints 4 and 8 on disk:
+ * made once, copied by each test that damages it.
+ */
+let stoppedRun: { root: string; out: string; args: string[] } | null = null;
+function stoppedRunCopy(): { root: string; out: string; args: string[] } {
+  if (!stoppedRun) {
+    const work = tmpDir("tstrain-stopped-run-");
+    const tok = writeTinyTokenizer(
+      path.join(work, "tok"),
+      corpusDocs().filter((d) => d.length > 0),
+    );
+    fs.writeFileSync(path.join(work, "c.jsonl"), corpusJsonl());
+    const root = path.join(work, "mix");
+    const p = node("prepare.js", [
+      "--input",
+      path.join(work, "c.jsonl"),
+      "--tokenizer",
+      tok,
+      "--out",
+      root,
+      "--workers",
+      "1",
+      "--val-fraction",
+      "0.05",
+    ]);
+    assert.equal(p.status, 0, p.stderr);
+    const out = path.join(work, "run");
+    const args = tinyRun(root, out, ["--vocab-size", "320", "--max-steps", "12"]);
+    const r = node("main.js", [...args, "--stop-after-steps", "8"]);
+    assert.equal(r.status, 0, r.stderr);
+    for (const n of [4, 8]) assert.ok(fs.existsSync(path.join(out, "ckpt", `checkpoint-${n}`)), r.stdout);
+    stoppedRun = { root, out, args };
+  }
+  const out = tmpDir("tstrain-stopped-copy-");
+  fs.cpSync(stoppedRun.out, out, { recursive: true });
+  return {
+    root: stoppedRun.root,
+    out,
+    args: tinyRun(stoppedRun.root, out, ["--vocab-size", "320", "--max-steps", "12"]),
+  };
+}
+
+/** The session records of a run folder, in order. */
+function sessionEvents(out: string): Array<{ event: string; session: string; ended?: string }> {
+  return fs
+    .readFileSync(path.join(out, "sessions.jsonl"), "utf8")
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l));
+}
+
+test("a checkpoint whose model.safetensors is truncated is refused naming the file's path, and the session's record ends; the checkpoint it advises resumes (K2, B5)", {
+  timeout: 600_000,
+}, () => {
+  const run = stoppedRunCopy();
+  const ck8 = path.join(run.out, "ckpt", "checkpoint-8");
+  const file = path.join(ck8, "model.safetensors");
+  fs.truncateSync(file, fs.statSync(file).size - 100);
+  fs.rmSync(path.join(ck8, "manifest.json")); // read unchecked, as --resume-without-manifest asks
+  const before = sessionEvents(run.out).length;
+  const bad = node("main.js", [...run.args, "--resume", ck8, "--resume-without-manifest"]);
+  assertRefused(
+    bad,
+    new RegExp(
+      `^refused: checkpoint model\\.safetensors at ${lit(file)} is not a valid safetensors file \\(.*truncated.*\\): the checkpoint is damaged\\. Resume from another checkpoint \\(--resume (\\S+checkpoint-4)\\) \\[K2\\]$`,
+      "m",
+    ),
+  );
+  const events = sessionEvents(run.out).slice(before);
+  assert.deepEqual(
+    events.map((e) => e.event),
+    ["start", "end"],
+    "the session that started has its end record",
+  );
+  assert.equal(events[1].session, events[0].session);
+  assert.equal(events[1].ended, "refused");
+  // the advice: the same command, resuming from the checkpoint it names
+  const other = /--resume (\S+checkpoint-4)\)/.exec(bad.stderr)?.[1] ?? "";
+  const ok = node("main.js", [...run.args, "--resume", other]);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
+});
+
+test("generate refuses a checkpoint that fails its manifest, naming the file (K7), and prints nothing of a refused prompt; the folder it advises generates (G11, K7)", {
+  timeout: 600_000,
+}, () => {
+  const run = stoppedRunCopy();
+  const ck8 = path.join(run.out, "ckpt", "checkpoint-8");
+  const file = path.join(ck8, "model.safetensors");
+  const bytes = fs.readFileSync(file);
+  bytes[bytes.length - 5] ^= 1; // one bit of one weight
+  fs.writeFileSync(file, bytes);
+  const gen = (model: string, prompt = "The") =>
+    node("generate.js", ["--model", model, "--prompt", prompt, "--max-new-tokens", "3", "--backend", "cpu"]);
+  const bad = gen(ck8);
+  assertRefused(
+    bad,
+    /^generate: --model \S+checkpoint-8: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}… \(its bytes changed after it was written\); the checkpoint cannot be trusted\. Generate from another folder \(--model \S+checkpoint-4\)\. \[K7\]$/m,
+  );
+  assert.equal(bad.stdout, "", "nothing generated");
+  // the advice: the folder it names
+  const other = /\(--model (\S+checkpoint-4)\)/.exec(bad.stderr)?.[1] ?? "";
+  const ok = gen(other);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /^The/);
+  // a prompt longer than the model's 16 positions is refused, and not printed
+  const long = gen(other, "The cat sat on the mat. ".repeat(8));
+  assert.equal(long.status, 2, long.stderr);
+  assert.match(long.stderr, /^generate: the prompt is \d+ tokens, the model has 16 positions: shorten it \[G11\]$/m);
+  assert.equal(long.stdout, "", "the refused prompt is printed");
+});
+
+test("a malformed HF_TOKEN is refused by prepare's hf:// input and generate's hf:// model before any request, exit 2, without showing it; the export it gives makes both work (K5)", {
+  timeout: 300_000,
+}, async () => {
+  const secret = "hf_SECRETreads0123456789";
+  const th = await startTestHub({ token: secret });
+  try {
+    const work = tmpDir("tstrain-token-reads-");
+    fs.mkdirSync(path.join(work, "corpus"));
+    fs.writeFileSync(path.join(work, "corpus", "c.jsonl"), corpusJsonl());
+    const corpus = th.store({ repo: "me/corpus", token: secret });
+    await corpus.ensureRepo();
+    await corpus.uploadFolder(path.join(work, "corpus"), "data", "the corpus");
+    const models = th.store({ repo: "me/models", token: secret });
+    await models.ensureRepo();
+    await models.uploadFolder(tinyModel(), "final", "a model");
+    const tok = writeTinyTokenizer(
+      path.join(work, "tok"),
+      corpusDocs().filter((d) => d.length > 0),
+    );
+    const prepare = [
+      "dist/prepare.js",
+      "--input",
+      "hf://datasets/me/corpus/data/*.jsonl",
+      "--tokenizer",
+      tok,
+      "--hub-url",
+      th.url,
+      "--out",
+      path.join(work, "mix"),
+      "--workers",
+      "1",
+    ];
+    const generate = [
+      "dist/generate.js",
+      "--model",
+      "hf://datasets/me/models/final",
+      "--prompt",
+      "The",
+      "--max-new-tokens",
+      "2",
+      "--backend",
+      "cpu",
+      "--hub-url",
+      th.url,
+    ];
+    for (const [cmd, who] of [
+      [prepare, "prepare"],
+      [generate, "generate"],
+    ] as const) {
+      const line = `exec ${sh(process.execPath)} ${cmd.map(sh).join(" ")}`;
+      const env = { ...process.env, HF_TOKEN: `${secret}\n` };
+      const bad = await bash(line, env);
+      assertRefused(
+        bad,
+        new RegExp(
+          `^${who}: the Hub token \\(HF_TOKEN\\) holds a character an HTTP header cannot carry \\(a line break, LF, as its last character\\), so no request can send it; set HF_TOKEN to the token alone \\(hf_ then letters and digits\\), as in export HF_TOKEN=.* \\[K5\\]$`,
+          "m",
+        ),
+      );
+      assert.ok(!bad.stderr.includes("SECRET"), "the token is shown");
+      assert.equal(bad.stdout, "");
+      // the advice, as printed, then the same command
+      const fix = / as in (export HF_TOKEN=.*) \[K5\]$/m.exec(bad.stderr)?.[1] ?? "";
+      const ok = await bash(`${fix} && ${line}`, env);
+      assert.equal(ok.status, 0, ok.stderr);
+      assert.ok(!(ok.stdout + ok.stderr).includes(secret), "the token is shown");
+    }
+    assert.ok(fs.existsSync(path.join(work, "mix", "manifest.json")), "prepare wrote the mix");
+    // a token without hf_ can be dropped for a read: prepare and generate say so
+    const noHf = await bash(`exec ${sh(process.execPath)} ${generate.map(sh).join(" ")}`, {
+      ...process.env,
+      HF_TOKEN: "ghp_SECRET",
+    });
+    assertRefused(
+      noHf,
+      /^generate: the Hub token \(HF_TOKEN\) does not start with "hf_", so the Hub client would refuse it; set HF_TOKEN to a Hugging Face access token, or unset it \(unset HF_TOKEN\) to read a public repo \[K5\]$/m,
+    );
   } finally {
     await th.close();
   }
