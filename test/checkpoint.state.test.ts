@@ -6,6 +6,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import {
   lastLoggedLoss,
+  priorLoss,
   makePointer,
   parseManifest,
   parsePointer,
@@ -161,6 +162,17 @@ test("the prior loss is the last finite loss logged, or null when none is (K2)",
   assert.equal(lastLoggedLoss({ ...GOOD, log_history: [entry(1, 4), entry(2, Number.POSITIVE_INFINITY)] }), 4);
   assert.equal(lastLoggedLoss({ ...GOOD, log_history: [] }), null);
   assert.equal(lastLoggedLoss({ ...GOOD, log_history: [entry(1, 0)] }), 0, "a loss of 0 is a loss");
+});
+
+test("a resume's prior loss is the loss the checkpoint recorded of its own step, else the last one logged (K2)", () => {
+  const own = { ...GOOD, loss: 3.5 };
+  assert.equal(priorLoss(own), 3.5, "the checkpoint's own step's loss, not the last logged 3.25");
+  assert.equal(priorLoss(GOOD), 3.25, "a checkpoint from before the loss was recorded: the last logged");
+  assert.deepEqual(parseTrainerState(bytes(own), "w"), own);
+  assert.throws(() => parseTrainerState(bytes({ ...GOOD, loss: "3.5" }), "w"), /loss must be a finite number/);
+  const dir = tmpDir("ckpt-state-loss");
+  fs.writeFileSync(path.join(dir, "trainer_state.json"), bytes(own));
+  assert.equal(priorLossOf(dir), 3.5);
 });
 
 const SHA = "ab".repeat(32);

@@ -619,3 +619,29 @@ test("a malformed HF_TOKEN is refused by prepare's hf:// input and generate's hf
     await th.close();
   }
 });
+
+test("a resume's prior loss is the loss of the checkpoint's own step, the one its CKPT line printed, not the last logged (K2)", {
+  timeout: 300_000,
+}, () => {
+  const out = tmpDir("tstrain-prior-loss-");
+  // logged at 3 and 6, and at 8 as the window 7-8's mean; the checkpoint is step 8's own loss
+  const args = tinyRun(mix.root, out, [
+    "--log-every",
+    "3",
+    "--max-steps",
+    "12",
+    "--hub-url",
+    "embedded",
+    "--hub-repo",
+    "local/prior",
+  ]);
+  const first = node("main.js", [...args, "--stop-after-steps", "8"]);
+  assert.equal(first.status, 0, first.stderr);
+  const own = /^CKPT 8 .* loss=(\S+)/m.exec(first.stdout)?.[1];
+  const logged = /^step 8\/12 loss=(\S+)/m.exec(first.stdout)?.[1];
+  assert.ok(own && logged, first.stdout);
+  assert.notEqual(Number(own).toFixed(4), logged, "the window's mean differs from step 8's own loss here");
+  const resumed = node("main.js", [...args, "--resume", "auto"]);
+  assert.equal(resumed.status, 0, resumed.stderr);
+  assert.match(resumed.stdout, new RegExp(`resume from \\S+checkpoint-8: step 8, prior loss ${lit(own)} \\(`));
+});

@@ -17,7 +17,7 @@ import {
   TRAINER_STATE_FILE,
   stepOfCheckpointName,
 } from "./names";
-import { lastLoggedLoss, parseManifest, parseTrainerState, type TrainerState } from "./state";
+import { priorLoss, parseManifest, parseTrainerState, type TrainerState } from "./state";
 import { TENSOR_PARTS } from "./tensor-parts";
 
 export interface LoadedCheckpoint {
@@ -67,12 +67,13 @@ export function readTrainerState(dir: string): TrainerState {
 }
 
 /**
- * The prior loss recorded in `<dir>/trainer_state.json`: null when the folder has none or none is logged
+ * The prior loss recorded in `<dir>/trainer_state.json` (the checkpoint's own step's, else the last logged): null
+ * when the folder has none or none is recorded
  * (the folder's completeness, K2, is judged where it is read in full); a damaged file is refused (K2).
  */
 export function priorLossOf(dir: string): number | null {
   if (!fs.existsSync(path.join(dir, TRAINER_STATE_FILE))) return null;
-  return lastLoggedLoss(readTrainerState(dir));
+  return priorLoss(readTrainerState(dir));
 }
 
 /** Read a checkpoint folder into params/m/v (layout order) and return its documents. */

@@ -51,15 +51,15 @@ export class CheckpointManager {
     },
   ) {}
 
-  /** The trainer state of the checkpoint of `step`, from the parts as they stand now. */
-  trainerState(step: number): TrainerState {
-    return assembleTrainerState(step, this.parts);
+  /** The trainer state of the checkpoint of `step`, from the parts as they stand now (`loss`: that step's own). */
+  trainerState(step: number, loss?: number): TrainerState {
+    return assembleTrainerState(step, this.parts, loss);
   }
 
-  /** Save, on the session's thread: the JSON documents of the checkpoint of `step` (K2). */
-  documents(step: number): CheckpointDocs {
+  /** Save, on the session's thread: the JSON documents of the checkpoint of `step` (K2), `loss` that step's loss. */
+  documents(step: number, loss?: number): CheckpointDocs {
     return checkpointDocs({
-      trainerState: this.trainerState(step),
+      trainerState: this.trainerState(step, loss),
       cursor: this.other.cursorAt(step),
       hfConfig: this.other.hfConfig,
       runConfig: this.other.runConfig,

@@ -45,6 +45,11 @@ export interface TrainerState {
   lr_shape: LrShape;
   seqs_per_step: number;
   log_history: LogEntry[];
+  /**
+   * The loss of the checkpoint's own step (the one its CKPT line prints), written last; a resume's prior loss.
+   * Absent in checkpoints from before it was written, and when that loss was not finite.
+   */
+  loss?: number;
 }
 
 const HEAD_FIELDS: readonly FieldRule[] = [
@@ -72,9 +77,16 @@ const PART_FIELDS: Record<(typeof TRAINER_STATE_PARTS)[number], readonly FieldRu
   data: DATA_FIELDS,
   log: LOG_FIELDS,
 };
+/** The checkpoint's own loss, after the parts' fields: optional (older checkpoints, a non-finite loss). */
+const LOSS_FIELD: FieldRule = {
+  field: "loss",
+  must: "must be a finite number when present",
+  ok: (t) => t.loss === undefined || (typeof t.loss === "number" && Number.isFinite(t.loss)),
+};
 const TRAINER_STATE_RULES: readonly FieldRule[] = [
   ...HEAD_FIELDS,
   ...TRAINER_STATE_PARTS.flatMap((p) => PART_FIELDS[p]),
+  LOSS_FIELD,
 ];
 
 /** The log of the run's steps (log_history), kept in the array the session appends to. */
@@ -119,7 +131,7 @@ export function parseTrainerState(raw: string | Uint8Array, where: string): Trai
  * TRAINER_STATE_PARTS order, which fixes the file's bytes) and checked with the rules a reader applies, so
  * a state the trainer writes is one it can resume. Throws on a missing or extra part, or a broken rule.
  */
-export function assembleTrainerState(step: number, parts: readonly Stateful[]): TrainerState {
+export function assembleTrainerState(step: number, parts: readonly Stateful[], loss?: number): TrainerState {
   const names = parts.map((p) => p.name);
   if (names.join("|") !== TRAINER_STATE_PARTS.join("|"))
     throw new Error(`trainer state parts are [${names.join(", ")}], expected [${TRAINER_STATE_PARTS.join(", ")}]`);
@@ -131,6 +143,7 @@ export function assembleTrainerState(step: number, parts: readonly Stateful[]): 
       throw new Error(`the ${p.name}'s state has fields [${Object.keys(s).join(", ")}], expected [${want.join(", ")}]`);
     Object.assign(t, s);
   }
+  if (loss !== undefined && Number.isFinite(loss)) t.loss = loss;
   const broken = brokenRule(t);
   if (broken) throw new Error(`the trainer state of step ${step} is not one a resume accepts: ${broken}`);
   return t as unknown as TrainerState;
@@ -145,6 +158,14 @@ export function restoreTrainerState(state: TrainerState, parts: readonly Statefu
   const own = (p: Stateful) => Object.fromEntries(p.fields.map((f) => [f.field, t[f.field]]));
   for (const p of parts) p.check?.(own(p));
   for (const p of parts) p.loadStateDict(own(p));
+}
+
+/**
+ * A resume's prior loss: the loss the checkpoint recorded of its own step, else (a checkpoint from before it was
+ * recorded, or a non-finite one) the last finite loss logged.
+ */
+export function priorLoss(state: TrainerState): number | null {
+  return state.loss ?? lastLoggedLoss(state);
 }
 
 /** The loss of the last log_history entry that has a finite one (the seed's "prior loss"), else null. */

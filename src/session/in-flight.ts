@@ -143,7 +143,7 @@ export class CheckpointsInFlight {
     const w: Promise<WriteOutcome> = this.coord.stageWrite({
       step: done,
       dir: checkpointDir(s.cfg.out, done),
-      docs: this.manager.documents(done),
+      docs: this.manager.documents(done, loss),
       publish: s.hub ? { pathInRepo, pointer: pointerAt(s, done, pathInRepo), loss } : null,
     });
     w.catch((e) => {

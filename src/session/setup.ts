@@ -23,7 +23,7 @@ import {
   verifyCheckpointFolder,
   checkpointRoot,
   estimateCheckpointBytes,
-  lastLoggedLoss,
+  priorLoss as priorLossOfState,
   listCheckpointFolders,
   makePointer,
   readTrainerState,
@@ -362,7 +362,7 @@ function checkTrainerState(
       `resume refused: trainer_state step=${st.step} but cursor step=${startStep} in ${resumeDir}; the checkpoint is inconsistent`,
     );
   checkHorizon(st.lr_shape, plan.stepsPlanned);
-  return priorLoss ?? lastLoggedLoss(st);
+  return priorLoss ?? priorLossOfState(st);
 }
 
 /** G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. */
