@@ -264,7 +264,7 @@ test("a refusal raised inside a rank exits 2 with its own message, not as the ra
   assert.ok(fs.existsSync(path.join(out, "ckpt", "checkpoint-4")), "the checkpoint saved before the refusal is kept");
 });
 
-test("a file-system error the user causes (--hub-dir under a file) is a refusal naming the path, exit 2, not a bug (O6)", {
+test("a file-system error the user causes (--hub-dir under a file, a folder at <out>/sessions.jsonl) is a refusal naming the path, exit 2, not a bug (O1, O6)", {
   timeout: 120_000,
 }, () => {
   const parent = tmpDir("tstrain-o6-");
@@ -280,10 +280,20 @@ test("a file-system error the user causes (--hub-dir under a file) is a refusal 
       path.join(file, "hub"),
     ]),
   );
+  // --hub-dir is checked before the Hub starts (O1), so this one is named before any work
   assert.equal(r.status, 2, r.stdout + r.stderr);
   assert.match(
     r.stderr,
-    /^refused: mkdir .*a-file\/hub failed: a part of the path is a file, not a folder \(ENOTDIR\): check the path \[O6\]\n$/,
+    /^refused: --hub-dir \S+a-file\/hub cannot be created: \S+a-file is a file, not a folder \(ENOTDIR\); .* \[O1\]\n$/,
+  );
+  // one no check foresees: a folder where the run appends its session record
+  const out = path.join(parent, "run2");
+  fs.mkdirSync(path.join(out, "sessions.jsonl"), { recursive: true });
+  const d = cli(tinyArgs(mix.root, out));
+  assert.equal(d.status, 2, d.stdout + d.stderr);
+  assert.match(
+    d.stderr,
+    /^refused: open \S+run2\/sessions\.jsonl failed: it is a folder where a file was expected \(EISDIR\): name the file \[O6\]\n$/,
   );
 });
 
