@@ -6,8 +6,9 @@
  *  - packParams puts each setting at its declared place whatever the order of the object, and refuses a missing,
  *    misspelled or extra name and a u32 out of range;
  *  - every kernel of the engine, run on a recording device, dispatches its shader with exactly its settings and
- *    one operand per storage array; attention's scratch is held to the binding-size limit, as bind() holds the
- *    operands.
+ *    one operand per storage array;
+ *  - the fused attention makes no buffer of B*H*T*T floats at the frozen model's shape (no scratch at all), runs
+ *    its backward in one dispatch, and refuses a head size over 128 before any work.
  * test/model.webgpu.test.ts runs the same kernels on an adapter against the JS reference.
  */
 import { test } from "node:test";
@@ -232,23 +233,28 @@ test("a webgpu dispatch with a setting missing, misspelled or extra, or an opera
   assert.equal(dispatches.length, 1, "nothing more was recorded");
 });
 
-test("attention's scratch is held to the device's maxStorageBufferBindingSize, as bind() holds the operands, before it is allocated", () => {
-  const { device, created } = recordingDevice(4096);
+test("the fused attention allocates no buffer of B*H*T*T floats at the frozen model's shape, and refuses a head size over 128", () => {
+  const { device, created, dispatches } = recordingDevice();
   const k = webgpuEngineOn(device, "recording").kernels;
-  const [B, T, H, K, E] = [1, 12, 4, 2, 4]; // the scores alone: B*H*T*T = 576 floats = 2304 bytes; dS and P: 4608
+  const [B, T, H, K, E] = [4, 1024, 9, 3, 64];
   const f = (n: number) => new Float32Array(n);
   const q = B * T * H * E,
     kv = B * T * K * E;
   k.attentionForward(f(q), f(B * H * T), f(q), f(kv), f(kv), B, T, H, K, E);
-  const before = created.length;
-  assert.throws(
-    () => k.attentionBackward(f(q), f(kv), f(kv), f(q), f(q), f(kv), f(kv), f(q), f(B * H * T), B, T, H, K, E),
-    /^Error: webgpu: a kernel operand of 4608 bytes exceeds this device's maxStorageBufferBindingSize \(4096\); use a smaller --micro-batch or --seq-len$/,
+  k.attentionBackward(f(q), f(kv), f(kv), f(q), f(q), f(kv), f(kv), f(q), f(B * H * T), B, T, H, K, E);
+  k.attentionCachedForward(f(T * H * E), f(T * H * E), f(T * K * E), f(T * K * E), 0, T, H, K, E);
+  assert.deepEqual(
+    dispatches.map((d) => d.shader),
+    ["attentionForward", "attentionBackward", "attentionCachedForward"],
+    "one dispatch each: the backward's dq, dk and dv in one",
   );
-  assert.ok(!created.slice(before).includes(4608), "no scratch buffer of 4608 bytes was made");
+  assert.ok(created.length > 0);
+  assert.ok(Math.max(...created) < B * H * T * T * 4, `largest buffer ${Math.max(...created)} bytes`);
+  assert.ok(Math.max(...created) <= q * 4, "nothing larger than an operand");
+  const before = dispatches.length;
   assert.throws(
-    // the cache: 30 positions of 960 bytes; the scores: T*H*(P+T) = 1440 floats
-    () => k.attentionCachedForward(f(T * H * E), f(T * H * E), f(30 * K * E), f(30 * K * E), 18, T, H, K, E),
-    /a kernel operand of 5760 bytes exceeds/,
+    () => k.attentionForward(f(8 * 129), f(1), f(8 * 129), f(129), f(129), 1, 1, 8, 1, 129),
+    /^Error: webgpu: attention takes a head size of at most 128 \(its tiles in workgroup memory are sized for it\); this model's is 129; use --backend native$/,
   );
+  assert.equal(dispatches.length, before, "refused before any dispatch");
 });

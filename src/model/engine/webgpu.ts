@@ -22,12 +22,16 @@
  *
  * Deterministic: the shaders use no atomics and sum in fixed orders, the dispatches are the same for the same
  * calls, so a run on one device model is bit-identical run to run and resumes exactly.
+ *
+ * Attention is fused (webgpu-wgsl.ts: FlashAttention-2's scheme): the forward and the cached forward one dispatch
+ * each, the backward one dispatch for dq, dk and dv; the engine allocates nothing for it but the operands' mirrors
+ * (no scores, no scratch), and refuses a head size over the shaders' ATT_EMAX.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import type { DeviceTraffic, Kernels, SettleOptions } from "../kernels";
-import { packParams, SHADERS, TILE, WG, type ParamsOf, type ShaderName } from "./webgpu-wgsl";
+import { ATT_BQ, ATT_EMAX, packParams, SHADERS, TILE, WG, type ParamsOf, type ShaderName } from "./webgpu-wgsl";
 
 // ------------------------------------------------------------------ the slice of the WebGPU API used here
 // (declared here, not taken from @webgpu/types, so the project type-checks without the optional package)
@@ -278,6 +282,14 @@ export async function printWebgpuProbe(): Promise<void> {
   }
 }
 
+/** Refuses a head size past what the fused attention's tiles in workgroup memory hold (webgpu-wgsl.ts ATT_EMAX). */
+function attentionFits(E: number): void {
+  if (E > ATT_EMAX)
+    throw new Error(
+      `webgpu: attention takes a head size of at most ${ATT_EMAX} (its tiles in workgroup memory are sized for it); this model's is ${E}; use --backend native`,
+    );
+}
+
 // ------------------------------------------------------------------ mirrors of host arrays
 
 type HostArray = Float32Array | Int32Array;
@@ -310,9 +322,18 @@ interface Bound {
   elem: number;
 }
 
+/** How an engine is made: the profile (the bench), or a test's replacement WGSL for some shaders (webgpuEngineOn). */
+interface EngineOptions {
+  profile?: boolean;
+  /** Code in place of SHADERS[name].code, with the same bindings and settings (a planted defect, in a test). */
+  shaders?: Partial<Record<ShaderName, string>>;
+}
+
 class WebgpuEngine {
   private readonly mirrors = new WeakMap<ArrayBufferLike, Mirror[]>();
   private readonly pipelines = new Map<ShaderName, GpuPipeline>();
+  /** A test's replacement WGSL for some shaders (webgpuEngineOn's `shaders`); empty in every run. */
+  private readonly code: Partial<Record<ShaderName, string>>;
   private readonly align: number;
   private readonly maxBinding: number;
   private enc: GpuEncoder | null = null;
@@ -326,7 +347,6 @@ class WebgpuEngine {
   private lossBuf: GpuBuffer | null = null;
   private lossAt = 0;
   private lossRetired: GpuBuffer[] = [];
-  private scratch: GpuBuffer | null = null;
   private error: string | null = null;
   private readonly freed = new FinalizationRegistry<GpuBuffer>((b) => {
     this.temps.push(b);
@@ -365,8 +385,9 @@ class WebgpuEngine {
   constructor(
     private readonly device: GpuDevice,
     readonly name: string,
-    opts: { profile?: boolean } = {},
+    opts: EngineOptions = {},
   ) {
+    this.code = opts.shaders ?? {};
     this.align = device.limits.minStorageBufferOffsetAlignment;
     this.uniformAlign = device.limits.minUniformBufferOffsetAlignment;
     this.maxBinding = device.limits.maxStorageBufferBindingSize;
@@ -485,26 +506,6 @@ class WebgpuEngine {
       );
   }
 
-  /** The first `floats` of an engine-owned buffer as an operand, held to bind()'s binding-size limit. */
-  private own(buffer: GpuBuffer, floats: number): Bound {
-    const size = Math.max(4, floats * 4);
-    this.bindable(size);
-    return { buffer, offset: 0, size, elem: 0 };
-  }
-
-  /**
-   * Engine scratch of n floats as an operand (attention's scores, dS and P), the buffer grown on demand; refused
-   * before it is allocated when its binding would pass the device's limit.
-   */
-  private scratchOf(n: number): Bound {
-    this.bindable(Math.max(4, n * 4));
-    if (!this.scratch || this.scratch.size < n * 4) {
-      if (this.scratch) this.temps.push(this.scratch);
-      this.scratch = this.device.createBuffer({ size: Math.max(16, n * 4), usage: USAGE.STORAGE | USAGE.COPY_SRC });
-    }
-    return this.own(this.scratch, n);
-  }
-
   // ---------------------------------------------------------------- the command stream
 
   private copyEncoder(): GpuEncoder {
@@ -588,7 +589,7 @@ class WebgpuEngine {
   private pipeline(name: ShaderName): GpuPipeline {
     let p = this.pipelines.get(name);
     if (!p) {
-      const module = this.device.createShaderModule({ code: SHADERS[name].code });
+      const module = this.device.createShaderModule({ code: this.code[name] ?? SHADERS[name].code });
       p = this.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" } });
       this.pipelines.set(name, p);
     }
@@ -718,70 +719,62 @@ class WebgpuEngine {
       ropeForward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, 1),
       ropeBackward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, -1),
       attentionForward: (out, lse, q, k, v, B, T, H, K, E) => {
+        attentionFits(E);
         const qb = bindR(q),
           kb = bindR(k),
           vb = bindR(v),
-          s = this.scratchOf(B * H * T * T),
           o = this.bind(out, "w"),
           l = this.bind(lse, "w");
         d(
           "attentionForward",
-          [o, l, s, qb, kb, vb],
-          { B, T, H, K, E, oO: e(o), oL: e(l), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
-          grid(B * H * T, 64),
+          [o, l, qb, kb, vb],
+          { T, H, K, E, oO: e(o), oL: e(l), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
+          [Math.ceil(T / ATT_BQ), B * H],
         );
       },
       attentionBackward: (dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) => {
-        const n = B * H * T * T; // dS, then the recomputed probabilities P
+        attentionFits(E);
         const g = bindR(dout),
           qb = bindR(q),
           kb = bindR(k),
           vb = bindR(v),
           ob = bindR(out),
           l = bindR(lse),
-          s = this.scratchOf(2 * n),
           oq = this.bind(dq, "w"),
           ok = this.bind(dk, "w"),
           ov = this.bind(dv, "w");
-        d(
-          "attentionBackwardQ",
-          [oq, s, g, qb, kb, vb, ob, l],
-          {
-            B,
-            T,
-            H,
-            K,
-            E,
-            oDQ: e(oq),
-            oDO: e(g),
-            oQ: e(qb),
-            oK: e(kb),
-            oV: e(vb),
-            oO: e(ob),
-            oL: e(l),
-            pOff: n,
-            scale: 1 / Math.sqrt(E),
-          },
-          grid(B * H * T, 64),
-        );
-        d(
-          "attentionBackwardKV",
-          [ok, ov, s, qb, g],
-          { B, T, H, K, E, oDK: e(ok), oDV: e(ov), oQ: e(qb), oDO: e(g), pOff: n },
-          grid(B * T * K * E),
-        );
+        const f = {
+          B,
+          T,
+          H,
+          K,
+          E,
+          oDQ: e(oq),
+          oDK: e(ok),
+          oDV: e(ov),
+          oDO: e(g),
+          oQ: e(qb),
+          oK: e(kb),
+          oV: e(vb),
+          oO: e(ob),
+          oL: e(l),
+          scale: 1 / Math.sqrt(E),
+        };
+        // the key blocks of each kv head (dk, dv), then the query blocks of each head (dq): one workgroup each
+        const blocks = Math.ceil(T / ATT_BQ) * B * (K + H);
+        d("attentionBackward", [oq, ok, ov, g, qb, kb, vb, ob, l], f, grid(blocks, 1));
       },
       attentionCachedForward: (out, q, kCache, vCache, P, T, H, K, E) => {
+        attentionFits(E);
         const qb = bindR(q),
           kb = bindR(kCache),
           vb = bindR(vCache),
-          s = this.scratchOf(T * H * (P + T)),
           o = this.bind(out, "w");
         d(
           "attentionCachedForward",
-          [o, s, qb, kb, vb],
+          [o, qb, kb, vb],
           { P, T, H, K, E, oO: e(o), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
-          grid(T * H, 64),
+          [Math.ceil(T / ATT_BQ), H],
         );
       },
       swigluForward: (out, gate, up, n) => {
@@ -1030,11 +1023,16 @@ export async function openWebgpuDevice(): Promise<{ device: GpuDevice; name: str
   return openDevice();
 }
 
-/** The webgpu engine on a given device, its kernels and its dispatch (a test's recording device: model.webgpu-params.test.ts). */
+/**
+ * The webgpu engine on a given device, its kernels and its dispatch, for tests: a recording device
+ * (model.webgpu-params.test.ts), or a real one with `shaders` replacing some shaders' WGSL (a planted defect,
+ * model.webgpu.test.ts). Runs never pass `shaders`.
+ */
 export function webgpuEngineOn(
   device: GpuDevice,
   name: string,
+  shaders?: Partial<Record<ShaderName, string>>,
 ): { kernels: Kernels; dispatch: WebgpuEngine["dispatch"] } {
-  const engine = new WebgpuEngine(device, name);
+  const engine = new WebgpuEngine(device, name, { shaders });
   return { kernels: engine.kernels(), dispatch: engine.dispatch.bind(engine) };
 }
