@@ -15,7 +15,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { Kernels } from "../src/model/kernels";
 import { type GpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
-import { packParams, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
+import { BK, packParams, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 
 const NAMES = Object.keys(SHADERS) as ShaderName[];
 
@@ -47,13 +47,19 @@ test("each webgpu shader's struct P is its declared settings in order, and its W
   }
 });
 
-test("the matmul shader's tile is TILE: its workgroup, shared tiles and strides follow the exported constant", () => {
-  const code = SHADERS.matmul.code;
-  const mt = TILE / 4;
-  assert.match(code, new RegExp(`@workgroup_size\\(${mt}, ${mt}\\)`));
-  assert.match(code, new RegExp(`var<workgroup> As: array<vec4<f32>, ${mt * mt}>;`));
-  assert.match(code, new RegExp(`let m0 = wg\\.y \\* ${TILE}u;`));
-  assert.match(code, new RegExp(`k0 \\+= ${mt}u`));
+test("the matmul shaders' tile is TILE: 8 x 8 threads of 8 x 8 outputs, padded shared tiles of BK rows", () => {
+  for (const name of ["matmul_nn", "matmul_nt", "matmul_tn", "matmul_tt", "matmuls"] as const) {
+    const code = SHADERS[name].code;
+    assert.match(code, /@workgroup_size\(8, 8\)/, name);
+    assert.match(code, new RegExp(`var<workgroup> As: array<vec4<f32>, ${BK * (TILE / 4 + 1)}>;`), name);
+    assert.match(code, new RegExp(`let m0 = \\(tile / jb\\.X\\) \\* ${TILE}u;`), name);
+    assert.match(code, new RegExp(`kb \\+= ${BK}u`), name);
+    // 16 vec4 FMAs a k: 8 x 8 outputs
+    assert.equal((code.match(/ = c\d+ \+ a[01]\.[xyzw] \* b[01];/g) ?? []).length, 16, `${name}: 16 vec4 FMAs a k`);
+  }
+  // a pipeline per transpose pair: the pair is a constant there, and the uniform's in matmuls
+  assert.match(SHADERS.matmul_tn.code, /let TA = 1u;\s+let TB = 0u;/);
+  assert.match(SHADERS.matmuls.code, /let TA = tm\.tA;\s+let TB = tm\.tB;/);
 });
 
 test("packParams writes each setting by name at its declared place, and refuses a missing, misspelled or extra name", () => {
@@ -160,6 +166,17 @@ function callEvery(k: Kernels): void {
   const [B, T, H, K, E, D, V] = [2, 3, 4, 2, 4, 8, 5];
   const ids = Int32Array.from({ length: B * T }, (_, i) => i % V);
   k.matmul(false, true, 3, 5, 7, 0.5, f(21, 1), f(35, 2), 0.25, f(15, 3));
+  k.matmul(false, false, 3, 5, 7, 1, f(21), f(35), 0, f(15));
+  k.matmul(true, false, 3, 5, 7, 1, f(21), f(35), 0, f(15));
+  k.matmul(true, true, 3, 5, 2000, 1, f(6000), f(10000), 1, f(15)); // split along K: matmul_reduce
+  assert.ok(k.matmuls, "the webgpu engine has matmuls");
+  const t = { tA: false, tB: true, M: 3, N: 5, K: 7, alpha: 1 };
+  const arena = new Float32Array(200), // one buffer, bound once: views into it
+    v = (at: number, n: number) => arena.subarray(at, at + n);
+  k.matmuls([
+    { C: v(0, 15), beta: 0, terms: [{ ...t, A: v(100, 21), B: v(130, 35) }] },
+    { C: v(20, 15), beta: 0, add: f(15), terms: [{ ...t, A: v(100, 21), B: v(130, 35) }, { ...t, tA: true, A: f(21), B: f(35) }] },
+  ]);
   k.embeddingForward(f(B * T * D), ids, f(V * D), B * T, D);
   k.embeddingBackward(f(V * D), ids, f(B * T * D), B * T, D);
   k.rmsnormForward(f(B * T * D), f(B * T), f(B * T * D), f(D), B * T, D, 1e-5);
@@ -187,12 +204,23 @@ test("every kernel of the webgpu engine dispatches its shader with exactly its s
   for (const d of dispatches) assert.equal(d.operands, SHADERS[d.shader].bindings.length, d.shader);
   // the settings read back by name are the call's: sizes, flags, scales, and the views' element offsets
   const mm = settingsOf(dispatches[0]);
-  assert.equal(dispatches[0].shader, "matmul");
+  assert.equal(dispatches[0].shader, "matmul_nt");
   assert.deepEqual(
-    { M: mm.M, N: mm.N, K: mm.K, tA: mm.tA, tB: mm.tB, alpha: mm.alpha, beta: mm.beta },
-    { M: 3, N: 5, K: 7, tA: 0, tB: 1, alpha: 0.5, beta: 0.25 },
+    { jobs: mm.jobs, M: mm.M0, N: mm.N0, K: mm.K0_0, alpha: mm.al0_0, beta: mm.be0_0, splits: mm.sp0 },
+    { jobs: 1, M: 3, N: 5, K: 7, alpha: 0.5, beta: 0.25, splits: 1 },
   );
-  assert.deepEqual([mm.oA, mm.oB, mm.oC], [1, 2, 3], "A, B and C start 1, 2 and 3 floats into their buffers");
+  // A, B and C: three buffers, bound once each, starting 1, 2 and 3 floats into their bindings
+  assert.deepEqual([mm.bA0_0, mm.bB0_0, mm.bC0], [0, 1, 2]);
+  assert.deepEqual([mm.oA0_0, mm.oB0_0, mm.oC0], [1, 2, 3]);
+  const tt = dispatches.findIndex((d) => d.shader === "matmul_tt");
+  assert.equal(dispatches[tt + 1].shader, "matmul_reduce", "a split product's partial sums are reduced next");
+  assert.ok(settingsOf(dispatches[tt]).sp0 > 1, "K = 2000 on a 3 x 5 output is split");
+  const many = settingsOf(dispatches.find((d) => d.shader === "matmuls")!);
+  assert.deepEqual(
+    [many.jobs, many.nt0, many.nt1, many.ad1, many.tA1_1, many.tB1_1, many.be1_0, many.be1_1, many.oC1, many.oA1_0],
+    [2, 1, 2, 1, 1, 1, 1, 1, 20, 100],
+    "two jobs, the second with add and two terms (beta 1 after the first)",
+  );
   const rope = dispatches.filter((d) => d.shader === "rope").map(settingsOf);
   assert.deepEqual(
     rope.map((r) => r.sign),

@@ -43,6 +43,17 @@ export interface Kernels {
     C: Float32Array,
   ): void;
 
+  /**
+   * Several products in one go (optional; a device engine runs them as one dispatch). Exactly
+   * matmulsInSequence(this, jobs): for each job in order, copy(C, add) when it has `add`, then each term in order
+   * as matmul(tA, tB, M, N, K, alpha, A, B, beta', C) with beta' = the job's beta for its first term (1 when it
+   * has `add`) and 1 for each later term: a job's C = (add, or beta C) + the sum of its terms, rounded as those
+   * calls round. An engine that has it gives the same bits as those calls on that engine. The jobs are
+   * independent: no job reads another's C (nor its own C through A, B or add), and every term of a job has its
+   * M and N.
+   */
+  matmuls?(jobs: readonly MatmulJob[]): void;
+
   // ------------------------------------------------------------------ embedding
   /** out[N,D] = E[ids[n], :]. ids are checked by the model (0 <= id < V). */
   embeddingForward(out: Float32Array, ids: Int32Array, E: Float32Array, N: number, D: number): void;
@@ -218,6 +229,48 @@ export interface Kernels {
 
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;
+}
+
+/** One product of a matmuls job: alpha op(A) @ op(B), as matmul's arguments (kernels.ts: matmul). */
+export interface MatmulTerm {
+  tA: boolean;
+  tB: boolean;
+  M: number;
+  N: number;
+  K: number;
+  alpha: number;
+  A: Float32Array;
+  B: Float32Array;
+}
+
+/** A matmuls job: C [M,N] = (add, or beta C) + its terms in order (the residual add of a projection is `add`). */
+export interface MatmulJob {
+  C: Float32Array;
+  beta: number;
+  add?: Float32Array;
+  terms: readonly MatmulTerm[];
+}
+
+/**
+ * What matmuls(jobs) means, as the calls it equals: the model's helper on an engine without matmuls (js, native,
+ * tfjs). `add` is copied through the engine's copy where it has one, else on the host.
+ */
+export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void {
+  for (const job of jobs) {
+    if (job.add) {
+      if (k.copy) k.copy(job.C, job.add);
+      else job.C.set(job.add);
+    }
+    job.terms.forEach((t, i) =>
+      k.matmul(t.tA, t.tB, t.M, t.N, t.K, t.alpha, t.A, t.B, i > 0 || job.add ? 1 : job.beta, job.C),
+    );
+  }
+}
+
+/** matmuls(jobs) on `k`: its own where it has one, else the calls it equals (matmulsInSequence). */
+export function runMatmuls(k: Kernels, jobs: readonly MatmulJob[]): void {
+  if (k.matmuls) k.matmuls(jobs);
+  else matmulsInSequence(k, jobs);
 }
 
 /** settle()'s options. */

@@ -30,8 +30,22 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
-import type { DeviceTraffic, Kernels, SettleOptions } from "../kernels";
-import { ATT_BQ, ATT_EMAX, packParams, SHADERS, TILE, WG, type ParamsOf, type ShaderName } from "./webgpu-wgsl";
+import type { DeviceTraffic, Kernels, MatmulJob, SettleOptions } from "../kernels";
+import {
+  ATT_BQ,
+  ATT_EMAX,
+  BK,
+  MAX_JOBS,
+  MAX_TERMS,
+  MM_BUFFERS,
+  mmField,
+  packParams,
+  SHADERS,
+  TILE,
+  WG,
+  type ParamsOf,
+  type ShaderName,
+} from "./webgpu-wgsl";
 
 // ------------------------------------------------------------------ the slice of the WebGPU API used here
 // (declared here, not taken from @webgpu/types, so the project type-checks without the optional package)
@@ -117,6 +131,12 @@ const MAX_GROUPS_CACHED = 1 << 14;
 const BOUNCE = 1 << 24;
 /** Timestamped dispatches resolved at a time, in profile mode. */
 const PROFILE_SPAN = 2048;
+/** A product is split along K (matmuls) when its output has fewer tiles than this and K is at least SPLIT_MIN_K... */
+const SPLIT_TILES = 128;
+const SPLIT_MIN_K = 1024;
+/** ...into enough splits for about this many workgroups, at most SPLIT_MAX, each at least SPLIT_MIN_K / 4 long. */
+const SPLIT_GROUPS = 256;
+const SPLIT_MAX = 16;
 /** WebGPU's guaranteed workgroups per grid dimension. */
 const MAX_GROUPS = 65535;
 
@@ -322,11 +342,22 @@ interface Bound {
   elem: number;
 }
 
-/** How an engine is made: the profile (the bench), or a test's replacement WGSL for some shaders (webgpuEngineOn). */
-interface EngineOptions {
+/** When the engine splits a product along K (matmuls): "auto" by its shape; "on" and "off" are tests'. */
+export type SplitK = "auto" | "on" | "off";
+
+/** The engine's options: profile mode (every dispatch timed), and two for tests. */
+export interface EngineOptions {
   profile?: boolean;
-  /** Code in place of SHADERS[name].code, with the same bindings and settings (a planted defect, in a test). */
+  splitK?: SplitK;
+  /** A shader's WGSL replaced (its bindings and settings kept): a test's planted defect. */
   shaders?: Partial<Record<ShaderName, string>>;
+}
+
+/** Every setting of shader `name`: `v`'s, the rest 0 (a matmuls dispatch's unused job and term slots). */
+function withZeros(name: ShaderName, v: Record<string, number>): Record<string, number> {
+  const params = SHADERS[name].params;
+  for (const n of Object.keys(v)) if (!Object.hasOwn(params, n)) throw new Error(`webgpu: ${name} has no setting ${n}`);
+  return Object.fromEntries(Object.keys(params).map((n) => [n, v[n] ?? 0]));
 }
 
 class WebgpuEngine {
@@ -347,6 +378,12 @@ class WebgpuEngine {
   private lossBuf: GpuBuffer | null = null;
   private lossAt = 0;
   private lossRetired: GpuBuffer[] = [];
+  /** The split products' partial sums (matmuls), engine-owned. */
+  private parts: GpuBuffer | null = null;
+  /** The bindings a matmuls dispatch leaves unused, each a slice of this. */
+  private spare: GpuBuffer | null = null;
+  /** When a product is split along K: by its shape ("auto"), always (K > 64: a test's), or never. */
+  private readonly splitK: SplitK;
   private error: string | null = null;
   private readonly freed = new FinalizationRegistry<GpuBuffer>((b) => {
     this.temps.push(b);
@@ -387,6 +424,7 @@ class WebgpuEngine {
     readonly name: string,
     opts: EngineOptions = {},
   ) {
+    this.splitK = opts.splitK ?? "auto";
     this.code = opts.shaders ?? {};
     this.align = device.limits.minStorageBufferOffsetAlignment;
     this.uniformAlign = device.limits.minUniformBufferOffsetAlignment;
@@ -657,6 +695,221 @@ class WebgpuEngine {
     if (++this.recorded >= SUBMIT_EVERY) this.submit();
   }
 
+  // ---------------------------------------------------------------- the matrix products
+
+  /** K splits of one product (matmuls): 1, unless its output has few tiles and its K is long (or the option says). */
+  private splitsOf(M: number, N: number, K: number): { S: number; kc: number } {
+    const tiles = Math.ceil(M / TILE) * Math.ceil(N / TILE);
+    let S = 1;
+    if (this.splitK === "on") S = Math.min(SPLIT_MAX, Math.ceil(K / (4 * BK)));
+    else if (this.splitK === "auto" && tiles < SPLIT_TILES && K >= SPLIT_MIN_K)
+      S = Math.min(SPLIT_MAX, Math.ceil(SPLIT_GROUPS / tiles), Math.floor(K / (SPLIT_MIN_K / 4)));
+    if (S <= 1) return { S: 1, kc: Math.max(K, 1) };
+    const kc = Math.ceil(Math.ceil(K / S) / BK) * BK;
+    return { S: Math.ceil(K / kc), kc };
+  }
+
+  /** The first `floats` of an engine-owned buffer as an operand, held to bind()'s binding-size limit. */
+  private own(buffer: GpuBuffer, floats: number): Bound {
+    const size = Math.max(4, floats * 4);
+    this.bindable(size);
+    return { buffer, offset: 0, size, elem: 0 };
+  }
+
+  /** The partial sums' buffer of a split product (engine-owned, grown on demand), n floats of it as an operand. */
+  private partsOf(n: number): Bound {
+    this.bindable(Math.max(4, n * 4));
+    if (!this.parts || this.parts.size < n * 4) {
+      if (this.parts) this.temps.push(this.parts);
+      this.parts = this.device.createBuffer({ size: Math.max(16, n * 4), usage: USAGE.STORAGE | USAGE.COPY_SRC });
+    }
+    return this.own(this.parts, Math.max(1, n));
+  }
+
+  /** Kernels.matmuls: each group of jobs that fits one dispatch's settings and bindings as one (two when split). */
+  private matmuls(jobs: readonly MatmulJob[]): void {
+    const live: MatmulJob[] = [];
+    for (const job of jobs) {
+      if (job.terms.length === 0) throw new RangeError("matmuls: a job without terms");
+      const { M, N } = job.terms[0];
+      for (const t of job.terms) {
+        if (t.M !== M || t.N !== N) throw new RangeError(`matmuls: a job's terms are ${M}x${N} and ${t.M}x${t.N}`);
+        if (t.A.length < M * t.K || t.B.length < t.K * N)
+          throw new RangeError(`matmul: A ${t.A.length}, B ${t.B.length} floats for M=${M} N=${N} K=${t.K}`);
+      }
+      if (job.C.length < M * N || (job.add && job.add.length < M * N))
+        throw new RangeError(`matmul: C ${job.C.length}${job.add ? `, add ${job.add.length}` : ""} floats for M=${M} N=${N}`);
+      if (M > 0 && N > 0) live.push(job);
+    }
+    const run = (group: MatmulJob[]): void => {
+      if (group.length === 0) return;
+      if (group.length > MAX_JOBS || (!this.matmulGroup(group) && group.length > 1)) {
+        const half = Math.ceil(group.length / 2);
+        run(group.slice(0, half));
+        run(group.slice(half));
+      }
+    };
+    const terms = (j: MatmulJob) => Math.ceil(j.terms.length / MAX_TERMS);
+    for (const job of live)
+      if (terms(job) > 1) {
+        // a job of more terms than one dispatch holds: its first MAX_TERMS, then the rest added (beta 1)
+        for (let i = 0; i < job.terms.length; i += MAX_TERMS)
+          run([
+            i === 0
+              ? { ...job, terms: job.terms.slice(0, MAX_TERMS) }
+              : { C: job.C, beta: 1, terms: job.terms.slice(i, i + MAX_TERMS) },
+          ]);
+      }
+    run(live.filter((j) => terms(j) === 1));
+  }
+
+  /**
+   * One matmuls dispatch (and its reduce, when a job is split) for up to MAX_JOBS jobs of up to MAX_TERMS terms:
+   * false, recording nothing, when their operands need more than MM_BUFFERS bindings.
+   */
+  private matmulGroup(group: MatmulJob[]): boolean {
+    // the operands' device ranges, each distinct buffer bound once over the range its views span (b0..b7)
+    const views: { a: Float32Array; mode: "r" | "w" | "rw" }[] = [];
+    for (const job of group) {
+      for (const t of job.terms) views.push({ a: t.A, mode: "r" }, { a: t.B, mode: "r" });
+      if (job.add) views.push({ a: job.add, mode: "r" });
+    }
+    const outs = group.map((job) => ({ a: job.C, mode: (job.beta === 0 || job.add ? "w" : "rw") as "w" | "rw" }));
+    const all = [...views, ...outs]; // bound as matmul bound them: its inputs, then its output
+    const table: { buffer: GpuBuffer; lo: number; hi: number }[] = [];
+    const place = (b: Bound): void => {
+      const same = table.filter((x) => x.buffer === b.buffer);
+      for (const x of same) {
+        const lo = Math.min(x.lo, b.offset),
+          hi = Math.max(x.hi, b.offset + b.size);
+        if (hi - lo <= this.maxBinding) {
+          x.lo = lo;
+          x.hi = hi;
+          return;
+        }
+      }
+      table.push({ buffer: b.buffer, lo: b.offset, hi: b.offset + b.size });
+    };
+    // what bind() would give, without binding (an upload) before the group is known to fit
+    const probe = (a: Float32Array): Bound | null => {
+      const m = this.mirrorOf(a, false);
+      if (!m) return null;
+      const dev = a.byteOffset - m.start,
+        offset = Math.floor(dev / this.align) * this.align;
+      return { buffer: m.gpu, offset, size: Math.max(4, dev + a.byteLength - offset), elem: 0 };
+    };
+    // a view not mirrored yet: one binding per host buffer (a plain ArrayBuffer is mirrored whole), or per view
+    const unknown = new Set<unknown>();
+    for (const { a } of all) {
+      const b = probe(a);
+      if (b) place(b);
+      else unknown.add(a.buffer instanceof SharedArrayBuffer ? a : a.buffer);
+    }
+    if (table.length + unknown.size > MM_BUFFERS) return false;
+    table.length = 0;
+    const bound = new Map<Float32Array, Bound>();
+    for (const v of all) {
+      const b = bound.get(v.a) ?? this.bind(v.a, v.mode);
+      bound.set(v.a, b);
+      place(b);
+    }
+    if (table.length > MM_BUFFERS) throw new Error("webgpu: matmuls needs more bindings than it probed");
+    const at = (a: Float32Array): { b: number; o: number } => {
+      const x = bound.get(a)!;
+      const i = table.findIndex((t) => t.buffer === x.buffer && t.lo <= x.offset && x.offset + x.size <= t.hi);
+      return { b: i, o: (x.offset - table[i].lo) / 4 + x.elem };
+    };
+    // each job's workgroups, splits and partial sums
+    const v: Record<string, number> = { jobs: group.length };
+    const r: Record<string, number> = { jobs: 0 };
+    const split: number[] = [];
+    let groups = 0,
+      partial = 0,
+      elems = 0;
+    const single = group.length === 1 && group[0].terms.length === 1;
+    group.forEach((job, j) => {
+      const { M, N } = job.terms[0];
+      const X = Math.ceil(N / TILE),
+        T = Math.ceil(M / TILE) * X;
+      const s = job.terms.map((t) => this.splitsOf(M, N, t.K));
+      const sp = Math.max(...s.map((x) => x.S));
+      const c = at(job.C),
+        d = job.add ? at(job.add) : c;
+      Object.assign(v, {
+        [mmField("F", j)]: groups,
+        [mmField("T", j)]: T,
+        [mmField("X", j)]: X,
+        [mmField("sp", j)]: sp,
+        [mmField("M", j)]: M,
+        [mmField("N", j)]: N,
+        [mmField("nt", j)]: job.terms.length,
+        [mmField("bC", j)]: c.b,
+        [mmField("oC", j)]: c.o,
+        [mmField("ad", j)]: job.add ? 1 : 0,
+        [mmField("bD", j)]: d.b,
+        [mmField("oD", j)]: d.o,
+      });
+      groups += T * sp;
+      const rj = split.length;
+      if (sp > 1) {
+        split.push(j);
+        Object.assign(r, {
+          [mmField("F", rj)]: elems,
+          [mmField("E", rj)]: elems + M * N,
+          [mmField("MN", rj)]: M * N,
+          [mmField("nt", rj)]: job.terms.length,
+          [mmField("bC", rj)]: c.b,
+          [mmField("oC", rj)]: c.o,
+          [mmField("ad", rj)]: job.add ? 1 : 0,
+          [mmField("bD", rj)]: d.b,
+          [mmField("oD", rj)]: d.o,
+        });
+        elems += M * N;
+      }
+      job.terms.forEach((t, i) => {
+        const a = at(t.A),
+          b = at(t.B);
+        const be = i > 0 || job.add ? 1 : job.beta;
+        const pO = sp > 1 ? partial : 0;
+        if (sp > 1) partial += s[i].S * M * N;
+        if (!single) Object.assign(v, { [mmField("tA", j, i)]: t.tA ? 1 : 0, [mmField("tB", j, i)]: t.tB ? 1 : 0 });
+        Object.assign(v, {
+          [mmField("K", j, i)]: t.K,
+          [mmField("S", j, i)]: s[i].S,
+          [mmField("kc", j, i)]: s[i].kc,
+          [mmField("al", j, i)]: t.alpha,
+          [mmField("be", j, i)]: be,
+          [mmField("bA", j, i)]: a.b,
+          [mmField("oA", j, i)]: a.o,
+          [mmField("bB", j, i)]: b.b,
+          [mmField("oB", j, i)]: b.o,
+          [mmField("pO", j, i)]: pO,
+        });
+        if (sp > 1)
+          Object.assign(r, {
+            [mmField("S", rj, i)]: s[i].S,
+            [mmField("al", rj, i)]: t.alpha,
+            [mmField("be", rj, i)]: be,
+            [mmField("pO", rj, i)]: pO,
+          });
+      });
+    });
+    r.jobs = split.length;
+    const name: ShaderName = single
+      ? (`matmul_${group[0].terms[0].tA ? "t" : "n"}${group[0].terms[0].tB ? "t" : "n"}` as ShaderName)
+      : "matmuls";
+    const ops: Bound[] = table.map((t) => ({ buffer: t.buffer, offset: t.lo, size: t.hi - t.lo, elem: 0 }));
+    // the unused bindings: disjoint slices of a small engine-owned buffer (writable bindings may not overlap)
+    this.spare ??= this.device.createBuffer({ size: this.align * MM_BUFFERS, usage: USAGE.STORAGE });
+    for (let i = ops.length; i < MM_BUFFERS; i++) ops.push({ buffer: this.spare, offset: i * this.align, size: 16, elem: 0 });
+    ops.push(this.partsOf(partial));
+    const x = Math.min(groups, MAX_GROUPS);
+    this.dispatch(name as "matmuls", ops, withZeros(name, v) as ParamsOf<"matmuls">, [x, Math.ceil(groups / x)]);
+    if (split.length > 0)
+      this.dispatch("matmul_reduce", ops, withZeros("matmul_reduce", r) as ParamsOf<"matmul_reduce">, WebgpuEngine.grid(elems));
+    return true;
+  }
+
   // ---------------------------------------------------------------- the Kernels
 
   /** A 1-D range of n threads in workgroups of `size`, as a grid. */
@@ -675,16 +928,9 @@ class WebgpuEngine {
     const e = (b: Bound) => b.elem;
     const k: Kernels = {
       name: this.name,
-      matmul: (tA, tB, M, N, K, alpha, A, B, beta, C) => {
-        if (A.length < M * K || B.length < K * N || C.length < M * N)
-          throw new RangeError(`matmul: A ${A.length}, B ${B.length}, C ${C.length} floats for M=${M} N=${N} K=${K}`);
-        if (M === 0 || N === 0) return;
-        const a = bindR(A),
-          b = bindR(B),
-          c = this.bind(C, beta === 0 ? "w" : "rw");
-        const f = { M, N, K, tA: tA ? 1 : 0, tB: tB ? 1 : 0, oA: e(a), oB: e(b), oC: e(c), alpha, beta };
-        d("matmul", [a, b, c], f, [Math.ceil(N / TILE), Math.ceil(M / TILE)]);
-      },
+      matmul: (tA, tB, M, N, K, alpha, A, B, beta, C) =>
+        this.matmuls([{ C, beta, terms: [{ tA, tB, M, N, K, alpha, A, B }] }]),
+      matmuls: (jobs) => this.matmuls(jobs),
       embeddingForward: (out, ids, E, N, D) => {
         const i = bindR(ids),
           t = bindR(E),
@@ -1031,8 +1277,8 @@ export async function openWebgpuDevice(): Promise<{ device: GpuDevice; name: str
 export function webgpuEngineOn(
   device: GpuDevice,
   name: string,
-  shaders?: Partial<Record<ShaderName, string>>,
+  opts: Omit<EngineOptions, "profile"> = {},
 ): { kernels: Kernels; dispatch: WebgpuEngine["dispatch"] } {
-  const engine = new WebgpuEngine(device, name, { shaders });
+  const engine = new WebgpuEngine(device, name, opts);
   return { kernels: engine.kernels(), dispatch: engine.dispatch.bind(engine) };
 }
