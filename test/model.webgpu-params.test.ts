@@ -175,7 +175,15 @@ function callEvery(k: Kernels): void {
     v = (at: number, n: number) => arena.subarray(at, at + n);
   k.matmuls([
     { C: v(0, 15), beta: 0, terms: [{ ...t, A: v(100, 21), B: v(130, 35) }] },
-    { C: v(20, 15), beta: 0, add: f(15), terms: [{ ...t, A: v(100, 21), B: v(130, 35) }, { ...t, tA: true, A: f(21), B: f(35) }] },
+    {
+      C: v(20, 15),
+      beta: 0,
+      add: f(15),
+      terms: [
+        { ...t, A: v(100, 21), B: v(130, 35) },
+        { ...t, tA: true, A: f(21), B: f(35) },
+      ],
+    },
   ]);
   k.embeddingForward(f(B * T * D), ids, f(V * D), B * T, D);
   k.embeddingBackward(f(V * D), ids, f(B * T * D), B * T, D);

@@ -261,9 +261,9 @@ export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void 
       if (k.copy) k.copy(job.C, job.add);
       else job.C.set(job.add);
     }
-    job.terms.forEach((t, i) =>
-      k.matmul(t.tA, t.tB, t.M, t.N, t.K, t.alpha, t.A, t.B, i > 0 || job.add ? 1 : job.beta, job.C),
-    );
+    job.terms.forEach((t, i) => {
+      k.matmul(t.tA, t.tB, t.M, t.N, t.K, t.alpha, t.A, t.B, i > 0 || job.add ? 1 : job.beta, job.C);
+    });
   }
 }
 

@@ -3,7 +3,7 @@
  * order; every other module (safetensors export, optimizer, shared memory) indexes through it.
  * Order: embed_tokens, then per layer input_layernorm, q, k, v, o, post_attention_layernorm,
  * gate, up, down; then model.norm. Shapes are HF's ([out, in] for projections). No lm_head (tied).
- * The model reads q, k, v (and gate, up) as separate matrices, one product each (llama.ts linearForward).
+ * The model reads q, k, v (and gate, up) as separate matrices, one product each (llama.ts: fwd, run as one matmuls list).
  *
  * LAYER_TENSORS is the one place a decoder layer's tensors are named: its HF name, its shape, and the key
  * the model binds it under (weightBinder: views into a flat array, the weights or their gradients).

@@ -6,8 +6,11 @@
  *                F ffn width, V vocab, L layers, C tokens per LM-head chunk.
  *
  * Weights are READ from the bound flat fp32 parameters (layout.ts order, HF [out, in] shapes), in place: a
- * projection is linearForward, y = x @ W^T (plus the residual where the block adds one), and linearBackward,
- * dW += dy^T @ x and dx = dy @ W, both over the kernels' matmul; the tied LM head is one too. No
+ * projection is a forward job, y = x @ W^T (plus the residual where the block adds one), and two backward jobs,
+ * dW += dy^T @ x and dx = dy @ W, each a product of the kernels' matmuls (kernels.ts: matmuls, or the matmul
+ * calls it equals on an engine without it); the tied LM head is one too. Products that share a call share one
+ * matmuls list: q, k and v forward; gate and up; each projection's backward; q, k and v backward (their dx one
+ * job of three terms), gate and up likewise. No
  * replica, no transposed copy: the model sees the shared master weights as they are at each call. Gradients
  * ACCUMULATE (beta 1, +=) straight into the caller's gradient buffer (same layout), scaled by gradScale.
  * Activations live in an arena allocated once per (B, T). Gradient checkpointing (M6) keeps each block's input
@@ -24,7 +27,7 @@
  */
 import { UserError } from "../errors";
 import type { LlamaConfig } from "./llama-config";
-import type { Kernels } from "./kernels";
+import { type Kernels, type MatmulJob, runMatmuls } from "./kernels";
 import { type LayerWeights, type WeightBinder, weightBinder } from "./layout";
 
 /** One block's activations: what its backward reads. */
@@ -252,9 +255,11 @@ export class Llama {
       E = c.headDim;
     ops.rmsnormForward(s.h1, s.r1, x, W.inputNorm, N, D, c.rmsNormEps);
     if (mm) {
-      this.linearForward(s.q, s.h1, W.wq, N, D, H * E);
-      this.linearForward(s.k, s.h1, W.wk, N, D, K * E);
-      this.linearForward(s.v, s.h1, W.wv, N, D, K * E);
+      this.matmuls([
+        fwd(s.q, s.h1, W.wq, N, D, H * E),
+        fwd(s.k, s.h1, W.wk, N, D, K * E),
+        fwd(s.v, s.h1, W.wv, N, D, K * E),
+      ]);
       const { cos, sin } = kv ?? a; // RoPE at the positions these tokens hold
       ops.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
       ops.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
@@ -265,7 +270,7 @@ export class Llama {
       this.copy(kv.values.subarray(at, at + s.v.length), s.v);
       ops.attentionCachedForward(s.o, s.q, kv.keys, kv.values, kv.past, a.T, H, K, E);
     } else if (attn) ops.attentionForward(s.o, s.lse, s.q, s.k, s.v, a.B, a.T, H, K, E); // recomputed: the same bits
-    if (mm) this.linearForward(s.x1, s.o, W.wo, N, H * E, D, x); // x1 = x + o Wo^T: the residual
+    if (mm) this.matmuls([fwd(s.x1, s.o, W.wo, N, H * E, D, x)]); // x1 = x + o Wo^T: the residual
   }
 
   /** grads.dx = dL/dx1 in, dL/dx out (the residual passes dx1 through; norm1's backward adds into it). */
@@ -279,13 +284,26 @@ export class Llama {
       K = c.numKvHeads,
       E = c.headDim;
     // g.dx = dL/dx1 is also dL/dx through the residual: rmsnormBackward adds norm1's part into it last
-    this.linearBackward(g.dO, dW.wo, g.dx, s.o, W.wo, N, H * E, D, "set");
+    this.matmuls([dWJob(dW.wo, g.dx, s.o, N, H * E, D), dxJob(g.dO, [[g.dx, W.wo, D]], N, H * E)]);
     ops.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.o, s.lse, a.B, a.T, H, K, E);
     ops.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
     ops.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
-    this.linearBackward(g.dh, dW.wq, g.dq, s.h1, W.wq, N, D, H * E, "set");
-    this.linearBackward(g.dh, dW.wk, g.dk, s.h1, W.wk, N, D, K * E, "add");
-    this.linearBackward(g.dh, dW.wv, g.dv, s.h1, W.wv, N, D, K * E, "add");
+    // dh = dq Wq + dk Wk + dv Wv: one job of three terms, summed in that order
+    this.matmuls([
+      dWJob(dW.wq, g.dq, s.h1, N, D, H * E),
+      dWJob(dW.wk, g.dk, s.h1, N, D, K * E),
+      dWJob(dW.wv, g.dv, s.h1, N, D, K * E),
+      dxJob(
+        g.dh,
+        [
+          [g.dq, W.wq, H * E],
+          [g.dk, W.wk, K * E],
+          [g.dv, W.wv, K * E],
+        ],
+        N,
+        D,
+      ),
+    ]);
     ops.rmsnormBackward(g.dx, dW.inputNorm, g.dh, x, W.inputNorm, s.r1, N, D);
   }
 
@@ -299,11 +317,10 @@ export class Llama {
       F = c.intermediateSize;
     ops.rmsnormForward(s.h2, s.r2, s.x1, W.postAttnNorm, N, D, c.rmsNormEps);
     if (mm) {
-      this.linearForward(s.gate, s.h2, W.wGate, N, D, F);
-      this.linearForward(s.up, s.h2, W.wUp, N, D, F);
+      this.matmuls([fwd(s.gate, s.h2, W.wGate, N, D, F), fwd(s.up, s.h2, W.wUp, N, D, F)]);
     }
     ops.swigluForward(s.swiglu, s.gate, s.up, N * F);
-    if (out) this.linearForward(out, s.swiglu, W.wDown, N, F, D, s.x1); // out = x1 + swiglu Wdown^T: the residual
+    if (out) this.matmuls([fwd(out, s.swiglu, W.wDown, N, F, D, s.x1)]); // out = x1 + swiglu Wdown^T: the residual
   }
 
   /** grads.dx = dL/dout in, dL/dx1 out. */
@@ -315,46 +332,29 @@ export class Llama {
       D = c.hiddenSize,
       F = c.intermediateSize;
     // g.dx = dL/dout is also dL/dx1 through the residual: rmsnormBackward adds norm2's part into it last
-    this.linearBackward(g.dSwiglu, dW.wDown, g.dx, s.swiglu, W.wDown, N, F, D, "set");
+    this.matmuls([dWJob(dW.wDown, g.dx, s.swiglu, N, F, D), dxJob(g.dSwiglu, [[g.dx, W.wDown, D]], N, F)]);
     ops.swigluBackward(g.dGate, g.dUp, g.dSwiglu, s.gate, s.up, N * F);
-    this.linearBackward(g.dh, dW.wGate, g.dGate, s.h2, W.wGate, N, D, F, "set");
-    this.linearBackward(g.dh, dW.wUp, g.dUp, s.h2, W.wUp, N, D, F, "add");
+    this.matmuls([
+      dWJob(dW.wGate, g.dGate, s.h2, N, D, F),
+      dWJob(dW.wUp, g.dUp, s.h2, N, D, F),
+      dxJob(
+        g.dh,
+        [
+          [g.dGate, W.wGate, F],
+          [g.dUp, W.wUp, F],
+        ],
+        N,
+        D,
+      ),
+    ]);
     ops.rmsnormBackward(g.dx, dW.postAttnNorm, g.dh, s.x1, W.postAttnNorm, s.r2, N, D);
   }
 
   // ---------------------------------------------------------------- linear: y = x W^T (+ residual), W [out, in] as in HF
 
-  /**
-   * y[N, out] = x[N, in] @ W^T, or residual + x @ W^T when a residual [N, out] is given: the GEMM adds the product
-   * to y = residual (beta 1), one rounding per element, the same bits as adding it afterwards.
-   */
-  private linearForward(
-    y: Float32Array,
-    x: Float32Array,
-    W: Float32Array,
-    N: number,
-    inF: number,
-    outF: number,
-    residual?: Float32Array,
-  ): void {
-    if (residual) this.copy(y, residual);
-    this.ops.matmul(false, true, N, outF, inF, 1, x, W, residual ? 1 : 0, y);
-  }
-
-  /** dW += dy^T @ x (accumulates over micro-batches), and dx = dy @ W ("set") or dx += dy @ W ("add"). */
-  private linearBackward(
-    dx: Float32Array,
-    dW: Float32Array,
-    dy: Float32Array,
-    x: Float32Array,
-    W: Float32Array,
-    N: number,
-    inF: number,
-    outF: number,
-    into: "set" | "add",
-  ): void {
-    this.ops.matmul(true, false, outF, inF, N, 1, dy, x, 1, dW);
-    this.ops.matmul(false, false, N, inF, outF, 1, dy, W, into === "add" ? 1 : 0, dx);
+  /** The products of `jobs` (fwd, dWJob, dxJob): one matmuls call, or the matmul calls it equals (kernels.ts). */
+  private matmuls(jobs: MatmulJob[]): void {
+    runMatmuls(this.ops, jobs);
   }
 
   // ================================================================ final norm, then the LM head (tied to the embedding) + cross-entropy
@@ -389,7 +389,7 @@ export class Llama {
       E = this.bind.embed(P);
     for (let c0 = 0; c0 < N; c0 += this.headChunkTokens) {
       const len = Math.min(this.headChunkTokens, N - c0);
-      this.linearForward(a.logits, a.hF.subarray(c0 * D, (c0 + len) * D), E, len, D, V); // the tied head
+      this.matmuls([fwd(a.logits, a.hF.subarray(c0 * D, (c0 + len) * D), E, len, D, V)]); // the tied head
       each(c0, len, a.logits);
     }
   }
@@ -407,7 +407,11 @@ export class Llama {
     this.headChunks(P, a, (c0, len, logits) => {
       sum += this.ops.crossEntropy(logits, a.targets.subarray(c0, c0 + len), len, V, coef);
       const hc = a.hF.subarray(c0 * D, (c0 + len) * D);
-      this.linearBackward(dh.subarray(c0 * D, (c0 + len) * D), dE, logits, hc, E, len, D, V, "set"); // the head's backward
+      // the head's backward: dE += dlogits^T hF, dhF = dlogits E
+      this.matmuls([
+        dWJob(dE, logits, hc, len, D, V),
+        dxJob(dh.subarray(c0 * D, (c0 + len) * D), [[logits, E, V]], len, D),
+      ]);
     });
     return sum / (a.B * (a.T - 1));
   }
@@ -726,4 +730,42 @@ export function ropeTables(T: number, E: number, theta: number): { cos: Float32A
     }
   }
   return { cos, sin };
+}
+
+// ---------------------------------------------------------------- the projections' products, as matmuls jobs
+
+/**
+ * y[N, out] = x[N, in] @ W^T, or residual + x @ W^T when a residual [N, out] is given: the product is added to
+ * y = residual (matmuls' add: copy, then beta 1), one rounding per element, the same bits as adding it afterwards.
+ */
+function fwd(
+  y: Float32Array,
+  x: Float32Array,
+  W: Float32Array,
+  N: number,
+  inF: number,
+  outF: number,
+  residual?: Float32Array,
+): MatmulJob {
+  const term = { tA: false, tB: true, M: N, N: outF, K: inF, alpha: 1, A: x, B: W };
+  return residual ? { C: y, beta: 1, add: residual, terms: [term] } : { C: y, beta: 0, terms: [term] };
+}
+
+/** dW[out, in] += dy^T @ x (accumulates over micro-batches). */
+function dWJob(dW: Float32Array, dy: Float32Array, x: Float32Array, N: number, inF: number, outF: number): MatmulJob {
+  return { C: dW, beta: 1, terms: [{ tA: true, tB: false, M: outF, N: inF, K: N, alpha: 1, A: dy, B: x }] };
+}
+
+/** dx[N, in] = sum over [dy, W, out] of dy[N, out] @ W[out, in], in that order (each later term added, beta 1). */
+function dxJob(
+  dx: Float32Array,
+  parts: [dy: Float32Array, W: Float32Array, outF: number][],
+  N: number,
+  inF: number,
+): MatmulJob {
+  return {
+    C: dx,
+    beta: 0,
+    terms: parts.map(([dy, W, outF]) => ({ tA: false, tB: false, M: N, N: inF, K: outF, alpha: 1, A: dy, B: W })),
+  };
 }

@@ -738,7 +738,9 @@ class WebgpuEngine {
           throw new RangeError(`matmul: A ${t.A.length}, B ${t.B.length} floats for M=${M} N=${N} K=${t.K}`);
       }
       if (job.C.length < M * N || (job.add && job.add.length < M * N))
-        throw new RangeError(`matmul: C ${job.C.length}${job.add ? `, add ${job.add.length}` : ""} floats for M=${M} N=${N}`);
+        throw new RangeError(
+          `matmul: C ${job.C.length}${job.add ? `, add ${job.add.length}` : ""} floats for M=${M} N=${N}`,
+        );
       if (M > 0 && N > 0) live.push(job);
     }
     const run = (group: MatmulJob[]): void => {
@@ -901,12 +903,18 @@ class WebgpuEngine {
     const ops: Bound[] = table.map((t) => ({ buffer: t.buffer, offset: t.lo, size: t.hi - t.lo, elem: 0 }));
     // the unused bindings: disjoint slices of a small engine-owned buffer (writable bindings may not overlap)
     this.spare ??= this.device.createBuffer({ size: this.align * MM_BUFFERS, usage: USAGE.STORAGE });
-    for (let i = ops.length; i < MM_BUFFERS; i++) ops.push({ buffer: this.spare, offset: i * this.align, size: 16, elem: 0 });
+    for (let i = ops.length; i < MM_BUFFERS; i++)
+      ops.push({ buffer: this.spare, offset: i * this.align, size: 16, elem: 0 });
     ops.push(this.partsOf(partial));
     const x = Math.min(groups, MAX_GROUPS);
     this.dispatch(name as "matmuls", ops, withZeros(name, v) as ParamsOf<"matmuls">, [x, Math.ceil(groups / x)]);
     if (split.length > 0)
-      this.dispatch("matmul_reduce", ops, withZeros("matmul_reduce", r) as ParamsOf<"matmul_reduce">, WebgpuEngine.grid(elems));
+      this.dispatch(
+        "matmul_reduce",
+        ops,
+        withZeros("matmul_reduce", r) as ParamsOf<"matmul_reduce">,
+        WebgpuEngine.grid(elems),
+      );
     return true;
   }
 
