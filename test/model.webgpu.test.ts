@@ -20,7 +20,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { jsKernels } from "../src/model/engine/js";
-import type { Kernels } from "../src/model/kernels";
+import { type Kernels, type MatmulJob, matmulsInSequence } from "../src/model/kernels";
+import { SHADERS, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 import { KvCache, Llama } from "../src/model/llama";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
@@ -28,7 +29,7 @@ import { initWeights } from "../src/model/init";
 import { readSafetensors } from "../src/model/safetensors";
 import { maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
-import { settleOf, useWebgpu } from "./helpers/webgpu";
+import { settleOf, useWebgpu, useWebgpuWith } from "./helpers/webgpu";
 import { type GpuDevice, openWebgpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
 import { SHADERS, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 
@@ -450,7 +451,7 @@ test("on webgpu, each fused attention shader with a planted defect fails the com
     const dev = await openWebgpuDevice();
     assert.ok(!("reason" in dev));
     const code = plant(SHADERS[d.shader].code, d.from, d.to);
-    const k = webgpuEngineOn(dev.device, dev.name, { [d.shader]: code }).kernels;
+    const k = webgpuEngineOn(dev.device, dev.name, { shaders: { [d.shader]: code } }).kernels;
     const { err } = await attentionErrors(k, shape, 900);
     // the comparison the passing test makes (rel err < 1e-5) fails: a NaN fails it too
     for (const i of d.wrong) assert.ok(!(err[i] < 1e-5), `${d.what}: ${ATT_OUTPUTS[i]} rel err ${err[i]} passes`);
@@ -510,6 +511,225 @@ test("on webgpu, the fused attention at the frozen model's shape allocates no bu
 const { cfg, ref, B, T, ids, layout, weights } = loadTinyFixture();
 const refGrads = readSafetensors(path.join(FIX, "grads.f64.safetensors")).tensors;
 const refLogits = readSafetensors(path.join(FIX, "logits.f64.safetensors")).tensors.get("logits")?.data as Float64Array;
+
+/** The max relative error of alpha op(A) op(B) + beta C on `k` against float64 (beta 0: C full of NaN, never read). */
+async function matmulErr(
+  k: Kernels,
+  tA: boolean,
+  tB: boolean,
+  M: number,
+  N: number,
+  K: number,
+  alpha: number,
+  beta: number,
+  seed: number,
+): Promise<{ err: number; out: Float32Array }> {
+  const A = rand(M * K, seed, seed % 2 === 0),
+    B = rand(K * N, seed + 1),
+    C = rand(M * N, seed + 2);
+  if (beta === 0) C.fill(Number.NaN);
+  const want = matmulRef(tA, tB, M, N, K, alpha, A, B, beta, C);
+  k.matmul(tA, tB, M, N, K, alpha, A, B, beta, C);
+  await settleOf(k)([C]);
+  return { err: relErr(C, want), out: C };
+}
+
+/** The matmul shapes off the 64-tile and K past 4096, every transpose pair, alpha and beta (beta 0 with a NaN C). */
+const MATMUL_CASES: [M: number, N: number, K: number, alpha: number, beta: number][] = [
+  [1, 1, 1, 1, 0],
+  [67, 130, 33, 0.75, 0],
+  [67, 130, 33, 1, 1],
+  [40, 70, 4500, 1, 0.5],
+];
+
+test("on webgpu, the matmul's four pipelines, split along K and not, match float64 on shapes off the tile, bit-identical run to run", async (t) => {
+  for (const splitK of ["off", "on", "auto"] as const) {
+    const k = await useWebgpuWith(t, { splitK });
+    if (!k) return;
+    let seed = 100;
+    for (const [M, N, K, alpha, beta] of MATMUL_CASES)
+      for (const tA of [false, true])
+        for (const tB of [false, true]) {
+          const what = `split ${splitK}: matmul ${tA ? "T" : "N"}${tB ? "T" : "N"} ${M}x${N}x${K} a${alpha} b${beta}`;
+          const one = await matmulErr(k, tA, tB, M, N, K, alpha, beta, seed);
+          const two = await matmulErr(k, tA, tB, M, N, K, alpha, beta, seed);
+          seed += 3;
+          assert.ok(one.err < 1e-5, `${what}: rel err ${one.err}`);
+          assert.ok(sameBits(one.out, two.out), `${what}: differs run to run`);
+        }
+    k.dispose();
+  }
+});
+
+/** Views into one arena (the model's operands are views into a few big buffers), filled pseudo-randomly. */
+function arena(sizes: number[], seed: number): Float32Array[] {
+  const all = rand(
+    sizes.reduce((a, b) => a + b + 7, 0),
+    seed,
+  );
+  let at = 0;
+  return sizes.map((n) => {
+    const v = all.subarray(at + 3, at + 3 + n);
+    at += n + 7;
+    return v;
+  });
+}
+
+/** Jobs like the model's: q/k/v forward (one A), a residual add, dW jobs split along K, a dx job of 3 terms. */
+function jobsLike(): { jobs: MatmulJob[]; outs: Float32Array[] } {
+  const [T, D, Q, KV] = [300, 48, 64, 24];
+  const [x, wq, wk, wv, res, dq, dk, dv, C1, C2, C3, C4, dWq, dWk, dWv, dh] = arena(
+    [
+      T * D,
+      Q * D,
+      KV * D,
+      KV * D,
+      T * Q,
+      T * Q,
+      T * KV,
+      T * KV,
+      T * Q,
+      T * KV,
+      T * KV,
+      T * Q,
+      Q * D,
+      KV * D,
+      KV * D,
+      T * D,
+    ],
+    7,
+  );
+  dh.fill(Number.NaN); // beta 0: never read
+  const f = (A: Float32Array, B: Float32Array, M: number, N: number, K: number) => ({
+    tA: false,
+    tB: true,
+    M,
+    N,
+    K,
+    alpha: 1,
+    A,
+    B,
+  });
+  const w = (dy: Float32Array, M: number) => ({ tA: true, tB: false, M, N: D, K: T, alpha: 1, A: dy, B: x });
+  const g = (dy: Float32Array, W: Float32Array, K: number) => ({
+    tA: false,
+    tB: false,
+    M: T,
+    N: D,
+    K,
+    alpha: 1,
+    A: dy,
+    B: W,
+  });
+  return {
+    jobs: [
+      { C: C1, beta: 0, terms: [f(x, wq, T, Q, D)] },
+      { C: C2, beta: 0, terms: [f(x, wk, T, KV, D)] },
+      { C: C3, beta: 0.5, terms: [{ ...f(x, wv, T, KV, D), alpha: 0.25 }] },
+      { C: C4, beta: 0, add: res, terms: [f(x, wq, T, Q, D)] },
+      { C: dWq, beta: 1, terms: [w(dq, Q)] },
+      { C: dWk, beta: 1, terms: [w(dk, KV)] },
+      { C: dWv, beta: 1, terms: [w(dv, KV)] },
+      { C: dh, beta: 0, terms: [g(dq, wq, Q), g(dk, wk, KV), g(dv, wv, KV)] },
+    ],
+    outs: [C1, C2, C3, C4, dWq, dWk, dWv, dh],
+  };
+}
+
+test("on webgpu, matmuls (several jobs, chained terms, add, split along K) equals the separate matmul calls bit for bit", async (t) => {
+  for (const splitK of ["auto", "on", "off"] as const) {
+    const k = await useWebgpuWith(t, { splitK });
+    if (!k) return;
+    assert.ok(k.matmuls, "the webgpu engine has matmuls");
+    const got: Float32Array[][] = [];
+    for (const fused of [true, false]) {
+      const { jobs, outs } = jobsLike();
+      if (fused) k.matmuls(jobs);
+      else matmulsInSequence(k, jobs);
+      await settleOf(k)(outs);
+      got.push(outs.map((o) => o.slice()));
+    }
+    got[0].forEach((o, i) => {
+      assert.ok(!o.some(Number.isNaN), `split ${splitK}: output ${i} has no NaN`);
+      assert.ok(sameBits(o, got[1][i]), `split ${splitK}: output ${i} differs from the separate calls`);
+    });
+    // and each against float64: job 7's dh = dq Wq + dk Wk + dv Wv
+    const { jobs } = jobsLike();
+    const j7 = jobs[7];
+    const want = new Float64Array(j7.C.length);
+    for (const tm of j7.terms) {
+      const r = matmulRef(tm.tA, tm.tB, tm.M, tm.N, tm.K, 1, tm.A, tm.B, 0, j7.C);
+      r.forEach((x, i) => {
+        want[i] += x;
+      });
+    }
+    assert.ok(relErr(got[0][7], want) < 1e-5, `split ${splitK}: the chained terms against float64`);
+    k.dispose();
+  }
+});
+
+/** WGSL with `from` replaced by `to`, failing when `from` is not in it (the defect must be planted). */
+function plant(code: string, from: string | RegExp, to: string): string {
+  const out = code.replace(from, to);
+  assert.notEqual(out, code, `the planted defect ${String(from)} is in the shader`);
+  return out;
+}
+
+test("on webgpu, a planted defect in each matmul shader fails the float64 comparison", async (t) => {
+  const skipLastK = (name: ShaderName) =>
+    plant(SHADERS[name].code, /kb < k1; kb \+= (\d+)u/, "kb + $1u < k1; kb += $1u");
+  const cases: { shader: ShaderName; splitK: "on" | "off"; run: (k: Kernels) => Promise<number> }[] = [];
+  for (const tA of [false, true])
+    for (const tB of [false, true]) {
+      const shader = `matmul_${tA ? "t" : "n"}${tB ? "t" : "n"}` as ShaderName;
+      cases.push({ shader, splitK: "off", run: async (k) => (await matmulErr(k, tA, tB, 67, 130, 33, 1, 0, 9)).err });
+    }
+  const chained = async (k: Kernels) => {
+    const { jobs, outs } = jobsLike();
+    assert.ok(k.matmuls);
+    k.matmuls(jobs);
+    await settleOf(k)(outs);
+    const j = jobs[7],
+      want = new Float64Array(j.C.length);
+    for (const tm of j.terms)
+      matmulRef(tm.tA, tm.tB, tm.M, tm.N, tm.K, 1, tm.A, tm.B, 0, j.C).forEach((x, i) => {
+        want[i] += x;
+      });
+    return relErr(outs[7], want);
+  };
+  cases.push({ shader: "matmuls", splitK: "off", run: chained });
+  for (const c of cases) {
+    const clean = await useWebgpuWith(t, { splitK: c.splitK });
+    if (!clean) return;
+    const bad = await useWebgpuWith(t, { splitK: c.splitK, shaders: { [c.shader]: skipLastK(c.shader) } });
+    assert.ok(bad);
+    assert.ok((await c.run(clean)) < 1e-5, `${c.shader}: the clean shader passes`);
+    const err = await c.run(bad);
+    assert.ok(err > 1e-5, `${c.shader} without its last K tile: rel err ${err} fails the comparison`);
+    clean.dispose();
+    bad.dispose();
+  }
+  // the reduce: the last split's partial sums dropped, or the partials summed in the wrong order
+  const lastSplit = plant(SHADERS.matmul_reduce.code, "s < tm.S; s++", "s + 1u < tm.S; s++");
+  const clean = await useWebgpuWith(t, { splitK: "on" }),
+    bad = await useWebgpuWith(t, { splitK: "on", shaders: { matmul_reduce: lastSplit } });
+  assert.ok(clean && bad);
+  const good = await matmulErr(clean, true, false, 40, 70, 4500, 1, 0, 11);
+  assert.ok(good.err < 1e-5, "the clean reduce passes");
+  const err = (await matmulErr(bad, true, false, 40, 70, 4500, 1, 0, 11)).err;
+  assert.ok(err > 1e-5, `the reduce without its last split: rel err ${err} fails the comparison`);
+  // summing the splits from the last: within tolerance, but not the fixed order's bits
+  const reversed = plant(
+    SHADERS.matmul_reduce.code,
+    /var acc = part\[tm\.pO \+ e\];\s*for \(var s = 1u; s < tm\.S; s\+\+\) \{ acc = acc \+ part\[tm\.pO \+ s \* jb\.MN \+ e\]; \}/,
+    "var acc = part[tm.pO + (tm.S - 1u) * jb.MN + e]; for (var s = 1u; s < tm.S; s++) { acc = acc + part[tm.pO + (tm.S - 1u - s) * jb.MN + e]; }",
+  );
+  const rev = await useWebgpuWith(t, { splitK: "on", shaders: { matmul_reduce: reversed } });
+  assert.ok(rev);
+  const r = await matmulErr(rev, true, false, 40, 70, 4500, 1, 0, 11);
+  assert.ok(!sameBits(r.out, good.out), "the splits summed in reverse order give other bits than the fixed order");
+  for (const k of [clean, bad, rev]) k.dispose();
+});
 
 test("on webgpu, llama-tiny's loss, logits and every gradient match the float64 reference, gradient checkpointing on and off bit-identical (M4, M6)", async (t) => {
   const k = await useWebgpu(t);

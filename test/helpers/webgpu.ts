@@ -3,7 +3,7 @@
 // engine that cannot open FAILS the test instead.
 import type { TestContext } from "node:test";
 import type { Kernels } from "../../src/model/kernels";
-import { createWebgpuKernels, probeWebgpuSync } from "../../src/model/engine/webgpu";
+import { createWebgpuKernels, openWebgpuDevice, probeWebgpuSync, webgpuEngineOn } from "../../src/model/engine/webgpu";
 
 export const REQUIRE_WEBGPU = "TSTRAIN_REQUIRE_WEBGPU";
 
@@ -32,4 +32,14 @@ export function settleOf(k: Kernels): NonNullable<Kernels["settle"]> {
   const s = k.settle;
   if (!s) throw new Error(`${k.name} has no settle()`);
   return s;
+}
+
+/** A webgpu engine with options (split-K forced, a planted defect) on its own device, or null as useWebgpu. */
+export async function useWebgpuWith(
+  t: TestContext,
+  opts: Parameters<typeof webgpuEngineOn>[2],
+): Promise<Kernels | null> {
+  const d = await openWebgpuDevice();
+  if ("reason" in d) return unavailable(t, d.reason, d.fix);
+  return webgpuEngineOn(d.device, d.name, opts).kernels;
 }
