@@ -6,15 +6,18 @@
  *  - packParams puts each setting at its declared place whatever the order of the object, and refuses a missing,
  *    misspelled or extra name and a u32 out of range;
  *  - every kernel of the engine, run on a recording device, dispatches its shader with exactly its settings and
- *    one operand per storage array;
+ *    one operand per storage array; matmuls binds each distinct buffer once and splits along K with a reduce;
  *  - the fused attention makes no buffer of B*H*T*T floats at the frozen model's shape (no scratch at all), runs
- *    its backward in one dispatch, and refuses a head size over 128 before any work.
+ *    its backward in one dispatch, and refuses a head size over 128 before any work;
+ *  - the frozen model's micro-batch (seq 1024 x 4) records at most the dispatches its test names, counted on a
+ *    device that runs nothing (bench/webgpu-count.ts).
  * test/model.webgpu.test.ts runs the same kernels on an adapter against the JS reference.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { Kernels } from "../src/model/kernels";
 import { type GpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
+import { webgpuCounts } from "../bench/webgpu-count";
 import { BK, packParams, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 
 const NAMES = Object.keys(SHADERS) as ShaderName[];
@@ -293,4 +296,9 @@ test("the fused attention allocates no buffer of B*H*T*T floats at the frozen mo
     /^Error: webgpu: attention takes a head size of at most 128 \(its tiles in workgroup memory are sized for it\); this model's is 129; use --backend native$/,
   );
   assert.equal(dispatches.length, before, "refused before any dispatch");
+});
+
+test("the frozen model's micro-batch at seq 1024 x 4 records at most 608 dispatches (894 before matmuls)", async () => {
+  const c = await webgpuCounts(1024, 4, 1);
+  assert.ok(c.dispatches_per_micro <= 608, `${c.dispatches_per_micro} dispatches per micro-batch`);
 });

@@ -3,6 +3,10 @@
  * the llvmpipe software adapter of Mesa 25, TSTRAIN_REQUIRE_WEBGPU=1; elsewhere skipped, saying why):
  *  - every kernel, forward and backward, against the JS reference (js.ts; matmul against float64) within 1e-5
  *    relative, on views at unaligned offsets and on a SharedArrayBuffer, and bit-identical when run again;
+ *  - the matmul's four transpose pipelines, split along K forced on, off and by shape, against float64 on shapes
+ *    off the tile (K past 4096, beta 0 over a NaN C, alpha != 1); matmuls (several jobs, a residual add, chained
+ *    terms, split jobs) equal to the separate matmul calls bit for bit; a planted defect in each matmul shader
+ *    (built through the engine's shaders option) fails the comparison;
  *  - llama-tiny's loss, logits and every gradient against the float64 fixture within the parity test's
  *    tolerances (1e-5, 1e-4, 1e-4), gradient checkpointing on and off bit-identical, and a second micro-batch
  *    accumulating into the read-back gradient;
@@ -31,7 +35,6 @@ import { maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { settleOf, useWebgpu, useWebgpuWith } from "./helpers/webgpu";
 import { type GpuDevice, openWebgpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
-import { SHADERS, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 
 /** n pseudo-random floats in [-1, 1), as a view at an unaligned offset (3 floats) of a bigger buffer, or on a SharedArrayBuffer. */
 function rand(n: number, seed: number, shared = false): Float32Array {
@@ -669,7 +672,7 @@ test("on webgpu, matmuls (several jobs, chained terms, add, split along K) equal
 });
 
 /** WGSL with `from` replaced by `to`, failing when `from` is not in it (the defect must be planted). */
-function plant(code: string, from: string | RegExp, to: string): string {
+function plantFirst(code: string, from: string | RegExp, to: string): string {
   const out = code.replace(from, to);
   assert.notEqual(out, code, `the planted defect ${String(from)} is in the shader`);
   return out;
@@ -677,7 +680,7 @@ function plant(code: string, from: string | RegExp, to: string): string {
 
 test("on webgpu, a planted defect in each matmul shader fails the float64 comparison", async (t) => {
   const skipLastK = (name: ShaderName) =>
-    plant(SHADERS[name].code, /kb < k1; kb \+= (\d+)u/, "kb + $1u < k1; kb += $1u");
+    plantFirst(SHADERS[name].code, /kb < k1; kb \+= (\d+)u/, "kb + $1u < k1; kb += $1u");
   const cases: { shader: ShaderName; splitK: "on" | "off"; run: (k: Kernels) => Promise<number> }[] = [];
   for (const tA of [false, true])
     for (const tB of [false, true]) {
@@ -710,7 +713,7 @@ test("on webgpu, a planted defect in each matmul shader fails the float64 compar
     bad.dispose();
   }
   // the reduce: the last split's partial sums dropped, or the partials summed in the wrong order
-  const lastSplit = plant(SHADERS.matmul_reduce.code, "s < tm.S; s++", "s + 1u < tm.S; s++");
+  const lastSplit = plantFirst(SHADERS.matmul_reduce.code, "s < tm.S; s++", "s + 1u < tm.S; s++");
   const clean = await useWebgpuWith(t, { splitK: "on" }),
     bad = await useWebgpuWith(t, { splitK: "on", shaders: { matmul_reduce: lastSplit } });
   assert.ok(clean && bad);
@@ -719,7 +722,7 @@ test("on webgpu, a planted defect in each matmul shader fails the float64 compar
   const err = (await matmulErr(bad, true, false, 40, 70, 4500, 1, 0, 11)).err;
   assert.ok(err > 1e-5, `the reduce without its last split: rel err ${err} fails the comparison`);
   // summing the splits from the last: within tolerance, but not the fixed order's bits
-  const reversed = plant(
+  const reversed = plantFirst(
     SHADERS.matmul_reduce.code,
     /var acc = part\[tm\.pO \+ e\];\s*for \(var s = 1u; s < tm\.S; s\+\+\) \{ acc = acc \+ part\[tm\.pO \+ s \* jb\.MN \+ e\]; \}/,
     "var acc = part[tm.pO + (tm.S - 1u) * jb.MN + e]; for (var s = 1u; s < tm.S; s++) { acc = acc + part[tm.pO + (tm.S - 1u - s) * jb.MN + e]; }",
