@@ -11,6 +11,8 @@
  *    its backward in one dispatch, and refuses a head size over 128 before any work;
  *  - the frozen model's micro-batch (seq 1024 x 4) records at most the dispatches its test names, counted on a
  *    device that runs nothing (bench/webgpu-count.ts).
+ *  - rmsnormBackward's deferred weight gradients: one rmsnormBackwardW for all pending calls, recorded before a
+ *    kernel that binds a pending dw, before a second call on one dw, and at settle, never otherwise.
  * test/model.webgpu.test.ts runs the same kernels on an adapter against the JS reference.
  */
 import { test } from "node:test";
@@ -18,7 +20,7 @@ import assert from "node:assert/strict";
 import type { Kernels } from "../src/model/kernels";
 import { type GpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
 import { webgpuCounts } from "../bench/webgpu-count";
-import { BK, packParams, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
+import { BK, packParams, rmsnormRows, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 
 const NAMES = Object.keys(SHADERS) as ShaderName[];
 
@@ -191,7 +193,8 @@ function callEvery(k: Kernels): void {
   k.embeddingForward(f(B * T * D), ids, f(V * D), B * T, D);
   k.embeddingBackward(f(V * D), ids, f(B * T * D), B * T, D);
   k.rmsnormForward(f(B * T * D), f(B * T), f(B * T * D), f(D), B * T, D, 1e-5);
-  k.rmsnormBackward(f(B * T * D), f(D), f(B * T * D), f(B * T * D), f(D), f(B * T), B * T, D);
+  const dw = f(D);
+  k.rmsnormBackward(f(B * T * D), dw, f(B * T * D), f(B * T * D), f(D), f(B * T), B * T, D);
   k.ropeForward(f(B * T * H * E), f(T * E), f(T * E), B, T, H, E);
   k.ropeBackward(f(B * T * H * E), f(T * E), f(T * E), B, T, H, E);
   const q = B * T * H * E,
@@ -203,6 +206,7 @@ function callEvery(k: Kernels): void {
   k.swigluBackward(f(12), f(12), f(12), f(12), f(12), 12);
   k.crossEntropy(f(B * T * V), ids, B * T, V, 0.5);
   assert.ok(k.copy && k.fill, "the webgpu engine has copy and fill");
+  k.copy(f(D), dw); // reads the pending dw: rmsnormBackward's deferred rmsnormBackwardW is recorded first
   k.copy(f(9), f(9));
   k.fill(f(9), 2.5);
 }
@@ -237,6 +241,8 @@ test("every kernel of the webgpu engine dispatches its shader with exactly its s
     rope.map((r) => r.sign),
     [1, -1],
   );
+  const at = dispatches.findIndex((d) => d.shader === "rmsnormBackwardW");
+  assert.equal(dispatches[at + 1].shader, "copy", "the deferred dw sum comes right before the copy that reads dw");
   const fill = settingsOf(dispatches[dispatches.length - 1]);
   assert.deepEqual([fill.n, fill.value], [9, 2.5]);
   const att = dispatches.find((d) => d.shader === "attentionForward");
@@ -270,6 +276,35 @@ test("a webgpu dispatch with a setting missing, misspelled or extra, or an opera
     /^Error: webgpu: fill binds dst; given 0 operands$/,
   );
   assert.equal(dispatches.length, 1, "nothing more was recorded");
+});
+
+test("rmsnormBackward's weight gradients wait for one rmsnormBackwardW for all of them: before a kernel that binds a pending dw, a second call on one dw, or settle", async () => {
+  const { device, dispatches } = recordingDevice();
+  const k = webgpuEngineOn(device, "recording").kernels;
+  const f = (n: number, at = 3) => new Float32Array(n + at).subarray(at);
+  const [N, D] = [1030, 8]; // rows of 3: 344 blocks
+  const grads = new Float32Array(4 * D + 64),
+    dws = [0, 1, 2].map((i) => grads.subarray(i * D, (i + 1) * D)),
+    other = grads.subarray(3 * D + 64, 4 * D + 64);
+  const norm = (dw: Float32Array) => k.rmsnormBackward(f(N * D), dw, f(N * D), f(N * D), f(D), f(N), N, D);
+  const names = () => dispatches.splice(0).map((d) => d.shader);
+  // a first round grows the engine's partials buffer (a growth flushes what is pending); the second is the steady state
+  for (const dw of dws) norm(dw);
+  await k.settle?.([grads]);
+  names();
+  for (const dw of dws) norm(dw);
+  k.fill?.(other, 0); // another part of the gradient buffer: no flush
+  assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackward", "rmsnormBackward", "fill"]);
+  norm(dws[0]); // dws[0] again: the three pending sums first, in one dispatch
+  const flushed = dispatches[0];
+  assert.deepEqual(names(), ["rmsnormBackwardW", "rmsnormBackward"]);
+  assert.equal(settingsOf(flushed).S, 3, "one dispatch for the three pending sets");
+  k.fill?.(dws[0], 0); // binds the pending dws[0]
+  assert.deepEqual(names(), ["rmsnormBackwardW", "fill"]);
+  norm(dws[1]);
+  await k.settle?.([grads]);
+  assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackwardW"], "settle records the pending sum first");
+  assert.equal(Math.ceil(N / rmsnormRows(N)), 344, "the row block");
 });
 
 test("the fused attention allocates no buffer of B*H*T*T floats at the frozen model's shape, and refuses a head size over 128", () => {

@@ -7,6 +7,9 @@
  *    off the tile (K past 4096, beta 0 over a NaN C, alpha != 1); matmuls (several jobs, a residual add, chained
  *    terms, split jobs) equal to the separate matmul calls bit for bit; a planted defect in each matmul shader
  *    (built through the engine's shaders option) fails the comparison;
+ *  - the column sums on edge shapes (N = 1, N off rmsnormBackward's row block, a token repeated many times):
+ *    rmsnormBackward's deferred dw within 1e-5, embeddingBackward bit-identical to js.ts; and each of their
+ *    shaders with a planted defect FAILS those checks;
  *  - llama-tiny's loss, logits and every gradient against the float64 fixture within the parity test's
  *    tolerances (1e-5, 1e-4, 1e-4), gradient checkpointing on and off bit-identical, and a second micro-batch
  *    accumulating into the read-back gradient;
@@ -25,13 +28,13 @@ import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { jsKernels } from "../src/model/engine/js";
 import { type Kernels, type MatmulJob, matmulsInSequence } from "../src/model/kernels";
-import { SHADERS, type ShaderName } from "../src/model/engine/webgpu-wgsl";
+import { rmsnormRows, SHADERS, type ShaderName } from "../src/model/engine/webgpu-wgsl";
 import { KvCache, Llama } from "../src/model/llama";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import { initWeights } from "../src/model/init";
 import { readSafetensors } from "../src/model/safetensors";
-import { maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
+import { lcg, maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { settleOf, useWebgpu, useWebgpuWith } from "./helpers/webgpu";
 import { type GpuDevice, openWebgpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
@@ -458,6 +461,171 @@ test("on webgpu, each fused attention shader with a planted defect fails the com
     const { err } = await attentionErrors(k, shape, 900);
     // the comparison the passing test makes (rel err < 1e-5) fails: a NaN fails it too
     for (const i of d.wrong) assert.ok(!(err[i] < 1e-5), `${d.what}: ${ATT_OUTPUTS[i]} rel err ${err[i]} passes`);
+    k.dispose();
+  }
+});
+
+/** Runs `call` twice (fresh copies of the outputs), settles, and requires js.ts's bits (`ref`) both times. */
+async function checkExact(
+  k: Kernels,
+  what: string,
+  outs: Float32Array[],
+  call: (o: Float32Array[]) => void,
+  ref: Float32Array[],
+): Promise<void> {
+  for (let r = 0; r < 2; r++) {
+    const o = outs.map(copyOf);
+    call(o);
+    await settleOf(k)(o);
+    for (let i = 0; i < outs.length; i++)
+      assert.ok(sameBits(o[i], ref[i]), `${what}: output ${i} differs from js.ts's bits (run ${r})`);
+  }
+}
+
+/** rmsnormBackward's shapes: N = 1, N a multiple of the row block, N off it (last block short), D past a workgroup. */
+const NORM_SHAPES: [number, number][] = [
+  [1, 48],
+  [37, 48],
+  [1025, 300], // rows of 3: 341 full blocks and one of 2
+  [1537, 64], // rows of 4: 384 full blocks and one of 1
+];
+
+async function checkRmsnormBackward(k: Kernels, N: number, D: number): Promise<void> {
+  const x = rand(N * D, 40 + N),
+    w = rand(D, 41),
+    dout = rand(N * D, 42, true),
+    rstd = new Float32Array(N),
+    out = new Float32Array(N * D);
+  jsKernels.rmsnormForward(out, rstd, x, w, N, D, 1e-5);
+  const dx = rand(N * D, 43),
+    dw = rand(D, 44),
+    wdx = copyOf(dx),
+    wdw = copyOf(dw);
+  jsKernels.rmsnormBackward(wdx, wdw, dout, x, w, rstd, N, D);
+  await check(
+    k,
+    `rmsnormBackward N=${N} D=${D}`,
+    [dx, dw],
+    ([a, b]) => k.rmsnormBackward(a, b, dout, x, w, rstd, N, D),
+    [wdx, wdw],
+  );
+}
+
+/** embeddingBackward's shapes: one row; one token for every row; a few tokens repeated many times, D past a workgroup. */
+function embeddingCases(): { what: string; ids: Int32Array; D: number; V: number }[] {
+  const skew = lcg(7);
+  return [
+    { what: "N=1", ids: Int32Array.of(5), D: 48, V: 96 },
+    { what: "one token 300 times", ids: new Int32Array(300).fill(17), D: 48, V: 96 },
+    { what: "37 rows of 11 tokens", ids: Int32Array.from({ length: 37 }, (_, i) => (i * 7) % 11), D: 48, V: 96 },
+    {
+      what: "513 rows, skewed",
+      ids: Int32Array.from({ length: 513 }, () => (skew() >>> 29) * ((skew() >>> 31) + 1)),
+      D: 300,
+      V: 20,
+    },
+  ];
+}
+
+async function checkEmbeddingBackward(k: Kernels): Promise<void> {
+  for (const { what, ids, D, V } of embeddingCases()) {
+    const N = ids.length,
+      dout = rand(N * D, 50 + N),
+      dE = rand(V * D, 51, true),
+      want = copyOf(dE);
+    jsKernels.embeddingBackward(want, ids, dout, N, D);
+    await checkExact(k, `embeddingBackward ${what}`, [dE], ([o]) => k.embeddingBackward(o, ids, dout, N, D), [want]);
+  }
+}
+
+test("on webgpu, the column sums match js.ts on edge shapes: rmsnormBackward's dw (deferred) within 1e-5, embeddingBackward bit-identical", async (t) => {
+  const k = await useWebgpu(t);
+  if (!k) return;
+  assert.ok(
+    NORM_SHAPES.some(([n]) => n % rmsnormRows(n) !== 0),
+    "a shape whose last block of rows is short",
+  );
+  for (const [N, D] of NORM_SHAPES) await checkRmsnormBackward(k, N, D);
+  await checkEmbeddingBackward(k);
+  // the deferred dw: two calls on one dw between settles add twice, and a kernel that reads dw between them sees
+  // the first call's sum; a second norm's dw in the same flush gets its own
+  const [N, D] = [70, 40];
+  const x = rand(N * D, 70),
+    w = rand(D, 71),
+    dout = rand(N * D, 72),
+    rstd = new Float32Array(N);
+  jsKernels.rmsnormForward(new Float32Array(N * D), rstd, x, w, N, D, 1e-5);
+  const dx = rand(N * D, 73),
+    dw = rand(D, 74),
+    dw2 = rand(D, 75),
+    seen = new Float32Array(D);
+  const wdx = copyOf(dx),
+    wdw = copyOf(dw),
+    wdw2 = copyOf(dw2);
+  jsKernels.rmsnormBackward(wdx, wdw, dout, x, w, rstd, N, D);
+  const wseen = copyOf(wdw);
+  jsKernels.rmsnormBackward(wdx, wdw, dout, x, w, rstd, N, D);
+  jsKernels.rmsnormBackward(wdx, wdw2, dout, x, w, rstd, N, D);
+  k.rmsnormBackward(dx, dw, dout, x, w, rstd, N, D);
+  k.copy?.(seen, dw);
+  k.rmsnormBackward(dx, dw, dout, x, w, rstd, N, D);
+  k.rmsnormBackward(dx, dw2, dout, x, w, rstd, N, D);
+  await settleOf(k)([dx, dw, dw2, seen]);
+  for (const [name, got, want] of [
+    ["dx", dx, wdx],
+    ["dw read between the calls", seen, wseen],
+    ["dw after two calls", dw, wdw],
+    ["the second norm's dw", dw2, wdw2],
+  ] as const)
+    assert.ok(relErr(got, want) < 1e-5, `deferred rmsnormBackward: ${name} rel err ${relErr(got, want)}`);
+  k.dispose();
+});
+
+/** Shader `name` with `from` replaced by `to` (which must occur). */
+function planted(name: ShaderName, from: string, to: string): Partial<Record<ShaderName, string>> {
+  const code = SHADERS[name].code;
+  assert.ok(code.includes(from), `${name}'s WGSL has ${JSON.stringify(from)}`);
+  return { [name]: code.replace(from, to) };
+}
+
+test("on webgpu, each column-sum shader with a planted defect fails its check against js.ts", async (t) => {
+  const defects: {
+    what: string;
+    shaders: Partial<Record<ShaderName, string>>;
+    run: (k: Kernels) => Promise<void>;
+    fails: RegExp;
+  }[] = [
+    {
+      what: "rmsnormBackwardW drops the last partial block",
+      shaders: planted("rmsnormBackwardW", "b < nb; b++", "b + 1u < nb; b++"),
+      run: (k) => checkRmsnormBackward(k, 1025, 300),
+      fails: /rmsnormBackward N=1025 D=300: output 1 rel err/,
+    },
+    {
+      what: "rmsnormBackward's partial drops each block's last row",
+      shaders: planted(
+        "rmsnormBackward",
+        "for (var n = n0; n < n1; n++) { acc",
+        "for (var n = n0; n + 1u < n1; n++) { acc",
+      ),
+      run: (k) => checkRmsnormBackward(k, 1025, 300),
+      fails: /rmsnormBackward N=1025 D=300: output 1 rel err/,
+    },
+    {
+      what: "embeddingBackward sums a token's rows in reverse order",
+      shaders: planted(
+        "embeddingBackward",
+        "for (var j = s0; j < s1; j++) { acc = acc + dout[p.oD + u32(csr[rows + j]) * p.D + d]; }",
+        "for (var j = s1; j > s0; j--) { acc = acc + dout[p.oD + u32(csr[rows + j - 1u]) * p.D + d]; }",
+      ),
+      run: checkEmbeddingBackward,
+      fails: /embeddingBackward one token 300 times: output 0 differs from js\.ts's bits/,
+    },
+  ];
+  for (const d of defects) {
+    const k = await useWebgpuWith(t, { shaders: d.shaders });
+    if (!k) return;
+    await assert.rejects(d.run(k), d.fails, `the planted defect "${d.what}" was not caught`);
     k.dispose();
   }
 });

@@ -9,7 +9,9 @@
  * float32 throughout. Deterministic by construction: no atomics, every sum runs in one fixed order (a thread's
  * own loop, or a workgroup's fixed tree), so the same inputs give the same bits on one device, run to run.
  * Elementwise kernels index a 1-D range over a 2-D grid (x * 256 per row of the grid; the host splits past 65535
- * workgroups); row kernels take one workgroup per row. Attention is fused, FlashAttention-2's scheme as the native
+ * workgroups); row kernels take one workgroup per row (rmsnormBackward one per block of rows). Column sums over
+ * rows run in parallel blocks whose partials are summed in block order (rmsnormBackwardW), or per distinct token
+ * (embeddingBackward), never one thread down all N rows. Attention is fused, FlashAttention-2's scheme as the native
  * engine's (native/ops/attention.c): tiles in workgroup memory, an online softmax, a backward that recomputes the
  * probabilities from the saved log-sum-exp; no buffer of T x T floats, each workgroup owning its outputs.
  */
@@ -324,20 +326,29 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 }`,
 );
 
-/** One thread per column d, the tokens in n order: the scatter-add without atomics. */
+/**
+ * dE[ids[n], :] += dout[n, :] from the host's occurrence lists (webgpu.ts builds them from ids, CSR): csr holds the
+ * U distinct tokens, then U+1 starts, then every row n grouped by token, in n order within a token. One thread per
+ * (distinct token, column): it adds that token's rows in n order onto dE's value, one f32 rounding per add, the
+ * reference's exact operations (js.ts). No two threads write one element: no atomics.
+ */
 const embeddingBackward = shader(
-  ["dE", "ids:i32", "dout"],
-  { N: "u32", D: "u32", oE: "u32", oI: "u32", oD: "u32" },
+  ["dE", "csr:i32", "dout"],
+  { n: "u32", U: "u32", D: "u32", oE: "u32", oC: "u32", oD: "u32" },
   `
 ${idx}
 @compute @workgroup_size(${WG})
 fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
-  let d = flat(g, nw);
-  if (d >= p.D) { return; }
-  for (var n = 0u; n < p.N; n++) {
-    let at = p.oE + u32(ids[p.oI + n]) * p.D + d;
-    dE[at] = dE[at] + dout[p.oD + n * p.D + d];
-  }
+  let i = flat(g, nw);
+  if (i >= p.n) { return; }
+  let u = i / p.D; let d = i % p.D;
+  let at = p.oE + u32(csr[p.oC + u]) * p.D + d;
+  let s0 = u32(csr[p.oC + p.U + u]);
+  let s1 = u32(csr[p.oC + p.U + u + 1u]);
+  let rows = p.oC + 2u * p.U + 1u;
+  var acc = dE[at];
+  for (var j = s0; j < s1; j++) { acc = acc + dout[p.oD + u32(csr[rows + j]) * p.D + d]; }
+  dE[at] = acc;
 }`,
 );
 
@@ -381,48 +392,78 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
 }`,
 );
 
-/** dx += rstd * (dout*w - xhat * mean(dout*w*xhat)), one workgroup per row (dw: rmsnormBackwardW). */
+/**
+ * The rows of a block of rmsnormBackward: the rows of one workgroup, whose dw terms it sums into one partial.
+ * ceil(N / RMS_BLOCKS) rows, so at most RMS_BLOCKS partials of D floats a call.
+ */
+export const RMS_BLOCKS = 512;
+export function rmsnormRows(N: number): number {
+  return Math.max(1, Math.ceil(N / RMS_BLOCKS));
+}
+
+/**
+ * One workgroup per block of R rows (the last may hold fewer), the rows in order: dx += rstd * (dout*w - xhat *
+ * mean(dout*w*xhat)), the mean by the fixed tree; then, one thread per column d, part[oP + block*D + d] = the sum
+ * over the block's rows in n order of dout[n,d] * (x[n,d] * rstd[n]). rmsnormBackwardW adds the partials to dw.
+ */
 const rmsnormBackward = shader(
-  ["dx", "dout", "x", "w", "rstd"],
-  { N: "u32", D: "u32", oDX: "u32", oDO: "u32", oX: "u32", oW: "u32", oR: "u32" },
+  ["dx", "part", "dout", "x", "w", "rstd"],
+  { N: "u32", D: "u32", R: "u32", oDX: "u32", oP: "u32", oDO: "u32", oX: "u32", oW: "u32", oR: "u32" },
   `
 ${row}
 ${treeSum}
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @builtin(local_invocation_index) l: u32) {
-  let n = rowOf(wg, nw);
-  let live = n < p.N;
-  let o = n * p.D;
-  var r = 0.0;
-  var dot = 0.0;
-  if (live) {
-    r = rstd[p.oR + n];
+  let blk = rowOf(wg, nw);
+  let n0 = blk * p.R;
+  let n1 = min(n0 + p.R, p.N);
+  for (var n = n0; n < n1; n++) {
+    let o = n * p.D;
+    let r = rstd[p.oR + n];
+    var dot = 0.0;
     for (var d = l; d < p.D; d += ${WG}u) { dot = dot + dout[p.oDO + o + d] * w[p.oW + d] * (x[p.oX + o + d] * r); }
+    red[l] = dot;
+    treeSum(l);
+    let mean = red[0] / f32(p.D);
+    workgroupBarrier(); // every thread has read red[0] before the next row writes red
+    for (var d = l; d < p.D; d += ${WG}u) {
+      let at = p.oDX + o + d;
+      dx[at] = dx[at] + r * (dout[p.oDO + o + d] * w[p.oW + d] - x[p.oX + o + d] * r * mean);
+    }
   }
-  red[l] = dot;
-  treeSum(l);
-  let mean = red[0] / f32(p.D);
-  if (!live) { return; }
+  if (n0 >= p.N) { return; }
   for (var d = l; d < p.D; d += ${WG}u) {
-    let at = p.oDX + o + d;
-    dx[at] = dx[at] + r * (dout[p.oDO + o + d] * w[p.oW + d] - x[p.oX + o + d] * r * mean);
+    var acc = 0.0;
+    for (var n = n0; n < n1; n++) { acc = acc + dout[p.oDO + n * p.D + d] * (x[p.oX + n * p.D + d] * rstd[p.oR + n]); }
+    part[p.oP + blk * p.D + d] = acc;
   }
 }`,
 );
 
-/** dw[d] += sum over n, in n order, of dout[n,d] * x[n,d] * rstd[n]: one thread per column. */
+/**
+ * dw += the column sums of rmsnormBackward's partials, for S calls at once (webgpu.ts defers them to one dispatch):
+ * set s = workgroup row y, its 4 words of `sets` at oT + 4s: dw's element in this binding, its partials' element
+ * in `part`, their count nb, and D. One thread per (set, column d) adds the nb partials in block order, then that
+ * sum to dw[d] (the reference adds its column sum to dw last, too).
+ */
 const rmsnormBackwardW = shader(
-  ["dw", "dout", "x", "rstd"],
-  { N: "u32", D: "u32", oDW: "u32", oDO: "u32", oX: "u32", oR: "u32" },
+  ["dw", "part", "sets:u32"],
+  { S: "u32", oT: "u32" },
   `
-${idx}
 @compute @workgroup_size(${WG})
-fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
-  let d = flat(g, nw);
-  if (d >= p.D) { return; }
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u32) {
+  let s = wg.y;
+  if (s >= p.S) { return; }
+  let t = p.oT + 4u * s;
+  let D = sets[t + 3u];
+  let d = wg.x * ${WG}u + l;
+  if (d >= D) { return; }
+  let nb = sets[t + 2u];
+  let o = sets[t + 1u] + d;
   var acc = 0.0;
-  for (var n = 0u; n < p.N; n++) { acc = acc + dout[p.oDO + n * p.D + d] * (x[p.oX + n * p.D + d] * rstd[p.oR + n]); }
-  dw[p.oDW + d] = dw[p.oDW + d] + acc;
+  for (var b = 0u; b < nb; b++) { acc = acc + part[o + b * D]; }
+  let at = sets[t] + d;
+  dw[at] = dw[at] + acc;
 }`,
 );
 

@@ -19,6 +19,10 @@
  * the order holds); the whole forward+backward of a micro-batch is queued and submitted in batches, and the
  * rank awaits one settle() per micro-batch: the loss (each cross-entropy row's loss, written on the device and
  * summed here in float64 in row order) and the gradient buffer, read back once. crossEntropy returns 0.
+ * rmsnormBackward defers its dw further: each call writes per-block partial column sums, and one rmsnormBackwardW
+ * dispatch adds every pending call's sums into its dw, recorded before the next dispatch that binds a pending dw, a
+ * second call on one dw, or settle (a micro-batch's 2L+1 norms: one dispatch where one binding spans their dws).
+ * embeddingBackward takes per-token occurrence lists built here from the host's token ids (uploaded as an input).
  *
  * Deterministic: the shaders use no atomics and sum in fixed orders, the dispatches are the same for the same
  * calls, so a run on one device model is bit-identical run to run and resumes exactly.
@@ -40,6 +44,7 @@ import {
   MM_BUFFERS,
   mmField,
   packParams,
+  rmsnormRows,
   SHADERS,
   TILE,
   WG,
@@ -378,6 +383,22 @@ class WebgpuEngine {
   private lossBuf: GpuBuffer | null = null;
   private lossAt = 0;
   private lossRetired: GpuBuffer[] = [];
+  /**
+   * rmsnormBackward's deferred weight gradients: each call wrote its partial column sums into `part` (from
+   * partAt on) and left dw += their sum to one rmsnormBackwardW dispatch for all of them (flushNorms), recorded
+   * before the next kernel that binds a pending dw, or at settle.
+   */
+  private pendingNorms: { dw: Bound; pOff: number; nb: number; D: number }[] = [];
+  private part: GpuBuffer | null = null;
+  private partAt = 0;
+  /** rmsnormBackwardW's set tables, each written once into `tables` and found again by its words. */
+  private tables: GpuBuffer | null = null;
+  private tablesAt = 0;
+  private readonly tableAt = new Map<string, number>();
+  /** embeddingBackward's occurrence lists (CSR), a host array bound as an input: a fresh range per call within a settle. */
+  private csr = new Int32Array(0);
+  private csrAt = 0;
+  private csrEpoch = -1;
   /** The split products' partial sums (matmuls), engine-owned. */
   private parts: GpuBuffer | null = null;
   /** The bindings a matmuls dispatch leaves unused, each a slice of this. */
@@ -650,6 +671,7 @@ class WebgpuEngine {
     if (ops.length !== shader.bindings.length)
       throw new Error(`webgpu: ${name} binds ${shader.bindings.join(", ")}; given ${ops.length} operands`);
     const bytes = packParams(name, shader, params);
+    if (name !== "rmsnormBackwardW") this.flushFor(ops); // a kernel that binds a pending dw sees it complete
     const [gx, gy, gz = 1] = grid;
     if (gx === 0 || gy === 0 || gz === 0) return;
     if (gx > MAX_GROUPS || gy > MAX_GROUPS || gz > MAX_GROUPS)
@@ -918,6 +940,151 @@ class WebgpuEngine {
     return true;
   }
 
+  /** The deferred weight gradients of rmsnormBackward that an operand's range holds, recorded now (flushNorms). */
+  private flushFor(ops: Bound[]): void {
+    if (this.pendingNorms.length > 0) {
+      const hit = ops.some((o) =>
+        this.pendingNorms.some(
+          (p) =>
+            p.dw.buffer === o.buffer &&
+            o.offset + 4 * o.elem < p.dw.offset + 4 * (p.dw.elem + p.D) &&
+            p.dw.offset + 4 * p.dw.elem < o.offset + o.size,
+        ),
+      );
+      if (hit) this.flushNorms();
+    }
+  }
+
+  /**
+   * The pending rmsnormBackward weight gradients: dw += their partials' column sums, one rmsnormBackwardW dispatch
+   * for all of them (or one per span of a dw buffer that one binding can hold), the sets in call order.
+   */
+  private flushNorms(): void {
+    const sets = this.pendingNorms;
+    if (sets.length === 0) return;
+    this.pendingNorms = [];
+    const part = this.own(this.part!, this.part!.size / 4);
+    this.partAt = 0;
+    const abs = (b: Bound) => b.offset + 4 * b.elem;
+    const groups: { lo: number; hi: number; sets: typeof sets }[] = [];
+    for (const st of sets) {
+      const a = abs(st.dw),
+        end = a + 4 * st.D;
+      const g = groups.find((x) => {
+        if (x.sets[0].dw.buffer !== st.dw.buffer) return false;
+        const lo = Math.floor(Math.min(x.lo, a) / this.align) * this.align;
+        return Math.max(x.hi, end) - lo <= this.maxBinding;
+      });
+      if (g) {
+        g.lo = Math.min(g.lo, a);
+        g.hi = Math.max(g.hi, end);
+        g.sets.push(st);
+      } else groups.push({ lo: a, hi: end, sets: [st] });
+    }
+    for (const g of groups) {
+      const lo = Math.floor(g.lo / this.align) * this.align;
+      const dw: Bound = { buffer: g.sets[0].dw.buffer, offset: lo, size: Math.max(4, g.hi - lo), elem: 0 };
+      const words = g.sets.flatMap((st) => [(abs(st.dw) - lo) / 4, st.pOff, st.nb, st.D]);
+      const oT = this.table(words);
+      const maxD = Math.max(...g.sets.map((st) => st.D));
+      this.dispatch("rmsnormBackwardW", [dw, part, this.own(this.tables!, this.tablesAt)], { S: g.sets.length, oT }, [
+        Math.ceil(maxD / WG),
+        g.sets.length,
+      ]);
+    }
+  }
+
+  /** The element of `words` in the set-table buffer: written once (a new range, read by no command yet), then kept. */
+  private table(words: number[]): number {
+    const key = words.join(",");
+    const found = this.tableAt.get(key);
+    if (found !== undefined && this.tables) return found;
+    const cap = this.tables ? this.tables.size / 4 : 0;
+    if (!this.tables || this.tablesAt + words.length > cap) {
+      if (this.tables) this.temps.push(this.tables); // destroyed once the commands that use it are submitted
+      this.tables = this.device.createBuffer({
+        size: 4 * Math.max(1 << 14, 2 * words.length),
+        usage: USAGE.STORAGE | USAGE.COPY_DST,
+      });
+      this.tablesAt = 0;
+      this.tableAt.clear();
+    }
+    const at = this.tablesAt;
+    this.device.queue.writeBuffer(this.tables, 4 * at, Uint32Array.from(words));
+    this.tablesAt += words.length;
+    this.tableAt.set(key, at);
+    return at;
+  }
+
+  /**
+   * Room for `floats` more partials of rmsnormBackward. When they do not fit, the pending sets are flushed and the
+   * buffer grows to twice what was asked of it (up to the binding limit), so that a backward's sets soon fit at once.
+   */
+  private partials(floats: number): number {
+    const cap = this.part ? this.part.size / 4 : 0,
+      want = this.partAt + floats;
+    if (want > cap) {
+      this.flushNorms();
+      if (floats > cap) this.bindable(4 * floats);
+      if (floats > cap || this.part === null || 2 * want <= Math.floor(this.maxBinding / 4)) {
+        if (this.part) this.temps.push(this.part); // destroyed once the commands that use it are submitted
+        this.part = this.device.createBuffer({
+          size: 4 * Math.max(floats, Math.min(Math.floor(this.maxBinding / 4), 2 * want)),
+          usage: USAGE.STORAGE,
+        });
+      }
+    }
+    const at = this.partAt;
+    this.partAt += floats;
+    return at;
+  }
+
+  /**
+   * The occurrence lists of ids[0..N) (embeddingBackward's shader): U distinct tokens in order of first
+   * occurrence, U+1 starts, then the rows of each token in n order; bound as an input, a new range of the host
+   * array per call between two settles (an input is uploaded once per settle).
+   */
+  private occurrences(ids: Int32Array, N: number): { csr: Bound; U: number } {
+    const slot = new Map<number, number>();
+    const count: number[] = [];
+    const tok: number[] = [];
+    for (let n = 0; n < N; n++) {
+      const t = ids[n];
+      let u = slot.get(t);
+      if (u === undefined) {
+        slot.set(t, (u = tok.length));
+        tok.push(t);
+        count.push(0);
+      }
+      count[u]++;
+    }
+    const U = tok.length,
+      need = 2 * U + 1 + N;
+    if (this.csrEpoch !== this.epoch) {
+      this.csrEpoch = this.epoch;
+      this.csrAt = 0;
+    }
+    if (this.csrAt + need > this.csr.length) {
+      this.csr = new Int32Array(Math.max(1 << 14, 2 * need));
+      this.csrAt = 0;
+    }
+    const c = this.csr.subarray(this.csrAt, this.csrAt + need);
+    this.csrAt += need;
+    c.set(tok);
+    let at = 0;
+    for (let u = 0; u < U; u++) {
+      c[U + u] = at;
+      at += count[u];
+    }
+    c[2 * U] = at;
+    const next = c.slice(U, 2 * U);
+    for (let n = 0; n < N; n++) {
+      const u = slot.get(ids[n]) as number;
+      c[2 * U + 1 + next[u]++] = n;
+    }
+    return { csr: this.bind(c, "r"), U };
+  }
+
   // ---------------------------------------------------------------- the Kernels
 
   /** A 1-D range of n threads in workgroups of `size`, as a grid. */
@@ -946,10 +1113,12 @@ class WebgpuEngine {
         d("embeddingForward", [o, i, t], { n: N * D, D, oO: e(o), oI: e(i), oE: e(t) }, grid(N * D));
       },
       embeddingBackward: (dE, ids, dout, N, D) => {
-        const i = bindR(ids),
+        if (N === 0 || D === 0) return;
+        const { csr, U } = this.occurrences(ids, N),
           g = bindR(dout),
           o = this.bind(dE, "rw");
-        d("embeddingBackward", [o, i, g], { N, D, oE: e(o), oI: e(i), oD: e(g) }, grid(D));
+        const f = { n: U * D, U, D, oE: e(o), oC: e(csr), oD: e(g) };
+        d("embeddingBackward", [o, csr, g], f, grid(U * D));
       },
       rmsnormForward: (out, rstd, x, w, N, D, eps) => {
         const xb = bindR(x),
@@ -960,18 +1129,46 @@ class WebgpuEngine {
         d("rmsnormForward", [o, r, xb, wb], f, grid(N, 1));
       },
       rmsnormBackward: (dx, dw, dout, x, w, rstd, N, D) => {
+        if (N === 0 || D === 0) return;
         const g = bindR(dout),
           xb = bindR(x),
           wb = bindR(w),
           r = bindR(rstd),
           o = this.bind(dx, "rw"),
-          ow = this.bind(dw, "rw");
-        const f = { N, D, oDX: e(o), oDO: e(g), oX: e(xb), oW: e(wb), oR: e(r) };
-        d("rmsnormBackward", [o, g, xb, wb, r], f, grid(N, 1));
-        d("rmsnormBackwardW", [ow, g, xb, r], { N, D, oDW: e(ow), oDO: e(g), oX: e(xb), oR: e(r) }, grid(D));
+          ow = this.bind(dw, "rw"); // written by the deferred rmsnormBackwardW (flushNorms)
+        // one dispatch adds each dw once: a dw already pending (or too many sets) is flushed first
+        const a = ow.offset + 4 * ow.elem;
+        if (
+          this.pendingNorms.length >= MAX_GROUPS ||
+          this.pendingNorms.some(
+            (p) =>
+              p.dw.buffer === ow.buffer &&
+              a < p.dw.offset + 4 * (p.dw.elem + p.D) &&
+              p.dw.offset + 4 * p.dw.elem < a + 4 * D,
+          )
+        )
+          this.flushNorms();
+        const R = rmsnormRows(N),
+          nb = Math.ceil(N / R),
+          pOff = this.partials(nb * D),
+          pb = this.own(this.part!, this.part!.size / 4);
+        const f = { N, D, R, oDX: e(o), oP: pOff, oDO: e(g), oX: e(xb), oW: e(wb), oR: e(r) };
+        d("rmsnormBackward", [o, pb, g, xb, wb, r], f, grid(nb, 1));
+        this.pendingNorms.push({ dw: ow, pOff, nb, D });
       },
       ropeForward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, 1),
       ropeBackward: (x, cos, sin, B, T, nh, E) => this.rope(x, cos, sin, B, T, nh, E, -1),
+      ropeQK: (q, kk, cos, sin, B, T, H, K, E, backward) => {
+        const h = E / 2,
+          c = bindR(cos),
+          s = bindR(sin),
+          oq = this.bind(q, "rw"),
+          ok = this.bind(kk, "rw");
+        const nq = B * T * H * h,
+          nk = B * T * K * h;
+        const f = { nq, nk, T, H, K, h, oQ: e(oq), oK: e(ok), oC: e(c), oS: e(s), sign: backward ? -1 : 1 };
+        d("ropeQK", [oq, ok, c, s], f, grid(nq + nk));
+      },
       attentionForward: (out, lse, q, k, v, B, T, H, K, E) => {
         attentionFits(E);
         const qb = bindR(q),
@@ -1072,7 +1269,10 @@ class WebgpuEngine {
       weightsChanged: () => this.weightsChanged(),
       constant: (a) => this.constant(a),
       traffic: () => structuredClone(this.counts),
-      settle: (readback, opts) => this.settle(readback, opts),
+      settle: (readback, opts) => {
+        this.flushNorms(); // before the readback, in the command stream
+        return this.settle(readback, opts);
+      },
       dispose: () => this.dispose(),
     };
     return k;
