@@ -199,6 +199,8 @@ function callEvery(k: Kernels): void {
   k.ropeBackward(f(B * T * H * E), f(T * E), f(T * E), B, T, H, E);
   const q = B * T * H * E,
     kv = B * T * K * E;
+  assert.ok(k.ropeQK, "the webgpu engine has ropeQK");
+  k.ropeQK(f(q), f(kv), f(T * E), f(T * E), B, T, H, K, E, true);
   k.attentionForward(f(q), f(B * H * T), f(q), f(kv), f(kv), B, T, H, K, E);
   k.attentionBackward(f(q), f(kv), f(kv), f(q), f(q), f(kv), f(kv), f(q), f(B * H * T), B, T, H, K, E);
   k.attentionCachedForward(f(T * H * E), f(T * H * E), f((2 + T) * K * E), f((2 + T) * K * E), 2, T, H, K, E);
@@ -240,6 +242,11 @@ test("every kernel of the webgpu engine dispatches its shader with exactly its s
   assert.deepEqual(
     rope.map((r) => r.sign),
     [1, -1],
+  );
+  const qk = dispatches.filter((d) => d.shader === "ropeQK").map(settingsOf);
+  assert.deepEqual(
+    qk.map((r) => [r.nq, r.nk, r.H, r.K, r.h, r.sign]),
+    [[2 * 3 * 4 * 2, 2 * 3 * 2 * 2, 4, 2, 2, -1]],
   );
   const at = dispatches.findIndex((d) => d.shader === "rmsnormBackwardW");
   assert.equal(dispatches[at + 1].shader, "copy", "the deferred dw sum comes right before the copy that reads dw");

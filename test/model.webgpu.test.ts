@@ -8,8 +8,8 @@
  *    terms, split jobs) equal to the separate matmul calls bit for bit; a planted defect in each matmul shader
  *    (built through the engine's shaders option) fails the comparison;
  *  - the column sums on edge shapes (N = 1, N off rmsnormBackward's row block, a token repeated many times):
- *    rmsnormBackward's deferred dw within 1e-5, embeddingBackward bit-identical to js.ts; and each of their
- *    shaders with a planted defect FAILS those checks;
+ *    rmsnormBackward's deferred dw within 1e-5, embeddingBackward bit-identical to js.ts, ropeQK as the two
+ *    rope calls; and each of their shaders with a planted defect FAILS those checks;
  *  - llama-tiny's loss, logits and every gradient against the float64 fixture within the parity test's
  *    tolerances (1e-5, 1e-4, 1e-4), gradient checkpointing on and off bit-identical, and a second micro-batch
  *    accumulating into the read-back gradient;
@@ -538,7 +538,30 @@ async function checkEmbeddingBackward(k: Kernels): Promise<void> {
   }
 }
 
-test("on webgpu, the column sums match js.ts on edge shapes: rmsnormBackward's dw (deferred) within 1e-5, embeddingBackward bit-identical", async (t) => {
+async function checkRopeQK(k: Kernels): Promise<void> {
+  const [B, T, H, K, E] = [2, 9, 6, 2, 8];
+  const cos = rand(T * (E / 2), 60),
+    sin = rand(T * (E / 2), 61);
+  assert.ok(k.ropeQK, "the webgpu engine has ropeQK");
+  for (const backward of [false, true]) {
+    const q = rand(B * T * H * E, 62),
+      kk = rand(B * T * K * E, 63, true),
+      wq = copyOf(q),
+      wk = copyOf(kk);
+    const dir = backward ? "ropeBackward" : "ropeForward";
+    jsKernels[dir](wq, cos, sin, B, T, H, E);
+    jsKernels[dir](wk, cos, sin, B, T, K, E);
+    await check(
+      k,
+      `ropeQK backward=${backward}`,
+      [q, kk],
+      ([a, b]) => k.ropeQK?.(a, b, cos, sin, B, T, H, K, E, backward),
+      [wq, wk],
+    );
+  }
+}
+
+test("on webgpu, the column sums and ropeQK match js.ts on edge shapes: rmsnormBackward's dw (deferred) within 1e-5, embeddingBackward bit-identical", async (t) => {
   const k = await useWebgpu(t);
   if (!k) return;
   assert.ok(
@@ -547,6 +570,7 @@ test("on webgpu, the column sums match js.ts on edge shapes: rmsnormBackward's d
   );
   for (const [N, D] of NORM_SHAPES) await checkRmsnormBackward(k, N, D);
   await checkEmbeddingBackward(k);
+  await checkRopeQK(k);
   // the deferred dw: two calls on one dw between settles add twice, and a kernel that reads dw between them sees
   // the first call's sum; a second norm's dw in the same flush gets its own
   const [N, D] = [70, 40];
@@ -588,7 +612,7 @@ function planted(name: ShaderName, from: string, to: string): Partial<Record<Sha
   return { [name]: code.replace(from, to) };
 }
 
-test("on webgpu, each column-sum shader with a planted defect fails its check against js.ts", async (t) => {
+test("on webgpu, each column-sum and ropeQK shader with a planted defect fails its check against js.ts", async (t) => {
   const defects: {
     what: string;
     shaders: Partial<Record<ShaderName, string>>;
@@ -620,6 +644,12 @@ test("on webgpu, each column-sum shader with a planted defect fails its check ag
       ),
       run: checkEmbeddingBackward,
       fails: /embeddingBackward one token 300 times: output 0 differs from js\.ts's bits/,
+    },
+    {
+      what: "ropeQK takes k's positions with q's head count",
+      shaders: planted("ropeQK", "select(p.H, p.K, isK)", "select(p.H, p.H, isK)"),
+      run: checkRopeQK,
+      fails: /ropeQK backward=false: output 1 rel err/,
     },
   ];
   for (const d of defects) {

@@ -100,6 +100,23 @@ export interface Kernels {
     E: number,
   ): void;
 
+  /**
+   * Optional: RoPE on q [B,T,H,E] and k [B,T,K,E] in one call, the results of ropeForward(q, .., H, E) then
+   * ropeForward(k, .., K, E) (backward: ropeBackward of both), which the model calls when an engine lacks it.
+   */
+  ropeQK?(
+    q: Float32Array,
+    k: Float32Array,
+    cos: Float32Array,
+    sin: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+    backward: boolean,
+  ): void;
+
   // ------------------------------------------------------------------ causal attention (GQA)
   /**
    * q [B,T,H,E], k and v [B,T,K,E] (after RoPE). For query head h (kv head j = floor(h*K/H)), with the scores

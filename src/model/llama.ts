@@ -261,8 +261,11 @@ export class Llama {
         fwd(s.v, s.h1, W.wv, N, D, K * E),
       ]);
       const { cos, sin } = kv ?? a; // RoPE at the positions these tokens hold
-      ops.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
-      ops.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
+      if (ops.ropeQK) ops.ropeQK(s.q, s.k, cos, sin, a.B, a.T, H, K, E, false);
+      else {
+        ops.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
+        ops.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
+      }
     }
     if (kv) {
       const at = kv.past * K * E;
@@ -286,8 +289,11 @@ export class Llama {
     // g.dx = dL/dx1 is also dL/dx through the residual: rmsnormBackward adds norm1's part into it last
     this.matmuls([dWJob(dW.wo, g.dx, s.o, N, H * E, D), dxJob(g.dO, [[g.dx, W.wo, D]], N, H * E)]);
     ops.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.o, s.lse, a.B, a.T, H, K, E);
-    ops.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
-    ops.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
+    if (ops.ropeQK) ops.ropeQK(g.dq, g.dk, a.cos, a.sin, a.B, a.T, H, K, E, true);
+    else {
+      ops.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
+      ops.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
+    }
     // dh = dq Wq + dk Wk + dv Wv: one job of three terms, summed in that order
     this.matmuls([
       dWJob(dW.wq, g.dq, s.h1, N, D, H * E),

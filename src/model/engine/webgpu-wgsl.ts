@@ -516,6 +516,53 @@ const attTotal = `
 fn total(o: u32) -> f32 { return ((part[o] + part[o + 1u]) + part[o + 2u]) + part[o + 3u]; }`;
 
 /**
+ * rope on q [B,T,H,E] and k [B,T,K,E] in one dispatch, the same operations per pair: threads [0, nq) rotate q's
+ * pairs, [nq, nq + nk) k's.
+ */
+const ropeQK = shader(
+  ["q", "k", "cs", "sn"],
+  {
+    nq: "u32",
+    nk: "u32",
+    T: "u32",
+    H: "u32",
+    K: "u32",
+    h: "u32",
+    oQ: "u32",
+    oK: "u32",
+    oC: "u32",
+    oS: "u32",
+    sign: "f32",
+  },
+  `
+${idx}
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: vec3u) {
+  let at = flat(g, nw);
+  if (at >= p.nq + p.nk) { return; }
+  let isK = at >= p.nq;
+  let id = select(at, at - p.nq, isK);
+  let nh = select(p.H, p.K, isK);
+  let i = id % p.h;
+  let t = (id / (p.h * nh)) % p.T;
+  let o = (id / p.h) * 2u * p.h + i;
+  let c = cs[p.oC + t * p.h + i];
+  let s = p.sign * sn[p.oS + t * p.h + i];
+  if (isK) {
+    let a = k[p.oK + o];
+    let z = k[p.oK + o + p.h];
+    k[p.oK + o] = a * c - z * s;
+    k[p.oK + o + p.h] = z * c + a * s;
+  } else {
+    let a = q[p.oQ + o];
+    let z = q[p.oQ + o + p.h];
+    q[p.oQ + o] = a * c - z * s;
+    q[p.oQ + o + p.h] = z * c + a * s;
+  }
+}`,
+);
+
+/**
  * The fused causal forward, shared by the training forward and the cached forward so that both run the same
  * operations. A workgroup owns ATT_BQ query rows of one (sequence, head); ATT_TPR threads per row, each holding
  * its slice of q and of the output accumulator. Key tiles of ATT_BK rows, from key 0 to the block's last visible
@@ -943,6 +990,7 @@ export const SHADERS = {
   rmsnormBackward,
   rmsnormBackwardW,
   rope,
+  ropeQK,
   attentionForward,
   attentionCachedForward,
   attentionBackward,
