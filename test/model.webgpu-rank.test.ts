@@ -3,7 +3,8 @@
  * Mesa 25's llvmpipe, TSTRAIN_REQUIRE_WEBGPU=1; elsewhere skipped, saying why):
  *  - micro-batch m + 1 is recorded before micro-batch m's readback resolves: the rank never waits for the host
  *    between micro-batches;
- *  - after the first step, nothing crosses per micro-batch but the tokens up and the gradient and loss rows down,
+ *  - after the first step, nothing crosses per micro-batch but the tokens up (the ids, the targets, and the ids'
+ *    occurrence lists that embeddingBackward reads) and the gradient and loss rows down,
  *    and the weights go up once per step: no gradient is uploaded (the readback zeroes the device's copy);
  *  - the folded float64 gradient and the losses are bit-identical to micro-batches run one at a time, each awaited.
  */
@@ -103,7 +104,17 @@ test("a webgpu rank records micro-batch m+1 before m's readback resolves, upload
   assert.equal(up("state"), 0, "no array a kernel writes (the gradient) was uploaded");
   assert.equal(up("weights"), 4 * P, "the weights go up once per step");
   assert.equal(up("constants"), 0, "the RoPE tables stay resident");
-  assert.equal(up("inputs"), ACCUM * 2 * 4 * B * T, "per micro-batch, only the token ids and the targets go up");
+  // embeddingBackward's occurrence lists of the ids (webgpu.ts): distinct tokens, starts, rows
+  let lists = 0;
+  for (let m = 0; m < ACCUM; m++) {
+    tokens(m, 1, ids);
+    lists += 4 * (2 * new Set(ids).size + 1 + B * T);
+  }
+  assert.equal(
+    up("inputs"),
+    ACCUM * 2 * 4 * B * T + lists,
+    "per micro-batch, only the tokens go up: the token ids, the targets, and the ids' occurrence lists",
+  );
   assert.equal(b.down.arrays - a.down.arrays, ACCUM * 4 * P, "the gradient comes down once per micro-batch");
   assert.equal(b.down.loss - a.down.loss, ACCUM * 4 * B * T, "and the loss rows (one per position)");
 
