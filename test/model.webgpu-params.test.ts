@@ -20,7 +20,15 @@ import assert from "node:assert/strict";
 import type { Kernels } from "../src/model/kernels";
 import { type GpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
 import { webgpuCounts } from "../bench/webgpu-count";
-import { BK, packParams, rmsnormRows, SHADERS, TILE, type Shader, type ShaderName } from "../src/model/engine/webgpu-wgsl";
+import {
+  BK,
+  packParams,
+  rmsnormRows,
+  SHADERS,
+  TILE,
+  type Shader,
+  type ShaderName,
+} from "../src/model/engine/webgpu-wgsl";
 
 const NAMES = Object.keys(SHADERS) as ShaderName[];
 
@@ -340,7 +348,7 @@ test("the fused attention allocates no buffer of B*H*T*T floats at the frozen mo
   assert.equal(dispatches.length, before, "refused before any dispatch");
 });
 
-test("the frozen model's micro-batch at seq 1024 x 4 records at most 608 dispatches (894 before matmuls)", async () => {
+test("the frozen model's micro-batch at seq 1024 x 4 records at most 450 dispatches (894 before the matmuls lists, the column sums and the device-sized head chunks)", async () => {
   const c = await webgpuCounts(1024, 4, 1);
-  assert.ok(c.dispatches_per_micro <= 608, `${c.dispatches_per_micro} dispatches per micro-batch`);
+  assert.ok(c.dispatches_per_micro <= 450, `${c.dispatches_per_micro} dispatches per micro-batch`);
 });

@@ -241,6 +241,11 @@ export interface Kernels {
    * it resident. Writing it afterwards is the caller's error.
    */
   constant?(a: Float32Array): void;
+  /**
+   * Tokens per LM-head chunk this engine prefers for a vocabulary of V (the model's default otherwise): a device
+   * engine takes the largest chunk one binding holds, since each chunk costs its dispatches.
+   */
+  headChunkTokens?(V: number): number;
   /** A device engine's counters since it was made: what crossed between host and device, and the dispatches. */
   traffic?(): DeviceTraffic;
 

@@ -104,7 +104,7 @@ export class Llama {
     this.ops = kernels;
     this.gradCkpt = o.gradCkpt;
     this.bind = weightBinder(c);
-    const hc = o.headChunkTokens ?? defaultHeadChunkTokens(c.vocabSize);
+    const hc = o.headChunkTokens ?? kernels.headChunkTokens?.(c.vocabSize) ?? defaultHeadChunkTokens(c.vocabSize);
     if (!Number.isInteger(hc) || hc < 1)
       throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
     this.headChunkTokens = hc;

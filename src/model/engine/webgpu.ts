@@ -137,7 +137,7 @@ const BOUNCE = 1 << 24;
 /** Timestamped dispatches resolved at a time, in profile mode. */
 const PROFILE_SPAN = 2048;
 /** A product is split along K (matmuls) when its output has fewer tiles than this and K is at least SPLIT_MIN_K... */
-const SPLIT_TILES = 128;
+const SPLIT_TILES = 32;
 const SPLIT_MIN_K = 1024;
 /** ...into enough splits for about this many workgroups, at most SPLIT_MAX, each at least SPLIT_MIN_K / 4 long. */
 const SPLIT_GROUPS = 256;
@@ -1262,6 +1262,21 @@ class WebgpuEngine {
         d("copy", [o, s], { n: src.length, oD: e(o), oS: e(s) }, grid(src.length));
       },
       fill: (x, value) => {
+        const m = this.mirrorOf(x) as Mirror;
+        if (
+          value === 0 &&
+          !m.onDevice &&
+          !m.weights &&
+          !m.constant &&
+          x.byteOffset === m.start &&
+          x.byteLength === m.end - m.start
+        ) {
+          // a whole host array zeroed (a rank's gradient arrays at start): cleared in the command stream, whatever
+          // its size (no binding), never uploaded
+          this.copyEncoder().clearBuffer(m.gpu, 0, m.end - m.start);
+          m.onDevice = true;
+          return;
+        }
         const o = this.bind(x, "w");
         d("fill", [o], { n: x.length, oD: e(o), value }, grid(x.length));
       },
@@ -1269,6 +1284,9 @@ class WebgpuEngine {
       weightsChanged: () => this.weightsChanged(),
       constant: (a) => this.constant(a),
       traffic: () => structuredClone(this.counts),
+      // the logits of one chunk in one binding (at most 1 GiB): fewer chunks, fewer dispatches
+      headChunkTokens: (V) =>
+        Math.max(Math.floor((1 << 24) / V), Math.floor(Math.min(this.maxBinding, 1 << 30) / (4 * V))),
       settle: (readback, opts) => {
         this.flushNorms(); // before the readback, in the command stream
         return this.settle(readback, opts);
