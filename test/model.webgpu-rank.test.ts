@@ -6,7 +6,8 @@
  *  - after the first step, nothing crosses per micro-batch but the tokens up (the ids, the targets, and the ids'
  *    occurrence lists that embeddingBackward reads) and the gradient and loss rows down,
  *    and the weights go up once per step: no gradient is uploaded (the readback zeroes the device's copy);
- *  - the folded float64 gradient and the losses are bit-identical to micro-batches run one at a time, each awaited.
+ *  - the folded float64 gradient and the losses are bit-identical to micro-batches run one at a time, each awaited;
+ *  - the profile mode (the bench's webgpu case) times every dispatch once, by shader, and changes no result.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -18,6 +19,7 @@ import { initWeights } from "../src/model/init";
 import { foldMicro } from "../src/optim/optim";
 import { gradientArrays, runMicroBatches } from "../src/actors/micro-batches";
 import { useWebgpu } from "./helpers/webgpu";
+import { createProfiledWebgpuKernels } from "../src/model/engine/webgpu";
 
 const ACCUM = 4;
 const B = 2;
@@ -141,4 +143,37 @@ test("a webgpu rank records micro-batch m+1 before m's readback resolves, upload
   );
   kernels.dispose();
   r.kernels.dispose();
+});
+
+test("the webgpu engine's profile mode (the bench's) times every dispatch of a pass by shader, with the same loss", async (t) => {
+  const plain = await setup(t);
+  if (!plain) return;
+  const w = await createProfiledWebgpuKernels();
+  if ("reason" in w) {
+    if (/timestamp-query/.test(w.reason)) return t.skip(w.reason);
+    throw new Error(w.reason);
+  }
+  const P = plain.slot.length;
+  const params = new Float32Array(P);
+  initWeights(cfg, 7, params);
+  const model = new Llama(cfg, w.kernels, { gradCkpt: false });
+  model.bindParams(params);
+  w.kernels.weightsAre?.(params);
+  const ids = new Int32Array(B * T);
+  tokens(0, 0, ids);
+  const g = new Float32Array(P),
+    h = new Float32Array(P);
+  model.lossAndGrads(ids, B, T, 1024, g);
+  const profiled = await w.kernels.settle!([g], { clear: true });
+  plain.model.lossAndGrads(ids, B, T, 1024, h);
+  const want = await plain.kernels.settle!([h]);
+  assert.equal(profiled.loss, want.loss, "profiling changes no result");
+  assert.ok(Buffer.from(g.buffer).equals(Buffer.from(h.buffer)), "nor the gradient");
+  const prof = w.profile();
+  const calls = [...prof.values()].reduce((s, x) => s + x.calls, 0);
+  assert.equal(calls, w.kernels.traffic!().dispatches, "every dispatch timed once");
+  for (const [name, x] of prof) assert.ok(x.ms >= 0 && Number.isFinite(x.ms), `${name}: ${x.ms} ms`);
+  assert.ok(prof.has("attentionForward") && prof.has("crossEntropy"), [...prof.keys()].join(", "));
+  w.kernels.dispose();
+  plain.kernels.dispose();
 });

@@ -581,16 +581,20 @@ class WebgpuEngine {
       this.pass.end();
       this.pass = null;
     }
-    if (this.prof && this.prof.names.length > 0) this.resolveProfile();
+    const timed = this.prof && this.prof.names.length > 0 ? this.resolveProfile() : null;
     if (this.enc) this.device.queue.submit([this.enc.finish()]);
+    timed?.(); // mapped only once the copy into it is submitted
     this.enc = null;
     for (const t of this.temps) t.destroy();
     this.temps = [];
     this.recorded = 0;
   }
 
-  /** Profile mode: the timestamps recorded so far into a readback whose times are added to each shader's total. */
-  private resolveProfile(): void {
+  /**
+   * Profile mode: the timestamps recorded so far copied into a readback; returns what maps it once submitted, its
+   * times then added to each shader's total.
+   */
+  private resolveProfile(): () => void {
     const prof = this.prof!;
     const names = prof.names;
     prof.names = [];
@@ -598,19 +602,20 @@ class WebgpuEngine {
     enc.resolveQuerySet(prof.set, 0, 2 * names.length, prof.resolve, 0);
     const staging = this.stagingOf(16 * names.length);
     enc.copyBufferToBuffer(prof.resolve, 0, staging, 0, 16 * names.length);
-    prof.pending.push(
-      staging.mapAsync(MAP_READ).then(() => {
-        const t = new BigUint64Array(staging.getMappedRange(), 0, 2 * names.length);
-        names.forEach((n, i) => {
-          const e = prof.totals.get(n) ?? { calls: 0, ms: 0 };
-          e.calls++;
-          e.ms += Number(t[2 * i + 1] - t[2 * i]) / 1e6;
-          prof.totals.set(n, e);
-        });
-        staging.unmap();
-        this.release(staging);
-      }),
-    );
+    return () =>
+      prof.pending.push(
+        staging.mapAsync(MAP_READ).then(() => {
+          const t = new BigUint64Array(staging.getMappedRange(), 0, 2 * names.length);
+          names.forEach((n, i) => {
+            const e = prof.totals.get(n) ?? { calls: 0, ms: 0 };
+            e.calls++;
+            e.ms += Number(t[2 * i + 1] - t[2 * i]) / 1e6;
+            prof.totals.set(n, e);
+          });
+          staging.unmap();
+          this.release(staging);
+        }),
+      );
   }
 
   /** A MAP_READ staging buffer of `size` bytes from the pool (release() gives it back). */
