@@ -3,7 +3,7 @@
  * -1.5, padded leading dimensions, odd shapes 1-577 and the model's, attention's [T,T] blocks with lda 1024-2048):
  *
  *   gemm-bits GEMM.so      prints "<isa name> products 4734 hash <16 hex digits>" per kernel, then
- *                          "bf16-<isa name> products 4008 hash <16 hex digits>" per bf16 kernel (bf16_hashes)
+ *                          "bf16-<name> products 4008 hash <16 hex digits>" per bf16 kernel (bf16_hashes)
  *
  * Every kernel gives the same hash (one order of summation), and a change to the GEMM (native/gemm/) that keeps the
  * bits keeps it.
@@ -45,19 +45,22 @@ static void product(int isa, int ta, int tb, long M, long N, long K, float alpha
   free(A), free(B), free(C);
 }
 
-/* bf16 (gemm_bf16, when the build has it): the emulation on each fp32 kernel this CPU runs ("bf16-<isa>", hw 0) and
- * the AMX kernel where the CPU and OS have it ("bf16-amx"), one hash each, all equal (TDPBF16PS's order on every
- * one): 4,008 products, a third of the odd shapes 1-577 (K across the chunks of 32 and the K blocks), every
+/* bf16 (gemm_bf16, when the build has it): the emulation on each fp32 kernel this CPU runs ("bf16-<isa>", hw 0), the
+ * AMX kernel where the CPU and OS have it ("bf16-amx", hw 1) and the VDPBF16PS kernel where the CPU has AVX512_BF16
+ * and it passed its start-up self-check ("bf16-avx512bf16", hw 2, when the build has it), one hash each, all equal
+ * (TDPBF16PS's order on every one): 4,008 products, a third of the odd shapes 1-577 (K across the chunks of 32 and the K blocks), every
  * transpose, beta 0, 1 and 0.7, padded leading dimensions, one A element in 97 denormal (read as 0). */
 static void bf16_hashes(void *lib, int (*supported)(int), const char *(*name)(int)) {
   const bf16_fn bf = (bf16_fn)dlsym(lib, "gemm_bf16");
   int (*hw_ok)(void) = (int (*)(void))dlsym(lib, "gemm_bf16_hw_supported");
+  int (*dp_ok)(void) = (int (*)(void))dlsym(lib, "gemm_bf16_dp_supported"); /* NULL before the VDPBF16PS kernel */
   if (!bf || !hw_ok) return;
   static const int dims[] = {1, 7, 16, 31, 33, 64, 65, 97, 192, 577};
   const int nd = sizeof dims / sizeof *dims;
-  for (int run = 0; run < 4; run++) {
-    const int isa = run < 3 ? run : 3, hw = run == 3; /* 3: GEMM_ISA_AUTO with the AMX kernel */
-    if (hw ? !hw_ok() : !supported(isa)) continue;
+  for (int run = 0; run < 5; run++) {
+    /* 0-2: the emulation on that fp32 kernel; 3: the AMX kernel (GEMM_BF16_AMX), 4: the VDPBF16PS one (GEMM_BF16_DP) */
+    const int isa = run < 3 ? run : 3, hw = run < 3 ? 0 : run - 2;
+    if (hw == 0 ? !supported(isa) : hw == 1 ? !hw_ok() : !dp_ok || !dp_ok()) continue;
     h = 1469598103934665603ull;
     long count = 0;
     for (int i = 0; i < nd * nd * nd; i++) {
@@ -80,7 +83,7 @@ static void bf16_hashes(void *lib, int (*supported)(int), const char *(*name)(in
           }
     }
     char label[32];
-    snprintf(label, sizeof label, "bf16-%s", hw ? "amx" : name(isa));
+    snprintf(label, sizeof label, "bf16-%s", hw == 1 ? "amx" : hw == 2 ? "avx512bf16" : name(isa));
     printf("%-8s products %ld hash %016llx\n", label, count, (unsigned long long)h);
   }
 }
