@@ -9,7 +9,7 @@
  *
  * Collectives run on libuv's thread pool (napi async work), never on the JS thread that calls them: the
  * coordinator's event loop stays responsive while a collective waits for the other processes. The caller
- * issues one collective at a time, in the same order on every process (src/dist/mpi.ts queues them).
+ * issues one collective at a time, in the same order on every process (src/mpi/world.ts queues them).
  *
  * Exports:
  *   load(path) -> null | "reason"          dlopen + dlsym; idempotent

@@ -58,8 +58,10 @@ const LAYERS = [
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
     // same-layer import. The checkpoint's formats (checkpoint/names.ts: the layout's names;
     // checkpoint/state.ts: the documents' types and their one parser each, latest.json included) are
-    // pure and read only errors.ts and data/cursor.ts: the Hub client reads and writes latest.json with
-    // them, and the run folder's rules (outdir.ts) know the checkpoint folder's names. The MPI binding's
+    // pure: names.ts reads only data/cursor.ts (the cursor's file name), state.ts errors.ts, names.ts,
+    // stateful.ts and the field validators of the parts it composes (data/cursor.ts, optim/optim-state.ts;
+    // optim/optim.ts for types); the Hub client reads and writes latest.json with them, and the run folder's
+    // rules (outdir.ts) know the checkpoint folder's names. The MPI binding's
     // wrapper (mpi/**) loads libmpi and runs collectives on buffers; it knows nothing of the model or the run.
     // The optimizer (optim/**) is pure maths on flat arrays, used by the actors and the single-thread loop; its
     // checkpointed parts (optim/optim-state.ts) and the data's (data/cursor.ts) implement checkpoint/stateful.ts,

@@ -235,8 +235,9 @@ export function adamwKernel(): "native" | "wasm" {
 }
 
 /**
- * adamwSlice (optim.ts) in float32 arithmetic, on the addon's C kernel (native/ops/optim.c: the arrays read and
- * written in place) or this module's wasm kernel (the same operations in the same order: the same bits).
+ * AdamW over a slice in float32 arithmetic (the float64 reference loop is test/helpers/optim-reference.ts's
+ * adamwSlice), on the addon's C kernel (native/ops/optim.c: the arrays read and written in place) or this module's
+ * wasm kernel (the same operations in the same order: the same bits).
  */
 export function adamwSliceSimd(
   params: Float32Array,
