@@ -89,12 +89,14 @@ export function loadBaseAttention(dir: string): BaseAttention {
   }
   const fwd = a.attentionForward,
     bwd = a.attentionBackward;
-  // the unfused signature: attentionForward(out, att, q, k, v, B, T, H, K, E) and the backward with att, 13 arguments
+  // the unfused signature: attentionForward(out, att, q, k, v, B, T, H, K, E) and the backward with att, 13 arguments;
+  // a fused build exports attentionProfile (before the probes had their own addon) or has the probes addon beside it
   if (
     typeof fwd !== "function" ||
     typeof bwd !== "function" ||
     "attentionForwardUnfused" in a ||
-    "attentionProfile" in a
+    "attentionProfile" in a ||
+    fs.existsSync(path.join(abs, "build", "Release", "tstrain_probes.node"))
   )
     throw new Error(
       `--attention-base ${JSON.stringify(dir)}: ${addon} has no unfused attentionForward/attentionBackward (a revision before the fused kernel, such as 2babbe7, has them); ${fix}`,

@@ -10,7 +10,8 @@
  * read attention's operands with the model's leading dimensions (heads inside [T, heads x 64] rows, blocks of
  * [T, T]); OpenBLAS's wrapper takes dense ones only.
  */
-import { builtinGemm, builtinGemmBf16, fmaPeak, loadNative, supportedIsas } from "../src/model/engine/native";
+import { loadNative, supportedIsas } from "../src/model/engine/native";
+import { builtinGemm, builtinGemmBf16, fmaPeak } from "./native-probes";
 
 export interface GemmShape {
   name: string;

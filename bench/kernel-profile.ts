@@ -9,7 +9,7 @@
  * splits into the matrix products (the model's and attention's) and everything else: profileSummary. On a busy
  * machine the wall-clock part reads long, so the split errs towards the non-product side.
  */
-import type { ProfiledAttention } from "../src/model/engine/native";
+import type { ProfiledAttention } from "./native-probes";
 import type { Kernels } from "../src/model/kernels";
 
 export interface KernelRow {

@@ -23,7 +23,8 @@
 import * as tf from "@tensorflow/tfjs-core";
 import { activationBudget, type Precision } from "../src/config";
 import { initEngine, type BackendName } from "../src/model/backend";
-import { DEFAULT_NATIVE, profiledAttention } from "../src/model/engine/native";
+import { DEFAULT_NATIVE } from "../src/model/engine/native";
+import { profiledAttention } from "./native-probes";
 import type { Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";

@@ -9,7 +9,7 @@
 import { parentPort } from "node:worker_threads";
 import { ADAMW_DEFAULTS, foldMicro, reduceChunks64, type DecayRange } from "../src/optim/optim";
 import { adamwSliceSimd } from "../src/optim/optim-simd";
-import { streamProbe } from "../src/model/engine/native";
+import { streamProbe } from "./native-probes";
 
 export interface OptimWorkerInit {
   params: SharedArrayBuffer;

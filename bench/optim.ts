@@ -26,7 +26,7 @@ import { chunkCount, chunkSlices, slices, ADAMW_DEFAULTS, type DecayRange } from
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import { adamwKernel } from "../src/optim/optim-simd";
-import { streamProbe } from "../src/model/engine/native";
+import { streamProbe } from "./native-probes";
 import type { OptimCmd, OptimReply, OptimWorkerInit } from "./optim-worker";
 import type { BenchRow } from "./steps";
 import { median, r } from "./stats";

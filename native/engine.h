@@ -1,7 +1,7 @@
 /*
  * The native engine's internal declarations (native/tstrain.c, setup.c, napi.c, ops/): the matrix-product dispatch
  * (the built-in GEMM or a BLAS, per thread), the deterministic helpers the kernels share, and the kernels themselves
- * (ops/). Nothing here is exported from the addon but its Node-API table (tstrain.c).
+ * (ops/). Nothing here is exported from an addon but its Node-API table (tstrain.c; probes.c for the probes addon).
  */
 #ifndef TSTRAIN_ENGINE_H
 #define TSTRAIN_ENGINE_H
@@ -149,9 +149,12 @@ double cross_entropy(float *lg, const int32_t *tg, int64_t rows, int64_t V, doub
  * ds = p * (dp - d) * scale, over c keys */
 void exp_sub_row(float *x, int64_t n, float sub);
 void softmax_grad_row(float *s, float *ds, const float *dp, int64_t c, float lse, float d, float scale);
-/* vmath.h's exp and log alone on the copy of one instruction set (the addon's vmath, for the checks) */
+#ifdef TSTRAIN_PROBES
+/* vmath.h's exp and log alone on the copy of one instruction set (the probes addon's vmath, for the checks; binding.gyp
+ * defines TSTRAIN_PROBES for that addon only) */
 void vmath_exp(gemm_isa isa, float *out, const float *x, int64_t n);
 void vmath_log(gemm_isa isa, double *out, const double *x, int64_t n);
+#endif
 
 /* ops/optim.c: AdamW over n floats in place, float32, the wasm kernel's operations in its order; h = decay, b1,
  * b1c, b2, b2c, coef, ibc2, eps, step (each a float, as the wasm kernel's splats) */

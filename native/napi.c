@@ -1,5 +1,7 @@
 /*
- * The Node-API layer's argument checks (napi.h).
+ * The Node-API layer's shared pieces (napi.h), compiled into both addons (binding.gyp): the argument checks, and the
+ * fused attention's wrappers, which check the arguments around the kernel they are given: the engine's (tstrain.c)
+ * or the bench's timed copy (probes.c).
  */
 #include "napi.h"
 
@@ -95,4 +97,58 @@ int isa_copy(napi_env env, const char *fn, const char *isa, gemm_isa *out) {
   if (!gemm_isa_supported(want)) return throw_range(env, fn, "this CPU does not have that instruction set");
   *out = want;
   return 1;
+}
+
+/* ------------------------------------------------------------------ the fused attention's wrappers */
+/* attentionForward(out, lse, q, k, v, B, T, H, K, E) on kernel: attention_forward (tstrain.c), or the timed copy
+ * (probes.c) */
+napi_value attention_forward_call(napi_env env, napi_callback_info info, const char *fn, attention_forward_fn kernel) {
+  ARGS(10);
+  NEED_BLAS();
+  DIM(5, B);
+  DIM(6, T);
+  DIM(7, H);
+  DIM(8, K);
+  DIM(9, E);
+  if (K == 0 || H % K) {
+    throw_range(env, fn, "H must be a multiple of K (GQA)");
+    return NULL;
+  }
+  float *out, *lse, *q, *k, *v;
+  F32(0, out, B * T * H * E, "out");
+  F32(1, lse, B * H * T, "lse");
+  F32(2, q, B * T * H * E, "q");
+  F32(3, k, B * T * K * E, "k");
+  F32(4, v, B * T * K * E, "v");
+  if (kernel(out, lse, q, k, v, B, T, H, K, E)) GEMM_OOM();
+  return NULL;
+}
+
+/* attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) on kernel: attention_backward (tstrain.c), or
+ * the timed copy (probes.c) */
+napi_value attention_backward_call(napi_env env, napi_callback_info info, const char *fn,
+                                   attention_backward_fn kernel) {
+  ARGS(14);
+  NEED_BLAS();
+  DIM(9, B);
+  DIM(10, T);
+  DIM(11, H);
+  DIM(12, K);
+  DIM(13, E);
+  if (K == 0 || H % K) {
+    throw_range(env, fn, "H must be a multiple of K (GQA)");
+    return NULL;
+  }
+  float *dq, *dk, *dv, *dout, *q, *k, *v, *out, *lse;
+  F32(0, dq, B * T * H * E, "dq");
+  F32(1, dk, B * T * K * E, "dk");
+  F32(2, dv, B * T * K * E, "dv");
+  F32(3, dout, B * T * H * E, "dout");
+  F32(4, q, B * T * H * E, "q");
+  F32(5, k, B * T * K * E, "k");
+  F32(6, v, B * T * K * E, "v");
+  F32(7, out, B * T * H * E, "out");
+  F32(8, lse, B * H * T, "lse");
+  if (kernel(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E)) GEMM_OOM();
+  return NULL;
 }

@@ -1,6 +1,7 @@
 /*
- * The Node-API layer's shared pieces (napi.c): argument checks that throw a TypeError / RangeError naming the kernel
- * and the argument before any kernel touches memory, and the macros every wrapper (tstrain.c, setup.c) is written with.
+ * The Node-API layer's shared pieces (napi.c, compiled into both addons): argument checks that throw a TypeError /
+ * RangeError naming the kernel and the argument before any kernel touches memory, the macros every wrapper (tstrain.c,
+ * setup.c, probes.c) is written with, and the fused attention's wrappers.
  */
 #ifndef TSTRAIN_NAPI_H
 #define TSTRAIN_NAPI_H
@@ -74,8 +75,8 @@ napi_value set_str(napi_env env, napi_value obj, const char *key, const char *s)
  * throwing. */
 int isa_copy(napi_env env, const char *fn, const char *isa, gemm_isa *out);
 
-/* tstrain.c: the attention wrappers' checks around a kernel of attention_forward's / attention_backward's signature
- * (the engine's, or probes.c's timed copy); fn names it in the errors */
+/* napi.c: the attention wrappers' checks around a kernel of attention_forward's / attention_backward's signature
+ * (the engine's in tstrain.c, or the timed copy in probes.c); fn names it in the errors */
 typedef int (*attention_forward_fn)(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B,
                                     int64_t T, int64_t H, int64_t K, int64_t E);
 typedef int (*attention_backward_fn)(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
@@ -84,14 +85,10 @@ typedef int (*attention_backward_fn)(float *dq, float *dk, float *dv, const floa
 napi_value attention_forward_call(napi_env env, napi_callback_info info, const char *fn, attention_forward_fn kernel);
 napi_value attention_backward_call(napi_env env, napi_callback_info info, const char *fn, attention_backward_fn kernel);
 
-/* probes.c: adds the tests' and the bench's probes to the addon's exports */
-napi_status probes_define(napi_env env, napi_value exports);
-
-/* setup.c: loadBlas, simd, setGemm, gemmPeak */
+/* setup.c: loadBlas, simd, setGemm (both addons register loadBlas and setGemm: each has its own dispatch state) */
 napi_value LoadBlas(napi_env env, napi_callback_info info);
 napi_value Simd(napi_env env, napi_callback_info info);
 napi_value SetGemm(napi_env env, napi_callback_info info);
-napi_value GemmPeak(napi_env env, napi_callback_info info);
 
 #pragma GCC visibility pop
 #endif

@@ -1,16 +1,20 @@
 /*
- * What the tests and the bench call in the addon besides the engine's kernels, kept out of the production path (no
- * kernel of the engine calls anything here; tstrain.c's table adds these exports through probes_define):
+ * The second addon, tstrain_probes.node: what the tests and the bench call besides the engine's kernels, kept out of
+ * the production addon (tstrain_native.node, tstrain.c), which neither calls nor exports anything here. It is built
+ * from this file, peak.c and its own copy of what they run on (the GEMM, the row kernels, napi.c, setup.c: the list
+ * is binding.gyp's), so it keeps its own dispatch state: its setGemm chooses the GEMM its timed attention runs on.
+ * bench/native-probes.ts loads it.
  *
  * - gemm / gemmBf16 / gemmBf16Hw: the built-in GEMM on one kernel by name, whatever this thread's setGemm says (the
- *   tests compare the kernels with it; the bench times products, bench/gemm-shapes.ts);
+ *   tests compare the kernels with it; the bench times products, bench/gemm-shapes.ts); bf16Weights: the weights
+ *   whose packed copies gemmBf16 keeps, as a rank registers them;
+ * - gemmPeak: the core's FMA / TDPBF16PS / VDPBF16PS peak (peak.c), against which the bench reads the GEMM's speed;
  * - vmath: the row kernels' exp and log on one instruction set's copy (test/model.vmath.test.ts);
  * - streamProbe: the bench's bandwidth probes (bench/optim.ts);
  * - attentionForwardProfiled / attentionBackwardProfiled / attentionProfile: a second copy of the fused attention
  *   (ops/attention-fused.h, the same operations, the same bits) that times its work between the block products, for
- *   the bench's split of a step into products and the rest (bench/kernel-profile.ts).
- *
- * The core's peak (gemmPeak) is setup.c's, on peak.c, which the standalone GEMM tools (bench/native/) link too.
+ *   the bench's split of a step into products and the rest (bench/kernel-profile.ts);
+ * - setGemm / loadBlas (setup.c): this addon's own GEMM choice for the timed attention.
  */
 #include "napi.h"
 #include "peak.h"
@@ -103,6 +107,47 @@ static napi_value GemmBf16(napi_env env, napi_callback_info info) { return gemm_
 static napi_value GemmBf16Hw(napi_env env, napi_callback_info info) {
   napi_value v;
   CHECK_NAPI(napi_get_boolean(env, gemm_bf16_hw_supported() != 0, &v));
+  return v;
+}
+
+/* bf16Weights(params): the process's weights, whose products' B the AMX and VDPBF16PS kernels of gemmBf16 keep
+ * packed (gemm.h: gemm_bf16_weights; an empty array forgets them) */
+static napi_value Bf16Weights(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  napi_typedarray_type t;
+  size_t n = 0;
+  void *P = NULL;
+  if (napi_get_typedarray_info(env, argv[0], &t, &n, &P, NULL, NULL) != napi_ok || t != napi_float32_array) {
+    napi_throw_type_error(env, NULL, "tstrain native bf16Weights: params must be a Float32Array");
+    return NULL;
+  }
+  gemm_bf16_weights((const float *)P, (int64_t)n);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ the core's peak */
+/* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set;
+ * "amx": the TDPBF16PS loop; "avx512bf16": the VDPBF16PS loop. */
+static napi_value GemmPeak(napi_env env, napi_callback_info info) {
+  ARGS(2);
+  char isa[32] = {0};
+  size_t len = 0;
+  double iters = 0;
+  if (napi_get_value_string_utf8(env, argv[0], isa, sizeof isa, &len) != napi_ok ||
+      napi_get_value_double(env, argv[1], &iters) != napi_ok || !(iters >= 1)) {
+    napi_throw_type_error(env, NULL, "tstrain native gemmPeak: expects (isa, iters >= 1)");
+    return NULL;
+  }
+  gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
+                  : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
+                  : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
+                                                 : GEMM_ISA_AUTO;
+  napi_value v;
+  CHECK_NAPI(napi_create_double(env,
+                                strcmp(isa, "amx") == 0          ? gemm_bf16_peak((int64_t)iters)
+                                : strcmp(isa, "avx512bf16") == 0 ? gemm_dp_peak((int64_t)iters)
+                                                                 : gemm_fma_peak(want, (int64_t)iters),
+                                &v));
   return v;
 }
 
@@ -219,17 +264,29 @@ static napi_value AttentionProfile(napi_env env, napi_callback_info info) {
   return v;
 }
 
-/* ------------------------------------------------------------------ exports */
-napi_status probes_define(napi_env env, napi_value exports) {
+/* ------------------------------------------------------------------ module */
+/* When this thread's Node environment ends (a worker thread exits), its GEMM buffers go with it. */
+static void release_thread_buffers(void *arg) {
+  (void)arg;
+  gemm_thread_release();
+}
+
+NAPI_MODULE_INIT() {
+  if (napi_add_env_cleanup_hook(env, release_thread_buffers, NULL) != napi_ok) return NULL;
   napi_property_descriptor props[] = {
+      {"loadBlas", NULL, LoadBlas, NULL, NULL, NULL, napi_default, NULL},
+      {"setGemm", NULL, SetGemm, NULL, NULL, NULL, napi_default, NULL},
       {"gemm", NULL, Gemm, NULL, NULL, NULL, napi_default, NULL},
       {"gemmBf16", NULL, GemmBf16, NULL, NULL, NULL, napi_default, NULL},
       {"gemmBf16Hw", NULL, GemmBf16Hw, NULL, NULL, NULL, napi_default, NULL},
+      {"bf16Weights", NULL, Bf16Weights, NULL, NULL, NULL, napi_default, NULL},
+      {"gemmPeak", NULL, GemmPeak, NULL, NULL, NULL, napi_default, NULL},
       {"vmath", NULL, Vmath, NULL, NULL, NULL, napi_default, NULL},
       {"streamProbe", NULL, StreamProbe, NULL, NULL, NULL, napi_default, NULL},
       {"attentionForwardProfiled", NULL, AttentionForwardProfiled, NULL, NULL, NULL, napi_default, NULL},
       {"attentionBackwardProfiled", NULL, AttentionBackwardProfiled, NULL, NULL, NULL, napi_default, NULL},
       {"attentionProfile", NULL, AttentionProfile, NULL, NULL, NULL, napi_default, NULL},
   };
-  return napi_define_properties(env, exports, sizeof props / sizeof props[0], props);
+  if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
+  return exports;
 }

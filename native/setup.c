@@ -1,14 +1,13 @@
 /*
  * Engine setup, the Node-API calls that choose what the kernels run on: loadBlas (a BLAS found at run time with
- * dlopen), simd (which build of the C kernels runs), setGemm (this thread's GEMM and precision) and gemmPeak (the
- * bench's probes, peak.h); and the dispatch state they set (engine.h).
+ * dlopen), simd (which build of the C kernels runs) and setGemm (this thread's GEMM and precision); and the dispatch
+ * state they set (engine.h). Compiled into both addons: the probes' (probes.c) keeps its own state, set by its own
+ * setGemm.
  */
 #include "napi.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
-
-#include "peak.h"
 
 /* ------------------------------------------------------------------ the dispatch state (engine.h) */
 pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -21,7 +20,7 @@ __thread gemm_isa gemm_kernel = GEMM_ISA_AUTO;
 __thread int gemm_bf16_mode = 0;
 __thread int gemm_bf16_hw = 0;
 
-/* ------------------------------------------------------------------ engine setup: loadBlas, simd, setGemm, gemmPeak */
+/* ------------------------------------------------------------------ engine setup: loadBlas, simd, setGemm */
 /* loadBlas(paths: string[]) */
 /* Tries each path with dlopen; the first that has cblas_sgemm wins. Returns { ok, path, config, threads, tried }:
  * tried = one "path: reason" per failed candidate. Once loaded, later calls return the loaded library. */
@@ -240,29 +239,4 @@ napi_value SetGemm(napi_env env, napi_callback_info info) {
     }
   napi_set_named_property(env, obj, "supported", sup);
   return obj;
-}
-
-/* gemmPeak(isa, iters): GFLOP/s of this core's register-only FMA loop for that kernel's instruction set (bench);
- * "amx": the TDPBF16PS loop; "avx512bf16": the VDPBF16PS loop. */
-napi_value GemmPeak(napi_env env, napi_callback_info info) {
-  ARGS(2);
-  char isa[32] = {0};
-  size_t len = 0;
-  double iters = 0;
-  if (napi_get_value_string_utf8(env, argv[0], isa, sizeof isa, &len) != napi_ok ||
-      napi_get_value_double(env, argv[1], &iters) != napi_ok || !(iters >= 1)) {
-    napi_throw_type_error(env, NULL, "tstrain native gemmPeak: expects (isa, iters >= 1)");
-    return NULL;
-  }
-  gemm_isa want = strcmp(isa, "avx512") == 0     ? GEMM_ISA_AVX512
-                  : strcmp(isa, "avx2") == 0     ? GEMM_ISA_AVX2
-                  : strcmp(isa, "portable") == 0 ? GEMM_ISA_PORTABLE
-                                                 : GEMM_ISA_AUTO;
-  napi_value v;
-  CHECK_NAPI(napi_create_double(env,
-                                strcmp(isa, "amx") == 0          ? gemm_bf16_peak((int64_t)iters)
-                                : strcmp(isa, "avx512bf16") == 0 ? gemm_dp_peak((int64_t)iters)
-                                                                 : gemm_fma_peak(want, (int64_t)iters),
-                                &v));
-  return v;
 }

@@ -7,7 +7,8 @@
  * layer: argument checks (napi.h, napi.c), engine setup (setup.c), and here a thin wrapper per kernel, in the model's
  * order (embedding, RMSNorm, the linears' products, RoPE, attention, SwiGLU, cross-entropy, then the optimizer's
  * fold, reduce and AdamW), and the table of exported names at the end. What the tests and the bench call besides the
- * kernels (a GEMM kernel by name, the row maths' copies, the bandwidth and attention timing probes) is probes.c's.
+ * kernels (a GEMM kernel by name, the row maths' copies, the core's peak, the bandwidth and attention timing probes)
+ * is a second addon's, tstrain_probes (probes.c): the trainer never loads it.
  *
  * Matrix products run on the built-in GEMM (native/gemm/: one summation order on every CPU) or on a BLAS
  * (cblas_sgemm) found at RUN time with dlopen/dlsym (loadBlas): the addon has no link-time dependency on any
@@ -193,59 +194,9 @@ static napi_value RopeForward(napi_env env, napi_callback_info info) { return ro
 static napi_value RopeBackward(napi_env env, napi_callback_info info) { return rope(env, info, 1); }
 
 /* ------------------------------------------------------------------ attention */
-/* attentionForward(out, lse, q, k, v, B, T, H, K, E), on kernel: attention_forward (probes.c passes its timed copy) */
-napi_value attention_forward_call(napi_env env, napi_callback_info info, const char *fn, attention_forward_fn kernel) {
-  ARGS(10);
-  NEED_BLAS();
-  DIM(5, B);
-  DIM(6, T);
-  DIM(7, H);
-  DIM(8, K);
-  DIM(9, E);
-  if (K == 0 || H % K) {
-    throw_range(env, fn, "H must be a multiple of K (GQA)");
-    return NULL;
-  }
-  float *out, *lse, *q, *k, *v;
-  F32(0, out, B * T * H * E, "out");
-  F32(1, lse, B * H * T, "lse");
-  F32(2, q, B * T * H * E, "q");
-  F32(3, k, B * T * K * E, "k");
-  F32(4, v, B * T * K * E, "v");
-  if (kernel(out, lse, q, k, v, B, T, H, K, E)) GEMM_OOM();
-  return NULL;
-}
+/* attentionForward / attentionBackward: napi.c's checks around ops/attention.c's kernels */
 static napi_value AttentionForward(napi_env env, napi_callback_info info) {
   return attention_forward_call(env, info, "attentionForward", attention_forward);
-}
-
-/* attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E), on kernel: attention_backward (probes.c
- * passes its timed copy) */
-napi_value attention_backward_call(napi_env env, napi_callback_info info, const char *fn,
-                                   attention_backward_fn kernel) {
-  ARGS(14);
-  NEED_BLAS();
-  DIM(9, B);
-  DIM(10, T);
-  DIM(11, H);
-  DIM(12, K);
-  DIM(13, E);
-  if (K == 0 || H % K) {
-    throw_range(env, fn, "H must be a multiple of K (GQA)");
-    return NULL;
-  }
-  float *dq, *dk, *dv, *dout, *q, *k, *v, *out, *lse;
-  F32(0, dq, B * T * H * E, "dq");
-  F32(1, dk, B * T * K * E, "dk");
-  F32(2, dv, B * T * K * E, "dv");
-  F32(3, dout, B * T * H * E, "dout");
-  F32(4, q, B * T * H * E, "q");
-  F32(5, k, B * T * K * E, "k");
-  F32(6, v, B * T * K * E, "v");
-  F32(7, out, B * T * H * E, "out");
-  F32(8, lse, B * H * T, "lse");
-  if (kernel(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E)) GEMM_OOM();
-  return NULL;
 }
 static napi_value AttentionBackward(napi_env env, napi_callback_info info) {
   return attention_backward_call(env, info, "attentionBackward", attention_backward);
@@ -437,7 +388,6 @@ NAPI_MODULE_INIT() {
       {"loadBlas", NULL, LoadBlas, NULL, NULL, NULL, napi_default, NULL},
       {"simd", NULL, Simd, NULL, NULL, NULL, napi_default, NULL},
       {"setGemm", NULL, SetGemm, NULL, NULL, NULL, napi_default, NULL},
-      {"gemmPeak", NULL, GemmPeak, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingForward", NULL, EmbeddingForward, NULL, NULL, NULL, napi_default, NULL},
       {"embeddingBackward", NULL, EmbeddingBackward, NULL, NULL, NULL, napi_default, NULL},
       {"rmsnormForward", NULL, RmsnormForward, NULL, NULL, NULL, napi_default, NULL},
@@ -459,6 +409,5 @@ NAPI_MODULE_INIT() {
       {"adamw", NULL, Adamw, NULL, NULL, NULL, napi_default, NULL},
   };
   if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
-  if (probes_define(env, exports) != napi_ok) return NULL; /* the tests' and the bench's (probes.c) */
   return exports;
 }

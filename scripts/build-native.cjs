@@ -1,7 +1,9 @@
 #!/usr/bin/env node
 // Builds the native CPU engine (native/*.c and native/gemm/ -> build/Release/tstrain_native.node; the sources are
-// listed in binding.gyp, the layout in native/README.md) and the MPI binding (native/mpi.c ->
-// build/Release/tstrain_mpi.node) with npm's own node-gyp against the local Node headers. Runs as the package's
+// listed in binding.gyp, the layout in native/README.md), the bench's and the tests' probes (native/probes.c,
+// native/peak.c and their own copy of the GEMM -> build/Release/tstrain_probes.node, which the trainer never loads)
+// and the MPI binding (native/mpi.c -> build/Release/tstrain_mpi.node) with npm's own node-gyp against the local Node
+// headers. Runs as the package's
 // `install` script during `npm ci`, and by hand as `npm run build:native`. It NEVER fails the install: without a C
 // toolchain, Node headers or node-gyp it prints one line saying how to get the fast path and exits 0 (the trainer
 // then runs on tfjs). No network: node-gyp is never allowed to download headers (--nodedir points at headers on
@@ -63,7 +65,6 @@ if (!has("make", ["--version"])) skip("no make");
 const python = process.env.npm_config_python || process.env.PYTHON || "python3";
 if (!has(python, ["--version"])) skip(`no ${python} (node-gyp needs it)`);
 
-fs.mkdirSync(path.dirname(logFile), { recursive: true });
 const args = [gyp, "rebuild", `--nodedir=${path.resolve(nodedir)}`, `--python=${python}`];
 const r = spawnSync(process.execPath, args, {
   cwd: root,
@@ -71,17 +72,26 @@ const r = spawnSync(process.execPath, args, {
   timeout: 300_000,
   env: { ...process.env, npm_config_nodedir: path.resolve(nodedir) },
 });
+fs.mkdirSync(path.dirname(logFile), { recursive: true }); // `rebuild` removed build/ first
 fs.writeFileSync(logFile, `$ node ${args.join(" ")}\n${r.stdout ?? ""}${r.stderr ?? ""}`);
 const built = path.join(root, "build", "Release", "tstrain_native.node");
-if (r.status !== 0 || !fs.existsSync(built)) {
+// `rebuild` starts from an empty build/: the engine is there only if this run made it (a later target may still fail)
+if (!fs.existsSync(built)) {
   const why = r.error ? r.error.message : `node-gyp exited ${r.status}`;
   skip(`${why}; log: ${path.relative(process.cwd(), logFile)}`);
 }
-// The MPI binding is a second target of binding.gyp: libmpi is dlopened at run time, so it builds without MPI.
+// The MPI binding is another target of binding.gyp: libmpi is dlopened at run time, so it builds without MPI.
 const mpiBuilt = path.join(root, "build", "Release", "tstrain_mpi.node");
 if (!fs.existsSync(mpiBuilt))
   process.stdout.write(
     `tstrain: the MPI binding was not built (see ${path.relative(process.cwd(), logFile)}); --dist mpi will be refused\n`,
+  );
+// The probes (bench/native-probes.ts loads them): the trainer runs without them; the bench's GEMM, peak and profile
+// cases and their tests refuse, naming this script.
+const probesBuilt = path.join(root, "build", "Release", "tstrain_probes.node");
+if (!fs.existsSync(probesBuilt))
+  process.stdout.write(
+    `tstrain: the bench's probes were not built (see ${path.relative(process.cwd(), logFile)}); the bench's native probes will be refused\n`,
   );
 process.stdout.write(
   `tstrain: native engine built (${path.relative(root, built)}); matrix products on its own GEMM (OpenBLAS only with --gemm openblas)\n`,

@@ -20,7 +20,8 @@ import {
 import { initWeights } from "./model/init";
 import { activationPlan } from "./model/llama";
 import { checkEngineRequest } from "./model/backend";
-import { builtinGemmBf16, fmaPeak } from "./model/engine/native";
+import { bf16Support } from "./model/engine/native";
+import { VDPBF16PS_RATES, type Vdpbf16Rate, vdpbf16Rate } from "./model/engine/vdpbf16-rate";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
 import { dropUnreadOutput, sigkillWarning, unblockStdout } from "./mpi/output";
 import { DistLink } from "./session/dist";
@@ -156,28 +157,34 @@ export function cpuWarning(
 /**
  * P8: what --precision bf16 will cost here, said at start (a forced --isa is a choice made knowingly: nothing said).
  * - AMX: nothing to say.
- * - VDPBF16PS (AVX512_BF16, it passed its self-check): its rate against this core's fp32 FMA, probed now (register
- *   loops of a few ms: `ratio`), and what a step gains from it. AMD Zen 4 and Zen 5 run it at twice the FMA's rate;
+ * - VDPBF16PS (AVX512_BF16, it passed its self-check): its rate against this core's fp32 FMA as the bench measured it
+ *   on this CPU (model/engine/vdpbf16-rate.ts: `rate`; nothing is timed here), and what a step gains from it; where
+ *   the bench has no figure for this CPU, the command that measures it. AMD Zen 5 runs it at twice the FMA's rate;
  *   some Intel cores at the FMA's own.
  * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits), training about 3x slower than in
  *   fp32 (the demo's 300 steps on an AVX2 Zen 3: 64-66 s against 21-24 s): a warning, with why VDPBF16PS is not used
  *   where the CPU has it.
- * `k`: the CPU's bf16 kernels (builtinGemmBf16); `ratio`: VDPBF16PS's peak over the FMA's (probed when not given).
+ * `k`: the CPU's bf16 kernels (bf16Support); `rate`: the bench's figure for this CPU (looked up when not given).
  */
 export function bf16Warning(
   precision: Precision,
   isa: IsaChoice,
   k?: { hw: boolean; dp: boolean; check: string },
-  ratio?: number,
+  rate?: Vdpbf16Rate | null,
 ): string | null {
   if (precision !== "bf16" || isa !== "auto") return null;
-  const kk = k ?? builtinGemmBf16() ?? { hw: false, dp: false, check: "" };
+  const kk = k ?? bf16Support() ?? { hw: false, dp: false, check: "" };
   if (kk.hw) return null;
   if (kk.dp) {
-    const r = ratio ?? (fmaPeak("avx512bf16", 300_000) ?? 0) / Math.max(1e-9, fmaPeak("avx512", 600_000) ?? 0);
+    const what = "bf16 products on VDPBF16PS (AVX512_BF16; AMX's order, the same bits)";
+    const rr = rate === undefined ? vdpbf16Rate() : rate;
+    if (!rr)
+      return `${what}: the bench has no figure for this CPU's rate (it has: ${VDPBF16PS_RATES.map((x) => x.cpu).join(", ")}); some cores run it at twice the fp32 FMA's rate, steps then about 1.6-1.9x as fast as --precision fp32, some at the FMA's own, steps then about as fast: \`node dist/bench/bench.js --cases gemm --gemm-seqs 256 --gemm-rounds 1\` measures it (fma-peak-avx512bf16 over fma-peak-avx512) (P8)`;
+    const r = rr.ratio;
+    const said = `${r.toFixed(1)}x this core's fp32 FMA rate, as the bench measured it on ${rr.cpu}`;
     return r >= 1.5
-      ? `bf16 products on VDPBF16PS (AVX512_BF16; AMX's order, the same bits): ${r.toFixed(1)}x this core's fp32 FMA rate, probed now; expect steps about 1.6-1.9x as fast as --precision fp32 (P8)`
-      : `bf16 products on VDPBF16PS (AVX512_BF16; AMX's order, the same bits): ${r.toFixed(1)}x this core's fp32 FMA rate, probed now: this core runs it at about the FMA's rate, so expect steps about as fast as --precision fp32 (P8)`;
+      ? `${what}: ${said}; expect steps about 1.6-1.9x as fast as --precision fp32 (P8)`
+      : `${what}: ${said}: this core runs it at about the FMA's rate, so expect steps about as fast as --precision fp32 (P8)`;
   }
   const why = kk.check && kk.check !== "the CPU has no AVX512_BF16" ? ` (${kk.check})` : "";
   return `WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS${why}: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), training about 3x slower than --precision fp32: train in fp32 here (drop --precision bf16), and keep bf16 to resume or check a bf16 run (P8)`;

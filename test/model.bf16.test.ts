@@ -8,7 +8,7 @@ import { test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { Llama } from "../src/model/llama";
-import { builtinGemmBf16, loadNative, supportedIsas, type IsaChoice } from "../src/model/engine/native";
+import { bf16Support, loadNative, supportedIsas, type IsaChoice } from "../src/model/engine/native";
 import { readSafetensors } from "../src/model/safetensors";
 import type { Kernels } from "../src/model/kernels";
 import { bf16ReferenceKernels } from "./helpers/bf16-reference";
@@ -84,7 +84,7 @@ test("the bf16 reference is a bf16 computation: it stands apart from the fp32 fl
 test("every bf16 kernel (AMX and VDPBF16PS where present, and the emulations on AVX-512, AVX2 and portable) gives the same loss and gradients, bit for bit (P8)", (t) => {
   const base = bf16Kernels(t);
   if (!base) return;
-  const g = builtinGemmBf16();
+  const g = bf16Support();
   const isas: IsaChoice[] = [
     ...(g?.hw ? (["amx"] as const) : []),
     ...(g?.dp ? (["avx512bf16"] as const) : []),

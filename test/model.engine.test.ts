@@ -8,10 +8,11 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { initEngine } from "../src/model/backend";
-import { builtinGemmBf16, loadNative, supportedIsas } from "../src/model/engine/native";
+import { bf16Support, loadNative, supportedIsas } from "../src/model/engine/native";
 import { parseArgs } from "../src/config";
 
 const DIST = path.join(__dirname, "..");
@@ -181,7 +182,7 @@ test("--precision bf16 with --backend auto takes the native engine with bf16 pro
   assert.equal(e.engine, "native");
   // AMX where the CPU has it, else VDPBF16PS where it has AVX512_BF16, else the emulation on the fp32 kernel, which
   // the line says
-  const g = builtinGemmBf16();
+  const g = bf16Support();
   assert.match(
     e.detail,
     g?.hw
@@ -208,4 +209,93 @@ test("the addon's build script never fails the install: without a compiler it ex
       /^tstrain: native engine not built \((no C compiler \(\/nonexistent\/cc\)|TSTRAIN_SKIP_NATIVE=1)\); the tfjs engine will be used\. Fast path: apt-get install build-essential python3 .*npm run build:native/,
     );
   }
+});
+
+/** What the bench's and the tests' probes addon registers (native/probes.c); the production addon registers none. */
+const PROBE_EXPORTS = [
+  "gemm",
+  "gemmBf16",
+  "gemmBf16Hw",
+  "gemmPeak",
+  "vmath",
+  "streamProbe",
+  "attentionForwardProfiled",
+  "attentionBackwardProfiled",
+  "attentionProfile",
+];
+/** The probes' and the peak's C names (native/probes.c, native/peak.c, ops/rows.c's vmath copies). */
+const PROBE_SYMBOLS = [
+  "gemm_fma_peak",
+  "gemm_dp_peak",
+  "gemm_bf16_peak",
+  "gemm_thread_seconds",
+  "attention_forward_profiled",
+  "attention_backward_profiled",
+  "vmath_exp",
+  "vmath_log",
+  "probes_define",
+];
+
+test("the production addon registers no probe and holds no probe or peak symbol; the probes addon holds them all", {
+  skip: skipNoNative,
+}, () => {
+  const release = path.join(DIST, "..", "build", "Release");
+  const load = (f: string) => Object.getOwnPropertyNames(require(path.join(release, f))); // napi_default: not enumerable
+  const engine = load("tstrain_native.node"),
+    probes = load("tstrain_probes.node");
+  assert.ok(engine.includes("matmul") && engine.includes("setGemm"), engine.join(", "));
+  assert.deepEqual(
+    PROBE_EXPORTS.filter((x) => engine.includes(x)),
+    [],
+    "tstrain_native.node registers a probe",
+  );
+  assert.deepEqual(
+    PROBE_EXPORTS.filter((x) => !probes.includes(x)),
+    [],
+    "tstrain_probes.node registers every probe",
+  );
+  // the symbols' names, dynamic or local (the property names are strings in the file too)
+  const bytes = (f: string) => fs.readFileSync(path.join(release, f)).toString("latin1");
+  const e = bytes("tstrain_native.node"),
+    p = bytes("tstrain_probes.node");
+  const holds = (file: string, names: string[]) => names.filter((n) => new RegExp(`\\b${n}\\b`).test(file));
+  assert.deepEqual(holds(e, [...PROBE_SYMBOLS, "gemmPeak", "streamProbe", "attentionProfile"]), []);
+  assert.deepEqual(
+    holds(p, ["gemm_fma_peak", "gemm_dp_peak", "attention_forward_profiled", "gemmPeak", "streamProbe"]),
+    ["gemm_fma_peak", "gemm_dp_peak", "attention_forward_profiled", "gemmPeak", "streamProbe"],
+    "the search finds them where they are",
+  );
+});
+
+test("production never loads the probes: no src/ file names them, and the bf16 start line leaves them unloaded", {
+  skip: skipNoNative,
+}, () => {
+  const src = path.join(DIST, "..", "src");
+  const named: string[] = [];
+  const walk = (d: string) => {
+    for (const x of fs.readdirSync(d, { withFileTypes: true })) {
+      const f = path.join(d, x.name);
+      if (x.isDirectory()) walk(f);
+      else if (x.name.endsWith(".ts")) {
+        const t = fs.readFileSync(f, "utf8");
+        if (/["'](\.\.\/)+bench\/|tstrain_probes/.test(t)) named.push(path.relative(src, f));
+      }
+    }
+  };
+  walk(src);
+  assert.deepEqual(named, [], "src/ imports bench/ or names the probes addon");
+  if (!fs.existsSync("/proc/self/maps")) return; // the loaded-objects check is Linux's
+  const script = `
+    const { loadNative } = require("./src/model/engine/native");
+    const { bf16Warning } = require("./src/run");
+    const n = loadNative({ gemm: "builtin", isa: "auto", precision: "bf16" });
+    const line = bf16Warning("bf16", "auto");
+    const maps = require("node:fs").readFileSync("/proc/self/maps", "utf8");
+    console.log(JSON.stringify({ kernels: "kernels" in n, line, engine: maps.includes("tstrain_native.node"), probes: maps.includes("tstrain_probes.node") }));`;
+  const r = spawnSync(process.execPath, ["-e", script], { cwd: DIST, encoding: "utf8", timeout: 60_000 });
+  assert.equal(r.status, 0, r.stderr);
+  const got = JSON.parse(r.stdout.trim().split("\n").pop() ?? "{}");
+  assert.equal(got.kernels, true, r.stdout);
+  assert.equal(got.engine, true, "the engine is loaded");
+  assert.equal(got.probes, false, `the start line loaded the probes addon: ${r.stdout}`);
 });

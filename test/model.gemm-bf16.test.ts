@@ -10,7 +10,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { builtinGemmBf16, loadNative, supportedIsas } from "../src/model/engine/native";
+import { loadNative, supportedIsas } from "../src/model/engine/native";
+import { builtinGemmBf16 } from "../bench/native-probes";
 import { bf16, fmaf, fmaFtz, ftz } from "./helpers/numeric";
 import { checkKernelOutputs } from "./helpers/gemm-check";
 

@@ -14,7 +14,8 @@ import assert from "node:assert/strict";
 import { Worker } from "node:worker_threads";
 import * as path from "node:path";
 import type { Kernels } from "../src/model/kernels";
-import { loadNative, profiledAttention } from "../src/model/engine/native";
+import { loadNative } from "../src/model/engine/native";
+import { profiledAttention } from "../bench/native-probes";
 import { jsKernels, type NonMatmulKernels } from "../src/model/engine/js";
 
 const loaded = loadNative();

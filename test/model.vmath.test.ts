@@ -12,7 +12,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { loadNative, supportedIsas, vmath } from "../src/model/engine/native";
+import { loadNative, supportedIsas } from "../src/model/engine/native";
+import { vmath } from "../bench/native-probes";
 import { fmaf, lcg } from "./helpers/numeric";
 
 const native = loadNative();

@@ -24,7 +24,7 @@ import { PackedTokenStore } from "../src/data/token-store";
 import { ValStream } from "../src/data/sampler";
 import { paramLayout } from "../src/model/layout";
 import { sameBits } from "./helpers/numeric";
-import { builtinGemmBf16 } from "../src/model/engine/native";
+import { bf16Support } from "../src/model/engine/native";
 import { tmpDir } from "./helpers/tmp";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -473,7 +473,7 @@ describe("the coordinator, rule by rule (A2, D7, K2)", () => {
  * update, as a rank does. Each trainer runs alone (the copies are the process's).
  */
 test("the one-thread trainer in bf16 marks the AMX kernel's weight copies stale after each update: its steps are the emulation's, bit for bit (P8)", {
-  skip: (builtinGemmBf16()?.hw ?? false) ? false : "this CPU (or OS) has no AMX-BF16",
+  skip: (bf16Support()?.hw ?? false) ? false : "this CPU (or OS) has no AMX-BF16",
   timeout: 120_000,
 }, async () => {
   const SEQ = 16;

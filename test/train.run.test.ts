@@ -4,8 +4,9 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { readSafetensors } from "../src/model/safetensors";
-import { builtinGemmBf16 } from "../src/model/engine/native";
+import { bf16Support } from "../src/model/engine/native";
 import { bf16Warning } from "../src/run";
+import { cpuFamily, vdpbf16Rate } from "../src/model/engine/vdpbf16-rate";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
@@ -246,7 +247,7 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
   assert.equal(r.runJson.precision, "bf16");
   // without AMX or VDPBF16PS the products are emulated, about 3x slower than fp32; with VDPBF16PS the run says
   // what to expect: either way, at start
-  const k = builtinGemmBf16()!;
+  const k = bf16Support()!;
   const slow = r.rep.lines.filter((l) => l.startsWith("WARNING --precision bf16 on a CPU without AMX"));
   const fast = r.rep.lines.filter((l) => l.startsWith("bf16 products on VDPBF16PS"));
   assert.equal(slow.length, k.hw || k.dp ? 0 : 1, `the emulation warned of where it runs (amx ${k.hw}, dp ${k.dp})`);
@@ -269,14 +270,27 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
     /^WARNING .*a usable VDPBF16PS \(VDPBF16PS failed the start-up self-check \(lane 3\)\): .*emulated/,
   );
   const dp = { hw: false, dp: true, check: "" };
+  const zen = { cpu: "CPU X", vendor: "V", family: 1 };
   assert.match(
-    bf16Warning("bf16", "auto", dp, 2.0) ?? "",
-    /^bf16 products on VDPBF16PS .*2\.0x this core's fp32 FMA rate.*1\.6-1\.9x as fast/,
+    bf16Warning("bf16", "auto", dp, { ...zen, ratio: 2.0 }) ?? "",
+    /^bf16 products on VDPBF16PS .*2\.0x this core's fp32 FMA rate, as the bench measured it on CPU X.*1\.6-1\.9x as fast/,
   );
   assert.match(
-    bf16Warning("bf16", "auto", dp, 1.0) ?? "",
+    bf16Warning("bf16", "auto", dp, { ...zen, ratio: 1.0 }) ?? "",
     /1\.0x this core's fp32 FMA rate.*about as fast as --precision fp32/,
   );
+  // a CPU the bench's table lacks: no figure made up, the command that measures it
+  assert.match(
+    bf16Warning("bf16", "auto", dp, null) ?? "",
+    /^bf16 products on VDPBF16PS .*the bench has no figure for this CPU's rate \(it has: AMD Zen 5 \(family 26\)\).*`node dist\/bench\/bench\.js --cases gemm --gemm-seqs 256 --gemm-rounds 1` measures it/,
+  );
+  // the table: found by /proc/cpuinfo's vendor and family, the bench's 236.4 / 118.2 GFLOP/s on Zen 5
+  const zen5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n";
+  assert.deepEqual(cpuFamily(zen5), { vendor: "AuthenticAMD", family: 26 });
+  assert.equal(vdpbf16Rate(cpuFamily(zen5))?.ratio, 2);
+  assert.equal(vdpbf16Rate(cpuFamily(zen5.replace("26", "25"))), null, "Zen 4 (family 25) is not measured here");
+  assert.equal(vdpbf16Rate(cpuFamily(zen5.replace("AuthenticAMD", "GenuineIntel"))), null);
+  assert.equal(cpuFamily("no such lines"), null);
   assert.equal(r.runJson.skipped_steps, 1);
   assert.equal(r.runJson.loss_scale, 1);
   assert.ok(

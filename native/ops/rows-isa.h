@@ -57,10 +57,12 @@ static double ISA_FN(exp_sum_row)(float *x, int64_t n, float sub) {
   return s;
 }
 
-/* out[i] = log(x[i]) (vmath.h's log_f64, on this copy's target) */
+#ifdef TSTRAIN_PROBES
+/* out[i] = log(x[i]) (vmath.h's log_f64, on this copy's target): the probes addon's vmath only */
 static void ISA_FN(log_row)(double *out, const double *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = log_f64(x[i]);
 }
+#endif
 
 /* ------------------------------------------------------------------ embedding */
 static void ISA_FN(embedding_backward)(float *dE, const int32_t *ids, const float *dout, int64_t N, int64_t D) {

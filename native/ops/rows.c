@@ -178,6 +178,8 @@ void softmax_grad_row(float *s, float *ds, const float *dp, int64_t c, float lse
 }
 
 /* ------------------------------------------------------------------ the maths alone, on a chosen copy */
+#ifdef TSTRAIN_PROBES /* the probes addon's vmath (binding.gyp defines it there only) */
 void vmath_exp(gemm_isa isa, float *out, const float *x, int64_t n) { DISPATCH(isa, exp_row, out, x, n, 0.0f); }
 
 void vmath_log(gemm_isa isa, double *out, const double *x, int64_t n) { DISPATCH(isa, log_row, out, x, n); }
+#endif

@@ -12,7 +12,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
-import { builtinGemmBf16, loadNative, supportedIsas } from "../../src/model/engine/native";
+import { bf16Support, loadNative, supportedIsas } from "../../src/model/engine/native";
 
 export const DEMO_SHA256 = "ef9980615583a1b6fbd27f30167806870d854bcb1f686a8958d843924866b172";
 /** The same demo with `--precision bf16` (P8): its own pinned weights, on the AMX kernel and every emulation. */
@@ -60,9 +60,9 @@ export function demoOnKernel(
   const native = loadNative();
   const has =
     isa === "amx"
-      ? (builtinGemmBf16()?.hw ?? false)
+      ? (bf16Support()?.hw ?? false)
       : isa === "avx512bf16"
-        ? (builtinGemmBf16()?.dp ?? false)
+        ? (bf16Support()?.dp ?? false)
         : supportedIsas().includes(isa);
   const skip =
     "reason" in native
@@ -70,7 +70,7 @@ export function demoOnKernel(
         ? false
         : `native engine unavailable here: ${native.reason}`
       : !has
-        ? `this CPU has no ${isa} (it runs: ${supportedIsas().join(", ")}${isa === "avx512bf16" ? `; ${builtinGemmBf16()?.check}` : ""})`
+        ? `this CPU has no ${isa} (it runs: ${supportedIsas().join(", ")}${isa === "avx512bf16" ? `; ${bf16Support()?.check}` : ""})`
         : false;
   const pinned = precision === "bf16" ? DEMO_BF16_SHA256 : DEMO_SHA256;
   const what = precision === "bf16" ? "DEMO_BF16_SHA256" : "DEMO_SHA256";

@@ -15,25 +15,8 @@ import * as path from "node:path";
 import type { Kernels } from "../kernels";
 import type { GemmChoice, IsaChoice, Precision } from "../../config";
 
-/** gemm.h's arguments after the kernel: transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc. */
-type GemmArgs = [
-  transA: boolean,
-  transB: boolean,
-  M: number,
-  N: number,
-  K: number,
-  alpha: number,
-  A: Float32Array,
-  lda: number,
-  B: Float32Array,
-  ldb: number,
-  beta: number,
-  C: Float32Array,
-  ldc: number,
-];
-
-/** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader; and the
- *  tests' and the bench's probes (native/probes.c). */
+/** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader. The
+ *  tests' and the bench's probes are another addon's (native/probes.c, loaded by bench/native-probes.ts only). */
 interface Addon {
   loadBlas(paths: string[]): { ok: boolean; path: string; config: string; threads: number; tried: string };
   simd(): string;
@@ -52,15 +35,6 @@ interface Addon {
     /** bf16: why the VDPBF16PS kernel is not used ("" where it passed its self-check, or the CPU has AMX) */
     bf16Check: string;
   };
-  gemmPeak(isa: IsaChoice, iters: number): number;
-  gemm(isa: IsaChoice, ...args: GemmArgs): void;
-  /** With calls: the product that many times back to back; returns this thread's CPU seconds for them (bench). */
-  gemm(isa: IsaChoice, ...args: [...GemmArgs, calls: number]): number;
-  /** gemm on bf16 operands (native/gemm.h: gemm_bf16), alpha 1; "amx" is the AMX-BF16 kernel, "avx512bf16" the
-   *  VDPBF16PS one. */
-  gemmBf16(isa: IsaChoice, ...args: GemmArgs): void;
-  gemmBf16(isa: IsaChoice, ...args: [...GemmArgs, calls: number]): number;
-  gemmBf16Hw(): boolean;
   /** The process's weights: the bf16 AMX kernel keeps their packed copies until bf16WeightsChanged(). */
   bf16Weights(params: Float32Array): void;
   bf16WeightsChanged(): void;
@@ -78,11 +52,6 @@ interface Addon {
   swigluForward: Kernels["swigluForward"];
   swigluBackward: Kernels["swigluBackward"];
   crossEntropy: Kernels["crossEntropy"];
-  /** The fused attention's timed copy (native/probes.c: the same arguments and bits), and the ms (wall) its work
-   *  between the block products took on this thread since the last attentionProfile(). */
-  attentionForwardProfiled: Kernels["attentionForward"];
-  attentionBackwardProfiled: Kernels["attentionBackward"];
-  attentionProfile(): number;
   /** acc = g (first) or acc += g in float64, then g = 0, over all of g (native/ops/optim.c); isa: that copy of the
    *  vector code (the tests), undefined: this thread's GEMM kernel's. */
   fold(acc: Float64Array, g: Float32Array, first: boolean, isa: Exclude<IsaChoice, "auto"> | undefined): void;
@@ -96,8 +65,6 @@ interface Addon {
     c0: number,
     c1: number,
   ): void;
-  /** The bench's bandwidth probes over all of x: "triad" x = y + s z, "axpy" x += s y (native/ops/optim.c). */
-  streamProbe(kind: "triad" | "axpy", x: Float64Array, y: Float64Array, z: Float64Array, s: number): void;
   /** AdamW over [lo, hi) in place (native/ops/optim.c); h: the 9 float32 hyperparameters; isa as for fold. */
   adamw(
     params: Float32Array,
@@ -109,9 +76,6 @@ interface Addon {
     h: Float32Array,
     isa: Exclude<IsaChoice, "auto"> | undefined,
   ): void;
-  /** out = exp(x) (Float32Array) or log(x) (Float64Array) on one instruction set's copy of the row kernels' maths. */
-  vmath(fn: "exp", isa: Exclude<IsaChoice, "auto">, x: Float32Array, out: Float32Array): void;
-  vmath(fn: "log", isa: Exclude<IsaChoice, "auto">, x: Float64Array, out: Float64Array): void;
 }
 
 export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
@@ -262,56 +226,21 @@ export function supportedIsas(): Exclude<IsaChoice, "auto">[] {
   return s;
 }
 
-/** GFLOP/s of one core on a register-only loop of 12 independent FMA chains of that kernel's instruction set
- *  ("amx": TDPBF16PS tiles; what the bench measures a GEMM against); null when the addon does not load, 0
- *  when the CPU lacks it. */
-export function fmaPeak(isa: Exclude<IsaChoice, "auto">, iters: number): number | null {
-  const got = loadAddon();
-  return "reason" in got ? null : got.addon.gemmPeak(isa, iters);
-}
-
-/** The built-in GEMM on one kernel, with leading dimensions (gemm.h's contract), whatever the thread's --isa; null
- *  when the addon does not load. For tests and the bench, which compare the kernels. */
-export function builtinGemm(): Addon["gemm"] | null {
-  const got = loadAddon();
-  return "reason" in got ? null : got.addon.gemm;
-}
-
-/** The built-in bf16 GEMM on one kernel, for tests and the bench; null when the addon does not load. hw: the CPU has
- *  AMX-BF16 ("amx"); dp: the VDPBF16PS kernel ("avx512bf16") runs here (AVX512_BF16, and it passed its start-up
- *  self-check; else check says why not). */
-export function builtinGemmBf16(): {
-  gemm: Addon["gemmBf16"];
-  hw: boolean;
-  dp: boolean;
-  check: string;
-  /** the process's weights (their products' B kept packed, as a rank keeps them); an empty array forgets them */
-  weights: (p: Float32Array) => void;
-} | null {
+/** The CPU's bf16 kernels (P8), as setGemm reports them: hw, AMX-BF16 ("amx"); dp, the VDPBF16PS kernel
+ *  ("avx512bf16") runs here (AVX512_BF16, and it passed its start-up self-check; else check says why not); null when
+ *  the addon does not load. */
+export function bf16Support(): { hw: boolean; dp: boolean; check: string } | null {
   const got = loadAddon();
   if ("reason" in got) return null;
   const s = got.addon.setGemm("builtin", "auto", "bf16");
   got.addon.setGemm("builtin", "auto");
   current = "";
-  return {
-    gemm: got.addon.gemmBf16,
-    hw: got.addon.gemmBf16Hw(),
-    dp: s.supported.includes("avx512bf16"),
-    check: s.bf16Check,
-    weights: (p: Float32Array) => got.addon.bf16Weights(p),
-  };
-}
-
-/** The row kernels' exp (float) and log (double) on one instruction set's copy (native/ops/vmath.h), for the checks
- *  that every copy gives the same bits; null when the addon does not load. */
-export function vmath(): Addon["vmath"] | null {
-  const got = loadAddon();
-  return "reason" in got ? null : got.addon.vmath;
+  return { hw: s.supported.includes("amx"), dp: s.supported.includes("avx512bf16"), check: s.bf16Check };
 }
 
 /** One of the addon's functions, or null when the addon does not load or is older than this checkout (no such
- *  export): the getters of the optimizer kernels and the bench's probes. */
-function addonMethod<K extends "adamw" | "fold" | "reduceChunks" | "streamProbe">(key: K): Addon[K] | null {
+ *  export): the getters of the optimizer kernels. */
+function addonMethod<K extends "adamw" | "fold" | "reduceChunks">(key: K): Addon[K] | null {
   const got = loadAddon();
   return "reason" in got || typeof got.addon[key] !== "function" ? null : got.addon[key];
 }
@@ -332,43 +261,6 @@ export function nativeFold(): Addon["fold"] | null {
  *  does not load or is older than this checkout. */
 export function nativeReduce(): Addon["reduceChunks"] | null {
   return addonMethod("reduceChunks");
-}
-
-/** The bench's C bandwidth probes (a triad and an in-place axpy over float64); null without the addon. */
-export function streamProbe(): Addon["streamProbe"] | null {
-  return addonMethod("streamProbe");
-}
-
-/** The fused attention's timed copy, for the bench's split of a step into products and the rest (native/probes.c:
- *  the same operations and bits as the kernels'); restMs() is the ms (wall) its work between the block products
- *  (softmax rows, transposes, row dots) took on this thread since the previous call. On the GEMM of `opts`, as
- *  loadNative(opts)'s kernels run it; null when those do not load. */
-export interface ProfiledAttention {
-  forward: Kernels["attentionForward"];
-  backward: Kernels["attentionBackward"];
-  restMs(): number;
-}
-export function profiledAttention(opts: NativeOptions = DEFAULT_NATIVE): ProfiledAttention | null {
-  const got = loadAddon();
-  if ("reason" in got || "reason" in loadNative(opts) || typeof got.addon.attentionProfile !== "function") return null;
-  const a = got.addon,
-    use = gemmUser(
-      a,
-      opts.gemm === "openblas" ? "blas" : "builtin",
-      opts.gemm === "openblas" ? "auto" : opts.isa,
-      opts.precision ?? "fp32",
-    );
-  return {
-    forward: (...args) => {
-      use();
-      a.attentionForwardProfiled(...args);
-    },
-    backward: (...args) => {
-      use();
-      a.attentionBackwardProfiled(...args);
-    },
-    restMs: () => a.attentionProfile(),
-  };
 }
 
 /** A function that makes this thread's GEMM this choice, when another loadNative choice in the thread switched it. */
