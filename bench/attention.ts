@@ -15,6 +15,8 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { loadNative, type Precision } from "../src/model/engine/native";
+import { arg } from "./args";
+import { seededFloats } from "./seeded";
 
 export interface AttentionRow {
   seq: number;
@@ -118,16 +120,6 @@ function maxDiff(a: Float32Array, b: Float32Array): number {
   return m;
 }
 
-function rand(n: number, seed: number): Float32Array {
-  const a = new Float32Array(n);
-  let s = seed >>> 0;
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    a[i] = (s / 4294967296 - 0.5) * 2;
-  }
-  return a;
-}
-
 /** CPU milliseconds of one call of f. */
 function cpuMs(f: () => void): number {
   const c0 = process.cpuUsage();
@@ -152,10 +144,10 @@ export function attentionBench(opts: {
       const n = loadNative({ gemm: "builtin", isa: "auto", precision });
       if (!("kernels" in n)) throw new Error(`attention: the native engine does not load (${n.reason})`);
       const k = n.kernels;
-      const q = rand(T * H * E, 1),
-        kk = rand(T * Kh * E, 2),
-        v = rand(T * Kh * E, 3),
-        dout = rand(T * H * E, 4);
+      const q = seededFloats(T * H * E, 1, 2),
+        kk = seededFloats(T * Kh * E, 2, 2),
+        v = seededFloats(T * Kh * E, 3, 2),
+        dout = seededFloats(T * H * E, 4, 2);
       const out = new Float32Array(T * H * E),
         lse = new Float32Array(H * T);
       const dq = new Float32Array(q.length),
@@ -209,11 +201,6 @@ export function attentionBench(opts: {
 }
 
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
-
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
-}
 
 if (require.main === module) {
   const seqs = arg("--seqs", "256,1024").split(",").map(Number),

@@ -12,6 +12,7 @@
  */
 import { loadNative, supportedIsas } from "../src/model/engine/native";
 import { builtinGemm, builtinGemmBf16, fmaPeak } from "./native-probes";
+import { seededFloats } from "./seeded";
 
 export interface GemmShape {
   name: string;
@@ -123,15 +124,8 @@ function gemmArgs(sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Arr
   return [sh.ta, sh.tb, sh.M, sh.N, sh.K, 1, A, lda, B, ldb, sh.beta, C, ldc] as const;
 }
 
-function rand(n: number, seed: number): Float32Array {
-  const a = new Float32Array(n);
-  let x = seed >>> 0;
-  for (let i = 0; i < n; i++) {
-    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
-    a[i] = (x / 4294967296 - 0.5) * 0.2;
-  }
-  return a;
-}
+/** n floats uniform in [-0.1, 0.1) from `seed` */
+const rand = (n: number, seed: number): Float32Array => seededFloats(n, seed, 0.2);
 
 /**
  * Rounds over every (shape, kernel) and the peak probes; returns one row per pair with the best GFLOP/s of its

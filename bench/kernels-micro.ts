@@ -10,21 +10,11 @@
  */
 import { loadNative } from "../src/model/engine/native";
 import type { Kernels } from "../src/model/kernels";
+import { arg } from "./args";
+import { seededFloats } from "./seeded";
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
-}
-
-function rand(n: number, seed: number): Float32Array {
-  const a = new Float32Array(n);
-  let s = seed >>> 0;
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    a[i] = (s / 4294967296 - 0.5) * 0.2;
-  }
-  return a;
-}
+/** n floats uniform in [-0.1, 0.1) from `seed` */
+const rand = (n: number, seed: number): Float32Array => seededFloats(n, seed, 0.2);
 
 /** best-of-reps milliseconds of f (one untimed call first) */
 function best(f: () => void, reps: number): number {

@@ -37,11 +37,8 @@ import {
   type KernelRow,
   type ProfileSummary,
 } from "./kernel-profile";
-
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
-}
+import { arg } from "./args";
+import { Seeded } from "./seeded";
 
 function wasmHeapBytes(): number | null {
   try {
@@ -81,15 +78,10 @@ export function rateShapes(N: number, D: number, F: number, V: number): MatmulSh
 
 /** GFLOP/s of the engine's matmul on one shape, one sample per rep (one untimed call first; a deferred engine is awaited). */
 export async function matmulRates(k: Kernels, sh: MatmulShape): Promise<number[]> {
-  const a = new Float32Array(sh.M * sh.K),
-    b = new Float32Array(sh.K * sh.N),
+  const g = new Seeded(7);
+  const a = g.floats(sh.M * sh.K),
+    b = g.floats(sh.K * sh.N),
     c = new Float32Array(sh.M * sh.N);
-  let s = 7;
-  for (const x of [a, b])
-    for (let i = 0; i < x.length; i++) {
-      s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-      x[i] = s / 4294967296 - 0.5;
-    }
   k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
   await k.settle?.([c]);
   const out: number[] = [];
@@ -143,12 +135,7 @@ export async function frozenStepBench(o: {
     m.bindParams(w);
     be.kernels.weightsAre?.(w);
     const setMs = performance.now() - t0;
-    const ids = new Int32Array(o.microBatch * o.seq);
-    let s = 12345;
-    for (let i = 0; i < ids.length; i++) {
-      s = (Math.imul(s, 1103515245) + 12345) >>> 0;
-      ids[i] = s % cfg.vocabSize;
-    }
+    const ids = new Seeded(12345).ids(o.microBatch * o.seq, cfg.vocabSize);
     const grads = new Float32Array(total);
     const tok = o.microBatch * o.seq;
     t0 = performance.now();

@@ -11,11 +11,8 @@ import { buildConfig } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
-
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
-}
+import { arg } from "./args";
+import { Seeded } from "./seeded";
 
 interface Rec {
   ms: number;
@@ -77,12 +74,7 @@ async function main(): Promise<void> {
   initWeights(cfg, 20260919, w);
   const m = new Llama(cfg, be.kernels, { gradCkpt });
   m.bindParams(w);
-  const ids = new Int32Array(micro * seq);
-  let s = 12345;
-  for (let i = 0; i < ids.length; i++) {
-    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
-    ids[i] = s % cfg.vocabSize;
-  }
+  const ids = new Seeded(12345).ids(micro * seq, cfg.vocabSize);
   const grads = new Float32Array(total);
   m.lossAndGrads(ids, micro, seq, 1, grads); // warm: weight packing
   let wall = 0;

@@ -8,11 +8,8 @@
  *   node dist/bench/webgpu-step.js [--tree DIR] [--seq 256] [--micro-batch 1] [--calls 2] [--layers N]
  */
 import * as path from "node:path";
-
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : dflt;
-}
+import { arg } from "./args";
+import { Seeded } from "./seeded";
 
 async function main(): Promise<void> {
   const tree = path.resolve(arg("--tree", path.join(__dirname, "..", "..")));
@@ -37,12 +34,7 @@ async function main(): Promise<void> {
   const m = new Llama(cfg, k, { gradCkpt: false });
   m.bindParams(params);
   k.weightsAre?.(params);
-  const ids = new Int32Array(mb * seq);
-  let s = 12345;
-  for (let i = 0; i < ids.length; i++) {
-    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
-    ids[i] = s % cfg.vocabSize;
-  }
+  const ids = new Seeded(12345).ids(mb * seq, cfg.vocabSize);
   const grads = new Float32Array(total);
   const pass = async () => {
     m.lossAndGrads(ids, mb, seq, 1, grads);
