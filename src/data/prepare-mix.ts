@@ -17,23 +17,24 @@
  * input order) goes to val iff floor((i+1)*ppm / 1e6) > floor(i*ppm / 1e6). That holds out exactly
  * floor(N * val_fraction) whole documents, spread evenly through the corpus.
  *
- * Tokenizing runs on a piscina pool; results are written strictly in document order, so the output
- * is byte-identical for any --workers. The build happens in a sibling staging directory and is moved
- * into place only when complete; an existing root is never deleted (with --force it is moved aside).
+ * Tokenizing runs on a piscina pool (tokenize-pool.ts); results are written strictly in document order, so the
+ * output is byte-identical for any --workers. The tokenizer is prepare-tokenizer.ts's, the shards' writer
+ * token-store.ts's ShardWriter. The build happens in a sibling staging directory and is moved into place only when
+ * complete; an existing root is never deleted (with --force it is moved aside).
  */
 import { createHash, type Hash } from "node:crypto";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { Piscina } from "piscina";
-import { Tokenizer } from "@huggingface/tokenizers";
+import type { Piscina } from "piscina";
 import { UserError } from "../errors";
 import { dtypeForVocab, type Manifest, MANIFEST_FILE, manifestBytes, type ShardInfo } from "./manifest";
-import type { TokenizeTask } from "./tokenize-worker";
+import { type LoadedTokenizer, loadTokenizer } from "./prepare-tokenizer";
+import { ShardWriter } from "./token-store";
+import { TokenizeBatches, tokenizePool } from "./tokenize-pool";
 import {
   DEFAULT_CHUNK_BYTES,
   DEFAULT_PIECE_CHARS,
-  type DocPiece,
   docsOf,
   type InputFile,
   listLocalInputs,
@@ -87,10 +88,6 @@ export interface PrepareResult {
 
 export const DEFAULT_VAL_FRACTION = 0.01;
 export const DEFAULT_SHARD_TOKENS = 50_000_000;
-const TOKENIZER_SIDE_FILES = ["tokenizer_config.json", "special_tokens_map.json"];
-const EOS_CANDIDATES = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>"];
-const BATCH_CHARS = 256 * 1024;
-const BATCH_DOCS = 256;
 
 export function valPpm(valFraction: number): number {
   return Math.round(valFraction * 1e6);
@@ -130,184 +127,6 @@ async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
   if (files.length === 0)
     throw new UserError("D2", `--input ${inputs.join(" ")} holds no corpus files (${SUPPORTED_FORMATS})`);
   return { files, skipped, sources };
-}
-
-// ---------------------------------------------------------------------------------------------
-// tokenizer
-
-interface LoadedTokenizer {
-  path: string;
-  configPath: string | null;
-  vocabSize: number;
-  eosId: number;
-  eosToken: string;
-  files: string[];
-  sha256: string;
-}
-
-function loadTokenizer(file: string, eosFlag: string | undefined, shownAs = file): LoadedTokenizer {
-  let text: string;
-  try {
-    text = fs.readFileSync(file, "utf8");
-  } catch (e) {
-    throw new UserError(
-      "D2",
-      `cannot read --tokenizer ${shownAs} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}): pass the path of a Hugging Face tokenizer.json`,
-    );
-  }
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch (e) {
-    throw new UserError(
-      "D2",
-      `--tokenizer ${shownAs} is not valid JSON (${(e as Error).message}): it must be a Hugging Face tokenizer.json; re-download or regenerate it`,
-    );
-  }
-  const dir = path.dirname(file);
-  const cfgPath = path.join(dir, "tokenizer_config.json");
-  let cfg: Record<string, unknown> = {};
-  let configPath: string | null = null;
-  if (fs.existsSync(cfgPath)) {
-    try {
-      cfg = JSON.parse(fs.readFileSync(cfgPath, "utf8"));
-      configPath = cfgPath;
-    } catch (e) {
-      throw new UserError(
-        "D2",
-        `${cfgPath} beside the tokenizer is not valid JSON (${(e as Error).message}): fix or remove it`,
-      );
-    }
-  }
-  let tk: Tokenizer;
-  try {
-    tk = new Tokenizer(json as object, cfg);
-    tk.encode("prepare self-check: Hello, world! 123", { add_special_tokens: false });
-  } catch (e) {
-    throw new UserError(
-      "D2",
-      `--tokenizer ${shownAs} cannot be loaded by @huggingface/tokenizers (${(e as Error).message}): it must be a complete Hugging Face tokenizer.json (model, pre_tokenizer, decoder, added_tokens)`,
-    );
-  }
-  let vocabSize = 0;
-  for (const id of tk.get_vocab(true).values()) if (Number.isInteger(id) && id + 1 > vocabSize) vocabSize = id + 1;
-  if (vocabSize < 1) throw new UserError("D2", `--tokenizer ${shownAs} has an empty vocabulary`);
-  const cfgEos =
-    typeof cfg.eos_token === "string" ? cfg.eos_token : (cfg.eos_token as { content?: unknown } | undefined)?.content;
-  const tried = eosFlag !== undefined ? [eosFlag] : typeof cfgEos === "string" ? [cfgEos] : EOS_CANDIDATES;
-  let eosToken = "";
-  let eosId: number | undefined;
-  for (const t of tried) {
-    eosId = tk.token_to_id(t);
-    if (eosId !== undefined) {
-      eosToken = t;
-      break;
-    }
-  }
-  if (eosId === undefined) {
-    throw new UserError(
-      "D2",
-      `--tokenizer ${shownAs} has no end-of-document token (looked for ${tried.join(", ")}): pass --eos-token NAME with a token from its vocabulary`,
-    );
-  }
-  const files = ["tokenizer.json", ...TOKENIZER_SIDE_FILES.filter((f) => fs.existsSync(path.join(dir, f)))];
-  return {
-    path: file,
-    configPath,
-    vocabSize,
-    eosId,
-    eosToken,
-    files,
-    sha256: createHash("sha256").update(text).digest("hex"),
-  };
-}
-
-// ---------------------------------------------------------------------------------------------
-// shard writer
-
-class ShardWriter {
-  readonly shards: ShardInfo[] = [];
-  private fd = -1;
-  private hash = createHash("sha256");
-  private inShard = 0;
-  private readonly buf: Uint16Array | Uint32Array;
-  private fill = 0;
-  private name = "";
-
-  constructor(
-    private readonly dir: string,
-    private readonly prefix: "train" | "val",
-    dtype: Manifest["dtype"],
-    private readonly shardTokens: number,
-  ) {
-    this.buf = dtype === "uint16" ? new Uint16Array(1 << 20) : new Uint32Array(1 << 20);
-  }
-
-  private flush(): void {
-    if (this.fill === 0) return;
-    let bytes = Buffer.from(this.buf.buffer, 0, this.fill * this.buf.BYTES_PER_ELEMENT);
-    if (os.endianness() !== "LE") {
-      bytes = Buffer.from(bytes);
-      if (this.buf.BYTES_PER_ELEMENT === 2) bytes.swap16();
-      else bytes.swap32();
-    }
-    this.hash.update(bytes);
-    let off = 0;
-    try {
-      while (off < bytes.length) off += fs.writeSync(this.fd, bytes, off, bytes.length - off);
-    } catch (e) {
-      (e as NodeJS.ErrnoException).path ??= path.join(this.dir, this.name); // a write by fd names no file: name it (O6)
-      throw e;
-    }
-    this.fill = 0;
-  }
-
-  private closeShard(): void {
-    this.flush();
-    try {
-      fs.fsyncSync(this.fd);
-    } catch (e) {
-      (e as NodeJS.ErrnoException).path ??= path.join(this.dir, this.name);
-      throw e;
-    }
-    fs.closeSync(this.fd);
-    this.shards.push({ file: this.name, tokens: this.inShard, sha256: this.hash.digest("hex") });
-    this.fd = -1;
-  }
-
-  private openShard(): void {
-    this.name = `${this.prefix}-${String(this.shards.length).padStart(5, "0")}.bin`;
-    this.fd = fs.openSync(path.join(this.dir, this.name), "wx");
-    this.hash = createHash("sha256");
-    this.inShard = 0;
-  }
-
-  /** Append src[start, end) (ids already checked < vocab_size, so they fit the dtype). */
-  pushRange(src: Uint32Array, start: number, end: number): void {
-    while (start < end) {
-      if (this.fd < 0) this.openShard();
-      const k = Math.min(end - start, this.buf.length - this.fill, this.shardTokens - this.inShard);
-      this.buf.set(src.subarray(start, start + k), this.fill);
-      this.fill += k;
-      this.inShard += k;
-      start += k;
-      if (this.fill === this.buf.length) this.flush();
-      if (this.inShard === this.shardTokens) this.closeShard();
-    }
-  }
-
-  push(v: number): void {
-    this.pushRange(Uint32Array.of(v), 0, 1);
-  }
-
-  finish(): ShardInfo[] {
-    if (this.fd >= 0) this.closeShard();
-    return this.shards;
-  }
-
-  get tokens(): number {
-    return this.shards.reduce((a, s) => a + s.tokens, 0) + (this.fd >= 0 ? this.inShard : 0);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,108 +223,6 @@ function checkOut(out: string, force: boolean): boolean {
     "D2",
     `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or pass --force (its contents are moved aside, never deleted)`,
   );
-}
-
-/** A batch: pieces in order, each with its document's index and whether it ends the document. */
-interface Batch {
-  docs: number[];
-  last: boolean[];
-  wheres: string[];
-  bytesAfter: number;
-  result: Promise<Uint32Array>;
-}
-
-/**
- * Pieces, in input order, to the tokenizer pool in batches (BATCH_CHARS / BATCH_DOCS), at most `maxInflight`
- * batches out; results are taken back strictly in order and written to the train or the val shards by their
- * document's index (the held-out rule), with EOS after each document's last piece.
- */
-class TokenizeBatches {
-  private readonly inflight: Batch[] = [];
-  private texts: string[] = [];
-  private docs: number[] = [];
-  private lasts: boolean[] = [];
-  private wheres: string[] = [];
-  private chars = 0;
-  /** Documents written to val so far. */
-  valDocs = 0;
-  /** Tokens written so far (train and val, EOS included). */
-  tokensDone = 0;
-
-  constructor(
-    private readonly pool: Piscina,
-    private readonly tok: LoadedTokenizer,
-    private readonly maxInflight: number,
-    private readonly shards: { train: ShardWriter; val: ShardWriter },
-    private readonly ppm: number,
-    private readonly progress: Progress,
-  ) {}
-
-  add(piece: DocPiece, docIndex: number): void {
-    this.texts.push(piece.text);
-    this.docs.push(docIndex);
-    this.lasts.push(piece.last);
-    this.wheres.push(piece.where);
-    this.chars += piece.text.length;
-  }
-
-  get full(): boolean {
-    return this.chars >= BATCH_CHARS || this.texts.length >= BATCH_DOCS;
-  }
-
-  /** Send the pieces gathered so far; wait for the oldest batches while too many are out. */
-  async submit(bytesAfter: number): Promise<void> {
-    if (this.texts.length === 0) return;
-    const tok = this.tok;
-    const task: TokenizeTask = {
-      tokenizerPath: path.resolve(tok.path),
-      configPath: tok.configPath ? path.resolve(tok.configPath) : null,
-      vocabSize: tok.vocabSize,
-      texts: this.texts,
-      firstDoc: this.docs[0],
-    };
-    const result = this.pool.run(task) as Promise<Uint32Array>;
-    result.catch(() => undefined); // observed in drainOne, in order
-    this.inflight.push({ docs: this.docs, last: this.lasts, wheres: this.wheres, bytesAfter, result });
-    this.texts = [];
-    this.docs = [];
-    this.lasts = [];
-    this.wheres = [];
-    this.chars = 0;
-    while (this.inflight.length >= this.maxInflight) await this.drainOne();
-  }
-
-  async drainAll(): Promise<void> {
-    while (this.inflight.length > 0) await this.drainOne();
-  }
-
-  private async drainOne(): Promise<void> {
-    const b = this.inflight.shift()!;
-    let res: Uint32Array;
-    try {
-      res = await b.result;
-    } catch (e) {
-      throw new UserError(
-        "D2",
-        `tokenizing ${b.wheres[0]}${b.wheres.length > 1 ? ` (and ${b.wheres.length - 1} more documents)` : ""} failed: ${(e as Error).message}`,
-      );
-    }
-    const n = res[0];
-    let p = 1 + n;
-    for (let d = 0; d < n; d++) {
-      const len = res[1 + d];
-      const w = isValDoc(b.docs[d], this.ppm) ? this.shards.val : this.shards.train;
-      w.pushRange(res, p, p + len);
-      p += len;
-      this.tokensDone += len;
-      if (b.last[d]) {
-        if (w === this.shards.val) this.valDocs++;
-        w.push(this.tok.eosId);
-        this.tokensDone++;
-      }
-    }
-    this.progress.update(b.bytesAfter, this.tokensDone);
-  }
 }
 
 /**
@@ -684,12 +401,7 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
     const dtype = dtypeForVocab(tok.vocabSize);
 
     staging = freshStaging(out, log);
-    pool = new Piscina({
-      filename: path.join(__dirname, "tokenize-worker.js"),
-      minThreads: workers,
-      maxThreads: workers,
-      idleTimeout: 1000,
-    });
+    pool = tokenizePool(workers);
     const mode =
       o.progress === "none" ? "none" : o.progress === "lines" ? "lines" : process.stderr.isTTY ? "bar" : "lines";
     const progress = new Progress(mode, totalBytes, t0);
@@ -697,7 +409,15 @@ export async function prepareMix(o: PrepareOptions): Promise<PrepareResult> {
       train: new ShardWriter(staging, "train", dtype, opts.shardTokens),
       val: new ShardWriter(staging, "val", dtype, opts.shardTokens),
     };
-    const batches = new TokenizeBatches(pool, tok, workers * 3, shards, valPpm(valFraction), progress);
+    const ppm = valPpm(valFraction);
+    const batches = new TokenizeBatches(
+      pool,
+      tok,
+      workers * 3,
+      shards,
+      (doc) => isValDoc(doc, ppm),
+      (bytes, tokens) => progress.update(bytes, tokens),
+    );
     const corpusHash = createHash("sha256");
     const rd: ReadOptions = {
       textField: opts.textField,

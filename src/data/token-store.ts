@@ -1,4 +1,6 @@
 /**
+ * The shards of a mix: their writer (ShardWriter, prepare's) and their reader.
+ *
  * Packed token store (D4, D7, D8): the concatenation of one split's shards, read a window at a
  * time with positioned reads (fs.readSync at a byte offset). Nothing is loaded up front: memory is
  * one read buffer plus at most MAX_OPEN_FDS file descriptors, whatever the corpus size.
@@ -6,6 +8,7 @@
  * Window w of length T covers stream tokens [w*T, (w+1)*T); windows are consecutive and never
  * overlap, and the tail (total % T tokens) is never read. A window may span a shard boundary.
  */
+import { createHash } from "node:crypto";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -152,5 +155,95 @@ export class PackedTokenStore {
     this.fds.clear();
     this.buf = Buffer.alloc(0);
     this.closed = true;
+  }
+}
+
+/**
+ * The writer of one split's shards (prepare, D2): tokens appended in order, little-endian `dtype`, cut at exactly
+ * `shardTokens` tokens into `<prefix>-00000.bin`, ... (created, never overwritten), each fsynced and hashed as it
+ * closes: what PackedTokenStore reads back.
+ */
+export class ShardWriter {
+  readonly shards: ShardInfo[] = [];
+  private fd = -1;
+  private hash = createHash("sha256");
+  private inShard = 0;
+  private readonly buf: Uint16Array | Uint32Array;
+  private fill = 0;
+  private name = "";
+
+  constructor(
+    private readonly dir: string,
+    private readonly prefix: "train" | "val",
+    dtype: Manifest["dtype"],
+    private readonly shardTokens: number,
+  ) {
+    this.buf = dtype === "uint16" ? new Uint16Array(1 << 20) : new Uint32Array(1 << 20);
+  }
+
+  private flush(): void {
+    if (this.fill === 0) return;
+    let bytes = Buffer.from(this.buf.buffer, 0, this.fill * this.buf.BYTES_PER_ELEMENT);
+    if (os.endianness() !== "LE") {
+      bytes = Buffer.from(bytes);
+      if (this.buf.BYTES_PER_ELEMENT === 2) bytes.swap16();
+      else bytes.swap32();
+    }
+    this.hash.update(bytes);
+    let off = 0;
+    try {
+      while (off < bytes.length) off += fs.writeSync(this.fd, bytes, off, bytes.length - off);
+    } catch (e) {
+      (e as NodeJS.ErrnoException).path ??= path.join(this.dir, this.name); // a write by fd names no file: name it (O6)
+      throw e;
+    }
+    this.fill = 0;
+  }
+
+  private closeShard(): void {
+    this.flush();
+    try {
+      fs.fsyncSync(this.fd);
+    } catch (e) {
+      (e as NodeJS.ErrnoException).path ??= path.join(this.dir, this.name);
+      throw e;
+    }
+    fs.closeSync(this.fd);
+    this.shards.push({ file: this.name, tokens: this.inShard, sha256: this.hash.digest("hex") });
+    this.fd = -1;
+  }
+
+  private openShard(): void {
+    this.name = `${this.prefix}-${String(this.shards.length).padStart(5, "0")}.bin`;
+    this.fd = fs.openSync(path.join(this.dir, this.name), "wx");
+    this.hash = createHash("sha256");
+    this.inShard = 0;
+  }
+
+  /** Append src[start, end) (ids already checked < vocab_size, so they fit the dtype). */
+  pushRange(src: Uint32Array, start: number, end: number): void {
+    while (start < end) {
+      if (this.fd < 0) this.openShard();
+      const k = Math.min(end - start, this.buf.length - this.fill, this.shardTokens - this.inShard);
+      this.buf.set(src.subarray(start, start + k), this.fill);
+      this.fill += k;
+      this.inShard += k;
+      start += k;
+      if (this.fill === this.buf.length) this.flush();
+      if (this.inShard === this.shardTokens) this.closeShard();
+    }
+  }
+
+  push(v: number): void {
+    this.pushRange(Uint32Array.of(v), 0, 1);
+  }
+
+  finish(): ShardInfo[] {
+    if (this.fd >= 0) this.closeShard();
+    return this.shards;
+  }
+
+  get tokens(): number {
+    return this.shards.reduce((a, s) => a + s.tokens, 0) + (this.fd >= 0 ? this.inShard : 0);
   }
 }
