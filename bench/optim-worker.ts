@@ -103,7 +103,7 @@ parentPort!.on("message", (c: OptimCmd) => {
     else if (c.op === "triad") triad(w.probe, w.slots[0], w.slots[1 % w.slots.length], c.lo, c.hi);
     else if (c.op === "ctriad" || c.op === "axpy") {
       const probe = streamProbe();
-      if (!probe) throw new Error(`optim bench: the ${c.op} probe needs the native addon (npm run build:native)`);
+      if (!probe) throw new Error(`optim bench: the ${c.op} probe needs the probes addon (npm run build:native)`);
       const sub = (x: Float64Array) => x.subarray(c.lo, c.hi);
       probe(c.op === "ctriad" ? "triad" : "axpy", sub(w.probe), sub(w.slots[0]), sub(w.slots[1 % w.slots.length]), 0.5);
     } else w.probe.set(w.slots[0].subarray(c.lo, c.hi), c.lo);

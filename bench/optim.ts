@@ -11,8 +11,9 @@
  *               params, m, v, g and writes params, m, v: 28 B
  *   probe       the best of four over float64: a triad x = y + s*z in JS and in C (24 B), an in-place x += s*y in C
  *               (24 B, none of it a line read only to be overwritten) and a copy (TypedArray.set, a memmove: 16 B);
- *               the C ones need the addon (without it, the JS two). The JS loops alone run well under what the
- *               memory moves for C (here 12 against 30 GB/s on one thread), so they are not the hardware's figure.
+ *               the C ones need the probes addon (bench/native-probes.ts; without the engine, the JS two). The JS
+ *               loops alone run well under what the memory moves for C (here 12 against 30 GB/s on one thread), so
+ *               they are not the hardware's figure.
  *
  * Before each fold every thread's micro-batch gradient is refilled with gradient-like values (untimed), so that no
  * pass runs on zeros (foldMicro leaves g zeroed, as the trainer's backward then refills it), which the memory system
@@ -118,7 +119,7 @@ export async function runOptimCase(o: {
   const hyper = { lr: 6e-4, ...ADAMW_DEFAULTS };
   type Phase = "triad" | "copy" | "ctriad" | "axpy" | "foldFirst" | "fold" | "reduce" | "update";
   const PHASES: Phase[] = ["triad", "copy", "ctriad", "axpy", "foldFirst", "fold", "reduce", "update"];
-  const cProbes = streamProbe() !== null; // the C probes need the addon; without it the JS ones alone
+  const cProbes = streamProbe() !== null; // the C probes need the probes addon; without the engine the JS ones alone
   try {
     await single.all(() => ({ op: "init", init: bufs }));
     await pool.all(() => ({ op: "init", init: bufs }));
