@@ -4,8 +4,8 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import * as os from "node:os";
 import { test, describe } from "node:test";
-import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
-import { publishCheckpoint, publishFinal, freeBytes, type PublishOptions } from "../src/hub/cycle";
+import { useTestHub, writeFakeCheckpoint, pointerOf, publishNext, type FakeCk, type TestHub } from "./helpers/hub";
+import { publishFinal, freeBytes } from "../src/hub/cycle";
 import { resolveAutoResume } from "../src/hub/resume";
 import type { HubClient, Pointer } from "../src/hub/client";
 import { deleteFile, listCommits } from "@huggingface/hub";
@@ -14,25 +14,6 @@ let th: TestHub;
 let n = 0;
 
 useTestHub({ pageSize: 4 }, (t) => (th = t));
-
-/** A fake checkpoint folder on disk and its pointer (writeFakeCheckpoint). */
-type Ck = Pointer & { dir: string };
-
-/**
- * publishCheckpoint of `ck` (its folder, its path in the repo, its pointer) with no prune and no disk guard, its
- * log lines into `lines`; `extra` overrides any option.
- */
-function publishNext(store: HubClient, ck: Ck, lines: string[] = [], extra: Partial<PublishOptions> = {}) {
-  return publishCheckpoint(store, {
-    localDir: ck.dir,
-    pathInRepo: ck.path_in_repo,
-    pointer: pointerOf(ck),
-    prune: false,
-    minFreeGb: 0,
-    log: (l) => lines.push(l),
-    ...extra,
-  });
-}
 
 /** A fresh repo, one verified checkpoint at step 10 already published (the pointer's prior position). */
 async function repoWithFirstCheckpoint(): Promise<{ store: HubClient; first: Pointer; lines: string[] }> {
@@ -326,14 +307,14 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
     return store;
   }
 
-  function checkpoint(step = 20, o: { seqsPerStep?: number } = {}): Ck {
+  function checkpoint(step = 20, o: { seqsPerStep?: number } = {}): FakeCk {
     return writeFakeCheckpoint(path.join(th.tmp, `c${n}`, `checkpoint-${step}`), { step, loss: 2.5, ...o });
   }
 
   /** Publishes ck with `file` corrupted by the Hub at commit time: a K4 refusal with this read-back verdict; check reads its message. */
   async function publishCorrupted(
     store: HubClient,
-    ck: Ck,
+    ck: FakeCk,
     file: string,
     readbackOk: boolean,
     check: (message: string) => void,
@@ -660,7 +641,7 @@ describe("the publish cycle, rule by rule (K3, K4, K6, K8, G4)", () => {
     });
 
     /** A folder of LFS files only: listing it downloads nothing, so the one download is the read-back. */
-    function weightsOnly(): Ck {
+    function weightsOnly(): FakeCk {
       const ck = checkpoint();
       for (const f of fs.readdirSync(ck.dir)) if (!f.endsWith(".safetensors")) fs.rmSync(path.join(ck.dir, f));
       return ck;

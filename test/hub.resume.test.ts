@@ -3,8 +3,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { test, describe } from "node:test";
-import { useTestHub, writeFakeCheckpoint, pointerOf, type TestHub } from "./helpers/hub";
-import { publishCheckpoint } from "../src/hub/cycle";
+import { useTestHub, writeFakeCheckpoint, pointerOf, publishNext, type TestHub } from "./helpers/hub";
 import { resolveAutoResume, checkpointSteps, type AutoResume } from "../src/hub/resume";
 import { LocalHub } from "../src/hub/server";
 import type { HubClient, Pointer, RemoteFile } from "../src/hub/client";
@@ -26,14 +25,7 @@ async function publishSteps(store: HubClient, steps: number[], o: { modelValues?
       loss: 4 - step / 100,
       modelValues: o.modelValues,
     });
-    await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: () => {},
-    });
+    await publishNext(store, ck);
     out.push(pointerOf(ck));
   }
   return out;
@@ -267,14 +259,7 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-10"), { step: 10 });
     const f = path.join(ck.dir, "model.safetensors");
     fs.writeFileSync(f, fs.readFileSync(f).subarray(0, fs.statSync(f).size - 16)); // truncated at the source
-    await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: () => {},
-    });
+    await publishNext(store, ck);
     await refusal(
       resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
       "R4",
@@ -287,14 +272,7 @@ describe("resolveAutoResume: the pointer is found (R3, R4)", () => {
     await store.ensureRepo();
     const ck = writeFakeCheckpoint(path.join(th.tmp, `res${n}`, "checkpoint-10"), { step: 10 });
     fs.rmSync(path.join(ck.dir, "model.safetensors"));
-    await publishCheckpoint(store, {
-      localDir: ck.dir,
-      pathInRepo: ck.path_in_repo,
-      pointer: pointerOf(ck),
-      prune: false,
-      minFreeGb: 0,
-      log: () => {},
-    });
+    await publishNext(store, ck);
     await refusal(
       resolveAutoResume(store, { destDir: dest(), log: () => {}, retryDelayMs: 10 }),
       "R4",
@@ -365,14 +343,7 @@ describe("--resume auto, rule by rule (R3-R6)", () => {
     const out: Ck[] = [];
     for (const step of steps) {
       const ck = localCheckpoint(step);
-      await publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      });
+      await publishNext(store, ck);
       out.push(ck);
     }
     return out;
@@ -572,14 +543,7 @@ describe("--resume auto, rule by rule (R3-R6)", () => {
       const store = freshStore();
       await store.ensureRepo();
       const ck0 = writeFakeCheckpoint(path.join(th.tmp, `rules${n}`, "checkpoint-0"), { step: 0 });
-      await publishCheckpoint(store, {
-        localDir: ck0.dir,
-        pathInRepo: ck0.path_in_repo,
-        pointer: pointerOf(ck0),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      });
+      await publishNext(store, ck0);
       const ck20 = localCheckpoint(20, { seqsPerStep: 3 });
       await committedOnly(store, ck20);
       const { r } = await resume(store);
@@ -883,25 +847,11 @@ describe("--resume auto, rule by rule (R3-R6)", () => {
       await store.ensureRepo();
       const ck = localCheckpoint(10, { manifest: false });
       fs.rmSync(path.join(ck.dir, "optimizer.safetensors"));
-      await publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      });
+      await publishNext(store, ck);
       const { r } = await resume(store);
       resumedAt(r, ck);
       fs.writeFileSync(path.join(ck.dir, "optimizer.safetensors"), "not safetensors at all");
-      await publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      });
+      await publishNext(store, ck);
       await refusal(resume(store), "R4", /but optimizer\.safetensors is not real weights: /);
     });
 
@@ -922,14 +872,7 @@ describe("--resume auto, rule by rule (R3-R6)", () => {
           log_history: [{ loss: 2.5 }, { loss: 2.25 }, { eval_loss: 1 }, { loss: "x" }],
         }),
       );
-      await publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      });
+      await publishNext(store, ck);
       let got = await resume(store);
       assert.equal(got.r.kind === "checkpoint" && got.r.priorLoss, 2.25);
       assert.ok(
@@ -937,14 +880,7 @@ describe("--resume auto, rule by rule (R3-R6)", () => {
         got.lines.join("\n"),
       );
       fs.rmSync(path.join(ck.dir, "trainer_state.json"));
-      await publishCheckpoint(store, {
-        localDir: ck.dir,
-        pathInRepo: ck.path_in_repo,
-        pointer: pointerOf(ck),
-        prune: false,
-        minFreeGb: 0,
-        log: () => {},
-      });
+      await publishNext(store, ck);
       got = await resume(store);
       assert.equal(got.r.kind === "checkpoint" && got.r.priorLoss, null);
       assert.ok(

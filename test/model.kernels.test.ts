@@ -17,6 +17,7 @@ import type { Kernels } from "../src/model/kernels";
 import { loadNative } from "../src/model/engine/native";
 import { profiledAttention } from "../bench/native-probes";
 import { jsKernels, type NonMatmulKernels } from "../src/model/engine/js";
+import { matmulReference } from "./helpers/matmul-reference";
 
 const loaded = loadNative();
 const K: Kernels | null = "kernels" in loaded ? loaded.kernels : null;
@@ -89,28 +90,6 @@ const TOL = 2e-5; // float32 storage against float64 references
 const skip = unavailable;
 
 // ------------------------------------------------------------------ matmul
-function refMatmul(
-  tA: boolean,
-  tB: boolean,
-  M: number,
-  N: number,
-  Kd: number,
-  alpha: number,
-  A: Float32Array,
-  B: Float32Array,
-  beta: number,
-  C: Float32Array,
-): Float64Array {
-  const out = new Float64Array(M * N);
-  for (let i = 0; i < M; i++)
-    for (let j = 0; j < N; j++) {
-      let s = 0;
-      for (let k = 0; k < Kd; k++) s += (tA ? A[k * M + i] : A[i * Kd + k]) * (tB ? B[j * Kd + k] : B[k * N + j]);
-      out[i * N + j] = alpha * s + (beta === 0 ? 0 : beta * C[i * N + j]);
-    }
-  return out;
-}
-
 test("matmul: every transpose pair, odd shapes, alpha, beta = 0 ignores NaN in C, beta = 1 accumulates, SAB views", {
   skip,
 }, () => {
@@ -134,7 +113,7 @@ test("matmul: every transpose pair, odd shapes, alpha, beta = 0 ignores NaN in C
           const A = rand(M * Kd, seed++, shared),
             B = rand(Kd * N, seed++, !shared);
           const C = beta === 0 ? filled(M * N, NaN, shared) : rand(M * N, seed++, shared);
-          const want = refMatmul(tA, tB, M, N, Kd, alpha, A, B, beta, C);
+          const want = matmulReference(tA, tB, M, N, Kd, alpha, A, B, beta, C).out;
           k.matmul(tA, tB, M, N, Kd, alpha, A, B, beta, C);
           close(C, want, TOL, `matmul tA=${tA} tB=${tB} ${M}x${N}x${Kd} alpha=${alpha} beta=${beta}`);
         }

@@ -8,6 +8,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as tf from "@tensorflow/tfjs-core";
 import { initEngine } from "../src/model/backend";
+import { matmulReference } from "./helpers/matmul-reference";
 
 function rand(n: number, seed: number, shared = false): Float32Array {
   const a = shared ? new Float32Array(new SharedArrayBuffer(4 * (n + 3))).subarray(3) : new Float32Array(n);
@@ -17,40 +18,6 @@ function rand(n: number, seed: number, shared = false): Float32Array {
     a[i] = (s / 2 ** 32) * 2 - 1;
   }
   return a;
-}
-
-/**
- * float64 reference of alpha * op(A) @ op(B) + beta * C (beta 0: C ignored), and each element's magnitude
- * |alpha| * sum_k |a_mk b_kn| + |beta c_mn|, the scale float32 rounding errors are relative to.
- */
-function ref(
-  tA: boolean,
-  tB: boolean,
-  M: number,
-  N: number,
-  K: number,
-  alpha: number,
-  A: Float32Array,
-  B: Float32Array,
-  beta: number,
-  C: Float32Array,
-): { out: Float64Array; mag: Float64Array } {
-  const out = new Float64Array(M * N),
-    mag = new Float64Array(M * N);
-  for (let m = 0; m < M; m++) {
-    for (let n = 0; n < N; n++) {
-      let s = 0,
-        a = 0;
-      for (let k = 0; k < K; k++) {
-        const p = A[tA ? k * M + m : m * K + k] * B[tB ? n * K + k : k * N + n];
-        s += p;
-        a += Math.abs(p);
-      }
-      out[m * N + n] = alpha * s + (beta === 0 ? 0 : beta * C[m * N + n]);
-      mag[m * N + n] = Math.abs(alpha) * a + (beta === 0 ? 0 : Math.abs(beta * C[m * N + n]));
-    }
-  }
-  return { out, mag };
 }
 
 for (const backend of ["wasm", "cpu"] as const) {
@@ -78,7 +45,7 @@ for (const backend of ["wasm", "cpu"] as const) {
               B = rand(K * N, N + 5 * K + (tB ? 1 : 0), cases % 3 === 0);
             const C = rand(M * N, 99 + cases);
             if (beta === 0) C.fill(Number.NaN); // beta 0: C's old contents, even NaN, are ignored
-            const want = ref(tA, tB, M, N, K, alpha, A, B, beta, C);
+            const want = matmulReference(tA, tB, M, N, K, alpha, A, B, beta, C);
             const A0 = A.slice(),
               B0 = B.slice();
             k.matmul(tA, tB, M, N, K, alpha, A, B, beta, C);

@@ -38,6 +38,7 @@ import { lcg, maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { settleOf, useWebgpu, useWebgpuWith } from "./helpers/webgpu";
 import { type GpuDevice, openWebgpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
+import { matmulReference } from "./helpers/matmul-reference";
 
 /** n pseudo-random floats in [-1, 1), as a view at an unaligned offset (3 floats) of a bigger buffer, or on a SharedArrayBuffer. */
 function rand(n: number, seed: number, shared = false): Float32Array {
@@ -56,29 +57,6 @@ function copyOf(a: Float32Array): Float32Array {
   const c = new Float32Array(a.length + 5).subarray(1, 1 + a.length);
   c.set(a);
   return c;
-}
-
-/** float64 alpha op(A) op(B) + beta C. */
-function matmulRef(
-  tA: boolean,
-  tB: boolean,
-  M: number,
-  N: number,
-  K: number,
-  alpha: number,
-  A: Float32Array,
-  B: Float32Array,
-  beta: number,
-  C: Float32Array,
-): Float64Array {
-  const out = new Float64Array(M * N);
-  for (let m = 0; m < M; m++)
-    for (let n = 0; n < N; n++) {
-      let s = 0;
-      for (let k = 0; k < K; k++) s += A[tA ? k * M + m : m * K + k] * B[tB ? n * K + k : k * N + n];
-      out[m * N + n] = alpha * s + (beta === 0 ? 0 : beta * C[m * N + n]);
-    }
-  return out;
 }
 
 /** Runs `call` on the webgpu kernels twice (fresh copies of the outputs), settles, checks both against `ref` and each other. */
@@ -126,7 +104,7 @@ test("on webgpu, every kernel matches the JS reference (matmul: float64), on una
             B = rand(K * N, seed++),
             C = rand(M * N, seed++);
           if (beta === 0) C.fill(Number.NaN);
-          const want = matmulRef(tA, tB, M, N, K, alpha, A, B, beta, C);
+          const want = matmulReference(tA, tB, M, N, K, alpha, A, B, beta, C).out;
           await check(
             k,
             `matmul ${tA} ${tB} ${M}x${N}x${K} a${alpha} b${beta}`,
@@ -729,7 +707,7 @@ async function matmulErr(
     B = rand(K * N, seed + 1),
     C = rand(M * N, seed + 2);
   if (beta === 0) C.fill(Number.NaN);
-  const want = matmulRef(tA, tB, M, N, K, alpha, A, B, beta, C);
+  const want = matmulReference(tA, tB, M, N, K, alpha, A, B, beta, C).out;
   k.matmul(tA, tB, M, N, K, alpha, A, B, beta, C);
   await settleOf(k)([C]);
   return { err: relErr(C, want), out: C };
@@ -859,7 +837,7 @@ test("on webgpu, matmuls (several jobs, chained terms, add, split along K) equal
     const j7 = jobs[7];
     const want = new Float64Array(j7.C.length);
     for (const tm of j7.terms) {
-      const r = matmulRef(tm.tA, tm.tB, tm.M, tm.N, tm.K, 1, tm.A, tm.B, 0, j7.C);
+      const r = matmulReference(tm.tA, tm.tB, tm.M, tm.N, tm.K, 1, tm.A, tm.B, 0, j7.C).out;
       r.forEach((x, i) => {
         want[i] += x;
       });
@@ -893,7 +871,7 @@ test("on webgpu, a planted defect in each matmul shader fails the float64 compar
     const j = jobs[7],
       want = new Float64Array(j.C.length);
     for (const tm of j.terms)
-      matmulRef(tm.tA, tm.tB, tm.M, tm.N, tm.K, 1, tm.A, tm.B, 0, j.C).forEach((x, i) => {
+      matmulReference(tm.tA, tm.tB, tm.M, tm.N, tm.K, 1, tm.A, tm.B, 0, j.C).out.forEach((x, i) => {
         want[i] += x;
       });
     return relErr(outs[7], want);

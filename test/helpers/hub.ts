@@ -10,6 +10,7 @@ import * as os from "node:os";
 import { before, after, beforeEach } from "node:test";
 import { LocalHub, type LocalHubOptions } from "../../src/hub/server";
 import { createHubClient, type HubClient, type HubClientOptions, type Pointer } from "../../src/hub/client";
+import { publishCheckpoint, type PublishOptions } from "../../src/hub/cycle";
 
 export interface FakeCheckpointOptions {
   step: number;
@@ -22,8 +23,11 @@ export interface FakeCheckpointOptions {
   seed?: number;
 }
 
+/** A fake checkpoint folder on disk and its pointer (writeFakeCheckpoint). */
+export type FakeCk = Pointer & { dir: string };
+
 /** Writes ckpt-style files into dir: model/optimizer safetensors, trainer_state, cursor, config. */
-export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): Pointer & { dir: string } {
+export function writeFakeCheckpoint(dir: string, o: FakeCheckpointOptions): FakeCk {
   const seqLen = o.seqLen ?? 16;
   const sps = o.seqsPerStep ?? 8;
   const fingerprint = o.fingerprint ?? "f".repeat(64);
@@ -89,6 +93,22 @@ export function pointerOf(p: Pointer & { dir?: string }): Pointer {
     fingerprint: p.fingerprint,
     seed: p.seed,
   };
+}
+
+/**
+ * publishCheckpoint of `ck` (its folder, its path in the repo, its pointer) with no prune and no disk guard, its
+ * log lines into `lines`; `extra` overrides any option.
+ */
+export function publishNext(store: HubClient, ck: FakeCk, lines: string[] = [], extra: Partial<PublishOptions> = {}) {
+  return publishCheckpoint(store, {
+    localDir: ck.dir,
+    pathInRepo: ck.path_in_repo,
+    pointer: pointerOf(ck),
+    prune: false,
+    minFreeGb: 0,
+    log: (l) => lines.push(l),
+    ...extra,
+  });
 }
 
 // ---- a LocalHub on loopback plus stores pointed at it ------------------------------------------
