@@ -57,11 +57,33 @@ function codeFingerprint(): string {
   return h.digest("hex").slice(0, 12);
 }
 
+/** /proc/cpuinfo's first processor: vendor, family, model and the flags that choose kernels; undefined off Linux. */
+function cpuId(): Machine["cpu_id"] {
+  let text: string;
+  try {
+    text = fs.readFileSync("/proc/cpuinfo", "utf8");
+  } catch {
+    return undefined;
+  }
+  const field = (k: string) => new RegExp(`^${k}\\s*:\\s*(.*)$`, "m").exec(text)?.[1]?.trim() ?? "";
+  const flags = field("flags").split(/\s+/);
+  const kernelFlags = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"].filter((f) =>
+    flags.includes(f),
+  );
+  return {
+    vendor: field("vendor_id"),
+    family: Number(field("cpu family")),
+    model: Number(field("model")),
+    flags: kernelFlags,
+  };
+}
+
 /** The machine this run measures (the report's header). */
 function machine(): Machine {
   const cpus = os.cpus();
   return {
     cpu: cpus[0]?.model.trim() ?? "unknown",
+    cpu_id: cpuId(),
     cores: cpus.length,
     available_parallelism: cores,
     total_mem_gb: r(os.totalmem() / 1e9, 1)!,
@@ -168,7 +190,7 @@ async function main(): Promise<number> {
   await waitForQuietMachine(mach, o);
   const codeStart = codeFingerprint();
   log(
-    `bench: ${mach.cpu}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`,
+    `bench: ${mach.cpu}${mach.cpu_id ? ` (family ${mach.cpu_id.family} model ${mach.cpu_id.model}; ${mach.cpu_id.flags.join(" ")})` : ""}, ${mach.cores} cores (${mach.cores_available_start} available to this process right now), node ${mach.node}, load ${mach.load_avg_1m_start}; model ${o.model} seq ${o.seq} micro ${o.microBatch} accum ${o.accum}, ${o.warmup} warm-up + ${o.steps} timed steps per case; cases ${[...o.cases].join(",")}`,
   );
 
   const stepCases =

@@ -14,6 +14,8 @@ export interface Ratio {
 
 export interface Machine {
   cpu: string;
+  /** /proc/cpuinfo's vendor, family and model, and the ISA flags that pick kernels (the model name alone does not name a generation) */
+  cpu_id?: { vendor: string; family: number; model: number; flags: string[] };
   cores: number;
   available_parallelism: number;
   total_mem_gb: number;
@@ -49,7 +51,13 @@ export function markdown(o: {
   L.push(`# Bench: actor vs single-thread step cost`, "");
   L.push(`Run ${m.date} · \`${o.command}\` · ${o.wallS.toFixed(0)} s wall`, "");
   L.push(`| machine | |`, `|---|---|`);
-  L.push(`| CPU | ${m.cpu} |`, `| cores (os.cpus / availableParallelism) | ${m.cores} / ${m.available_parallelism} |`);
+  const id = m.cpu_id
+    ? ` (${m.cpu_id.vendor}, family ${m.cpu_id.family} model ${m.cpu_id.model}; ${m.cpu_id.flags.join(", ")})`
+    : "";
+  L.push(
+    `| CPU | ${m.cpu}${id} |`,
+    `| cores (os.cpus / availableParallelism) | ${m.cores} / ${m.available_parallelism} |`,
+  );
   L.push(
     `| memory | ${m.total_mem_gb} GB |`,
     `| node | ${m.node} (${m.platform}) |`,

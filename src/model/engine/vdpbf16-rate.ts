@@ -17,12 +17,12 @@ export interface Vdpbf16Rate {
 }
 
 export const VDPBF16PS_RATES: readonly Vdpbf16Rate[] = [
-  // bench/results/latest.json (2026-12-05, a 2-core AMD EPYC, family 26 model 2), from `node dist/bench/bench.js
+  // bench/results/latest.json (2026-12-05, a 2-core AMD EPYC, family 25 model 17: Zen 4, as README names it), from `node dist/bench/bench.js
   // --model frozen --seq 1024 --micro-batch 4 --accum 1 --steps 3 --warmup 1 --worlds 2 --precisions fp32,bf16
   // --cases actor,torch,frozen-step,optim,attention,gemm --optim-sizes 106M --gemm-rounds 3 --gemm-seqs 1024
   // --torch-threads 2 --attention-base /tmp/base-2babbe7 --out bench/results`: fma-peak-avx512bf16 236.4 GFLOP/s,
   // fma-peak-avx512 118.2
-  { cpu: "AMD Zen 5 (family 26)", vendor: "AuthenticAMD", family: 26, ratio: 236.4 / 118.2 },
+  { cpu: "AMD Zen 4 (family 25)", vendor: "AuthenticAMD", family: 25, ratio: 236.4 / 118.2 },
 ];
 
 /** The CPU's vendor and family from /proc/cpuinfo's text (its first processor); null where it has neither. */
