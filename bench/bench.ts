@@ -32,6 +32,7 @@ import { median, r } from "./stats";
 import { coresAvailable } from "./probe";
 import { frozenStepBench } from "./model-frozen-step";
 import { webgpuBench } from "./webgpu";
+import { WEBGPU_ENGINE_FILES } from "./webgpu-step";
 import { attentionBench, type BaseAttention, BUILD_BASE, loadBaseAttention } from "./attention";
 import { kernelTableMarkdown, profileSummary, type KernelRow } from "./kernel-profile";
 import { createHash } from "node:crypto";
@@ -285,9 +286,9 @@ const FLAGS: FlagTable<Options> = {
     const d = a.next();
     if (!d) throw new Error(`--webgpu-base needs a folder: ${BUILD_BASE}`);
     const dir = path.resolve(d);
-    if (!fs.existsSync(path.join(dir, "dist", "src", "model", "engine", "webgpu.js")))
+    if (!WEBGPU_ENGINE_FILES.some((f) => fs.existsSync(path.join(dir, "dist", "src", "model", f))))
       throw new Error(
-        `--webgpu-base ${d}: no built webgpu engine there (dist/src/model/engine/webgpu.js): ${BUILD_BASE}`,
+        `--webgpu-base ${d}: no built webgpu engine there (dist/src/model/${WEBGPU_ENGINE_FILES.join(" or ")}): ${BUILD_BASE}`,
       );
     const rev = fs.existsSync(path.join(dir, ".base-rev"))
       ? fs.readFileSync(path.join(dir, ".base-rev"), "utf8").trim()
