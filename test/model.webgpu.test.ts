@@ -1025,6 +1025,32 @@ test("on webgpu, the forward with the KV cache equals the training forward at ev
   k.dispose();
 });
 
+test("on webgpu, the loss settle returns is the same with the LM head in chunks: each chunk's loss rows are read back from where they were written", async (t) => {
+  const k = await useWebgpu(t);
+  if (!k) return;
+  const c = buildConfig({ seqLen: 64, layers: 1, hidden: 72, vocabSize: 300 });
+  const P = paramLayout(c).total;
+  const params = new Float32Array(P);
+  initWeights(c, 7, params);
+  k.weightsAre?.(params);
+  const ids = Int32Array.from({ length: 4 * 64 }, (_, i) => (i * 7 + 3) % c.vocabSize);
+  const losses: number[] = [];
+  // one chunk of 256 rows, then chunks of 100 (the second's rows start past the binding alignment), then of 7
+  for (const headChunkTokens of [undefined, 100, 7]) {
+    const model = new Llama(c, k, { gradCkpt: false, headChunkTokens });
+    model.bindParams(params);
+    const g = new Float32Array(P);
+    model.lossAndGrads(ids, 4, 64, 1, g);
+    losses.push((await settleOf(k)([g])).loss);
+    model.dispose();
+  }
+  t.diagnostic(`loss: one chunk ${losses[0]}, chunks of 100 ${losses[1]}, of 7 ${losses[2]}`);
+  assert.ok(losses[0] > 1, `the loss ${losses[0]} is a cross-entropy near log(vocab)`);
+  for (const l of losses.slice(1))
+    assert.ok(Math.abs(l - losses[0]) <= 1e-6 * losses[0], `chunked ${l} vs one chunk ${losses[0]}`);
+  k.dispose();
+});
+
 test("--backend webgpu with no adapter is refused before any work (P1, exit 2), with the command that gets one", () => {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-webgpu-refuse-"));
   const run = path.join(out, "run");

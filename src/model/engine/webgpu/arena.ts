@@ -44,7 +44,7 @@ export class Arena {
   /** The device's minStorageBufferOffsetAlignment and maxStorageBufferBindingSize. */
   readonly align: number;
   readonly maxBinding: number;
-  /** Each crossEntropy call's per-row losses since the last settle: its rows of lossBuf, and its targeted row count. */
+  /** Each crossEntropy call's per-row losses since the last settle: its first row of lossBuf, its rows, its targeted ones. */
   private losses: { buf: GpuBuffer; at: number; rows: number; targeted: number }[] = [];
   /** The crossEntropy rows' losses since the last settle (grown on demand; a replaced one lives until that settle). */
   private lossBuf: GpuBuffer | null = null;
@@ -252,9 +252,8 @@ export class Arena {
     const offset = Math.floor((at * 4) / this.align) * this.align;
     const size = Math.max(4, at * 4 + rows * 4 - offset);
     this.bindable(size);
-    const l = { buffer: this.lossBuf, offset, size, elem: (at * 4 - offset) / 4 };
-    this.losses.push({ buf: l.buffer, at: l.elem, rows, targeted });
-    return l;
+    this.losses.push({ buf: this.lossBuf, at, rows, targeted }); // settle reads the rows from `at`, not from the binding
+    return { buffer: this.lossBuf, offset, size, elem: (at * 4 - offset) / 4 };
   }
 
   /** Every weights mirror re-uploads before its next read (a WeakMap cannot be walked: they are listed). */
