@@ -44,7 +44,7 @@ export class Arena {
   /** The device's minStorageBufferOffsetAlignment and maxStorageBufferBindingSize. */
   readonly align: number;
   readonly maxBinding: number;
-  /** Each crossEntropy call's per-row losses since the last settle: its first row of lossBuf, its rows, its targeted ones. */
+  /** Each crossEntropy call's loss rows since the last settle: its first row of lossBuf, its rows, its targeted. */
   private losses: { buf: GpuBuffer; at: number; rows: number; targeted: number }[] = [];
   /** The crossEntropy rows' losses since the last settle (grown on demand; a replaced one lives until that settle). */
   private lossBuf: GpuBuffer | null = null;
@@ -187,7 +187,9 @@ export class Arena {
     return true;
   }
 
-  /** The master weights (Kernels.weightsAre): a read-only mirror, uploaded whole before its first read after a change. */
+  /**
+   * The master weights (Kernels.weightsAre): a read-only mirror, uploaded whole before its first read after a change.
+   */
   weightsAre(params: Float32Array): void {
     const list = this.mirrors.get(params.buffer) ?? [];
     const lo = params.byteOffset,
@@ -252,7 +254,7 @@ export class Arena {
     const offset = Math.floor((at * 4) / this.align) * this.align;
     const size = Math.max(4, at * 4 + rows * 4 - offset);
     this.bindable(size);
-    this.losses.push({ buf: this.lossBuf, at, rows, targeted }); // settle reads the rows from `at`, not from the binding
+    this.losses.push({ buf: this.lossBuf, at, rows, targeted }); // settle reads them from row `at` of the buffer
     return { buffer: this.lossBuf, offset, size, elem: (at * 4 - offset) / 4 };
   }
 
