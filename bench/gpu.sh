@@ -15,7 +15,7 @@ out=${1:-bench/results/gpu}
   echo "gpu.sh: no build here: run npm ci && npm run build on a machine with the registry, then copy the tree" >&2
   exit 2
 }
-node -e 'const w = require("./dist/src/model/engine/webgpu").probeWebgpuSync(); console.log(w.name ?? `no adapter: ${w.reason}; fix: ${w.fix}`); if (!w.name) process.exit(2)'
+node -e 'const w = require("./dist/src/model/engine/webgpu/device").probeWebgpuSync(); console.log(w.name ?? `no adapter: ${w.reason}; fix: ${w.fix}`); if (!w.name) process.exit(2)'
 timeout 600 node dist/bench/bench.js --cases webgpu --seq "${SEQ:-1024}" --micro-batch "${MB:-4}" --steps "${CALLS:-3}" --out "$out"
 node -e '
 const fs = require("fs"), p = require("path");

@@ -25,7 +25,7 @@ import { activationBudget, type Precision } from "../src/config";
 import { initEngine, type BackendName } from "../src/model/backend";
 import { DEFAULT_NATIVE } from "../src/model/engine/native";
 import { profiledAttention } from "./native-probes";
-import type { Kernels } from "../src/model/kernels";
+import { isDeferred, type Kernels } from "../src/model/kernels";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
@@ -83,12 +83,12 @@ export async function matmulRates(k: Kernels, sh: MatmulShape): Promise<number[]
     b = g.floats(sh.K * sh.N),
     c = new Float32Array(sh.M * sh.N);
   k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
-  await k.settle?.([c]);
+  if (isDeferred(k)) await k.settle([c]);
   const out: number[] = [];
   for (let i = 0; i < sh.reps; i++) {
     const t0 = performance.now();
     k.matmul(sh.tA, sh.tB, sh.M, sh.N, sh.K, 1, a, b, 0, c);
-    await k.settle?.([c]);
+    if (isDeferred(k)) await k.settle([c]);
     out.push((2 * sh.M * sh.N * sh.K) / ((performance.now() - t0) / 1000) / 1e9);
   }
   return out;
@@ -128,7 +128,7 @@ export async function frozenStepBench(o: {
   // a deferred engine (webgpu): each pass is timed to its settle, the loss and the gradient read back
   const pass = async (ids: Int32Array, grads: Float32Array): Promise<number> => {
     const loss = m.lossAndGrads(ids, o.microBatch, o.seq, 1, grads);
-    return be.kernels.settle ? (await be.kernels.settle([grads])).loss : loss;
+    return isDeferred(be.kernels) ? (await be.kernels.settle([grads])).loss : loss;
   };
   try {
     let t0 = performance.now();

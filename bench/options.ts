@@ -12,6 +12,7 @@ import type { ModelName } from "./shape";
 import { parseCount } from "./optim";
 import { REPO_ROOT } from "./subproc";
 import { type BaseAttention, BUILD_BASE, loadBaseAttention } from "./attention";
+import { WEBGPU_ENGINE_FILES } from "./webgpu-step";
 
 export const ALL_CASES = [
   "single",
@@ -240,9 +241,9 @@ const FLAGS: FlagTable<Options> = {
     const d = a.next();
     if (!d) throw new Error(`--webgpu-base needs a folder: ${BUILD_BASE}`);
     const dir = path.resolve(d);
-    if (!fs.existsSync(path.join(dir, "dist", "src", "model", "engine", "webgpu.js")))
+    if (!WEBGPU_ENGINE_FILES.some((f) => fs.existsSync(path.join(dir, "dist", "src", "model", f))))
       throw new Error(
-        `--webgpu-base ${d}: no built webgpu engine there (dist/src/model/engine/webgpu.js): ${BUILD_BASE}`,
+        `--webgpu-base ${d}: no built webgpu engine there (dist/src/model/${WEBGPU_ENGINE_FILES.join(" or ")}): ${BUILD_BASE}`,
       );
     const rev = fs.existsSync(path.join(dir, ".base-rev"))
       ? fs.readFileSync(path.join(dir, ".base-rev"), "utf8").trim()

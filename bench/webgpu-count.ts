@@ -6,7 +6,8 @@
  * once and the gradient down once). The device offers WebGPU's guaranteed binding size (128 MiB), so the LM head
  * runs in as many chunks as on the least adapter.
  */
-import { webgpuEngineOn, type GpuDevice } from "../src/model/engine/webgpu";
+import { webgpuEngineOn } from "../src/model/engine/webgpu/engine";
+import type { GpuDevice } from "../src/model/engine/webgpu/device";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
@@ -83,7 +84,7 @@ export async function webgpuCounts(
   const ids = new Int32Array(microBatch * seq);
   const t: DeviceTraffic[] = [];
   for (let step = 0; step < 2; step++) {
-    t.push(kernels.traffic!());
+    t.push(kernels.traffic());
     await runMicroBatches({
       kernels,
       accum,
@@ -96,7 +97,7 @@ export async function webgpuCounts(
     });
     kernels.weightsChanged?.();
   }
-  t.push(kernels.traffic!());
+  t.push(kernels.traffic());
   const [, a, b] = t;
   const up = {
     weights: b.up.weights - a.up.weights,

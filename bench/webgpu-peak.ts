@@ -5,7 +5,7 @@
  * is the peak, so `mfu_of_peak` means on a GPU what it means on a CPU core: against what the hardware's own FMA
  * instruction gives here.
  */
-import { openWebgpuDevice, type GpuDevice } from "../src/model/engine/webgpu";
+import { openWebgpuDevice, type GpuDevice } from "../src/model/engine/webgpu/device";
 
 const CHAINS = 8; // independent vec4 accumulators per thread (covers the FMA latency)
 const WG = 64;

@@ -7,9 +7,13 @@
  *
  *   node dist/bench/webgpu-step.js [--tree DIR] [--seq 256] [--micro-batch 1] [--calls 2] [--layers N]
  */
+import * as fs from "node:fs";
 import * as path from "node:path";
 import { arg } from "./args";
 import { Seeded } from "./seeded";
+
+/** The webgpu engine's module in a built tree: its own file since the engine's split into rooms, one file before. */
+export const WEBGPU_ENGINE_FILES = ["engine/webgpu/engine.js", "engine/webgpu.js"];
 
 async function main(): Promise<void> {
   const tree = path.resolve(arg("--tree", path.join(__dirname, "..", "..")));
@@ -19,7 +23,9 @@ async function main(): Promise<void> {
     layers = arg("--layers", "");
   // the tree's own modules: its engine and model
   const mod = (p: string) => require(path.join(tree, "dist", "src", "model", p));
-  const { createWebgpuKernels } = mod("engine/webgpu.js");
+  const engine = WEBGPU_ENGINE_FILES.find((f) => fs.existsSync(path.join(tree, "dist", "src", "model", f)));
+  if (!engine) throw new Error(`${tree}: no built webgpu engine (dist/src/model/${WEBGPU_ENGINE_FILES.join(" or ")})`);
+  const { createWebgpuKernels } = mod(engine);
   const { buildConfig } = mod("llama-config.js");
   const { paramLayout } = mod("layout.js");
   const { initWeights } = mod("init.js");
@@ -56,7 +62,9 @@ async function main(): Promise<void> {
   k.dispose();
 }
 
-main().catch((e) => {
-  process.stderr.write(`${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
-  process.exit(1);
-});
+// a process of its own (bench/webgpu.ts starts it); bench.ts imports only WEBGPU_ENGINE_FILES
+if (require.main === module)
+  main().catch((e) => {
+    process.stderr.write(`${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+    process.exit(1);
+  });

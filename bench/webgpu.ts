@@ -14,7 +14,7 @@
  */
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
-import { createProfiledWebgpuKernels } from "../src/model/engine/webgpu";
+import { createProfiledWebgpuKernels } from "../src/model/engine/webgpu/engine";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
 import { initWeights } from "../src/model/init";
@@ -68,7 +68,7 @@ async function profileStep(seq: number, microBatch: number, layers?: number) {
   const grads = new Float32Array(P);
   // one pass: the timestamps are the device's, so compiling the pipelines on the host does not enter them
   m.lossAndGrads(ids, microBatch, seq, 1, grads);
-  await k.settle!([grads], { clear: true });
+  await k.settle([grads], { clear: true });
   const rows = [...w.profile()].map(([kernel, t]) => ({ kernel, calls: t.calls, device_ms: +t.ms.toFixed(2) }));
   const total = rows.reduce((s, r) => s + r.device_ms, 0);
   k.dispose();

@@ -142,8 +142,9 @@ static napi_value Matmul(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
-/* bf16Weights(params): the process's weights (gemm.h: gemm_bf16_weights): in bf16 the AMX kernel keeps each product's
- * weight operand packed until bf16WeightsChanged(), which a rank calls after every update of them. */
+/* bf16Weights(params): the process's weights (gemm.h: gemm_bf16_weights): in bf16 the AMX and VDPBF16PS kernels
+ * keep each product's weight operand packed until bf16WeightsChanged(), which a rank calls after every update of
+ * them. */
 static napi_value Bf16Weights(napi_env env, napi_callback_info info) {
   static const char fn[] = "bf16Weights";
   ARGS(1);

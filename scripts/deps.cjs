@@ -11,8 +11,8 @@
 //
 // Exit status: 1 on a cycle, an upward import, or a module that no layer claims (a new file must be
 // placed in the table, or it would escape the check), a fenced import (the local Hub server imports only
-// from hub/ and errors.ts), two files of src/ with the same name, or bench/ importing from test/; 0
-// otherwise. Long functions are reported, not fatal (a function may stay whole when splitting it would
+// from hub/ and errors.ts), two files of src/ with the same name, a file of src/ over MAX_FILE_LINES lines,
+// or bench/ importing from test/; 0 otherwise. Long functions are reported, not fatal (a function may stay whole when splitting it would
 // not make it clearer).
 //
 // test/structure.test.ts requires this file and runs `analyze` on src/ (so `npm test` fails on a cycle
@@ -23,6 +23,8 @@ const path = require("node:path");
 const ts = require("typescript");
 
 const LONG_FUNCTION_LINES = 60;
+/** No file of src/ is longer: a longer one holds more than one room (split it along its seams). */
+const MAX_FILE_LINES = 800;
 const KIND_RANK = { import: 0, require: 0, worker: 1, type: 2 };
 
 // The layer table, lowest first. A module may import modules of its own layer or of a lower one;
@@ -52,7 +54,8 @@ const LAYERS = [
   {
     layer: 2,
     name: "model, data, Hub client and local Hub",
-    // Independent libraries: the model (kernels, engines, safetensors), the data pipeline (mix,
+    // Independent libraries: the model (kernels, engines, safetensors; the webgpu engine's rooms under
+    // model/engine/webgpu/: device, arena, recorder, matmul-plan, engine, and shaders/ by family), the data pipeline (mix,
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
     // client's building blocks (client, hub-errors, retry, safetensors-check, token: HF_TOKEN's form). None of them knows about
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
@@ -321,15 +324,13 @@ function analyze(srcDir, layers = LAYERS) {
   const modules = files.map((f) => toRel(srcDir, f));
   const edges = [];
   const longFunctions = [];
+  const longFiles = [];
   for (const file of files) {
     const rel = toRel(srcDir, file);
-    const sourceFile = ts.createSourceFile(
-      file,
-      fs.readFileSync(file, "utf8"),
-      ts.ScriptTarget.ES2022,
-      true,
-      ts.ScriptKind.TS,
-    );
+    const text = fs.readFileSync(file, "utf8");
+    const lines = text.split("\n").length - (text.endsWith("\n") ? 1 : 0);
+    if (lines > MAX_FILE_LINES) longFiles.push({ file: rel, lines });
+    const sourceFile = ts.createSourceFile(file, text, ts.ScriptTarget.ES2022, true, ts.ScriptKind.TS);
     // One edge per target; a value import outranks a worker start, which outranks a type-only import.
     const byTarget = new Map();
     for (const { spec, kind } of importsOf(sourceFile)) {
@@ -365,7 +366,19 @@ function analyze(srcDir, layers = LAYERS) {
   const root = path.dirname(srcDir);
   const benchIntoTest =
     path.basename(srcDir) === "src" ? importsInto(path.join(root, "bench"), path.join(root, "test"), root) : [];
-  return { modules, edges, layerOfModule, unlayered, upward, cycles, longFunctions, fenced, sameNames, benchIntoTest };
+  return {
+    modules,
+    edges,
+    layerOfModule,
+    unlayered,
+    upward,
+    cycles,
+    longFunctions,
+    longFiles,
+    fenced,
+    sameNames,
+    benchIntoTest,
+  };
 }
 
 /** Relative imports of the .ts files under `fromDir` that resolve into `intoDir`: {from, to} paths relative to `root`. */
@@ -423,6 +436,9 @@ function format(result, layers = LAYERS) {
     `file names used twice in src/: ${result.sameNames.length === 0 ? "none" : result.sameNames.map((ms) => ms.join(" and ")).join("; ")}`,
   );
   lines.push(
+    `files of src/ over ${MAX_FILE_LINES} lines: ${result.longFiles.length === 0 ? "none" : result.longFiles.map((f) => `${f.file} (${f.lines})`).join(", ")}`,
+  );
+  lines.push(
     `bench/ importing test/: ${result.benchIntoTest.length === 0 ? "none" : result.benchIntoTest.map((e) => `${e.from} -> ${e.to}`).join(", ")}`,
   );
   lines.push(
@@ -432,14 +448,33 @@ function format(result, layers = LAYERS) {
   return lines.join("\n");
 }
 
-/** True when the tree breaks a rule (cycle, upward or fenced import, unlayered module, a name used twice, bench/ using test/). */
+/**
+ * True when the tree breaks a rule (cycle, upward or fenced import, unlayered module, a name used twice, a file over
+ * MAX_FILE_LINES, bench/ using test/).
+ */
 function failed(result) {
-  return [result.cycles, result.upward, result.unlayered, result.fenced, result.sameNames, result.benchIntoTest].some(
-    (l) => l.length > 0,
-  );
+  return [
+    result.cycles,
+    result.upward,
+    result.unlayered,
+    result.fenced,
+    result.sameNames,
+    result.longFiles,
+    result.benchIntoTest,
+  ].some((l) => l.length > 0);
 }
 
-module.exports = { LAYERS, FENCES, LONG_FUNCTION_LINES, analyze, format, failed, layerOf, globToRegExp };
+module.exports = {
+  LAYERS,
+  FENCES,
+  LONG_FUNCTION_LINES,
+  MAX_FILE_LINES,
+  analyze,
+  format,
+  failed,
+  layerOf,
+  globToRegExp,
+};
 
 if (require.main === module) {
   const srcDir = path.resolve(process.argv[2] ?? path.join(__dirname, "..", "src"));

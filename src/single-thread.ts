@@ -1,10 +1,11 @@
 /**
  * The single-thread loop, framework-free (G8, A5): the whole step in the calling thread, with no workers, no
- * shared memory and no messages: the same model, data path, optimizer, precision and step decision (decideStep)
- * as the actor runtime. It runs every rank's micro-batches one after another, so one step does exactly the work
- * of one step of the actor run (same windows, same update), and the bench can compare the two. It uses nothing
- * from the actors but the step math (src/optim/optim*.ts) and the StepResult type, so it sits beside run.ts, not in
- * src/actors.
+ * shared memory and no messages: the same model, data path, micro-batch loop, optimizer, precision and step
+ * decision (decideStep) as the actor runtime. It runs every rank's micro-batches one after another through the one
+ * micro-batch loop the ranks run (actors/micro-batches.ts runMicroBatches: a deferred engine's gradient is folded
+ * once it is read back), so one step does exactly the work of one step of the actor run (same windows, same
+ * update), on every engine, and the bench can compare the two. It uses nothing else from the actors but the
+ * StepResult type, so it sits beside run.ts, not in src/actors.
  *
  * The training step, module by module. SingleThreadTrainer.step below is the whole step on one screen; the actor
  * runtime (`node dist/main.js --world N`) splits the same work across threads, in this order (paths under src/):
@@ -17,11 +18,12 @@
  *
  * STEP (session/loop.ts trainLoop calls actors/coordinator.ts step once per optimizer step; every message is a
  *       ToRank or FromRank of actors/protocol.ts)
- *   2. compute: each actors/rank.ts reads its micro-batches' windows (data/sampler.ts TrainStream, over
- *      data/permutation.ts and data/token-store.ts), runs model/llama.ts lossAndGrads (forward + backward on the
- *      kernels of model/kernels.ts: model/engine/native.ts over native/tstrain.c and the built-in GEMM in
- *      native/, or model/engine/tfjs.ts with model/engine/js.ts) and adds each micro-batch's gradient into its
- *      float64 slot (optim/optim.ts foldMicro).
+ *   2. compute: each actors/rank.ts runs its micro-batches (actors/micro-batches.ts runMicroBatches): reads their
+ *      windows (data/sampler.ts TrainStream, over data/permutation.ts and data/token-store.ts), runs
+ *      model/llama.ts lossAndGrads (forward + backward on the kernels of model/kernels.ts: model/engine/native.ts
+ *      over native/tstrain.c and the built-in GEMM in native/, model/engine/tfjs.ts with model/engine/js.ts, or
+ *      model/engine/webgpu/engine.ts, a deferred engine whose gradient comes back at settle) and adds each
+ *      micro-batch's gradient into its float64 slot (optim/optim.ts foldMicro).
  *   3. reduce: each rank sums the slots over its chunks of the parameters, averages and unscales them into
  *      the float32 gradient and takes each chunk's sum of squares (optim/optim.ts reduceChunks64).
  *   4. decide: actors/coordinator.ts step calls optim/optim.ts decideStep (finite? the clip coefficient, the
@@ -64,6 +66,7 @@ import {
 } from "./optim/optim";
 import { adamwSliceSimd } from "./optim/optim-simd";
 import type { StepResult } from "./actors/coordinator";
+import { gradientArrays, runMicroBatches } from "./actors/micro-batches";
 import { activationBudget, nativeChoice, type RunConfig } from "./config";
 import type { Reporter } from "./report";
 
@@ -89,8 +92,8 @@ export class SingleThreadTrainer {
   readonly v: Float32Array;
   /** The averaged, unscaled gradient (after the reduce). */
   readonly grad: Float32Array;
-  /** One micro-batch's gradient, and their sum in float64 (A10, as the ranks do). */
-  private readonly micro: Float32Array;
+  /** One micro-batch's gradient (two on a deferred engine: gradientArrays), and their sum in float64 (A10, as the ranks do). */
+  private readonly grads: Float32Array[];
   private readonly sum: Float64Array;
   private readonly sq: Float64Array;
   private readonly ranges: DecayRange[];
@@ -108,7 +111,7 @@ export class SingleThreadTrainer {
     this.m = new Float32Array(layout.total);
     this.v = new Float32Array(layout.total);
     this.grad = new Float32Array(layout.total);
-    this.micro = new Float32Array(layout.total);
+    this.grads = gradientArrays(kernels, layout.total);
     this.sum = new Float64Array(layout.total);
     this.sq = new Float64Array(chunkCount(layout.total));
     this.ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
@@ -141,19 +144,29 @@ export class SingleThreadTrainer {
     return t;
   }
 
-  /** One optimizer step, as Coordinator.step: every micro-batch, the reduce, decideStep, AdamW; `pos` moves on. */
-  step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): StepResult {
+  /**
+   * One optimizer step, as Coordinator.step: every micro-batch, the reduce, decideStep, AdamW; `pos` moves on. The
+   * micro-batches run through the ranks' loop (runMicroBatches), micro-batch m being rank m % world's micro-batch
+   * floor(m / world), each folded into one float64 sum.
+   */
+  async step(step: number, pos: OptimizerPosition, baseLr: number, shape: LrShape): Promise<StepResult> {
     const { world, accum, microBatch, seqLen } = this.setup;
     const t0 = performance.now();
     const scale = pos.scaler.scale;
+    const run = await runMicroBatches({
+      kernels: this.kernels,
+      accum: world * accum,
+      ids: this.ids,
+      grads: this.grads,
+      stop: () => false,
+      read: (m, ids) => this.stream.readMicroBatch(step, m % world, Math.floor(m / world), ids),
+      lossAndGrads: (ids, g) => this.llama.lossAndGrads(ids, microBatch, seqLen, scale, g),
+      fold: (g, first) => foldMicro(this.sum, g, first),
+    });
     const losses = new Float64Array(world * accum);
-    for (let micro = 0; micro < accum; micro++) {
-      for (let rank = 0; rank < world; rank++) {
-        this.stream.readMicroBatch(step, rank, micro, this.ids);
-        losses[rank * accum + micro] = this.llama.lossAndGrads(this.ids, microBatch, seqLen, scale, this.micro);
-        foldMicro(this.sum, this.micro, micro === 0 && rank === 0);
-      }
-    }
+    run.losses.forEach((loss, m) => {
+      losses[(m % world) * accum + Math.floor(m / world)] = loss;
+    });
     const t1 = performance.now();
     const P = this.grad.length;
     reduceChunks64([this.sum], this.grad, unscaleFactor(world, accum, scale), P, this.sq, 0, this.sq.length);
@@ -234,7 +247,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
   let last: StepResult | null = null;
   for (let i = 0; i < n + 1; i++) {
     const a = performance.now();
-    last = t.step(s.start.startStep + i, pos, cfg.lr, s.plan.lrShape);
+    last = await t.step(s.start.startStep + i, pos, cfg.lr, s.plan.lrShape);
     if (i > 0) times.push(performance.now() - a);
   }
   t.dispose();

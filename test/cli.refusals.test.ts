@@ -15,7 +15,7 @@ import { buildConfig, hfConfigJson } from "../src/model/llama-config";
 import { initWeights } from "../src/model/init";
 import { paramLayout } from "../src/model/layout";
 import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
-import { aptMirror, installDriverAdvice } from "../src/model/engine/webgpu";
+import { installDriverAdvice } from "../src/model/engine/webgpu/device";
 import { parseArgs } from "../src/config";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
 
@@ -137,35 +137,54 @@ function tmpCopy(out: string): string {
   return copy;
 }
 
-test("the webgpu refusal's driver advice uses the machine's own apt mirror, else says it in words; the repository names no package registry's host (P1)", () => {
+test("the webgpu refusal's driver advice is the command docs/webgpu.md shows, scripts/mesa-backports.sh, which adds bookworm-backports of the machine's own apt mirror, else says what to add by hand; the repository names no package registry's host (P1)", () => {
+  const root = path.join(__dirname, "..", "..");
+  const script = path.join(root, "scripts", "mesa-backports.sh");
+  const advice = installDriverAdvice();
+  const cmd = /or the software adapter on Debian 12: (\S+) \(as root/.exec(advice);
+  assert.ok(cmd, advice);
+  assert.equal(path.resolve(cmd[1]), script, "the advice's command is the script, by a path that works from here");
+  const doc = fs.readFileSync(path.join(root, "docs", "webgpu.md"), "utf8");
+  assert.match(doc, /^scripts\/mesa-backports\.sh +# as root/m, "docs/webgpu.md shows the same command");
+  // the advised command, run (--dry-run, on a planted apt configuration): it reads the machine's mirror, or says
+  // what to add by hand, and names no host of its own
   const etc = tmpDir("tstrain-apt-");
   fs.mkdirSync(path.join(etc, "sources.list.d"));
-  assert.equal(aptMirror(etc), null, "no sources");
-  const advice = installDriverAdvice(aptMirror(etc));
-  assert.match(advice, /add the bookworm-backports suite \(component main\) of the Debian mirror you install from/);
-  assert.doesNotMatch(advice, /https?:\/\//, "no host of its own");
+  const run = () => spawnSync(cmd[1], ["--dry-run", "--etc", etc], { encoding: "utf8" });
+  let r = run();
+  assert.equal(r.status, 2, r.stdout + r.stderr);
+  assert.match(r.stderr, /name no Debian mirror: add the bookworm-backports suite \(component main\) of the mirror/);
+  assert.doesNotMatch(r.stderr, /https?:\/\//, "no host of its own");
   fs.writeFileSync(
     path.join(etc, "sources.list"),
     "# old style\ndeb [arch=amd64] http://mirror.example/debian bookworm main\n",
   );
-  assert.equal(aptMirror(etc), "http://mirror.example/debian");
+  r = run();
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+  assert.match(
+    r.stdout,
+    /\nTypes: deb\nURIs: http:\/\/mirror\.example\/debian\nSuites: bookworm-backports\nComponents: main\n/,
+  );
   fs.writeFileSync(
     path.join(etc, "sources.list.d", "debian.sources"),
     "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n\nTypes: deb\nURIs: https://local.example/debian\nSuites: bookworm\n",
   );
-  const mirror = aptMirror(etc);
-  assert.equal(mirror, "https://local.example/debian", "the deb822 sources first, the security archive skipped");
-  // the advice, run up to apt-get: its printf writes a sources file whose mirror is the machine's, suite backports
-  const cmd = installDriverAdvice(mirror);
-  const printf = /(printf '[^']*') > \/etc\/apt\/sources\.list\.d\/backports\.sources && apt-get update/.exec(cmd);
-  assert.ok(printf, cmd);
-  const written = path.join(etc, "sources.list.d", "backports.sources");
-  const r = spawnSync("bash", ["-c", `${printf[1]} > "$1"`, "_", written], { encoding: "utf8" });
-  assert.equal(r.status, 0, r.stderr);
+  r = run();
+  assert.equal(r.status, 0, r.stdout + r.stderr);
   assert.match(
-    fs.readFileSync(written, "utf8"),
-    /^Types: deb\nURIs: https:\/\/local\.example\/debian\nSuites: bookworm-backports\nComponents: main\n/,
+    r.stdout,
+    /\nURIs: https:\/\/local\.example\/debian\nSuites: bookworm-backports\n/,
+    "the deb822 sources first, the security archive skipped",
   );
+  assert.match(
+    r.stdout,
+    /would run: apt-get update -qq && apt-get install -y -qq -t bookworm-backports mesa-vulkan-drivers libvulkan1$/m,
+  );
+  fs.writeFileSync(path.join(etc, "sources.list.d", "backports.sources"), "Types: deb\nSuites: bookworm-backports\n");
+  r = run();
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+  assert.match(r.stdout, /already list bookworm-backports/);
+  assert.doesNotMatch(r.stdout, /would write/, "nothing added where the suite is listed");
   // no registry's host in any tracked file (the names are built here, so this file does not hold them either)
   const hosts = [
     ["deb", "debian", "org"],
@@ -177,7 +196,6 @@ test("the webgpu refusal's driver advice uses the machine's own apt mirror, else
     ["crates", "io"],
     ["proxy", "golang", "org"],
   ].map((h) => h.join("."));
-  const root = path.join(__dirname, "..", "..");
   const found = spawnSync("git", ["grep", "-n", "-i", "-F", ...hosts.flatMap((h) => ["-e", h])], {
     cwd: root,
     encoding: "utf8",

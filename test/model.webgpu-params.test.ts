@@ -1,5 +1,5 @@
 /**
- * The webgpu engine's shader settings by name (src/model/engine/webgpu-wgsl.ts, webgpu.ts), on any machine: no
+ * The webgpu engine's shader settings by name (src/model/engine/webgpu/shaders/, engine.ts), on any machine: no
  * adapter is needed.
  *  - each shader's WGSL `struct P` is its declared settings, in order, and the shader reads each of them and no
  *    other (a misspelled or missing name in a declaration fails here, not as wrong numbers on a device);
@@ -17,18 +17,14 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import type { Kernels } from "../src/model/kernels";
-import { type GpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
+import { type DeferredKernels, isDeferred } from "../src/model/kernels";
+import { webgpuEngineOn } from "../src/model/engine/webgpu/engine";
+import type { GpuDevice } from "../src/model/engine/webgpu/device";
 import { webgpuCounts } from "../bench/webgpu-count";
-import {
-  BK,
-  packParams,
-  rmsnormRows,
-  SHADERS,
-  TILE,
-  type Shader,
-  type ShaderName,
-} from "../src/model/engine/webgpu-wgsl";
+import { packParams, type Shader } from "../src/model/engine/webgpu/shaders/framework";
+import { BK, TILE } from "../src/model/engine/webgpu/shaders/matmul";
+import { rmsnormRows } from "../src/model/engine/webgpu/shaders/rows";
+import { SHADERS, type ShaderName } from "../src/model/engine/webgpu/shaders/catalog";
 
 const NAMES = Object.keys(SHADERS) as ShaderName[];
 
@@ -174,7 +170,7 @@ function settingsOf(d: Dispatch): Record<string, number> {
 }
 
 /** Calls every kernel of `k` once on small arrays: views at offsets (matmul's A, B, C at 1, 2, 3 floats). */
-function callEvery(k: Kernels): void {
+function callEvery(k: DeferredKernels): void {
   const f = (n: number, at = 3) => new Float32Array(n + at).subarray(at);
   const [B, T, H, K, E, D, V] = [2, 3, 4, 2, 4, 8, 5];
   const ids = Int32Array.from({ length: B * T }, (_, i) => i % V);
@@ -215,7 +211,7 @@ function callEvery(k: Kernels): void {
   k.swigluForward(f(12), f(12), f(12), 12);
   k.swigluBackward(f(12), f(12), f(12), f(12), f(12), 12);
   k.crossEntropy(f(B * T * V), ids, B * T, V, 0.5);
-  assert.ok(k.copy && k.fill, "the webgpu engine has copy and fill");
+  assert.ok(isDeferred(k), "the webgpu engine is deferred: it has copy and fill (kernels.ts: DeferredKernels)");
   k.copy(f(D), dw); // reads the pending dw: rmsnormBackward's deferred rmsnormBackwardW is recorded first
   k.copy(f(9), f(9));
   k.fill(f(9), 2.5);
@@ -305,19 +301,19 @@ test("rmsnormBackward's weight gradients wait for one rmsnormBackwardW for all o
   const names = () => dispatches.splice(0).map((d) => d.shader);
   // a first round grows the engine's partials buffer (a growth flushes what is pending); the second is the steady state
   for (const dw of dws) norm(dw);
-  await k.settle?.([grads]);
+  await k.settle([grads]);
   names();
   for (const dw of dws) norm(dw);
-  k.fill?.(other, 0); // another part of the gradient buffer: no flush
+  k.fill(other, 0); // another part of the gradient buffer: no flush
   assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackward", "rmsnormBackward", "fill"]);
   norm(dws[0]); // dws[0] again: the three pending sums first, in one dispatch
   const flushed = dispatches[0];
   assert.deepEqual(names(), ["rmsnormBackwardW", "rmsnormBackward"]);
   assert.equal(settingsOf(flushed).S, 3, "one dispatch for the three pending sets");
-  k.fill?.(dws[0], 0); // binds the pending dws[0]
+  k.fill(dws[0], 0); // binds the pending dws[0]
   assert.deepEqual(names(), ["rmsnormBackwardW", "fill"]);
   norm(dws[1]);
-  await k.settle?.([grads]);
+  await k.settle([grads]);
   assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackwardW"], "settle records the pending sum first");
   assert.equal(Math.ceil(N / rmsnormRows(N)), 344, "the row block");
 });

@@ -11,7 +11,7 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import type { DeviceTraffic, Kernels } from "../src/model/kernels";
+import type { DeferredKernels, DeviceTraffic } from "../src/model/kernels";
 import { Llama } from "../src/model/llama";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
@@ -19,7 +19,7 @@ import { initWeights } from "../src/model/init";
 import { foldMicro } from "../src/optim/optim";
 import { gradientArrays, runMicroBatches } from "../src/actors/micro-batches";
 import { useWebgpu } from "./helpers/webgpu";
-import { createProfiledWebgpuKernels } from "../src/model/engine/webgpu";
+import { createProfiledWebgpuKernels } from "../src/model/engine/webgpu/engine";
 
 const ACCUM = 4;
 const B = 2;
@@ -31,7 +31,7 @@ function tokens(micro: number, step: number, ids: Int32Array): void {
 }
 
 interface Setup {
-  kernels: Kernels;
+  kernels: DeferredKernels;
   model: Llama;
   params: Float32Array;
   slot: Float64Array;
@@ -58,9 +58,9 @@ test("a webgpu rank records micro-batch m+1 before m's readback resolves, upload
   assert.equal(grads.length, 2, "a deferred engine gets two gradient arrays");
   const events: string[] = [];
   // settle wrapped: the readback of micro-batch m resolves only after a macrotask, and says when it did
-  const settle = kernels.settle!.bind(kernels);
+  const settle = kernels.settle.bind(kernels);
   let recorded = -1;
-  const watched: Kernels = {
+  const watched: DeferredKernels = {
     ...kernels,
     settle: (arrays, opts) => {
       const m = recorded;
@@ -70,7 +70,7 @@ test("a webgpu rank records micro-batch m+1 before m's readback resolves, upload
     },
   };
   const ids = new Int32Array(B * T);
-  const traffic: DeviceTraffic[] = [kernels.traffic!()];
+  const traffic: DeviceTraffic[] = [kernels.traffic()];
   const losses: number[][] = [];
   for (let step = 0; step < 2; step++) {
     const r = await runMicroBatches({
@@ -89,7 +89,7 @@ test("a webgpu rank records micro-batch m+1 before m's readback resolves, upload
     });
     assert.equal(r.micro, ACCUM);
     losses.push(r.losses);
-    traffic.push(kernels.traffic!());
+    traffic.push(kernels.traffic());
     kernels.weightsChanged?.(); // as the optimizer's update says (P8)
   }
   // within a step (the step's last readback ends it: the optimizer needs the whole gradient)
@@ -130,7 +130,7 @@ test("a webgpu rank records micro-batch m+1 before m's readback resolves, upload
     for (let m = 0; m < ACCUM; m++) {
       tokens(m, step, ids);
       r.model.lossAndGrads(ids, B, T, 1024, g);
-      ls.push((await r.kernels.settle!([g])).loss);
+      ls.push((await r.kernels.settle([g])).loss);
       foldMicro(r.slot, g, m === 0);
     }
     serial.push(ls);
@@ -164,14 +164,14 @@ test("the webgpu engine's profile mode (the bench's) times every dispatch of a p
   const g = new Float32Array(P),
     h = new Float32Array(P);
   model.lossAndGrads(ids, B, T, 1024, g);
-  const profiled = await w.kernels.settle!([g], { clear: true });
+  const profiled = await w.kernels.settle([g], { clear: true });
   plain.model.lossAndGrads(ids, B, T, 1024, h);
-  const want = await plain.kernels.settle!([h]);
+  const want = await plain.kernels.settle([h]);
   assert.equal(profiled.loss, want.loss, "profiling changes no result");
   assert.ok(Buffer.from(g.buffer).equals(Buffer.from(h.buffer)), "nor the gradient");
   const prof = w.profile();
   const calls = [...prof.values()].reduce((s, x) => s + x.calls, 0);
-  assert.equal(calls, w.kernels.traffic!().dispatches, "every dispatch timed once");
+  assert.equal(calls, w.kernels.traffic().dispatches, "every dispatch timed once");
   for (const [name, x] of prof) assert.ok(x.ms >= 0 && Number.isFinite(x.ms), `${name}: ${x.ms} ms`);
   assert.ok(prof.has("attentionForward") && prof.has("crossEntropy"), [...prof.keys()].join(", "));
   w.kernels.dispose();

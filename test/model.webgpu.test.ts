@@ -1,5 +1,5 @@
 /**
- * The webgpu engine (src/model/engine/webgpu.ts, its WGSL in webgpu-wgsl.ts) on this machine's WebGPU adapter (in CI
+ * The webgpu engine (src/model/engine/webgpu/engine.ts, its WGSL in webgpu/shaders/) on this machine's WebGPU adapter (in CI
  * the llvmpipe software adapter of Mesa 25, TSTRAIN_REQUIRE_WEBGPU=1; elsewhere skipped, saying why):
  *  - every kernel, forward and backward, against the JS reference (js.ts; matmul against float64) within 1e-5
  *    relative, on views at unaligned offsets and on a SharedArrayBuffer, and bit-identical when run again;
@@ -27,8 +27,9 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 import { jsKernels } from "../src/model/engine/js";
-import { type Kernels, type MatmulJob, matmulsInSequence } from "../src/model/kernels";
-import { rmsnormRows, SHADERS, type ShaderName } from "../src/model/engine/webgpu-wgsl";
+import { type DeferredKernels, type MatmulJob, matmulsInSequence } from "../src/model/kernels";
+import { rmsnormRows } from "../src/model/engine/webgpu/shaders/rows";
+import { SHADERS, type ShaderName } from "../src/model/engine/webgpu/shaders/catalog";
 import { KvCache, Llama } from "../src/model/llama";
 import { buildConfig } from "../src/model/llama-config";
 import { paramLayout } from "../src/model/layout";
@@ -37,7 +38,8 @@ import { readSafetensors } from "../src/model/safetensors";
 import { lcg, maxAbs, maxAbsDiff, relErr, sameBits } from "./helpers/numeric";
 import { FIX, loadTinyFixture } from "./helpers/fixture";
 import { settleOf, useWebgpu, useWebgpuWith } from "./helpers/webgpu";
-import { type GpuDevice, openWebgpuDevice, webgpuEngineOn } from "../src/model/engine/webgpu";
+import { webgpuEngineOn } from "../src/model/engine/webgpu/engine";
+import { type GpuDevice, openWebgpuDevice } from "../src/model/engine/webgpu/device";
 import { matmulReference } from "./helpers/matmul-reference";
 
 /** n pseudo-random floats in [-1, 1), as a view at an unaligned offset (3 floats) of a bigger buffer, or on a SharedArrayBuffer. */
@@ -61,7 +63,7 @@ function copyOf(a: Float32Array): Float32Array {
 
 /** Runs `call` on the webgpu kernels twice (fresh copies of the outputs), settles, checks both against `ref` and each other. */
 async function check(
-  k: Kernels,
+  k: DeferredKernels,
   what: string,
   outs: Float32Array[],
   call: (o: Float32Array[]) => void,
@@ -249,8 +251,8 @@ test("on webgpu, every kernel matches the JS reference (matmul: float64), on una
     const src = rand(500, 33),
       dst = rand(500, 34),
       z = rand(300, 35);
-    await check(k, "copy", [dst], ([o]) => k.copy?.(o, src), [src]);
-    await check(k, "fill", [z], ([o]) => k.fill?.(o, 0.5), [new Float32Array(300).fill(0.5)]);
+    await check(k, "copy", [dst], ([o]) => k.copy(o, src), [src]);
+    await check(k, "fill", [z], ([o]) => k.fill(o, 0.5), [new Float32Array(300).fill(0.5)]);
   }
   k.dispose();
 });
@@ -272,7 +274,11 @@ interface AttShape {
  * (forward out, lse; backward dq, dk, dv; cached out; the absolute one where the reference is zero), and whether
  * the second run gave the same bits.
  */
-async function attentionErrors(k: Kernels, s: AttShape, seed: number): Promise<{ err: number[]; same: boolean }> {
+async function attentionErrors(
+  k: DeferredKernels,
+  s: AttShape,
+  seed: number,
+): Promise<{ err: number[]; same: boolean }> {
   const { B, T, H, K, E, P } = s;
   const q = rand(B * T * H * E, seed),
     kk = rand(B * T * K * E, seed + 1),
@@ -445,7 +451,7 @@ test("on webgpu, each fused attention shader with a planted defect fails the com
 
 /** Runs `call` twice (fresh copies of the outputs), settles, and requires js.ts's bits (`ref`) both times. */
 async function checkExact(
-  k: Kernels,
+  k: DeferredKernels,
   what: string,
   outs: Float32Array[],
   call: (o: Float32Array[]) => void,
@@ -468,7 +474,7 @@ const NORM_SHAPES: [number, number][] = [
   [1537, 64], // rows of 4: 384 full blocks and one of 1
 ];
 
-async function checkRmsnormBackward(k: Kernels, N: number, D: number): Promise<void> {
+async function checkRmsnormBackward(k: DeferredKernels, N: number, D: number): Promise<void> {
   const x = rand(N * D, 40 + N),
     w = rand(D, 41),
     dout = rand(N * D, 42, true),
@@ -505,7 +511,7 @@ function embeddingCases(): { what: string; ids: Int32Array; D: number; V: number
   ];
 }
 
-async function checkEmbeddingBackward(k: Kernels): Promise<void> {
+async function checkEmbeddingBackward(k: DeferredKernels): Promise<void> {
   for (const { what, ids, D, V } of embeddingCases()) {
     const N = ids.length,
       dout = rand(N * D, 50 + N),
@@ -516,7 +522,7 @@ async function checkEmbeddingBackward(k: Kernels): Promise<void> {
   }
 }
 
-async function checkRopeQK(k: Kernels): Promise<void> {
+async function checkRopeQK(k: DeferredKernels): Promise<void> {
   const [B, T, H, K, E] = [2, 9, 6, 2, 8];
   const cos = rand(T * (E / 2), 60),
     sin = rand(T * (E / 2), 61);
@@ -569,7 +575,7 @@ test("on webgpu, the column sums and ropeQK match js.ts on edge shapes: rmsnormB
   jsKernels.rmsnormBackward(wdx, wdw, dout, x, w, rstd, N, D);
   jsKernels.rmsnormBackward(wdx, wdw2, dout, x, w, rstd, N, D);
   k.rmsnormBackward(dx, dw, dout, x, w, rstd, N, D);
-  k.copy?.(seen, dw);
+  k.copy(seen, dw);
   k.rmsnormBackward(dx, dw, dout, x, w, rstd, N, D);
   k.rmsnormBackward(dx, dw2, dout, x, w, rstd, N, D);
   await settleOf(k)([dx, dw, dw2, seen]);
@@ -594,7 +600,7 @@ test("on webgpu, each column-sum and ropeQK shader with a planted defect fails i
   const defects: {
     what: string;
     shaders: Partial<Record<ShaderName, string>>;
-    run: (k: Kernels) => Promise<void>;
+    run: (k: DeferredKernels) => Promise<void>;
     fails: RegExp;
   }[] = [
     {
@@ -693,7 +699,7 @@ const refLogits = readSafetensors(path.join(FIX, "logits.f64.safetensors")).tens
 
 /** The max relative error of alpha op(A) op(B) + beta C on `k` against float64 (beta 0: C full of NaN, never read). */
 async function matmulErr(
-  k: Kernels,
+  k: DeferredKernels,
   tA: boolean,
   tB: boolean,
   M: number,
@@ -857,13 +863,13 @@ function plantFirst(code: string, from: string | RegExp, to: string): string {
 test("on webgpu, a planted defect in each matmul shader fails the float64 comparison", async (t) => {
   const skipLastK = (name: ShaderName) =>
     plantFirst(SHADERS[name].code, /kb < k1; kb \+= (\d+)u/, "kb + $1u < k1; kb += $1u");
-  const cases: { shader: ShaderName; splitK: "on" | "off"; run: (k: Kernels) => Promise<number> }[] = [];
+  const cases: { shader: ShaderName; splitK: "on" | "off"; run: (k: DeferredKernels) => Promise<number> }[] = [];
   for (const tA of [false, true])
     for (const tB of [false, true]) {
       const shader = `matmul_${tA ? "t" : "n"}${tB ? "t" : "n"}` as ShaderName;
       cases.push({ shader, splitK: "off", run: async (k) => (await matmulErr(k, tA, tB, 67, 130, 33, 1, 0, 9)).err });
     }
-  const chained = async (k: Kernels) => {
+  const chained = async (k: DeferredKernels) => {
     const { jobs, outs } = jobsLike();
     assert.ok(k.matmuls);
     k.matmuls(jobs);
@@ -997,6 +1003,32 @@ test("on webgpu, the forward with the KV cache equals the training forward at ev
   k.dispose();
 });
 
+test("on webgpu, the loss settle returns is the same with the LM head in chunks: each chunk's loss rows are read back from where they were written", async (t) => {
+  const k = await useWebgpu(t);
+  if (!k) return;
+  const c = buildConfig({ seqLen: 64, layers: 1, hidden: 72, vocabSize: 300 });
+  const P = paramLayout(c).total;
+  const params = new Float32Array(P);
+  initWeights(c, 7, params);
+  k.weightsAre?.(params);
+  const ids = Int32Array.from({ length: 4 * 64 }, (_, i) => (i * 7 + 3) % c.vocabSize);
+  const losses: number[] = [];
+  // one chunk of 256 rows, then chunks of 100 (the second's rows start past the binding alignment), then of 7
+  for (const headChunkTokens of [undefined, 100, 7]) {
+    const model = new Llama(c, k, { gradCkpt: false, headChunkTokens });
+    model.bindParams(params);
+    const g = new Float32Array(P);
+    model.lossAndGrads(ids, 4, 64, 1, g);
+    losses.push((await settleOf(k)([g])).loss);
+    model.dispose();
+  }
+  t.diagnostic(`loss: one chunk ${losses[0]}, chunks of 100 ${losses[1]}, of 7 ${losses[2]}`);
+  assert.ok(losses[0] > 1, `the loss ${losses[0]} is a cross-entropy near log(vocab)`);
+  for (const l of losses.slice(1))
+    assert.ok(Math.abs(l - losses[0]) <= 1e-6 * losses[0], `chunked ${l} vs one chunk ${losses[0]}`);
+  k.dispose();
+});
+
 test("--backend webgpu with no adapter is refused before any work (P1, exit 2), with the command that gets one", () => {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-webgpu-refuse-"));
   const run = path.join(out, "run");
@@ -1015,7 +1047,13 @@ test("--backend webgpu with no adapter is refused before any work (P1, exit 2), 
   assert.equal(r.status, 2, text);
   assert.match(text, /P1/);
   assert.match(text, /--backend webgpu is not available/);
-  assert.match(text, /apt-get install -y -t bookworm-backports mesa-vulkan-drivers|npm install webgpu@0\.6\.2/);
+  assert.match(text, /scripts\/mesa-backports\.sh \(as root|npm install webgpu@0\.6\.2/);
+  // the driver advice is a command that runs here (cli.refusals.test.ts runs it on planted apt sources)
+  const script = /Debian 12: (\S+) \(as root/.exec(text)?.[1];
+  if (script) {
+    const dry = spawnSync(script, ["--dry-run"], { encoding: "utf8" });
+    assert.ok(dry.status === 0 || dry.status === 2, `${script} --dry-run: exit ${dry.status} ${dry.stderr}`);
+  }
   assert.ok(!fs.existsSync(run), "nothing was written: refused before any work");
   fs.rmSync(out, { recursive: true, force: true });
 });

@@ -33,6 +33,7 @@ interface Result {
   upward: (Edge & { fromLayer: number; toLayer: number })[];
   unlayered: string[];
   longFunctions: { file: string; name: string; start: number; end: number; lines: number }[];
+  longFiles: { file: string; lines: number }[];
   fenced: { from: string; to: string; fence: string }[];
   sameNames: string[][];
   benchIntoTest: { from: string; to: string }[];
@@ -40,6 +41,7 @@ interface Result {
 interface Deps {
   LAYERS: Layer[];
   LONG_FUNCTION_LINES: number;
+  MAX_FILE_LINES: number;
   analyze(srcDir: string, layers?: Layer[]): Result;
   format(result: Result, layers?: Layer[]): string;
   failed(result: Result): boolean;
@@ -90,6 +92,29 @@ test("the local Hub server imports only from hub/ and errors.ts; no two files of
   assert.deepEqual(r.fenced, [], describe(r));
   assert.deepEqual(r.sameNames, [], describe(r));
   assert.deepEqual(r.benchIntoTest, [], describe(r));
+});
+
+test("no file of src/ is over 800 lines (each holds one room), and a planted longer one fails `npm run deps`", () => {
+  assert.equal(deps.MAX_FILE_LINES, 800);
+  const r = deps.analyze(path.join(ROOT, "src"));
+  assert.deepEqual(r.longFiles, [], describe(r));
+  const dir = plant({
+    "errors.ts": "export class UserError extends Error {}\n",
+    "model/a.ts": `${"export const a = 1;\n".repeat(800)}`,
+  });
+  const runDeps = () => spawnSync(process.execPath, [SCRIPT, dir], { encoding: "utf8" });
+  try {
+    const at = runDeps();
+    assert.equal(at.status, 0, at.stdout + at.stderr);
+    assert.match(at.stdout, /files of src\/ over 800 lines: none/);
+    fs.appendFileSync(path.join(dir, "model", "a.ts"), "export const b = 2;\n");
+    assert.deepEqual(deps.analyze(dir).longFiles, [{ file: "model/a.ts", lines: 801 }]);
+    const over = runDeps();
+    assert.equal(over.status, 1, over.stdout);
+    assert.match(over.stdout, /files of src\/ over 800 lines: model\/a\.ts \(801\)/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test("the local Hub's pointer file is the one the trainer writes (the server does not import the trainer's names)", () => {
@@ -267,6 +292,7 @@ const MAPS: Record<string, string> = {
   "single-thread.ts": "the training step",
   "session/dist.ts": "multi-host (--dist mpi)",
   "generate.ts": "generation",
+  "model/engine/webgpu/engine.ts": "the webgpu engine's rooms",
 };
 
 /**
@@ -290,7 +316,7 @@ function mapPaths(root: string, moduleRel: string): { named: string; found: stri
   }));
 }
 
-test("every module a lifecycle map names exists (checkpoint, step, multi-host, generation)", () => {
+test("every module a lifecycle map names exists (checkpoint, step, multi-host, generation, the webgpu engine)", () => {
   for (const [mod, what] of Object.entries(MAPS)) {
     const paths = mapPaths(ROOT, mod);
     assert.ok(paths.length >= 8, `${mod} maps ${what} through at least 8 modules (it names ${paths.length})`);

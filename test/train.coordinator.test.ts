@@ -181,7 +181,7 @@ describe("the coordinator, rule by rule (A2, D7, K2)", () => {
           const pos: OptimizerPosition = { optSteps: 0, scaler: { scale: 1024, growthTracker: 1999 }, skipped: 0 };
           const ref: OptimizerPosition = structuredClone(pos);
           for (let s = 0; s < 3; s++) {
-            const want = local.step(s, ref, 1e-3, SHAPE);
+            const want = await local.step(s, ref, 1e-3, SHAPE);
             const t0 = performance.now();
             const got: StepResult = await c.step(s, pos, 1e-3, SHAPE);
             const wall = performance.now() - t0;
@@ -496,7 +496,8 @@ test("the one-thread trainer in bf16 marks the AMX kernel's weight copies stale 
     });
     try {
       const pos: OptimizerPosition = { optSteps: 0, scaler: newScaler(), skipped: 0 };
-      const losses = [0, 1, 2, 3].map((s) => t.step(s, pos, 3e-2, shape).loss);
+      const losses: number[] = [];
+      for (const s of [0, 1, 2, 3]) losses.push((await t.step(s, pos, 3e-2, shape)).loss);
       return { losses, params: t.params.slice(), backend: t.backend };
     } finally {
       t.dispose();

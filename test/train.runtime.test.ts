@@ -83,14 +83,14 @@ const snap = (c: Coordinator): Snap => ({
 });
 
 /** The averaged, unscaled gradient of data step `step` at weights `params`, computed in one thread (single-thread.ts). */
-function referenceGradient(
+async function referenceGradient(
   local: SingleThreadTrainer,
   params: Float32Array,
   step: number,
   scale: number,
-): Float32Array {
+): Promise<Float32Array> {
   local.params.set(params);
-  local.step(step, { optSteps: 0, scaler: { scale, growthTracker: 0 }, skipped: 0 }, BASE_LR, SHAPE);
+  await local.step(step, { optSteps: 0, scaler: { scale, growthTracker: 0 }, skipped: 0 }, BASE_LR, SHAPE);
   return Float32Array.from(local.grad);
 }
 
@@ -161,7 +161,7 @@ async function checkAgainstReference(o: {
           continue;
         }
         assert.equal(r.applied, true, `${tag}: applied`);
-        const g = referenceGradient(local, before.p, s, scale);
+        const g = await referenceGradient(local, before.p, s, scale);
         assertClose(`${tag} reduced gradient (grad) vs the one-thread gradient`, c.views.grad, g);
         let sumSq = 0;
         for (let i = 0; i < g.length; i++) sumSq += g[i] * g[i];

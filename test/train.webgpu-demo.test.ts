@@ -6,15 +6,17 @@
  *    validation perplexity within 1% (the tfjs-wasm engine is the reference where the native addon does not load);
  *  - two identical runs end with identical final weights and optimizer state (sha256 of final/model.safetensors
  *    and of the last checkpoint's optimizer.safetensors);
- *  - a run stopped at step 2 and resumed from its checkpoint ends bit-identical to the uninterrupted run (the same).
- * The uninterrupted run is shared by the three tests; one demo data root serves every run of the file.
+ *  - a run stopped at step 2 and resumed from its checkpoint ends bit-identical to the uninterrupted run (the same);
+ *  - the single-thread loop (`--demo --benchmark 3`, src/single-thread.ts) reports the native engine's loss within
+ *    1e-3: it folds each micro-batch's gradient once the deferred engine has read it back (runMicroBatches).
+ * The uninterrupted run is shared by the tests; one demo data root serves every run of the file.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { loadNative } from "../src/model/engine/native";
 import { tmpDir } from "./helpers/tmp";
 import { webgpuRuns } from "./helpers/webgpu";
@@ -140,4 +142,40 @@ test(`on webgpu, a demo stopped at step ${STOP} and resumed from its checkpoint 
     endOf(a),
     "the resumed run's final weights or optimizer state differ from the straight run's",
   );
+});
+
+/** `--demo --benchmark 3` (the single-thread loop, src/single-thread.ts) on `backend`: its BENCH_JSON line. */
+function benchmark(backend: string): { loss: number; backend: string } {
+  const args = [
+    MAIN,
+    "--demo",
+    "--benchmark",
+    "3",
+    "--backend",
+    backend,
+    "--root",
+    ROOT,
+    "--out",
+    tmpDir("webgpu-bench"),
+  ];
+  const r = spawnSync(process.execPath, args, { encoding: "utf8", timeout: 600_000 });
+  const line = (r.stdout ?? "").split("\n").find((l) => l.startsWith("BENCH_JSON ")) ?? "";
+  assert.ok(
+    r.status === 0 && line,
+    `${args.slice(1).join(" ")}: exit ${r.status}\n${(r.stdout + r.stderr).slice(-3000)}`,
+  );
+  return JSON.parse(line.slice("BENCH_JSON ".length)) as { loss: number; backend: string };
+}
+
+test("on webgpu, the single-thread loop (--demo --benchmark 3) reports the native engine's loss within 1e-3: it folds each gradient once the deferred engine has read it back (G8)", {
+  timeout: 900_000,
+}, (t) => {
+  if (!webgpuRuns(t)) return;
+  const reference = "kernels" in loadNative() ? "native" : "wasm";
+  const ref = benchmark(reference);
+  const gpu = benchmark("webgpu");
+  assert.equal(gpu.backend, "webgpu", "the loop used the webgpu engine");
+  t.diagnostic(`--benchmark 3 loss: webgpu ${gpu.loss}, ${reference} ${ref.loss}`);
+  assert.ok(ref.loss > 1, `${reference}'s loss ${ref.loss} is a cross-entropy near log(vocab)`);
+  assert.ok(Math.abs(gpu.loss - ref.loss) <= 1e-3, `webgpu's loss ${gpu.loss} vs ${reference}'s ${ref.loss}`);
 });

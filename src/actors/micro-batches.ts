@@ -3,13 +3,13 @@
  * rank's float64 slot (foldMicro) in micro-batch order.
  *
  * An engine that computes as it is called (native, tfjs) hands the gradient back at once. A deferred engine
- * (webgpu, kernels.ts: settle) only queues the micro-batch; its gradient is read back while the device computes
+ * (webgpu, kernels.ts: DeferredKernels) only queues the micro-batch; its gradient is read back while the device computes
  * the next one: micro-batch m is recorded into one of two gradient arrays, its readback is queued behind it, and
  * only then does the rank wait for micro-batch m - 1's readback and fold it. The readback zeroes the device's copy
  * (settle's `clear`), so no gradient is ever uploaded, and nothing crosses per micro-batch but the tokens in and
  * the gradient and the loss rows out.
  */
-import type { Kernels } from "../model/kernels";
+import { isDeferred, type Kernels } from "../model/kernels";
 
 export interface MicroBatchSteps {
   kernels: Kernels;
@@ -31,18 +31,19 @@ export interface MicroBatchSteps {
 
 /** The gradient arrays a rank needs on this engine: two for a deferred engine (one read back while the other fills). */
 export function gradientArrays(kernels: Kernels, P: number): Float32Array[] {
-  const grads = Array.from({ length: kernels.settle ? 2 : 1 }, () => new Float32Array(P));
+  const deferred = isDeferred(kernels);
+  const grads = Array.from({ length: deferred ? 2 : 1 }, () => new Float32Array(P));
   // a deferred engine zeroes its copies on the device: the zeros are never uploaded
-  if (kernels.settle) for (const g of grads) kernels.fill?.(g, 0);
+  if (deferred) for (const g of grads) kernels.fill(g, 0);
   return grads;
 }
 
 /** Runs the micro-batches; their losses in order, and how many ran. */
 export async function runMicroBatches(s: MicroBatchSteps): Promise<{ losses: number[]; micro: number }> {
   const losses: number[] = [];
-  const settle = s.kernels.settle?.bind(s.kernels);
+  const k = s.kernels;
   let micro = 0;
-  if (!settle) {
+  if (!isDeferred(k)) {
     for (; micro < s.accum && !s.stop(micro); micro++) {
       s.read(micro, s.ids);
       losses.push(s.lossAndGrads(s.ids, s.grads[0]));
@@ -64,7 +65,7 @@ export async function runMicroBatches(s: MicroBatchSteps): Promise<{ losses: num
       const g = s.grads[micro % s.grads.length];
       s.read(micro, s.ids);
       s.lossAndGrads(s.ids, g);
-      const readback = settle([g], { clear: true });
+      const readback = k.settle([g], { clear: true });
       readback.catch(() => {}); // awaited below; a failure must not surface as an unhandled rejection first
       const previous = pending;
       pending = { readback, g, micro };

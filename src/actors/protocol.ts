@@ -182,7 +182,7 @@ export function unreachable(x: never): never {
   throw new Error(`unhandled message ${JSON.stringify(x)}`);
 }
 
-/** A device rank's traffic in one step (Kernels.traffic, differenced). */
+/** A device rank's traffic in one step (DeferredKernels.traffic, differenced). */
 export interface StepTraffic {
   up: number;
   down: number;

@@ -11,7 +11,7 @@
 import { parentPort } from "node:worker_threads";
 import { Llama } from "../model/llama";
 import { initEngine } from "../model/backend";
-import type { DeviceTraffic, Kernels } from "../model/kernels";
+import { type DeviceTraffic, isDeferred, type Kernels } from "../model/kernels";
 import { readManifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/token-store";
 import { WindowPermutation } from "../data/permutation";
@@ -75,7 +75,7 @@ async function handleInit(init: RankInit): Promise<FromRank> {
     val,
     ids: new Int32Array(d.microBatch * d.seqLen),
     grads: gradientArrays(be.kernels, init.shared.P),
-    traffic: be.kernels.traffic?.() ?? null,
+    traffic: isDeferred(be.kernels) ? be.kernels.traffic() : null,
     mem: memorySampler(() => model.arenaBytes()),
   };
   return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
@@ -102,7 +102,7 @@ async function compute(s: RankState, step: number, gradScale: number): Promise<F
   });
   faultAfterCompute(s.init.fault, s.init.rank, step, slot, losses);
   const reply: FromRank = { type: "computed", rank: s.init.rank, step, losses, micro, ms: performance.now() - t0 };
-  const now = s.kernels.traffic?.();
+  const now = isDeferred(s.kernels) ? s.kernels.traffic() : null;
   if (now && s.traffic) {
     const was = s.traffic;
     const up = (t: DeviceTraffic) => t.up.weights + t.up.constants + t.up.inputs + t.up.state;
@@ -157,7 +157,7 @@ async function evaluate(s: RankState, from: number, to: number): Promise<FromRan
   for (let i = from; i < to; i++) {
     s.val.read(i, ids);
     const loss = s.model.loss(ids, 1, seq);
-    lossSum += s.kernels.settle ? (await s.kernels.settle([])).loss : loss;
+    lossSum += isDeferred(s.kernels) ? (await s.kernels.settle([])).loss : loss;
     count++;
   }
   return { type: "evaluated", rank: s.init.rank, lossSum, count };

@@ -13,7 +13,8 @@ import { UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
 import { DEFAULT_NATIVE, loadNative, type NativeOptions } from "./engine/native";
-import { createWebgpuKernels, probeWebgpuSync, type WebgpuUnavailable } from "./engine/webgpu";
+import { createWebgpuKernels } from "./engine/webgpu/engine";
+import { probeWebgpuSync, type WebgpuUnavailable } from "./engine/webgpu/device";
 
 /** What `--backend` accepts: defined once, with the config. */
 export type { BackendName };
@@ -204,7 +205,7 @@ export function checkEngineRequest(requested: BackendName, native: NativeOptions
 /**
  * The engine for `--backend` (P1). `native`: the native kernels, or a UserError naming the fix. `auto`: native
  * when it loads, else a tfjs backend as initBackend selects it, with the reason native was passed over and its
- * fix in the detail. `webgpu`: the webgpu engine on this thread's own adapter and device (engine/webgpu.ts), or a
+ * fix in the detail. `webgpu`: the webgpu engine on this thread's own adapter and device (engine/webgpu/engine.ts), or a
  * UserError with the command that gets an adapter. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on
  * that backend, the rest in JS) on top. Each worker thread calls this for itself.
  */

@@ -5,14 +5,19 @@
  * project's own C, native/: every matrix product on the built-in GEMM, or on the system's OpenBLAS loaded at run
  * time with `--gemm openblas`, and the other kernels in plain C), `tfjs` (src/model/engine/tfjs.ts: matmul, and
  * attention through it, on a tfjs backend; the rest in plain JS, src/model/engine/js.ts) or `webgpu`
- * (src/model/engine/webgpu.ts: every kernel a WGSL compute shader, webgpu-wgsl.ts, on a WebGPU device).
+ * (src/model/engine/webgpu/engine.ts: every kernel a WGSL compute shader, webgpu/shaders/, on a WebGPU device),
+ * the one DeferredKernels engine (below): it queues its kernels and hands their results back at settle().
  *
  * Shape legend:  B batch, T sequence, N = B*T tokens, D hidden, H query heads, K kv heads (GQA: kv head j
  *                serves query heads j*H/K ... (j+1)*H/K-1), E head_dim, F ffn width, V vocab.
  *
  * Conventions, for every engine:
- *  - Arrays may be views (subarrays) on ordinary memory, on a SharedArrayBuffer, or on a wasm heap; an engine
- *    reads and writes them in place, without keeping a reference after the call returns.
+ *  - Arrays may be views (subarrays) on ordinary memory, on a SharedArrayBuffer, or on a wasm heap. An engine that
+ *    computes as it is called (native, tfjs) reads and writes them in place before the call returns, and keeps no
+ *    reference to them afterwards, with one exception: the master weights handed to weightsAre, which the native
+ *    engine's bf16 kernels (AMX and VDPBF16PS) keep a pointer to and a packed copy of until weightsChanged. A
+ *    deferred engine (DeferredKernels: webgpu) keeps every array it is handed, by its buffer: a device mirror of
+ *    it, for as long as the buffer lives; its outputs reach the caller's arrays at settle().
  *  - "+=" outputs ACCUMULATE into what the caller passes (gradients; the residual stream's gradient);
  *    "=" outputs are overwritten. Inputs are never written unless the op says it works in place.
  *  - Every kernel is deterministic: the same inputs give bit-identical outputs, run to run (exact resume, B1,
@@ -42,17 +47,6 @@ export interface Kernels {
     beta: number,
     C: Float32Array,
   ): void;
-
-  /**
-   * Several products in one go (optional; a device engine runs them as one dispatch). Exactly
-   * matmulsInSequence(this, jobs): for each job in order, copy(C, add) when it has `add`, then each term in order
-   * as matmul(tA, tB, M, N, K, alpha, A, B, beta', C) with beta' = the job's beta for its first term (1 when it
-   * has `add`) and 1 for each later term: a job's C = (add, or beta C) + the sum of its terms, rounded as those
-   * calls round. An engine that has it gives the same bits as those calls on that engine. The jobs are
-   * independent: no job reads another's C (nor its own C through A, B or add), and every term of a job has its
-   * M and N.
-   */
-  matmuls?(jobs: readonly MatmulJob[]): void;
 
   // ------------------------------------------------------------------ embedding
   /** out[N,D] = E[ids[n], :]. ids are checked by the model (0 <= id < V). */
@@ -98,23 +92,6 @@ export interface Kernels {
     T: number,
     nh: number,
     E: number,
-  ): void;
-
-  /**
-   * Optional: RoPE on q [B,T,H,E] and k [B,T,K,E] in one call, the results of ropeForward(q, .., H, E) then
-   * ropeForward(k, .., K, E) (backward: ropeBackward of both), which the model calls when an engine lacks it.
-   */
-  ropeQK?(
-    q: Float32Array,
-    k: Float32Array,
-    cos: Float32Array,
-    sin: Float32Array,
-    B: number,
-    T: number,
-    H: number,
-    K: number,
-    E: number,
-    backward: boolean,
   ): void;
 
   // ------------------------------------------------------------------ causal attention (GQA)
@@ -210,47 +187,88 @@ export interface Kernels {
   // ------------------------------------------------------------------ the weights (optional)
   /**
    * The trainer's master weights, which change only in the optimizer's update (P8): an engine may keep a derived
-   * copy of a product's weight operand (the native engine's bf16 AMX kernel keeps it packed) until
-   * weightsChanged(), which the trainer calls after every update. The results are those without the copy.
+   * copy of a product's weight operand until weightsChanged(), which the trainer calls after every update: the
+   * native engine's bf16 kernels (AMX and VDPBF16PS, native/gemm/weights.c) keep it packed, the webgpu engine keeps
+   * it on the device and uploads it again after each change. The results are those without the copy.
    */
   weightsAre?(params: Float32Array): void;
   weightsChanged?(): void;
   /** Remakes share `part` of `parts` of those copies now (each rank its own, side by side, before its products). */
   prepareWeights?(part: number, parts: number): void;
 
-  // ------------------------------------------------------------------ a device engine (optional)
-  /**
-   * dst = src (equal lengths). The model copies between its activation arrays through this when an engine has it
-   * (a device engine keeps them on the device); without it the model copies on the host (dst.set(src)).
-   */
-  copy?(dst: Float32Array, src: Float32Array): void;
-  /** x[i] = value for every element: the model's zeroing of an accumulator, as copy. */
-  fill?(x: Float32Array, value: number): void;
-  /**
-   * A DEFERRED engine (webgpu) only queues each kernel on its device: outputs exist on the device, not yet in the
-   * caller's arrays, and crossEntropy returns 0. settle() waits for everything queued, copies each array of
-   * `readback` (e.g. the gradient buffer) into host memory, and resolves to the mean cross-entropy over the
-   * targeted rows of every crossEntropy call since the previous settle (the loss lossAndGrads / loss would return).
-   * Between settles the host must not read or write an array a kernel wrote, except through the kernels, nor
-   * change an array a kernel has read (an input is uploaded once per settle). An engine without settle computes
-   * each kernel when it is called (native, tfjs).
-   */
-  settle?(readback: Float32Array[], opts?: SettleOptions): Promise<{ loss: number; rows: number }>;
-  /**
-   * A host array that never changes after this call (the RoPE tables): a device engine uploads it once and keeps
-   * it resident. Writing it afterwards is the caller's error.
-   */
-  constant?(a: Float32Array): void;
-  /**
-   * Tokens per LM-head chunk this engine prefers for a vocabulary of V (the model's default otherwise): a device
-   * engine takes the largest chunk one binding holds, since each chunk costs its dispatches.
-   */
-  headChunkTokens?(V: number): number;
-  /** A device engine's counters since it was made: what crossed between host and device, and the dispatches. */
-  traffic?(): DeviceTraffic;
-
   /** Frees what the engine holds (scratch, cached device copies). The object is unusable afterwards. */
   dispose(): void;
+}
+
+/**
+ * A DEFERRED engine (webgpu): each kernel call only queues the kernel on a device that mirrors the caller's arrays
+ * (kernels.ts's header: it keeps them). Outputs exist on the device, not yet in the caller's arrays, and
+ * crossEntropy returns 0: settle() hands them back. Besides settle, the hooks that only such an engine has: the
+ * fused calls it runs as one dispatch each (matmuls, ropeQK), the copies and fills the model makes on its arrays
+ * (which stay on the device), the constants it keeps resident, its LM-head chunk and its traffic counters. The
+ * model and the micro-batch loop (src/actors/micro-batches.ts) ask isDeferred(k), never for one hook.
+ */
+export interface DeferredKernels extends Kernels {
+  /** The tag isDeferred reads. */
+  readonly deferred: true;
+  /**
+   * settle() waits for everything queued, copies each array of `readback` (e.g. the gradient buffer) into host
+   * memory, and resolves to the mean cross-entropy over the targeted rows of every crossEntropy call since the
+   * previous settle (the loss lossAndGrads / loss would return). Between settles the host must not read or write an
+   * array a kernel wrote, except through the kernels, nor change an array a kernel has read (an input is uploaded
+   * once per settle). The host may record more kernels before it resolves.
+   */
+  settle(readback: Float32Array[], opts?: SettleOptions): Promise<{ loss: number; rows: number }>;
+  /**
+   * Several products in one go, as one dispatch (runMatmuls: the calls it equals on other engines). Exactly
+   * matmulsInSequence(this, jobs): for each job in order, copy(C, add) when it has `add`, then each term in order
+   * as matmul(tA, tB, M, N, K, alpha, A, B, beta', C) with beta' = the job's beta for its first term (1 when it
+   * has `add`) and 1 for each later term: a job's C = (add, or beta C) + the sum of its terms, rounded as those
+   * calls round. An engine that has it gives the same bits as those calls on that engine. The jobs are
+   * independent: no job reads another's C (nor its own C through A, B or add), and every term of a job has its
+   * M and N.
+   */
+  matmuls(jobs: readonly MatmulJob[]): void;
+  /**
+   * RoPE on q [B,T,H,E] and k [B,T,K,E] in one call, the results of ropeForward(q, .., H, E) then
+   * ropeForward(k, .., K, E) (backward: ropeBackward of both), which the model calls on other engines.
+   */
+  ropeQK(
+    q: Float32Array,
+    k: Float32Array,
+    cos: Float32Array,
+    sin: Float32Array,
+    B: number,
+    T: number,
+    H: number,
+    K: number,
+    E: number,
+    backward: boolean,
+  ): void;
+  /**
+   * dst = src (equal lengths). The model copies between its activation arrays through this (they stay on the
+   * device); on an engine that computes as it is called it copies on the host (dst.set(src)).
+   */
+  copy(dst: Float32Array, src: Float32Array): void;
+  /** x[i] = value for every element: the model's zeroing of an accumulator, as copy. */
+  fill(x: Float32Array, value: number): void;
+  /**
+   * A host array that never changes after this call (the RoPE tables): uploaded once and kept resident. Writing it
+   * afterwards is the caller's error.
+   */
+  constant(a: Float32Array): void;
+  /**
+   * Tokens per LM-head chunk for a vocabulary of V (the model's default on other engines): the largest chunk one
+   * binding holds, since each chunk costs its dispatches.
+   */
+  headChunkTokens(V: number): number;
+  /** The counters since the engine was made: what crossed between host and device, and the dispatches. */
+  traffic(): DeviceTraffic;
+}
+
+/** Whether `k` is a deferred engine (DeferredKernels), whose results come back at settle(). */
+export function isDeferred(k: Kernels): k is DeferredKernels {
+  return (k as Partial<DeferredKernels>).deferred === true;
 }
 
 /** One product of a matmuls job: alpha op(A) @ op(B), as matmul's arguments (kernels.ts: matmul). */
@@ -274,13 +292,13 @@ export interface MatmulJob {
 }
 
 /**
- * What matmuls(jobs) means, as the calls it equals: the model's helper on an engine without matmuls (js, native,
- * tfjs). `add` is copied through the engine's copy where it has one, else on the host.
+ * What matmuls(jobs) means, as the calls it equals: the model's helper on an engine that computes as it is called
+ * (js, native, tfjs). `add` is copied through a deferred engine's copy, else on the host.
  */
 export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void {
   for (const job of jobs) {
     if (job.add) {
-      if (k.copy) k.copy(job.C, job.add);
+      if (isDeferred(k)) k.copy(job.C, job.add);
       else job.C.set(job.add);
     }
     job.terms.forEach((t, i) => {
@@ -289,9 +307,9 @@ export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void 
   }
 }
 
-/** matmuls(jobs) on `k`: its own where it has one, else the calls it equals (matmulsInSequence). */
+/** matmuls(jobs) on `k`: a deferred engine's own, else the calls it equals (matmulsInSequence). */
 export function runMatmuls(k: Kernels, jobs: readonly MatmulJob[]): void {
-  if (k.matmuls) k.matmuls(jobs);
+  if (isDeferred(k)) k.matmuls(jobs);
   else matmulsInSequence(k, jobs);
 }
 

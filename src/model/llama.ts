@@ -27,7 +27,7 @@
  */
 import { UserError } from "../errors";
 import type { LlamaConfig } from "./llama-config";
-import { type Kernels, type MatmulJob, runMatmuls } from "./kernels";
+import { type DeferredKernels, isDeferred, type Kernels, type MatmulJob, runMatmuls } from "./kernels";
 import { type LayerWeights, type WeightBinder, weightBinder } from "./layout";
 
 /** One block's activations: what its backward reads. */
@@ -90,6 +90,8 @@ export class Llama {
   readonly cfg: LlamaConfig;
   readonly gradCkpt: boolean;
   private readonly ops: Kernels;
+  /** The same engine when it is deferred (kernels.ts: DeferredKernels), else null. */
+  private readonly dev: DeferredKernels | null;
   private readonly bind: WeightBinder;
   private readonly headChunkTokens: number;
   private readonly activationBudgetBytes: number;
@@ -102,9 +104,10 @@ export class Llama {
     if (c.headDim % 2 !== 0) throw new UserError("M2", `head_dim ${c.headDim} must be even (RoPE)`);
     this.cfg = c;
     this.ops = kernels;
+    this.dev = isDeferred(kernels) ? kernels : null;
     this.gradCkpt = o.gradCkpt;
     this.bind = weightBinder(c);
-    const hc = o.headChunkTokens ?? kernels.headChunkTokens?.(c.vocabSize) ?? defaultHeadChunkTokens(c.vocabSize);
+    const hc = o.headChunkTokens ?? this.dev?.headChunkTokens(c.vocabSize) ?? defaultHeadChunkTokens(c.vocabSize);
     if (!Number.isInteger(hc) || hc < 1)
       throw new RangeError(`Llama: headChunkTokens ${o.headChunkTokens} must be a positive integer`);
     this.headChunkTokens = hc;
@@ -261,7 +264,7 @@ export class Llama {
         fwd(s.v, s.h1, W.wv, N, D, K * E),
       ]);
       const { cos, sin } = kv ?? a; // RoPE at the positions these tokens hold
-      if (ops.ropeQK) ops.ropeQK(s.q, s.k, cos, sin, a.B, a.T, H, K, E, false);
+      if (this.dev) this.dev.ropeQK(s.q, s.k, cos, sin, a.B, a.T, H, K, E, false);
       else {
         ops.ropeForward(s.q, cos, sin, a.B, a.T, H, E);
         ops.ropeForward(s.k, cos, sin, a.B, a.T, K, E);
@@ -289,7 +292,7 @@ export class Llama {
     // g.dx = dL/dx1 is also dL/dx through the residual: rmsnormBackward adds norm1's part into it last
     this.matmuls([dWJob(dW.wo, g.dx, s.o, N, H * E, D), dxJob(g.dO, [[g.dx, W.wo, D]], N, H * E)]);
     ops.attentionBackward(g.dq, g.dk, g.dv, g.dO, s.q, s.k, s.v, s.o, s.lse, a.B, a.T, H, K, E);
-    if (ops.ropeQK) ops.ropeQK(g.dq, g.dk, a.cos, a.sin, a.B, a.T, H, K, E, true);
+    if (this.dev) this.dev.ropeQK(g.dq, g.dk, a.cos, a.sin, a.B, a.T, H, K, E, true);
     else {
       ops.ropeBackward(g.dq, a.cos, a.sin, a.B, a.T, H, E);
       ops.ropeBackward(g.dk, a.cos, a.sin, a.B, a.T, K, E);
@@ -424,15 +427,15 @@ export class Llama {
 
   // ================================================================ plumbing
 
-  /** dst = src, through the engine when it has a copy (a device engine keeps both on the device). */
+  /** dst = src, through a deferred engine (it keeps both on the device), else on the host. */
   private copy(dst: Float32Array, src: Float32Array): void {
-    if (this.ops.copy) this.ops.copy(dst, src);
+    if (this.dev) this.dev.copy(dst, src);
     else dst.set(src);
   }
 
-  /** x = 0, through the engine when it has a fill. */
+  /** x = 0, through a deferred engine, else on the host. */
   private zero(x: Float32Array): void {
-    if (this.ops.fill) this.ops.fill(x, 0);
+    if (this.dev) this.dev.fill(x, 0);
     else x.fill(0);
   }
 
@@ -533,8 +536,8 @@ export class Llama {
     let a = this.arenas.get(`${B}x${T}`);
     if (!a) {
       const { cos, sin } = ropeTables(T, E, c.ropeTheta);
-      this.ops.constant?.(cos); // a device engine keeps the tables resident
-      this.ops.constant?.(sin);
+      this.dev?.constant(cos); // a deferred engine keeps the tables resident
+      this.dev?.constant(sin);
       a = {
         B,
         T,
