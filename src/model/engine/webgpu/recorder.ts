@@ -1,7 +1,8 @@
 /**
  * The webgpu engine's command stream (engine.ts ties the engine together): one command encoder and its compute pass,
  * submitted every SUBMIT_EVERY dispatches (the device starts on them while the host records more) and before every
- * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts), made in pipeline(): the one
+ * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts) and pipeline constants (a
+ * shader's WGSL `override`s: attention's head size), made in pipeline(): the one
  * place a pipeline is created; each dispatch's settings written once into a uniform slab and its bind group cached
  * by pipeline, operand ranges and settings (a micro-batch repeats the same dispatches); the staging buffers a
  * readback maps; the device's errors; and profile mode, every dispatch in its own pass between two timestamps.
@@ -21,6 +22,9 @@ const MAX_GROUPS_CACHED = 1 << 14;
 const PROFILE_SPAN = 2048;
 /** WebGPU's guaranteed workgroups per grid dimension. */
 export const MAX_GROUPS = 65535;
+
+/** A pipeline's constants by name: the values of its shader's WGSL `override`s (one pipeline per set). */
+export type PipelineConstants = Readonly<Record<string, number>>;
 
 /** A bound operand: the device range of a view and the view's first element inside the binding. */
 export interface Bound {
@@ -46,7 +50,9 @@ export interface RecorderOptions {
 }
 
 export class Recorder {
-  private readonly pipelines = new Map<ShaderName, GpuPipeline>();
+  /** Pipelines by shader and pipeline constants (pipeline()), and each shader's module. */
+  private readonly pipelines = new Map<string, GpuPipeline>();
+  private readonly modules = new Map<ShaderName, unknown>();
   /** A test's replacement WGSL for some shaders (webgpuEngineOn's `shaders`); empty in every run. */
   private readonly code: Partial<Record<ShaderName, string>>;
   private enc: GpuEncoder | null = null;
@@ -192,26 +198,40 @@ export class Recorder {
     return { buffer: this.slab!, offset };
   }
 
-  private pipeline(name: ShaderName): GpuPipeline {
-    let p = this.pipelines.get(name);
+  /**
+   * The pipeline of shader `name` with its pipeline constants (WGSL `override`s, such as attention's head size):
+   * one per shader and constants, made once; one shader module per shader.
+   */
+  private pipeline(name: ShaderName, constants: PipelineConstants | undefined): GpuPipeline {
+    const key = constants ? `${name}|${Object.entries(constants).join(",")}` : name;
+    let p = this.pipelines.get(key);
     if (!p) {
-      const module = this.device.createShaderModule({ code: this.code[name] ?? SHADERS[name].code });
-      p = this.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" } });
-      this.pipelines.set(name, p);
+      let module = this.modules.get(name);
+      if (!module) {
+        module = this.device.createShaderModule({ code: this.code[name] ?? SHADERS[name].code });
+        this.modules.set(name, module);
+      }
+      p = this.device.createComputePipeline({
+        layout: "auto",
+        compute: { module, entryPoint: "main", ...(constants ? { constants: { ...constants } } : {}) },
+      });
+      this.pipelines.set(key, p);
     }
     return p;
   }
 
   /**
    * Records one dispatch of `name` over its operands (bindings 0.., one per storage array of the shader) and its
-   * settings by name (the uniform, bound last), on a grid of [x, y] workgroups. A missing or unknown setting,
-   * or a wrong operand count, throws (packParams).
+   * settings by name (the uniform, bound last), on a grid of [x, y] workgroups, with the pipeline made for
+   * `constants` (the shader's `override`s, if it has any). A missing or unknown setting, or a wrong operand count,
+   * throws (packParams).
    */
   dispatch<N extends ShaderName>(
     name: N,
     ops: Bound[],
     params: ParamsOf<N>,
     grid: [number, number] | [number, number, number],
+    constants?: PipelineConstants,
   ): void {
     if (this.disposed) throw new Error("webgpu: the engine was disposed");
     const shader = SHADERS[name];
@@ -223,9 +243,9 @@ export class Recorder {
     if (gx === 0 || gy === 0 || gz === 0) return;
     if (gx > MAX_GROUPS || gy > MAX_GROUPS || gz > MAX_GROUPS)
       throw new Error(`webgpu: ${name} needs a grid of ${gx} x ${gy} x ${gz} workgroups, over ${MAX_GROUPS}`);
-    const pipe = this.pipeline(name);
+    const pipe = this.pipeline(name, constants);
     // the same pipeline, operand ranges and settings as an earlier dispatch: its bind group (and uniform) again
-    const key = `${name}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
+    const key = `${name}|${constants ? Object.entries(constants).join(",") : ""}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
     let group = this.groups.get(key);
     if (group === undefined) {
       if (this.groups.size >= MAX_GROUPS_CACHED) {
