@@ -369,7 +369,7 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     what: "forward skipping the last key tile",
     shader: "attentionForward",
     from: "u0 < nkeys;",
-    to: "u0 + 16u < nkeys;",
+    to: "u0 + BK < nkeys;",
     wrong: [0, 1],
   },
   {
@@ -411,7 +411,7 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     what: "cached forward skipping the last key tile",
     shader: "attentionCachedForward",
     from: "u0 < nkeys;",
-    to: "u0 + 16u < nkeys;",
+    to: "u0 + BK < nkeys;",
     wrong: [5],
   },
   {

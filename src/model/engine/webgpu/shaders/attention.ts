@@ -16,8 +16,11 @@ import { shader } from "./framework";
 
 /** Rows (query rows in the forward and for dq, keys for dk and dv) of a workgroup: one thread each. */
 export const ATT_BQ = 64;
-/** Keys per tile of the forward; rows per tile of the backward's inner loop (the other side's rows). */
-const ATT_BK = 16;
+/**
+ * Keys per tile of the forward; rows per tile of the backward's inner loop (the other side's rows). Both are
+ * halved past head size 64 (pipeline constants BK and BT), so the tiles fit 16 KiB of workgroup memory at E 128.
+ */
+const ATT_BK = 32;
 const ATT_BT = 16;
 /** The largest head size the fused attention takes (its tiles in workgroup memory are sized for it). */
 export const ATT_EMAX = 128;
@@ -25,20 +28,22 @@ export const ATT_EMAX = 128;
 function attBytes(E: number): number {
   const e4 = Math.ceil(E / 4),
     bt = E > 64 ? ATT_BT / 2 : ATT_BT;
-  return Math.max(2 * ATT_BK * e4 * 16, 3 * bt * e4 * 16 + bt * 4);
+  return Math.max(2 * (E > 64 ? ATT_BK / 2 : ATT_BK) * e4 * 16, 3 * bt * e4 * 16 + bt * 4);
 }
 if (ATT_BQ > 256 || attBytes(ATT_EMAX) > 16384 || attBytes(64) > 16384)
   throw new Error(`webgpu: attention's tiles need ${ATT_BQ} threads, ${attBytes(ATT_EMAX)} B`);
 
 /**
  * The head size E (a pipeline constant: the engine's attention calls give it) and what follows from it: E4 vec4s a
- * row (the last one zero past E), EM4 the register arrays' length (their used part is E4), and the backward's tile
- * BT rows (halved past E 64, so its tiles fit 16 KiB of workgroup memory at E 128).
+ * row (the last one zero past E), EM4 the register arrays' length (their used part is E4), the forward's tile BK
+ * keys and the backward's BT rows.
  */
 const headSize = `
 override E: u32;
 override E4: u32 = (E + 3u) / 4u;
 const EM4 = ${ATT_EMAX / 4}u;
+const BKM = ${ATT_BK}u;
+override BK: u32 = select(${ATT_BK}u, ${ATT_BK / 2}u, E > 64u);
 override BT: u32 = select(${ATT_BT}u, ${ATT_BT / 2}u, E > 64u);`;
 
 /** A tile's destination in workgroup memory: its array, its first vec4 there, and the value of element e of row r. */
@@ -112,7 +117,7 @@ function rowOut(dst: (e: string) => string, live: string): string {
 /**
  * The fused causal forward, shared by the training forward and the cached forward so that both run the same
  * operations. A workgroup owns ATT_BQ query rows of one (sequence, head), a thread each, holding q and the output
- * accumulator (read and written through `row`: rowIn, rowOut). Key tiles of ATT_BK rows, from key 0 to the
+ * accumulator (read and written through `row`: rowIn, rowOut). Key tiles of BK rows, from key 0 to the
  * block's last visible key, go through workgroup memory (K, then V, in kv); each thread computes its row's
  * scores against the tile, then the online softmax keeps a running max m and sum l (both rescaled by
  * exp(m_old - m_new) when m grows); a key past the row's position (u > P + t) adds nothing (its weight is selected
@@ -123,9 +128,9 @@ function flashForward(
   at: { b: string; P: string; QR: (t: string) => string; KR: (u: string) => string },
   lse: string,
 ): string {
-  const V = `${ATT_BK}u * E4`; // the V tile's place in kv
+  const V = "BK * E4"; // the V tile's place in kv
   return `${headSize}
-var<workgroup> kv: array<vec4f, ${2 * ATT_BK}u * E4>;
+var<workgroup> kv: array<vec4f, 2u * BK * E4>;
 @compute @workgroup_size(${ATT_BQ})
 fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u32) {
   let q0 = wg.x * ${ATT_BQ}u;
@@ -146,9 +151,9 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
   var m = -0x1.fffffep+127f;
   var lsum = 0.0;
   let nkeys = min(${at.P} + q0 + ${ATT_BQ}u, ${at.P} + p.T);
-  for (var u0 = 0u; u0 < nkeys; u0 += ${ATT_BK}u) {
+  for (var u0 = 0u; u0 < nkeys; u0 += BK) {
     // the tile's keys and values, zeros past the last
-    let n = min(${ATT_BK}u, nkeys - u0);
+    let n = min(BK, nkeys - u0);
     ${tileIn(
       "n",
       [
@@ -156,12 +161,12 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
         { buf: "kv", at: V, val: "v[p.oV + ko]" },
       ],
       `let ko = (${at.KR("u0 + r")}) * E + e;`,
-      `${ATT_BK}u`,
+      "BK",
     )}
     workgroupBarrier();
-    var sc: array<f32, ${ATT_BK}>;
+    var sc: array<f32, BKM>;
     var mx = m;
-    for (var u = 0u; u < ${ATT_BK}u; u++) {
+    for (var u = 0u; u < BK; u++) {
       var s = 0.0;
       for (var i = 0u; i < E4; i++) { s = s + dot(qr[i], kv[u * E4 + i]); }
       sc[u] = s * p.scale;
@@ -170,7 +175,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
     let alpha = exp(m - mx);
     lsum = lsum * alpha;
     for (var i = 0u; i < E4; i++) { acc[i] = acc[i] * alpha; }
-    for (var u = 0u; u < ${ATT_BK}u; u++) {
+    for (var u = 0u; u < BK; u++) {
       let pu = select(0.0, exp(sc[u] - mx), u0 + u <= last);
       lsum = lsum + pu;
       for (var i = 0u; i < E4; i++) { acc[i] = acc[i] + pu * kv[${V} + u * E4 + i]; }
