@@ -27,9 +27,8 @@ import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { isRepoId, REPO_ID_RULE } from "./repo-id";
 import { hubTokenProblem } from "./token";
-import { fmtDuration } from "../duration";
-import { etaOf, ProgressRhythm } from "../progress";
-import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./hub-errors";
+import { ConcurrentWriterError, describeHubError, HubLookupError, RepoMissingError, scrubError } from "./hub-errors";
+import { TransferProgress } from "./transfer";
 import { POINTER_FILE } from "../checkpoint/names";
 import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
 export type { Pointer };
@@ -96,6 +95,8 @@ export interface CommitOptions {
   progress?: (line: string) => void;
 }
 
+const NO_TOKEN = "HF_TOKEN is not set, so no token was sent, and this Hub wants one";
+
 interface LandedCheck {
   alreadyLanded?: () => Promise<boolean>;
 }
@@ -114,83 +115,12 @@ export interface HubClientOptions {
 
 const MIN_UPLOAD_BYTES_PER_MS = (1024 * 1024) / 1000; // 1 MiB/s budget for request bodies
 
-/** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) at the progress rhythm while it runs. */
-class TransferProgress {
-  private done = 0;
-  private readonly t0 = performance.now();
-  private readonly stopLines: (() => void) | null = null;
-  constructor(
-    private readonly what: string,
-    private readonly total: number,
-    log?: (line: string) => void,
-  ) {
-    if (log) this.stopLines = new ProgressRhythm(undefined, this.t0).every(() => log(this.line()));
-  }
-  add(n: number): void {
-    this.done = Math.min(this.total, this.done + n);
-  }
-  private line(): string {
-    const secs = (performance.now() - this.t0) / 1000;
-    const rate = this.done / Math.max(1e-9, secs);
-    const eta = etaOf(this.total - this.done, rate);
-    const mb = (b: number) => (b / 1e6).toFixed(1);
-    return `hub: ${this.what}: ${mb(this.done)}/${mb(this.total)} MB (${Math.floor((100 * this.done) / Math.max(1, this.total))}%), ${(rate / 1e6).toFixed(2)} MB/s, ${fmtDuration(secs)} so far, ETA ${eta}`;
-  }
-  stop(): void {
-    this.stopLines?.();
-  }
-}
-
 /** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
 interface Tracker {
   fetch: typeof fetch;
   status: number | null;
   errorCode: string | null;
   repoCommit: string | null;
-}
-
-/** Removes the token from a text, and the query of every URL in it (signed upload URLs carry
- *  credentials of their own there). */
-export function scrubSecret(text: string, secret: string | undefined): string {
-  const t = text.replace(/(https?:\/\/[^\s?#]+)\?[^\s#]*/g, "$1?…");
-  if (!secret) return t;
-  return t.split(secret).join("hf_***");
-}
-
-const NO_TOKEN = "HF_TOKEN is not set, so no token was sent, and this Hub wants one";
-
-function scrubError(e: unknown, secret: string | undefined): unknown {
-  if (!(e instanceof Error)) return e;
-  e.message = scrubSecret(e.message, secret);
-  if (e.stack) e.stack = scrubSecret(e.stack, secret);
-  const c = (e as { cause?: unknown }).cause;
-  if (c instanceof Error) scrubError(c, secret);
-  const d = (e as { data?: unknown }).data;
-  if (d && typeof d === "object") {
-    try {
-      (e as { data?: unknown }).data = JSON.parse(scrubSecret(JSON.stringify(d), secret));
-    } catch {
-      /* leave data as is */
-    }
-  }
-  return e;
-}
-
-/** One line that says what kind of failure this was (HTTP status, timeout, network), for messages. */
-export function describeHubError(e: unknown): string {
-  if (e instanceof HubApiError) return `HTTP ${e.statusCode}: ${e.message}`;
-  if (e instanceof Error) {
-    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-    if (e.name === "TypeError" && e.message === "fetch failed")
-      return `network error: ${cause?.code ?? cause?.message ?? "fetch failed"}`;
-    if (e.name === "TypeError" && e.message === "terminated")
-      return "network error: the connection closed before the announced bytes arrived (terminated)";
-    // Our own errors already say what they are; a foreign one keeps its name (TypeError, AbortError …).
-    return e.name === "Error" || e.name === "HubLookupError" || e.name === "RepoMissingError"
-      ? e.message
-      : `${e.name}: ${e.message}`;
-  }
-  return String(e);
 }
 
 function isHex(s: unknown, n: number): s is string {

@@ -1,7 +1,53 @@
 /**
- * Errors a caller of the Hub layer branches on. Each has a distinct `name`, so the branch still works
- * after the error crossed a worker thread as a plain object (comlink / structured clone keep `name`).
+ * The Hub layer's errors: the ones a caller branches on (each with a distinct `name`, so the branch still works
+ * after the error crossed a worker thread as a plain object: comlink / structured clone keep `name`), the one-line
+ * description of any Hub failure for messages, and the scrubbing that keeps HF_TOKEN (and signed URLs' queries)
+ * out of every error (K5).
  */
+import { HubApiError } from "@huggingface/hub";
+
+/** Removes the token from a text, and the query of every URL in it (signed upload URLs carry
+ *  credentials of their own there). */
+export function scrubSecret(text: string, secret: string | undefined): string {
+  const t = text.replace(/(https?:\/\/[^\s?#]+)\?[^\s#]*/g, "$1?…");
+  if (!secret) return t;
+  return t.split(secret).join("hf_***");
+}
+
+/** The token out of an error, its stack, its cause and its data (the client keeps the answer's JSON there). */
+export function scrubError(e: unknown, secret: string | undefined): unknown {
+  if (!(e instanceof Error)) return e;
+  e.message = scrubSecret(e.message, secret);
+  if (e.stack) e.stack = scrubSecret(e.stack, secret);
+  const c = (e as { cause?: unknown }).cause;
+  if (c instanceof Error) scrubError(c, secret);
+  const d = (e as { data?: unknown }).data;
+  if (d && typeof d === "object") {
+    try {
+      (e as { data?: unknown }).data = JSON.parse(scrubSecret(JSON.stringify(d), secret));
+    } catch {
+      /* leave data as is */
+    }
+  }
+  return e;
+}
+
+/** One line that says what kind of failure this was (HTTP status, timeout, network), for messages. */
+export function describeHubError(e: unknown): string {
+  if (e instanceof HubApiError) return `HTTP ${e.statusCode}: ${e.message}`;
+  if (e instanceof Error) {
+    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
+    if (e.name === "TypeError" && e.message === "fetch failed")
+      return `network error: ${cause?.code ?? cause?.message ?? "fetch failed"}`;
+    if (e.name === "TypeError" && e.message === "terminated")
+      return "network error: the connection closed before the announced bytes arrived (terminated)";
+    // Our own errors already say what they are; a foreign one keeps its name (TypeError, AbortError …).
+    return e.name === "Error" || e.name === "HubLookupError" || e.name === "RepoMissingError"
+      ? e.message
+      : `${e.name}: ${e.message}`;
+  }
+  return String(e);
+}
 
 /** The repo itself does not exist (404 with X-Error-Code RepoNotFound) — never a 401, never a timeout. */
 export class RepoMissingError extends Error {

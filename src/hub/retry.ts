@@ -6,7 +6,7 @@
  * and surfaces at once.
  */
 import { HubApiError } from "@huggingface/hub";
-import { describeHubError } from "./client";
+import { describeHubError } from "./hub-errors";
 
 const TRANSIENT_CODES = new Set([
   "ECONNREFUSED",
