@@ -34,7 +34,8 @@ const LAYERS = [
     name: "foundation",
     // Error types, the one validated config and the small commands' flag parser: everything else may use them,
     // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, the --config file's syntax, and
-    // hub/repo-id.ts, the Hub's rule for a repo id, which the Hub client and the local Hub hold to as well);
+    // hub/address.ts: where the Hub is (--hub-url, HF_ENDPOINT, the default), the hf:// grammar and the rules for a
+    // repo id and a path in a repo, which prepare, generate, the Hub client and the local Hub hold to as well);
     // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers', and
     // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS); pipes.ts keeps a reader that
     // closes stdout or stderr (`| head`) from ending any command (O7).
@@ -46,7 +47,7 @@ const LAYERS = [
       "duration.ts",
       "progress.ts",
       "pipes.ts",
-      "hub/repo-id.ts",
+      "hub/address.ts",
     ],
   },
   {

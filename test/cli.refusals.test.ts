@@ -7,14 +7,11 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
+import { tinyModel } from "./helpers/model-dir";
 import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
-import { buildConfig, hfConfigJson } from "../src/model/llama-config";
-import { initWeights } from "../src/model/init";
-import { paramLayout } from "../src/model/layout";
-import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { aptMirror, installDriverAdvice } from "../src/model/engine/webgpu";
 import { parseArgs } from "../src/config";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
@@ -32,21 +29,6 @@ function assertRefused(r: { status: number | null; stderr: string }, line: RegEx
   assert.match(r.stderr, line);
   assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
   assert.doesNotMatch(r.stderr, /\n\s+at |internal error/);
-}
-
-/** An exported model (2 layers, width 36, vocab 300) with its tokenizer, for generate. */
-function tinyModel(): string {
-  const dir = tmpDir("tstrain-refusals-model-");
-  const cfg = buildConfig({ seqLen: 32, layers: 2, hidden: 36, vocabSize: 300 });
-  const params = new Float32Array(paramLayout(cfg).total);
-  initWeights(cfg, 7, params);
-  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
-  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
-  writeTinyTokenizer(
-    dir,
-    corpusDocs().filter((d) => d.length > 0),
-  );
-  return dir;
 }
 
 test("a --hub-url that is no http(s) URL is refused before any work, exit 2, naming it; the URL it asks for works (G10, G11)", {

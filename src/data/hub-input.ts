@@ -23,11 +23,10 @@ import * as path from "node:path";
 import { downloadFile, fileDownloadInfo, HubApiError, listFiles } from "@huggingface/hub";
 import type { RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { isRepoId, REPO_ID_RULE } from "../hub/repo-id";
+import { hubUrlProblem, isRepoId, parseHfUrl } from "../hub/address";
+import { scrubSecret } from "../hub/hub-errors";
 import { kindOf, type InputFile, SUPPORTED_FORMATS } from "./inputs";
 import type { SourceInfo } from "./manifest";
-
-export const DEFAULT_HUB_URL = "https://huggingface.co";
 
 export interface HubSpec {
   repoType: "dataset" | "model";
@@ -43,31 +42,10 @@ export function isHubUrl(s: string): boolean {
   return s.startsWith("hf://");
 }
 
-/** hf://datasets/owner/name[@revision][/path-glob] (also hf://models/...). */
+/** hf://datasets/owner/name[@revision][/path-glob] (also hf://models/...), by address.ts's one grammar. */
 export function parseHubUrl(s: string, what: string): HubSpec {
-  const m = /^hf:\/\/(datasets|models)\/([^/@]+)\/([^/@]+)(?:@([^/]+))?(?:\/(.*))?$/.exec(s);
-  const form = "hf://datasets/owner/name[@revision]/path-glob";
-  if (!m) throw new UserError("D2", `${what} ${s} is not a Hub URL of the form ${form}`);
-  const repo = `${m[2]}/${m[3]}`;
-  if (!isRepoId(repo))
-    throw new UserError("D2", `${what} ${s}: "${repo}" is not a Hub repo id (${REPO_ID_RULE}); use ${form}`);
-  let revision = "main";
-  if (m[4] !== undefined) {
-    try {
-      revision = decodeURIComponent(m[4]);
-    } catch {
-      throw new UserError(
-        "D2",
-        `${what} ${s}: the revision "${m[4]}" is not valid URL encoding; write a "/" in a revision as %2F`,
-      );
-    }
-    if (revision === "")
-      throw new UserError("D2", `${what} ${s}: empty revision after "@"; drop the "@" or name a branch, tag or commit`);
-  }
-  const glob = (m[5] ?? "").replace(/\/+$/, "");
-  if (glob.split("/").some((seg) => seg === "." || seg === ".."))
-    throw new UserError("D2", `${what} ${s}: the path may not hold "." or ".." segments`);
-  return { repoType: m[1] === "datasets" ? "dataset" : "model", repo, revision, glob };
+  const u = parseHfUrl(s, { what, rule: "D2", form: "hf://datasets/owner/name[@revision]/path-glob" });
+  return { repoType: u.repoType, repo: u.repo, revision: u.revision, glob: u.path };
 }
 
 /** A glob as a RegExp over '/'-separated repo paths (see the module comment). */
@@ -104,8 +82,8 @@ function hubToken(): string | undefined {
 
 function scrub(e: unknown, token: string | undefined): unknown {
   if (e instanceof Error && token) {
-    e.message = e.message.split(token).join("hf_***");
-    if (e.stack) e.stack = e.stack.split(token).join("hf_***");
+    e.message = scrubSecret(e.message, token);
+    if (e.stack) e.stack = scrubSecret(e.stack, token);
   }
   return e;
 }
@@ -138,7 +116,8 @@ interface Client {
 }
 
 function client(spec: HubSpec, hubUrl: string): Client {
-  if (!/^https?:\/\//.test(hubUrl)) throw new UserError("D2", `--hub-url ${hubUrl} must be an http(s) URL`);
+  const bad = hubUrlProblem(hubUrl);
+  if (bad) throw new UserError("D2", `--hub-url ${JSON.stringify(hubUrl)} ${bad}`);
   return { hubUrl: hubUrl.replace(/\/+$/, ""), token: hubToken(), repo: { type: spec.repoType, name: spec.repo } };
 }
 

@@ -25,7 +25,7 @@ import {
 } from "@huggingface/hub";
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { isRepoId, REPO_ID_RULE } from "./repo-id";
+import { hubUrlProblem, isRepoId, isRepoPath, REPO_ID_RULE, REPO_PATH_RULE } from "./address";
 import { hubTokenProblem } from "./token";
 import { ConcurrentWriterError, describeHubError, HubLookupError, RepoMissingError, scrubError } from "./hub-errors";
 import { TransferProgress } from "./transfer";
@@ -111,6 +111,9 @@ export interface HubClientOptions {
   /** Per request: the longest wait for the answer's headers (plus 1 s per MiB sent), and the longest
    *  silence while its body streams. Default 60 000. */
   timeoutMs?: number;
+  /** Where listings and downloads read (a branch, tag or commit; default main). A client reading elsewhere than
+   *  main makes no commit (generate's hf://…@revision models). */
+  revision?: string;
 }
 
 const MIN_UPLOAD_BYTES_PER_MS = (1024 * 1024) / 1000; // 1 MiB/s budget for request bodies
@@ -127,12 +130,10 @@ function isHex(s: unknown, n: number): s is string {
   return typeof s === "string" && s.length === n && /^[0-9a-f]+$/.test(s);
 }
 
-/** A repo path: relative, '/'-separated, no empty / '.' / '..' segments. */
+/** A repo path (address.ts's rule), after turning "\\" into "/" and dropping a leading or trailing "/". */
 function normRepoPath(p: string, what: string): string {
   const q = p.replace(/\\/g, "/").replace(/^\/+|\/+$/g, "");
-  if (q === "" || q.split("/").some((s) => s === "" || s === "." || s === "..")) {
-    throw new TypeError(`${what} must be a relative path inside the repo, got ${JSON.stringify(p)}`);
-  }
+  if (!isRepoPath(q)) throw new TypeError(`${what} must be ${REPO_PATH_RULE}, got ${JSON.stringify(p)}`);
   return q;
 }
 
@@ -167,9 +168,10 @@ class LiveHubClient implements HubClient {
   private readonly baseFetch: typeof fetch;
   private readonly timeoutMs: number;
   private readonly designation: RepoDesignation;
+  private readonly revision: string;
 
   constructor(o: HubClientOptions) {
-    if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl))
+    if (!o || typeof o.hubUrl !== "string" || hubUrlProblem(o.hubUrl) !== null)
       throw new TypeError(`createHubClient: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
     // The flags that name a repo are checked where they are read (config.ts, data/hub-input.ts, generate.ts).
     if (!isRepoId(o.repo))
@@ -190,6 +192,7 @@ class LiveHubClient implements HubClient {
     this.timeoutMs = o.timeoutMs ?? 60_000;
     if (!(this.timeoutMs > 0)) throw new TypeError(`createHubClient: timeoutMs must be > 0, got ${o.timeoutMs}`);
     this.designation = { type: this.repoType, name: this.repo };
+    this.revision = o.revision ?? "main";
   }
 
   private get creds(): { accessToken: string } {
@@ -381,6 +384,8 @@ class LiveHubClient implements HubClient {
     o: LandedCheck,
     onSent?: (bytes: number) => void,
   ): Promise<string | null> {
+    if (this.revision !== "main")
+      throw new TypeError(`createHubClient: a client reading ${this.repo} at ${this.revision} makes no commit`);
     const parent = this.knownHeadValue;
     const t = this.tracker(onSent);
     try {
@@ -481,6 +486,7 @@ class LiveHubClient implements HubClient {
           repo: this.designation,
           recursive: true,
           path: p,
+          revision: this.revision,
           hubUrl: this.hubUrl,
           fetch: t.fetch,
           accessToken: this.token,
@@ -516,6 +522,7 @@ class LiveHubClient implements HubClient {
       return await downloadFile({
         repo: this.designation,
         path: normRepoPath(pathInRepo, "path"),
+        revision: this.revision,
         hubUrl: this.hubUrl,
         fetch: t.fetch,
         accessToken: this.token,

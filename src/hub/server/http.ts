@@ -1,5 +1,6 @@
 /** HTTP plumbing of the local Hub: errors with the real Hub's status and X-Error-Code, bodies, answers. */
 import type * as http from "node:http";
+import { isRepoPath, REPO_PATH_RULE } from "../address";
 
 export class HttpError extends Error {
   constructor(
@@ -11,16 +12,10 @@ export class HttpError extends Error {
   }
 }
 
-/** A repo path the store accepts: relative, no empty, "." or ".." segments. */
+/** A repo path the store accepts (address.ts's rule, the one the client holds to), or 400. */
 export function checkRepoPath(p: unknown): string {
-  if (
-    typeof p !== "string" ||
-    p === "" ||
-    p.startsWith("/") ||
-    p.split("/").some((s) => s === "" || s === "." || s === "..")
-  ) {
-    throw new HttpError(400, `invalid path in repo: ${JSON.stringify(p)}`);
-  }
+  if (!isRepoPath(p))
+    throw new HttpError(400, `invalid path in repo: ${JSON.stringify(p)}: it must be ${REPO_PATH_RULE}`);
   return p;
 }
 
