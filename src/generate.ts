@@ -122,7 +122,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     "--tokenizer": (o, a) => {
       o.tokenizer = a.value();
     },
-    "--hub-url": (o, a) => {
+    "--hub-url": (_o, a) => {
       hubUrlGiven = a.value();
     },
     "--no-cache": (o) => {
