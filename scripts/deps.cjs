@@ -56,7 +56,8 @@ const LAYERS = [
     // Independent libraries: the model (kernels, engines, safetensors), the data pipeline (mix,
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
     // client's building blocks (client, hub-errors: the errors and the token's scrubbing, transfer: a transfer's
-    // progress lines, retry, safetensors-check, token: HF_TOKEN's form). None of them knows about
+    // progress lines, retry, start: the Hub calls before step 1, retried, and the refusals of a Hub that cannot
+    // serve, safetensors-check, token: HF_TOKEN's form). None of them knows about
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
     // same-layer import. The checkpoint's formats (checkpoint/names.ts: the layout's names;
     // checkpoint/state.ts: the documents' types and their one parser each, latest.json included) are
@@ -75,7 +76,7 @@ const LAYERS = [
       "data/**",
       "hub/server/**",
       "hub/server.ts",
-      "hub/{client,hub-errors,transfer,retry,safetensors-check,token}.ts",
+      "hub/{client,hub-errors,transfer,retry,start,safetensors-check,token}.ts",
       "mpi/**",
     ],
   },

@@ -627,3 +627,23 @@ test("a resume's prior loss is the loss of the checkpoint's own step, the one it
   assert.equal(resumed.status, 0, resumed.stderr);
   assert.match(resumed.stdout, new RegExp(`resume from \\S+checkpoint-8: step 8, prior loss ${lit(own)} \\(`));
 });
+
+test("--resume auto where the Hub holds no checkpoint but ckpt/ does is refused naming the local ones; the command it gives resumes from them, not --resume auto (R1)", {
+  timeout: 600_000,
+}, async () => {
+  const out = tmpDir("tstrain-hub-lost-");
+  const args = tinyRun(mix.root, out, ["--hub-url", "embedded", "--hub-repo", "local/lost"]);
+  const first = node("main.js", [...args, "--stop-after-steps", "4"]);
+  assert.equal(first.status, 0, first.stderr);
+  fs.rmSync(path.join(out, "hub"), { recursive: true }); // the Hub's folder gone: it holds nothing of this run
+  const bad = node("main.js", [...args, "--resume", "auto"]);
+  assertRefused(
+    bad,
+    /^refused: --resume auto found no checkpoint on local\/lost \(the Hub lost what this run pushed there, or never got it: .*\), but \S+ckpt holds checkpoint-4\. Resume from the newest local one: node dist\/main\.js .*--resume \S+checkpoint-4; or choose another --out\. \[R1\]$/m,
+  );
+  const cmd = /Resume from the newest local one: (node dist\/main\.js .*?); or choose/.exec(bad.stderr)?.[1] ?? "";
+  assert.doesNotMatch(cmd, /--resume auto/, "the advice is not the command just refused");
+  const ok = await bash(cmd.replace(/^node /, `exec ${sh(process.execPath)} `), process.env);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
+});

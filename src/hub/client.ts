@@ -27,7 +27,15 @@ import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
 import { hubUrlProblem, isRepoId, isRepoPath, REPO_ID_RULE, REPO_PATH_RULE } from "./address";
 import { hubTokenProblem } from "./token";
-import { ConcurrentWriterError, describeHubError, HubLookupError, RepoMissingError, scrubError } from "./hub-errors";
+import {
+  ConcurrentWriterError,
+  describeHubError,
+  HubLookupError,
+  isNotAHubAnswer,
+  NotAHubError,
+  RepoMissingError,
+  scrubError,
+} from "./hub-errors";
 import { TransferProgress } from "./transfer";
 import { POINTER_FILE } from "../checkpoint/names";
 import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
@@ -212,7 +220,8 @@ class LiveHubClient implements HubClient {
       const sent = body instanceof Blob ? body.size : typeof body === "string" ? body.length : 0;
       const budget = timeoutMs + sent / MIN_UPLOAD_BYTES_PER_MS;
       const method = init?.method ?? "GET";
-      const where = `${method} ${String(input instanceof Request ? input.url : input).split("?")[0]}`;
+      const url = String(input instanceof Request ? input.url : input).split("?")[0];
+      const where = `${method} ${url}`;
       let timedOut = false;
       const timer = setTimeout(() => {
         timedOut = true;
@@ -229,6 +238,11 @@ class LiveHubClient implements HubClient {
         clearTimeout(timer);
       }
       t.status = res.status;
+      const type = res.headers.get("content-type");
+      if (isNotAHubAnswer(res.url || url, method, res.status, type)) {
+        await res.body?.cancel().catch(() => undefined);
+        throw new NotAHubError(where, res.status, type); // K9: a web server, not a Hub; no retry helps
+      }
       if (res.ok && body instanceof Blob) onSent?.(sent); // an LFS upload (or one part of it) went through
       t.errorCode = res.headers.get("x-error-code");
       t.repoCommit = res.headers.get("x-repo-commit") ?? t.repoCommit;

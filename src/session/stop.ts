@@ -30,6 +30,22 @@ export function sameCommand(prefix: readonly string[] = []): string {
   return [...head, ...commandLine].map(q).join(" ");
 }
 
+/** This run's own command with `--flag value` in place of the flag's value given (on the command line, or none). */
+export function sameCommandWith(flag: string, value: string): string {
+  const head = [...launcher, "node", "dist/main.js"];
+  const out: string[] = [];
+  for (let i = 0; i < (commandLine ?? []).length; i++) {
+    const a = (commandLine ?? [])[i];
+    if (a === flag) {
+      i++;
+      continue;
+    }
+    if (!a.startsWith(`${flag}=`)) out.push(a);
+  }
+  if (!commandLine) return `${head.map(q).join(" ")} <the same flags> ${flag} ${q(value)}`;
+  return [...head, ...out, flag, value].map(q).join(" ");
+}
+
 /** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */
 export function resumeCommand(resume: string, extra: string[] = []): string {
   const head = [...launcher, "node", "dist/main.js"].join(" ");
