@@ -40,6 +40,7 @@ import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
+import { describeHubError } from "./hub/hub-errors";
 import { refuseMalformedToken } from "./hub/token";
 import { DEFAULT_HUB_URL, hubEndpoint, parseHfUrl } from "./hub/address";
 import { generateText, loadModelDir, promptIds, type GenerateRequest } from "./generation";
@@ -170,7 +171,7 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
     if (isUserError(e)) throw e;
     throw new UserError(
       "G11",
-      `--model ${url}: could not download it (${(e as Error).message}); check the path, --hub-url and HF_TOKEN`,
+      `--model ${url}: could not download it (${describeHubError(e)}); check the path, --hub-url and HF_TOKEN`,
     );
   }
   return dest;

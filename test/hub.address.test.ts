@@ -4,6 +4,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
+import * as http from "node:http";
+import type * as net from "node:net";
 import * as path from "node:path";
 import { spawn } from "node:child_process";
 import { commit } from "@huggingface/hub";
@@ -229,5 +231,42 @@ test("generate reads an hf:// model at the @revision it names: a commit id, a br
     );
   } finally {
     await th.close();
+  }
+});
+
+test("prepare and generate name an address that is a web server, not a Hub (D2, G11)", {
+  timeout: 300_000,
+}, async () => {
+  const web = http.createServer((_req, res) => {
+    res.writeHead(404, { "Content-Type": "text/html" });
+    res.end("<html><body>File not found</body></html>");
+  });
+  await new Promise<void>((resolve) => web.listen(0, "127.0.0.1", resolve));
+  const url = `http://127.0.0.1:${(web.address() as net.AddressInfo).port}`;
+  try {
+    const env = cleanEnv({ HF_ENDPOINT: url });
+    const work = tmpDir("tstrain-not-a-hub-reads-");
+    const tok = writeTinyTokenizer(
+      path.join(work, "tok"),
+      corpusDocs().filter((d) => d.length > 0),
+    );
+    const p = await run(
+      "prepare.js",
+      ["--input", "hf://datasets/me/corpus/*.jsonl", "--tokenizer", tok, "--out", path.join(work, "mix")],
+      env,
+    );
+    assert.equal(p.status, 2, p.stderr);
+    assert.match(
+      p.stderr,
+      /^prepare: --input hf:\/\/datasets\/me\/corpus\/\*\.jsonl: the Hub address is not a Hub: GET http:\S+ answered 404 \(text\/html\), as a web server does, not as a Hub.*; name a Hub with --hub-url \(or HF_ENDPOINT\), as https:\/\/huggingface\.co \[D2\]$/m,
+    );
+    const g = await run("generate.js", ["--model", "hf://datasets/me/models/final", "--prompt", "The"], env);
+    assert.equal(g.status, 2, g.stderr);
+    assert.match(
+      g.stderr,
+      /^generate: --model hf:\/\/datasets\/me\/models\/final: could not download it \(GET http:\S+ answered 404 \(text\/html\), as a web server does, not as a Hub.*\); check the path, --hub-url and HF_TOKEN \[G11\]$/m,
+    );
+  } finally {
+    web.close();
   }
 });

@@ -291,3 +291,59 @@ test("a Hub whose disk is full or read-only is refused at start, exit 2, naming 
     spawnSync("umount", [dir]);
   }
 });
+
+test("an https:// address of a plain-HTTP Hub, a port fetch will not use, a path after the Hub's host and a read token are each refused before any work, exit 2, naming what is wrong (K5, K9); the commands they give run", {
+  timeout: 300_000,
+}, async () => {
+  const READ = "hf_readREADread0123456789";
+  const WRITE = "hf_writeWRITEwrite0123456789";
+  const hub = new LocalHub({
+    dir: tmpDir("tstrain-start-refusals-hub-"),
+    tokens: [
+      { token: READ, role: "read" },
+      { token: WRITE, role: "write" },
+    ],
+  });
+  const url = await hub.start();
+  try {
+    const env = { HF_TOKEN: WRITE };
+    const cases: Array<[string, RegExp]> = [
+      [
+        url.replace("http:", "https:"),
+        /^refused: the Hub address https:\S+ fails its TLS handshake \(ERR_SSL_WRONG_VERSION_NUMBER\): the server there speaks plain HTTP: write the address with http:\/\/; or train against the local Hub in this process: node dist\/main\.js .* --hub-url embedded \[K9\]$/m,
+      ],
+      [
+        "http://127.0.0.1:6000",
+        /^refused: the Hub address http:\/\/127\.0\.0\.1:6000 names port 6000, one that fetch will not connect to .*; or train against the local Hub in this process: node dist\/main\.js .* \[K9\]$/m,
+      ],
+      [
+        `${url}/prefix`,
+        /^refused: the Hub at http:\S+\/prefix has no route to create me\/refused \(HTTP 404: .*\): --hub-url \(or HF_ENDPOINT\) names the Hub's root, .* with no path after the host; or train against the local Hub in this process: node dist\/main\.js .* \[K9\]$/m,
+      ],
+    ];
+    for (const [address, line] of cases) {
+      const out = tmpDir("tstrain-start-refused-");
+      const bad = await runCli(tiny(out, address, "me/refused", ["--hub-retry-minutes", "0.1"]), { env });
+      assertRefused(bad, line);
+      assert.equal(retryLines(bad, /./).length, 0, `refused at once, not retried:\n${bad.stdout}`);
+      assert.deepEqual(sessions(out), [], "no session started");
+      const ok = await runCli(adviceAfter(bad.stderr, /in this process:/), { env });
+      assert.equal(ok.code, 0, show(ok));
+    }
+    // a read token cannot create the repo: K5, and the same command with a write token trains
+    const out = tmpDir("tstrain-start-read-token-");
+    const bad = await runCli(tiny(out, url, "me/by-reader", ["--hub-retry-minutes", "0.1"]), {
+      env: { HF_TOKEN: READ },
+    });
+    assertRefused(
+      bad,
+      /^refused: the Hub at \S+ refused to create me\/by-reader \(HTTP 403: .*\): HF_TOKEN has no right to create it .*, then run the same command again: node dist\/main\.js .* \[K5\]$/m,
+    );
+    assert.ok(!bad.stderr.includes(READ), "the token is not shown");
+    assert.deepEqual(sessions(out), [], "no session started");
+    const again = await runCli(adviceAfter(bad.stderr, /run the same command again:/), { env });
+    assert.equal(again.code, 0, show(again));
+  } finally {
+    await hub.stop();
+  }
+});

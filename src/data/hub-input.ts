@@ -23,8 +23,8 @@ import * as path from "node:path";
 import { downloadFile, fileDownloadInfo, HubApiError, listFiles } from "@huggingface/hub";
 import type { RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { hubUrlProblem, isRepoId, parseHfUrl } from "../hub/address";
-import { scrubSecret } from "../hub/hub-errors";
+import { DEFAULT_HUB_URL, hubUrlProblem, isRepoId, parseHfUrl } from "../hub/address";
+import { isNotAHubAnswer, NotAHubError, scrubSecret } from "../hub/hub-errors";
 import { kindOf, type InputFile, SUPPORTED_FORMATS } from "./inputs";
 import type { SourceInfo } from "./manifest";
 
@@ -88,8 +88,26 @@ function scrub(e: unknown, token: string | undefined): unknown {
   return e;
 }
 
+/** fetch, refusing an answer that shows the address is a web server, not a Hub (K9's rule, hub-errors.ts). */
+const hubFetch: typeof fetch = async (input, init) => {
+  const res = await fetch(input, init);
+  const url = String(input instanceof Request ? input.url : input).split("?")[0];
+  const method = init?.method ?? "GET";
+  const type = res.headers.get("content-type");
+  if (isNotAHubAnswer(url, method, res.status, type)) {
+    await res.body?.cancel().catch(() => undefined);
+    throw new NotAHubError(`${method} ${url}`, res.status, type);
+  }
+  return res;
+};
+
 function hubFailure(e: unknown, what: string, fix: string): Error {
   if (e instanceof UserError) return e;
+  if (e instanceof NotAHubError)
+    return new UserError(
+      "D2",
+      `${what}: the Hub address is not a Hub: ${e.message}; name a Hub with --hub-url (or HF_ENDPOINT), as ${DEFAULT_HUB_URL}`,
+    );
   if (e instanceof HubApiError) {
     if (e.statusCode === 401 || e.statusCode === 403)
       return new UserError(
@@ -125,7 +143,7 @@ function client(spec: HubSpec, hubUrl: string): Client {
 async function resolveRevision(c: Client, revision: string, probePath: string, missing: () => Error): Promise<string> {
   let commit: string | null = null;
   const seeing: typeof fetch = async (input, init) => {
-    const res = await fetch(input, init);
+    const res = await hubFetch(input, init);
     commit = res.headers.get("x-repo-commit") ?? commit;
     return res;
   };
@@ -157,6 +175,7 @@ async function listAt(c: Client, revision: string, dir: string | undefined): Pro
     recursive: true,
     path: dir,
     hubUrl: c.hubUrl,
+    fetch: hubFetch,
     accessToken: c.token,
   })) {
     if (e.type !== "file") continue;
@@ -166,7 +185,14 @@ async function listAt(c: Client, revision: string, dir: string | undefined): Pro
 }
 
 async function sha256OfRemote(c: Client, revision: string, p: string): Promise<string> {
-  const blob = await downloadFile({ repo: c.repo, path: p, revision, hubUrl: c.hubUrl, accessToken: c.token });
+  const blob = await downloadFile({
+    repo: c.repo,
+    path: p,
+    revision,
+    hubUrl: c.hubUrl,
+    fetch: hubFetch,
+    accessToken: c.token,
+  });
   if (!blob) throw new Error(`${p} is listed at ${revision} but cannot be downloaded`);
   const h = createHash("sha256");
   for await (const chunk of blob.stream() as unknown as AsyncIterable<Uint8Array>) h.update(chunk);
@@ -178,7 +204,14 @@ function remoteInputFile(c: Client, spec: HubSpec, revision: string, f: Listed &
   const name = `hf://${spec.repoType}s/${spec.repo}@${revision.slice(0, 12)}/${f.path}`;
   const kind = kindOf(f.path)!;
   const open = async (): Promise<Blob> => {
-    const b = await downloadFile({ repo: c.repo, path: f.path, revision, hubUrl: c.hubUrl, accessToken: c.token });
+    const b = await downloadFile({
+      repo: c.repo,
+      path: f.path,
+      revision,
+      hubUrl: c.hubUrl,
+      fetch: hubFetch,
+      accessToken: c.token,
+    });
     if (!b) throw new Error(`${name} was listed but cannot be downloaded (EntryNotFound)`);
     if (b.size !== f.size) throw new Error(`${name} is ${b.size} bytes on download but ${f.size} in the listing`);
     return b;
@@ -344,6 +377,7 @@ export async function fetchHubTokenizer(s: string, hubUrl: string): Promise<HubT
         path: inRepo(f),
         revision,
         hubUrl: c.hubUrl,
+        fetch: hubFetch,
         accessToken: c.token,
       });
       if (!blob) {

@@ -91,9 +91,23 @@ export class HubAtStart implements HubClient {
   }
 }
 
-/** K9: a failure K6 retries while training that a start refuses at once: the Hub's storage failing, a host with no address. */
+/** A TLS failure: the address speaks no TLS (an https:// URL for an http server), or its certificate is not trusted. */
+function tlsCode(e: unknown): string | undefined {
+  return codesOf(e).find((c) => /^ERR_SSL_|^ERR_TLS_|CERT|^EPROTO$/.test(c));
+}
+
+/** fetch will not connect to a port of another protocol (the Fetch standard's "bad port" list: 22, 25, 6000 …). */
+function badPort(e: unknown): boolean {
+  const cause = (e as { cause?: { message?: unknown } } | null)?.cause;
+  return cause?.message === "bad port";
+}
+
+/**
+ * K9: a failure K6 retries while training that a start refuses at once, since no wait mends it: the Hub's storage
+ * failing, a host with no address, a TLS mismatch or an untrusted certificate, a port fetch will not use.
+ */
 function refusedAtStart(e: unknown): boolean {
-  return isHubStorageFailure(e) || codesOf(e).includes("ENOTFOUND");
+  return isHubStorageFailure(e) || codesOf(e).includes("ENOTFOUND") || tlsCode(e) !== undefined || badPort(e);
 }
 
 /** What a K9 refusal advises: the same command once the Hub is fixed, and (a fresh start) one that needs no Hub of its own. */
@@ -136,6 +150,17 @@ function startRefusal(e: unknown, hubUrl: string, advice: HubAdvice): UserError 
       "K9",
       `the Hub address ${hubUrl} names a host that has no address (ENOTFOUND: ${describeHubError(e)}). Check the host name in --hub-url (or HF_ENDPOINT) and this machine's network (DNS)${orEmbedded(advice)}`,
     );
+  const tls = tlsCode(e);
+  if (tls)
+    return new UserError(
+      "K9",
+      `the Hub address ${hubUrl} fails its TLS handshake (${tls}): ${/^ERR_SSL_WRONG_VERSION|^EPROTO$/.test(tls) ? "the server there speaks plain HTTP: write the address with http://" : "its certificate is not one this machine trusts: give node the certificate of the authority that signed it (export NODE_EXTRA_CA_CERTS=<that CA's .pem>) and run the same command again"}${orEmbedded(advice)}`,
+    );
+  if (badPort(e))
+    return new UserError(
+      "K9",
+      `the Hub address ${hubUrl} names port ${new URL(hubUrl).port}, one that fetch will not connect to (the Fetch standard bars the ports of other protocols, as 22, 25 or 6000): run the Hub on another port (node dist/hub-server.js --port 0 picks a free one) and name that${orEmbedded(advice)}`,
+    );
   if (e instanceof RetryExhausted)
     return new UserError(
       "K9",
@@ -165,6 +190,26 @@ export async function openRepo(
     const { created } = await hub.ensureRepo({ private: wantPrivate });
     return { created, head: await hub.followHead() };
   } catch (e) {
-    throw startRefusal(e, hubUrl, advice) ?? e;
+    throw startRefusal(e, hubUrl, advice) ?? createRefusal(e, hub.repo, hubUrl, advice) ?? e;
   }
+}
+
+/**
+ * K5, K9: the Hub answered the repo's creation with a refusal no retry mends: the token may not create it (401, 403:
+ * K5), or the address does not serve the Hub's routes (a 404 or 400 there: a path after the host, say).
+ */
+function createRefusal(e: unknown, repo: string, hubUrl: string, advice: HubAdvice): UserError | null {
+  const status = (e as { statusCode?: unknown } | null)?.statusCode;
+  if (typeof status !== "number") return null;
+  if (status === 401 || status === 403)
+    return new UserError(
+      "K5",
+      `the Hub at ${hubUrl} refused to create ${repo} (${describeHubError(e)}): HF_TOKEN ${process.env.HF_TOKEN ? "has no right to create it (a read token, or one for another owner)" : "is not set"}. Set HF_TOKEN to a token with write access to ${repo}'s owner (export HF_TOKEN=hf_…), or create the repo on the Hub, then run the same command again: ${advice.again}`,
+    );
+  if (status === 404 || status === 400 || status === 405)
+    return new UserError(
+      "K9",
+      `the Hub at ${hubUrl} has no route to create ${repo} (${describeHubError(e)}): --hub-url (or HF_ENDPOINT) names the Hub's root, as ${DEFAULT_HUB_URL} or the URL node dist/hub-server.js prints, with no path after the host${orEmbedded(advice)}`,
+    );
+  return null;
 }
