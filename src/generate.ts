@@ -36,13 +36,13 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { guardOutput } from "./pipes";
-import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
+import { commandWith, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
 import { describeHubError } from "./hub/hub-errors";
 import { refuseMalformedToken } from "./hub/token";
-import { DEFAULT_HUB_URL, hubEndpoint, parseHfUrl } from "./hub/address";
+import { DEFAULT_HUB_URL, hubEndpoint, parseHfUrl, type HfUrl } from "./hub/address";
 import { generateText, loadModelDir, promptIds, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
 }
 
 /** hf://datasets/owner/name[@revision]/path (or hf://models/...) -> a local copy through the Hub client. */
-async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
+async function fetchModelDir(url: string, hubUrl: string, argv: readonly string[]): Promise<string> {
   const u = parseHfUrl(url, {
     what: "--model",
     rule: "G11",
@@ -169,12 +169,46 @@ async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
   } catch (e) {
     fs.rmSync(dest, { recursive: true, force: true });
     if (isUserError(e)) throw e;
-    throw new UserError(
-      "G11",
-      `--model ${url}: could not download it (${describeHubError(e)}); check the path, --hub-url and HF_TOKEN`,
-    );
+    const why = `--model ${url}: could not download it (${describeHubError(e)})`;
+    throw new UserError("G11", `${why}; ${await modelAdvice(e, u, hubUrl, argv)}`);
   }
   return dest;
+}
+
+/** The model folders of a repo listing: folders holding model.safetensors and config.json, final/ first, then newest. */
+function modelFolders(files: string[]): string[] {
+  const has = new Set(files);
+  const dirs = files
+    .filter((f) => f.endsWith("/model.safetensors") && has.has(f.replace(/model\.safetensors$/, "config.json")))
+    .map((f) => f.slice(0, -"/model.safetensors".length));
+  const step = (d: string) => Number(/checkpoint-(\d+)$/.exec(d)?.[1] ?? -1);
+  return dirs.sort((a, b) => (b === "final" ? 1 : 0) - (a === "final" ? 1 : 0) || step(b) - step(a));
+}
+
+/**
+ * G11: what to do when an hf:// model cannot be downloaded, as a command that runs where there is one: the same repo
+ * as the other repo type when it exists as that, or a folder of the repo that holds a model; else what to check.
+ */
+async function modelAdvice(e: unknown, u: HfUrl, hubUrl: string, argv: readonly string[]): Promise<string> {
+  const other = u.repoType === "dataset" ? "model" : "dataset";
+  const at = u.revision === "main" ? "" : `@${encodeURIComponent(u.revision)}`;
+  const cmd = (type: string, folder: string) =>
+    commandWith(["node", "dist/generate.js"], argv, "--model", `hf://${type}s/${u.repo}${at}/${folder}`);
+  try {
+    if ((e as { name?: unknown }).name === "RepoMissingError") {
+      const there = await createHubClient({ hubUrl, repo: u.repo, repoType: other }).repoExists();
+      return there
+        ? `${u.repo} is a ${other} repo, not a ${u.repoType} one: generate from it with ${cmd(other, u.path)}`
+        : `check the repo id (owner/name), --hub-url and HF_TOKEN`;
+    }
+    const store = createHubClient({ hubUrl, repo: u.repo, repoType: u.repoType, revision: u.revision });
+    const folders = modelFolders((await store.list(undefined, { hashRegular: false })).map((f) => f.path));
+    if (folders.length)
+      return `the folders of ${u.repo} that hold a model are ${folders.slice(0, 4).join(", ")}${folders.length > 4 ? ` (+${folders.length - 4} more)` : ""}: generate from one, as in ${cmd(u.repoType, folders[0])}`;
+  } catch {
+    /* the advice below: the Hub did not answer the questions that would have named a folder */
+  }
+  return "check the path, --hub-url and HF_TOKEN";
 }
 
 async function main(): Promise<void> {
@@ -187,7 +221,7 @@ async function main(): Promise<void> {
       return;
     }
     let dir = a.model;
-    if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl);
+    if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl, process.argv.slice(2));
     const m = loadModelDir(dir, a.tokenizer, a.allowOtherTokenizer);
     const engine = await initEngine(a.backend);
     process.stderr.write(

@@ -7,7 +7,7 @@ import { LocalHub, loadTokensFile, type HubToken } from "./hub/server";
 import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
-import { type FlagTable, parseFlags } from "./cli-args";
+import { commandWith, type FlagTable, parseFlags } from "./cli-args";
 
 const HELP = `usage: node dist/hub-server.js --dir DIR [--port N] [--host HOST] [--tokens FILE] [--faults FILE]
 
@@ -57,19 +57,9 @@ const FLAGS: FlagTable<CliOptions> = {
 
 let argv: string[] = [];
 
-/** One word of a shell command, quoted when the shell would read it otherwise. */
-function q(a: string): string {
-  return /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
-}
-
 /** L9: this command as it was given, with `flag value` in place of the flag's value (advice that runs). */
 function sameWith(flag: string, value: string): string {
-  const out: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    if (argv[i] === flag) i++;
-    else if (!argv[i].startsWith(`${flag}=`)) out.push(argv[i]);
-  }
-  return ["node", "dist/hub-server.js", ...out, flag, value].map(q).join(" ");
+  return commandWith(["node", "dist/hub-server.js"], argv, flag, value);
 }
 
 /** A folder the advice can name that any user can write. */

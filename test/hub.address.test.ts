@@ -270,3 +270,44 @@ test("prepare and generate name an address that is a web server, not a Hub (D2, 
     web.close();
   }
 });
+
+test("an hf:// model that cannot be downloaded is refused with a command that runs: the repo's own type, or a folder of it that holds a model (G11)", {
+  timeout: 300_000,
+}, async () => {
+  const th = await startTestHub({ repo: "me/advised" });
+  try {
+    const store = th.store();
+    await store.ensureRepo();
+    await store.uploadFolder(tinyModel(7), "ckpt/checkpoint-4", "a checkpoint");
+    await store.uploadFolder(tinyModel(7), "final", "the model");
+    const env = cleanEnv({ HF_ENDPOINT: th.url });
+    const gen = ["--prompt", "The", "--max-new-tokens", "2", "--backend", "cpu"];
+    for (const [model, advice] of [
+      ["hf://models/me/advised/final", /me\/advised is a dataset repo, not a model one: generate from it with /],
+      [
+        "hf://datasets/me/advised/final/model.safetensors",
+        /the folders of me\/advised that hold a model are final, ckpt\/checkpoint-4: generate from one, as in /,
+      ],
+      [
+        "hf://datasets/me/advised/nothere",
+        /the folders of me\/advised that hold a model are final, ckpt\/checkpoint-4: generate from one, as in /,
+      ],
+    ] as const) {
+      const bad = await run("generate.js", ["--model", model, ...gen], env);
+      assert.equal(bad.status, 2, bad.stderr);
+      assert.match(
+        bad.stderr,
+        new RegExp(
+          `^generate: --model ${model.replace(/[.]/g, "\\.")}: could not download it .*; ${advice.source}node dist/generate\\.js .* \\[G11\\]$`,
+          "m",
+        ),
+      );
+      const cmd = /(?:with|as in) node dist\/generate\.js (.*) \[G11\]$/m.exec(bad.stderr)?.[1] ?? "";
+      const ok = await run("generate.js", cmd.split(" "), env);
+      assert.equal(ok.status, 0, ok.stderr);
+      assert.match(ok.stdout, /^The/);
+    }
+  } finally {
+    await th.close();
+  }
+});
