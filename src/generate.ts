@@ -42,7 +42,7 @@ import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
 import { describeHubError } from "./hub/hub-errors";
 import { refuseMalformedToken } from "./hub/token";
-import { DEFAULT_HUB_URL, hubEndpoint, parseHfUrl, type HfUrl } from "./hub/address";
+import { DEFAULT_HUB_URL, hubEndpoint, isHfUrl, parseHfUrl, type HfUrl } from "./hub/address";
 import { generateText, loadModelDir, promptIds, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ async function main(): Promise<void> {
       return;
     }
     let dir = a.model;
-    if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl, process.argv.slice(2));
+    if (isHfUrl(dir)) dir = tmp = await fetchModelDir(dir, a.hubUrl, process.argv.slice(2));
     const m = loadModelDir(dir, a.tokenizer, a.allowOtherTokenizer);
     const engine = await initEngine(a.backend);
     process.stderr.write(

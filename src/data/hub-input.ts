@@ -23,7 +23,7 @@ import * as path from "node:path";
 import { downloadFile, fileDownloadInfo, HubApiError, listFiles } from "@huggingface/hub";
 import type { RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { DEFAULT_HUB_URL, hubUrlProblem, isRepoId, parseHfUrl } from "../hub/address";
+import { DEFAULT_HUB_URL, hubUrlProblem, isHfUrl, isRepoId, parseHfUrl } from "../hub/address";
 import { isNotAHubAnswer, NotAHubError, scrubSecret } from "../hub/hub-errors";
 import { kindOf, type InputFile, SUPPORTED_FORMATS } from "./inputs";
 import type { SourceInfo } from "./manifest";
@@ -37,10 +37,6 @@ export interface HubSpec {
 
 /** What manifest.json records about a Hub input (and the fingerprint covers). */
 export type HubSource = SourceInfo;
-
-export function isHubUrl(s: string): boolean {
-  return s.startsWith("hf://");
-}
 
 /** hf://datasets/owner/name[@revision][/path-glob] (also hf://models/...), by address.ts's one grammar. */
 export function parseHubUrl(s: string, what: string): HubSpec {
@@ -332,7 +328,7 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
 
 /** A --tokenizer that names the Hub (owner/name, or an hf:// URL) rather than a local file. */
 export function isHubTokenizer(s: string): boolean {
-  if (isHubUrl(s)) return true;
+  if (isHfUrl(s)) return true;
   return isRepoId(s) && !fs.existsSync(s);
 }
 
@@ -348,7 +344,7 @@ export interface HubTokenizer {
  * a temp directory; the caller removes `dir`.
  */
 export async function fetchHubTokenizer(s: string, hubUrl: string): Promise<HubTokenizer> {
-  const spec: HubSpec = isHubUrl(s)
+  const spec: HubSpec = isHfUrl(s)
     ? parseHubUrl(s, "--tokenizer")
     : { repoType: "model", repo: s, revision: "main", glob: "" };
   if (hasGlob(spec.glob))

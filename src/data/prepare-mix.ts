@@ -44,15 +44,8 @@ import {
 } from "./inputs";
 import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
 import { etaOf, ProgressRhythm } from "../progress";
-import { hubEndpoint } from "../hub/address";
-import {
-  fetchHubTokenizer,
-  isHubTokenizer,
-  isHubUrl,
-  resolveHubInput,
-  type HubSource,
-  type HubTokenizer,
-} from "./hub-input";
+import { hubEndpoint, isHfUrl } from "../hub/address";
+import { fetchHubTokenizer, isHubTokenizer, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
   inputs: string[];
@@ -117,7 +110,7 @@ async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
   const sources: HubSource[] = [];
   let skipped = 0;
   for (const inp of inputs) {
-    if (isHubUrl(inp)) {
+    if (isHfUrl(inp)) {
       const r = await resolveHubInput(inp, hubUrl);
       files.push(...r.files);
       sources.push(r.source);

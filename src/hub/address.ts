@@ -17,8 +17,8 @@ export const DEFAULT_HUB_URL: string = (() => {
 // ---- the endpoint ----------------------------------------------------------------------------------
 
 /**
- * G10, G11, D2: why a Hub endpoint is not one, in words that end a refusal ("is not an http(s) URL such as
- * https://huggingface.co"); null when it is an http(s) URL with a host and no user, password, query or fragment
+ * G10, G11, D2: why a Hub endpoint is not one, in words that end a refusal ("is not an http(s) URL such as" the
+ * default); null when it is an http(s) URL with a host and no user, password, query or fragment
  * (a path is kept: a Hub behind a proxy may live under one).
  */
 export function hubUrlProblem(url: string): string | null {
@@ -131,6 +131,11 @@ export interface HfUrl {
   revision: string;
   /** The path inside the repo after the repo id ('' = the whole repo), without trailing "/". */
   path: string;
+}
+
+/** Whether `s` is an hf:// address (then parseHfUrl reads it, or refuses it). */
+export function isHfUrl(s: string): boolean {
+  return s.startsWith("hf://");
 }
 
 /**
