@@ -59,3 +59,21 @@ export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>
   }
   return o;
 }
+
+/** One word of a shell command, quoted when the shell would read it otherwise (every `;`, `(` and space is). */
+export function shellWord(a: string): string {
+  return /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
+}
+
+/**
+ * A command for advice that runs: `head` (e.g. `node dist/generate.js`), then `argv` without the flag's value
+ * (`--flag v` and `--flag=v` dropped), then `flag value`.
+ */
+export function commandWith(head: readonly string[], argv: readonly string[], flag: string, value: string): string {
+  const out: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === flag) i++;
+    else if (!argv[i].startsWith(`${flag}=`)) out.push(argv[i]);
+  }
+  return [...head, ...out, flag, value].map(shellWord).join(" ");
+}

@@ -11,7 +11,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import { UserError } from "./errors";
 import { readConfigFile, type ConfigFileDoc } from "./config-file";
-import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
+import { canonicalHubUrl, endpointFromEnv, hubUrlProblem, isRepoId, REPO_ID_RULE } from "./hub/address";
 import flagTable from "./config-flags.json";
 
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
@@ -175,7 +175,10 @@ export function usage(): string {
     const def = f.kind === "bool" ? (f.def ? "on" : "off") : JSON.stringify(f.def);
     lines.push(`  ${name.padEnd(40)} ${f.help} (default ${def})`);
   }
-  lines.push("", "Environment: HF_TOKEN (Hub token; never printed or written).");
+  lines.push(
+    "",
+    "Environment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given, also with --demo).",
+  );
   return lines.join("\n");
 }
 
@@ -209,6 +212,12 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   const values = file ? new Map([...valuesFromFile(readConfigFile(file), byFlag), ...given]) : given;
   const origins = new Map<string, string>();
   for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
+  // G10: no --hub-url (flag or file): HF_ENDPOINT, as huggingface_hub reads it, before --demo's embedded Hub
+  const endpoint = values.has("hub-url") ? null : endpointFromEnv("G10");
+  if (endpoint !== null) {
+    values.set("hub-url", endpoint);
+    origins.set("hub-url", "HF_ENDPOINT");
+  }
   if (values.get("demo") === true)
     for (const k of Object.keys(DEMO_DEFAULTS)) {
       const f = FLAGS.find((r) => r.key === k)!.flag;
@@ -582,7 +591,10 @@ export function validate(c: RunConfig): RunConfig {
   if (c.hubUrl !== EMBEDDED_HUB) {
     const bad = hubUrlProblem(c.hubUrl);
     if (bad)
-      throw new UserError("G10", `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}, or ${EMBEDDED_HUB} for the local Hub`);
+      throw new UserError(
+        "G10",
+        `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}${bad.startsWith("is not") ? `, or ${EMBEDDED_HUB} for the local Hub` : ""}`,
+      );
   }
   if (isFile(c.root)) {
     throw new UserError(
@@ -598,7 +610,7 @@ export function validate(c: RunConfig): RunConfig {
   }
   refuseBf16Mismatch(c);
   if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
-  c.hubUrl = c.hubUrl.replace(/\/+$/, "");
+  if (c.hubUrl !== EMBEDDED_HUB) c.hubUrl = canonicalHubUrl(c.hubUrl);
   return Object.freeze({ ...c });
 }
 
@@ -609,22 +621,6 @@ function isFile(p: string): boolean {
   } catch {
     return false;
   }
-}
-
-/**
- * G10, G11: why a Hub endpoint is not one (an http(s) URL with a host), e.g. "is not an http(s) URL such as
- * https://huggingface.co"; null when it is one. Every command that takes --hub-url checks it before any work.
- */
-export function hubUrlProblem(url: string): string | null {
-  let u: URL;
-  try {
-    u = new URL(url);
-  } catch {
-    u = new URL("none:");
-  }
-  return u.protocol === "http:" || u.protocol === "https:"
-    ? null
-    : "is not an http(s) URL such as https://huggingface.co";
 }
 
 /**

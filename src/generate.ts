@@ -4,7 +4,7 @@
  *   [--hub-url URL] [--no-cache]`
  *
  * DIR is an exported `final/` or a checkpoint folder (model.safetensors + config.json), local or on the Hub as
- * hf://datasets/owner/name/path (or hf://models/...; token from HF_TOKEN). Text streams to stdout as tokens come;
+ * hf://datasets/owner/name[@revision]/path (or hf://models/...; token from HF_TOKEN). Text streams to stdout as tokens come;
  * generation stops at EOS or after --max-new-tokens. This file is the command line only: loading a model folder
  * and generating text live in generation.ts.
  *
@@ -35,20 +35,20 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
-import { hubUrlProblem } from "./config";
 import { guardOutput } from "./pipes";
-import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
+import { commandWith, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
+import { describeHubError } from "./hub/hub-errors";
 import { refuseMalformedToken } from "./hub/token";
-import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
+import { DEFAULT_HUB_URL, hubEndpoint, isHfUrl, parseHfUrl, type HfUrl } from "./hub/address";
 import { generateText, loadModelDir, promptIds, type GenerateRequest } from "./generation";
 
 // ---------------------------------------------------------------------------------------------
 // CLI
 
-const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name/path --prompt TEXT
+const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name[@revision]/path --prompt TEXT
   [--max-new-tokens N]  tokens to generate at most (default 64); stops earlier at EOS
   [--temperature T]     0 = greedy (default); > 0 samples
   [--top-k K]           keep the K most likely tokens (default 0 = off)
@@ -57,13 +57,14 @@ const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name
   [--backend NAME]      auto (default), native, wasm, cpu, tensorflow
   [--tokenizer FILE]    tokenizer.json when DIR has none
   [--allow-other-tokenizer]  use a tokenizer whose vocabulary differs from the one the export recorded
-  [--hub-url URL]       for hf:// models (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
+  [--hub-url URL]       for hf:// models (default $HF_ENDPOINT, else ${DEFAULT_HUB_URL}; token from HF_TOKEN)
   [--no-cache]          recompute the whole sequence per token (the reference path; slow)`;
 
 interface CliArgs extends GenerateRequest {
   model: string;
   backend: BackendName;
   tokenizer?: string;
+  /** --hub-url when given; else HF_ENDPOINT, else the Hugging Face Hub (hub/address.ts). */
   hubUrl: string;
   allowOtherTokenizer: boolean;
 }
@@ -79,11 +80,11 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     seed: 0,
     cache: true,
     backend: "auto",
-    hubUrl: process.env.HF_ENDPOINT || "https://huggingface.co",
+    hubUrl: "",
     allowOtherTokenizer: false,
   };
   let havePrompt = false;
-  let hubUrlGiven = false;
+  let hubUrlGiven: string | undefined;
   const num = (a: FlagArgs): number => {
     const v = a.value();
     const n = Number(v);
@@ -122,9 +123,8 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     "--tokenizer": (o, a) => {
       o.tokenizer = a.value();
     },
-    "--hub-url": (o, a) => {
-      o.hubUrl = a.value();
-      hubUrlGiven = true;
+    "--hub-url": (_o, a) => {
+      hubUrlGiven = a.value();
     },
     "--no-cache": (o) => {
       o.cache = false;
@@ -143,11 +143,7 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     }) === null
   )
     return null;
-  const badUrl = hubUrlProblem(o.hubUrl);
-  if (badUrl) {
-    const from = hubUrlGiven ? "--hub-url" : "HF_ENDPOINT";
-    throw new UserError("G11", `${from} ${JSON.stringify(o.hubUrl)} ${badUrl}`);
-  }
+  o.hubUrl = hubEndpoint(hubUrlGiven, "G11").url; // G11: a bad --hub-url or HF_ENDPOINT, named
   if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
   checkSampling(o);
   if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1)
@@ -155,31 +151,64 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   return o;
 }
 
-/** hf://datasets/owner/name/path (or hf://models/...) -> a local copy through the Hub client. */
-async function fetchModelDir(url: string, hubUrl: string): Promise<string> {
-  const m = /^hf:\/\/(datasets|models)\/([^/@]+\/[^/@]+)\/(.+)$/.exec(url);
-  if (!m)
-    throw new UserError(
-      "G11",
-      `--model ${url} is not hf://datasets/owner/name/path (or hf://models/...): name the folder, e.g. hf://datasets/you/run-ckpts/final`,
-    );
-  if (!isRepoId(m[2])) throw new UserError("G11", `--model ${url}: "${m[2]}" is not a Hub repo id (${REPO_ID_RULE})`);
+/** hf://datasets/owner/name[@revision]/path (or hf://models/...) -> a local copy through the Hub client. */
+async function fetchModelDir(url: string, hubUrl: string, argv: readonly string[]): Promise<string> {
+  const u = parseHfUrl(url, {
+    what: "--model",
+    rule: "G11",
+    form: "hf://datasets/owner/name[@revision]/path (or hf://models/...)",
+    needPath: "name the folder, e.g. hf://datasets/you/run-ckpts/final",
+  });
   refuseMalformedToken({ readsOnly: true }); // K5: before the first request, with advice that works
-  const store = createHubClient({ hubUrl, repo: m[2], repoType: m[1] === "datasets" ? "dataset" : "model" });
+  const store = createHubClient({ hubUrl, repo: u.repo, repoType: u.repoType, revision: u.revision });
   const dest = fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-generate-"));
   try {
-    await store.downloadFolder(m[3].replace(/\/+$/, ""), dest, {
+    await store.downloadFolder(u.path, dest, {
       progress: (l) => process.stderr.write(`generate: ${l}\n`),
     });
   } catch (e) {
     fs.rmSync(dest, { recursive: true, force: true });
     if (isUserError(e)) throw e;
-    throw new UserError(
-      "G11",
-      `--model ${url}: could not download it (${(e as Error).message}); check the path, --hub-url and HF_TOKEN`,
-    );
+    const why = `--model ${url}: could not download it (${describeHubError(e)})`;
+    throw new UserError("G11", `${why}; ${await modelAdvice(e, u, hubUrl, argv)}`);
   }
   return dest;
+}
+
+/** The model folders of a repo listing: folders holding model.safetensors and config.json, final/ first, then newest. */
+function modelFolders(files: string[]): string[] {
+  const has = new Set(files);
+  const dirs = files
+    .filter((f) => f.endsWith("/model.safetensors") && has.has(f.replace(/model\.safetensors$/, "config.json")))
+    .map((f) => f.slice(0, -"/model.safetensors".length));
+  const step = (d: string) => Number(/checkpoint-(\d+)$/.exec(d)?.[1] ?? -1);
+  return dirs.sort((a, b) => (b === "final" ? 1 : 0) - (a === "final" ? 1 : 0) || step(b) - step(a));
+}
+
+/**
+ * G11: what to do when an hf:// model cannot be downloaded, as a command that runs where there is one: the same repo
+ * as the other repo type when it exists as that, or a folder of the repo that holds a model; else what to check.
+ */
+async function modelAdvice(e: unknown, u: HfUrl, hubUrl: string, argv: readonly string[]): Promise<string> {
+  const other = u.repoType === "dataset" ? "model" : "dataset";
+  const at = u.revision === "main" ? "" : `@${encodeURIComponent(u.revision)}`;
+  const cmd = (type: string, folder: string) =>
+    commandWith(["node", "dist/generate.js"], argv, "--model", `hf://${type}s/${u.repo}${at}/${folder}`);
+  try {
+    if ((e as { name?: unknown }).name === "RepoMissingError") {
+      const there = await createHubClient({ hubUrl, repo: u.repo, repoType: other }).repoExists();
+      return there
+        ? `${u.repo} is a ${other} repo, not a ${u.repoType} one: generate from it with ${cmd(other, u.path)}`
+        : `check the repo id (owner/name), --hub-url and HF_TOKEN`;
+    }
+    const store = createHubClient({ hubUrl, repo: u.repo, repoType: u.repoType, revision: u.revision });
+    const folders = modelFolders((await store.list(undefined, { hashRegular: false })).map((f) => f.path));
+    if (folders.length)
+      return `the folders of ${u.repo} that hold a model are ${folders.slice(0, 4).join(", ")}${folders.length > 4 ? ` (+${folders.length - 4} more)` : ""}: generate from one, as in ${cmd(u.repoType, folders[0])}`;
+  } catch {
+    /* the advice below: the Hub did not answer the questions that would have named a folder */
+  }
+  return "check the path, --hub-url and HF_TOKEN";
 }
 
 async function main(): Promise<void> {
@@ -192,7 +221,7 @@ async function main(): Promise<void> {
       return;
     }
     let dir = a.model;
-    if (dir.startsWith("hf://")) dir = tmp = await fetchModelDir(dir, a.hubUrl);
+    if (isHfUrl(dir)) dir = tmp = await fetchModelDir(dir, a.hubUrl, process.argv.slice(2));
     const m = loadModelDir(dir, a.tokenizer, a.allowOtherTokenizer);
     const engine = await initEngine(a.backend);
     process.stderr.write(

@@ -10,12 +10,13 @@ import { fsRefusal, isUserError, UserError } from "./errors";
 import { guardOutput } from "./pipes";
 import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
 import { removeScratchNow } from "./data/prepare-scratch";
+import { DEFAULT_HUB_URL } from "./hub/address";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
 
 const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name --out ROOT
   inputs: .txt .text .md (documents split at lines holding only the EOS token), .jsonl, .jsonl.gz, .jsonl.zst, .parquet
   [--text-field NAME]  the JSON field / Parquet column with the text (default text)
-  [--hub-url URL]      Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
+  [--hub-url URL]      Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else ${DEFAULT_HUB_URL}; token from HF_TOKEN)
   [--val-fraction F]   held-out documents, 0..0.5 (default ${DEFAULT_VAL_FRACTION})
   [--shard-tokens N]   tokens per shard file (default ${DEFAULT_SHARD_TOKENS})
   [--workers N]        tokenizer threads (default: CPU count, at most 8)

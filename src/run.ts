@@ -255,8 +255,8 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
 
 /**
  * The session's start, after its start record (B5): the starting state (a resumed checkpoint's, K2), the other MPI
- * processes' copy of it (A9), the ranks and the uploader. A refusal here ends the session's record with an end
- * line, as the loop's own ends do, before it propagates.
+ * processes' copy of it (A9), the ranks and the uploader. Any failure here ends the session's record with an end
+ * line ("refused" or "failed"), as the loop's own ends do, before it propagates.
  */
 async function startTraining(
   s: Session,
@@ -283,14 +283,13 @@ async function startTraining(
     const events = await startActors(s, coord, pos, rep, hubUrl);
     return { pos, history, events };
   } catch (e) {
-    // a crash keeps no end line: the report says "killed or crashed", as it is
-    if (isUserError(e))
-      recordSessionEnd(s, {
-        ended: "refused",
-        finalStep: s.start.startStep,
-        seconds: (performance.now() - t0) / 1000,
-        outcomes: [],
-      });
+    // the session's record ends however its start failed: refused (exit 2), or failed (exit 1)
+    recordSessionEnd(s, {
+      ended: isUserError(e) ? "refused" : "failed",
+      finalStep: s.start.startStep,
+      seconds: (performance.now() - t0) / 1000,
+      outcomes: [],
+    });
     throw e;
   }
 }
@@ -409,8 +408,9 @@ async function startActors(
   if (slow) rep.say(slow);
   let head: string | null = null;
   if (s.hub) {
-    const r = await s.hub.ensureRepo({ private: cfg.hubPrivate }); // K5: created private unless --no-hub-private
-    head = await s.hub.followHead(); // K8: every commit from here on names its parent
+    // K5, K8: the plan's end created the repo (private unless --no-hub-private) and read its head (K9)
+    const r = s.hubStart ?? { created: false, head: await s.hub.followHead() };
+    head = r.head; // K8: every commit from here on names its parent
     rep.say(
       `checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${await visibilityNote(s.hub, r.created, cfg.hubPrivate)}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`,
     );

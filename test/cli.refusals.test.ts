@@ -7,14 +7,11 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
+import { tinyModel } from "./helpers/model-dir";
 import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
-import { buildConfig, hfConfigJson } from "../src/model/llama-config";
-import { initWeights } from "../src/model/init";
-import { paramLayout } from "../src/model/layout";
-import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { installDriverAdvice } from "../src/model/engine/webgpu/device";
 import { parseArgs } from "../src/config";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
@@ -32,21 +29,6 @@ function assertRefused(r: { status: number | null; stderr: string }, line: RegEx
   assert.match(r.stderr, line);
   assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
   assert.doesNotMatch(r.stderr, /\n\s+at |internal error/);
-}
-
-/** An exported model (2 layers, width 36, vocab 300) with its tokenizer, for generate. */
-function tinyModel(): string {
-  const dir = tmpDir("tstrain-refusals-model-");
-  const cfg = buildConfig({ seqLen: 32, layers: 2, hidden: 36, vocabSize: 300 });
-  const params = new Float32Array(paramLayout(cfg).total);
-  initWeights(cfg, 7, params);
-  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
-  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
-  writeTinyTokenizer(
-    dir,
-    corpusDocs().filter((d) => d.length > 0),
-  );
-  return dir;
 }
 
 test("a --hub-url that is no http(s) URL is refused before any work, exit 2, naming it; the URL it asks for works (G10, G11)", {
@@ -662,4 +644,24 @@ test("a resume's prior loss is the loss of the checkpoint's own step, the one it
   const resumed = node("main.js", [...args, "--resume", "auto"]);
   assert.equal(resumed.status, 0, resumed.stderr);
   assert.match(resumed.stdout, new RegExp(`resume from \\S+checkpoint-8: step 8, prior loss ${lit(own)} \\(`));
+});
+
+test("--resume auto where the Hub holds no checkpoint but ckpt/ does is refused naming the local ones; the command it gives resumes from them, not --resume auto (R1)", {
+  timeout: 600_000,
+}, async () => {
+  const out = tmpDir("tstrain-hub-lost-");
+  const args = tinyRun(mix.root, out, ["--hub-url", "embedded", "--hub-repo", "local/lost"]);
+  const first = node("main.js", [...args, "--stop-after-steps", "4"]);
+  assert.equal(first.status, 0, first.stderr);
+  fs.rmSync(path.join(out, "hub"), { recursive: true }); // the Hub's folder gone: it holds nothing of this run
+  const bad = node("main.js", [...args, "--resume", "auto"]);
+  assertRefused(
+    bad,
+    /^refused: --resume auto found no checkpoint on local\/lost \(the Hub lost what this run pushed there, or never got it: .*\), but \S+ckpt holds checkpoint-4\. Resume from the newest local one: node dist\/main\.js .*--resume \S+checkpoint-4; or choose another --out\. \[R1\]$/m,
+  );
+  const cmd = /Resume from the newest local one: (node dist\/main\.js .*?); or choose/.exec(bad.stderr)?.[1] ?? "";
+  assert.doesNotMatch(cmd, /--resume auto/, "the advice is not the command just refused");
+  const ok = await bash(cmd.replace(/^node /, `exec ${sh(process.execPath)} `), process.env);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
 });

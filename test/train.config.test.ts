@@ -13,7 +13,7 @@ import {
   validate,
   type RunConfig,
 } from "../src/config";
-import { isRepoId } from "../src/hub/repo-id";
+import { isRepoId } from "../src/hub/address";
 import { parseHubUrl } from "../src/data/hub-input";
 import { createHubClient } from "../src/hub/client";
 import { validRepoName } from "../src/hub/server/write";
@@ -212,7 +212,11 @@ test("the generate examples of the README and docs/ name a checkpoint the demo k
 test("--help lists every flag with its values, an explanation and its default", () => {
   const u = usage();
   assert.ok(u.startsWith("usage: node dist/main.js [flags]\n\nData-parallel Llama training"), u.slice(0, 80));
-  assert.ok(u.endsWith("\n\nEnvironment: HF_TOKEN (Hub token; never printed or written)."));
+  assert.ok(
+    u.endsWith(
+      "\n\nEnvironment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given, also with --demo).",
+    ),
+  );
   assert.ok(u.includes("Defaults are the frozen recipe.\n\n  --"), "a blank line before the flags");
   for (const f of FLAGS) {
     const line = u.split("\n").find((l) => l.startsWith(`  --${f.flag} `) || l.startsWith(`  --${f.flag}\t`));

@@ -45,15 +45,8 @@ import {
 } from "./inputs";
 import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
 import { etaOf, ProgressRhythm } from "../progress";
-import {
-  DEFAULT_HUB_URL,
-  fetchHubTokenizer,
-  isHubTokenizer,
-  isHubUrl,
-  resolveHubInput,
-  type HubSource,
-  type HubTokenizer,
-} from "./hub-input";
+import { hubEndpoint, isHfUrl } from "../hub/address";
+import { fetchHubTokenizer, isHubTokenizer, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
   inputs: string[];
@@ -66,7 +59,7 @@ export interface PrepareOptions {
   eosToken?: string;
   /** The JSON field / Parquet column holding the text (default "text"). */
   textField?: string;
-  /** Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else https://huggingface.co). */
+  /** Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else the Hugging Face Hub: hub/address.ts). */
   hubUrl?: string;
   /** Read size for streamed inputs (default 1 MiB) and the long-document piece size (default 4 Mi chars). */
   chunkBytes?: number;
@@ -114,7 +107,7 @@ async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
   const sources: HubSource[] = [];
   let skipped = 0;
   for (const inp of inputs) {
-    if (isHubUrl(inp)) {
+    if (isHfUrl(inp)) {
       const r = await resolveHubInput(inp, hubUrl);
       files.push(...r.files);
       sources.push(r.source);
@@ -200,7 +193,7 @@ function checkOptions(o: PrepareOptions): CheckedOptions {
   const pieceChars = o.pieceChars ?? DEFAULT_PIECE_CHARS;
   if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16)
     throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
-  const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
+  const hubUrl = hubEndpoint(o.hubUrl, "D2").url; // --hub-url, then HF_ENDPOINT, then the Hugging Face Hub
   const log = o.log ?? ((s: string) => process.stdout.write(`${s}\n`));
   return { valFraction, shardTokens, workers, textField, chunkBytes, pieceChars, hubUrl, log };
 }

@@ -9,7 +9,7 @@ import * as fsp from "node:fs/promises";
 import * as path from "node:path";
 import { UserError } from "../errors";
 import type { HubClient, Pointer, RemoteFile } from "./client";
-import { describeHubError } from "./client";
+import { describeHubError } from "./hub-errors";
 import { checkSafetensorsFile } from "./safetensors-check";
 import { withRetry } from "./retry";
 import {

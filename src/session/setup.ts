@@ -6,7 +6,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { UserError } from "../errors";
-import { planSteps, type RunConfig, type StepPlan } from "../config";
+import { EMBEDDED_HUB, planSteps, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/llama-config";
 import { readManifest, type Manifest } from "../data/manifest";
 import { PackedTokenStore } from "../data/token-store";
@@ -33,8 +33,9 @@ import {
 import { checkOutRoom } from "../outdir";
 import type { Reporter } from "../report";
 import { createHubClient, type HubClient } from "../hub/client";
+import { checkHubAtStart, HubAtStart, openRepo, type HubAdvice } from "../hub/start";
 import { resolveAutoResume } from "../hub/resume";
-import { RunComplete } from "./stop";
+import { resumeCommand, RunComplete, sameCommand, sameCommandWith } from "./stop";
 import { checkConfigChanges, describeChanges, precisionNote } from "./resume-config";
 import type { DistLink } from "./dist";
 
@@ -49,6 +50,9 @@ export interface Session {
   plan: SessionPlan;
   start: StartPoint;
   hub: HubClient | null;
+  /** The repo as the plan's end found it (K5, K8): created by this session or not, and its head; null without a Hub
+   *  and in a dry run or benchmark, which write nothing. */
+  hubStart?: { created: boolean; head: string | null } | null;
   /** --dist mpi (A9): this process leads the job's other processes; null in a run of one process. */
   dist?: DistLink | null;
 }
@@ -94,6 +98,21 @@ export interface StartPoint {
 
 /** `hubUrl`: the Hub's address this session (the embedded Hub's, which cfg names "embedded"). */
 export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.hubUrl): Promise<Session> {
+  // K6, K9: the Hub is asked about the repo first; every Hub call before step 1 is retried as the uploader retries
+  const client = cfg.hubRepo
+    ? createHubClient({
+        hubUrl,
+        repo: cfg.hubRepo,
+        repoType: cfg.hubRepoType,
+        timeoutMs: cfg.hubTimeoutSeconds * 1000,
+      })
+    : null;
+  const hub = client ? new HubAtStart(client, { hubUrl, log: rep.say, giveUpMs: cfg.hubRetryMinutes * 60_000 }) : null;
+  const advice: HubAdvice = {
+    again: sameCommand(),
+    embedded: cfg.resume === "" && cfg.hubUrl !== EMBEDDED_HUB ? sameCommandWith("--hub-url", EMBEDDED_HUB) : null,
+  };
+  if (hub) await checkHubAtStart(hub, hubUrl, advice);
   const data = await planData(cfg, rep);
   const m = planModel(cfg, data, rep);
   const plan = planSteps(cfg);
@@ -102,14 +121,6 @@ export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.h
     `mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`,
   );
   rep.say(`params: ${JSON.stringify(m.params)}`);
-  const hub = cfg.hubRepo
-    ? createHubClient({
-        hubUrl,
-        repo: cfg.hubRepo,
-        repoType: cfg.hubRepoType,
-        timeoutMs: cfg.hubTimeoutSeconds * 1000,
-      })
-    : null;
   const start = await planStart(cfg, hub, data, plan, m, rep);
   const room = checkNoWrap({
     nWindows: data.nWindows,
@@ -123,7 +134,9 @@ export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.h
     `data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`,
   );
   const endStep = planSegmentEnd(cfg, plan, start.startStep);
-  return { cfg, data: { ...data, nVal }, model: m, plan: { ...plan, lrShape, endStep }, start, hub };
+  // K5, K8, K9: the repo created (its storage refused if it fails) and its head read, the last thing before any work
+  const hubStart = hub && !cfg.dryRun && !cfg.benchmark ? await openRepo(hub, cfg.hubPrivate, hubUrl, advice) : null;
+  return { cfg, data: { ...data, nVal }, model: m, plan: { ...plan, lrShape, endStep }, start, hub: client, hubStart };
 }
 
 async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
@@ -388,38 +401,48 @@ function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): numb
 }
 
 /**
- * A fresh start (no --resume) must not write over an earlier run: local checkpoint folders in
- * --out, or a Hub repo whose latest.json already points somewhere, are refused with what to do.
+ * A fresh start (no --resume, or --resume auto that found nothing on the Hub) must not write over an earlier run: a
+ * Hub repo whose latest.json already points somewhere, or local checkpoint folders in --out, are refused with the
+ * command that continues it, one that works where it is given (R1): --resume auto only where the Hub holds the run.
  */
 async function refuseFreshOverExistingRun(cfg: RunConfig, hub: HubClient | null): Promise<void> {
-  const local = listCheckpointFolders(checkpointRoot(cfg.out));
-  if (local.length) {
+  const ptr = hub && cfg.resume === "" ? await pointerBeforeFreshStart(cfg, hub) : null;
+  if (ptr) {
     throw new UserError(
       "R1",
-      `${checkpointRoot(cfg.out)} already holds ${local.map((c) => path.basename(c.dir)).join(", ")} from an earlier run; a fresh start would mix two runs in one folder. Resume it (--resume ${local[local.length - 1].dir}${cfg.hubRepo ? " or --resume auto" : ""}) or choose another --out.`,
+      `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto (${resumeCommand("auto")}), or use a new --hub-repo.`,
     );
   }
-  if (!hub) return;
-  let ptr: Pointer | null;
+  const local = listCheckpointFolders(checkpointRoot(cfg.out));
+  if (local.length) {
+    const root = checkpointRoot(cfg.out);
+    const names = local.map((c) => path.basename(c.dir)).join(", ");
+    const why =
+      cfg.resume === "auto"
+        ? `--resume auto found no checkpoint on ${cfg.hubRepo} (the Hub lost what this run pushed there, or never got it: a second signal before the first publish, or the Hub's folder gone), but ${root} holds ${names}`
+        : `${root} already holds ${names} from an earlier run; a fresh start would mix two runs in one folder`;
+    throw new UserError(
+      "R1",
+      `${why}. Resume from the newest local one: ${resumeCommand(local[local.length - 1].dir)}; or choose another --out.`,
+    );
+  }
+}
+
+/** R2: the Hub's latest.json before a fresh start, null when there is none; a failed lookup is never "nothing there". */
+async function pointerBeforeFreshStart(cfg: RunConfig, hub: HubClient): Promise<Pointer | null> {
   try {
-    if (!(await hub.repoExists())) return;
-    ptr = await hub.readPointer();
+    if (!(await hub.repoExists())) return null;
+    return await hub.readPointer();
   } catch (e) {
     const status =
       (e as { status?: unknown; statusCode?: unknown }).status ?? (e as { statusCode?: unknown }).statusCode;
     const advice =
       status === 401 || status === 403
         ? "Fix the token as said, then run the same command again."
-        : "Retry, or pass --resume auto.";
+        : `Run the same command again once the Hub answers: ${sameCommand()}`;
     throw new UserError(
       "R2",
       `could not read latest.json on ${cfg.hubRepo} before a fresh start (${(e as Error).message}); a failed lookup is never "nothing there". ${advice}`,
-    );
-  }
-  if (ptr) {
-    throw new UserError(
-      "R1",
-      `${cfg.hubRepo} already holds a run (latest.json points at ${ptr.path_in_repo}, step ${ptr.step}); a fresh start would move its pointer. Continue it with --resume auto, or use a new --hub-repo.`,
     );
   }
 }

@@ -3,6 +3,8 @@
  * command that continues the run, which every refusal's advice repeats.
  */
 
+import { commandWith, shellWord } from "../cli-args";
+
 // ---- the command line, for advice that must be a command that works ------------------------------
 
 let commandLine: string[] | null = null;
@@ -18,16 +20,20 @@ export function setLauncher(prefix: readonly string[]): void {
   launcher = [...prefix];
 }
 
-/** One word of a shell command, quoted when the shell would read it otherwise. */
-function q(a: string): string {
-  return /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
-}
+const q = shellWord;
 
 /** This run's own command, as it was started, with `prefix` in front (`env -u HF_TOKEN`, for advice to run it again). */
 export function sameCommand(prefix: readonly string[] = []): string {
   const head = [...prefix, ...launcher, "node", "dist/main.js"];
   if (!commandLine) return `${head.map(q).join(" ")} <the same flags>`;
   return [...head, ...commandLine].map(q).join(" ");
+}
+
+/** This run's own command with `--flag value` in place of the flag's value given (on the command line, or none). */
+export function sameCommandWith(flag: string, value: string): string {
+  const head = [...launcher, "node", "dist/main.js"];
+  if (!commandLine) return `${head.map(q).join(" ")} <the same flags> ${flag} ${q(value)}`;
+  return commandWith(head, commandLine, flag, value);
 }
 
 /** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */
