@@ -177,7 +177,7 @@ export function usage(): string {
   }
   lines.push(
     "",
-    "Environment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given, also with --demo).",
+    "Environment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given; --demo keeps its embedded Hub unless --hub-url is given).",
   );
   return lines.join("\n");
 }
@@ -212,8 +212,9 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   const values = file ? new Map([...valuesFromFile(readConfigFile(file), byFlag), ...given]) : given;
   const origins = new Map<string, string>();
   for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
-  // G10: no --hub-url (flag or file): HF_ENDPOINT, as huggingface_hub reads it, before --demo's embedded Hub
-  const endpoint = values.has("hub-url") ? null : endpointFromEnv("G10");
+  // G10: no --hub-url (flag or file): HF_ENDPOINT, as huggingface_hub reads it. --demo keeps its embedded Hub (B6:
+  // it runs offline, and a mirror set for the real Hub is no place for a demo's repo); --hub-url sends it elsewhere.
+  const endpoint = values.has("hub-url") || values.get("demo") === true ? null : endpointFromEnv("G10");
   if (endpoint !== null) {
     values.set("hub-url", endpoint);
     origins.set("hub-url", "HF_ENDPOINT");

@@ -209,6 +209,8 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
     // the Hub's address this session; cfg (and so run_config.json) keeps "embedded", which a later run can reuse
     const hubUrl = hub ? await hub.start() : cfg.hubUrl;
     if (hub) rep.say(`embedded local Hub at ${hubUrl} storing ${hubDir} (B6)`);
+    if (hub && cfg.demo && process.env.HF_ENDPOINT)
+      rep.say("HF_ENDPOINT is set, and --demo keeps its embedded Hub (B6): pass --hub-url URL to send the demo there");
     // 2. The run folder, claimed and cleaned before anything else happens there (O1, O2, O4).
     const lock: OutLock | null = cfg.benchmark ? null : lockOut(cfg.out, rep.say);
     try {

@@ -135,7 +135,7 @@ test("the client and the local Hub hold to one repo path rule", async () => {
   }
 });
 
-test("HF_ENDPOINT, with no --hub-url, is the Hub of the trainer (--demo too), of generate and of prepare (G10, G11, D2)", {
+test("HF_ENDPOINT, with no --hub-url, is the Hub of the trainer, of generate and of prepare; --demo keeps its embedded Hub unless --hub-url (G10, G11, D2, B6)", {
   timeout: 600_000,
 }, async () => {
   const th = await startTestHub({ repo: "me/models" });
@@ -153,14 +153,26 @@ test("HF_ENDPOINT, with no --hub-url, is the Hub of the trainer (--demo too), of
     assert.match(r.stdout, new RegExp(`from HF_ENDPOINT: hub-url="${th.url.replace(/[.]/g, "\\.")}"`));
     const ptr = await th.store({ repo: "me/env-run" }).readPointer();
     assert.equal(ptr?.path_in_repo, "final", "the run published to the Hub HF_ENDPOINT names");
-    // --demo's embedded Hub gives way to HF_ENDPOINT too
+    // --demo runs offline on its embedded Hub (B6), whatever HF_ENDPOINT says (a mirror of the real Hub, say), and
+    // says so; --hub-url sends it to that Hub
+    const demoRoot = tmpDir("tstrain-endpoint-demo-data-");
     const before = th.hub.requests.length;
-    const demo = await run("main.js", ["--demo", "--dry-run", "--out", tmpDir("tstrain-endpoint-demo-")], env);
+    const demoArgs = ["--demo", "--dry-run", "--root", demoRoot];
+    const demo = await run("main.js", [...demoArgs, "--out", tmpDir("tstrain-endpoint-demo-")], env);
     assert.equal(demo.status, 0, demo.stderr);
-    assert.doesNotMatch(demo.stdout, /embedded local Hub/);
+    assert.match(demo.stdout, /embedded local Hub/);
+    assert.match(demo.stdout, /HF_ENDPOINT is set, and --demo keeps its embedded Hub/);
+    assert.equal(th.hub.requests.length, before, "the demo asked HF_ENDPOINT's Hub nothing");
+    const sent = await run(
+      "main.js",
+      [...demoArgs, "--out", tmpDir("tstrain-endpoint-demo-"), "--hub-url", th.url],
+      env,
+    );
+    assert.equal(sent.status, 0, sent.stderr);
+    assert.doesNotMatch(sent.stdout, /embedded local Hub/);
     assert.ok(
       th.hub.requests.slice(before).some((q) => q.path.includes("local/tstrain-demo")),
-      "the demo asked that Hub about its repo",
+      "with --hub-url the demo asked that Hub about its repo",
     );
 
     // generate: an hf:// model from that Hub

@@ -214,7 +214,7 @@ test("--help lists every flag with its values, an explanation and its default", 
   assert.ok(u.startsWith("usage: node dist/main.js [flags]\n\nData-parallel Llama training"), u.slice(0, 80));
   assert.ok(
     u.endsWith(
-      "\n\nEnvironment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given, also with --demo).",
+      "\n\nEnvironment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given; --demo keeps its embedded Hub unless --hub-url is given).",
     ),
   );
   assert.ok(u.includes("Defaults are the frozen recipe.\n\n  --"), "a blank line before the flags");
