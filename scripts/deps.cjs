@@ -33,8 +33,9 @@ const LAYERS = [
     layer: 1,
     name: "foundation",
     // Error types, the one validated config and the small commands' flag parser: everything else may use them,
-    // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, the --config file's syntax, and
-    // hub/repo-id.ts, the Hub's rule for a repo id, which the Hub client and the local Hub hold to as well);
+    // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, a --config file's keys and
+    // values against the flag table config.ts hands it, and hub/repo-id.ts, the Hub's rule for a repo id, which the
+    // Hub client and the local Hub hold to as well);
     // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers', and
     // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS); pipes.ts keeps a reader that
     // closes stdout or stderr (`| head`) from ending any command (O7).

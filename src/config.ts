@@ -10,7 +10,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import { UserError } from "./errors";
-import { readConfigFile, type ConfigFileDoc } from "./config-file";
+import { readConfigFile } from "./config-file";
 import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
 import flagTable from "./config-flags.json";
 
@@ -206,7 +206,7 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   const byFlag = new Map(FLAGS.map((f) => [f.flag, f]));
   const { values: given, help } = readFlagValues(argv, byFlag);
   const file = given.get("config") as string | undefined;
-  const values = file ? new Map([...valuesFromFile(readConfigFile(file), byFlag), ...given]) : given;
+  const values = file ? new Map([...readConfigFile(file, FILE_TABLE), ...given]) : given;
   const origins = new Map<string, string>();
   for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
   if (values.get("demo") === true)
@@ -238,154 +238,8 @@ const TORCH_ONLY: ReadonlySet<string> = new Set(["gc-nonreentrant", "torch-compi
 /** Keys a run_config.json records that are no flag: the MPI process count (set once MPI is up), the update's
  *  constants (P7 compares them at a resume) and the config file that run read. A config file sets none of them. */
 const RECORDED_ONLY: ReadonlySet<string> = new Set(["hosts", "update", "configFile"]);
-
-/**
- * G12: a --config file's settings, by flag name. A TOML file's keys are the flags' names (`micro-batch = 4`); a
- * JSON file is a run's run_config.json, its keys the settings' names (`"microBatch": 4`). An unknown key is
- * refused naming the closest one, and a value of the wrong type naming the key, the value and the type wanted.
- */
-function valuesFromFile(doc: ConfigFileDoc, byFlag: ReadonlyMap<string, FlagSpec>): Map<string, FlagValue> {
-  const json = doc.format === "json";
-  const settable = FLAGS.filter((f) => f.flag !== "config" && !(json && TORCH_ONLY.has(f.flag)));
-  const byKey = new Map(settable.map((f) => [f.key as string, f]));
-  const values = new Map<string, FlagValue>();
-  for (const [key, raw] of doc.entries) {
-    if (json && RECORDED_ONLY.has(key)) continue;
-    if (!json && key === "config")
-      throw new UserError("G12", `--config ${doc.file}: a config file cannot name another one (config = ...): drop it`);
-    const spec = json ? byKey.get(key) : byFlag.get(key);
-    if (!spec) throw unknownKey(doc, key, raw, json ? [...byKey.keys()] : settable.map((f) => f.flag), byKey);
-    values.set(spec.flag, fileValue(doc.file, key, spec, raw));
-  }
-  return values;
-}
-
-function unknownKey(
-  doc: ConfigFileDoc,
-  key: string,
-  raw: unknown,
-  names: string[],
-  byKey: ReadonlyMap<string, FlagSpec>,
-): UserError {
-  const where = `--config ${doc.file}`;
-  if (doc.format === "json") {
-    const near = closestName(key, names);
-    return new UserError(
-      "G12",
-      `${where}: ${JSON.stringify(key)} is not a setting (a .json config is a run_config.json, its keys the settings' names); the closest is ${JSON.stringify(near)} (--${byKey.get(near)!.flag}): rename it, or drop it`,
-    );
-  }
-  const base = key.startsWith("no-") ? FLAGS.find((f) => f.flag === key.slice(3) && f.negatable) : undefined;
-  if (base) return new UserError("G12", `${where}: ${key} is not a flag's name: write ${base.flag} = false instead`);
-  const table = (v: unknown): v is Record<string, unknown> =>
-    v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Date);
-  const flat = "the file is flat: every key a flag's name at the top level, as on the command line without --";
-  if (table(raw)) {
-    // micro.batch = 2 is TOML's table micro holding batch: the flag it spells is micro-batch
-    const sub = Object.keys(raw).find((k) => names.includes(`${key}-${k}`));
-    const flag = sub === undefined ? undefined : `${key}-${sub}`;
-    if (sub !== undefined && flag !== undefined)
-      return new UserError(
-        "G12",
-        `${where}: ${key}.${flag.slice(key.length + 1)} (a TOML table: [${key}] or a dotted key) is not a flag, and ${flat}: write ${flag} = ${JSON.stringify(raw[sub])}`,
-      );
-    return new UserError(
-      "G12",
-      `${where}: [${key}] is a table, but ${flat}: move its settings to the top of the file and drop the [${key}] line`,
-    );
-  }
-  if (Array.isArray(raw) && raw.length > 0 && raw.every(table))
-    return new UserError(
-      "G12",
-      `${where}: [[${key}]] is an array of tables, but ${flat}: drop it and write the settings at the top of the file`,
-    );
-  const near = closestName(key, names);
-  return new UserError(
-    "G12",
-    `${where}: ${key} is not a flag (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
-  );
-}
-
-/** The candidate nearest `name` by edit distance, case, '-' and '_' set aside (micro_batch, microBatch: micro-batch). */
-export function closestName(name: string, candidates: readonly string[]): string {
-  const norm = (s: string) => s.toLowerCase().replace(/[-_]/g, "");
-  const a = norm(name);
-  let best = candidates[0];
-  let bestD = Number.POSITIVE_INFINITY;
-  for (const c of candidates) {
-    const d = editDistance(a, norm(c));
-    if (d < bestD) [best, bestD] = [c, d];
-  }
-  return best;
-}
-
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const cur = [i];
-    for (let j = 1; j <= b.length; j++)
-      cur[j] = Math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
-    prev = cur;
-  }
-  return prev[b.length];
-}
-
-/** One file value checked against its flag's kind and choices, as the command line's are. */
-function fileValue(file: string, key: string, spec: FlagSpec, raw: unknown): FlagValue {
-  const name = key === spec.flag ? key : `${key} (--${spec.flag})`;
-  const shown =
-    typeof raw === "bigint" || typeof raw === "number"
-      ? String(raw)
-      : raw instanceof Date
-        ? raw.toISOString()
-        : JSON.stringify(raw);
-  const refuse = (want: string, hint = "") =>
-    new UserError(
-      "G12",
-      `--config ${file}: ${name} = ${shown} is ${kindOf(raw)}, but ${spec.flag} takes ${want}${hint}: fix its value`,
-    );
-  const numeric = typeof raw === "string" && raw.trim() !== "" && Number.isFinite(Number(raw));
-  const unquote = numeric ? ` (write it without quotes: ${key} = ${raw})` : "";
-  switch (spec.kind) {
-    case "bool":
-      if (typeof raw === "boolean") return raw;
-      throw refuse(
-        "true or false",
-        raw === "true" || raw === "false" ? ` (write it without quotes: ${key} = ${raw})` : "",
-      );
-    case "int":
-      if (typeof raw === "number" && Number.isSafeInteger(raw)) return raw;
-      throw refuse(`a whole number of at most ${Number.MAX_SAFE_INTEGER}`, unquote);
-    case "float":
-      if (typeof raw === "number" && Number.isFinite(raw)) return raw;
-      throw refuse("a number", unquote);
-    case "string":
-      if (typeof raw !== "string") throw refuse(`a string (in quotes: ${key} = "${String(shown)}")`);
-      if (spec.choices && !spec.choices.includes(raw))
-        throw new UserError(
-          "G12",
-          `--config ${file}: ${name} = ${shown} is not one of ${spec.choices.join(", ")}: pick one of them`,
-        );
-      return raw;
-  }
-}
-
-function kindOf(v: unknown): string {
-  if (typeof v === "string") return "a string";
-  if (typeof v === "boolean") return "a boolean";
-  if (typeof v === "bigint") return "a whole number too large to hold exactly";
-  if (typeof v === "number")
-    return Number.isNaN(v)
-      ? "not a number (nan)"
-      : !Number.isFinite(v)
-        ? "infinite (inf, or a number too large for a double, as 1e400)"
-        : Number.isInteger(v)
-          ? "a whole number"
-          : "a number with a fraction";
-  if (Array.isArray(v)) return "an array";
-  if (v instanceof Date) return "a date";
-  return v === null ? "null" : "a table";
-}
+/** The table as config-file.ts reads a --config file's keys against it. */
+const FILE_TABLE = { flags: FLAGS, torchOnly: TORCH_ONLY, recordedOnly: RECORDED_ONLY };
 
 /**
  * G12: the start line: each setting that differs from its default, grouped by where it came from (the --config
