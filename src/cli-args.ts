@@ -59,3 +59,8 @@ export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>
   }
   return o;
 }
+
+/** One word of a shell command, quoted when the shell would read it otherwise: advice that is a command to paste. */
+export function shellWord(a: string): string {
+  return /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
+}

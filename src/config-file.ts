@@ -37,6 +37,8 @@ export function readConfigFile(file: string, table: FileFlagTable): Map<string, 
 interface ConfigFileDoc {
   /** The path as given to --config. */
   file: string;
+  /** The file's text (a refusal of a table says whether it is a [header], a dotted key or an inline table). */
+  text: string;
   format: "toml" | "json";
   entries: Array<[key: string, value: unknown]>;
 }
@@ -52,7 +54,7 @@ function readConfigDoc(file: string): ConfigFileDoc {
   }
   const format = file.toLowerCase().endsWith(".json") ? "json" : "toml";
   const doc = format === "json" ? parseJson(file, text) : parseToml(file, text);
-  return { file, format, entries: Object.entries(doc) };
+  return { file, text, format, entries: Object.entries(doc) };
 }
 
 function parseToml(file: string, text: string): Record<string, unknown> {
@@ -148,20 +150,7 @@ function unknownKey(
   const table = (v: unknown): v is Record<string, unknown> =>
     v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Date);
   const flat = "the file is flat: every key a flag's name at the top level, as on the command line without --";
-  if (table(raw)) {
-    // micro.batch = 2 is TOML's table micro holding batch: the flag it spells is micro-batch
-    const sub = Object.keys(raw).find((k) => names.includes(`${key}-${k}`));
-    const flag = sub === undefined ? undefined : `${key}-${sub}`;
-    if (sub !== undefined && flag !== undefined)
-      return new UserError(
-        "G12",
-        `${where}: ${key}.${flag.slice(key.length + 1)} (a TOML table: [${key}] or a dotted key) is not a flag, and ${flat}: write ${flag} = ${JSON.stringify(raw[sub])}`,
-      );
-    return new UserError(
-      "G12",
-      `${where}: [${key}] is a table, but ${flat}: move its settings to the top of the file and drop the [${key}] line`,
-    );
-  }
+  if (table(raw)) return tableKey(doc, key, raw, names, flat);
   if (Array.isArray(raw) && raw.length > 0 && raw.every(table))
     return new UserError(
       "G12",
@@ -172,6 +161,61 @@ function unknownKey(
     "G12",
     `${where}: ${key} is not a flag (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
   );
+}
+
+/**
+ * G12: a TOML table where the file is flat: `[train]` (a header line), `train.lr = 1e-3` or `hub.repo.type = "model"`
+ * (dotted keys) or `hub = { repo-type = "model" }` (an inline table). Each of its settings is a flag when its
+ * path, joined with '-', names one (micro.batch: micro-batch; hub.repo.type: hub-repo-type) or its last key does
+ * (train.lr: lr); when every setting is one, the refusal says the lines to write, else where the names are listed.
+ */
+function tableKey(
+  doc: ConfigFileDoc,
+  key: string,
+  raw: Record<string, unknown>,
+  names: readonly string[],
+  flat: string,
+): UserError {
+  const where = `--config ${doc.file}`;
+  const leaves: Array<[path: string[], value: unknown]> = [];
+  const walk = (path: string[], v: unknown) => {
+    if (v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Date))
+      for (const [k, x] of Object.entries(v)) walk([...path, k], x);
+    else leaves.push([path, v]);
+  };
+  walk([key], raw);
+  const flagOf = (path: string[]) =>
+    [path.join("-"), path[path.length - 1]].find((n) => names.includes(n) && n !== "config");
+  const lines = leaves.map(([path, v]) => ({ path, flag: flagOf(path), v: tomlValue(v) }));
+  const all = lines.length > 0 && lines.every((l) => l.flag !== undefined);
+  const write = lines.map((l) => `${l.flag} = ${l.v}`).join(" and ");
+  const esc = key.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const header = new RegExp(`^[ \\t]*\\[[ \\t]*"?${esc}"?[ \\t]*[\\].]`, "m").test(doc.text);
+  const dotted = !header && new RegExp(`^[ \\t]*"?${esc}"?[ \\t]*\\.`, "m").test(doc.text);
+  if (header) {
+    const same = all && lines.every((l) => l.path.length === 2 && l.flag === l.path[1]);
+    const fix = same
+      ? "move its settings to the top of the file"
+      : all
+        ? `write ${write} at the top of the file`
+        : "write its settings at the top of the file by their flags' names (node dist/main.js --help lists them)";
+    return new UserError("G12", `${where}: [${key}] is a table, but ${flat}: ${fix} and drop the [${key}] line`);
+  }
+  const many = dotted && lines.length > 1;
+  const what = dotted
+    ? `${lines.map((l) => l.path.join(".")).join(" and ")} (${many ? "dotted keys" : "a dotted key"})`
+    : `${key} = { ... } (an inline table)`;
+  return new UserError(
+    "G12",
+    `${where}: ${what} ${many ? "are not flags" : "is not a flag"}, and ${flat}: ${all ? `write ${write} instead` : "write each setting by its flag's name (node dist/main.js --help lists them)"}`,
+  );
+}
+
+/** A value as TOML writes it (a string in quotes, a number or a boolean as it is). */
+function tomlValue(v: unknown): string {
+  if (typeof v === "number" || typeof v === "bigint" || typeof v === "boolean") return String(v);
+  if (v instanceof Date) return v.toISOString();
+  return JSON.stringify(v);
 }
 
 /** The candidate nearest `name` by edit distance, case, '-' and '_' set aside (micro_batch, microBatch: micro-batch). */

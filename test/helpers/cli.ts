@@ -1,0 +1,43 @@
+// The commands as a user runs them (node dist/<file>.js), and what a refusal must look like (issues 53, 60): one
+// line on stderr naming the rule, exit 2, no stack trace. Shared by the test files that run refusals' advice.
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { spawnSync } from "node:child_process";
+import { tmpDir } from "./tmp";
+import { writeTinyTokenizer } from "../fixtures/data-synth";
+import { corpusDocs } from "../fixtures/corpus-docs";
+import { buildConfig, hfConfigJson } from "../../src/model/llama-config";
+import { initWeights } from "../../src/model/init";
+import { paramLayout } from "../../src/model/layout";
+import { flatToTensors, writeSafetensors } from "../../src/model/safetensors";
+
+const DIST = path.join(__dirname, "..", "..");
+
+/** `node dist/<file> ...args`, to its end. */
+export function node(file: string, args: string[], env: NodeJS.ProcessEnv = process.env) {
+  return spawnSync(process.execPath, [path.join(DIST, file), ...args], { encoding: "utf8", timeout: 150_000, env });
+}
+
+/** A refusal: exit 2, one line on stderr matching `line`, no stack trace, nothing on stdout. */
+export function assertRefused(r: { status: number | null; stderr: string }, line: RegExp): void {
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, line);
+  assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
+  assert.doesNotMatch(r.stderr, /\n\s+at |internal error/);
+}
+
+/** An exported model (2 layers, width 36, vocab 300) with its tokenizer, for generate. */
+export function tinyModel(): string {
+  const dir = tmpDir("tstrain-refusals-model-");
+  const cfg = buildConfig({ seqLen: 32, layers: 2, hidden: 36, vocabSize: 300 });
+  const params = new Float32Array(paramLayout(cfg).total);
+  initWeights(cfg, 7, params);
+  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
+  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
+  writeTinyTokenizer(
+    dir,
+    corpusDocs().filter((d) => d.length > 0),
+  );
+  return dir;
+}
