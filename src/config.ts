@@ -346,7 +346,7 @@ function readFlagValues(
       continue;
     }
     const raw = inline ?? argv[++i];
-    set(spec.flag, valueOf(spec, name, raw), at, i);
+    set(spec.flag, flagValue(spec, name, raw), at, i);
   }
   const twice = [...given.values()].filter((r) => r.length > 1);
   if (twice.length) throw repeatedFlag(argv, twice);
@@ -354,7 +354,7 @@ function readFlagValues(
 }
 
 /** A string or number flag's value as given (undefined: none came), checked against its kind and choices. */
-function valueOf(spec: FlagSpec, name: string, raw: string | undefined): FlagValue {
+function flagValue(spec: FlagSpec, name: string, raw: string | undefined): FlagValue {
   if (raw === undefined)
     throw new UserError(
       "G10",
