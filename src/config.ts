@@ -617,6 +617,11 @@ function refuseEngineMismatch(c: RunConfig): void {
       "P8",
       `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: pass --gemm builtin, or drop --precision bf16`,
     );
+  if (c.gemm === "openblas" && c.isa !== "auto")
+    throw new UserError(
+      "P1",
+      `--isa ${c.isa} chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: pass --gemm builtin to use it, or --isa auto (the default) for OpenBLAS`,
+    );
   if (tfjsOrGpu && (c.isa !== "auto" || c.gemm !== "builtin")) {
     const flag = c.isa !== "auto" ? `--isa ${c.isa}` : `--gemm ${c.gemm}`;
     const back = c.isa !== "auto" ? "--isa auto" : "--gemm builtin";

@@ -94,6 +94,36 @@ test("a resume with another --seed or --data-seed is refused before any training
   assert.deepEqual(snapshot(path.join(out, "ckpt")), before, "no checkpoint changed by the refusals");
 });
 
+test("a resume with another --seq-len or horizon is refused naming the run's value as a flag, and that flag resumes (C3, P5)", {
+  timeout: 600_000,
+}, () => {
+  const out = tmpDir("tstrain-plan-resume-");
+  const first = node("main.js", tinyRun(mix.root, out, ["--vocab-size", "64", "--stop-after-steps", "4"]));
+  assert.equal(first.status, 0, first.stderr);
+  const ck4 = path.join(out, "ckpt", "checkpoint-4");
+  const cases: Array<[extra: string[], refusal: RegExp]> = [
+    [
+      ["--seq-len", "32"],
+      /^refused: resume refused: \S+ cursor seq_len=16 != current 32; .*: resume with (--seq-len 16), the run's \[C3\]$/m,
+    ],
+    [
+      ["--max-steps", "12"],
+      /^refused: resume refused: the checkpoint's horizon is 8 steps but this plan has 12; .*Resume with (--max-steps 8) \(the checkpoint's horizon\) \[P5\]$/m,
+    ],
+  ];
+  for (const [extra, refusal] of cases) {
+    const bad = node("main.js", tinyRun(mix.root, out, ["--vocab-size", "64", "--resume", ck4, ...extra]));
+    assertRefused(bad, refusal);
+    const fix = refusal.exec(bad.stderr)?.[1] ?? "";
+    const copy = tmpDir("tstrain-plan-resume-copy-");
+    fs.cpSync(out, copy, { recursive: true });
+    const resume = ["--vocab-size", "64", "--resume", path.join(copy, "ckpt", "checkpoint-4")];
+    const ok = node("main.js", tinyRun(mix.root, copy, [...resume, ...extra, ...flagsIn(fix)]));
+    assert.equal(ok.status, 0, `${extra.join(" ")} -> ${fix}: ${ok.stderr}`);
+    assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
+  }
+});
+
 test("--demo --root on a prepared mix trains the demo's model on that mix and adds nothing there, with or without --dry-run; --dry-run writes nothing anywhere; a folder of other files is refused, and the folder it names works (D1, G7)", {
   timeout: 600_000,
 }, () => {
@@ -411,9 +441,17 @@ test("a flag given twice is refused naming both, with the command that gives it 
   assertRefused(both, /^refused: --prune and --prune set the same flag: .* \[G10\]$/m);
 });
 
-test("--isa or --gemm with a backend that does not run the native engine is refused, and both fixes it names run (P1)", {
+test("--isa or --gemm with a backend that does not run the native engine, or --isa with --gemm openblas, is refused, and the fixes it names run (P1)", {
   timeout: 300_000,
 }, () => {
+  // --isa with --gemm openblas: the built-in GEMM's kernel, which OpenBLAS does not run
+  const blas = node("main.js", dry(tmpDir("tstrain-isa-openblas-"), ["--gemm", "openblas", "--isa", "avx2"]));
+  assertRefused(
+    blas,
+    /^refused: --isa avx2 chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: pass --gemm builtin to use it, or --isa auto \(the default\) for OpenBLAS \[P1\]$/m,
+  );
+  const builtin = node("main.js", dry(tmpDir("tstrain-isa-builtin-"), ["--gemm", "builtin", "--isa", "avx2"]));
+  if (supportedIsas().includes("avx2")) assert.equal(builtin.status, 0, builtin.stderr);
   for (const [flags, backend] of [
     [["--isa", "avx2"], "wasm"],
     [["--gemm", "openblas"], "cpu"],

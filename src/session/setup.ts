@@ -282,7 +282,7 @@ async function planStart(
   if (start.startStep > plan.stepsPlanned) {
     throw new UserError(
       "P5",
-      `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Use the original --tokens/--max-steps`,
+      `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Resume with the run's own --max-steps (or --tokens)`,
     );
   }
   if (start.startStep === plan.stepsPlanned) {
