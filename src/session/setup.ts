@@ -407,25 +407,30 @@ function checkTrainerState(
   return priorLoss ?? priorLossOfState(st);
 }
 
-/** G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. */
+/**
+ * G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. A value
+ * that is none is refused with the ones that are: the checkpoint steps beyond the resume point nearest it, or 0.
+ */
 function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): number {
   if (!cfg.stopAfterSteps) return plan.stepsPlanned;
   const S = cfg.stopAfterSteps;
-  if (S % plan.ckptEvery)
+  const every = plan.ckptEvery;
+  const first = (Math.floor(startStep / every) + 1) * every; // the first checkpoint step beyond the resume point
+  const ok = (n: number) => n >= first && n <= plan.stepsPlanned && n % every === 0;
+  const near = [Math.floor(S / every) * every, Math.ceil(S / every) * every, first].filter(ok);
+  const fix = `pass ${[...new Set(near.slice(0, 2))].map((n) => `--stop-after-steps ${n}`).join(" or ")}${near.length ? ", or " : ""}--stop-after-steps 0 (run to the horizon)`;
+  if (S % every)
     throw new UserError(
       "G1",
-      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${plan.ckptEvery}: the session would end between two checkpoints`,
+      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${every}: the session would end between two checkpoints; ${fix}`,
     );
   if (S <= startStep)
     throw new UserError(
       "G1",
-      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing`,
+      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing; ${fix}`,
     );
   if (S > plan.stepsPlanned)
-    throw new UserError(
-      "G1",
-      `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`,
-    );
+    throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; ${fix}`);
   return S;
 }
 
