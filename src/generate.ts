@@ -37,7 +37,7 @@ import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { hubUrlProblem } from "./config";
 import { guardOutput } from "./pipes";
-import { type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
+import { type FlagArgs, type FlagTable, parseFlags, shellWord } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
@@ -156,6 +156,11 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
         return v;
       },
       unknown: (a) => new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
+      repeated: (given, once) =>
+        new UserError(
+          "G11",
+          `${given.join(" and ")} set the same flag: a flag is read once, and all but one would be dropped without a word. Give each once, as in node dist/generate.js ${once.map(shellWord).join(" ")}`,
+        ),
     }) === null
   )
     return null;

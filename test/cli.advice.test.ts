@@ -10,6 +10,8 @@ import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
 import { assertRefused, node, tinyModel } from "./helpers/cli";
 import { writeSyntheticMix } from "./helpers/mix";
+import { writeTinyTokenizer } from "./fixtures/data-synth";
+import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 import { FLAGS, parseArgs } from "../src/config";
 import { builtinGemmBf16, loadNative, supportedIsas } from "../src/model/engine/native";
 import { BF16_EMULATION_SPEED } from "../src/run";
@@ -497,6 +499,65 @@ test("generate: a number option that is no number or out of range names its rule
     const ok = node("generate.js", [...gen.filter((a) => a !== flag), flag, fix]);
     assert.equal(ok.status, 0, `${flag} ${fix}: ${ok.stderr}`);
   }
+});
+
+test("prepare and generate: a number that is out of range or no number, and a flag given twice, are refused with the value or the command that works, and it runs (D2, G11)", {
+  timeout: 600_000,
+}, () => {
+  const work = tmpDir("tstrain-prepare-advice-");
+  fs.writeFileSync(path.join(work, "c.jsonl"), corpusJsonl());
+  const tok = writeTinyTokenizer(
+    path.join(work, "tok"),
+    corpusDocs().filter((d) => d.length > 0),
+  );
+  let n = 0;
+  const prep = (extra: string[]) => {
+    const base = ["--input", path.join(work, "c.jsonl"), "--tokenizer", tok, "--out", path.join(work, `mix-${n++}`)];
+    return extra.includes("--val-fraction") ? [...base, ...extra] : [...base, "--val-fraction", "0.05", ...extra];
+  };
+  for (const [flag, value] of [
+    ["--workers", "0"],
+    ["--workers", "1.5"],
+    ["--workers", "abc"],
+    ["--val-fraction", "2"],
+    ["--shard-tokens", "0"],
+  ]) {
+    const args = prep([flag, value]);
+    const bad = node("prepare.js", args);
+    assert.equal(bad.status, 2, bad.stderr);
+    const first = bad.stderr.split("\n")[0];
+    assert.match(first, new RegExp(`^prepare: ${flag} .*: pass ${flag} (\\S+).* \\[D2\\]$`));
+    const fix = new RegExp(`pass ${flag} (\\S+)`).exec(first)?.[1] ?? "";
+    const ok = node("prepare.js", [...args.slice(0, -2), flag, fix]);
+    assert.equal(ok.status, 0, `${flag} ${value} -> ${fix}: ${ok.stderr}`);
+  }
+  // a flag given twice, in prepare and in generate: the command printed gives each once, and runs
+  const model = tinyModel();
+  const cases: Array<[file: string, args: string[], rule: string]> = [
+    ["prepare.js", prep(["--workers", "2", "--workers", "1"]), "D2"],
+    [
+      "generate.js",
+      ["--model", model, "--prompt", "The", "--max-new-tokens", "2", "--seed", "1", "--backend", "cpu", "--seed", "2"],
+      "G11",
+    ],
+  ];
+  for (const [file, args, rule] of cases) {
+    const bad = node(file, args);
+    const who = file.replace(/\.js$/, "");
+    assertRefused(
+      bad,
+      new RegExp(
+        `^${who}: (--workers 2 and --workers 1|--seed 1 and --seed 2) set the same flag: .*Give each once, as in (node dist/${file} .*) \\[${rule}\\]$`,
+        "m",
+      ),
+    );
+    const cmd = new RegExp(`as in (node dist/${file} .*) \\[${rule}\\]$`, "m").exec(bad.stderr)?.[1] ?? "";
+    const ok = spawnSync("bash", ["-c", cmd], { cwd: ROOT, encoding: "utf8", timeout: 150_000 });
+    assert.equal(ok.status, 0, `${cmd}: ${ok.stderr}`);
+  }
+  // prepare's --input adds up: given twice it is two inputs, not a refusal
+  const two = node("prepare.js", prep(["--input", path.join(work, "c.jsonl")]));
+  assert.equal(two.status, 0, two.stderr);
 });
 
 test("what the first signal says is what the session does there: before the first step, while training, after the last step, and in a dry run (O3)", () => {
