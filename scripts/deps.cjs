@@ -35,9 +35,10 @@ const LAYERS = [
     layer: 1,
     name: "foundation",
     // Error types, the one validated config and the small commands' flag parser: everything else may use them,
-    // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, the --config file's syntax, and
-    // hub/address.ts: where the Hub is (--hub-url, HF_ENDPOINT, the default), the hf:// grammar and the rules for a
-    // repo id and a path in a repo, which prepare, generate, the Hub client and the local Hub hold to as well);
+    // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, a --config file's keys and
+    // values against the flag table config.ts hands it, and hub/address.ts: where the Hub is (--hub-url,
+    // HF_ENDPOINT, the default), the hf:// grammar and the rules for a repo id and a path in a repo, which prepare,
+    // generate, the Hub client and the local Hub hold to as well);
     // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers', and
     // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS); pipes.ts keeps a reader that
     // closes stdout or stderr (`| head`) from ending any command (O7).

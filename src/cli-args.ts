@@ -27,11 +27,21 @@ export interface CliSyntax {
   unknown(arg: string): Error;
   /** `--flag=value` is read as `--flag value` (default: no) */
   inline?: boolean;
+  /**
+   * The error for a flag given more than once (G10's rule, each command's words): `given`, its words each time;
+   * `once`, the arguments with each flag once, its last value kept (advice to run). Unset: the last value wins.
+   */
+  repeated?(given: string[], once: string[]): Error;
+  /** Flags that may be given more than once, their values adding up (prepare's --input). */
+  repeatable?: readonly string[];
 }
 
-/** Sets the options from argv through the table, in order; null for --help or -h (the caller prints its help). */
+/** Sets the options from argv through the table, in order; null for --help or -h (the caller prints its help). A
+ *  flag given twice is refused by `syntax.repeated` when the command has one (an alias is the same flag). */
 export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>, syntax: CliSyntax): O | null {
+  const given = new Map<unknown, Array<{ from: number; to: number }>>(); // each flag's words, by its function
   for (let i = 0; i < argv.length; i++) {
+    const from = i;
     const a = argv[i];
     const eq = syntax.inline ? a.indexOf("=") : -1;
     const flag = eq >= 0 ? a.slice(0, eq) : a;
@@ -56,6 +66,17 @@ export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>
         return out;
       },
     });
+    if (!syntax.repeatable?.includes(flag))
+      given.set(table[flag], [...(given.get(table[flag]) ?? []), { from, to: i }]);
+  }
+  const twice = [...given.values()].filter((r) => r.length > 1);
+  if (twice.length && syntax.repeated) {
+    const dropped = twice.flatMap((r) => r.slice(0, -1));
+    const once = argv.filter((_, i) => !dropped.some((r) => i >= r.from && i <= r.to));
+    throw syntax.repeated(
+      twice[0].map((r) => argv.slice(r.from, r.to + 1).join(" ")),
+      once,
+    );
   }
   return o;
 }

@@ -10,7 +10,8 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import { UserError } from "./errors";
-import { readConfigFile, type ConfigFileDoc } from "./config-file";
+import { shellWord } from "./cli-args";
+import { closestName, readConfigFile } from "./config-file";
 import { canonicalHubUrl, endpointFromEnv, hubUrlProblem, isRepoId, REPO_ID_RULE } from "./hub/address";
 import flagTable from "./config-flags.json";
 
@@ -182,11 +183,24 @@ export function usage(): string {
   return lines.join("\n");
 }
 
-function parseNumber(flag: string, raw: string, kind: "int" | "float"): number {
+/** A number flag's value as written (`_` and spaces allowed), refused naming the value and a value that works. */
+function parseNumber(spec: FlagSpec, raw: string): number {
   const t = raw.trim().replace(/_/g, "");
   const v = Number(t);
-  if (t === "" || !Number.isFinite(v)) throw new UserError("G10", `--${flag} ${JSON.stringify(raw)} is not a number`);
-  if (kind === "int" && !Number.isSafeInteger(v)) throw new UserError("G10", `--${flag} ${raw} must be a whole number`);
+  const dflt = `pass --${spec.flag} ${spec.def} (its default)`;
+  if (t === "" || !Number.isFinite(v))
+    throw new UserError("G10", `--${spec.flag} ${JSON.stringify(raw)} is not a number: ${dflt}`);
+  if (spec.kind === "int" && !Number.isInteger(v)) {
+    const r = RANGES[spec.flag];
+    const near = [Math.floor(v), Math.ceil(v)].filter((x) => !r || r.ok(x));
+    const fix = near.length ? `pass ${near.map((x) => `--${spec.flag} ${x}`).join(" or ")}` : dflt;
+    throw new UserError("G10", `--${spec.flag} ${raw} must be a whole number: ${fix}`);
+  }
+  if (spec.kind === "int" && !Number.isSafeInteger(v))
+    throw new UserError(
+      "G10",
+      `--${spec.flag} ${raw} is too large: a whole number is counted exactly up to ${Number.MAX_SAFE_INTEGER} (2^53 - 1); ${dflt}`,
+    );
   return v;
 }
 
@@ -209,7 +223,7 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   const byFlag = new Map(FLAGS.map((f) => [f.flag, f]));
   const { values: given, help } = readFlagValues(argv, byFlag);
   const file = given.get("config") as string | undefined;
-  const values = file ? new Map([...valuesFromFile(readConfigFile(file), byFlag), ...given]) : given;
+  const values = file ? new Map([...readConfigFile(file, FILE_TABLE), ...given]) : given;
   const origins = new Map<string, string>();
   for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
   // G10: no --hub-url (flag or file): HF_ENDPOINT, as huggingface_hub reads it. --demo keeps its embedded Hub (B6:
@@ -234,13 +248,16 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   return { config, help, explicit: new Set(values.keys()), origins };
 }
 
-/** A range refusal of a setting the file gave (`--micro-batch: 0 must be ...`) says it came from the file. */
+/** A range refusal of a setting the file gave says it came from the file: `--micro-batch: 0 (set in --config
+ *  run.toml) must be ...`; the flag it advises, given on the command line, overrides the file. */
 function namingTheFile(e: unknown, origins: ReadonlyMap<string, string>): unknown {
   if (!(e instanceof UserError)) return e;
   const m = /^--([a-z0-9-]+)/.exec(e.message);
   const from = m ? origins.get(m[1]) : undefined;
   if (!from || from === "flag" || from === "--demo") return e;
-  return new UserError(e.rule, `${e.message.slice(0, -` [${e.rule}]`.length)} (set in --config ${from})`);
+  const msg = e.message.slice(0, -` [${e.rule}]`.length);
+  const head = /^--[a-z0-9-]+:? \S+/.exec(msg)?.[0] ?? msg;
+  return new UserError(e.rule, `${head} (set in --config ${from})${msg.slice(head.length)}`);
 }
 
 /** The seed's torch switches: flags of the table that are refused when set, and read into no setting. */
@@ -248,154 +265,8 @@ const TORCH_ONLY: ReadonlySet<string> = new Set(["gc-nonreentrant", "torch-compi
 /** Keys a run_config.json records that are no flag: the MPI process count (set once MPI is up), the update's
  *  constants (P7 compares them at a resume) and the config file that run read. A config file sets none of them. */
 const RECORDED_ONLY: ReadonlySet<string> = new Set(["hosts", "update", "configFile"]);
-
-/**
- * G12: a --config file's settings, by flag name. A TOML file's keys are the flags' names (`micro-batch = 4`); a
- * JSON file is a run's run_config.json, its keys the settings' names (`"microBatch": 4`). An unknown key is
- * refused naming the closest one, and a value of the wrong type naming the key, the value and the type wanted.
- */
-function valuesFromFile(doc: ConfigFileDoc, byFlag: ReadonlyMap<string, FlagSpec>): Map<string, FlagValue> {
-  const json = doc.format === "json";
-  const settable = FLAGS.filter((f) => f.flag !== "config" && !(json && TORCH_ONLY.has(f.flag)));
-  const byKey = new Map(settable.map((f) => [f.key as string, f]));
-  const values = new Map<string, FlagValue>();
-  for (const [key, raw] of doc.entries) {
-    if (json && RECORDED_ONLY.has(key)) continue;
-    if (!json && key === "config")
-      throw new UserError("G12", `--config ${doc.file}: a config file cannot name another one (config = ...): drop it`);
-    const spec = json ? byKey.get(key) : byFlag.get(key);
-    if (!spec) throw unknownKey(doc, key, raw, json ? [...byKey.keys()] : settable.map((f) => f.flag), byKey);
-    values.set(spec.flag, fileValue(doc.file, key, spec, raw));
-  }
-  return values;
-}
-
-function unknownKey(
-  doc: ConfigFileDoc,
-  key: string,
-  raw: unknown,
-  names: string[],
-  byKey: ReadonlyMap<string, FlagSpec>,
-): UserError {
-  const where = `--config ${doc.file}`;
-  if (doc.format === "json") {
-    const near = closestName(key, names);
-    return new UserError(
-      "G12",
-      `${where}: ${JSON.stringify(key)} is not a setting (a .json config is a run_config.json, its keys the settings' names); the closest is ${JSON.stringify(near)} (--${byKey.get(near)!.flag}): rename it, or drop it`,
-    );
-  }
-  const base = key.startsWith("no-") ? FLAGS.find((f) => f.flag === key.slice(3) && f.negatable) : undefined;
-  if (base) return new UserError("G12", `${where}: ${key} is not a flag's name: write ${base.flag} = false instead`);
-  const table = (v: unknown): v is Record<string, unknown> =>
-    v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Date);
-  const flat = "the file is flat: every key a flag's name at the top level, as on the command line without --";
-  if (table(raw)) {
-    // micro.batch = 2 is TOML's table micro holding batch: the flag it spells is micro-batch
-    const sub = Object.keys(raw).find((k) => names.includes(`${key}-${k}`));
-    const flag = sub === undefined ? undefined : `${key}-${sub}`;
-    if (sub !== undefined && flag !== undefined)
-      return new UserError(
-        "G12",
-        `${where}: ${key}.${flag.slice(key.length + 1)} (a TOML table: [${key}] or a dotted key) is not a flag, and ${flat}: write ${flag} = ${JSON.stringify(raw[sub])}`,
-      );
-    return new UserError(
-      "G12",
-      `${where}: [${key}] is a table, but ${flat}: move its settings to the top of the file and drop the [${key}] line`,
-    );
-  }
-  if (Array.isArray(raw) && raw.length > 0 && raw.every(table))
-    return new UserError(
-      "G12",
-      `${where}: [[${key}]] is an array of tables, but ${flat}: drop it and write the settings at the top of the file`,
-    );
-  const near = closestName(key, names);
-  return new UserError(
-    "G12",
-    `${where}: ${key} is not a flag (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
-  );
-}
-
-/** The candidate nearest `name` by edit distance, case, '-' and '_' set aside (micro_batch, microBatch: micro-batch). */
-export function closestName(name: string, candidates: readonly string[]): string {
-  const norm = (s: string) => s.toLowerCase().replace(/[-_]/g, "");
-  const a = norm(name);
-  let best = candidates[0];
-  let bestD = Number.POSITIVE_INFINITY;
-  for (const c of candidates) {
-    const d = editDistance(a, norm(c));
-    if (d < bestD) [best, bestD] = [c, d];
-  }
-  return best;
-}
-
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const cur = [i];
-    for (let j = 1; j <= b.length; j++)
-      cur[j] = Math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
-    prev = cur;
-  }
-  return prev[b.length];
-}
-
-/** One file value checked against its flag's kind and choices, as the command line's are. */
-function fileValue(file: string, key: string, spec: FlagSpec, raw: unknown): FlagValue {
-  const name = key === spec.flag ? key : `${key} (--${spec.flag})`;
-  const shown =
-    typeof raw === "bigint" || typeof raw === "number"
-      ? String(raw)
-      : raw instanceof Date
-        ? raw.toISOString()
-        : JSON.stringify(raw);
-  const refuse = (want: string, hint = "") =>
-    new UserError(
-      "G12",
-      `--config ${file}: ${name} = ${shown} is ${kindOf(raw)}, but ${spec.flag} takes ${want}${hint}: fix its value`,
-    );
-  const numeric = typeof raw === "string" && raw.trim() !== "" && Number.isFinite(Number(raw));
-  const unquote = numeric ? ` (write it without quotes: ${key} = ${raw})` : "";
-  switch (spec.kind) {
-    case "bool":
-      if (typeof raw === "boolean") return raw;
-      throw refuse(
-        "true or false",
-        raw === "true" || raw === "false" ? ` (write it without quotes: ${key} = ${raw})` : "",
-      );
-    case "int":
-      if (typeof raw === "number" && Number.isSafeInteger(raw)) return raw;
-      throw refuse(`a whole number of at most ${Number.MAX_SAFE_INTEGER}`, unquote);
-    case "float":
-      if (typeof raw === "number" && Number.isFinite(raw)) return raw;
-      throw refuse("a number", unquote);
-    case "string":
-      if (typeof raw !== "string") throw refuse(`a string (in quotes: ${key} = "${String(shown)}")`);
-      if (spec.choices && !spec.choices.includes(raw))
-        throw new UserError(
-          "G12",
-          `--config ${file}: ${name} = ${shown} is not one of ${spec.choices.join(", ")}: pick one of them`,
-        );
-      return raw;
-  }
-}
-
-function kindOf(v: unknown): string {
-  if (typeof v === "string") return "a string";
-  if (typeof v === "boolean") return "a boolean";
-  if (typeof v === "bigint") return "a whole number too large to hold exactly";
-  if (typeof v === "number")
-    return Number.isNaN(v)
-      ? "not a number (nan)"
-      : !Number.isFinite(v)
-        ? "infinite (inf, or a number too large for a double, as 1e400)"
-        : Number.isInteger(v)
-          ? "a whole number"
-          : "a number with a fraction";
-  if (Array.isArray(v)) return "an array";
-  if (v instanceof Date) return "a date";
-  return v === null ? "null" : "a table";
-}
+/** The table as config-file.ts reads a --config file's keys against it. */
+const FILE_TABLE = { flags: FLAGS, torchOnly: TORCH_ONLY, recordedOnly: RECORDED_ONLY };
 
 /**
  * G12: the start line: each setting that differs from its default, grouped by where it came from (the --config
@@ -428,15 +299,25 @@ function rank(from: string): number {
   return from === "--demo" ? 1 : from === "flags" ? 2 : from === "the caller" ? 3 : 0;
 }
 
-/** Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was. */
+/**
+ * Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was.
+ * A flag given twice (`--world 2 ... --world 1`, or `--prune --no-prune`) is refused naming both (G10): one of
+ * them would be dropped without a word.
+ */
 function readFlagValues(
   argv: readonly string[],
   byFlag: ReadonlyMap<string, FlagSpec>,
 ): { values: Map<string, FlagValue>; help: boolean } {
   const values = new Map<string, FlagValue>();
+  const given = new Map<string, Array<{ from: number; to: number }>>(); // where each flag's words are in argv
   let help = false;
+  const set = (flag: string, v: FlagValue, from: number, to: number) => {
+    given.set(flag, [...(given.get(flag) ?? []), { from, to }]);
+    values.set(flag, v);
+  };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
+    const at = i;
     if (a === "--help" || a === "-h") {
       help = true;
       continue;
@@ -454,33 +335,62 @@ function readFlagValues(
     if (!spec && name.startsWith("no-")) {
       const base = byFlag.get(name.slice(3));
       if (base && base.kind === "bool" && base.negatable) {
-        if (inline !== undefined) throw new UserError("G10", `--${name} takes no value`);
-        values.set(base.flag, false);
+        if (inline !== undefined) throw new UserError("G10", `--${name} takes no value: pass --${name} alone`);
+        set(base.flag, false, at, at);
         continue;
       }
     }
-    if (!spec) throw new UserError("G10", `unknown flag --${name} (see --help for the flags this trainer takes)`);
+    if (!spec)
+      throw new UserError(
+        "G10",
+        `unknown flag --${name} (see --help for the flags this trainer takes); the closest is --${closestName(name, [...byFlag.keys()])}`,
+      );
     if (spec.kind === "bool") {
       if (inline === undefined) {
-        values.set(spec.flag, true);
+        set(spec.flag, true, at, at);
         continue;
       }
-      if (inline !== "true" && inline !== "false") throw new UserError("G10", `--${name}=${inline}: use true or false`);
-      values.set(spec.flag, inline === "true");
+      if (inline !== "true" && inline !== "false")
+        throw new UserError("G10", `--${name}=${inline}: use true or false, as in --${name}=true or --${name}=false`);
+      set(spec.flag, inline === "true", at, at);
       continue;
     }
     const raw = inline ?? argv[++i];
-    if (raw === undefined) throw new UserError("G10", `--${name} needs a value`);
-    if (spec.kind === "string") {
-      if (spec.choices && !spec.choices.includes(raw)) {
-        throw new UserError("G10", `--${name} ${JSON.stringify(raw)} is not one of ${spec.choices.join(", ")}`);
-      }
-      values.set(spec.flag, raw);
-    } else {
-      values.set(spec.flag, parseNumber(name, raw, spec.kind));
-    }
+    set(spec.flag, flagValue(spec, name, raw), at, i);
   }
+  const twice = [...given.values()].filter((r) => r.length > 1);
+  if (twice.length) throw repeatedFlag(argv, twice);
   return { values, help };
+}
+
+/** A string or number flag's value as given (undefined: none came), checked against its kind and choices. */
+function flagValue(spec: FlagSpec, name: string, raw: string | undefined): FlagValue {
+  if (raw === undefined)
+    throw new UserError(
+      "G10",
+      `--${name} needs a value, as in --${name} ${shellWord(String(spec.def)) || "''"} (its default)`,
+    );
+  if (spec.kind !== "string") return parseNumber(spec, raw);
+  if (spec.choices && !spec.choices.includes(raw))
+    throw new UserError(
+      "G10",
+      `--${name} ${JSON.stringify(raw)} is not one of ${spec.choices.join(", ")}: pass --${name} ${spec.def} (its default) or another of them`,
+    );
+  return raw;
+}
+
+/** G10: a flag given more than once, named each time, with the command that gives each flag once: its last value,
+ *  the one a shell script's override means. */
+function repeatedFlag(argv: readonly string[], twice: Array<Array<{ from: number; to: number }>>): UserError {
+  const words = (r: { from: number; to: number }) => argv.slice(r.from, r.to + 1).join(" ");
+  const list = (rs: Array<{ from: number; to: number }>) =>
+    `${rs.slice(0, -1).map(words).join(", ")} and ${words(rs[rs.length - 1])}`;
+  const dropped = twice.flatMap((rs) => rs.slice(0, -1));
+  const kept = argv.filter((_, i) => !dropped.some((r) => i >= r.from && i <= r.to));
+  return new UserError(
+    "G10",
+    `${list(twice[0])} set the same flag${twice.length > 1 ? ` (and ${twice.length - 1} more flag${twice.length > 2 ? "s" : ""} given twice)` : ""}: a flag is read once, and all but one would be dropped without a word. Give each once, as in node dist/main.js ${kept.map(shellWord).join(" ")}`,
+  );
 }
 
 /** Seed flags with no meaning here: refused when asked for, with the reason; then dropped from `values`. */
@@ -524,64 +434,98 @@ function configFrom(
   return cfg;
 }
 
-function must(cond: boolean, flag: string, msg: string): void {
-  if (!cond) throw new UserError("G10", `--${flag}: ${msg}`);
+/**
+ * G10: each number flag's range: whether a value is in it, what a refused value is told it must be, and the value
+ * the refusal advises (`near`: the nearest value in range, else the setting's default where it applies, the demo's
+ * under --demo). Every advised value is in range, so the command it gives passes this check.
+ */
+interface Range {
+  ok(v: number): boolean;
+  says(v: number): string;
+  near?(v: number): number;
+}
+const whole = (v: number) => Number.isSafeInteger(v);
+const pos = (v: number) => whole(v) && v > 0;
+const nonneg = (v: number) => whole(v) && v >= 0;
+const clamp = (lo: number, hi: number) => (v: number) => Math.min(hi, Math.max(lo, v));
+const RANGES: Readonly<Record<string, Range>> = {
+  "seq-len": {
+    ok: (v) => pos(v) && v >= 2,
+    says: () => "must be a whole number >= 2 (a window predicts seq_len-1 tokens)",
+  },
+  "micro-batch": { ok: pos, says: () => "must be a positive whole number", near: () => 1 },
+  accum: { ok: pos, says: () => "must be a positive whole number", near: () => 1 },
+  world: {
+    ok: (v) => pos(v) && v <= 64,
+    says: (v) =>
+      v > 64 ? "ranks is more than this trainer supports (64)" : "must be a positive whole number of ranks",
+    near: (v) => (v > 64 ? 64 : 1),
+  },
+  layers: { ok: nonneg, says: () => "must be 0 (frozen) or a positive layer count", near: () => 0 },
+  hidden: { ok: nonneg, says: () => "must be 0 (frozen) or a positive width", near: () => 0 },
+  "vocab-size": {
+    ok: (v) => nonneg(v) && (v === 0 || v >= 2),
+    says: () => "must be 0 (frozen 49,152) or at least 2",
+    near: () => 0,
+  },
+  lr: { ok: (v) => v > 0 && v < 1, says: () => "must be in (0, 1)" },
+  tokens: { ok: pos, says: () => "must be a positive whole number" },
+  "max-steps": { ok: nonneg, says: () => "must be >= 0", near: () => 0 },
+  "warmup-frac": { ok: (v) => v >= 0 && v <= 1, says: () => "must be within [0, 1]", near: clamp(0, 1) },
+  "decay-frac": { ok: (v) => v >= 0 && v <= 1, says: () => "must be within [0, 1]", near: clamp(0, 1) },
+  seed: { ok: nonneg, says: () => "must be a whole number >= 0" },
+  "data-seed": { ok: nonneg, says: () => "must be a whole number >= 0" },
+  "val-tokens": { ok: pos, says: () => "must be a positive whole number" },
+  "log-every": { ok: pos, says: () => "must be a positive whole number" },
+  "push-every-steps": { ok: nonneg, says: () => "must be >= 0 (0 = steps // 10)", near: () => 0 },
+  "stop-after-steps": { ok: nonneg, says: () => "must be >= 0 (0 = run to the horizon)", near: () => 0 },
+  "min-free-gb": { ok: (v) => v >= 0, says: () => "must be >= 0", near: () => 0 },
+  "activation-budget-gb": {
+    ok: (v) => Number.isFinite(v) && v >= 0,
+    says: () => "must be a number of GB >= 0 (0 = half this machine's memory over the ranks)",
+    near: () => 0,
+  },
+  "hub-timeout-seconds": {
+    ok: (v) => Number.isFinite(v) && v >= 0.1 && v <= 3600,
+    says: () => "must be within [0.1, 3600]",
+  },
+  "hub-retry-minutes": {
+    ok: (v) => Number.isFinite(v) && v > 0 && v <= 7 * 24 * 60,
+    says: () => "must be > 0 and at most a week (10080)",
+  },
+  benchmark: { ok: nonneg, says: () => "must be >= 0", near: () => 0 },
+};
+
+/** The advice of a value refused by its range: the nearest value in range, else the default that applies. */
+function rangeFix(spec: FlagSpec, v: number, demo: boolean): string {
+  const r = RANGES[spec.flag];
+  const cands = Number.isFinite(v) && !Number.isInteger(v) && spec.kind === "int" ? [Math.floor(v), Math.ceil(v)] : [];
+  const near = cands.filter((x) => r.ok(x));
+  if (near.length) return `pass ${near.map((x) => `--${spec.flag} ${x}`).join(" or ")}`;
+  const n = r.near?.(v);
+  if (n !== undefined && r.ok(n)) return `pass --${spec.flag} ${n} (the nearest allowed)`;
+  const demoDef = demo ? (DEMO_DEFAULTS as Record<string, unknown>)[spec.key] : undefined;
+  return typeof demoDef === "number"
+    ? `pass --${spec.flag} ${demoDef} (--demo's default)`
+    : `pass --${spec.flag} ${spec.def} (its default)`;
 }
 
 /** Range checks that need no data. Checks that need the mix or the plan live with them (D6, G1, K1). */
 export function validate(c: RunConfig): RunConfig {
-  const pos = (v: number) => Number.isSafeInteger(v) && v > 0;
-  const nonneg = (v: number) => Number.isSafeInteger(v) && v >= 0;
-  must(
-    pos(c.seqLen) && c.seqLen >= 2,
-    "seq-len",
-    `${c.seqLen} must be a whole number >= 2 (a window predicts seq_len-1 tokens)`,
-  );
-  must(pos(c.microBatch), "micro-batch", `${c.microBatch} must be a positive whole number`);
-  must(pos(c.accum), "accum", `${c.accum} must be a positive whole number`);
-  must(pos(c.world), "world", `${c.world} must be a positive whole number of ranks`);
-  must(c.world <= 64, "world", `${c.world} ranks is more than this trainer supports (64)`);
+  for (const [flag, r] of Object.entries(RANGES)) {
+    const spec = FLAGS.find((f) => f.flag === flag)!;
+    const v = c[spec.key] as number;
+    if (!r.ok(v)) throw new UserError("G10", `--${flag}: ${v} ${r.says(v)}; ${rangeFix(spec, v, c.demo)}`);
+  }
   c = { ...c, hosts: c.hosts ?? 1 };
   if (!(Number.isSafeInteger(c.hosts) && c.hosts >= 1))
     throw new Error(`config: hosts ${c.hosts} must be a whole number >= 1 (set from the MPI world)`);
-  must(nonneg(c.layers), "layers", `${c.layers} must be 0 (frozen) or a positive layer count`);
-  must(nonneg(c.hidden), "hidden", `${c.hidden} must be 0 (frozen) or a positive width`);
-  must(
-    nonneg(c.vocabSize) && (c.vocabSize === 0 || c.vocabSize >= 2),
-    "vocab-size",
-    `${c.vocabSize} must be 0 (frozen 49,152) or at least 2`,
-  );
-  must(c.lr > 0 && c.lr < 1, "lr", `${c.lr} must be in (0, 1)`);
-  must(pos(c.tokens), "tokens", `${c.tokens} must be a positive whole number`);
-  must(nonneg(c.maxSteps), "max-steps", `${c.maxSteps} must be >= 0`);
-  must(c.warmupFrac >= 0 && c.warmupFrac <= 1, "warmup-frac", `${c.warmupFrac} must be within [0, 1]`);
-  must(c.decayFrac >= 0 && c.decayFrac <= 1, "decay-frac", `${c.decayFrac} must be within [0, 1]`);
-  must(nonneg(c.seed), "seed", `${c.seed} must be a whole number >= 0`);
-  must(nonneg(c.dataSeed), "data-seed", `${c.dataSeed} must be a whole number >= 0`);
-  must(pos(c.valTokens), "val-tokens", `${c.valTokens} must be a positive whole number`);
-  must(pos(c.logEvery), "log-every", `${c.logEvery} must be a positive whole number`);
-  must(nonneg(c.pushEverySteps), "push-every-steps", `${c.pushEverySteps} must be >= 0 (0 = steps // 10)`);
-  must(nonneg(c.stopAfterSteps), "stop-after-steps", `${c.stopAfterSteps} must be >= 0 (0 = run to the horizon)`);
-  must(c.minFreeGb >= 0, "min-free-gb", `${c.minFreeGb} must be >= 0`);
-  must(
-    Number.isFinite(c.activationBudgetGb) && c.activationBudgetGb >= 0,
-    "activation-budget-gb",
-    `${c.activationBudgetGb} must be a number of GB >= 0 (0 = half this machine's memory over the ranks)`,
-  );
-  must(
-    Number.isFinite(c.hubTimeoutSeconds) && c.hubTimeoutSeconds >= 0.1 && c.hubTimeoutSeconds <= 3600,
-    "hub-timeout-seconds",
-    `${c.hubTimeoutSeconds} must be within [0.1, 3600]`,
-  );
-  must(
-    Number.isFinite(c.hubRetryMinutes) && c.hubRetryMinutes > 0 && c.hubRetryMinutes <= 7 * 24 * 60,
-    "hub-retry-minutes",
-    `${c.hubRetryMinutes} must be > 0 and at most a week (10080)`,
-  );
-  must(nonneg(c.benchmark), "benchmark", `${c.benchmark} must be >= 0`);
   if (c.resume === "auto") {
     if (!c.hubRepo && !c.demo)
-      throw new UserError("R2", "--resume auto asks the Hub where the run stopped, so it needs --hub-repo");
+      throw new UserError(
+        "R2",
+        "--resume auto asks the Hub where the run stopped, so it needs --hub-repo: pass --hub-repo OWNER/NAME (the repo the run publishes to), or --resume with a checkpoint folder (RUN/ckpt/checkpoint-N)",
+      );
   }
   if (c.hubRepo && !isRepoId(c.hubRepo)) {
     throw new UserError(
@@ -609,8 +553,12 @@ export function validate(c: RunConfig): RunConfig {
       `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`,
     );
   }
-  refuseBf16Mismatch(c);
-  if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
+  refuseEngineMismatch(c);
+  if (c.dryRun && c.benchmark)
+    throw new UserError(
+      "G7",
+      `--dry-run and --benchmark exclude each other: pick one (--dry-run alone prints the plan; --benchmark ${c.benchmark} alone times ${c.benchmark} steps)`,
+    );
   if (c.hubUrl !== EMBEDDED_HUB) c.hubUrl = canonicalHubUrl(c.hubUrl);
   return Object.freeze({ ...c });
 }
@@ -649,26 +597,36 @@ export function nativeChoice(c: RunConfig): { gemm: GemmChoice; isa: IsaChoice; 
   return { gemm: c.gemm, isa: c.isa, precision: c.precision };
 }
 
-/** P8: bf16 products run on the native engine's own GEMM only; the AMX and VDPBF16PS kernels only compute bf16. */
-function refuseBf16Mismatch(c: RunConfig): void {
-  if (c.precision !== "bf16") {
-    if (c.isa === "amx" || c.isa === "avx512bf16")
-      throw new UserError(
-        "P8",
-        `--isa ${c.isa} is a bf16 kernel (${c.isa === "amx" ? "AMX-BF16" : "AVX512_BF16"}): add --precision bf16, or pass --isa avx512 for fp32 products`,
-      );
-    return;
-  }
-  if (c.backend !== "auto" && c.backend !== "native")
+/**
+ * P8: bf16 products run on the native engine's own GEMM only. P1: --isa and --gemm choose the native engine's
+ * matrix products; a --backend that is not that engine would drop them without a word. (An --isa that computes bf16
+ * only, amx or avx512bf16, without --precision bf16 is refused by model/backend.ts, which knows what this CPU runs.)
+ */
+function refuseEngineMismatch(c: RunConfig): void {
+  const tfjsOrGpu = c.backend !== "auto" && c.backend !== "native";
+  if (c.precision === "bf16" && tfjsOrGpu)
     throw new UserError(
       "P8",
       `--precision bf16 runs on the native engine's own GEMM, and --backend ${c.backend} computes in fp32 only: pass --backend native, or drop --precision bf16`,
     );
-  if (c.gemm !== "builtin")
+  if (c.precision === "bf16" && c.gemm !== "builtin")
     throw new UserError(
       "P8",
       `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: pass --gemm builtin, or drop --precision bf16`,
     );
+  if (c.gemm === "openblas" && c.isa !== "auto")
+    throw new UserError(
+      "P1",
+      `--isa ${c.isa} chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: pass --gemm builtin to use it, or --isa auto (the default) for OpenBLAS`,
+    );
+  if (tfjsOrGpu && (c.isa !== "auto" || c.gemm !== "builtin")) {
+    const flag = c.isa !== "auto" ? `--isa ${c.isa}` : `--gemm ${c.gemm}`;
+    const back = c.isa !== "auto" ? "--isa auto" : "--gemm builtin";
+    throw new UserError(
+      "P1",
+      `${flag} chooses the native engine's matrix products, and --backend ${c.backend} does not run that engine, so it would be ignored: pass --backend native to use it, or ${back} (the default) for --backend ${c.backend}`,
+    );
+  }
 }
 
 /** The plan numbers every part agrees on (P5, P6, K1), from the config and the model's steps. */
@@ -681,14 +639,15 @@ export interface StepPlan {
   decayStart: number;
 }
 
-export function planSteps(c: RunConfig): StepPlan {
+/** `fit`: the flags that make this run fit its mix (data/budget.ts fitToMix), for the P5 refusal's advice. */
+export function planSteps(c: RunConfig, fit: string | null = null): StepPlan {
   const seqsPerStep = c.microBatch * c.world * c.hosts * c.accum; // A9: every rank of every process
   const tokensPerStep = seqsPerStep * c.seqLen;
   const stepsPlanned = c.maxSteps || Math.floor(c.tokens / tokensPerStep);
   if (stepsPlanned < 1) {
     throw new UserError(
       "P5",
-      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): raise --tokens or set --max-steps`,
+      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): ${fit && /--(seq-len|micro-batch|accum) /.test(fit) ? `run the same command with ${fit}` : `pass --tokens ${tokensPerStep} (one step) or more`}`,
     );
   }
   const ckptEvery = c.pushEverySteps || Math.max(1, Math.floor(stepsPlanned / 10));

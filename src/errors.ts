@@ -1,12 +1,14 @@
 /**
  * A refusal the user can act on: bad input, a failed guard, a plan that cannot run.
  * The message names the value, the rule (its id in docs/RULES.md) and what to do instead. `main` prints it
- * without a stack trace and exits 2; anything else is a bug and keeps its stack.
+ * without a stack trace and exits 2; anything else is a bug and keeps its stack. The rule closes the first line,
+ * also of a message that goes on with more (a command's usage): the line that says what is wrong names its rule.
  */
 export class UserError extends Error {
   readonly rule: string;
   constructor(rule: string, message: string) {
-    super(`${message} [${rule}]`);
+    const nl = message.indexOf("\n");
+    super(nl < 0 ? `${message} [${rule}]` : `${message.slice(0, nl)} [${rule}]${message.slice(nl)}`);
     this.name = "UserError";
     this.rule = rule;
   }

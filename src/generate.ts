@@ -36,7 +36,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { guardOutput } from "./pipes";
-import { commandWith, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
+import { commandWith, type FlagArgs, type FlagTable, parseFlags, shellWord } from "./cli-args";
 import { initEngine, type BackendName } from "./model/backend";
 import { checkSampling } from "./model/decode";
 import { createHubClient } from "./hub/client";
@@ -60,6 +60,15 @@ const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name
   [--hub-url URL]       for hf:// models (default $HF_ENDPOINT, else ${DEFAULT_HUB_URL}; token from HF_TOKEN)
   [--no-cache]          recompute the whole sequence per token (the reference path; slow)`;
 
+/** The number flags' defaults (parseGenerateArgs's), which a refused value is told to pass instead. */
+const NUMBER_DEFAULTS: Readonly<Record<string, number>> = {
+  "--max-new-tokens": 64,
+  "--temperature": 0,
+  "--top-k": 0,
+  "--top-p": 1,
+  "--seed": 0,
+};
+
 interface CliArgs extends GenerateRequest {
   model: string;
   backend: BackendName;
@@ -73,11 +82,11 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   const o: CliArgs = {
     model: "",
     prompt: "",
-    maxNewTokens: 64,
-    temperature: 0,
-    topK: 0,
-    topP: 1,
-    seed: 0,
+    maxNewTokens: NUMBER_DEFAULTS["--max-new-tokens"],
+    temperature: NUMBER_DEFAULTS["--temperature"],
+    topK: NUMBER_DEFAULTS["--top-k"],
+    topP: NUMBER_DEFAULTS["--top-p"],
+    seed: NUMBER_DEFAULTS["--seed"],
     cache: true,
     backend: "auto",
     hubUrl: "",
@@ -88,7 +97,11 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   const num = (a: FlagArgs): number => {
     const v = a.value();
     const n = Number(v);
-    if (v.trim() === "" || !Number.isFinite(n)) throw new UserError("G11", `${a.flag} ${v} is not a number\n${USAGE}`);
+    if (v.trim() === "" || !Number.isFinite(n))
+      throw new UserError(
+        "G11",
+        `${a.flag} ${JSON.stringify(v)} is not a number: pass ${a.flag} ${NUMBER_DEFAULTS[a.flag]} (its default)\n${USAGE}`,
+      );
     return n;
   };
   const flags: FlagTable<CliArgs> = {
@@ -117,7 +130,10 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     "--backend": (o, a) => {
       const b = a.value();
       if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b))
-        throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow`);
+        throw new UserError(
+          "G11",
+          `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow: pass --backend auto (the default)`,
+        );
       o.backend = b as BackendName;
     },
     "--tokenizer": (o, a) => {
@@ -140,6 +156,11 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
         return v;
       },
       unknown: (a) => new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
+      repeated: (given, once) =>
+        new UserError(
+          "G11",
+          `${given.join(" and ")} set the same flag: a flag is read once, and all but one would be dropped without a word. Give each once, as in node dist/generate.js ${once.map(shellWord).join(" ")}`,
+        ),
     }) === null
   )
     return null;
@@ -147,7 +168,10 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
   checkSampling(o);
   if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1)
-    throw new UserError("G11", `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1`);
+    throw new UserError(
+      "G11",
+      `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1: pass --max-new-tokens ${o.maxNewTokens >= 1 ? Math.floor(o.maxNewTokens) : 1}`,
+    );
   return o;
 }
 

@@ -8,20 +8,21 @@ import { parseArgs, usage } from "./config";
 import { fsRefusal, isUserError } from "./errors";
 import { guardOutput } from "./pipes";
 import { runSession } from "./run";
-import { EXIT_STOPPED, requestStop, RunComplete, RunStopped, setCommandLine } from "./session/stop";
+import { EXIT_STOPPED, firstSignal, requestStop, RunComplete, RunStopped, setCommandLine } from "./session/stop";
 
 /**
- * O3: the first SIGINT, SIGTERM or SIGUSR2 finishes the step, saves, publishes and exits 3; a second exits at
- * once. SIGUSR2 is the one Open MPI's mpirun passes on to every process at once (A12).
+ * O3: the first SIGINT, SIGTERM or SIGUSR2 finishes the step, saves, publishes and exits 3 (before the first step:
+ * exits 3 once the plan is made; after the last: the run finishes; a dry run or a benchmark: exits at once, saying
+ * which, session/stop.ts firstSignal); a second exits at once. SIGUSR2 is the one Open MPI's mpirun passes on to every process at once (A12).
  */
 function onSignals(): void {
   let seen = 0;
   const handler = (sig: NodeJS.Signals) => {
     seen += 1;
     if (seen === 1) {
-      process.stderr.write(
-        `\n${sig}: finishing the current step, then saving and publishing a checkpoint (send it again to exit at once)\n`,
-      );
+      const first = firstSignal(sig); // what it does where the session is: true when it is said (O3)
+      process.stderr.write(`\n${first.notice}\n`);
+      if (first.exitNow) process.exit(128 + os.constants.signals[sig]);
       requestStop(sig);
       return;
     }

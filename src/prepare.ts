@@ -8,7 +8,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { guardOutput } from "./pipes";
-import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
+import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags, shellWord } from "./cli-args";
 import { removeScratchNow } from "./data/prepare-scratch";
 import { DEFAULT_HUB_URL } from "./hub/address";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
@@ -30,12 +30,29 @@ const PREPARE_SYNTAX: CliSyntax = {
     return v;
   },
   unknown: (a) => new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
+  repeated: (given, once) =>
+    new UserError(
+      "D2",
+      `${given.join(" and ")} set the same flag: a flag is read once, and all but one would be dropped without a word. Give each once, as in node dist/prepare.js ${once.map(shellWord).join(" ")}`,
+    ),
+  repeatable: ["--input"],
+};
+
+/** The number flags' defaults, which a value that is no number is told to pass instead (--workers: one thread). */
+const NUMBER_ADVICE: Readonly<Record<string, string>> = {
+  "--val-fraction": `${DEFAULT_VAL_FRACTION} (its default)`,
+  "--shard-tokens": `${DEFAULT_SHARD_TOKENS} (its default)`,
+  "--workers": "1 (one thread; its default is the CPU count, at most 8)",
 };
 
 function num(a: FlagArgs): number {
   const v = a.value();
   const n = Number(v.replace(/_/g, ""));
-  if (!Number.isFinite(n)) throw new UserError("D2", `${a.flag} ${v} is not a number\n${USAGE}`);
+  if (!Number.isFinite(n))
+    throw new UserError(
+      "D2",
+      `${a.flag} ${JSON.stringify(v)} is not a number: pass ${a.flag} ${NUMBER_ADVICE[a.flag]}\n${USAGE}`,
+    );
   return n;
 }
 

@@ -7,7 +7,7 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
-import { tinyModel } from "./helpers/model-dir";
+import { assertRefused, node, tinyModel } from "./helpers/cli";
 import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
@@ -16,20 +16,7 @@ import { installDriverAdvice } from "../src/model/engine/webgpu/device";
 import { parseArgs } from "../src/config";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
 
-const DIST = path.join(__dirname, "..");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
-
-function node(file: string, args: string[], env: NodeJS.ProcessEnv = process.env) {
-  return spawnSync(process.execPath, [path.join(DIST, file), ...args], { encoding: "utf8", timeout: 150_000, env });
-}
-
-/** A refusal: exit 2, one line on stderr matching `line`, no stack trace, nothing on stdout. */
-function assertRefused(r: { status: number | null; stderr: string }, line: RegExp): void {
-  assert.equal(r.status, 2, r.stderr);
-  assert.match(r.stderr, line);
-  assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
-  assert.doesNotMatch(r.stderr, /\n\s+at |internal error/);
-}
 
 test("a --hub-url that is no http(s) URL is refused before any work, exit 2, naming it; the URL it asks for works (G10, G11)", {
   timeout: 300_000,
@@ -199,7 +186,7 @@ test("a config file's table, dotted key, array of tables, non-finite number or T
     [
       "dotted.toml",
       "micro.batch = 2\n",
-      /: micro\.batch \(a TOML table: \[micro\] or a dotted key\) is not a flag, and the file is flat: .*write micro-batch = 2 \[G12\]$/,
+      /: micro\.batch \(a dotted key\) is not a flag, and the file is flat: .*write micro-batch = 2 instead \[G12\]$/,
       "micro-batch = 2\n",
     ],
     [

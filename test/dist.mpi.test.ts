@@ -11,7 +11,7 @@ import { createHash } from "node:crypto";
 import { DEMO_SHA256 } from "./helpers/demo";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
-import { tinyRun } from "./helpers/run";
+import { tinyRun, withFlags } from "./helpers/run";
 import { loadMpi } from "../src/mpi/world";
 
 const MAIN = path.join(__dirname, "..", "main.js");
@@ -330,7 +330,7 @@ test("a process whose weights differ at a checkpoint stops the run with exit 1 b
 /** The demo-sized model on a bigger synthetic mix: slow enough (about 0.1 s a step) to be hit mid-run. */
 const bigMix = writeSyntheticMix({ vocab: 64, trainTokens: 256 * 1024, valTokens: 2048 });
 function slow(out: string, extra: string[] = [], steps = 100, seq = 64): string[] {
-  return [
+  const base = [
     "--root",
     bigMix.root,
     "--out",
@@ -362,8 +362,8 @@ function slow(out: string, extra: string[] = [], steps = 100, seq = 64): string[
     "embedded",
     "--hub-repo",
     "local/faults",
-    ...extra,
   ];
+  return withFlags(base, extra); // a flag of `extra` replaces the one above: the trainer refuses a flag given twice
 }
 
 /** The uninterrupted run (one process, --world 2) that a stopped or killed job resumed to its end must equal, run once. */

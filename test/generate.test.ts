@@ -313,7 +313,10 @@ test("node dist/generate.js prints the prompt and its continuation from a final/
     encoding: "utf8",
   });
   assert.equal(bad.status, 2);
-  assert.match(bad.stderr, /--top-p 1\.5 must be in \(0, 1\] \(1 = off\) \[G11\]/);
+  assert.match(
+    bad.stderr,
+    /--top-p 1\.5 must be in \(0, 1\] \(1 = off\): pass --top-p 1, or e\.g\. --top-p 0\.9 \[G11\]/,
+  );
   const empty = tmpDir("gen-empty");
   const none = spawnSync(process.execPath, [GENERATE, "--model", empty, "--prompt", "The"], { encoding: "utf8" });
   assert.equal(none.status, 2);

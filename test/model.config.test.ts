@@ -54,10 +54,23 @@ test("a width not divisible by 9 heads is refused with a message naming the widt
       assert.equal(e.rule, "M2");
       assert.match(e.message, /--hidden 640/);
       assert.match(e.message, /multiple of 9/);
-      assert.match(e.message, /try --hidden 639 or --hidden 648/);
+      assert.match(e.message, /try --hidden 630 or --hidden 648/);
       return true;
     },
   );
+  // every width advised passes every rule (639 would split into heads of 71, an odd head_dim)
+  for (const h of [100, 99, 640, 585, 20, 18, 9, 1]) {
+    let advised: number[] = [];
+    assert.throws(
+      () => buildConfig({ seqLen: 1024, hidden: h }),
+      (e: Error) => {
+        advised = [...e.message.matchAll(/--hidden (\d+)/g)].map((m) => Number(m[1])).filter((w) => w !== h);
+        return e.message.startsWith(`--hidden ${h} `);
+      },
+    );
+    assert.ok(advised.length > 0, `--hidden ${h}: a width is advised`);
+    for (const w of advised) assert.equal(buildConfig({ seqLen: 1024, hidden: w }).hiddenSize, w, `${h} -> ${w}`);
+  }
 });
 
 test("a width with an odd head_dim, a zero depth and a one-token sequence are refused (M2, M1)", () => {

@@ -129,22 +129,40 @@ test("an unknown backend name and a torch-only flag are refused (G10)", () => {
   assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
 });
 
-test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon (G1)", {
-  timeout: 60_000,
+test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon, and the values it advises run (G1)", {
+  timeout: 120_000,
 }, async () => {
-  await assert.rejects(
-    runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "3", "--dry-run"])),
-    /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4/,
+  /** The refusal matching `re`, then each --stop-after-steps it advises run in its place, as a dry run. */
+  const refusedThenAdvised = async (out: string, extra: string[], re: RegExp, advised: string[]) => {
+    let said = "";
+    await assert.rejects(runTiny(tinyConfig(mix.root, out, [...extra, "--dry-run"])), (e: Error) => {
+      said = e.message;
+      return re.test(e.message);
+    });
+    const bad = extra[extra.indexOf("--stop-after-steps") + 1];
+    const ways = [...said.matchAll(/--stop-after-steps (\d+)/g)].map((m) => m[1]).filter((v) => v !== bad);
+    assert.deepEqual([...new Set(ways)].sort(), [...advised].sort(), said);
+    for (const v of advised) await runTiny(tinyConfig(mix.root, out, [...extra, "--stop-after-steps", v, "--dry-run"]));
+  };
+  await refusedThenAdvised(
+    tmpDir("g1-"),
+    ["--stop-after-steps", "3"],
+    /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4: .*; pass --stop-after-steps 4, or --stop-after-steps 0 \(run to the horizon\)/,
+    ["4", "0"],
   );
-  await assert.rejects(
-    runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "12", "--dry-run"])),
-    /--stop-after-steps 12 exceeds the horizon 8/,
+  await refusedThenAdvised(
+    tmpDir("g1-"),
+    ["--stop-after-steps", "12"],
+    /--stop-after-steps 12 exceeds the horizon 8; pass --stop-after-steps 4, or --stop-after-steps 0/,
+    ["4", "0"],
   );
   const out = tmpDir("g1-");
   await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
-  await assert.rejects(
-    runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])),
-    /--stop-after-steps 4 is not beyond the resume point step 4/,
+  await refusedThenAdvised(
+    out,
+    ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")],
+    /--stop-after-steps 4 is not beyond the resume point step 4: .*; pass --stop-after-steps 8, or --stop-after-steps 0/,
+    ["8", "0"],
   );
 });
 

@@ -8,7 +8,7 @@ import { spawnSync } from "node:child_process";
 import { parse } from "smol-toml";
 import { configLine, FLAGS, parseArgs, type RunConfig } from "../src/config";
 import { writeSyntheticMix } from "./helpers/mix";
-import { tinyRun } from "./helpers/run";
+import { tinyRun, withFlags } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
 
 const ROOT = path.join(__dirname, "..", "..");
@@ -89,7 +89,7 @@ test("node dist/main.js --config FILE --dry-run prints the same plan as the same
   const over = ["--root", mix.root, "--out", tmpDir("tstrain-cfg-recipe-"), "--max-steps", "1", "--val-tokens", "2048"];
   const recipe = parse(fs.readFileSync(RECIPE, "utf8")) as Record<string, unknown>;
   const fromFile = plan(["--config", RECIPE, ...over]);
-  assert.deepEqual(fromFile, plan([...asFlags(recipe), ...over]));
+  assert.deepEqual(fromFile, plan(withFlags(asFlags(recipe), over)));
   assert.equal(fromFile.tokens_per_step, 4 * 32 * 1024, "the recipe's step: micro 4 x accum 32 x seq 1024");
   // A file that changes nearly every setting of the plan: the tiny run's flags, written as TOML.
   const tiny = tinyRun(mix.root, tmpDir("tstrain-cfg-tiny-"), ["--vocab-size", "64", "--world", "2"]);
@@ -172,7 +172,7 @@ test("an unknown key is refused, exit 2, naming the closest flag, before any wor
     () => parseArgs(["--config", table]),
     userErr(
       "G12",
-      /hub\.repo \(a TOML table: \[hub\] or a dotted key\) is not a flag, and the file is flat: .*write hub-repo = "me\/x"/,
+      /: \[hub\] is a table, but the file is flat: .*write hub-repo = "me\/x" at the top of the file and drop the \[hub\] line \[G12\]$/,
     ),
   );
   const nested = writeFile("c.toml", 'config = "other.toml"\n');
@@ -208,7 +208,7 @@ test("a value of the wrong type, a bad choice, bad TOML or a missing file is ref
   refused("micro-batch = 4\nlr = \n", /^--config \S+v\.toml is not valid TOML: line 2, column 6: /);
   refused(
     "micro-batch = 0\n",
-    /^--micro-batch: 0 must be a positive whole number \(set in --config \S+v\.toml\)/,
+    /^--micro-batch: 0 \(set in --config \S+v\.toml\) must be a positive whole number; pass --micro-batch 1 \(the nearest allowed\)/,
     "G10",
   );
   refused("torch-compile = true\n", /^--torch-compile is torch\.compile/, "G10");
@@ -255,5 +255,5 @@ test("a run's run_config.json given back as --config gives the same config and t
   assert.equal(back.origins.get("lr"), rc);
   // the same plan, into a fresh run folder
   const fresh = ["--out", tmpDir("tstrain-cfg-rt2-")];
-  assert.deepEqual(plan(["--config", rc, ...fresh]), plan([...args, ...fresh]));
+  assert.deepEqual(plan(["--config", rc, ...fresh]), plan(withFlags(args, fresh)));
 });

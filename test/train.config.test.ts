@@ -275,7 +275,14 @@ test("argument syntax: bare words, unknown flags, missing values, bool values an
   assert.throws(() => parseArgs(["--no-grad-ckpt=1"]), userErr("G10", /^--no-grad-ckpt takes no value/));
   assert.equal(parseArgs(["--no-grad-ckpt"]).config.gradCkpt, false);
   assert.equal(parseArgs(["--grad-ckpt=false"]).config.gradCkpt, false);
-  assert.equal(parseArgs(["--no-grad-ckpt", "--grad-ckpt"]).config.gradCkpt, true);
+  assert.throws(
+    () => parseArgs(["--no-grad-ckpt", "--grad-ckpt"]),
+    userErr(
+      "G10",
+      /^--no-grad-ckpt and --grad-ckpt set the same flag: .*as in node dist\/main\.js --grad-ckpt \[G10\]$/,
+    ),
+    "a switch given both ways is one flag given twice",
+  );
   assert.equal(parseArgs(["--prune"]).config.prune, true);
   assert.equal(parseArgs(["--prune=true"]).config.prune, true);
   assert.throws(() => parseArgs(["--prune=yes"]), userErr("G10", /^--prune=yes: use true or false/));
@@ -468,7 +475,7 @@ test("the step plan: tokens per step, horizon from --tokens or --max-steps, chec
     () => c(["--tokens", "191"]),
     userErr(
       "P5",
-      /^--tokens 191 is less than one step of 192 tokens \(micro 2 x world 2 x accum 3 x seq 16\): raise --tokens or set --max-steps/,
+      /^--tokens 191 is less than one step of 192 tokens \(micro 2 x world 2 x accum 3 x seq 16\): pass --tokens 192 \(one step\) or more \[P5\]$/,
     ),
   );
   assert.deepEqual(c(["--tokens", "191", "--max-steps", "7"]).stepsPlanned, 7, "--max-steps wins");

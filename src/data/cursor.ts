@@ -207,8 +207,8 @@ export function validateResume(
     );
   }
   const same: Array<[string, unknown, unknown, string]> = [
-    ["seq_len", c.seq_len, expected.seqLen, "use the run's --seq-len"],
-    ["shuffle_seed", c.shuffle_seed, expected.seed, "use the run's --data-seed"],
+    ["seq_len", c.seq_len, expected.seqLen, `resume with --seq-len ${c.seq_len}, the run's`],
+    ["shuffle_seed", c.shuffle_seed, expected.seed, `resume with --data-seed ${c.shuffle_seed}, the run's`],
     [
       "shuffle_perm_sha",
       c.shuffle_perm_sha,

@@ -177,13 +177,22 @@ interface CheckedOptions {
 function checkOptions(o: PrepareOptions): CheckedOptions {
   const valFraction = o.valFraction ?? DEFAULT_VAL_FRACTION;
   if (!(typeof valFraction === "number" && valFraction >= 0 && valFraction <= 0.5))
-    throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]`);
+    throw new UserError(
+      "D2",
+      `--val-fraction ${valFraction} must be a number in [0, 0.5]: pass --val-fraction ${valFraction > 0.5 ? 0.5 : valFraction < 0 ? 0 : DEFAULT_VAL_FRACTION}`,
+    );
   const shardTokens = o.shardTokens ?? DEFAULT_SHARD_TOKENS;
   if (!Number.isSafeInteger(shardTokens) || shardTokens < 1)
-    throw new UserError("D2", `--shard-tokens ${shardTokens} must be a positive whole number`);
+    throw new UserError(
+      "D2",
+      `--shard-tokens ${shardTokens} must be a positive whole number: pass --shard-tokens ${shardTokens > 1 ? Math.floor(shardTokens) : DEFAULT_SHARD_TOKENS}`,
+    );
   const workers = o.workers ?? Math.max(1, Math.min(8, os.availableParallelism()));
   if (!Number.isSafeInteger(workers) || workers < 1 || workers > 256)
-    throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]`);
+    throw new UserError(
+      "D2",
+      `--workers ${workers} must be a whole number in [1, 256]: pass --workers ${Math.min(256, Math.max(1, Math.round(workers) || 1))}`,
+    );
   if (!o.out) throw new UserError("D2", "prepare needs --out ROOT");
   if (!o.tokenizer) throw new UserError("D2", "prepare needs --tokenizer tokenizer.json");
   const textField = o.textField ?? "text";

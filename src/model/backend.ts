@@ -12,7 +12,7 @@ import type { BackendName } from "../config";
 import { UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
-import { DEFAULT_NATIVE, loadNative, type NativeOptions } from "./engine/native";
+import { bf16Support, DEFAULT_NATIVE, loadNative, supportedIsas, type NativeOptions } from "./engine/native";
 import { createWebgpuKernels } from "./engine/webgpu/engine";
 import { probeWebgpuSync, type WebgpuUnavailable } from "./engine/webgpu/device";
 
@@ -198,8 +198,33 @@ export function checkEngineRequest(requested: BackendName, native: NativeOptions
     throw tensorflowRefusal(tried);
   }
   if (requested !== "native" && !(requested === "auto" && explicitNative(native))) return;
+  refuseBf16KernelInFp32(native);
   const n = loadNative(native);
   if ("reason" in n) throw nativeRefusal(requested, native, n.reason, n.fix);
+}
+
+/**
+ * P8: --isa amx and --isa avx512bf16 compute bf16 products only, so an fp32 run that names one is refused, with the
+ * fixes this CPU runs: its widest fp32 kernel, and --precision bf16 on the bf16 kernel it has (none where it has
+ * neither). Where the addon does not load, the P1 refusal that follows names the fix.
+ */
+function refuseBf16KernelInFp32(native: NativeOptions): void {
+  const isa = native.isa;
+  if ((native.precision ?? "fp32") !== "fp32" || (isa !== "amx" && isa !== "avx512bf16")) return;
+  const fp32 = supportedIsas();
+  const k = bf16Support();
+  if (!fp32.length || !k) return;
+  const has = (i: "amx" | "avx512bf16") => (i === "amx" ? k.hw : k.dp);
+  const bf16 = (["amx", "avx512bf16"] as const).filter(has);
+  const name = (i: string) => (i === "amx" ? "AMX-BF16" : "AVX512_BF16");
+  const fixes = [`pass --isa ${fp32[0]} for fp32 products`];
+  if (has(isa)) fixes.push("add --precision bf16 for bf16 ones");
+  else if (bf16.length) fixes.push(`pass --precision bf16 --isa ${bf16[0]} for bf16 ones`);
+  const lacks = has(isa) ? "" : `; this CPU has no ${name(isa)} (it runs ${[...bf16, ...fp32].join(", ")})`;
+  throw new UserError(
+    "P8",
+    `--isa ${isa} is a bf16 kernel (${name(isa)}), and this run computes in fp32${lacks}: ${fixes.join(", or ")}`,
+  );
 }
 
 /**

@@ -96,7 +96,7 @@ export function checkHorizon(saved: LrShape, planned: number): void {
   if (saved.total !== planned)
     throw new UserError(
       "P5",
-      `resume refused: the checkpoint's horizon is ${saved.total} steps but this plan has ${planned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`,
+      `resume refused: the checkpoint's horizon is ${saved.total} steps but this plan has ${planned}; the schedule's horizon never changes on resume. Resume with --max-steps ${saved.total} (the checkpoint's horizon)`,
     );
 }
 

@@ -13,9 +13,9 @@ import { PackedTokenStore } from "../data/token-store";
 import { mixFingerprint, verifyShards, type TokenIdScan } from "../data/fingerprint";
 import { permSha } from "../data/permutation";
 import { type BatchGeometry, loadCursor, makeCursor, validateResume, type Cursor } from "../data/cursor";
-import { checkNoWrap, mixTokenWarning, valWindowCount } from "../data/budget";
+import { checkNoWrap, fitToMix, mixTokenWarning, valWindowCount } from "../data/budget";
 import { checkHorizon } from "../optim/optim-state";
-import { ensureDemoMix } from "../data/demo";
+import { demoMixRoot } from "../data/demo";
 import {
   MANIFEST_FILE,
   readHfConfig,
@@ -36,7 +36,7 @@ import { createHubClient, type HubClient } from "../hub/client";
 import { checkHubAtStart, HubAtStart, openRepo, type HubAdvice } from "../hub/start";
 import { resolveAutoResume } from "../hub/resume";
 import { resumeCommand, RunComplete, sameCommand, sameCommandWith } from "./stop";
-import { checkConfigChanges, describeChanges, precisionNote } from "./resume-config";
+import { checkConfigChanges, checkSeeds, describeChanges, precisionNote } from "./resume-config";
 import type { DistLink } from "./dist";
 
 /**
@@ -65,6 +65,8 @@ interface DataPlan {
   fingerprint: string;
   permSha: string;
   tokenIds: TokenIdScan;
+  /** D4, D6, D7, P5: the flags that make a fresh run fit this mix when it does not (fitToMix); null otherwise. */
+  fit: string | null;
 }
 
 /** The mix, and the held-out windows validated at the horizon (D7). */
@@ -96,8 +98,17 @@ export interface StartPoint {
   resumeVerifiedLocal: boolean;
 }
 
-/** `hubUrl`: the Hub's address this session (the embedded Hub's, which cfg names "embedded"). */
-export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.hubUrl): Promise<Session> {
+/**
+ * `hubUrl`: the Hub's address this session (the embedded Hub's, which cfg names "embedded"). `scratch` (--dry-run,
+ * G7): a folder under the system's temp folder, removed by the caller, where what the plan must build or fetch (a
+ * demo mix not built yet, a checkpoint --resume auto downloads) goes instead of --root or --out.
+ */
+export async function setupSession(
+  cfg: RunConfig,
+  rep: Reporter,
+  hubUrl = cfg.hubUrl,
+  scratch: string | null = null,
+): Promise<Session> {
   // K6, K9: the Hub is asked about the repo first; every Hub call before step 1 is retried as the uploader retries
   const client = cfg.hubRepo
     ? createHubClient({
@@ -113,23 +124,26 @@ export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.h
     embedded: cfg.resume === "" && cfg.hubUrl !== EMBEDDED_HUB ? sameCommandWith("--hub-url", EMBEDDED_HUB) : null,
   };
   if (hub) await checkHubAtStart(hub, hubUrl, advice);
-  const data = await planData(cfg, rep);
+  const data = await planData(cfg, rep, scratch);
   const m = planModel(cfg, data, rep);
-  const plan = planSteps(cfg);
+  const plan = planSteps(cfg, data.fit);
   const lrShape: LrShape = { warmup: plan.warmup, decayStart: plan.decayStart, total: plan.stepsPlanned };
   rep.say(
     `mix: ${data.manifest.total_tokens.toLocaleString("en-US")} tokens in ${data.manifest.shards.length} shards fp=${data.fingerprint.slice(0, 16)} | ${plan.tokensPerStep.toLocaleString("en-US")} tok/step x ${plan.stepsPlanned} steps = ${(plan.tokensPerStep * plan.stepsPlanned).toLocaleString("en-US")} tokens`,
   );
   rep.say(`params: ${JSON.stringify(m.params)}`);
-  const start = await planStart(cfg, hub, data, plan, m, rep);
-  const room = checkNoWrap({
-    nWindows: data.nWindows,
-    startStep: start.startStep,
-    stepsPlanned: plan.stepsPlanned,
-    seqsPerStep: plan.seqsPerStep,
-    seqLen: cfg.seqLen,
-  });
-  const nVal = valWindowCount(cfg.valTokens, data.manifest.val_total_tokens, cfg.seqLen);
+  const start = await planStart(cfg, hub, data, plan, m, rep, scratch);
+  const nVal = valWindowCount(cfg.valTokens, data.manifest.val_total_tokens, cfg.seqLen, data.fit);
+  const room = checkNoWrap(
+    {
+      nWindows: data.nWindows,
+      startStep: start.startStep,
+      stepsPlanned: plan.stepsPlanned,
+      seqsPerStep: plan.seqsPerStep,
+      seqLen: cfg.seqLen,
+    },
+    data.fit,
+  );
   rep.say(
     `data: ${room.available.toLocaleString("en-US")} training windows available, ${room.needed.toLocaleString("en-US")} needed (${room.marginPct.toFixed(1)} % margin), ${nVal} held-out val windows`,
   );
@@ -139,18 +153,39 @@ export async function setupSession(cfg: RunConfig, rep: Reporter, hubUrl = cfg.h
   return { cfg, data: { ...data, nVal }, model: m, plan: { ...plan, lrShape, endStep }, start, hub: client, hubStart };
 }
 
-async function planData(cfg: RunConfig, rep: Reporter): Promise<DataPlan> {
-  const root = cfg.demo ? await ensureDemoMix(cfg.root, { log: rep.say }) : cfg.root;
+async function planData(cfg: RunConfig, rep: Reporter, scratch: string | null): Promise<DataPlan> {
+  const root = cfg.demo
+    ? await demoMixRoot(cfg.root, { log: rep.say, scratch: scratch && path.join(scratch, "demo") })
+    : cfg.root;
   const manifest = readManifest(root);
   const short = mixTokenWarning(manifest.total_tokens, cfg.tokens);
   if (short) rep.say(short);
+  // a fresh run that does not fit the mix is told the flags that make it fit (a resume keeps its plan: C3, P5)
+  const fit =
+    cfg.resume === ""
+      ? fitToMix({
+          trainTokens: manifest.total_tokens,
+          valTokens: manifest.val_total_tokens,
+          seqLen: cfg.seqLen,
+          microBatch: cfg.microBatch,
+          accum: cfg.accum,
+          ranks: cfg.world * cfg.hosts,
+          tokens: cfg.tokens,
+          maxSteps: cfg.maxSteps,
+        })
+      : null;
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
+  if (nWindows === 0)
+    throw new UserError(
+      "D4",
+      `the mix's training split holds ${manifest.total_tokens.toLocaleString("en-US")} tokens, no full window of seq_len ${cfg.seqLen}: ${fit ? `run the same command with ${fit}` : "build a larger mix"}`,
+    );
   // D3 with progress while the user waits, and the largest token id in the same pass (D1)
   const tokenIds = verifyShards(root, manifest, { log: rep.say });
   const fingerprint = mixFingerprint(root, manifest, { verify: false });
-  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds };
+  return { root, manifest, nWindows, fingerprint, permSha: permSha(nWindows, cfg.dataSeed), tokenIds, fit };
 }
 
 /** The mix tokenizer's id count rounded up to a multiple of 64: the padded vocabulary a variant defaults to (M2). */
@@ -189,7 +224,7 @@ function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
   if (manifest.vocab_size > model.vocabSize) {
     throw new UserError(
       "D1",
-      `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}: tokens would fall outside the embedding. Rebuild the mix with a tokenizer of at most ${model.vocabSize} ids.`,
+      `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}${cfg.vocabSize ? ` (--vocab-size ${cfg.vocabSize})` : " (the frozen default)"}: tokens would fall outside the embedding. Pass --vocab-size ${paddedVocab(manifest.vocab_size)} (the tokenizer's ids rounded up to a multiple of 64), or rebuild the mix with a tokenizer of at most ${model.vocabSize} ids`,
     );
   }
   if (data.tokenIds.maxTokenId >= model.vocabSize) {
@@ -220,11 +255,14 @@ async function planStart(
   plan: StepPlan,
   m: ModelPlan,
   rep: Reporter,
+  scratch: string | null,
 ): Promise<StartPoint> {
-  const start = await findResumeDir(cfg, hub, rep);
+  const start = await findResumeDir(cfg, hub, rep, scratch);
   if (!start.resumeDir) await refuseFreshOverExistingRun(cfg, hub);
   if (start.resumeDir) {
     const dir = start.resumeDir;
+    const savedConfig = readRunConfigIfAny(dir);
+    checkSeeds(dir, savedConfig, cfg); // P7: the seeds the weights and the window order came from, before the cursor's C3
     const cur = loadCursor(dir);
     ({ startStep: start.startStep } = validateResume(
       cur,
@@ -234,19 +272,18 @@ async function planStart(
         permSha: data.permSha,
         fingerprint: data.fingerprint,
         seqsPerStep: plan.seqsPerStep,
-        geometry: { now: cfg, was: recordedGeometry(readRunConfigIfAny(dir)) },
+        geometry: { now: cfg, was: recordedGeometry(savedConfig) },
       },
       dir,
     ));
     start.priorLoss = checkTrainerState(dir, start.startStep, plan, start.priorLoss);
     checkModelShape(dir, m.config);
-    const savedConfig = readRunConfigIfAny(dir);
     const changed = checkConfigChanges(dir, savedConfig, cfg); // refuses a silent change of the LR shape or the update's constants (P7)
     const allowed = changed.length ? `; changed on purpose (--allow-config-change): ${describeChanges(changed)}` : "";
     rep.say(
       `resume from ${dir}: step ${start.startStep}, prior loss ${start.priorLoss ?? "unknown"} (loss continuity is judged against this number)${allowed}${precisionNote(savedConfig, cfg)}`,
     );
-    moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep);
+    moveAsideLaterLocalCheckpoints(cfg.out, start.startStep, rep, cfg.dryRun);
   }
   // O1 for a resume: a local copy proven equal to the Hub's verified checkpoint counts as room when
   // --prune lets the run remove it before its next checkpoint.
@@ -258,7 +295,7 @@ async function planStart(
   if (start.startStep > plan.stepsPlanned) {
     throw new UserError(
       "P5",
-      `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Use the original --tokens/--max-steps`,
+      `resume point step ${start.startStep} is past the horizon ${plan.stepsPlanned}: the checkpoint belongs to a longer run. Resume with the run's own --max-steps (or --tokens)`,
     );
   }
   if (start.startStep === plan.stepsPlanned) {
@@ -271,7 +308,12 @@ async function planStart(
 }
 
 /** --resume auto asks the Hub (R2-R4); --resume DIR names the folder; '' starts fresh. */
-async function findResumeDir(cfg: RunConfig, hub: HubClient | null, rep: Reporter): Promise<StartPoint> {
+async function findResumeDir(
+  cfg: RunConfig,
+  hub: HubClient | null,
+  rep: Reporter,
+  scratch: string | null,
+): Promise<StartPoint> {
   const start: StartPoint = { startStep: 0, resumeDir: null, priorLoss: null, resumeVerifiedLocal: false };
   if (cfg.resume !== "auto") {
     if (!cfg.resume) return start;
@@ -281,7 +323,7 @@ async function findResumeDir(cfg: RunConfig, hub: HubClient | null, rep: Reporte
   }
   if (!hub) throw new UserError("R2", "--resume auto needs --hub-repo");
   const got = await resolveAutoResume(hub, {
-    destDir: path.join(cfg.out, "resume"),
+    destDir: path.join(scratch ?? cfg.out, "resume"),
     log: rep.say,
     ignoreUnproven: cfg.resumeIgnoreUnproven,
     localRoots: [checkpointRoot(cfg.out), path.join(cfg.out, "resume")],
@@ -378,25 +420,30 @@ function checkTrainerState(
   return priorLoss ?? priorLossOfState(st);
 }
 
-/** G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. */
+/**
+ * G1: where this session ends: the horizon, or --stop-after-steps on a checkpoint beyond the resume point. A value
+ * that is none is refused with the ones that are: the checkpoint steps beyond the resume point nearest it, or 0.
+ */
 function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): number {
   if (!cfg.stopAfterSteps) return plan.stepsPlanned;
   const S = cfg.stopAfterSteps;
-  if (S % plan.ckptEvery)
+  const every = plan.ckptEvery;
+  const first = (Math.floor(startStep / every) + 1) * every; // the first checkpoint step beyond the resume point
+  const ok = (n: number) => n >= first && n <= plan.stepsPlanned && n % every === 0;
+  const near = [Math.floor(S / every) * every, Math.ceil(S / every) * every, first].filter(ok);
+  const fix = `pass ${[...new Set(near.slice(0, 2))].map((n) => `--stop-after-steps ${n}`).join(" or ")}${near.length ? ", or " : ""}--stop-after-steps 0 (run to the horizon)`;
+  if (S % every)
     throw new UserError(
       "G1",
-      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${plan.ckptEvery}: the session would end between two checkpoints`,
+      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${every}: the session would end between two checkpoints; ${fix}`,
     );
   if (S <= startStep)
     throw new UserError(
       "G1",
-      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing`,
+      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing; ${fix}`,
     );
   if (S > plan.stepsPlanned)
-    throw new UserError(
-      "G1",
-      `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; use 0 to run to the end`,
-    );
+    throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; ${fix}`);
   return S;
 }
 
@@ -452,9 +499,15 @@ async function pointerBeforeFreshStart(cfg: RunConfig, hub: HubClient): Promise<
  * further than what is being resumed (killed before its pointer moved, say). They are renamed, never
  * deleted or overwritten, so the resumed run can write its own checkpoints under those names.
  */
-function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Reporter): void {
+function moveAsideLaterLocalCheckpoints(out: string, startStep: number, rep: Reporter, dryRun: boolean): void {
   for (const c of listCheckpointFolders(checkpointRoot(out))) {
     if (c.step <= startStep) continue;
+    if (dryRun) {
+      rep.say(
+        `local ${path.basename(c.dir)} is beyond the resume point (step ${startStep}): a run would move it aside`,
+      );
+      continue;
+    }
     const aside = `${c.dir}.superseded-${Date.now()}`;
     fs.renameSync(c.dir, aside);
     rep.say(`local ${path.basename(c.dir)} is beyond the resume point (step ${startStep}): moved aside to ${aside}`);

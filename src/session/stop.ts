@@ -2,7 +2,6 @@
  * How a session ends other than by finishing: a signal (O3), a run already complete (R2), and the
  * command that continues the run, which every refusal's advice repeats.
  */
-
 import { commandWith, shellWord } from "../cli-args";
 
 // ---- the command line, for advice that must be a command that works ------------------------------
@@ -61,6 +60,43 @@ let stopSignal: string | null = null;
 /** O3: the first SIGINT/SIGTERM/SIGUSR2 asks the run to finish its step, save and publish, and exit. */
 export function requestStop(signal: string): void {
   stopSignal = stopSignal ?? signal;
+}
+
+/**
+ * Where the session is, for what a signal does there (O3): making its plan (the loop then stops before its first
+ * step, exit 3), training (the current step finishes, then a checkpoint is saved and published, exit 3), finishing
+ * (the last step is done: its checkpoint, the validation and the export complete, exit 0), or a dry run or a
+ * benchmark, which save nothing (the signal exits at once). null: not said (an MPI follower: process 0 decides).
+ */
+export type SessionPhase = "setup" | "training" | "finishing" | "saves-nothing";
+let phase: SessionPhase | null = null;
+
+export function setPhase(p: SessionPhase): void {
+  phase = p;
+}
+
+/** O3: what the first SIGINT, SIGTERM or SIGUSR2 does now, said when it comes; `exitNow` when there is nothing to save. */
+export function firstSignal(sig: string): { notice: string; exitNow: boolean } {
+  const again = "send it again to exit at once";
+  switch (phase) {
+    case "saves-nothing":
+      return { notice: `${sig}: a dry run or a benchmark saves nothing: exiting now`, exitNow: true };
+    case "setup":
+      return {
+        notice: `${sig}: stopping before this session's first step: nothing is trained yet, so nothing is saved; the run exits once its plan is made (${again})`,
+        exitNow: false,
+      };
+    case "finishing":
+      return {
+        notice: `${sig}: the last step is done: finishing its checkpoint, the validation and the export, then exiting as a finished run (${again}; the last published checkpoint is the resume point)`,
+        exitNow: false,
+      };
+    default:
+      return {
+        notice: `${sig}: finishing the current step, then saving and publishing a checkpoint (${again})`,
+        exitNow: false,
+      };
+  }
 }
 
 /** The signal that asked the run to stop, or null. */

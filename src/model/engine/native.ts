@@ -170,7 +170,34 @@ function requireAddon(): { addon: Addon; file: string } | { reason: string; fix:
   }
   if (typeof addon.setGemm !== "function")
     return { reason: "the addon is older than this checkout (no setGemm)", fix: NATIVE_BUILD_FIX };
-  return { addon, file };
+  return { addon: playedCpu(addon, process.env.TSTRAIN_TEST_ISAS), file };
+}
+
+/**
+ * Tests and the bench only (unset in every real run): TSTRAIN_TEST_ISAS="avx2,portable" makes the addon play a CPU
+ * that runs only those of this CPU's kernels (amx and avx512bf16 among them or not), so that what a run says and
+ * advises on another CPU is checked here, as test/train.isa-* check each kernel's bits. `auto` takes the widest
+ * kernel played; any other is refused as such a CPU refuses it; a bf16 run without avx512bf16 played is emulated,
+ * and says the CPU has no AVX512_BF16.
+ */
+function playedCpu(addon: Addon, played: string | undefined): Addon {
+  if (!played) return addon;
+  const only = new Set(played.split(",").map((s) => s.trim()));
+  const real: Addon["setGemm"] = (kind, isa, precision) =>
+    precision === undefined ? addon.setGemm(kind, isa) : addon.setGemm(kind, isa, precision);
+  const setGemm: Addon["setGemm"] = (kind, isa, precision) => {
+    if (kind !== "builtin") return real(kind, isa, precision);
+    const all = real("builtin", "auto", precision);
+    const supported = all.supported.filter((i) => only.has(i));
+    const pick = isa === "auto" ? supported[0] : isa;
+    if (pick === undefined || !supported.includes(pick))
+      throw new RangeError("tstrain native setGemm: this CPU does not have that instruction set (TSTRAIN_TEST_ISAS)");
+    const info = real("builtin", pick as IsaChoice, precision);
+    const noDp = precision === "bf16" && !only.has("avx512bf16");
+    return { ...info, supported, best: supported[0], bf16Check: noDp ? "the CPU has no AVX512_BF16" : info.bf16Check };
+  };
+  // the addon's exports are read-only: the played functions shadow them on an object that inherits the rest
+  return Object.create(addon, { setGemm: { value: setGemm } }) as Addon;
 }
 
 function load(opts: NativeOptions): NativeLoad {
