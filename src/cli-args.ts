@@ -87,14 +87,22 @@ export function shellWord(a: string): string {
 }
 
 /**
- * A command for advice that runs: `head` (e.g. `node dist/generate.js`), then `argv` without the flag's value
- * (`--flag v` and `--flag=v` dropped), then `flag value`.
+ * A command for advice that runs: `head` (e.g. `node dist/generate.js`), then `argv` without each flag's value
+ * (`--flag v` and `--flag=v` dropped), then each `flag value` of `set`, in order.
  */
-export function commandWith(head: readonly string[], argv: readonly string[], flag: string, value: string): string {
-  const out: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    if (argv[i] === flag) i++;
-    else if (!argv[i].startsWith(`${flag}=`)) out.push(argv[i]);
+export function commandWith(
+  head: readonly string[],
+  argv: readonly string[],
+  ...set: ReadonlyArray<readonly [flag: string, value: string]>
+): string {
+  let out = [...argv];
+  for (const [flag] of set) {
+    const kept: string[] = [];
+    for (let i = 0; i < out.length; i++) {
+      if (out[i] === flag) i++;
+      else if (!out[i].startsWith(`${flag}=`)) kept.push(out[i]);
+    }
+    out = kept;
   }
-  return [...head, ...out, flag, value].map(shellWord).join(" ");
+  return [...head, ...out, ...set.flat()].map(shellWord).join(" ");
 }

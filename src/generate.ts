@@ -217,7 +217,7 @@ async function modelAdvice(e: unknown, u: HfUrl, hubUrl: string, argv: readonly 
   const other = u.repoType === "dataset" ? "model" : "dataset";
   const at = u.revision === "main" ? "" : `@${encodeURIComponent(u.revision)}`;
   const cmd = (type: string, folder: string) =>
-    commandWith(["node", "dist/generate.js"], argv, "--model", `hf://${type}s/${u.repo}${at}/${folder}`);
+    commandWith(["node", "dist/generate.js"], argv, ["--model", `hf://${type}s/${u.repo}${at}/${folder}`]);
   try {
     if ((e as { name?: unknown }).name === "RepoMissingError") {
       const there = await createHubClient({ hubUrl, repo: u.repo, repoType: other }).repoExists();

@@ -59,7 +59,7 @@ let argv: string[] = [];
 
 /** L9: this command as it was given, with `flag value` in place of the flag's value (advice that runs). */
 function sameWith(flag: string, value: string): string {
-  return commandWith(["node", "dist/hub-server.js"], argv, flag, value);
+  return commandWith(["node", "dist/hub-server.js"], argv, [flag, value]);
 }
 
 /** A folder the advice can name that any user can write. */

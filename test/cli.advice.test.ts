@@ -8,7 +8,8 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
-import { assertRefused, node, tinyModel } from "./helpers/cli";
+import { assertRefused, node, runAdvised, tinyModel } from "./helpers/cli";
+import { adviceAfter } from "./helpers/survive";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
@@ -58,42 +59,44 @@ test("a resume with another --seed or --data-seed is refused before any training
   const first = node("main.js", tinyRun(mix.root, out, [...hub, "--stop-after-steps", "4"]));
   assert.equal(first.status, 0, first.stderr);
   const ck4 = path.join(out, "ckpt", "checkpoint-4");
-  const before = snapshot(path.join(out, "ckpt"));
   const pristine = tmpDir("tstrain-seed-pristine-"); // the run as it stopped, for each advised resume to train in
   fs.cpSync(out, pristine, { recursive: true });
-  const cases: Array<[extra: string[], refusal: RegExp]> = [
+  const cases: Array<[extra: string[], refusal: RegExp, seed: string]> = [
     [
       ["--resume", "auto", "--seed", "5"],
-      /^refused: resume refused: this run changes the seeds of \S+checkpoint-4: --seed 20260919 -> 5 \(its weights were initialised with 20260919\)\. .*Resume with the checkpoint's seed \(--seed 20260919\), or start a new run with another --out \[P7\]$/m,
+      /^refused: resume refused: this run changes the seeds of \S+checkpoint-4: --seed 20260919 -> 5 \(its weights were initialised with 20260919\)\. .*Resume with the checkpoint's seed: node dist\/main\.js .*--seed 20260919; or start a new run with another --out \[P7\]$/m,
+      "--seed 20260919",
     ],
-    [["--resume", ck4, "--seed", "5"], /: --seed 20260919 -> 5 .*\(--seed 20260919\).* \[P7\]$/m],
+    [["--resume", ck4, "--seed", "5"], /: --seed 20260919 -> 5 .*--seed 20260919; .* \[P7\]$/m, "--seed 20260919"],
     [
       ["--resume", "auto", "--seed", "5", "--allow-config-change"],
       /--allow-config-change does not allow it.* \[P7\]$/m,
+      "--seed 20260919",
     ],
     [
       ["--resume", "auto", "--data-seed", "7"],
-      /: --data-seed 20260919 -> 7 \(its window order was drawn with 20260919\)\. .*\(--data-seed 20260919\).* \[P7\]$/m,
+      /: --data-seed 20260919 -> 7 \(its window order was drawn with 20260919\)\. .*--data-seed 20260919; .* \[P7\]$/m,
+      "--data-seed 20260919",
     ],
   ];
-  for (const [extra, refusal] of cases) {
+  for (const [extra, refusal, seed] of cases) {
+    // each case on the run as it stopped: the advice names this --out, and the run it advises trains there
+    fs.rmSync(out, { recursive: true, force: true });
+    fs.cpSync(pristine, out, { recursive: true });
+    const restored = snapshot(path.join(out, "ckpt"));
     const bad = node("main.js", tinyRun(mix.root, out, [...hub, ...extra]));
     assertRefused(bad, refusal);
     assert.doesNotMatch(bad.stdout, /^step \d/m, "no step trained");
-    assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "no checkpoint written");
-    // the advice: the seed it names, in place of the new one
-    const seed = /Resume with the checkpoint's seeds? \(([^)]*)\)/.exec(bad.stderr)?.[1] ?? "";
-    assert.match(seed, /^--(data-)?seed 20260919$/);
-    const copy = tmpDir("tstrain-seed-copy-");
-    fs.cpSync(pristine, copy, { recursive: true });
-    const resume = extra.map((a) => (a === ck4 ? path.join(copy, "ckpt", "checkpoint-4") : a));
-    const ok = node("main.js", tinyRun(mix.root, copy, [...hub, ...resume, ...seed.split(" ")]));
+    assert.deepEqual(snapshot(path.join(out, "ckpt")), restored, "no checkpoint changed by the refusal");
+    // the advice: this command with the seed it names in place of the new one, run as printed
+    const advised = adviceAfter(bad.stderr, /Resume with the checkpoint's seeds?:/);
+    assert.ok(advised.join(" ").endsWith(seed), advised.join(" "));
+    const ok = runAdvised(advised);
     assert.equal(ok.status, 0, ok.stderr);
     assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
-    const rc = JSON.parse(fs.readFileSync(path.join(copy, "ckpt", "checkpoint-8", "run_config.json"), "utf8"));
+    const rc = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8"));
     assert.deepEqual([rc.seed, rc.dataSeed], [20260919, 20260919], "the weights' seeds, and nothing else");
   }
-  assert.deepEqual(snapshot(path.join(out, "ckpt")), before, "no checkpoint changed by the refusals");
 });
 
 test("a resume with another --seq-len or horizon is refused naming the run's value as a flag, and that flag resumes (C3, P5)", {

@@ -8,6 +8,8 @@ import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig, tinyRun } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
+import { runAdvised } from "./helpers/cli";
+import { adviceAfter } from "./helpers/survive";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { cpuWarning } from "../src/run";
 import { readManifest } from "../src/data/manifest";
@@ -430,17 +432,19 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
   const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
   assert.equal(first.status, 0, first.stderr);
   const ck = path.join(out, "ckpt", "checkpoint-4");
+  const pristine = tmpDir("tstrain-p7-pristine-"); // the run as it stopped, for each advised command to train in
+  fs.cpSync(out, pristine, { recursive: true });
   const lr = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3"]));
   assert.equal(lr.status, 2, lr.stdout + lr.stderr);
   assert.match(
     lr.stderr,
-    /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values \(--lr 0\.003\), or pass --allow-config-change .*\[P7\]\n$/,
+    /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values: node dist\/main\.js .* --lr 0\.003; or add --allow-config-change to train on from there with the new values: node dist\/main\.js .* --allow-config-change \[P7\]\n$/,
   );
   const sched = cli(tinyArgs(mix.root, out, ["--resume", ck, "--warmup-frac", "0.1", "--decay-frac", "0.5"]));
   assert.equal(sched.status, 2, sched.stdout + sched.stderr);
   assert.match(
     sched.stderr,
-    /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .*\(--warmup-frac 0\.02 --decay-frac 0\.8\).*\[P7\]/,
+    /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .* --warmup-frac 0\.02 --decay-frac 0\.8; .*\[P7\]/,
   );
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
 
@@ -459,7 +463,10 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
   fs.writeFileSync(manPath, JSON.stringify(man));
   const betas = cli(tinyArgs(mix.root, out, ["--resume", ck]));
   assert.equal(betas.status, 2, betas.stdout + betas.stderr);
-  assert.match(betas.stderr, /: beta2 0\.999 -> 0\.95\. .*Pass --allow-config-change .*\[P7\]/);
+  assert.match(
+    betas.stderr,
+    /: beta2 0\.999 -> 0\.95\. .*Add --allow-config-change .*: node dist\/main\.js .* --allow-config-change \[P7\]/,
+  );
   fs.writeFileSync(rcPath, rcSaved);
   fs.writeFileSync(manPath, manSaved);
 
@@ -475,6 +482,20 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
     lr: number;
   };
   assert.equal(rc8.lr, 1e-3, "the checkpoints from there on record the new value");
+
+  // each command the --lr refusal advised runs as printed, on the run as it stopped: the checkpoint's value, then
+  // the new one kept with --allow-config-change
+  for (const [label, want] of [
+    [/Resume with the checkpoint's values:/, 0.003],
+    [/with the new values:/, 1e-3],
+  ] as const) {
+    fs.rmSync(out, { recursive: true, force: true });
+    fs.cpSync(pristine, out, { recursive: true });
+    const ok = runAdvised(adviceAfter(lr.stderr, label));
+    assert.equal(ok.status, 0, ok.stderr);
+    const rc = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8"));
+    assert.equal(rc.lr, want, `${label}: the run trained on with that --lr`);
+  }
 });
 
 test("--resume on a path that does not exist says so (not 'no cursor.json'), and names the checkpoints --out holds (C3)", {

@@ -10,6 +10,7 @@
 import { UserError } from "../errors";
 import type { RunConfig } from "../config";
 import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../optim/optim";
+import { sameCommand, sameCommandWith } from "./stop";
 
 /** The update's constants, as run_config.json records them under `update`. */
 export function updateConstants(): Record<string, number> {
@@ -67,11 +68,11 @@ export function checkConfigChanges(dir: string, saved: Record<string, unknown> |
   if (!ch.length || cfg.allowConfigChange) return ch;
   const flags = ch.filter((c) => c.what.startsWith("--"));
   const back = flags.length
-    ? `Resume with the checkpoint's values (${flags.map((c) => `${c.what} ${c.old}`).join(" ")}), or pass`
-    : "Pass";
+    ? `Resume with the checkpoint's values: ${sameCommandWith(...flags.map((c) => [c.what, String(c.old)] as const))}; or add --allow-config-change to train on from there with the new values: ${sameCommand()} --allow-config-change`
+    : `Add --allow-config-change to train on from there with the new values: ${sameCommand()} --allow-config-change`;
   throw new UserError(
     "P7",
-    `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back} --allow-config-change to train on from there with the new values`,
+    `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back}`,
   );
 }
 
@@ -89,10 +90,10 @@ const SEED_FLAGS: ReadonlyArray<[key: "seed" | "dataSeed", flag: string, what: s
 export function checkSeeds(dir: string, saved: Record<string, unknown> | null, cfg: RunConfig): void {
   const ch = SEED_FLAGS.filter(([k]) => typeof saved?.[k] === "number" && saved[k] !== cfg[k]);
   if (!ch.length || !saved) return;
-  const was = ch.map(([k, flag]) => `${flag} ${String(saved[k])}`).join(" ");
+  const back = sameCommandWith(...ch.map(([k, flag]) => [flag, String(saved[k])] as const));
   throw new UserError(
     "P7",
-    `resume refused: this run changes the seeds of ${dir}: ${ch.map(([k, flag, what]) => `${flag} ${String(saved[k])} -> ${cfg[k]} (${what} ${String(saved[k])})`).join(", ")}. A resumed run continues those weights and that order, so a new seed would change nothing but what run_config.json records (--allow-config-change does not allow it). Resume with the checkpoint's ${ch.length > 1 ? "seeds" : "seed"} (${was}), or start a new run with another --out`,
+    `resume refused: this run changes the seeds of ${dir}: ${ch.map(([k, flag, what]) => `${flag} ${String(saved[k])} -> ${cfg[k]} (${what} ${String(saved[k])})`).join(", ")}. A resumed run continues those weights and that order, so a new seed would change nothing but what run_config.json records (--allow-config-change does not allow it). Resume with the checkpoint's ${ch.length > 1 ? "seeds" : "seed"}: ${back}; or start a new run with another --out`,
   );
 }
 

@@ -121,7 +121,7 @@ export async function setupSession(
   const hub = client ? new HubAtStart(client, { hubUrl, log: rep.say, giveUpMs: cfg.hubRetryMinutes * 60_000 }) : null;
   const advice: HubAdvice = {
     again: sameCommand(),
-    embedded: cfg.resume === "" && cfg.hubUrl !== EMBEDDED_HUB ? sameCommandWith("--hub-url", EMBEDDED_HUB) : null,
+    embedded: cfg.resume === "" && cfg.hubUrl !== EMBEDDED_HUB ? sameCommandWith(["--hub-url", EMBEDDED_HUB]) : null,
   };
   if (hub) await checkHubAtStart(hub, hubUrl, advice);
   const data = await planData(cfg, rep, scratch);

@@ -28,11 +28,14 @@ export function sameCommand(prefix: readonly string[] = []): string {
   return [...head, ...commandLine].map(q).join(" ");
 }
 
-/** This run's own command with `--flag value` in place of the flag's value given (on the command line, or none). */
-export function sameCommandWith(flag: string, value: string): string {
+/**
+ * This run's own command with each `--flag value` of `set` in place of that flag's value given (on the command
+ * line, or none): `sameCommandWith(["--seed", "20260919"])`.
+ */
+export function sameCommandWith(...set: ReadonlyArray<readonly [flag: string, value: string]>): string {
   const head = [...launcher, "node", "dist/main.js"];
-  if (!commandLine) return `${head.map(q).join(" ")} <the same flags> ${flag} ${q(value)}`;
-  return commandWith(head, commandLine, flag, value);
+  if (!commandLine) return `${head.map(q).join(" ")} <the same flags> ${set.flat().map(q).join(" ")}`;
+  return commandWith(head, commandLine, ...set);
 }
 
 /** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */

@@ -5,12 +5,18 @@ import * as path from "node:path";
 import { spawnSync } from "node:child_process";
 
 export { tinyModel } from "./model-dir";
+import { REPO_ROOT } from "./survive";
 
 const DIST = path.join(__dirname, "..", "..");
 
 /** `node dist/<file> ...args`, to its end. */
 export function node(file: string, args: string[], env: NodeJS.ProcessEnv = process.env) {
   return spawnSync(process.execPath, [path.join(DIST, file), ...args], { encoding: "utf8", timeout: 150_000, env });
+}
+
+/** A command a refusal advised (argv as adviceAfter gives it, `dist/main.js ...`), run from the repo's root to its end. */
+export function runAdvised(argv: string[], env: NodeJS.ProcessEnv = process.env) {
+  return spawnSync(process.execPath, argv, { cwd: REPO_ROOT, encoding: "utf8", timeout: 150_000, env });
 }
 
 /** A refusal: exit 2, one line on stderr matching `line`, no stack trace, nothing on stdout. */
