@@ -1,8 +1,9 @@
 /**
- * A training session, top to bottom: `runSession` checks the launch and, under --dist mpi, brings up the MPI job
- * (runMpi); `runHere` is the session itself: the embedded Hub (when asked), the run folder's lock, the plan
- * (session/setup.ts: data, model, resume point; every refusal happens there, before step 1), the actors,
- * the step loop (session/loop.ts) and its end (session/finish.ts: validation, export, RUN_JSON).
+ * A training session, top to bottom: `runSession` checks the launch (the refusals that need no plan: A9, K5, P1)
+ * and, under --dist mpi, brings up the MPI job (runMpi); `runHere` is the session itself: the embedded Hub (when
+ * asked), the run folder's checks and lock (O1, O2), the plan (session/setup.ts: data, model, resume point, and the
+ * refusals they raise, before step 1), the actors, the step loop (session/loop.ts) and its end (session/finish.ts:
+ * validation, export, RUN_JSON).
  */
 import * as fs from "node:fs";
 import * as os from "node:os";
@@ -80,7 +81,8 @@ export async function runSession(
     refuseMalformedToken({
       embeddedWithout: cfg.hubUrl === EMBEDDED_HUB ? sameCommand(["env", "-u", "HF_TOKEN"]) : undefined,
     });
-  // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
+  // an explicit engine that cannot load (--backend native, webgpu or tensorflow, --gemm openblas, --isa) is refused
+  // before any work (P1, P8)
   checkEngineRequest(cfg.backend, nativeChoice(cfg));
   if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);
   rep.say(configLine(cfg, origins));
@@ -180,8 +182,8 @@ export function cpuWarning(
  * P8: what --precision bf16 will cost here, said at start (a forced --isa is a choice made knowingly: nothing said).
  * - AMX: nothing to say.
  * - VDPBF16PS (AVX512_BF16, it passed its self-check): its rate against this core's fp32 FMA as the bench measured it
- *   on this CPU (model/engine/bench-rates.ts: `rate`; nothing is timed here), and what a step gains from it; where
- *   the bench has no figure for this CPU, the command that measures it. AMD Zen 5 runs it at twice the FMA's rate;
+ *   on this CPU (model/engine/bench-rates.ts: VDPBF16PS_RATES; nothing is timed here), and what a step gains from
+ *   it; where the bench has no figure for this CPU, the command that measures it. AMD Zen 5 runs it at twice the FMA's rate;
  *   some Intel cores at the FMA's own.
  * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits), at BF16_EMULATION_SPEED times
  *   fp32's tokens per second: a warning that names --precision fp32 as the faster choice, with why VDPBF16PS is not
@@ -262,7 +264,7 @@ async function runWithHub(
     const lock: OutLock | null = cfg.benchmark || cfg.dryRun ? null : lockOut(cfg.out, rep.say);
     try {
       if (lock) for (const l of cleanOut(cfg.out)) rep.say(l);
-      // 3. The plan: every refusal happens here, before step 1.
+      // 3. The plan, and its refusals (data, model, resume point, Hub), before step 1.
       const s: Session = { ...(await setupSession(cfg, rep, hubUrl, scratch)), dist: link };
       if (cfg.dryRun) return dryRun(s, rep);
       if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };

@@ -4,8 +4,8 @@
  * decision (decideStep) as the actor runtime. It runs every rank's micro-batches one after another through the one
  * micro-batch loop the ranks run (actors/micro-batches.ts runMicroBatches: a deferred engine's gradient is folded
  * once it is read back), so one step does exactly the work of one step of the actor run (same windows, same
- * update), on every engine, and the bench can compare the two. It uses nothing else from the actors but the
- * StepResult type, so it sits beside run.ts, not in src/actors.
+ * update), on every engine, and the bench can compare the two. It uses nothing else from the actors but that loop
+ * (gradientArrays, runMicroBatches) and the StepResult type, so it sits beside run.ts, not in src/actors.
  *
  * The training step, module by module. SingleThreadTrainer.step below is the whole step on one screen; the actor
  * runtime (`node dist/main.js --world N`) splits the same work across threads, in this order (paths under src/):

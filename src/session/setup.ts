@@ -1,7 +1,9 @@
 /**
  * Everything fixed before step 1: the data identity, the model, the step plan, the resume point and
- * where this session ends. Every refusal happens here, before any work (C3, D1, D6, G1, M3, O1,
- * P5, R1-R4); nothing already saved is overwritten.
+ * where this session ends. The plan's refusals happen here, before any work (the Hub's K5, K9; the data's D1,
+ * D3, D4, D6, D7; the model's M2, M3; room under --out, O1; the resume point's C1, C3, K2, K7, P5, P7, R1-R4; the
+ * segment's G1); nothing already saved is overwritten. The launch's own (A9, K5, P1) and --out's lock (O1, O2) come
+ * before, in run.ts.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
