@@ -66,7 +66,8 @@ import type {
 
 /**
  * What the coordinator is given to start its ranks: each rank's RankInit less what the coordinator works out
- * itself (the rank number, the shared buffers, the decay ranges and the rank's slice).
+ * itself (the rank number, the shared buffers, the decay ranges, the rank's slice and chunks, its global rank and
+ * the job's rank count).
  */
 export type RankSetup = Omit<
   RankInit,

@@ -42,7 +42,8 @@ export interface RankInit {
   /** M6: the bytes the rank's training arena may take; the model runs the fastest policy that fits (activationPlan). */
   activationBudgetBytes: number;
   backend: BackendName;
-  /** The native engine's GEMM (`--gemm`, `--isa`); absent = the built-in GEMM on the widest kernel. */
+  /** The native engine's GEMM and precision (`--gemm`, `--isa`, `--precision`); absent = the built-in GEMM on the
+   *  widest kernel, fp32. */
   native?: NativeOptions;
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   shared: SharedBuffers;

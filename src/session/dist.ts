@@ -76,7 +76,7 @@ function agreementDoc(cfg: RunConfig): Record<string, unknown> {
 }
 
 let codeHash: string | null = null;
-/** A digest of the compiled trainer (every .js under dist/src) and package.json's version. */
+/** A digest of the compiled trainer: every .js under dist/src, its path and its bytes (16 hex digits). */
 export function codeVersion(): string {
   if (codeHash) return codeHash;
   const h = crypto.createHash("sha256");
