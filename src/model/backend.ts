@@ -174,10 +174,10 @@ function tensorflowRefusal(tried: string[]): UserError {
 }
 
 /**
- * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, or an explicit
- * `--backend tensorflow` when neither tfjs-node package is installed, in the calling (main) thread, before any work
- * is started (P1). Other requests pass: their engines are chosen in each rank by initEngine (whose refusals also
- * exit 2, A1).
+ * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, `--backend webgpu` with no
+ * adapter, or an explicit `--backend tensorflow` when neither tfjs-node package is installed, in the calling (main)
+ * thread, before any work is started (P1); and `--isa amx` or `--isa avx512bf16` in an fp32 run (P8). Other requests
+ * pass: their engines are chosen in each rank by initEngine (whose refusals also exit 2, A1).
  */
 export function checkEngineRequest(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): void {
   if (requested === "webgpu") {

@@ -293,7 +293,7 @@ export interface MatmulJob {
 
 /**
  * What matmuls(jobs) means, as the calls it equals: the model's helper on an engine that computes as it is called
- * (js, native, tfjs). `add` is copied through a deferred engine's copy, else on the host.
+ * (native, tfjs, or the tests' kernels on js.ts). `add` is copied through a deferred engine's copy, else on the host.
  */
 export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void {
   for (const job of jobs) {

@@ -35,7 +35,7 @@ interface Addon {
     /** bf16: why the VDPBF16PS kernel is not used ("" where it passed its self-check, or the CPU has AMX) */
     bf16Check: string;
   };
-  /** The process's weights: the bf16 AMX kernel keeps their packed copies until bf16WeightsChanged(). */
+  /** The process's weights: the bf16 AMX and VDPBF16PS kernels keep their packed copies until bf16WeightsChanged(). */
   bf16Weights(params: Float32Array): void;
   bf16WeightsChanged(): void;
   bf16WeightsPrepack(part: number, parts: number): void;
@@ -342,6 +342,8 @@ function nativeKernels(
           prepareWeights: (part: number, parts: number) => a.bf16WeightsPrepack(part, parts),
         }
       : {}),
-    dispose: () => undefined, // the addon keeps no state between calls (attention's scratch is per call)
+    // nothing held per object: attention's scratch is per call, and the bf16 weight copies are the process's,
+    // shared by its threads (native/gemm/weights.c)
+    dispose: () => undefined,
   };
 }
