@@ -15,8 +15,8 @@
  *      model is first downloaded into a temp folder through hub/client.ts (fetchModelDir).
  *   2. generation.ts loadModelDir: config.json through checkpoint/index.ts readHfConfig and
  *      model/llama-config.ts configFromHf; model.safetensors through model/safetensors.ts into the flat weights
- *      of model/layout.ts; the tokenizer (the folder's, else the run's mix root's, else --tokenizer), refused
- *      when its ids differ from the ones the model was trained with (data/vocab-hash.ts).
+ *      of model/layout.ts; the tokenizer (--tokenizer when given, else the folder's, else the run's mix root's),
+ *      refused when its ids differ from the ones the model was trained with (data/vocab-hash.ts).
  *   3. model/backend.ts initEngine picks the engine, as for training (model/kernels.ts).
  *
  * GENERATE
