@@ -1,6 +1,7 @@
 /**
  * `node dist/generate.js --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
  *   [--top-p P] [--seed S] [--backend auto|native|wasm|cpu|tensorflow] [--tokenizer tokenizer.json]
+ *   [--allow-other-tokenizer]
  *   [--hub-url URL] [--no-cache]`
  *
  * DIR is an exported `final/` or a checkpoint folder (model.safetensors + config.json), local or on the Hub as
@@ -55,7 +56,7 @@ const USAGE = `usage: node dist/generate.js --model DIR|hf://datasets/owner/name
   [--top-p P]           keep the smallest set reaching probability P (default 1 = off)
   [--seed S]            sampling seed (default 0): the same seed gives the same text
   [--backend NAME]      auto (default), native, wasm, cpu, tensorflow
-  [--tokenizer FILE]    tokenizer.json when DIR has none
+  [--tokenizer FILE]    the tokenizer.json to use (default: DIR's, else the run's mix root's)
   [--allow-other-tokenizer]  use a tokenizer whose vocabulary differs from the one the export recorded
   [--hub-url URL]       for hf:// models (default $HF_ENDPOINT, else ${DEFAULT_HUB_URL}; token from HF_TOKEN)
   [--no-cache]          recompute the whole sequence per token (the reference path; slow)`;
