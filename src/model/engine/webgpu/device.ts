@@ -1,11 +1,16 @@
 /**
  * The webgpu engine's device (engine.ts ties the engine together): Dawn's Node binding (the optional npm package
  * `webgpu`, which loads libvulkan.so.1 at run time), loaded here and nowhere else; the adapter, its facts for the
- * start line and the device opened with the limits and features the engine asks for (openWebgpuDevice: the one place a
- * device is opened); the child-process probe the main thread refuses `--backend webgpu` with (P1); and the advice
- * when no adapter opens. Each rank thread opens its own device, but requestAdapter() has no index and Dawn's
- * adapter= flag matches names, which identical GPUs share: every rank of a process gets the same (first) GPU.
- * Several GPUs take one MPI process per GPU, each seeing one (docs/webgpu.md).
+ * start line and the device opened with the limits, features and Dawn toggles the engine asks for
+ * (openWebgpuDevice: the one place a device is opened); the child-process probe the main thread refuses
+ * `--backend webgpu` with (P1); and the advice when no adapter opens. Each rank thread opens its own device, but
+ * requestAdapter() has no index and Dawn's adapter= flag matches names, which identical GPUs share: every rank of a
+ * process gets the same (first) GPU. Several GPUs take one MPI process per GPU, each seeing one (docs/webgpu.md).
+ *
+ * Dawn's toggles (its create() flags, applied to each device): robustness off (`disable_robustness`: every shader
+ * checks its own bounds, shaders/framework.ts) and workgroup memory not zeroed (`disable_workgroup_init`: every
+ * shader writes workgroup memory before reading it, each says where); in profile mode timestamps unquantised
+ * (`timestamp_quantization` off). None of them changes a result's bits.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -145,16 +150,27 @@ function loadDawn(): { create: (flags: string[]) => Gpu } | WebgpuUnavailable {
   }
 }
 
+/** Dawn's toggles on every device: its robustness and workgroup-memory zeroing off (the header says why). */
+const TOGGLES_ON = ["disable_robustness", "disable_workgroup_init"] as const;
+
+/** The create() flags of a device: the toggles, and timestamps unquantised in profile mode. */
+export function dawnFlags(opts: { profile?: boolean }): string[] {
+  const flags = [`enable-dawn-features=${TOGGLES_ON.join(",")}`];
+  if (opts.profile) flags.push("disable-dawn-features=timestamp_quantization");
+  return flags;
+}
+
 /**
- * This thread's adapter and its device, opened with the limits and features the engine asks for, and the adapter in
- * words; or why there is none. The one place a device is opened: the engine, the probe and the bench's peak probe.
+ * This thread's adapter and its device, opened with the limits, features and toggles the engine asks for (`profile`:
+ * timestamps unquantised), and the adapter in words; or why there is none. The one place a device is opened: the
+ * engine, the probe and the bench's peak probe.
  */
-export async function openWebgpuDevice(): Promise<
-  { adapter: GpuAdapter; device: GpuDevice; name: string } | WebgpuUnavailable
-> {
+export async function openWebgpuDevice(
+  opts: { profile?: boolean } = {},
+): Promise<{ adapter: GpuAdapter; device: GpuDevice; name: string } | WebgpuUnavailable> {
   const dawn = loadDawn();
   if ("reason" in dawn) return dawn;
-  const gpu = dawn.create([]);
+  const gpu = dawn.create(dawnFlags(opts));
   // The GPU object must stay reachable, or a later mapAsync crashes the process (SIGSEGV / futex error).
   const g = globalThis as { __tstrainWebgpu?: unknown[] };
   (g.__tstrainWebgpu ??= []).push(gpu);

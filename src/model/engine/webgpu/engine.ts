@@ -477,7 +477,7 @@ export async function createWebgpuKernels(): Promise<{ kernels: DeferredKernels 
 export async function createProfiledWebgpuKernels(): Promise<
   { kernels: DeferredKernels; profile: () => Map<string, { calls: number; ms: number }> } | WebgpuUnavailable
 > {
-  const d = await openWebgpuDevice();
+  const d = await openWebgpuDevice({ profile: true });
   if ("reason" in d) return d;
   if (!d.device.features?.has("timestamp-query"))
     return { reason: `${d.name} offers no timestamp-query`, fix: "run the profile on an adapter that has it" };
