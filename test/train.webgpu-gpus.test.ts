@@ -140,8 +140,9 @@ test("the device-select variables the main thread sets reach a rank thread's Daw
 const { withDeviceEnv } = require(${JSON.stringify(GPUS)});
 const open = () => new Promise((resolve, reject) => {
   const w = new Worker(\`require(${JSON.stringify(DEVICE)}).openWebgpuDevice().then((d) => {
-    require("node:worker_threads").parentPort.postMessage(d.adapter ? d.adapter.info.device : d.reason);
+    const name = d.adapter ? d.adapter.info.device : d.reason;
     d.device?.destroy();
+    require("node:worker_threads").parentPort.postMessage(name);
   })\`, { eval: true });
   w.once("message", (m) => { resolve(m); w.terminate(); });
   w.once("error", reject);
