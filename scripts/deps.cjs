@@ -57,7 +57,7 @@ const LAYERS = [
     layer: 2,
     name: "model, data, Hub client and local Hub",
     // Independent libraries: the model (kernels, engines, safetensors; the webgpu engine's rooms under
-    // model/engine/webgpu/: device, arena, recorder, matmul-plan, engine, and shaders/ by family), the data pipeline (mix,
+    // model/engine/webgpu/: gpus, device, arena, recorder, matmul-plan, engine, and shaders/ by family), the data pipeline (mix,
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
     // client's building blocks (client, hub-errors: the errors and the token's scrubbing, transfer: a transfer's
     // progress lines, retry, start: the Hub calls before step 1, retried, and the refusals of a Hub that cannot

@@ -70,6 +70,11 @@ export interface RunConfig {
    */
   hosts: number;
   backend: BackendName;
+  /**
+   * A13: --backend webgpu's GPUs, by index or PCI address, comma-separated (parseGpuChoice); rank r of the host's
+   * ranks takes the r-th. "" = every GPU of the host, in PCI address order.
+   */
+  gpus: string;
   /** The native engine's matrix products: the project's own GEMM or the system's OpenBLAS. */
   gemm: GemmChoice;
   /** The built-in GEMM's micro-kernel (auto = the widest the CPU has; every one gives the same bits). */
@@ -554,6 +559,14 @@ export function validate(c: RunConfig): RunConfig {
     );
   }
   refuseEngineMismatch(c);
+  const gpus = parseGpuChoice(c.gpus);
+  if (typeof gpus === "string")
+    throw new UserError("A13", `--gpus ${JSON.stringify(c.gpus)}: ${gpus}; pass e.g. --gpus 0,1, or leave it out`);
+  if (gpus.length > 0 && c.backend !== "webgpu")
+    throw new UserError(
+      "A13",
+      `--gpus chooses the devices of --backend webgpu, and --backend is ${c.backend}: add --backend webgpu, or drop --gpus`,
+    );
   if (c.dryRun && c.benchmark)
     throw new UserError(
       "G7",
@@ -561,6 +574,31 @@ export function validate(c: RunConfig): RunConfig {
     );
   if (c.hubUrl !== EMBEDDED_HUB) c.hubUrl = canonicalHubUrl(c.hubUrl);
   return Object.freeze({ ...c });
+}
+
+/** A GPU named by --gpus: its index in the host's order, or its PCI address in full (0000:17:00.0), lowercase. */
+export type GpuName = { index: number } | { pci: string };
+
+/**
+ * A13: --gpus's list (`0,1` or `0000:17:00.0,0000:2a:00.0`, an address also as lspci prints it: `17:00.0`), or
+ * the reason it is none: an entry neither an index nor a PCI address, or one named twice. "" is the empty list.
+ */
+export function parseGpuChoice(s: string): GpuName[] | string {
+  if (s.trim() === "") return [];
+  const out: GpuName[] = [];
+  for (const raw of s.split(",")) {
+    const t = raw.trim().toLowerCase();
+    const pci = /^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$/.exec(t);
+    let g: GpuName;
+    if (/^\d+$/.test(t) && t.length < 6) g = { index: Number(t) };
+    else if (pci) g = { pci: `${pci[1] ?? "0000"}:${pci[2]}:${pci[3]}.${pci[4]}` };
+    else
+      return `${JSON.stringify(raw.trim())} is neither a GPU index (0, 1, ...) nor a PCI address (0000:17:00.0, as \`lspci -D\` prints it)`;
+    const key = JSON.stringify(g);
+    if (out.some((o) => JSON.stringify(o) === key)) return `${JSON.stringify(raw.trim())} is named twice`;
+    out.push(g);
+  }
+  return out;
 }
 
 /** True when something other than a folder is at the path (a folder, or nothing yet, is false). */

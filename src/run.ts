@@ -21,7 +21,7 @@ import {
 } from "./config";
 import { initWeights } from "./model/init";
 import { activationPlan } from "./model/llama";
-import { checkEngineRequest } from "./model/backend";
+import { checkEngineRequest, webgpuRanks } from "./model/backend";
 import { bf16Support } from "./model/engine/native";
 import { BF16_EMULATION_SPEED, VDPBF16PS_RATES, type Vdpbf16Rate, vdpbf16Rate } from "./model/engine/bench-rates";
 import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
@@ -82,12 +82,13 @@ export async function runSession(
       embeddedWithout: cfg.hubUrl === EMBEDDED_HUB ? sameCommand(["env", "-u", "HF_TOKEN"]) : undefined,
     });
   // an explicit engine that cannot load (--backend native, webgpu or tensorflow, --gemm openblas, --isa) is refused
-  // before any work (P1, P8)
-  checkEngineRequest(cfg.backend, nativeChoice(cfg));
-  if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);
+  // before any work (P1, P8); so is --backend webgpu on a GPU that is not there (A13)
+  const gpuNotes = checkEngineRequest(cfg.backend, nativeChoice(cfg), { world: cfg.world, choice: cfg.gpus });
+  if (cfg.dist === "mpi") return runMpi(cfg, rep, origins, gpuNotes);
   rep.say(configLine(cfg, origins));
   const cpus = cpuWarning(cfg.world);
   if (cpus) rep.say(cpus);
+  for (const n of gpuNotes) rep.say(n);
   const slow = bf16Warning(cfg.precision, cfg.isa);
   if (slow) rep.say(slow);
   return runHere(cfg, rep, null);
@@ -105,14 +106,21 @@ function exitCodeOf(e: unknown): number {
  * (A11), then process 0 runs the session and the others follow it (session/dist.ts). Every way out ends the job
  * on every process: the leader's end command, a round every process saw fail, or MPI_Abort mid-step.
  */
-async function runMpi(cfg: RunConfig, rep: Reporter, origins: ReadonlyMap<string, string>): Promise<RunResult> {
+async function runMpi(
+  cfg: RunConfig,
+  rep: Reporter,
+  origins: ReadonlyMap<string, string>,
+  gpuNotes: string[],
+): Promise<RunResult> {
   const mpi = initMpi();
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
   setLauncher(launchPrefix(mpi.size)); // the resume command relaunches the job, not one process
   if (mpi.rank === 0) unblockStdout(); // the others print little, and exit with process.exit (queued writes would be lost)
   const cpus = cpuWarning(here.world); // each host's own affinity: the followers say theirs on stderr
-  if (cpus && mpi.rank !== 0) process.stderr.write(`process ${mpi.rank} of ${mpi.size}: ${cpus}\n`);
+  if (mpi.rank !== 0)
+    for (const n of cpus ? [cpus, ...gpuNotes] : gpuNotes)
+      process.stderr.write(`process ${mpi.rank} of ${mpi.size}: ${n}\n`);
   try {
     await link.agreeOnConfig(here);
     if (!link.leader) {
@@ -134,6 +142,7 @@ async function runMpi(cfg: RunConfig, rep: Reporter, origins: ReadonlyMap<string
     if (cpus) rep.say(cpus);
     const slow = bf16Warning(here.precision, here.isa);
     if (slow) rep.say(slow);
+    for (const n of gpuNotes) rep.say(n);
     const r = await runHere(here, rep, link);
     await link.end(0);
     mpi.finalize();
@@ -296,6 +305,7 @@ function coordinatorFor(s: Session, link: DistLink | null): Coordinator {
     activationBudgetBytes: activationBudget(cfg).bytes,
     backend: cfg.backend,
     native: nativeChoice(cfg),
+    gpus: webgpuRanks(cfg.backend, cfg.world, cfg.gpus),
     fault: faultFromEnv(),
     mpi: link?.mpi,
     stopAsked: () => stopRequested() !== null,

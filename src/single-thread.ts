@@ -38,7 +38,8 @@
  *      session/finish.ts (the segment's end: validation, export, RUN_JSON).
  */
 import { Llama } from "./model/llama";
-import { initEngine, type BackendName } from "./model/backend";
+import { initEngine, type BackendName, webgpuRanks } from "./model/backend";
+import type { GpuSelect } from "./model/engine/webgpu/gpus";
 import type { NativeOptions } from "./model/engine/native";
 import type { Kernels } from "./model/kernels";
 import { initWeights } from "./model/init";
@@ -77,6 +78,8 @@ export interface SingleThreadSetup {
   activationBudgetBytes: number;
   backend: BackendName;
   native?: NativeOptions;
+  /** --backend webgpu: the GPU it opens (rank 0's, A13); absent: Dawn's first adapter. */
+  gpu?: GpuSelect | null;
   root: string;
   seqLen: number;
   dataSeed: number;
@@ -131,7 +134,7 @@ export class SingleThreadTrainer {
   }
 
   static async create(setup: SingleThreadSetup): Promise<SingleThreadTrainer> {
-    const be = await initEngine(setup.backend, setup.native);
+    const be = await initEngine(setup.backend, setup.native, setup.gpu);
     const t = new SingleThreadTrainer(
       setup,
       new Llama(setup.model, be.kernels, {
@@ -230,6 +233,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     activationBudgetBytes: activationBudget(cfg).bytes,
     backend: cfg.backend,
     native: nativeChoice(cfg),
+    gpu: webgpuRanks(cfg.backend, cfg.world, cfg.gpus)?.[0],
     root: s.data.root,
     seqLen: cfg.seqLen,
     dataSeed: cfg.dataSeed,

@@ -21,7 +21,7 @@ import { type DeferredKernels, isDeferred } from "../src/model/kernels";
 import { webgpuEngineOn } from "../src/model/engine/webgpu/engine";
 import type { GpuDevice } from "../src/model/engine/webgpu/device";
 import { webgpuCounts } from "../bench/webgpu-count";
-import { packParams, type Shader } from "../src/model/engine/webgpu/shaders/framework";
+import { packParams, type Shader, shader, withWritable } from "../src/model/engine/webgpu/shaders/framework";
 import { BK, TILE } from "../src/model/engine/webgpu/shaders/matmul";
 import { rmsnormRows } from "../src/model/engine/webgpu/shaders/rows";
 import { SHADERS, type ShaderName } from "../src/model/engine/webgpu/shaders/catalog";
@@ -46,12 +46,18 @@ test("each webgpu shader's struct P is its declared settings in order, and its W
     const read = new Set([...s.code.matchAll(/\bp\.([A-Za-z_]\w*)/g)].map((m) => m[1]));
     for (const n of read) assert.ok(Object.hasOwn(s.params, n), `${name} reads p.${n}, which it does not declare`);
     for (const n of Object.keys(s.params)) assert.ok(read.has(n), `${name} declares ${n} and never reads p.${n}`);
-    const bindings = [...s.code.matchAll(/@binding\((\d+)\) var<storage, read_write> (\w+)/g)];
+    const bindings = [...s.code.matchAll(/@binding\((\d+)\) var<storage, (read|read_write)> (\w+)/g)];
     assert.deepEqual(
-      bindings.map((b) => [Number(b[1]), b[2]]),
-      s.bindings.map((b, i) => [i, b.split(":")[0]]),
-      `${name}: storage bindings`,
+      bindings.map((b) => [Number(b[1]), b[3], b[2]]),
+      s.bindings.map((b, i) => [i, b.split(":")[0], s.access[i]]),
+      `${name}: storage bindings, each with its declared access`,
     );
+    // a binding declared read is only read: no assignment to it anywhere in the WGSL
+    for (const [i, b] of s.bindings.entries()) {
+      const n = b.split(":")[0];
+      if (s.access[i] === "read")
+        assert.doesNotMatch(s.code, new RegExp(`\\b${n}\\[[^\\]]*\\]\\s*=[^=]`), `${name} writes ${n}, declared read`);
+    }
     assert.match(s.code, new RegExp(`@binding\\(${s.bindings.length}\\) var<uniform> p: P;`), `${name}: the uniform`);
   }
 });
@@ -96,10 +102,19 @@ interface Dispatch {
 }
 
 /** A device that records each dispatch (its shader, operand count and uniform bytes) and runs nothing. */
-function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches: Dispatch[]; created: number[] } {
+function recordingDevice(maxBinding = 1 << 30): {
+  device: GpuDevice;
+  dispatches: Dispatch[];
+  created: number[];
+  /** The WGSL of each shader module made, in order. */
+  codes: string[];
+} {
   const dispatches: Dispatch[] = [];
   const created: number[] = [];
-  const byCode = new Map(NAMES.map((n) => [SHADERS[n].code, n]));
+  // a dispatch may run a variant whose read-only arrays are bound read_write (withWritable): found as its shader
+  const plain = (code: string) => code.replaceAll("var<storage, read>", "var<storage, read_write>");
+  const byCode = new Map(NAMES.map((n) => [plain(SHADERS[n].code), n]));
+  const codes: string[] = [];
   const buffer = (size: number) => {
     const raw = new ArrayBuffer(size);
     return { size, raw, destroy() {}, getMappedRange: () => raw, unmap() {}, mapAsync: async () => {} };
@@ -142,7 +157,10 @@ function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches:
       created.push(d.size);
       return buffer(d.size);
     },
-    createShaderModule: (d) => ({ shader: byCode.get(d.code) }),
+    createShaderModule: (d) => {
+      codes.push(d.code);
+      return { shader: byCode.get(plain(d.code)) };
+    },
     createComputePipeline: (d) => ({
       shader: (d.compute.module as { shader: ShaderName }).shader,
       getBindGroupLayout: () => null,
@@ -157,7 +175,7 @@ function recordingDevice(maxBinding = 1 << 30): { device: GpuDevice; dispatches:
     }),
     destroy() {},
   };
-  return { device, dispatches, created };
+  return { device, dispatches, created, codes };
 }
 
 /** Each setting of a recorded dispatch by name, read back as its declared type. */
@@ -216,6 +234,36 @@ function callEvery(k: DeferredKernels): void {
   k.copy(f(9), f(9));
   k.fill(f(9), 2.5);
 }
+
+test("a read-only storage array is bound read_write only in a dispatch that writes another range of its device buffer; every array declares its access", () => {
+  const { device, codes } = recordingDevice();
+  const k = webgpuEngineOn(device, "recording").kernels;
+  assert.ok(isDeferred(k));
+  const copyCode = (src: "read" | "read_write") =>
+    codes.filter(
+      (c) =>
+        c.includes(`@binding(1) var<storage, ${src}> src: array<f32>;`) && c.includes("dst[p.oD + i] = src[p.oS + i];"),
+    );
+  k.copy(new Float32Array(9), new Float32Array(9)); // two buffers: src read-only
+  assert.equal(copyCode("read").length, 1);
+  assert.equal(copyCode("read_write").length, 0);
+  const one = new Float32Array(256); // one buffer: src bound read_write (WebGPU refuses it bound both ways)
+  k.copy(one.subarray(0, 9), one.subarray(64, 73));
+  assert.equal(copyCode("read_write").length, 1);
+  k.copy(one.subarray(128, 137), one.subarray(192, 201)); // the same variant again: no new pipeline
+  assert.equal(codes.length, 2);
+  assert.equal(withWritable(SHADERS.copy.code, []), SHADERS.copy.code);
+  assert.throws(() => withWritable(SHADERS.copy.code, [0]), /no read-only storage binding 0 to make writable/);
+  assert.throws(
+    () => shader(["x"], { n: "u32" }, ""),
+    /storage array x declares no access \("x:read" or "x:read_write"\)/,
+  );
+  assert.throws(() => shader(["x:rw"], { n: "u32" }, ""), /storage array x declares no access/);
+  assert.match(
+    shader(["x:read:i32", "y:read_write"], { n: "u32" }, "").code,
+    /@binding\(0\) var<storage, read> x: array<i32>;\n@group\(0\) @binding\(1\) var<storage, read_write> y: array<f32>;/,
+  );
+});
 
 test("every kernel of the webgpu engine dispatches its shader with exactly its settings, by name, and one operand per storage array", () => {
   const { device, dispatches } = recordingDevice();

@@ -7,7 +7,8 @@
  *    occurrence lists that embeddingBackward reads) and the gradient and loss rows down,
  *    and the weights go up once per step: no gradient is uploaded (the readback zeroes the device's copy);
  *  - the folded float64 gradient and the losses are bit-identical to micro-batches run one at a time, each awaited;
- *  - the profile mode (the bench's webgpu case) times every dispatch once, by shader, and changes no result.
+ *  - the profile mode (the bench's webgpu case) times every dispatch once, by shader, unquantised (not every time
+ *    a whole number of 65.536 us), and changes no result.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -174,6 +175,13 @@ test("the webgpu engine's profile mode (the bench's) times every dispatch of a p
   assert.equal(calls, w.kernels.traffic().dispatches, "every dispatch timed once");
   for (const [name, x] of prof) assert.ok(x.ms >= 0 && Number.isFinite(x.ms), `${name}: ${x.ms} ms`);
   assert.ok(prof.has("attentionForward") && prof.has("crossEntropy"), [...prof.keys()].join(", "));
+  // timestamps unquantised (device.ts: Dawn's timestamp_quantization off): quantised, every time would be a
+  // multiple of 65.536 us (Dawn masks the low 16 bits of each nanosecond timestamp), and so would every total
+  const quanta = [...prof.values()].map((x) => x.ms / 0.065536);
+  assert.ok(
+    quanta.some((q) => Math.abs(q - Math.round(q)) > 1e-3),
+    `every shader's time is a whole number of 65.536 us: ${quanta.join(", ")}`,
+  );
   w.kernels.dispose();
   plain.kernels.dispose();
 });

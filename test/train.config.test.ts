@@ -145,6 +145,7 @@ test("every flag's default is the seed's (G10)", () => {
       dist: "none",
       hosts: 1,
       backend: "auto",
+      gpus: "",
       gemm: "builtin",
       isa: "auto",
       precision: "fp32",

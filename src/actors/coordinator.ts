@@ -23,6 +23,7 @@ import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
+import { type GpuSelect, withDeviceEnv } from "../model/engine/webgpu/gpus";
 import {
   CTL_ABORT,
   allocShared,
@@ -71,8 +72,10 @@ import type {
  */
 export type RankSetup = Omit<
   RankInit,
-  "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld"
+  "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld" | "gpu"
 > & {
+  /** --backend webgpu (A13): rank r's GPU (backend.ts webgpuPlan); absent: Dawn's first adapter for every rank. */
+  gpus?: GpuSelect[] | null;
   /**
    * Whether the coordinator thread takes a slice of the update (see the header). Default: when world <
    * os.availableParallelism(). The results do not depend on it (A10).
@@ -265,11 +268,45 @@ export class Coordinator {
     return new Coordinator(setup);
   }
 
-  /** Start every rank and wait until each has built its backend, model and data stream. */
+  /**
+   * Start every rank and wait until each has built its backend, model and data stream. On --backend webgpu with
+   * GPUs chosen (A13), the ranks of one GPU choice start together with its device-select variables in this
+   * process's environment (a rank's Dawn instance reads them when it enumerates), one choice after the other.
+   */
   async spawn(): Promise<void> {
     const parts = this.rankSlices;
     for (let r = 0; r < this.setup.world; r++) this.ranks.push(new RankHandle(r));
-    const ready = await this.all(
+    const gpus = this.setup.gpus ?? null;
+    const groups = new Map<string, RankHandle[]>();
+    for (const h of this.ranks) {
+      const key = JSON.stringify(gpus?.[h.rank]?.env ?? {});
+      groups.set(key, [...(groups.get(key) ?? []), h]);
+    }
+    const ready: Reply<"ready">[] = [];
+    for (const [key, group] of groups) {
+      const restore = gpus ? withDeviceEnv(JSON.parse(key) as Record<string, string | null>) : () => {};
+      try {
+        ready.push(...(await this.startRanks(group, parts, gpus)));
+      } finally {
+        restore();
+      }
+    }
+    ready.sort((a, b) => a.rank - b.rank);
+    const names = new Set(ready.map((m) => m.backend));
+    if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
+    const devices = ready.some((m) => m.device)
+      ? `; GPUs: ${ready.map((m) => `rank ${m.rank} on ${m.device ?? "?"}`).join(", ")}`
+      : "";
+    this.backendInfo = { backend: ready[0].backend, detail: `${ready[0].detail}${devices}` };
+  }
+
+  /** Starts `group`'s ranks (init) and waits for each to be ready. */
+  private startRanks(
+    group: RankHandle[],
+    parts: Array<[number, number]>,
+    gpus: GpuSelect[] | null,
+  ): Promise<Reply<"ready">[]> {
+    return this.all(
       (h) => ({
         type: "init",
         init: {
@@ -282,6 +319,7 @@ export class Coordinator {
           activationBudgetBytes: this.setup.activationBudgetBytes,
           backend: this.setup.backend,
           native: this.setup.native,
+          gpu: gpus?.[h.rank] ?? null,
           data: this.setup.data,
           shared: this.shared,
           decayRanges: this.decayRanges,
@@ -292,18 +330,17 @@ export class Coordinator {
       }),
       "ready",
       "init",
+      group,
     );
-    const names = new Set(ready.map((m) => m.backend));
-    if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
-    this.backendInfo = { backend: ready[0].backend, detail: ready[0].detail };
   }
 
   private async all<T extends FromRank["type"]>(
     make: (h: RankHandle) => ToRank,
     expect: T,
     phase: string,
+    ranks: RankHandle[] = this.ranks,
   ): Promise<Reply<T>[]> {
-    const pending = this.ranks.map((h) => h.request(make(h), expect, phase));
+    const pending = ranks.map((h) => h.request(make(h), expect, phase));
     try {
       return await Promise.all(pending);
     } catch (e) {

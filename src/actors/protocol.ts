@@ -8,6 +8,7 @@ import type { SharedBuffers } from "./shm";
 import type { LlamaConfig } from "../model/llama-config";
 import type { BackendName } from "../model/backend";
 import type { NativeOptions } from "../model/engine/native";
+import type { GpuSelect } from "../model/engine/webgpu/gpus";
 import type { DecayRange } from "../optim/optim";
 import type { CheckpointDocs, Pointer } from "../checkpoint";
 import type { RankFault } from "./injected-faults";
@@ -45,6 +46,11 @@ export interface RankInit {
   /** The native engine's GEMM and precision (`--gemm`, `--isa`, `--precision`); absent = the built-in GEMM on the
    *  widest kernel, fp32. */
   native?: NativeOptions;
+  /**
+   * --backend webgpu (A13): this rank's GPU (webgpuPlan); its device-select variables are in the process's
+   * environment while the rank starts. Absent: Dawn's first adapter.
+   */
+  gpu?: GpuSelect | null;
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   shared: SharedBuffers;
   decayRanges: DecayRange[];
@@ -91,7 +97,8 @@ export interface RankMemory {
 }
 
 export type FromRank =
-  | { type: "ready"; rank: number; backend: string; detail: string }
+  /** device: a device engine's GPU, as the rank opened it (webgpu: the GPU in words and the adapter's name). */
+  | { type: "ready"; rank: number; backend: string; detail: string; device?: string }
   /** losses[m]: the loss of micro-batch m (A10: the coordinator adds them in global micro-batch order). */
   | {
       type: "computed";

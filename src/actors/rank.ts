@@ -47,7 +47,7 @@ function send(m: FromRank): void {
 }
 
 async function handleInit(init: RankInit): Promise<FromRank> {
-  const be = await initEngine(init.backend, init.native);
+  const be = await initEngine(init.backend, init.native, init.gpu);
   const views = viewShared(init.shared);
   const d = init.data;
   const manifest = readManifest(d.root);
@@ -78,7 +78,7 @@ async function handleInit(init: RankInit): Promise<FromRank> {
     traffic: isDeferred(be.kernels) ? be.kernels.traffic() : null,
     mem: memorySampler(() => model.arenaBytes()),
   };
-  return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
+  return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail, device: be.device };
 }
 
 async function compute(s: RankState, step: number, gradScale: number): Promise<FromRank> {

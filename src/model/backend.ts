@@ -14,7 +14,8 @@ import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
 import { bf16Support, DEFAULT_NATIVE, loadNative, supportedIsas, type NativeOptions } from "./engine/native";
 import { createWebgpuKernels } from "./engine/webgpu/engine";
-import { probeWebgpuSync, type WebgpuUnavailable } from "./engine/webgpu/device";
+import { listWebgpuGpus, probeWebgpuSync, type WebgpuUnavailable } from "./engine/webgpu/device";
+import { type GpuPlan, type GpuSelect, planGpus } from "./engine/webgpu/gpus";
 
 /** What `--backend` accepts: defined once, with the config. */
 export type { BackendName };
@@ -132,6 +133,8 @@ export interface Engine {
   kernels: Kernels;
   engine: "native" | "tensorflow" | "wasm" | "cpu" | "webgpu";
   detail: string;
+  /** A device engine (webgpu): which GPU this thread opened, in words. */
+  device?: string;
 }
 
 /**
@@ -174,33 +177,53 @@ function tensorflowRefusal(tried: string[]): UserError {
 }
 
 /**
- * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, `--backend webgpu` with no
- * adapter, or an explicit `--backend tensorflow` when neither tfjs-node package is installed, in the calling (main)
- * thread, before any work is started (P1); and `--isa amx` or `--isa avx512bf16` in an fp32 run (P8). Other requests
- * pass: their engines are chosen in each rank by initEngine (whose refusals also exit 2, A1).
+ * `--backend webgpu`'s ranks on the host's GPUs (A13, gpus.ts): the GPUs listed (once a process), each rank's
+ * chosen by `--gpus` (`choice`, "" = all in order), refused before any work where a named GPU is not there; the
+ * first rank's opened in a child process (P1). The plan's notes are the start's warnings.
  */
-export function checkEngineRequest(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): void {
-  if (requested === "webgpu") {
-    const w = probeWebgpuSync();
-    if ("reason" in w) throw webgpuRefusal(w);
-    return;
-  }
+export function webgpuPlan(world: number, choice: string): GpuPlan {
+  const plan = planGpus(listWebgpuGpus(), world, choice);
+  const w = probeWebgpuSync(plan.ranks[0].index >= 0 ? plan.ranks[0] : null);
+  if ("reason" in w) throw webgpuRefusal(w);
+  return plan;
+}
+
+/** Each rank's GPU under --backend webgpu (webgpuPlan's, from the listing taken once a process); null otherwise. */
+export function webgpuRanks(backend: BackendName, world: number, choice: string): GpuSelect[] | null {
+  return backend === "webgpu" ? planGpus(listWebgpuGpus(), world, choice).ranks : null;
+}
+
+/**
+ * Refuses an explicit `--backend native`, `--gemm openblas` or `--isa X` that cannot load, or an explicit
+ * `--backend tensorflow` when neither tfjs-node package is installed, in the calling (main) thread, before any work
+ * is started (P1). `--backend webgpu` with no adapter (P1), or on a GPU that is not there (A13: webgpuPlan, with
+ * `gpus`: the ranks and --gpus). Other requests pass: their engines are chosen in each rank by initEngine (whose
+ * refusals also exit 2, A1); and `--isa amx` or `--isa avx512bf16` in an fp32 run (P8). Returns the start's
+ * warnings (ranks sharing a GPU).
+ */
+export function checkEngineRequest(
+  requested: BackendName,
+  native: NativeOptions = DEFAULT_NATIVE,
+  gpus: { world: number; choice: string } = { world: 1, choice: "" },
+): string[] {
+  if (requested === "webgpu") return webgpuPlan(gpus.world, gpus.choice).notes;
   if (requested === "tensorflow") {
     const tried: string[] = [];
     for (const pkg of NODE_PACKAGES) {
       try {
         require.resolve(pkg);
-        return; // installed: whether its libtensorflow loads is seen by the ranks
+        return []; // installed: whether its libtensorflow loads is seen by the ranks
       } catch (e) {
         tried.push(`${pkg}: ${why(e)}`);
       }
     }
     throw tensorflowRefusal(tried);
   }
-  if (requested !== "native" && !(requested === "auto" && explicitNative(native))) return;
+  if (requested !== "native" && !(requested === "auto" && explicitNative(native))) return [];
   refuseBf16KernelInFp32(native);
   const n = loadNative(native);
   if ("reason" in n) throw nativeRefusal(requested, native, n.reason, n.fix);
+  return [];
 }
 
 /**
@@ -230,15 +253,20 @@ function refuseBf16KernelInFp32(native: NativeOptions): void {
 /**
  * The engine for `--backend` (P1). `native`: the native kernels, or a UserError naming the fix. `auto`: native
  * when it loads, else a tfjs backend as initBackend selects it, with the reason native was passed over and its
- * fix in the detail. `webgpu`: the webgpu engine on this thread's own adapter and device (engine/webgpu/engine.ts), or a
- * UserError with the command that gets an adapter. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on
- * that backend, the rest in JS) on top. Each worker thread calls this for itself.
+ * fix in the detail. `webgpu`: the webgpu engine on this thread's own adapter and device (engine/webgpu/engine.ts),
+ * on `gpu` (webgpuPlan's choice for the rank; else Dawn's first adapter), or a UserError with the command that gets an
+ * adapter. `tensorflow` / `wasm` / `cpu`: that tfjs backend, with the tfjs engine's kernels (matmul on that backend,
+ * the rest in JS) on top. Each worker thread calls this for itself.
  */
-export async function initEngine(requested: BackendName, native: NativeOptions = DEFAULT_NATIVE): Promise<Engine> {
+export async function initEngine(
+  requested: BackendName,
+  native: NativeOptions = DEFAULT_NATIVE,
+  gpu: GpuSelect | null = null,
+): Promise<Engine> {
   if (requested === "webgpu") {
-    const w = await createWebgpuKernels();
+    const w = await createWebgpuKernels(gpu);
     if ("reason" in w) throw webgpuRefusal(w);
-    return { kernels: w.kernels, engine: "webgpu", detail: `webgpu: ${w.kernels.name}` };
+    return { kernels: w.kernels, engine: "webgpu", detail: `webgpu: ${w.kernels.name}`, device: w.device };
   }
   if (requested === "native" || requested === "auto") {
     const n = loadNative(native);

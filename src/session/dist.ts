@@ -50,7 +50,7 @@ import { mixFingerprint } from "../data/fingerprint";
 import { Coordinator } from "../actors/coordinator";
 import { checksumReported } from "../actors/injected-faults";
 import type { LrShape, OptimizerPosition } from "../optim/optim";
-import type { BackendName } from "../model/backend";
+import { type BackendName, webgpuRanks } from "../model/backend";
 import { stopRequested } from "./stop";
 
 const CMD_START = 1,
@@ -256,6 +256,7 @@ export class DistLink {
       activationBudgetBytes: activationBudget(cfg).bytes,
       backend,
       native: nativeChoice(cfg),
+      gpus: webgpuRanks(backend, cfg.world, cfg.gpus),
       fault: null,
       mpi: this.mpi,
       stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step

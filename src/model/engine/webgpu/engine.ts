@@ -2,7 +2,9 @@
  * The webgpu engine (`--backend webgpu`): every kernel of the Kernels interface (model/kernels.ts), forward and
  * backward, as a WGSL compute shader on a WebGPU device; a deferred engine (DeferredKernels). This file ties its
  * rooms together and implements the kernels. The rooms, lowest first:
- *   device.ts        Dawn, the adapter and its facts, the device opened (the one place), the probe, the advice
+ *   gpus.ts          the host's GPUs, listed once in a stable order, and how a rank's is chosen (--gpus, A13)
+ *   device.ts        Dawn, the adapter and its facts, the device opened (the one place, Dawn's toggles), the probe,
+ *                    the advice
  *   recorder.ts      the command stream: pipelines (made in one place), uniform slab, bind groups, dispatch,
  *                    staging buffers, the device's errors, profile mode
  *   arena.ts         the host arrays' device mirrors: uploads, the loss rows, settle (the one readback)
@@ -29,6 +31,7 @@
  */
 import type { DeferredKernels } from "../../kernels";
 import { type GpuBuffer, type GpuDevice, openWebgpuDevice, USAGE, type WebgpuUnavailable } from "./device";
+import type { GpuSelect } from "./gpus";
 import { Arena, type HostArray } from "./arena";
 import { type Bound, grid, MAX_GROUPS, Recorder, type RecorderOptions } from "./recorder";
 import { MatmulPlan, type SplitK } from "./matmul-plan";
@@ -461,13 +464,20 @@ class WebgpuEngine {
 }
 
 /**
- * This thread's webgpu engine: its own adapter and device, or why there is none (the caller refuses with the fix,
- * P1). Each rank thread calls it for itself.
+ * This thread's webgpu engine: its own adapter and device, on `gpu` (gpus.ts; else Dawn's first adapter), or why
+ * there is none (the caller refuses with the fix, P1). Each rank thread calls it for itself. `device` says which
+ * GPU it opened: the GPU's words and the adapter's own name.
  */
-export async function createWebgpuKernels(): Promise<{ kernels: DeferredKernels } | WebgpuUnavailable> {
-  const d = await openWebgpuDevice();
+export async function createWebgpuKernels(
+  gpu: GpuSelect | null = null,
+): Promise<{ kernels: DeferredKernels; device: string } | WebgpuUnavailable> {
+  const d = await openWebgpuDevice({ gpu });
   if ("reason" in d) return d;
-  return { kernels: new WebgpuEngine(d.device, d.name).kernels() };
+  const opened = d.adapter.info?.device || "unnamed";
+  return {
+    kernels: new WebgpuEngine(d.device, d.name).kernels(),
+    device: `${gpu?.label ?? "the adapter Dawn picks"} (opened: ${opened})`,
+  };
 }
 
 /**
@@ -477,7 +487,7 @@ export async function createWebgpuKernels(): Promise<{ kernels: DeferredKernels 
 export async function createProfiledWebgpuKernels(): Promise<
   { kernels: DeferredKernels; profile: () => Map<string, { calls: number; ms: number }> } | WebgpuUnavailable
 > {
-  const d = await openWebgpuDevice();
+  const d = await openWebgpuDevice({ profile: true });
   if ("reason" in d) return d;
   if (!d.device.features?.has("timestamp-query"))
     return { reason: `${d.name} offers no timestamp-query`, fix: "run the profile on an adapter that has it" };

@@ -1,14 +1,15 @@
 /**
  * The webgpu engine's command stream (engine.ts ties the engine together): one command encoder and its compute pass,
  * submitted every SUBMIT_EVERY dispatches (the device starts on them while the host records more) and before every
- * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts), made in pipeline(): the one
- * place a pipeline is created; each dispatch's settings written once into a uniform slab and its bind group cached
- * by pipeline, operand ranges and settings (a micro-batch repeats the same dispatches); the staging buffers a
+ * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts) and set of its read-only arrays
+ * bound read_write (where a dispatch's read-only array shares its buffer with a written one), made in pipeline():
+ * the one place a pipeline is created; each dispatch's settings written once into a uniform slab and its bind group
+ * cached by pipeline, operand ranges and settings (a micro-batch repeats the same dispatches); the staging buffers a
  * readback maps; the device's errors; and profile mode, every dispatch in its own pass between two timestamps.
  */
 import type { GpuBinding, GpuBuffer, GpuDevice, GpuEncoder, GpuPass, GpuPipeline } from "./device";
 import { MAP_READ, USAGE } from "./device";
-import { packParams, WG } from "./shaders/framework";
+import { packParams, WG, withWritable } from "./shaders/framework";
 import { type ParamsOf, SHADERS, type ShaderName } from "./shaders/catalog";
 
 /** Dispatches recorded before the command stream is submitted (the device starts on them while the host records more). */
@@ -46,7 +47,8 @@ export interface RecorderOptions {
 }
 
 export class Recorder {
-  private readonly pipelines = new Map<ShaderName, GpuPipeline>();
+  /** Pipelines by shader and the `read` bindings made writable for a dispatch (pipeline()). */
+  private readonly pipelines = new Map<string, GpuPipeline>();
   /** A test's replacement WGSL for some shaders (webgpuEngineOn's `shaders`); empty in every run. */
   private readonly code: Partial<Record<ShaderName, string>>;
   private enc: GpuEncoder | null = null;
@@ -192,12 +194,18 @@ export class Recorder {
     return { buffer: this.slab!, offset };
   }
 
-  private pipeline(name: ShaderName): GpuPipeline {
-    let p = this.pipelines.get(name);
+  /**
+   * The pipeline of `name` with its `read` bindings `writable` declared read_write (withWritable): a dispatch binds
+   * a read-only array read_write where its device buffer also backs a written array of the same dispatch.
+   */
+  private pipeline(name: ShaderName, writable: readonly number[]): GpuPipeline {
+    const key = `${name}|${writable.join(",")}`;
+    let p = this.pipelines.get(key);
     if (!p) {
-      const module = this.device.createShaderModule({ code: this.code[name] ?? SHADERS[name].code });
+      const code = withWritable(this.code[name] ?? SHADERS[name].code, writable);
+      const module = this.device.createShaderModule({ code });
       p = this.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" } });
-      this.pipelines.set(name, p);
+      this.pipelines.set(key, p);
     }
     return p;
   }
@@ -216,16 +224,24 @@ export class Recorder {
     if (this.disposed) throw new Error("webgpu: the engine was disposed");
     const shader = SHADERS[name];
     if (ops.length !== shader.bindings.length)
-      throw new Error(`webgpu: ${name} binds ${shader.bindings.join(", ")}; given ${ops.length} operands`);
+      throw new Error(
+        `webgpu: ${name} binds ${shader.bindings.map((b) => b.split(":")[0]).join(", ")}; given ${ops.length} operands`,
+      );
     const bytes = packParams(name, shader, params);
     this.before(name, ops);
     const [gx, gy, gz = 1] = grid;
     if (gx === 0 || gy === 0 || gz === 0) return;
     if (gx > MAX_GROUPS || gy > MAX_GROUPS || gz > MAX_GROUPS)
       throw new Error(`webgpu: ${name} needs a grid of ${gx} x ${gy} x ${gz} workgroups, over ${MAX_GROUPS}`);
-    const pipe = this.pipeline(name);
+    // a read-only array whose device buffer a written array of this dispatch binds too is bound read_write
+    const writable: number[] = [];
+    ops.forEach((o, i) => {
+      if (shader.access[i] === "read" && ops.some((w, j) => shader.access[j] === "read_write" && w.buffer === o.buffer))
+        writable.push(i);
+    });
+    const pipe = this.pipeline(name, writable);
     // the same pipeline, operand ranges and settings as an earlier dispatch: its bind group (and uniform) again
-    const key = `${name}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
+    const key = `${name}|${writable.join(",")}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
     let group = this.groups.get(key);
     if (group === undefined) {
       if (this.groups.size >= MAX_GROUPS_CACHED) {

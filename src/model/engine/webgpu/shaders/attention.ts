@@ -40,6 +40,9 @@ fn total(o: u32) -> f32 { return ((part[o] + part[o + 1u]) + part[o + 2u]) + par
  * `at` names: b (the sequence), P (the keys before query row 0), QR(t) (q's row index), KR(u) (the cache's).
  */
 function flashForward(at: { b: string; P: string; QR: string; KR: string }, lse: string): string {
+  // workgroup memory: each key tile writes kv[0, ATT_BK * E) (a zero past the keys) before the barrier that precedes
+  // its reads (kv[u * E + e], u < ATT_BK, e < E), and every (row, key, thread) entry of part before the barrier that
+  // precedes total(); a barrier ends each step before the next one's writes
   return `
 var<workgroup> kv: array<f32, ${ATT_BK * ATT_EMAX}>;
 var<workgroup> part: array<f32, ${ATT_BQ * ATT_BK * ATT_TPR}>;
@@ -126,7 +129,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
  * [ceil(T / ATT_BQ), B * H].
  */
 export const attentionForward = shader(
-  ["out", "lse", "q", "k", "v"],
+  ["out:read_write", "lse:read_write", "q:read", "k:read", "v:read"],
   { T: "u32", H: "u32", K: "u32", E: "u32", oO: "u32", oL: "u32", oQ: "u32", oK: "u32", oV: "u32", scale: "f32" },
   flashForward(
     { b: "wg.y / p.H", P: "0u", QR: "(b * p.T + t) * p.H + h", KR: "(b * p.T + u) * p.K + j" },
@@ -139,7 +142,7 @@ export const attentionForward = shader(
  * [T,H,E], the cache [rows,K,E]. A workgroup per ATT_BQ new rows of one head, the grid [ceil(T / ATT_BQ), H].
  */
 export const attentionCachedForward = shader(
-  ["out", "q", "k", "v"],
+  ["out:read_write", "q:read", "k:read", "v:read"],
   { P: "u32", T: "u32", H: "u32", K: "u32", E: "u32", oO: "u32", oQ: "u32", oK: "u32", oV: "u32", scale: "f32" },
   flashForward({ b: "0u", P: "p.P", QR: "t * p.H + h", KR: "u * p.K + j" }, ""),
 );
@@ -156,8 +159,22 @@ export const attentionCachedForward = shader(
  * Every output is written once by its owner (overwritten), summed in that fixed order: no atomics. The grid is a
  * 1-D range of workgroups over [x, y].
  */
+// workgroup memory: each tile writes X and Y over [0, ATT_BT * E) (a zero past the rows), and every (row, tile row,
+// thread) entry of part and pd, before the barrier that precedes their reads; rowD and rowL[0, ATT_BT) are written
+// by threads l < ATT_BT before that same barrier (the key-block branch, the only one that reads them); a barrier
+// ends each tile before the next one's writes. The branch (key block or query block) is the workgroup's, uniform.
 export const attentionBackward = shader(
-  ["dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse"],
+  [
+    "dq:read_write",
+    "dk:read_write",
+    "dv:read_write",
+    "dout:read",
+    "q:read",
+    "k:read",
+    "v:read",
+    "out:read",
+    "lse:read",
+  ],
   {
     B: "u32",
     T: "u32",
