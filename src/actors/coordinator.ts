@@ -196,17 +196,26 @@ export class RankHandle {
     });
   }
 
-  async close(): Promise<void> {
-    if (!this.dead) {
-      try {
-        this.worker.postMessage({ type: "close" } satisfies ToRank);
-      } catch {
-        /* already gone */
-      }
+  /**
+   * Asks the rank to let its engine go and waits for its `closed` (at most `graceMs`), then ends the thread. Ending
+   * it first could cut a native call short (a device engine's device.destroy()), which aborts the whole process.
+   * A rank that is dead, busy with another request or silent past the grace is ended as it is.
+   */
+  async close(graceMs = RANK_CLOSE_GRACE_MS): Promise<void> {
+    if (!this.dead && !this.pending) {
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, graceMs);
+      });
+      await Promise.race([this.request({ type: "close" }, "closed", "close").catch(() => {}), grace]);
+      clearTimeout(timer);
     }
     await this.worker.terminate();
   }
 }
+
+/** How long RankHandle.close waits for a rank's `closed` before it ends the thread anyway. */
+export const RANK_CLOSE_GRACE_MS = 10_000;
 
 export interface StepResult {
   step: number;

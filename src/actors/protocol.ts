@@ -80,6 +80,7 @@ export type ToRank =
   /** Validation loss over val windows [from, to) (D7). */
   | { type: "eval"; from: number; to: number }
   | { type: "memory" }
+  /** Let the engine go (a device engine destroys its device), answer `closed`, then close the port. */
   | { type: "close" };
 
 // ---------------------------------------------------------------- rank -> coordinator
@@ -115,6 +116,8 @@ export type FromRank =
   | { type: "updated"; rank: number; step: number; ms: number }
   | { type: "evaluated"; rank: number; lossSum: number; count: number }
   | { type: "memory"; memory: RankMemory }
+  /** The engine is let go: the coordinator may end the thread now without cutting a native call short. */
+  | { type: "closed"; rank: number }
   | { type: "failed"; rank: number; error: WireError };
 
 // ---------------------------------------------------------------- coordinator -> uploader

@@ -186,8 +186,7 @@ async function handle(msg: ToRank): Promise<FromRank | null> {
     case "close":
       s.model.dispose();
       s.kernels.dispose();
-      parentPort!.close();
-      return null;
+      return { type: "closed", rank: s.init.rank };
     default:
       return unreachable(msg);
   }
@@ -200,6 +199,7 @@ parentPort!.on("message", (msg: ToRank) => {
     try {
       const reply = await handle(msg);
       if (reply) send(reply);
+      if (reply?.type === "closed") parentPort!.close(); // the thread ends once the coordinator has the answer
     } catch (e) {
       send({ type: "failed", rank: myRank, error: toWireError(e) });
     }
