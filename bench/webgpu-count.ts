@@ -1,10 +1,11 @@
 /**
  * What the webgpu engine sends to its device for the frozen model's optimizer step, counted without computing it:
  * the engine runs on a device that records and runs nothing (buffers hold no memory; a readback's staging is
- * zeros), through the rank's own micro-batch loop (runMicroBatches). The counts are the engine's own: dispatches per
- * micro-batch, and the bytes up and down per step by what they carried, against the step's floor (the weights up
- * once and the gradient down once). The device offers WebGPU's guaranteed binding size (128 MiB), so the LM head
- * runs in as many chunks as on the least adapter.
+ * zeros), through the rank's own micro-batch loop (runMicroBatches), its fold on the device (or, with `fold`
+ * "host", on the host). The counts are the engine's own: dispatches per micro-batch, and the bytes up and down per
+ * step by what they carried, against the step's floors: the weights up once, and the float64 slot (8 bytes a
+ * parameter) down once. The device offers WebGPU's guaranteed binding size (128 MiB), so the LM head and the fold
+ * run in as many dispatches as on the least adapter.
  */
 import { webgpuEngineOn } from "../src/model/engine/webgpu/engine";
 import type { GpuDevice } from "../src/model/engine/webgpu/device";
@@ -13,6 +14,7 @@ import { paramLayout } from "../src/model/layout";
 import { Llama } from "../src/model/llama";
 import type { DeviceTraffic } from "../src/model/kernels";
 import { gradientArrays, runMicroBatches } from "../src/actors/micro-batches";
+import type { FoldPlace } from "../src/config";
 
 /** A device that records nothing and runs nothing; a MAP_READ buffer maps to zeros. */
 function nullDevice(): GpuDevice {
@@ -59,9 +61,13 @@ export interface WebgpuCounts {
   /** bytes per optimizer step (the second step: the first also makes the arena) */
   up: DeviceTraffic["up"];
   down: DeviceTraffic["down"];
-  /** the weights once up and the gradient once down */
+  fold: FoldPlace;
+  /** the weights once up and the float64 slot once down */
   floor_bytes: number;
   bytes_over_floor: number;
+  /** device-to-host bytes per step over the float64 slot's (8 bytes a parameter), host-to-device over the weights' */
+  down_over_slot: number;
+  up_over_weights: number;
   /** what crosses per micro-batch besides the once-per-step weights and the gradient readback */
   per_micro_up_bytes: number;
 }
@@ -72,6 +78,7 @@ export async function webgpuCounts(
   microBatch: number,
   accum: number,
   layers?: number,
+  fold: FoldPlace = "device",
 ): Promise<WebgpuCounts> {
   const cfg = buildConfig({ seqLen: seq, layers });
   const P = paramLayout(cfg).total;
@@ -80,7 +87,8 @@ export async function webgpuCounts(
   const model = new Llama(cfg, kernels, { gradCkpt: false });
   model.bindParams(params);
   kernels.weightsAre?.(params);
-  const grads = gradientArrays(kernels, P);
+  const grads = gradientArrays(kernels, P, fold);
+  const slot = new Float64Array(new SharedArrayBuffer(8 * P)); // the rank's slot is shared memory
   const ids = new Int32Array(microBatch * seq);
   const t: DeviceTraffic[] = [];
   for (let step = 0; step < 2; step++) {
@@ -90,10 +98,12 @@ export async function webgpuCounts(
       accum,
       ids,
       grads,
+      slot,
+      foldPlace: fold,
       stop: () => false,
       read: (m, into) => into.fill((step * accum + m) % cfg.vocabSize),
       lossAndGrads: (x, g) => model.lossAndGrads(x, microBatch, seq, 1, g),
-      fold: (g) => g.fill(0), // the fold's arithmetic is the host's; only the traffic is counted here
+      fold: (g) => g.fill(0), // a host fold's arithmetic is the CPU's; only the traffic is counted here
     });
     kernels.weightsChanged?.();
   }
@@ -106,8 +116,10 @@ export async function webgpuCounts(
     state: b.up.state - a.up.state,
   };
   const down = { arrays: b.down.arrays - a.down.arrays, loss: b.down.loss - a.down.loss };
-  const floor = 8 * P;
-  const total = up.weights + up.constants + up.inputs + up.state + down.arrays + down.loss;
+  const floor = 4 * P + 8 * P;
+  const upBytes = up.weights + up.constants + up.inputs + up.state,
+    downBytes = down.arrays + down.loss;
+  const total = upBytes + downBytes;
   kernels.dispose();
   return {
     seq_len: seq,
@@ -116,8 +128,11 @@ export async function webgpuCounts(
     dispatches_per_micro: (b.dispatches - a.dispatches) / accum,
     up,
     down,
+    fold,
     floor_bytes: floor,
     bytes_over_floor: +(total / floor).toFixed(3),
+    down_over_slot: +(downBytes / (8 * P)).toFixed(4),
+    up_over_weights: +(upBytes / (4 * P)).toFixed(4),
     per_micro_up_bytes: (up.inputs + up.constants + up.state) / accum,
   };
 }

@@ -226,6 +226,7 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
         activationBudgetBytes: activationBudget(cfg).bytes,
         backend: cfg.backend,
         native: nativeChoice(cfg),
+        fold: cfg.webgpuFold,
         fault: faultFromEnv(),
         mpi: link?.mpi,
         stopAsked: () => stopRequested() !== null,

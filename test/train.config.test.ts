@@ -147,6 +147,7 @@ test("every flag's default is the seed's (G10)", () => {
       backend: "auto",
       gemm: "builtin",
       isa: "auto",
+      webgpuFold: "device",
       precision: "fp32",
       demo: false,
       sample: true,

@@ -256,6 +256,7 @@ export class DistLink {
       activationBudgetBytes: activationBudget(cfg).bytes,
       backend,
       native: nativeChoice(cfg),
+      fold: cfg.webgpuFold,
       fault: null,
       mpi: this.mpi,
       stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step
