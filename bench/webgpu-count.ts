@@ -1,8 +1,8 @@
 /**
  * What the webgpu engine sends to its device for the frozen model's optimizer step, counted without computing it:
- * the engine runs on a device that records and runs nothing (buffers hold no memory; a readback's staging is
- * zeros), through the rank's own micro-batch loop (runMicroBatches), its fold on the device (or, with `fold`
- * "host", on the host). The counts are the engine's own: dispatches per micro-batch, and the bytes up and down per
+ * the engine runs on a device that records and runs nothing (buffers hold no memory; a readback's staging holds
+ * bytes of 1), through the rank's own micro-batch loop (runMicroBatches), its fold on the device (or, with `fold`
+ * "host", on the host, with foldMicro as a rank folds: the host's milliseconds per micro-batch are the rank's). The counts are the engine's own: dispatches per micro-batch, and the bytes up and down per
  * step by what they carried, against the step's floors: the weights up once, and the float64 slot (8 bytes a
  * parameter) down once. The device offers WebGPU's guaranteed binding size (128 MiB), so the LM head and the fold
  * run in as many dispatches as on the least adapter.
@@ -15,15 +15,17 @@ import { Llama } from "../src/model/llama";
 import type { DeviceTraffic } from "../src/model/kernels";
 import { gradientArrays, runMicroBatches } from "../src/actors/micro-batches";
 import type { FoldPlace } from "../src/config";
+import { foldMicro } from "../src/optim/optim";
 
-/** A device that records nothing and runs nothing; a MAP_READ buffer maps to zeros. */
+/** A device that records nothing and runs nothing; a MAP_READ buffer maps to bytes of 1. */
 function nullDevice(): GpuDevice {
   const buffer = (size: number, usage: number) => {
     let raw: ArrayBuffer | null = null;
     return {
       size,
       destroy() {},
-      getMappedRange: () => (raw ??= new ArrayBuffer(usage & 1 ? size : 0)),
+      // a readback's staging holds real pages (1-bytes), as a mapped readback does: copying it out costs its bytes
+      getMappedRange: () => (raw ??= new Uint8Array(usage & 1 ? size : 0).fill(1).buffer),
       unmap() {},
       mapAsync: async () => {},
     };
@@ -70,6 +72,11 @@ export interface WebgpuCounts {
   up_over_weights: number;
   /** what crosses per micro-batch besides the once-per-step weights and the gradient readback */
   per_micro_up_bytes: number;
+  /**
+   * The host's milliseconds per micro-batch (runMicroBatches): recording on a device that records nothing (a lower
+   * bound of recording on a real one), and with the host fold the readback's copy and foldMicro, as a rank pays them
+   */
+  host_ms_per_micro: number;
 }
 
 /** The frozen model's step at seq x micro-batch, accum micro-batches, counted twice; the second step's figures. */
@@ -91,9 +98,10 @@ export async function webgpuCounts(
   const slot = new Float64Array(new SharedArrayBuffer(8 * P)); // the rank's slot is shared memory
   const ids = new Int32Array(microBatch * seq);
   const t: DeviceTraffic[] = [];
+  let hostMs = 0;
   for (let step = 0; step < 2; step++) {
     t.push(kernels.traffic());
-    await runMicroBatches({
+    const r = await runMicroBatches({
       kernels,
       accum,
       ids,
@@ -103,8 +111,9 @@ export async function webgpuCounts(
       stop: () => false,
       read: (m, into) => into.fill((step * accum + m) % cfg.vocabSize),
       lossAndGrads: (x, g) => model.lossAndGrads(x, microBatch, seq, 1, g),
-      fold: (g) => g.fill(0), // a host fold's arithmetic is the CPU's; only the traffic is counted here
+      fold: (g, first) => foldMicro(slot, g, first), // a host fold: the rank's
     });
+    hostMs = r.hostMs; // the second step's
     kernels.weightsChanged?.();
   }
   t.push(kernels.traffic());
@@ -134,5 +143,6 @@ export async function webgpuCounts(
     down_over_slot: +(downBytes / (8 * P)).toFixed(4),
     up_over_weights: +(upBytes / (4 * P)).toFixed(4),
     per_micro_up_bytes: (up.inputs + up.constants + up.state) / accum,
+    host_ms_per_micro: +(hostMs / accum).toFixed(2),
   };
 }

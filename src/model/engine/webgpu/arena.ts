@@ -8,7 +8,9 @@
  * does not write keeps the host's values. The master weights (weightsAre) are uploaded once after each
  * weightsChanged(), i.e. once per optimizer step; a constant once. Uploads go through the queue after the commands
  * recorded so far are submitted (recorder.ts), so they land in order. settle() is the one readback: the arrays it
- * is asked for and the loss rows of every crossEntropy since the last settle, summed here in float64 in row order.
+ * is asked for (the rank's float64 slot, once a step) and the loss rows of every crossEntropy since the last
+ * settle, summed here in float64 in row order, whole and per micro-batch (cut() ends one, and an input read after
+ * it is uploaded again). claim() and rangeOf() are bind()'s halves, for a kernel that binds a view in parts (the fold).
  */
 import type { DeviceTraffic, SettleOptions, Settled } from "../../kernels";
 import { type GpuBuffer, type GpuDevice, MAP_READ, USAGE } from "./device";

@@ -12,9 +12,11 @@
  *                    by name in shaders/catalog.ts
  *
  * Deferred. A kernel call only records its dispatch (and any upload, as a copy in the same command stream, so
- * the order holds); the whole forward+backward of a micro-batch is queued and submitted in batches, and the
- * rank awaits one settle() per micro-batch: the loss (each cross-entropy row's loss, written on the device and
- * summed in float64 in row order) and the gradient buffer, read back once. crossEntropy returns 0.
+ * the order holds); the whole forward+backward of a micro-batch is queued and submitted in batches, then its fold
+ * into the rank's float64 slot (fold: shaders/fold.ts, binary64 on u32 pairs, foldMicro's bits) and
+ * endMicroBatch(), and the rank awaits one settle() a step: the slot, read back once, and each micro-batch's loss
+ * (each cross-entropy row's loss, written on the device and summed in float64 in row order). crossEntropy returns 0.
+ * (With --webgpu-fold host, a settle per micro-batch reads the gradient back instead, for the host's foldMicro.)
  * rmsnormBackward defers its dw further: each call writes per-block partial column sums, and one rmsnormBackwardW
  * dispatch adds every pending call's sums into its dw, recorded before the next dispatch that binds a pending dw, a
  * second call on one dw, or settle (a micro-batch's 2L+1 norms: one dispatch where one binding spans their dws).
