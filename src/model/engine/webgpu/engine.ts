@@ -8,8 +8,8 @@
  *   arena.ts         the host arrays' device mirrors: uploads, the loss rows, settle (the one readback)
  *   matmul-plan.ts   DeferredKernels.matmuls planned into dispatches: job groups, bindings, split-K
  *   shaders/         the WGSL: shaders/framework.ts (a shader from its bindings and settings, packParams), then one
- *                    file per family, shaders/matmul.ts, shaders/rows.ts, shaders/attention.ts, and every shader
- *                    by name in shaders/catalog.ts
+ *                    file per family, shaders/matmul.ts, shaders/rows.ts, shaders/attention.ts, shaders/fold.ts
+ *                    (the micro-batch fold, binary64 on u32 pairs), and every shader by name in shaders/catalog.ts
  *
  * Deferred. A kernel call only records its dispatch (and any upload, as a copy in the same command stream, so
  * the order holds); the whole forward+backward of a micro-batch is queued and submitted in batches, then its fold
