@@ -22,6 +22,8 @@ export type GemmChoice = "builtin" | "openblas";
 export type IsaChoice = "auto" | "amx" | "avx512bf16" | "avx512" | "avx2" | "portable";
 /** `--precision` (P8): the matrix products' operands, fp32 or bf16 (bf16 accumulates in fp32; masters stay fp32). */
 export type Precision = "fp32" | "bf16";
+/** `--webgpu-fold` (A10): where the webgpu engine adds each micro-batch's gradient into the rank's float64 slot. */
+export type FoldPlace = "device" | "host";
 /** `--backend`: the compute engine; auto = native when its addon loads, else the best tfjs backend that loads. */
 export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu" | "webgpu";
 
@@ -81,6 +83,8 @@ export interface RunConfig {
   isa: IsaChoice;
   /** P8: the matrix products' operands: fp32, or bf16 rounded (fp32 accumulation, fp32 masters, scale fixed at 1). */
   precision: Precision;
+  /** A10, --backend webgpu: the micro-batch fold on the device (the slot read back once a step) or on the host. */
+  webgpuFold: FoldPlace;
   demo: boolean;
   /** Variant vocabulary; 0 = the frozen 49,152 (M1), or under --demo the demo tokenizer's size. */
   vocabSize: number;

@@ -306,6 +306,7 @@ function coordinatorFor(s: Session, link: DistLink | null): Coordinator {
     backend: cfg.backend,
     native: nativeChoice(cfg),
     gpus: webgpuRanks(cfg.backend, cfg.world, cfg.gpus),
+    fold: cfg.webgpuFold,
     fault: faultFromEnv(),
     mpi: link?.mpi,
     stopAsked: () => stopRequested() !== null,

@@ -68,7 +68,7 @@ import {
 import { adamwSliceSimd } from "./optim/optim-simd";
 import type { StepResult } from "./actors/coordinator";
 import { gradientArrays, runMicroBatches } from "./actors/micro-batches";
-import { activationBudget, nativeChoice, type RunConfig } from "./config";
+import { activationBudget, type FoldPlace, nativeChoice, type RunConfig } from "./config";
 import type { Reporter } from "./report";
 
 export interface SingleThreadSetup {
@@ -80,6 +80,8 @@ export interface SingleThreadSetup {
   native?: NativeOptions;
   /** --backend webgpu: the GPU it opens (rank 0's, A13); absent: Dawn's first adapter. */
   gpu?: GpuSelect | null;
+  /** A deferred engine's fold place (--webgpu-fold, A10); absent = on the device. */
+  fold?: FoldPlace;
   root: string;
   seqLen: number;
   dataSeed: number;
@@ -114,7 +116,7 @@ export class SingleThreadTrainer {
     this.m = new Float32Array(layout.total);
     this.v = new Float32Array(layout.total);
     this.grad = new Float32Array(layout.total);
-    this.grads = gradientArrays(kernels, layout.total);
+    this.grads = gradientArrays(kernels, layout.total, setup.fold);
     this.sum = new Float64Array(layout.total);
     this.sq = new Float64Array(chunkCount(layout.total));
     this.ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
@@ -161,6 +163,8 @@ export class SingleThreadTrainer {
       accum: world * accum,
       ids: this.ids,
       grads: this.grads,
+      slot: this.sum,
+      foldPlace: this.setup.fold,
       stop: () => false,
       read: (m, ids) => this.stream.readMicroBatch(step, m % world, Math.floor(m / world), ids),
       lossAndGrads: (ids, g) => this.llama.lossAndGrads(ids, microBatch, seqLen, scale, g),
@@ -234,6 +238,7 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     backend: cfg.backend,
     native: nativeChoice(cfg),
     gpu: webgpuRanks(cfg.backend, cfg.world, cfg.gpus)?.[0],
+    fold: cfg.webgpuFold,
     root: s.data.root,
     seqLen: cfg.seqLen,
     dataSeed: cfg.dataSeed,

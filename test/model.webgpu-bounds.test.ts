@@ -7,8 +7,8 @@
  *    wrapped so that each bind group binds GUARD more floats, which the host array holds after the view, a NaN
  *    pattern, and LEAD before it): the guards come back unchanged, and every output is bit-identical to the same
  *    kernels on the unwrapped device (a read of a guard would bring its NaN into an output);
- *  - a planted defect in each family (a bounds check removed from copy, rmsnormForward, the matmul's tile edge and
- *    the attention forward's rows) writes into the guard and is caught by that check;
+ *  - a planted defect in each family (a bounds check removed from copy, rmsnormForward, the matmul's tile edge,
+ *    the attention forward's rows and the fold) writes into the guard and is caught by that check;
  *  - a dispatch whose read-only array shares its device buffer with a written one runs (the recorder binds it
  *    read_write: shaders/framework.ts withWritable) and gives the same bits.
  * On lavapipe a write past a binding is dropped whatever the toggles (llvmpipe bounds-checks every storage access),
@@ -29,7 +29,7 @@ const LEAD = 3;
 /** The guards' bits: a quiet NaN with a payload, kept bit for bit by every copy. */
 const GUARD_BITS = 0x7fc0beef;
 
-type Arr = Float32Array | Int32Array;
+type Arr = Float32Array | Int32Array | Float64Array;
 
 /** The device, or null after marking the test skipped (a failure under TSTRAIN_REQUIRE_WEBGPU=1). */
 async function device(t: TestContext): Promise<{ device: GpuDevice; name: string } | null> {
@@ -87,6 +87,15 @@ class Arrays {
     this.made.push(v);
     return v;
   }
+  /** A float64 array (a rank's slot), its guards the same 32-bit pattern on each half of a float64. */
+  f64(n: number, fill: (i: number) => number): Float64Array {
+    const a = new Float64Array(LEAD + n + GUARD);
+    new Uint32Array(a.buffer).fill(GUARD_BITS);
+    const v = a.subarray(LEAD, LEAD + n);
+    for (let i = 0; i < n; i++) v[i] = fill(i);
+    this.made.push(v);
+    return v;
+  }
   i32(values: number[]): Int32Array {
     const a = new Int32Array(LEAD + values.length + GUARD).fill(GUARD_BITS | 0);
     const v = a.subarray(LEAD, LEAD + values.length);
@@ -100,13 +109,13 @@ class Arrays {
 function intact(v: Arr): boolean {
   const all = new Uint32Array(v.buffer);
   const lo = v.byteOffset / 4,
-    hi = lo + v.length;
+    hi = lo + v.byteLength / 4;
   for (let i = 0; i < all.length; i++) if ((i < lo || i >= hi) && all[i] !== GUARD_BITS) return false;
   return true;
 }
 
 /** A case: kernels called on fresh arrays; returns the arrays they write (settled and compared). */
-type Case = (k: DeferredKernels, a: Arrays) => Float32Array[];
+type Case = (k: DeferredKernels, a: Arrays) => (Float32Array | Float64Array)[];
 
 const B = 2,
   T = 5,
@@ -234,6 +243,16 @@ const CASES: Record<string, Case> = {
     k.crossEntropy(x, a.i32([2, -1, 6]), 3, V, 0.5);
     return [x];
   },
+  fold: (k, a) => {
+    // the step's first micro-batch sets the slot, the next adds into it; both zero their gradient
+    const n = 300;
+    const slot = a.f64(n, (i) => i / 7);
+    const g = a.f32(n),
+      g2 = a.f32(n);
+    k.fold(slot, g, true);
+    k.fold(slot, g2, false);
+    return [slot, g, g2];
+  },
   copyFill: (k, a) => {
     const dst = a.f32(9),
       x = a.f32(9);
@@ -244,7 +263,7 @@ const CASES: Record<string, Case> = {
 };
 
 /** Runs a case on an engine and settles its outputs; returns them and every array it made. */
-async function run(k: DeferredKernels, c: Case): Promise<{ outs: Float32Array[]; made: Arr[] }> {
+async function run(k: DeferredKernels, c: Case): Promise<{ outs: (Float32Array | Float64Array)[]; made: Arr[] }> {
   const a = new Arrays();
   const outs = c(k, a);
   await k.settle(outs);
@@ -264,9 +283,7 @@ test("without robustness, every webgpu kernel keeps to its ranges: guards past e
   const guarded = webgpuEngineOn(guarding(d.device), "guarded").kernels;
   const exact = webgpuEngineOn(d.device, "exact").kernels;
   for (const [name, c] of Object.entries(CASES)) {
-    const t0 = Date.now();
     const g = await run(guarded, c);
-    console.log("TIME", name, Date.now() - t0);
     const x = await run(exact, c);
     for (const [i, v] of g.made.entries()) assert.ok(intact(v), `${name}: array ${i}'s guard was written`);
     for (const [i, v] of g.outs.entries())
@@ -328,6 +345,16 @@ test("without robustness, every webgpu kernel keeps to its ranges: guards past e
         return [out];
       },
       shaders: planted("attentionForward", "if (!live) { return; }", ""),
+    },
+    {
+      what: "the fold without its i < n",
+      case: (k, a) => {
+        const slot = a.f64(300, () => 0);
+        const g = a.f32(300);
+        k.fold(slot, g, true);
+        return [slot, g];
+      },
+      shaders: planted("foldMicro", "if (i >= p.n) { return; }", ""),
     },
   ];
   for (const p of defects) {

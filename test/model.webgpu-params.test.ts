@@ -99,6 +99,8 @@ interface Dispatch {
   shader: ShaderName;
   operands: number;
   uniform: ArrayBuffer;
+  /** Each storage operand's buffer range. */
+  ranges: { buffer: unknown; offset: number; size: number }[];
 }
 
 /** A device that records each dispatch (its shader, operand count and uniform bytes) and runs nothing. */
@@ -134,7 +136,12 @@ function recordingDevice(maxBinding = 1 << 30): {
       const entries = group.entries;
       const u = entries[entries.length - 1].resource;
       const uniform = u.buffer.raw.slice(u.offset ?? 0, (u.offset ?? 0) + (u.size ?? u.buffer.size));
-      dispatches.push({ shader: pipeline.shader, operands: entries.length - 1, uniform });
+      const ranges = entries.slice(0, -1).map(({ resource: r }) => ({
+        buffer: r.buffer,
+        offset: r.offset ?? 0,
+        size: r.size ?? r.buffer.size,
+      }));
+      dispatches.push({ shader: pipeline.shader, operands: entries.length - 1, uniform, ranges });
     },
     end() {},
   };
@@ -233,6 +240,7 @@ function callEvery(k: DeferredKernels): void {
   k.copy(f(D), dw); // reads the pending dw: rmsnormBackward's deferred rmsnormBackwardW is recorded first
   k.copy(f(9), f(9));
   k.fill(f(9), 2.5);
+  k.fold(new Float64Array(11).subarray(2), f(9), true);
 }
 
 test("a read-only storage array is bound read_write only in a dispatch that writes another range of its device buffer; every array declares its access", () => {
@@ -302,8 +310,14 @@ test("every kernel of the webgpu engine dispatches its shader with exactly its s
   );
   const at = dispatches.findIndex((d) => d.shader === "rmsnormBackwardW");
   assert.equal(dispatches[at + 1].shader, "copy", "the deferred dw sum comes right before the copy that reads dw");
-  const fill = settingsOf(dispatches[dispatches.length - 1]);
+  const fill = settingsOf(dispatches[dispatches.length - 2]);
   assert.deepEqual([fill.n, fill.value], [9, 2.5]);
+  const fold = settingsOf(dispatches[dispatches.length - 1]);
+  assert.deepEqual(
+    [fold.n, fold.oG, fold.oS, fold.sets],
+    [9, 3, 2, 1],
+    "the fold: 9 elements, set, at offsets 3 and 2",
+  );
   const att = dispatches.find((d) => d.shader === "attentionForward");
   assert.ok(att);
   assert.equal(settingsOf(att).scale, Math.fround(1 / Math.sqrt(4)));
@@ -352,14 +366,15 @@ test("rmsnormBackward's weight gradients wait for one rmsnormBackwardW for all o
   await k.settle([grads]);
   names();
   for (const dw of dws) norm(dw);
-  k.fill(other, 0); // another part of the gradient buffer: no flush
+  k.fill(other, 0); // another part of the gradient buffer: no flush (and a clear: no dispatch)
+  k.fill(other, 1);
   assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackward", "rmsnormBackward", "fill"]);
   norm(dws[0]); // dws[0] again: the three pending sums first, in one dispatch
   const flushed = dispatches[0];
   assert.deepEqual(names(), ["rmsnormBackwardW", "rmsnormBackward"]);
   assert.equal(settingsOf(flushed).S, 3, "one dispatch for the three pending sets");
-  k.fill(dws[0], 0); // binds the pending dws[0]
-  assert.deepEqual(names(), ["rmsnormBackwardW", "fill"]);
+  k.fill(dws[0], 0); // clears the pending dws[0]: its sum first
+  assert.deepEqual(names(), ["rmsnormBackwardW"]);
   norm(dws[1]);
   await k.settle([grads]);
   assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackwardW"], "settle records the pending sum first");
@@ -392,7 +407,54 @@ test("the fused attention allocates no buffer of B*H*T*T floats at the frozen mo
   assert.equal(dispatches.length, before, "refused before any dispatch");
 });
 
-test("the frozen model's micro-batch at seq 1024 x 4 records at most 450 dispatches (894 before the matmuls lists, the column sums and the device-sized head chunks)", async () => {
+test("the frozen model's micro-batch at seq 1024 x 4 records at most 450 dispatches with its fold on the device (894 before the matmuls lists, the column sums and the device-sized head chunks), the fold two of them", async () => {
   const c = await webgpuCounts(1024, 4, 1);
+  assert.equal(c.fold, "device");
   assert.ok(c.dispatches_per_micro <= 450, `${c.dispatches_per_micro} dispatches per micro-batch`);
+  const host = await webgpuCounts(1024, 4, 1, undefined, "host");
+  assert.equal(
+    c.dispatches_per_micro - host.dispatches_per_micro,
+    2,
+    "106M parameters fold in 2 dispatches at 128 MiB",
+  );
+});
+
+const f32 = (n: number) => new Float32Array(n);
+
+test("the fold on the device runs in dispatches of 4C elements (C: the slot elements a binding holds) through two gradient and four slot bindings, none aliased; fill(x, 0) is a clear, no dispatch", () => {
+  const { device, dispatches } = recordingDevice(4096 + 256); // C = 512: 2048 elements a dispatch
+  const k = webgpuEngineOn(device, "recording").kernels;
+  const n = 5000;
+  const g = new Float32Array(n + 3).subarray(3),
+    slot = new Float64Array(n + 2).subarray(2);
+  assert.ok(isDeferred(k));
+  k.fill(g, 0);
+  assert.equal(dispatches.length, 0, "fill(x, 0) records no dispatch");
+  k.fold(slot, g, true);
+  k.fold(slot, g, false);
+  assert.deepEqual(
+    dispatches.map((d) => d.shader),
+    Array(6).fill("foldMicro"),
+  );
+  // g starts 12 bytes, the slot 16 bytes past an aligned offset: each dispatch takes 4C elements less its offset
+  const each = [
+    [2045, 512, 3, 2],
+    [2017, 512, 0, 31],
+    [938, 512, 33, 0],
+  ];
+  assert.deepEqual(
+    dispatches.map(settingsOf).map((x) => [x.n, x.C, x.oG, x.oS, x.sets]),
+    [1, 0].flatMap((sets) => each.map((e) => [...e, sets])),
+  );
+  const ranges = dispatches[2].ranges; // 938 elements from float 33 and double 0: g0, s0 and s1 real, the rest spare
+  assert.deepEqual(
+    ranges.map((r) => r.size),
+    [4 * (33 + 938), 256, 8 * 512, 8 * (938 - 512), 256, 256],
+  );
+  for (const d of dispatches)
+    for (const [i, a] of d.ranges.entries())
+      for (const [j, b] of d.ranges.entries())
+        if (i < j && a.buffer === b.buffer)
+          assert.ok(a.offset + a.size <= b.offset || b.offset + b.size <= a.offset, `bindings ${i} and ${j} overlap`);
+  assert.throws(() => k.fold(new Float64Array(4), f32(5), true), /fold: a float64 slot of 4 for a gradient of 5/);
 });

@@ -148,6 +148,7 @@ test("every flag's default is the seed's (G10)", () => {
       gpus: "",
       gemm: "builtin",
       isa: "auto",
+      webgpuFold: "device",
       precision: "fp32",
       demo: false,
       sample: true,

@@ -231,8 +231,11 @@ export interface StepResult {
   /** --dist mpi (O3): some process of the job has been asked to stop (mpirun signals one process at a time). */
   stopAsked: boolean;
   updateMs: number;
-  /** A device engine (webgpu): this process's ranks' bytes up and down in the step, and dispatches per micro-batch. */
-  device?: { up: number; down: number; gradientUp: number; dispatchesPerMicro: number };
+  /**
+   * A device engine (webgpu): this process's ranks' bytes up and down in the step, dispatches per micro-batch, and
+   * a rank thread's milliseconds on the host per micro-batch (the mean over the ranks' micro-batches).
+   */
+  device?: { up: number; down: number; gradientUp: number; dispatchesPerMicro: number; hostMsPerMicro: number };
 }
 
 /** The actor runtime: ranks + shared memory + uploader. */
@@ -329,6 +332,7 @@ export class Coordinator {
           backend: this.setup.backend,
           native: this.setup.native,
           gpu: gpus?.[h.rank] ?? null,
+          fold: this.setup.fold,
           data: this.setup.data,
           shared: this.shared,
           decayRanges: this.decayRanges,
@@ -402,6 +406,7 @@ export class Coordinator {
         down: sum((t) => t.down),
         gradientUp: sum((t) => t.gradientUp),
         dispatchesPerMicro: Math.round(sum((t) => t.dispatches) / Math.max(1, micros)),
+        hostMsPerMicro: sum((t) => t.hostMs) / Math.max(1, micros),
       };
     }
     if (d.apply) {

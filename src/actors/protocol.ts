@@ -7,6 +7,7 @@
 import type { SharedBuffers } from "./shm";
 import type { LlamaConfig } from "../model/llama-config";
 import type { BackendName } from "../model/backend";
+import type { FoldPlace } from "../config";
 import type { NativeOptions } from "../model/engine/native";
 import type { GpuSelect } from "../model/engine/webgpu/gpus";
 import type { DecayRange } from "../optim/optim";
@@ -51,6 +52,8 @@ export interface RankInit {
    * environment while the rank starts. Absent: Dawn's first adapter.
    */
   gpu?: GpuSelect | null;
+  /** A deferred engine's fold place (`--webgpu-fold`, A10); absent = on the device. */
+  fold?: FoldPlace;
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   shared: SharedBuffers;
   decayRanges: DecayRange[];
@@ -200,4 +203,6 @@ export interface StepTraffic {
   /** Bytes of arrays a kernel writes that were uploaded (0 once the run is going: the gradient stays on the device). */
   gradientUp: number;
   dispatches: number;
+  /** The rank thread's milliseconds on the host in the step's micro-batches (runMicroBatches: not waiting for the device). */
+  hostMs: number;
 }

@@ -257,6 +257,7 @@ export class DistLink {
       backend,
       native: nativeChoice(cfg),
       gpus: webgpuRanks(backend, cfg.world, cfg.gpus),
+      fold: cfg.webgpuFold,
       fault: null,
       mpi: this.mpi,
       stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step

@@ -1,6 +1,6 @@
 /**
  * The WGSL framework of the webgpu engine (../engine.ts): one compute shader per kernel of the Kernels interface
- * (kernels.ts), by family in this folder (matmul.ts, rows.ts, attention.ts; every one by name in catalog.ts).
+ * (kernels.ts), by family in this folder (matmul.ts, rows.ts, attention.ts, fold.ts; every one by name in catalog.ts).
  *
  * Every array is a storage binding of a range of a device mirror of a host array, with an element offset (`o*`)
  * into it in the shader's settings. Each shader declares its storage arrays, each with its access (`read` where
