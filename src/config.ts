@@ -661,6 +661,11 @@ function refuseEngineMismatch(c: RunConfig): void {
       "P1",
       `--isa ${c.isa} chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: pass --gemm builtin to use it, or --isa auto (the default) for OpenBLAS`,
     );
+  if (c.webgpuFold !== "device" && c.backend !== "webgpu")
+    throw new UserError(
+      "A10",
+      `--webgpu-fold ${c.webgpuFold} chooses where the webgpu engine folds each micro-batch's gradient, and --backend ${c.backend} always folds on the host, so it would be ignored: pass --backend webgpu to use it, or drop --webgpu-fold`,
+    );
   if (tfjsOrGpu && (c.isa !== "auto" || c.gemm !== "builtin")) {
     const flag = c.isa !== "auto" ? `--isa ${c.isa}` : `--gemm ${c.gemm}`;
     const back = c.isa !== "auto" ? "--isa auto" : "--gemm builtin";

@@ -480,6 +480,21 @@ test("--isa or --gemm with a backend that does not run the native engine, or --i
   }
 });
 
+test("--webgpu-fold with a backend other than webgpu is refused, since it would be ignored, and both fixes run (A10)", {
+  timeout: 300_000,
+}, () => {
+  const out = tmpDir("tstrain-fold-backend-");
+  const bad = node("main.js", dry(out, ["--webgpu-fold", "host", "--backend", "wasm"]));
+  assertRefused(
+    bad,
+    /^refused: --webgpu-fold host chooses where the webgpu engine folds each micro-batch's gradient, and --backend wasm always folds on the host, so it would be ignored: pass --backend webgpu to use it, or drop --webgpu-fold \[A10\]$/m,
+  );
+  const dropped = node("main.js", dry(out, ["--backend", "wasm"]));
+  assert.equal(dropped.status, 0, dropped.stderr);
+  const gpu = node("main.js", dry(out, ["--webgpu-fold", "host", "--backend", "webgpu"]));
+  assert.equal(gpu.status, 0, gpu.stderr);
+});
+
 test("generate: a number option that is no number or out of range names its rule on the first line, and the value it advises generates (G11)", {
   timeout: 300_000,
 }, () => {
