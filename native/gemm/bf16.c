@@ -97,22 +97,38 @@ static int blocked_bf16(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t
  * tile running the chunks' even and odd chains in registers (kernels/avx2.c, kernels/avx512.c: *_bf16), the tile's
  * running sum in L1, meeting C once per K block. */
 
-/* n floats in place (n a multiple of 8), each rounded to bf16 as bf16_round does: a NaN quiet, a denormal a signed 0,
- * the rest to nearest even */
-__attribute__((target("avx2"))) static void round_bf16(float *x, int64_t n) {
-  const __m256i mag = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
-                quiet = _mm256_set1_epi32(0x00400000), hi = _mm256_set1_epi32((int)0xffff0000u),
-                sign = _mm256_set1_epi32((int)0x80000000u), half = _mm256_set1_epi32(0x7fff),
-                one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
+/* n floats in place (n a multiple of 8; of 16 on AVX-512), each rounded to bf16 as bf16_round does, under the
+ * caller's denormals-are-zero mode (gemm_bf16 sets it): y = x * 1 is x, a signed 0 for a denormal, a NaN made quiet;
+ * then y to nearest even on its top 16 bits, a NaN's low 16 bits cut off. The 1 is hidden from the compiler, which
+ * would drop the multiply (x * 1 = x in IEEE arithmetic, without DAZ). */
+__attribute__((target("avx2"))) static void round_bf16_avx2(float *x, int64_t n) {
+  __m256 one = _mm256_set1_ps(1.0f);
+  __asm__("" : "+x"(one));
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), half = _mm256_set1_epi32(0x7fff), lsb = _mm256_set1_epi32(1);
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256i u = _mm256_load_si256((const __m256i *)(x + i));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, mag), inf),
-                  den = _mm256_cmpeq_epi32(_mm256_and_si256(u, inf), zero);
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
-    r = _mm256_blendv_epi8(_mm256_and_si256(r, hi), _mm256_and_si256(_mm256_or_si256(u, quiet), hi), nan);
-    r = _mm256_blendv_epi8(r, _mm256_and_si256(u, sign), den);
-    _mm256_store_si256((__m256i *)(x + i), r);
+    const __m256 y = _mm256_mul_ps(_mm256_load_ps(x + i), one);
+    const __m256i u = _mm256_castps_si256(y);
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half), _mm256_and_si256(_mm256_srli_epi32(u, 16), lsb));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+    _mm256_store_si256((__m256i *)(x + i), _mm256_and_si256(_mm256_blendv_epi8(r, u, nan), hi));
   }
+}
+__attribute__((target("avx512f"))) static void round_bf16_avx512(float *x, int64_t n) {
+  __m512 one = _mm512_set1_ps(1.0f);
+  __asm__("" : "+v"(one));
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 y = _mm512_mul_ps(_mm512_load_ps(x + i), one);
+    const __m512i u = _mm512_castps_si512(y);
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, half), _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb));
+    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+    _mm512_store_si512(x + i, _mm512_and_si512(_mm512_mask_mov_epi32(r, nan, u), hi));
+  }
+}
+/* w: the sliver's width (8 rows or 32 columns: the AVX-512 kernel's; n then a multiple of 16) */
+static void round_bf16(float *x, int64_t n, int w) {
+  if (w == A5_MR || w == A5_NR) round_bf16_avx512(x, n);
+  else round_bf16_avx2(x, n);
 }
 /* Slivers of w floats a k packed kv k long, from p on, laid out again kcp long (kcp > kv), zeros past kv: the last
  * sliver first, each moved up (never onto one not moved yet) */
@@ -123,13 +139,15 @@ static void spread(float *p, int64_t slivers, int w, int64_t kv, int64_t kcp) {
   }
 }
 /* op(A)[i0 : i0 + mc, p0 : p0 + kv] into mr-row slivers of kcp k each (pack_a's layout; zeros past kv and mc),
- * rounded */
+ * rounded. The whole slivers apart from a last cut one, which pack_a's transposes and copies leave to its loops (A
+ * stored [K,M]: attention's 64-row blocks) */
 static void pack_a_bf16(int mr, int ta, const float *A, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kv,
                         int64_t kcp, float *ap) {
-  const int64_t slivers = (mc + mr - 1) / mr;
-  pack_a(mr, ta, A, lda, i0, p0, mc, kv, 1.0f, ap);
+  const int64_t slivers = (mc + mr - 1) / mr, whole = mc / mr * mr;
+  if (whole) pack_a(mr, ta, A, lda, i0, p0, whole, kv, 1.0f, ap);
+  if (mc > whole) pack_a(mr, ta, A, lda, i0 + whole, p0, mc - whole, kv, 1.0f, ap + whole * kv);
   if (kv < kcp) spread(ap, slivers, mr, kv, kcp);
-  round_bf16(ap, slivers * mr * kcp);
+  round_bf16(ap, slivers * mr * kcp, mr);
 }
 /* op(B)[p0 : p0 + kv, j0 : j0 + nc] into nr-column slivers of kcp k each (pack_b's layout), rounded */
 static void pack_b_bf16(int nr, int tb, const float *B, int64_t ldb, int64_t p0, int64_t j0, int64_t kv, int64_t kcp,
@@ -137,7 +155,7 @@ static void pack_b_bf16(int nr, int tb, const float *B, int64_t ldb, int64_t p0,
   const int64_t slivers = (nc + nr - 1) / nr;
   pack_b(nr, tb, B, ldb, p0, j0, kv, nc, bp);
   if (kv < kcp) spread(bp, slivers, nr, kv, kcp);
-  round_bf16(bp, slivers * nr * kcp);
+  round_bf16(bp, slivers * nr * kcp, nr);
 }
 
 /* lanes below n of 8 */
@@ -176,11 +194,14 @@ __attribute__((target("avx2,fma"))) static void tile_out(int nr, const float *t,
     }
 }
 
-/* Chunks of 32 k per K block: K in equal blocks of whole chunks, each at most g->kc of k (at least one chunk), or one
- * block where K padded to whole chunks is at most g->kone */
-static int64_t bf16_block_chunks(const gemm_kernel *g, int64_t K) {
+/* Chunks of 32 k per K block: K in one block where its A sliver fits half of L1 and all of B (K x N) one panel
+ * (attention's blocks: the tile's sum stays in L1 whatever K, so K blocks would only pack again and meet C again), or
+ * where K padded to whole chunks is at most g->kone; else K in equal blocks of whole chunks, each at most g->kc of k
+ * (at least one chunk) */
+static int64_t bf16_block_chunks(const gemm_kernel *g, int64_t N, int64_t K) {
   const int64_t nch = (K + BF_CHUNK - 1) / BF_CHUNK, most = g->kc / BF_CHUNK > 0 ? g->kc / BF_CHUNK : 1;
-  if (nch * BF_CHUNK <= g->kone) return nch;
+  const int64_t kp = nch * BF_CHUNK, np = (N + g->nr - 1) / g->nr * g->nr;
+  if (kp <= g->kone || (kp <= g->kslv && kp * np <= g->panel1)) return nch;
   const int64_t blocks = (nch + most - 1) / most;
   return (nch + blocks - 1) / blocks;
 }
@@ -194,7 +215,7 @@ static int blocked_fused(const gemm_kernel *g, bf16_tile_fn tile, int ta, int tb
                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                          float *w) {
   const int mr = g->mr, nr = g->nr;
-  const int64_t nch = (K + BF_CHUNK - 1) / BF_CHUNK, per = bf16_block_chunks(g, K);
+  const int64_t nch = (K + BF_CHUNK - 1) / BF_CHUNK, per = bf16_block_chunks(g, N, K);
   const int64_t ncMax = panel_cols(g, N, per * BF_CHUNK), mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
   const int64_t kp = nch * BF_CHUNK, mp = (M + mr - 1) / mr * mr;
   const int whole = ncMax < N && mp * kp <= A_WHOLE;
@@ -254,6 +275,7 @@ static const gemm_kernel PORTABLE_BF16 = {.mr = P_MR,
                                           .kone = P_KONE,
                                           .panel1 = PANEL,
                                           .paneln = PANEL,
+                                          .kslv = 0,
                                           .ukr = ukr_portable_bf16,
                                           .name = "portable",
                                           .detail = "portable C 4x16"};
@@ -315,7 +337,7 @@ int gemm_bf16(gemm_isa isa, int hw, int ta, int tb, int64_t M, int64_t N, int64_
   if (hw == GEMM_BF16_EMULATED && e != &PORTABLE_BF16 && K > 0) {
     if (fast_pack < 0) fast_pack = gemm_isa_supported(GEMM_ISA_AVX2);
     const bf16_tile_fn tile = e == &KERNELS[GEMM_ISA_AVX512] ? tile_avx512_bf16 : tile_avx2_bf16;
-    if (beta == 0.0f || bf16_block_chunks(e, K) * BF_CHUNK >= K)
+    if (beta == 0.0f || bf16_block_chunks(e, N, K) * BF_CHUNK >= K)
       rc = blocked_fused(e, tile, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, NULL);
     else {
       int64_t band = WS_BAND / N / e->mr * e->mr;

@@ -138,7 +138,10 @@ static void set_blocks(void) {
   /* the AVX-512 and portable kernels: their measured sizes (config.h), the panels by L2 */
   int64_t paneln = l2 / 2 / (int64_t)sizeof(float);
   paneln = paneln < PANEL_MIN ? PANEL_MIN : paneln > PANEL ? PANEL : paneln;
-  for (int i = 0; i < 3; i++) KERNELS[i].panel1 = PANEL, KERNELS[i].paneln = paneln;
+  for (int i = 0; i < 3; i++) {
+    KERNELS[i].panel1 = PANEL, KERNELS[i].paneln = paneln;
+    KERNELS[i].kslv = l1 / 2 / ((int64_t)sizeof(float) * KERNELS[i].mr);
+  }
 #ifdef GEMM_X86
   /* AVX2: config.h's rule */
   gemm_kernel *k = &KERNELS[GEMM_ISA_AVX2];

@@ -33,6 +33,7 @@ typedef struct {
   int64_t kone;   /* a K up to this runs as one block (C written once; kc x nc smaller to fit) */
   int64_t panel1; /* the B panel's floats at most where one panel holds all of N (A then packed once) */
   int64_t paneln; /* ... where N takes several panels */
+  int64_t kslv;   /* the longest K whose A sliver (mr x K) fits half of L1 */
   ukr_fn ukr;
   const char *name, *detail;
 } gemm_kernel;
