@@ -206,59 +206,89 @@ static int64_t bf16_block_chunks(const gemm_kernel *g, int64_t N, int64_t K) {
   return (nch + blocks - 1) / blocks;
 }
 
+/* One K block (kn chunks) of the tiles of C[ic : ic + mc, jc : jc + nc]: A's slivers at as (sliver s at as + s * mr *
+ * ka), B's at bs (sliver s at bs + s * nr * kcp). Each tile's sum starts at 0 (first) or where the block before left
+ * it (in C, or in w: M x N, row major), and goes back there, or meets C (last, mode: bf16.c's combine). */
+typedef struct {
+  const gemm_kernel *g;
+  bf16_tile_fn tile;
+  int64_t N;
+  float *C, *w;
+  int64_t ldc;
+  int mode;
+  float beta;
+} fused_job;
+static void fused_tiles(const fused_job *j, int64_t ic, int64_t mc, int64_t jc, int64_t nc, const float *as, int64_t ka,
+                        const float *bs, int64_t kcp, int64_t kn, int first, int last) {
+  const int mr = j->g->mr, nr = j->g->nr;
+  float t[A5_MR * A5_NR] __attribute__((aligned(64))), e[A5_MR * A5_NR] __attribute__((aligned(64)));
+  for (int64_t ir = 0; ir < mc; ir += mr) {
+    const int64_t rows = mc - ir < mr ? mc - ir : mr;
+    for (int64_t jr = 0; jr < nc; jr += nr) {
+      const int64_t cols = nc - jr < nr ? nc - jr : nr;
+      float *cp = j->C + (ic + ir) * j->ldc + jc + jr, *wp = j->w ? j->w + (ic + ir) * j->N + jc + jr : NULL;
+      /* the sum's home this block (C, or w before the last block), and the next tile's, on its way while this one
+       * runs (C is often a gradient, cold from memory: as blocked() fetches it) */
+      float *home = wp && !last ? wp : cp;
+      const int64_t ld = wp && !last ? j->N : j->ldc;
+      const float *next = jr + nr < nc ? home + nr : ir + mr < mc ? home - jr + mr * ld : NULL;
+      for (int r = 0; next && r < mr; r++) {
+        _mm_prefetch((const char *)(next + r * ld), _MM_HINT_T0);
+        _mm_prefetch((const char *)(next + r * ld + nr - 1), _MM_HINT_T0);
+      }
+      tile_in(mr, nr, t, first ? NULL : wp ? wp : cp, wp ? j->N : j->ldc, rows, cols);
+      j->tile(kn, as + ir * ka, bs + jr * kcp, t, e);
+      tile_out(nr, t, home, ld, rows, cols, last ? j->mode : 0, j->beta);
+    }
+  }
+}
+
 /* C (M x N) = the chunks' sums (beta 0), C + sums (beta 1) or fma(beta, C, sums), on g's tile fused with the order,
- * in blocked()'s loops and blocks. K in blocks of whole chunks: each block after the first continues the tile's sum
- * from where the one before left it, in C, or in w (M x N, row major) when given (beta != 0 over several blocks), and
- * the last one meets C. Where N takes several B panels and A packed whole is at most A_WHOLE floats, A is packed
- * (and rounded) once, not once per panel (the LM head's logits: 220 panels of N on the AVX-512 kernel). */
+ * in blocked()'s blocks. K in blocks of whole chunks: each block after the first continues the tile's sum from where
+ * the one before left it, in C, or in w (M x N, row major) when given (beta != 0 over several blocks), and the last
+ * one meets C. Where N takes one B panel, blocked()'s loops. Where it takes several, each operand packed (and
+ * rounded) once, not once per panel: A whole where it is at most A_WHOLE floats (the LM head's logits: 220 panels of N
+ * on the AVX-512 kernel), else B's K block across all of N where that is at most A_WHOLE floats, each A block then
+ * running every panel of it (a linear's N = 1536; 576 on the AVX-512 kernel, K in one block). */
 static int blocked_fused(const gemm_kernel *g, bf16_tile_fn tile, int ta, int tb, int64_t M, int64_t N, int64_t K,
                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                          float *w) {
   const int mr = g->mr, nr = g->nr;
-  const int64_t nch = (K + BF_CHUNK - 1) / BF_CHUNK, per = bf16_block_chunks(g, N, K);
-  const int64_t ncMax = panel_cols(g, N, per * BF_CHUNK), mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
-  const int64_t kp = nch * BF_CHUNK, mp = (M + mr - 1) / mr * mr;
-  const int whole = ncMax < N && mp * kp <= A_WHOLE;
-  const size_t bsize = (size_t)((ncMax * per * BF_CHUNK + 15) / 16 * 16);
+  const int64_t nch = (K + BF_CHUNK - 1) / BF_CHUNK, per = bf16_block_chunks(g, N, K), kcMax = per * BF_CHUNK;
+  const int64_t ncMax = panel_cols(g, N, kcMax), mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
+  const int64_t kp = nch * BF_CHUNK, mp = (M + mr - 1) / mr * mr, np = (N + nr - 1) / nr * nr;
+  const int awhole = ncMax < N && mp * kp <= A_WHOLE, bwhole = ncMax < N && !awhole && kcMax * np <= A_WHOLE;
+  const size_t bsize = (size_t)(((bwhole ? np : ncMax) * kcMax + 15) / 16 * 16);
   /* + 16: transpose8's overhang (6 rows) */
-  float *buf = scratch(bsize + (size_t)(whole ? mp * kp : mcMax * per * BF_CHUNK) + 16);
+  float *buf = scratch(bsize + (size_t)(awhole ? mp * kp : mcMax * kcMax) + 16);
   if (!buf) return -1;
   float *bp = buf, *ap = buf + bsize;
-  if (whole) pack_a_bf16(mr, ta, A, lda, 0, 0, M, K, kp, ap);
-  const int mode = beta == 0.0f ? 0 : beta == 1.0f ? 1 : 2;
-  float t[A5_MR * A5_NR] __attribute__((aligned(64))), e[A5_MR * A5_NR] __attribute__((aligned(64)));
-  for (int64_t jc = 0; jc < N; jc += ncMax) {
+  const fused_job j = {.g = g,
+                       .tile = tile,
+                       .N = N,
+                       .C = C,
+                       .w = w,
+                       .ldc = ldc,
+                       .mode = beta == 0.0f   ? 0
+                               : beta == 1.0f ? 1
+                                              : 2,
+                       .beta = beta};
+  if (awhole) pack_a_bf16(mr, ta, A, lda, 0, 0, M, K, kp, ap);
+  for (int64_t jc = 0; jc < N; jc += bwhole ? N : ncMax) {
     const int64_t nc = N - jc < ncMax ? N - jc : ncMax;
     for (int64_t c0 = 0; c0 < nch; c0 += per) {
       const int64_t kn = nch - c0 < per ? nch - c0 : per, p0 = c0 * BF_CHUNK, kcp = kn * BF_CHUNK;
       const int64_t kv = K - p0 < kcp ? K - p0 : kcp;
       const int first = c0 == 0, last = c0 + kn >= nch;
-      pack_b_bf16(nr, tb, B, ldb, p0, jc, kv, kcp, nc, bp);
+      pack_b_bf16(nr, tb, B, ldb, p0, jc, kv, kcp, bwhole ? N : nc, bp);
       for (int64_t ic = 0; ic < M; ic += g->mc) {
         const int64_t mc = M - ic < g->mc ? M - ic : g->mc;
-        if (!whole) pack_a_bf16(mr, ta, A, lda, ic, p0, mc, kv, kcp, ap);
-        /* this block's slivers: sliver s at as + s * mr * ka */
-        const float *as = whole ? ap + ic * kp + p0 * mr : ap;
-        const int64_t ka = whole ? kp : kcp;
-        for (int64_t ir = 0; ir < mc; ir += mr) {
-          const int64_t rows = mc - ir < mr ? mc - ir : mr;
-          for (int64_t jr = 0; jr < nc; jr += nr) {
-            const int64_t cols = nc - jr < nr ? nc - jr : nr;
-            float *cp = C + (ic + ir) * ldc + jc + jr, *wp = w ? w + (ic + ir) * N + jc + jr : NULL;
-            /* the sum's home this block (C, or w before the last block), and the next tile's, on its way while
-             * this one runs (C is often a gradient, cold from memory: as blocked() fetches it) */
-            float *home = wp && !last ? wp : cp;
-            const int64_t ld = wp && !last ? N : ldc;
-            const float *next = jr + nr < nc ? home + nr : ir + mr < mc ? home - jr + mr * ld : NULL;
-            for (int r = 0; next && r < mr; r++) {
-              _mm_prefetch((const char *)(next + r * ld), _MM_HINT_T0);
-              _mm_prefetch((const char *)(next + r * ld + nr - 1), _MM_HINT_T0);
-            }
-            tile_in(mr, nr, t, first ? NULL : wp ? wp : cp, wp ? N : ldc, rows, cols);
-            tile(kn, as + ir * ka, bp + jr * kcp, t, e);
-            tile_out(nr, t, home, ld, rows, cols, last ? mode : 0, beta);
-          }
-        }
+        if (!awhole) pack_a_bf16(mr, ta, A, lda, ic, p0, mc, kv, kcp, ap);
+        const float *as = awhole ? ap + ic * kp + p0 * mr : ap;
+        if (!bwhole) fused_tiles(&j, ic, mc, jc, nc, as, awhole ? kp : kcp, bp, kcp, kn, first, last);
+        else /* every panel of B's block, this A block's slivers in L2 */
+          for (int64_t jw = 0; jw < N; jw += ncMax)
+            fused_tiles(&j, ic, mc, jw, N - jw < ncMax ? N - jw : ncMax, as, kcp, bp + jw * kcp, kcp, kn, first, last);
       }
     }
   }
