@@ -159,9 +159,9 @@ export function cpuWarning(
  * - VDPBF16PS (AVX512_BF16, it passed its self-check): its rate against this core's fp32 FMA, probed now (register
  *   loops of a few ms: `ratio`), and what a step gains from it. AMD Zen 4 and Zen 5 run it at twice the FMA's rate;
  *   some Intel cores at the FMA's own.
- * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits), training about 3x slower than in
- *   fp32 (the demo's 300 steps on an AVX2 Zen 3: 64-66 s against 21-24 s): a warning, with why VDPBF16PS is not used
- *   where the CPU has it.
+ * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits, fused into its tile), each step
+ *   about 1.1-1.2x fp32's (the demo's 300 steps at world 2 with --isa avx2 on a Zen 5: 28.4 s against 25.8 s; with
+ *   --isa avx512: 23.7 s against 20.2 s): a warning, with why VDPBF16PS is not used where the CPU has it.
  * `k`: the CPU's bf16 kernels (builtinGemmBf16); `ratio`: VDPBF16PS's peak over the FMA's (probed when not given).
  */
 export function bf16Warning(
@@ -180,7 +180,7 @@ export function bf16Warning(
       : `bf16 products on VDPBF16PS (AVX512_BF16; AMX's order, the same bits): ${r.toFixed(1)}x this core's fp32 FMA rate, probed now: this core runs it at about the FMA's rate, so expect steps about as fast as --precision fp32 (P8)`;
   }
   const why = kk.check && kk.check !== "the CPU has no AVX512_BF16" ? ` (${kk.check})` : "";
-  return `WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS${why}: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), training about 3x slower than --precision fp32: train in fp32 here (drop --precision bf16), and keep bf16 to resume or check a bf16 run (P8)`;
+  return `WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS${why}: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), each step about 1.1-1.2x as long as in --precision fp32: train in fp32 here (drop --precision bf16), and keep bf16 to resume or check a bf16 run (P8)`;
 }
 
 /**

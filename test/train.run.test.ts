@@ -228,7 +228,7 @@ test("an injected non-finite gradient is skipped, counted, logged, and the scale
   assert.equal(resumed.runJson.skipped_steps, 1);
 });
 
-test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so; without AMX or VDPBF16PS the run warns that bf16 is emulated, about 3x slower, and with VDPBF16PS says what to expect (P8, P2)", {
+test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skipped and the scale stays; an fp32 checkpoint resumes in bf16, saying so; without AMX or VDPBF16PS the run warns that bf16 is emulated and slower, and with VDPBF16PS says what to expect (P8, P2)", {
   timeout: 180_000,
 }, async (t) => {
   const be = runEngineArgs(t, "bf16");
@@ -244,7 +244,7 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
     "the precision line says bf16 and the fixed scale",
   );
   assert.equal(r.runJson.precision, "bf16");
-  // without AMX or VDPBF16PS the products are emulated, about 3x slower than fp32; with VDPBF16PS the run says
+  // without AMX or VDPBF16PS the products are emulated, each step about 1.1-1.2x fp32's; with VDPBF16PS the run says
   // what to expect: either way, at start
   const k = builtinGemmBf16()!;
   const slow = r.rep.lines.filter((l) => l.startsWith("WARNING --precision bf16 on a CPU without AMX"));
@@ -254,7 +254,7 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
   if (slow.length)
     assert.match(
       slow[0],
-      /about 3x slower than --precision fp32: train in fp32 here \(drop --precision bf16\).*\(P8\)$/,
+      /each step about 1\.1-1\.2x as long as in --precision fp32: train in fp32 here \(drop --precision bf16\).*\(P8\)$/,
     );
   const none = { hw: false, dp: false, check: "the CPU has no AVX512_BF16" };
   assert.equal(bf16Warning("bf16", "auto", { ...none, hw: true }), null, "AMX: no warning");
@@ -262,7 +262,7 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
   assert.equal(bf16Warning("fp32", "auto", none), null, "fp32: no warning");
   assert.match(
     bf16Warning("bf16", "auto", none) ?? "",
-    /^WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS: /,
+    /^WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS: .*each step about 1\.1-1\.2x as long as in --precision fp32: train in fp32 here \(drop --precision bf16\).*\(P8\)$/,
   );
   assert.match(
     bf16Warning("bf16", "auto", { ...none, check: "VDPBF16PS failed the start-up self-check (lane 3)" }) ?? "",
