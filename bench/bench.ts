@@ -146,7 +146,7 @@ function usage(): string {
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
     "  --rewarm N                  interleaved: untimed steps at the start of each turn (default 1; 0 = time the first step after a switch)",
-    "  --sequential                run the step cases back to back instead of interleaved (less memory for --model frozen)",
+    "  --sequential                run the step cases back to back instead of interleaved, one runtime alive at a time (less memory for --model frozen)",
     "  --no-grad-ckpt              gradient checkpointing off (the trainer's default is on)",
     "  --out DIR                   where latest.json / latest.md (and the kernel table) go (default ./bench-out, git-ignored;",
     "                              the committed results move only with an explicit --out bench/results/...)",
@@ -521,26 +521,34 @@ async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch: string
   for (let k = 0; k < ffBefore; k++) await frameworkFree(k);
 
   // ---- 1 + 2: single-thread and the actor runtime, interleaved step by step; with --isas, one group of runtimes per
-  // kernel in turn (each group's precisions interleaved; a group at a time: two frozen runtimes at world 2 hold 12 GB)
+  // kernel in turn (two frozen runtimes at world 2 hold about 12 GB); --sequential: one runtime alive at a time
   if (o.cases.has("single") || o.cases.has("actor")) {
-    for (const [g, isa] of o.isas.entries())
+    const groups: Array<{ isa: IsaChoice; spawn: Array<() => Promise<Runner>> }> = [];
+    for (const [g, isa] of o.isas.entries()) {
+      const spawn: Array<() => Promise<Runner>> = [];
+      if (o.cases.has("single") && g === 0) spawn.push(() => localRunner(s, 1));
+      if (o.cases.has("actor"))
+        for (const w of o.worlds)
+          for (const gemm of o.gemms)
+            for (const precision of o.precisions) {
+              if (precision === "bf16" && gemm !== "builtin") continue; // P8: bf16 is the built-in GEMM's
+              if (isa !== "auto" && gemm !== "builtin") continue; // --isa picks a built-in kernel
+              spawn.push(() => {
+                log(`spawning actor runtime world ${w}, --gemm ${gemm} --precision ${precision} --isa ${isa}`);
+                return actorRunner(s, w, gemm, precision, isa);
+              });
+            }
+      if (o.interleave) groups.push({ isa, spawn });
+      else for (const f of spawn) groups.push({ isa, spawn: [f] });
+    }
+    for (const { isa, spawn } of groups)
       await run.guard(`single/actor${isa === "auto" ? "" : ` --isa ${isa}`}`, async () => {
         const runners: Runner[] = [];
         // the peaks before any rank exists (a rank's thread, idle or not, shares the core's FMA units with the probe
         // on an SMT sibling), and again after the steps: the higher of the two
         const peaksBefore = stepPeaks(o.precisions.includes("bf16") ? ["-bf16"] : [], isa);
         try {
-          if (o.cases.has("single") && g === 0) runners.push(await localRunner(s, 1));
-          if (o.cases.has("actor")) {
-            for (const w of o.worlds)
-              for (const gemm of o.gemms)
-                for (const precision of o.precisions) {
-                  if (precision === "bf16" && gemm !== "builtin") continue; // P8: bf16 is the built-in GEMM's
-                  if (isa !== "auto" && gemm !== "builtin") continue; // --isa picks a built-in kernel
-                  log(`spawning actor runtime world ${w}, --gemm ${gemm} --precision ${precision} --isa ${isa}`);
-                  runners.push(await actorRunner(s, w, gemm, precision, isa));
-                }
-          }
+          for (const f of spawn) runners.push(await f());
           log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
           const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
           const after = stepPeaks(
