@@ -194,14 +194,15 @@ __attribute__((target("avx2,fma"))) static void tile_out(int nr, const float *t,
     }
 }
 
-/* Chunks of 32 k per K block: K in one block where its A sliver fits half of L1 and all of B (K x N) one panel
- * (attention's blocks: the tile's sum stays in L1 whatever K, so K blocks would only pack again and meet C again), or
- * where K padded to whole chunks is at most g->kone; else K in equal blocks of whole chunks, each at most g->kc of k
- * (at least one chunk) */
+/* Chunks of 32 k per K block: K in one block where its A sliver fits half of L1 and B across all of N at most
+ * A_WHOLE floats (blocked_fused packs that once, each A block running its panels): the tile's sum stays in L1
+ * whatever K, so more K blocks would only meet C (or a workspace) again (the head's dE, TN 49152 x 576 x 341 on AVX2:
+ * paired median time 0.93 against two blocks, a band of workspace each); or where K padded to whole chunks is at
+ * most g->kone; else K in equal blocks of whole chunks, each at most g->kc of k (at least one chunk) */
 static int64_t bf16_block_chunks(const gemm_kernel *g, int64_t N, int64_t K) {
   const int64_t nch = (K + BF_CHUNK - 1) / BF_CHUNK, most = g->kc / BF_CHUNK > 0 ? g->kc / BF_CHUNK : 1;
   const int64_t kp = nch * BF_CHUNK, np = (N + g->nr - 1) / g->nr * g->nr;
-  if (kp <= g->kone || (kp <= g->kslv && kp * np <= g->panel1)) return nch;
+  if (kp <= g->kone || (kp <= g->kslv && kp * np <= A_WHOLE)) return nch;
   const int64_t blocks = (nch + most - 1) / most;
   return (nch + blocks - 1) / blocks;
 }

@@ -96,6 +96,8 @@ const direct_kernel DIRECT[3] = {
 #endif
 
 /* ------------------------------------------------------------------ the blocks, from this CPU's caches */
+/* Read once (gemm_blocks_setup; every entry point calls it before a product reads a block size). Only the blocks
+ * depend on them, never a chain: the same bits on any machine. */
 /* Line one of cpu0's cache index i's FIELD in sysfs (Linux; the cores alike), into out; 0 where there is none */
 static int cache_field(int i, const char *field, char *out, int n) {
   char path[96];
@@ -125,7 +127,7 @@ static void sysfs_cache(int level, int64_t *bytes, int *ways) {
 }
 static void set_blocks(void) {
   int64_t l1, l2;
-  int w1, w2;
+  int w1, w2; /* L2's ways: unused (the rule takes fractions of L2) */
   sysfs_cache(1, &l1, &w1);
   sysfs_cache(2, &l2, &w2);
 #if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
