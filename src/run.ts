@@ -194,8 +194,9 @@ export function cpuWarning(
  *   on this CPU (model/engine/bench-rates.ts: VDPBF16PS_RATES; nothing is timed here), and what a step gains from
  *   it; where the bench has no figure for this CPU, the command that measures it. AMD Zen 5 runs it at twice the FMA's rate;
  *   some Intel cores at the FMA's own.
- * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits), at BF16_EMULATION_SPEED times
- *   fp32's tokens per second: a warning that names --precision fp32 as the faster choice, with why VDPBF16PS is not
+ * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits, fused into its tile), at
+ *   BF16_EMULATION_SPEED times fp32's tokens
+ *   per second: a warning that names --precision fp32 as the faster choice, with why VDPBF16PS is not
  *   used where the CPU has it.
  * `k`: the CPU's bf16 kernels (bf16Support); `rate`: the bench's figure for this CPU (looked up when not given).
  */
