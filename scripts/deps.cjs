@@ -35,7 +35,8 @@ const LAYERS = [
     layer: 1,
     name: "foundation",
     // Error types, the one validated config and the small commands' flag parser: everything else may use them,
-    // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, a --config file's keys and
+    // and they use nothing of ours (config.ts reads only errors.ts, config-argv.ts: the command line's words to flag
+    // values and a refusal's changes back to words, config-file.ts, a --config file's keys and
     // values against the flag table config.ts hands it, and hub/address.ts: where the Hub is (--hub-url,
     // HF_ENDPOINT, the default), the hf:// grammar and the rules for a repo id and a path in a repo, which prepare,
     // generate, the Hub client and the local Hub hold to as well);
@@ -45,6 +46,7 @@ const LAYERS = [
     patterns: [
       "errors.ts",
       "config.ts",
+      "config-argv.ts",
       "config-file.ts",
       "cli-args.ts",
       "duration.ts",

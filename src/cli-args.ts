@@ -4,6 +4,7 @@
  * what a missing value and an unknown flag say (and which rule they cite) are its own functions. The trainer's flags
  * are config.ts's (a typed table, src/config-flags.json), not this.
  */
+import type { FlagChange } from "./errors";
 
 /** What a flag's function reads the command line through. */
 export interface FlagArgs {
@@ -81,28 +82,47 @@ export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>
   return o;
 }
 
-/** One word of a shell command, quoted when the shell would read it otherwise (every `;`, `(` and space is). */
+/**
+ * One word of a shell command, quoted when the shell would read it otherwise (every `;`, `(` and space is), or when
+ * it ends in `,` (a printed command may be followed by ", or"); a line break or other control character is written
+ * as bash's $'\n', so that a command stays on one line.
+ */
 export function shellWord(a: string): string {
-  return /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
+  if (/^[\w@%+=:,./-]+$/.test(a) && !a.endsWith(",")) return a;
+  const control = (c: string) => c.charCodeAt(0) < 0x20 || c.charCodeAt(0) === 0x7f;
+  const chars = [...a];
+  if (chars.some(control))
+    return `$'${chars.map((c) => (control(c) ? `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}` : c === "\\" || c === "'" ? `\\${c}` : c)).join("")}'`;
+  return `'${a.replace(/'/g, "'\\''")}'`;
 }
 
 /**
- * A command for advice that runs: `head` (e.g. `node dist/generate.js`), then `argv` without each flag's value
- * (`--flag v` and `--flag=v` dropped), then each `flag value` of `set`, in order.
+ * `argv` with each change of `changes` made (errors.ts FlagChange): every `--flag v`, `--flag=v` (or, for a switch,
+ * `--flag`) given is dropped, then each flag set is added at the end, in order: `[flag, value]` as `flag value`,
+ * `[flag, true]` as `flag`. A flag dropped (`null`, `false`) is only removed.
  */
-export function commandWith(
-  head: readonly string[],
-  argv: readonly string[],
-  ...set: ReadonlyArray<readonly [flag: string, value: string]>
-): string {
+export function argvWith(argv: readonly string[], changes: readonly FlagChange[]): string[] {
   let out = [...argv];
-  for (const [flag] of set) {
+  for (const [flag, value] of changes) {
     const kept: string[] = [];
     for (let i = 0; i < out.length; i++) {
-      if (out[i] === flag) i++;
-      else if (!out[i].startsWith(`${flag}=`)) kept.push(out[i]);
+      if (out[i] === flag) {
+        if (typeof value === "string" || value === null) i++; // its value goes with it
+      } else if (!out[i].startsWith(`${flag}=`)) kept.push(out[i]);
     }
     out = kept;
   }
-  return [...head, ...out, ...set.flat()].map(shellWord).join(" ");
+  for (const [flag, value] of changes) {
+    if (typeof value === "string") out.push(flag, value);
+    else if (value === true) out.push(flag);
+  }
+  return out;
+}
+
+/**
+ * A command for advice that runs: `head` (e.g. `node dist/generate.js`), then `argv` with `changes` made (argvWith),
+ * each word quoted for the shell.
+ */
+export function commandWith(head: readonly string[], argv: readonly string[], ...changes: FlagChange[]): string {
+  return [...head, ...argvWith(argv, changes)].map(shellWord).join(" ");
 }

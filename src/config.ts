@@ -9,10 +9,19 @@
  */
 import * as fs from "node:fs";
 import * as os from "node:os";
-import { UserError } from "./errors";
+import { type Fix, type FixWay, type FlagChange, UserError } from "./errors";
 import { shellWord } from "./cli-args";
-import { closestName, readConfigFile } from "./config-file";
-import { canonicalHubUrl, endpointFromEnv, hubUrlProblem, isRepoId, REPO_ID_RULE } from "./hub/address";
+import { argvWithChanges, type FlagValue, readFlagValues, specOf } from "./config-argv";
+import { readConfigFile } from "./config-file";
+import {
+  canonicalHubUrl,
+  DEFAULT_HUB_URL,
+  endpointFromEnv,
+  hubUrlFixed,
+  hubUrlProblem,
+  isRepoId,
+  REPO_ID_RULE,
+} from "./hub/address";
 import flagTable from "./config-flags.json";
 
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
@@ -192,27 +201,6 @@ export function usage(): string {
   return lines.join("\n");
 }
 
-/** A number flag's value as written (`_` and spaces allowed), refused naming the value and a value that works. */
-function parseNumber(spec: FlagSpec, raw: string): number {
-  const t = raw.trim().replace(/_/g, "");
-  const v = Number(t);
-  const dflt = `pass --${spec.flag} ${spec.def} (its default)`;
-  if (t === "" || !Number.isFinite(v))
-    throw new UserError("G10", `--${spec.flag} ${JSON.stringify(raw)} is not a number: ${dflt}`);
-  if (spec.kind === "int" && !Number.isInteger(v)) {
-    const r = RANGES[spec.flag];
-    const near = [Math.floor(v), Math.ceil(v)].filter((x) => !r || r.ok(x));
-    const fix = near.length ? `pass ${near.map((x) => `--${spec.flag} ${x}`).join(" or ")}` : dflt;
-    throw new UserError("G10", `--${spec.flag} ${raw} must be a whole number: ${fix}`);
-  }
-  if (spec.kind === "int" && !Number.isSafeInteger(v))
-    throw new UserError(
-      "G10",
-      `--${spec.flag} ${raw} is too large: a whole number is counted exactly up to ${Number.MAX_SAFE_INTEGER} (2^53 - 1); ${dflt}`,
-    );
-  return v;
-}
-
 export interface ParsedArgs {
   config: RunConfig;
   help: boolean;
@@ -220,19 +208,32 @@ export interface ParsedArgs {
   explicit: ReadonlySet<string>;
   /** G12: where each flag given (or set by --demo) came from: "flag", the --config file's path, or "--demo". */
   origins: ReadonlyMap<string, string>;
+  /** G12: the flags the --config file sets, also those the command line overrides (advice that drops one sets it). */
+  fromFile: ReadonlySet<string>;
 }
-
-type FlagValue = string | number | boolean;
 
 /**
  * Parse argv (without node and script). Unknown flags are an error, as in nanoGPT's configurator. The settings
- * are the table's defaults, then --demo's (when --demo is set), then the --config file's, then the flags'.
+ * are the table's defaults, then --demo's (when --demo is set), then the --config file's, then the flags'. A
+ * refusal's advice is the command `node dist/main.js` with these arguments changed (withMainCommands).
  */
 export function parseArgs(argv: readonly string[]): ParsedArgs {
+  const fromFile = new Set<string>();
+  try {
+    return readArgs(argv, fromFile);
+  } catch (e) {
+    throw e instanceof UserError ? withMainCommands(e, ["node", "dist/main.js"], argv, fromFile) : e;
+  }
+}
+
+/** parseArgs, its refusals' advice left as changes; `fromFile` gets the --config file's flags once it is read. */
+function readArgs(argv: readonly string[], fromFile = new Set<string>()): ParsedArgs {
   const byFlag = new Map(FLAGS.map((f) => [f.flag, f]));
-  const { values: given, help } = readFlagValues(argv, byFlag);
+  const { values: given, help } = readFlagValues(argv, byFlag, (f, v) => RANGES[f]?.ok(v) ?? true);
   const file = given.get("config") as string | undefined;
-  const values = file ? new Map([...readConfigFile(file, FILE_TABLE), ...given]) : given;
+  const inFile = file ? readConfigFile(file, FILE_TABLE) : new Map<string, FlagValue>();
+  for (const k of inFile.keys()) fromFile.add(k);
+  const values = file ? new Map([...inFile, ...given]) : given;
   const origins = new Map<string, string>();
   for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
   // G10: no --hub-url (flag or file): HF_ENDPOINT, as huggingface_hub reads it. --demo keeps its embedded Hub (B6:
@@ -254,7 +255,58 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   } catch (e) {
     throw file ? namingTheFile(e, origins) : e;
   }
-  return { config, help, explicit: new Set(values.keys()), origins };
+  return { config, help, explicit: new Set(values.keys()), origins, fromFile };
+}
+
+/**
+ * A refusal of the trainer with each way of its fix written as the whole command `head argv` with the way's changes
+ * made (mainArgvWith). Each way is checked by parsing the command it gives: a way refused there takes on the first
+ * way of that refusal that changes other flags (one that only drops flags first; twice at most), so that the command
+ * printed passes parseArgs; a way that still does not is printed as it is. `fromFile`: the --config file's flags
+ * (ParsedArgs).
+ */
+export function withMainCommands(
+  e: UserError,
+  head: readonly string[],
+  argv: readonly string[],
+  fromFile: ReadonlySet<string>,
+): UserError {
+  if (!e.fix) return e;
+  const ways = e.fix.ways.map((w) => parsedWay(w, argv, fromFile, 2) ?? w);
+  return new UserError(e.rule, e.lead, { ...e.fix, ways }, (changes) =>
+    [...head, ...mainArgvWith(argv, changes, fromFile)].map(shellWord).join(" "),
+  );
+}
+
+/** `w` when the command it gives parses, else with the changes of a way of that refusal added (withMainCommands). */
+function parsedWay(w: FixWay, argv: readonly string[], fromFile: ReadonlySet<string>, tries: number): FixWay | null {
+  try {
+    readArgs(mainArgvWith(argv, w.changes, fromFile));
+    return w;
+  } catch (x) {
+    if (tries === 0 || !(x instanceof UserError) || !x.fix) return null;
+    const mine = new Set(w.changes.map(([f]) => specOf(FLAGS, f)?.flag ?? f));
+    // a way that only drops flags first: it keeps what this way is for (its `why`), where one that sets another may not
+    const drops = (v: FixWay) => v.changes.every(([, value]) => value === null || value === false);
+    for (const next of [...x.fix.ways.filter(drops), ...x.fix.ways.filter((v) => !drops(v))]) {
+      if (next.changes.some(([f]) => mine.has(specOf(FLAGS, f)?.flag ?? f))) continue; // it would undo this way
+      const r = parsedWay({ ...w, changes: [...w.changes, ...next.changes] }, argv, fromFile, tries - 1);
+      if (r) return r;
+    }
+    return null;
+  }
+}
+
+/**
+ * The trainer's arguments with `changes` made (config-argv.ts argvWithChanges): a switch by its own words, and a
+ * flag dropped that the --config file sets (`fromFile`) set to its default, since the file's value would apply.
+ */
+export function mainArgvWith(
+  argv: readonly string[],
+  changes: readonly FlagChange[],
+  fromFile: ReadonlySet<string> = new Set(),
+): string[] {
+  return argvWithChanges(argv, changes, FLAGS, fromFile);
 }
 
 /** A range refusal of a setting the file gave says it came from the file: `--micro-batch: 0 (set in --config
@@ -264,9 +316,9 @@ function namingTheFile(e: unknown, origins: ReadonlyMap<string, string>): unknow
   const m = /^--([a-z0-9-]+)/.exec(e.message);
   const from = m ? origins.get(m[1]) : undefined;
   if (!from || from === "flag" || from === "--demo") return e;
-  const msg = e.message.slice(0, -` [${e.rule}]`.length);
+  const msg = e.fix ? e.lead : e.message.slice(0, -` [${e.rule}]`.length);
   const head = /^--[a-z0-9-]+:? \S+/.exec(msg)?.[0] ?? msg;
-  return new UserError(e.rule, `${head} (set in --config ${from})${msg.slice(head.length)}`);
+  return new UserError(e.rule, `${head} (set in --config ${from})${msg.slice(head.length)}`, e.fix);
 }
 
 /** The seed's torch switches: flags of the table that are refused when set, and read into no setting. */
@@ -308,119 +360,29 @@ function rank(from: string): number {
   return from === "--demo" ? 1 : from === "flags" ? 2 : from === "the caller" ? 3 : 0;
 }
 
-/**
- * Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was.
- * A flag given twice (`--world 2 ... --world 1`, or `--prune --no-prune`) is refused naming both (G10): one of
- * them would be dropped without a word.
- */
-function readFlagValues(
-  argv: readonly string[],
-  byFlag: ReadonlyMap<string, FlagSpec>,
-): { values: Map<string, FlagValue>; help: boolean } {
-  const values = new Map<string, FlagValue>();
-  const given = new Map<string, Array<{ from: number; to: number }>>(); // where each flag's words are in argv
-  let help = false;
-  const set = (flag: string, v: FlagValue, from: number, to: number) => {
-    given.set(flag, [...(given.get(flag) ?? []), { from, to }]);
-    values.set(flag, v);
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const at = i;
-    if (a === "--help" || a === "-h") {
-      help = true;
-      continue;
-    }
-    if (!a.startsWith("--"))
-      throw new UserError("G10", `unexpected argument ${JSON.stringify(a)}: flags start with -- (see --help)`);
-    let name = a.slice(2);
-    let inline: string | undefined;
-    const eq = name.indexOf("=");
-    if (eq >= 0) {
-      inline = name.slice(eq + 1);
-      name = name.slice(0, eq);
-    }
-    const spec = byFlag.get(name);
-    if (!spec && name.startsWith("no-")) {
-      const base = byFlag.get(name.slice(3));
-      if (base && base.kind === "bool" && base.negatable) {
-        if (inline !== undefined) throw new UserError("G10", `--${name} takes no value: pass --${name} alone`);
-        set(base.flag, false, at, at);
-        continue;
-      }
-    }
-    if (!spec)
-      throw new UserError(
-        "G10",
-        `unknown flag --${name} (see --help for the flags this trainer takes); the closest is --${closestName(name, [...byFlag.keys()])}`,
-      );
-    if (spec.kind === "bool") {
-      if (inline === undefined) {
-        set(spec.flag, true, at, at);
-        continue;
-      }
-      if (inline !== "true" && inline !== "false")
-        throw new UserError("G10", `--${name}=${inline}: use true or false, as in --${name}=true or --${name}=false`);
-      set(spec.flag, inline === "true", at, at);
-      continue;
-    }
-    const raw = inline ?? argv[++i];
-    set(spec.flag, flagValue(spec, name, raw), at, i);
-  }
-  const twice = [...given.values()].filter((r) => r.length > 1);
-  if (twice.length) throw repeatedFlag(argv, twice);
-  return { values, help };
-}
-
-/** A string or number flag's value as given (undefined: none came), checked against its kind and choices. */
-function flagValue(spec: FlagSpec, name: string, raw: string | undefined): FlagValue {
-  if (raw === undefined)
-    throw new UserError(
-      "G10",
-      `--${name} needs a value, as in --${name} ${shellWord(String(spec.def)) || "''"} (its default)`,
-    );
-  if (spec.kind !== "string") return parseNumber(spec, raw);
-  if (spec.choices && !spec.choices.includes(raw))
-    throw new UserError(
-      "G10",
-      `--${name} ${JSON.stringify(raw)} is not one of ${spec.choices.join(", ")}: pass --${name} ${spec.def} (its default) or another of them`,
-    );
-  return raw;
-}
-
-/** G10: a flag given more than once, named each time, with the command that gives each flag once: its last value,
- *  the one a shell script's override means. */
-function repeatedFlag(argv: readonly string[], twice: Array<Array<{ from: number; to: number }>>): UserError {
-  const words = (r: { from: number; to: number }) => argv.slice(r.from, r.to + 1).join(" ");
-  const list = (rs: Array<{ from: number; to: number }>) =>
-    `${rs.slice(0, -1).map(words).join(", ")} and ${words(rs[rs.length - 1])}`;
-  const dropped = twice.flatMap((rs) => rs.slice(0, -1));
-  const kept = argv.filter((_, i) => !dropped.some((r) => i >= r.from && i <= r.to));
-  return new UserError(
-    "G10",
-    `${list(twice[0])} set the same flag${twice.length > 1 ? ` (and ${twice.length - 1} more flag${twice.length > 2 ? "s" : ""} given twice)` : ""}: a flag is read once, and all but one would be dropped without a word. Give each once, as in node dist/main.js ${kept.map(shellWord).join(" ")}`,
-  );
-}
-
 /** Seed flags with no meaning here: refused when asked for, with the reason; then dropped from `values`. */
 function refuseTorchOnlyFlags(values: Map<string, FlagValue>): void {
+  const without = (flag: string, why: string): Fix => ({ ways: [{ changes: [[flag, null]], why }] });
   if (values.get("gc-nonreentrant") === true) {
     throw new UserError(
       "G10",
-      "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here. Drop it.",
+      "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here: run ",
+      without("--gc-nonreentrant", "without it"),
     );
   }
   if (values.get("torch-compile") === true) {
     throw new UserError(
       "G10",
-      "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here. Drop it.",
+      "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here: run ",
+      without("--torch-compile", "without it"),
     );
   }
   const attn = values.get("attn");
   if (attn !== undefined && attn !== "eager") {
     throw new UserError(
       "G10",
-      `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4). Use --attn eager or leave it out.`,
+      `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4): run `,
+      without("--attn", "eager, the one way"),
     );
   }
   for (const f of TORCH_ONLY) values.delete(f);
@@ -506,17 +468,18 @@ const RANGES: Readonly<Record<string, Range>> = {
 };
 
 /** The advice of a value refused by its range: the nearest value in range, else the default that applies. */
-function rangeFix(spec: FlagSpec, v: number, demo: boolean): string {
+function rangeFix(spec: FlagSpec, v: number, demo: boolean): Fix {
   const r = RANGES[spec.flag];
+  const flag = `--${spec.flag}`;
   const cands = Number.isFinite(v) && !Number.isInteger(v) && spec.kind === "int" ? [Math.floor(v), Math.ceil(v)] : [];
   const near = cands.filter((x) => r.ok(x));
-  if (near.length) return `pass ${near.map((x) => `--${spec.flag} ${x}`).join(" or ")}`;
+  if (near.length) return { ways: near.map((x) => ({ changes: [[flag, String(x)]] })) };
   const n = r.near?.(v);
-  if (n !== undefined && r.ok(n)) return `pass --${spec.flag} ${n} (the nearest allowed)`;
+  if (n !== undefined && r.ok(n)) return { ways: [{ changes: [[flag, String(n)]], why: "the nearest allowed" }] };
   const demoDef = demo ? (DEMO_DEFAULTS as Record<string, unknown>)[spec.key] : undefined;
   return typeof demoDef === "number"
-    ? `pass --${spec.flag} ${demoDef} (--demo's default)`
-    : `pass --${spec.flag} ${spec.def} (its default)`;
+    ? { ways: [{ changes: [[flag, String(demoDef)]], why: "--demo's default" }] }
+    : { ways: [{ changes: [[flag, String(spec.def)]], why: "its default" }] };
 }
 
 /** Range checks that need no data. Checks that need the mix or the plan live with them (D6, G1, K1). */
@@ -524,7 +487,7 @@ export function validate(c: RunConfig): RunConfig {
   for (const [flag, r] of Object.entries(RANGES)) {
     const spec = FLAGS.find((f) => f.flag === flag)!;
     const v = c[spec.key] as number;
-    if (!r.ok(v)) throw new UserError("G10", `--${flag}: ${v} ${r.says(v)}; ${rangeFix(spec, v, c.demo)}`);
+    if (!r.ok(v)) throw new UserError("G10", `--${flag}: ${v} ${r.says(v)}; run `, rangeFix(spec, v, c.demo));
   }
   c = { ...c, hosts: c.hosts ?? 1 };
   if (!(Number.isSafeInteger(c.hosts) && c.hosts >= 1))
@@ -544,11 +507,17 @@ export function validate(c: RunConfig): RunConfig {
   }
   if (c.hubUrl !== EMBEDDED_HUB) {
     const bad = hubUrlProblem(c.hubUrl);
-    if (bad)
-      throw new UserError(
-        "G10",
-        `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}${bad.startsWith("is not") ? `, or ${EMBEDDED_HUB} for the local Hub` : ""}`,
-      );
+    if (bad) {
+      const fixed = hubUrlFixed(c.hubUrl);
+      throw new UserError("G10", `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}: run `, {
+        ways: fixed
+          ? [{ changes: [["--hub-url", fixed]] }]
+          : [
+              { changes: [["--hub-url", DEFAULT_HUB_URL]], why: "the Hugging Face Hub" },
+              { changes: [["--hub-url", EMBEDDED_HUB]], why: "the local Hub" },
+            ],
+      });
+    }
   }
   if (isFile(c.root)) {
     throw new UserError(
@@ -559,23 +528,35 @@ export function validate(c: RunConfig): RunConfig {
   if (c.hubDir && c.hubUrl !== EMBEDDED_HUB) {
     throw new UserError(
       "B6",
-      `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`,
+      `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; run `,
+      {
+        ways: [
+          { changes: [["--hub-url", EMBEDDED_HUB]], why: "the embedded Hub, in --hub-dir" },
+          { changes: [["--hub-dir", null]], why: `the Hub at ${c.hubUrl}` },
+        ],
+      },
     );
   }
   refuseEngineMismatch(c);
   const gpus = parseGpuChoice(c.gpus);
   if (typeof gpus === "string")
-    throw new UserError("A13", `--gpus ${JSON.stringify(c.gpus)}: ${gpus}; pass e.g. --gpus 0,1, or leave it out`);
+    throw new UserError("A13", `--gpus ${JSON.stringify(c.gpus)}: ${gpus} (as in --gpus 0,1); run `, {
+      ways: [{ changes: [["--gpus", null]], why: "every GPU of the host" }],
+    });
   if (gpus.length > 0 && c.backend !== "webgpu")
-    throw new UserError(
-      "A13",
-      `--gpus chooses the devices of --backend webgpu, and --backend is ${c.backend}: add --backend webgpu, or drop --gpus`,
-    );
+    throw new UserError("A13", `--gpus chooses the devices of --backend webgpu, and --backend is ${c.backend}: run `, {
+      ways: [
+        { changes: [["--backend", "webgpu"]], why: "to use them" },
+        { changes: [["--gpus", null]], why: `without --gpus, on --backend ${c.backend}` },
+      ],
+    });
   if (c.dryRun && c.benchmark)
-    throw new UserError(
-      "G7",
-      `--dry-run and --benchmark exclude each other: pick one (--dry-run alone prints the plan; --benchmark ${c.benchmark} alone times ${c.benchmark} steps)`,
-    );
+    throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one: run ", {
+      ways: [
+        { changes: [["--benchmark", null]], why: "--dry-run alone prints the plan" },
+        { changes: [["--dry-run", false]], why: `--benchmark ${c.benchmark} alone times ${c.benchmark} steps` },
+      ],
+    });
   if (c.hubUrl !== EMBEDDED_HUB) c.hubUrl = canonicalHubUrl(c.hubUrl);
   return Object.freeze({ ...c });
 }
@@ -646,32 +627,53 @@ export function nativeChoice(c: RunConfig): { gemm: GemmChoice; isa: IsaChoice; 
  */
 function refuseEngineMismatch(c: RunConfig): void {
   const tfjsOrGpu = c.backend !== "auto" && c.backend !== "native";
+  const fp32 = { changes: [["--precision", null]], why: "fp32" } as const;
   if (c.precision === "bf16" && tfjsOrGpu)
     throw new UserError(
       "P8",
-      `--precision bf16 runs on the native engine's own GEMM, and --backend ${c.backend} computes in fp32 only: pass --backend native, or drop --precision bf16`,
+      `--precision bf16 runs on the native engine's own GEMM, and --backend ${c.backend} computes in fp32 only: run `,
+      { ways: [{ changes: [["--backend", "native"]], why: "bf16 on the native engine" }, fp32] },
     );
   if (c.precision === "bf16" && c.gemm !== "builtin")
-    throw new UserError(
-      "P8",
-      `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: pass --gemm builtin, or drop --precision bf16`,
-    );
+    throw new UserError("P8", `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: run `, {
+      ways: [
+        { changes: [["--gemm", null]], why: "bf16 on the built-in GEMM" },
+        { ...fp32, why: `fp32 on --gemm ${c.gemm}` },
+      ],
+    });
   if (c.gemm === "openblas" && c.isa !== "auto")
     throw new UserError(
       "P1",
-      `--isa ${c.isa} chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: pass --gemm builtin to use it, or --isa auto (the default) for OpenBLAS`,
+      `--isa ${c.isa} chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: run `,
+      {
+        ways: [
+          { changes: [["--gemm", null]], why: `the built-in GEMM, to use --isa ${c.isa}` },
+          { changes: [["--isa", null]], why: "OpenBLAS, without --isa" },
+        ],
+      },
     );
   if (c.webgpuFold !== "device" && c.backend !== "webgpu")
     throw new UserError(
       "A10",
-      `--webgpu-fold ${c.webgpuFold} chooses where the webgpu engine folds each micro-batch's gradient, and --backend ${c.backend} always folds on the host, so it would be ignored: pass --backend webgpu to use it, or drop --webgpu-fold`,
+      `--webgpu-fold ${c.webgpuFold} chooses where the webgpu engine folds each micro-batch's gradient, and --backend ${c.backend} always folds on the host, so it would be ignored: run `,
+      {
+        ways: [
+          { changes: [["--backend", "webgpu"]], why: "to use it" },
+          { changes: [["--webgpu-fold", null]], why: `without --webgpu-fold, on --backend ${c.backend}` },
+        ],
+      },
     );
   if (tfjsOrGpu && (c.isa !== "auto" || c.gemm !== "builtin")) {
-    const flag = c.isa !== "auto" ? `--isa ${c.isa}` : `--gemm ${c.gemm}`;
-    const back = c.isa !== "auto" ? "--isa auto" : "--gemm builtin";
+    const flag = c.isa !== "auto" ? "--isa" : "--gemm";
     throw new UserError(
       "P1",
-      `${flag} chooses the native engine's matrix products, and --backend ${c.backend} does not run that engine, so it would be ignored: pass --backend native to use it, or ${back} (the default) for --backend ${c.backend}`,
+      `${flag} ${c.isa !== "auto" ? c.isa : c.gemm} chooses the native engine's matrix products, and --backend ${c.backend} does not run that engine, so it would be ignored: run `,
+      {
+        ways: [
+          { changes: [["--backend", "native"]], why: "to use it" },
+          { changes: [[flag, null]], why: `the default, for --backend ${c.backend}` },
+        ],
+      },
     );
   }
 }
@@ -687,14 +689,22 @@ export interface StepPlan {
 }
 
 /** `fit`: the flags that make this run fit its mix (data/budget.ts fitToMix), for the P5 refusal's advice. */
-export function planSteps(c: RunConfig, fit: string | null = null): StepPlan {
+export function planSteps(c: RunConfig, fit: readonly FlagChange[] | null = null): StepPlan {
   const seqsPerStep = c.microBatch * c.world * c.hosts * c.accum; // A9: every rank of every process
   const tokensPerStep = seqsPerStep * c.seqLen;
   const stepsPlanned = c.maxSteps || Math.floor(c.tokens / tokensPerStep);
   if (stepsPlanned < 1) {
+    const geometry = fit?.some(([f]) => ["--seq-len", "--micro-batch", "--accum"].includes(f));
     throw new UserError(
       "P5",
-      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): ${fit && /--(seq-len|micro-batch|accum) /.test(fit) ? `run the same command with ${fit}` : `pass --tokens ${tokensPerStep} (one step) or more`}`,
+      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): run `,
+      {
+        ways: [
+          fit && geometry
+            ? { changes: fit, why: "what the mix holds" }
+            : { changes: [["--tokens", String(tokensPerStep)]], why: "one step; more works too" },
+        ],
+      },
     );
   }
   const ckptEvery = c.pushEverySteps || Math.max(1, Math.floor(stepsPlanned / 10));

@@ -99,10 +99,10 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     const v = a.value();
     const n = Number(v);
     if (v.trim() === "" || !Number.isFinite(n))
-      throw new UserError(
-        "G11",
-        `${a.flag} ${JSON.stringify(v)} is not a number: pass ${a.flag} ${NUMBER_DEFAULTS[a.flag]} (its default)\n${USAGE}`,
-      );
+      throw new UserError("G11", `${a.flag} ${JSON.stringify(v)} is not a number: run `, {
+        ways: [{ changes: [[a.flag, String(NUMBER_DEFAULTS[a.flag])]], why: "its default" }],
+        after: `\n${USAGE}`,
+      });
     return n;
   };
   const flags: FlagTable<CliArgs> = {
@@ -131,10 +131,9 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
     "--backend": (o, a) => {
       const b = a.value();
       if (!["auto", "native", "wasm", "cpu", "tensorflow"].includes(b))
-        throw new UserError(
-          "G11",
-          `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow: pass --backend auto (the default)`,
-        );
+        throw new UserError("G11", `--backend ${b} is not one of auto, native, wasm, cpu, tensorflow: run `, {
+          ways: [{ changes: [["--backend", "auto"]], why: "the default" }],
+        });
       o.backend = b as BackendName;
     },
     "--tokenizer": (o, a) => {
@@ -153,7 +152,14 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   if (
     parseFlags(argv, o, flags, {
       value(flag, v) {
-        if (v === undefined) throw new UserError("G11", `${flag} needs a value\n${USAGE}`);
+        if (v === undefined) {
+          const dflt = flag === "--backend" ? "auto" : NUMBER_DEFAULTS[flag];
+          if (dflt === undefined) throw new UserError("G11", `${flag} needs a value\n${USAGE}`);
+          throw new UserError("G11", `${flag} needs a value: run `, {
+            ways: [{ changes: [[flag, String(dflt)]], why: "its default" }],
+            after: `\n${USAGE}`,
+          });
+        }
         return v;
       },
       unknown: (a) => new UserError("G11", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
@@ -169,10 +175,9 @@ export function parseGenerateArgs(argv: string[]): CliArgs | null {
   if (!o.model || !havePrompt) throw new UserError("G11", `generate needs --model and --prompt\n${USAGE}`);
   checkSampling(o);
   if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1)
-    throw new UserError(
-      "G11",
-      `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1: pass --max-new-tokens ${o.maxNewTokens >= 1 ? Math.floor(o.maxNewTokens) : 1}`,
-    );
+    throw new UserError("G11", `--max-new-tokens ${o.maxNewTokens} must be a whole number >= 1: run `, {
+      ways: [{ changes: [["--max-new-tokens", String(o.maxNewTokens >= 1 ? Math.floor(o.maxNewTokens) : 1)]] }],
+    });
   return o;
 }
 
@@ -236,6 +241,12 @@ async function modelAdvice(e: unknown, u: HfUrl, hubUrl: string, argv: readonly 
   return "check the path, --hub-url and HF_TOKEN";
 }
 
+/** A refusal whose advice changes the command line, with each way written as this command changed (G11). */
+function adviceAsCommands(e: { message: string }): { message: string } {
+  const argv = process.argv.slice(2);
+  return e instanceof UserError ? e.withCommands((ch) => commandWith(["node", "dist/generate.js"], argv, ...ch)) : e;
+}
+
 async function main(): Promise<void> {
   guardOutput("the generation goes on"); // O7: `| head -c 10` ends no generation
   let tmp: string | null = null;
@@ -264,7 +275,7 @@ async function main(): Promise<void> {
   } catch (caught) {
     const e = fsRefusal(caught, "O6") ?? caught; // O6: a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
-      process.stderr.write(`generate: ${(e as Error).message}\n`);
+      process.stderr.write(`generate: ${adviceAsCommands(e).message}\n`);
       process.exitCode = 2;
     } else {
       process.stderr.write(`generate: internal error (a bug, please report): ${(e as Error)?.stack ?? String(e)}\n`);

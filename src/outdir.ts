@@ -61,12 +61,7 @@ export function checkOutWritable(out: string): void {
     if (errno(e) !== "ENOENT")
       throw new UserError("O1", `--out ${abs} cannot be used: ${whyNot(e)}. Choose another --out`);
   }
-  if (st && !st.isDirectory()) {
-    throw new UserError(
-      "O1",
-      `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out (e.g. --out ${abs}.run)`,
-    );
-  }
+  if (st && !st.isDirectory()) throw outIsAFile(abs);
   if (!st) {
     try {
       fs.mkdirSync(abs, { recursive: true });
@@ -87,6 +82,21 @@ export function checkOutWritable(out: string): void {
   }
 }
 
+/** O1: --out names a file; the folder beside it (`<out>.run`) is advised where nothing but a folder is there. */
+function outIsAFile(abs: string): UserError {
+  const beside = `${abs}.run`;
+  const what = `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out`;
+  let free = true;
+  try {
+    free = fs.statSync(beside).isDirectory() && fs.readdirSync(beside).length === 0;
+  } catch {
+    free = true; // nothing there yet
+  }
+  return free
+    ? new UserError("O1", `${what}: run `, { ways: [{ changes: [["--out", beside]], why: "a folder beside it" }] })
+    : new UserError("O1", what);
+}
+
 /** The path itself, or its nearest parent that exists: what holds it once it is created. */
 function nearestExisting(abs: string): string {
   let q = abs;
@@ -102,12 +112,12 @@ export function checkOutUsable(out: string): void {
   const abs = path.resolve(out);
   const at = nearestExisting(abs);
   if (!fs.statSync(at).isDirectory())
-    throw new UserError(
-      "O1",
-      at === abs
-        ? `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out (e.g. --out ${abs}.run)`
-        : `--out ${abs} cannot be created: ${at} is a file, not a folder (ENOTDIR). Choose a writable place for --out`,
-    );
+    throw at === abs
+      ? outIsAFile(abs)
+      : new UserError(
+          "O1",
+          `--out ${abs} cannot be created: ${at} is a file, not a folder (ENOTDIR). Choose a writable place for --out`,
+        );
   try {
     fs.accessSync(at, fs.constants.W_OK);
   } catch (e) {

@@ -8,7 +8,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { guardOutput } from "./pipes";
-import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags, shellWord } from "./cli-args";
+import { type CliSyntax, commandWith, type FlagArgs, type FlagTable, parseFlags, shellWord } from "./cli-args";
 import { removeScratchNow } from "./data/prepare-scratch";
 import { DEFAULT_HUB_URL } from "./hub/address";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
@@ -39,20 +39,22 @@ const PREPARE_SYNTAX: CliSyntax = {
 };
 
 /** The number flags' defaults, which a value that is no number is told to pass instead (--workers: one thread). */
-const NUMBER_ADVICE: Readonly<Record<string, string>> = {
-  "--val-fraction": `${DEFAULT_VAL_FRACTION} (its default)`,
-  "--shard-tokens": `${DEFAULT_SHARD_TOKENS} (its default)`,
-  "--workers": "1 (one thread; its default is the CPU count, at most 8)",
+const NUMBER_ADVICE: Readonly<Record<string, [value: string, why: string]>> = {
+  "--val-fraction": [String(DEFAULT_VAL_FRACTION), "its default"],
+  "--shard-tokens": [String(DEFAULT_SHARD_TOKENS), "its default"],
+  "--workers": ["1", "one thread; its default is the CPU count, at most 8"],
 };
 
 function num(a: FlagArgs): number {
   const v = a.value();
   const n = Number(v.replace(/_/g, ""));
-  if (!Number.isFinite(n))
-    throw new UserError(
-      "D2",
-      `${a.flag} ${JSON.stringify(v)} is not a number: pass ${a.flag} ${NUMBER_ADVICE[a.flag]}\n${USAGE}`,
-    );
+  if (!Number.isFinite(n)) {
+    const [value, why] = NUMBER_ADVICE[a.flag];
+    throw new UserError("D2", `${a.flag} ${JSON.stringify(v)} is not a number: run `, {
+      ways: [{ changes: [[a.flag, value]], why }],
+      after: `\n${USAGE}`,
+    });
+  }
   return n;
 }
 
@@ -123,7 +125,11 @@ async function main(): Promise<void> {
   } catch (caught) {
     const e = fsRefusal(caught, "O6") ?? caught; // a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
-      process.stderr.write(`prepare: ${e.message}\n`);
+      // advice that changes the command line: the whole command that does it
+      const argv = process.argv.slice(2);
+      const said =
+        e instanceof UserError ? e.withCommands((ch) => commandWith(["node", "dist/prepare.js"], argv, ...ch)) : e;
+      process.stderr.write(`prepare: ${said.message}\n`);
       process.exitCode = 2;
     } else {
       process.stderr.write(`prepare: internal error (a bug, please report): ${(e as Error)?.stack ?? String(e)}\n`);

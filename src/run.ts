@@ -24,7 +24,7 @@ import { activationPlan } from "./model/llama";
 import { checkEngineRequest, webgpuRanks } from "./model/backend";
 import { bf16Support } from "./model/engine/native";
 import { BF16_EMULATION_SPEED, VDPBF16PS_RATES, type Vdpbf16Rate, vdpbf16Rate } from "./model/engine/bench-rates";
-import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
+import { initMpi, launcherSize, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
 import { dropUnreadOutput, sigkillWarning, unblockStdout } from "./mpi/output";
 import { DistLink } from "./session/dist";
 import {
@@ -75,6 +75,8 @@ export async function runSession(
   // G12: where each setting came from (parseArgs's origins), for the start line
   origins: ReadonlyMap<string, string> = new Map(),
 ): Promise<RunResult> {
+  const job = launcherSize();
+  if (job && cfg.dist !== "mpi") setLauncher(launchPrefix(job.size)); // A9's advice: the job, relaunched
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // K5: a malformed HF_TOKEN fails every Hub request; refused now, with what works for this Hub
   if (cfg.hubRepo !== "")

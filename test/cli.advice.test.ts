@@ -8,12 +8,12 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
-import { assertRefused, node, runAdvised, tinyModel } from "./helpers/cli";
+import { advisedCommands, assertAdviceRuns, assertRefused, node, runAdvised, tinyModel } from "./helpers/cli";
 import { adviceAfter } from "./helpers/survive";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
-import { FLAGS, parseArgs } from "../src/config";
+import { parseArgs } from "../src/config";
 import { bf16Support, loadNative, supportedIsas } from "../src/model/engine/native";
 import { BF16_EMULATION_SPEED } from "../src/model/engine/bench-rates";
 import { firstSignal, setPhase } from "../src/session/stop";
@@ -25,17 +25,6 @@ const ROOT = path.join(__dirname, "..", "..");
 /** The tiny run's dry run on the synthetic mix, with `extra` set (a flag given again replaces the tiny run's). */
 const dry = (out: string, extra: string[] = []) =>
   tinyRun(mix.root, out, ["--vocab-size", "64", "--dry-run", ...extra]);
-
-/** Every `--flag value` (or bare `--flag`) in a piece of advice. */
-function flagsIn(advice: string): string[] {
-  const out: string[] = [];
-  for (const m of advice.matchAll(/(--[a-z][a-z0-9-]*)(?: ([^\s,;()]+))?/g)) {
-    const spec = FLAGS.find((f) => f.flag === m[1].slice(2));
-    if (spec && spec.kind !== "bool" && m[2] !== undefined) out.push(m[1], m[2]);
-    else out.push(m[1]);
-  }
-  return out;
-}
 
 /** A folder's files, each with its size and modification time: what "adds nothing, changes nothing" compares. */
 function snapshot(dir: string): string[] {
@@ -99,33 +88,37 @@ test("a resume with another --seed or --data-seed is refused before any training
   }
 });
 
-test("a resume with another --seq-len or horizon is refused naming the run's value as a flag, and that flag resumes (C3, P5)", {
+test("a resume with another --seq-len or horizon is refused with the command that gives the run's value, and it resumes (C3, P5)", {
   timeout: 600_000,
 }, () => {
   const out = tmpDir("tstrain-plan-resume-");
   const first = node("main.js", tinyRun(mix.root, out, ["--vocab-size", "64", "--stop-after-steps", "4"]));
   assert.equal(first.status, 0, first.stderr);
+  const pristine = tmpDir("tstrain-plan-resume-pristine-");
+  fs.cpSync(out, pristine, { recursive: true });
   const ck4 = path.join(out, "ckpt", "checkpoint-4");
-  const cases: Array<[extra: string[], refusal: RegExp]> = [
+  const cases: Array<[extra: string[], refusal: RegExp, fix: string]> = [
     [
       ["--seq-len", "32"],
-      /^refused: resume refused: \S+ cursor seq_len=16 != current 32; .*: resume with (--seq-len 16), the run's \[C3\]$/m,
+      /^refused: resume refused: \S+ cursor seq_len=16 != current 32; .*: run node dist\/main\.js .* \(the run's\) \[C3\]$/m,
+      "--seq-len 16",
     ],
     [
       ["--max-steps", "12"],
-      /^refused: resume refused: the checkpoint's horizon is 8 steps but this plan has 12; .*Resume with (--max-steps 8) \(the checkpoint's horizon\) \[P5\]$/m,
+      /^refused: resume refused: the checkpoint's horizon is 8 steps but this plan has 12; .*: run node dist\/main\.js .* \(the checkpoint's horizon\) \[P5\]$/m,
+      "--max-steps 8",
     ],
   ];
-  for (const [extra, refusal] of cases) {
+  for (const [extra, refusal, fix] of cases) {
+    fs.rmSync(out, { recursive: true, force: true });
+    fs.cpSync(pristine, out, { recursive: true });
     const bad = node("main.js", tinyRun(mix.root, out, ["--vocab-size", "64", "--resume", ck4, ...extra]));
     assertRefused(bad, refusal);
-    const fix = refusal.exec(bad.stderr)?.[1] ?? "";
-    const copy = tmpDir("tstrain-plan-resume-copy-");
-    fs.cpSync(out, copy, { recursive: true });
-    const resume = ["--vocab-size", "64", "--resume", path.join(copy, "ckpt", "checkpoint-4")];
-    const ok = node("main.js", tinyRun(mix.root, copy, [...resume, ...extra, ...flagsIn(fix)]));
-    assert.equal(ok.status, 0, `${extra.join(" ")} -> ${fix}: ${ok.stderr}`);
-    assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
+    // the advice, run as printed: this command with the run's value, resuming in this --out
+    const [cmd] = advisedCommands(bad.stderr);
+    assert.ok(cmd.endsWith(` --resume ${ck4} ${fix}`) || cmd.endsWith(fix), cmd);
+    const [ran] = assertAdviceRuns(bad.stderr);
+    assert.match(ran.stdout, /resume from \S+checkpoint-4: step 4/);
   }
 });
 
@@ -177,12 +170,25 @@ test("--demo --root on a prepared mix trains the demo's model on that mix and ad
   const bad = node("main.js", ["--demo", "--root", mine, "--out", path.join(mine, "run"), "--dry-run"], env);
   assertRefused(
     bad,
-    /^refused: --demo --root \S+: the folder holds 1 entry \(notes\.txt\) but neither a prepared mix \(manifest\.json\) nor the demo's data \(demo\.json\), and --demo would write its data among them\. Pass --root (\S+demo-data) for a new folder of the demo's own \[D1\]$/m,
+    /^refused: --demo --root \S+: the folder holds 1 entry \(notes\.txt\) but neither a prepared mix \(manifest\.json\) nor the demo's data \(demo\.json\), and --demo would write its data among them\. Run node dist\/main\.js --demo --out \S+ --dry-run --root \S+demo-data \(a new folder of the demo's own\) \[D1\]$/m,
   );
-  const root = / Pass --root (\S+) for a new folder/.exec(bad.stderr)?.[1] ?? "";
-  const ok = node("main.js", ["--demo", "--root", root, "--out", path.join(mine, "run"), "--dry-run"], env);
-  assert.equal(ok.status, 0, ok.stderr);
+  assertAdviceRuns(bad.stderr, { env });
   assert.deepEqual(fs.readdirSync(mine), ["notes.txt"], "nothing written among the user's files");
+  // a folder that holds a prepared mix one level down: the advice names it too, and it plans on that mix
+  const above = tmpDir("tstrain-demo-above-");
+  fs.writeFileSync(path.join(above, "notes.txt"), "mine");
+  fs.cpSync(own.root, path.join(above, "corpus"), { recursive: true });
+  const nested = node(
+    "main.js",
+    ["--demo", "--root", above, "--out", path.join(above, "run"), "--world", "1", "--max-steps", "2", "--dry-run"],
+    env,
+  );
+  assertRefused(
+    nested,
+    /Run node dist\/main\.js .*--root \S+corpus \(the demo's model on the mix there\), or .* \[D1\]$/m,
+  );
+  const ran = assertAdviceRuns(nested.stderr, { env, min: 2 });
+  assert.match(ran[0].stdout, /holds a prepared mix: the demo's model trains on it/);
 });
 
 test("--isa amx or avx512bf16 in fp32 is refused with the fixes the CPU runs, here and on a played AVX-512 and AVX2-only CPU; every command it advises runs there (P8, P1)", {
@@ -208,21 +214,16 @@ test("--isa amx or avx512bf16 in fp32 is refused with the fixes the CPU runs, he
       assertRefused(
         bad,
         new RegExp(
-          `^refused: --isa ${isa} is a bf16 kernel \\(.*\\), and this run computes in fp32.*: pass --isa \\w+ for fp32 products.* \\[P8\\]$`,
+          `^refused: --isa ${isa} is a bf16 kernel \\(.*\\), and this run computes in fp32.*: run node dist/main\\.js .* --isa \\w+ \\(fp32 products\\).* \\[P8\\]$`,
           "m",
         ),
       );
       assert.deepEqual(fs.readdirSync(out), [], "nothing written");
-      // the advice: each alternative, run on the same CPU
-      const advice = /fp32.*?: (pass --isa .*) \[P8\]$/m.exec(bad.stderr)?.[1] ?? "";
+      // the advice: each alternative, run as printed on the same CPU
       if (played === "avx2,portable")
-        assert.doesNotMatch(advice, /avx512|--precision bf16/, `${name}: nothing it cannot run`);
-      const ways = advice.split(", or ");
-      assert.ok(ways.length >= 1, bad.stderr);
-      for (const way of ways) {
-        const r = node("main.js", dry(out, ["--isa", isa, ...flagsIn(way)]), env);
-        assert.equal(r.status, 0, `${name}, --isa ${isa}, ${way}: ${r.stderr}`);
-      }
+        for (const cmd of advisedCommands(bad.stderr))
+          assert.doesNotMatch(cmd, /avx512|--precision bf16/, `${name}: nothing it cannot run`);
+      assertAdviceRuns(bad.stderr, { env });
     }
   }
 });
@@ -258,18 +259,21 @@ test("--precision bf16 where neither AMX nor VDPBF16PS runs says at start, also 
 test("a --hidden that splits into no heads of even width advises the nearest widths that pass every rule, and both run (M2)", {
   timeout: 300_000,
 }, () => {
-  for (const [h, want] of [
-    ["100", "try --hidden 90 or --hidden 108"],
-    ["99", "try --hidden 90 or --hidden 108"],
-    ["20", "try --hidden 36, the narrowest width there is"],
-  ]) {
+  for (const [h, widths] of [
+    ["100", ["90", "108"]],
+    ["99", ["90", "108"]],
+    ["20", ["36"]],
+  ] as const) {
     const out = tmpDir("tstrain-hidden-");
     const bad = node("main.js", dry(out, ["--hidden", h]));
-    assertRefused(bad, new RegExp(`^refused: --hidden ${h} .*; ${want} \\[M2\\]$`, "m"));
-    for (const w of [...bad.stderr.matchAll(/--hidden (\d+)/g)].map((m) => m[1]).filter((w) => w !== h)) {
-      const ok = node("main.js", dry(out, ["--hidden", w]));
-      assert.equal(ok.status, 0, `--hidden ${w}: ${ok.stderr}`);
-    }
+    assertRefused(bad, new RegExp(`^refused: --hidden ${h} .*; run node dist/main\\.js .* \\[M2\\]$`, "m"));
+    assert.deepEqual(
+      advisedCommands(bad.stderr).map((c) => /--hidden (\d+)$/.exec(c)?.[1]),
+      widths,
+      "the nearest widths, each as the command that gives it",
+    );
+    if (widths.length === 1) assert.match(bad.stderr, / \(the narrowest width there is\) \[M2\]$/m);
+    assertAdviceRuns(bad.stderr);
   }
 });
 
@@ -279,26 +283,26 @@ test("a plan the mix cannot hold (a step larger than the mix, a window longer th
   const cases: Array<[extra: string[], refusal: RegExp]> = [
     [
       ["--micro-batch", "100000"],
-      /^refused: dataset too small for the plan: .*the epoch never wraps: run the same command with (--.*) \[D6\]$/m,
+      /^refused: dataset too small for the plan: .*the epoch never wraps: run node dist\/main\.js .* --micro-batch \d+ .*\(what the mix holds\) \[D6\]$/m,
     ],
     [
       ["--seq-len", "100000", "--max-steps", "3"],
-      /^refused: .*no full window of seq_len 100000: run the same command with (--.*) \[D4\]$/m,
+      /^refused: .*no full window of seq_len 100000: run node dist\/main\.js .* --seq-len \d+ .*\(what the mix holds\) \[D4\]$/m,
     ],
-    [["--max-steps", "100000"], /^refused: dataset too small .*: run the same command with (--max-steps \d+) \[D6\]$/m],
+    [
+      ["--max-steps", "100000"],
+      /^refused: dataset too small .*: run node dist\/main\.js .* --max-steps \d+ \(what the mix holds\) \[D6\]$/m,
+    ],
     [
       ["--max-steps", "0", "--tokens", "10"],
-      /^refused: --tokens 10 is less than one step of 32 tokens .*: pass (--tokens 32) \(one step\) or more \[P5\]$/m,
+      /^refused: --tokens 10 is less than one step of 32 tokens .*: run node dist\/main\.js .* --tokens 32 \(one step; more works too\) \[P5\]$/m,
     ],
   ];
   for (const [extra, refusal] of cases) {
     const out = tmpDir("tstrain-fit-");
     const bad = node("main.js", dry(out, extra));
     assertRefused(bad, refusal);
-    const fix = refusal.exec(bad.stderr)?.[1] ?? "";
-    assert.doesNotMatch(fix, /--tokens\/|lower/, "a command, not a hint");
-    const ok = node("main.js", dry(out, [...extra, ...flagsIn(fix)]));
-    assert.equal(ok.status, 0, `${extra.join(" ")} + ${fix}: ${ok.stderr}`);
+    assertAdviceRuns(bad.stderr);
   }
 });
 
@@ -309,10 +313,9 @@ test("a --vocab-size below the mix tokenizer's ids advises a --vocab-size that h
   const bad = node("main.js", dry(out, ["--vocab-size", "10"]));
   assertRefused(
     bad,
-    /^refused: the mix's tokenizer has 64 ids but the model's vocabulary is 10 \(--vocab-size 10\): .*Pass --vocab-size 64 .*, or rebuild the mix with a tokenizer of at most 10 ids \[D1\]$/m,
+    /^refused: the mix's tokenizer has 64 ids but the model's vocabulary is 10 \(--vocab-size 10\): .*Run node dist\/main\.js .* --vocab-size 64 \(.*\), or rebuild the mix with a tokenizer of at most 10 ids \[D1\]$/m,
   );
-  const ok = node("main.js", dry(out, flagsIn(/Pass (--vocab-size \d+)/.exec(bad.stderr)?.[1] ?? "")));
-  assert.equal(ok.status, 0, ok.stderr);
+  assertAdviceRuns(bad.stderr);
 });
 
 test("a config file's dotted key, inline table or [table] is told the lines to write, only where the file has what it names; written, the run takes them (G12)", {
@@ -410,22 +413,127 @@ test("every range refusal of a number flag, and a value that is no number, no wh
     assertRefused(
       r,
       new RegExp(
-        `^refused: ${bad[0]}[: ].*[:;] pass (${bad[0]} \\S+)( or ${bad[0]} \\S+)?( \\(.*\\))? \\[G10\\]$`,
+        `^refused: ${bad[0]}[: ].*[:;] run node dist/main\\.js .* ${bad[0]} \\S+( \\(.*\\))?(, or node dist/main\\.js .* ${bad[0]} \\S+)? \\[G10\\]$`,
         "m",
       ),
     );
-    const ways = [...r.stderr.matchAll(new RegExp(`(${bad[0]}) (-?[0-9.e]+)`, "g"))]
-      .map((m) => [m[1], m[2]])
-      .filter(([, v]) => v !== bad[1]);
-    assert.ok(ways.length > 0, r.stderr);
-    for (const way of ways) {
-      const ok = node("main.js", dry(out, [...state, ...way]));
-      assert.equal(ok.status, 0, `${bad.join(" ")} -> ${way.join(" ")}: ${ok.stderr}`);
+    // each command it gives: the one run, its value replaced, nothing else changed, run as printed
+    for (const cmd of advisedCommands(r.stderr)) {
+      assert.ok(!` ${cmd} `.includes(` ${bad[0]} ${bad[1]} `), `the refused value is gone: ${cmd}`);
+      assert.equal(cmd.split(" ").length, 2 + dry(out, [...state, ...bad]).length, `one value changed: ${cmd}`);
     }
+    assertAdviceRuns(r.stderr);
   }
   const big = node("main.js", dry(tmpDir("tstrain-range-big-"), ["--max-steps", "1e30"]));
   assert.match(big.stderr, /--max-steps 1e30 is too large: a whole number is counted exactly up to 9007199254740991/);
   assert.doesNotMatch(big.stderr, /must be a whole number/);
+});
+
+test("every refusal of a flag's words or of flags that exclude each other gives whole commands, each with one change made, and each runs as printed (G10, G7, B6, A13, P8, O1)", {
+  timeout: 900_000,
+}, () => {
+  const hubDir = path.join(tmpDir("tstrain-words-hub-"), "hub");
+  const cases: Array<[extra: string[], refusal: RegExp, ways: RegExp[]]> = [
+    [["--no-grad-ckpt=1"], /^refused: --no-grad-ckpt takes no value: run .* \[G10\]$/m, [/ --no-grad-ckpt$/]],
+    [
+      ["--prune=maybe"],
+      /^refused: --prune=maybe: a switch is on or off: .* \[G10\]$/m,
+      [/ --prune$/, / --prune=false$/],
+    ],
+    [["--backend", "metal"], /^refused: --backend "metal" is not one of .* \[G10\]$/m, [/ --backend auto$/]],
+    [["--gc-nonreentrant"], /no meaning here: run .* \(without it\) \[G10\]$/m, [/--vocab-size 64 --dry-run$/]],
+    [["--torch-compile"], /no meaning here: run .* \(without it\) \[G10\]$/m, [/--vocab-size 64 --dry-run$/]],
+    [["--attn", "sdpa"], / \(eager, the one way\) \[G10\]$/m, [/--vocab-size 64 --dry-run$/]],
+    [
+      ["--hub-dir", hubDir, "--hub-url", "https://huggingface.co"],
+      /^refused: --hub-dir \S+ is the folder of the embedded local Hub, .* \[B6\]$/m,
+      [/ --hub-url embedded$/, /--hub-url https:\/\/huggingface\.co$/],
+    ],
+    [["--gpus", "x"], /^refused: --gpus "x": .* \(every GPU of the host\) \[A13\]$/m, [/--vocab-size 64 --dry-run$/]],
+    [
+      ["--gpus", "0"],
+      /^refused: --gpus chooses the devices of --backend webgpu.* \[A13\]$/m,
+      [/ --gpus 0 --backend webgpu$/, /--vocab-size 64 --dry-run$/],
+    ],
+    [
+      ["--benchmark", "2"],
+      /^refused: --dry-run and --benchmark exclude each other: pick one: .* \[G7\]$/m,
+      [/--vocab-size 64 --dry-run$/, / --benchmark 2$/],
+    ],
+    [
+      ["--precision", "bf16", "--backend", "wasm"],
+      /^refused: --precision bf16 runs on the native engine's own GEMM, .* \[P8\]$/m,
+      [/ --precision bf16 --backend native$/, / --backend wasm$/],
+    ],
+    [
+      ["--precision", "bf16", "--gemm", "openblas"],
+      /^refused: --precision bf16 runs on the built-in GEMM, not --gemm openblas: .* \[P8\]$/m,
+      [/ --precision bf16$/, / --gemm openblas$/],
+    ],
+  ];
+  for (const [extra, refusal, ways] of cases) {
+    const out = tmpDir("tstrain-words-");
+    const bad = node("main.js", dry(out, extra));
+    assertRefused(bad, refusal);
+    const cmds = advisedCommands(bad.stderr);
+    assert.equal(cmds.length, ways.length, bad.stderr);
+    for (const [i, c] of cmds.entries()) assert.match(c, ways[i], `the change: ${bad.stderr}`);
+    assertAdviceRuns(bad.stderr, { min: ways.length });
+  }
+  // a flag without its value, last on the line: its default
+  const bare = node("main.js", [...dry(tmpDir("tstrain-words-bare-")), "--accum"]);
+  assertRefused(
+    bare,
+    /^refused: --accum needs a value: run node dist\/main\.js .* --accum 32 \(its default\) \[G10\]$/m,
+  );
+  assertAdviceRuns(bare.stderr);
+  // --out names a file: the folder beside it
+  const file = path.join(tmpDir("tstrain-words-file-"), "run");
+  fs.writeFileSync(file, "mine");
+  const onFile = node("main.js", tinyRun(mix.root, file, ["--vocab-size", "64", "--max-steps", "4"]));
+  assertRefused(
+    onFile,
+    /^refused: --out \S+ is a file, not a folder; .* --out \S+run\.run \(a folder beside it\) \[O1\]$/m,
+  );
+  assertAdviceRuns(onFile.stderr);
+  assert.equal(fs.readFileSync(file, "utf8"), "mine", "the file is left as it was");
+});
+
+test("a shard that holds a token id outside the model's vocabulary is told the --vocab-size that holds it, and that runs (D1)", {
+  timeout: 300_000,
+}, () => {
+  // the manifest says 32 ids, the shards hold ids up to 63: a model of 40 passes the manifest's check, not the shards'
+  const own = writeSyntheticMix({ vocab: 64, trainTokens: 64 * 1024, valTokens: 4096 });
+  const mf = path.join(own.root, "manifest.json");
+  fs.writeFileSync(mf, JSON.stringify({ ...JSON.parse(fs.readFileSync(mf, "utf8")), vocab_size: 32 }));
+  const out = tmpDir("tstrain-vocab-ids-");
+  const bad = node("main.js", tinyRun(own.root, out, ["--vocab-size", "40", "--dry-run"]));
+  assertRefused(
+    bad,
+    /^refused: shard \S+ holds token id (\d+), outside the model's vocabulary \[0, 40\) .*Rebuild the mix with node dist\/prepare\.js, or run node dist\/main\.js .* --vocab-size \d+ \(if the ids are meant; a larger one works too\) \[D1\]$/m,
+  );
+  const id = Number(/holds token id (\d+)/.exec(bad.stderr)?.[1]);
+  assert.ok(
+    advisedCommands(bad.stderr)[0].endsWith(` --vocab-size ${id + 1}`),
+    "the smallest vocabulary that holds it",
+  );
+  assertAdviceRuns(bad.stderr);
+});
+
+test("--gemm openblas where no BLAS loads is refused with the commands that do without it: the built-in GEMM, or tfjs-wasm; each runs (P1)", {
+  timeout: 300_000,
+}, (t) => {
+  if ("reason" in loadNative()) return t.skip("no native addon: the P1 refusal names the build instead");
+  const env = { ...process.env, TSTRAIN_BLAS: "/nonexistent/libopenblas-missing.so.0" };
+  const bad = node("main.js", dry(tmpDir("tstrain-no-blas-"), ["--gemm", "openblas"]), env);
+  assertRefused(
+    bad,
+    /^refused: --gemm openblas is not available: no BLAS found .*; fix: apt-get install libopenblas0-pthread .*, or run node dist\/main\.js .* \(the built-in GEMM\), or node dist\/main\.js .* --backend wasm \(tfjs-wasm, slower\) \[P1\]$/m,
+  );
+  const [builtin, wasm] = advisedCommands(bad.stderr);
+  assert.doesNotMatch(builtin, /--gemm/);
+  assert.doesNotMatch(wasm, /--gemm/, "--gemm openblas with a tfjs backend would be refused (P1): dropped too");
+  assertAdviceRuns(bad.stderr, { env, min: 2 });
 });
 
 test("a flag given twice is refused naming both, with the command that gives it once; that command runs and takes the later value (G10)", {
@@ -453,30 +561,33 @@ test("--isa or --gemm with a backend that does not run the native engine, or --i
   const blas = node("main.js", dry(tmpDir("tstrain-isa-openblas-"), ["--gemm", "openblas", "--isa", "avx2"]));
   assertRefused(
     blas,
-    /^refused: --isa avx2 chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: pass --gemm builtin to use it, or --isa auto \(the default\) for OpenBLAS \[P1\]$/m,
+    /^refused: --isa avx2 chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: run node dist\/main\.js .*--isa avx2 \(the built-in GEMM, to use --isa avx2\), or node dist\/main\.js .*--gemm openblas \(OpenBLAS, without --isa\) \[P1\]$/m,
   );
-  const builtin = node("main.js", dry(tmpDir("tstrain-isa-builtin-"), ["--gemm", "builtin", "--isa", "avx2"]));
-  if (supportedIsas().includes("avx2")) assert.equal(builtin.status, 0, builtin.stderr);
+  const [builtin, openblas] = advisedCommands(blas.stderr);
+  assert.doesNotMatch(builtin, /--gemm/, builtin);
+  assert.doesNotMatch(openblas, /--isa/, openblas);
+  if (supportedIsas().includes("avx2") && !("reason" in loadNative({ gemm: "openblas", isa: "auto" })))
+    assertAdviceRuns(blas.stderr, { min: 2 });
   for (const [flags, backend] of [
     [["--isa", "avx2"], "wasm"],
     [["--gemm", "openblas"], "cpu"],
+    // --gpus names devices of --backend webgpu: the advised --backend native drops it too, as that would be refused
+    [["--isa", "avx2", "--gpus", "0"], "wasm"],
   ] as const) {
     const out = tmpDir("tstrain-isa-backend-");
     const bad = node("main.js", dry(out, [...flags, "--backend", backend]));
     assertRefused(
       bad,
       new RegExp(
-        `^refused: ${flags.join(" ")} chooses the native engine's matrix products, and --backend ${backend} does not run that engine, so it would be ignored: pass --backend native to use it, or (--\\S+ \\S+) \\(the default\\) for --backend ${backend} \\[P1\\]$`,
+        `^refused: ${flags.slice(0, 2).join(" ")} chooses the native engine's matrix products, and --backend ${backend} does not run that engine, so it would be ignored: run node dist/main\\.js .* --backend native \\(to use it\\), or node dist/main\\.js .* \\(the default, for --backend ${backend}\\) \\[P1\\]$`,
         "m",
       ),
     );
-    const back = /, or (--\S+ \S+) \(the default\)/.exec(bad.stderr)?.[1] ?? "";
-    const ok = node("main.js", dry(out, [...flags, "--backend", backend, ...back.split(" ")]));
-    assert.equal(ok.status, 0, ok.stderr);
-    if (flags[1] === "avx2" && supportedIsas().includes("avx2")) {
-      const native = node("main.js", dry(out, [...flags, "--backend", "native"]));
-      assert.equal(native.status, 0, native.stderr);
-    }
+    const [native, tfjs] = advisedCommands(bad.stderr);
+    assert.ok(native.includes(flags.slice(0, 2).join(" ")) && !native.includes("--gpus"), native);
+    assert.ok(tfjs.endsWith(`--backend ${backend}`) && !tfjs.includes(flags[0]), tfjs);
+    assert.equal(runAdvised(tfjs).status, 0, tfjs);
+    if (flags[1] === "avx2" && supportedIsas().includes("avx2")) assert.equal(runAdvised(native).status, 0, native);
   }
 });
 
@@ -487,12 +598,10 @@ test("--webgpu-fold with a backend other than webgpu is refused, since it would 
   const bad = node("main.js", dry(out, ["--webgpu-fold", "host", "--backend", "wasm"]));
   assertRefused(
     bad,
-    /^refused: --webgpu-fold host chooses where the webgpu engine folds each micro-batch's gradient, and --backend wasm always folds on the host, so it would be ignored: pass --backend webgpu to use it, or drop --webgpu-fold \[A10\]$/m,
+    /^refused: --webgpu-fold host chooses where the webgpu engine folds each micro-batch's gradient, and --backend wasm always folds on the host, so it would be ignored: run node dist\/main\.js .*--webgpu-fold host --backend webgpu \(to use it\), or node dist\/main\.js .* \(without --webgpu-fold, on --backend wasm\) \[A10\]$/m,
   );
-  const dropped = node("main.js", dry(out, ["--backend", "wasm"]));
-  assert.equal(dropped.status, 0, dropped.stderr);
-  const gpu = node("main.js", dry(out, ["--webgpu-fold", "host", "--backend", "webgpu"]));
-  assert.equal(gpu.status, 0, gpu.stderr);
+  assert.doesNotMatch(advisedCommands(bad.stderr)[1], /--webgpu-fold/);
+  assertAdviceRuns(bad.stderr, { min: 2 });
 });
 
 test("generate: a number option that is no number or out of range names its rule on the first line, and the value it advises generates (G11)", {
@@ -512,10 +621,9 @@ test("generate: a number option that is no number or out of range names its rule
     const r = node("generate.js", [...gen, flag, value]);
     assert.equal(r.status, 2, r.stderr);
     const first = r.stderr.split("\n")[0];
-    assert.match(first, new RegExp(`^generate: ${flag} .*: pass ${flag} (\\S+).* \\[G11\\]$`), r.stderr);
-    const fix = new RegExp(`pass ${flag} ([^\\s,]+)`).exec(first)?.[1] ?? "";
-    const ok = node("generate.js", [...gen.filter((a) => a !== flag), flag, fix]);
-    assert.equal(ok.status, 0, `${flag} ${fix}: ${ok.stderr}`);
+    assert.match(first, new RegExp(`^generate: ${flag} .*: run node dist/generate\\.js .* \\[G11\\]$`), r.stderr);
+    for (const cmd of advisedCommands(first)) assert.ok(!` ${cmd} `.includes(` ${flag} ${value} `), cmd);
+    for (const ran of assertAdviceRuns(first)) assert.match(ran.stdout, /^The/, ran.cmd);
   }
 });
 
@@ -544,10 +652,9 @@ test("prepare and generate: a number that is out of range or no number, and a fl
     const bad = node("prepare.js", args);
     assert.equal(bad.status, 2, bad.stderr);
     const first = bad.stderr.split("\n")[0];
-    assert.match(first, new RegExp(`^prepare: ${flag} .*: pass ${flag} (\\S+).* \\[D2\\]$`));
-    const fix = new RegExp(`pass ${flag} (\\S+)`).exec(first)?.[1] ?? "";
-    const ok = node("prepare.js", [...args.slice(0, -2), flag, fix]);
-    assert.equal(ok.status, 0, `${flag} ${value} -> ${fix}: ${ok.stderr}`);
+    assert.match(first, new RegExp(`^prepare: ${flag} .*: run node dist/prepare\\.js .* \\[D2\\]$`));
+    const [ran] = assertAdviceRuns(first);
+    assert.match(ran.stdout, /^prepare: \S+: .* train tokens/m, ran.cmd);
   }
   // a flag given twice, in prepare and in generate: the command printed gives each once, and runs
   const model = tinyModel();
@@ -572,6 +679,44 @@ test("prepare and generate: a number that is out of range or no number, and a fl
     const cmd = new RegExp(`as in (node dist/${file} .*) \\[${rule}\\]$`, "m").exec(bad.stderr)?.[1] ?? "";
     const ok = spawnSync("bash", ["-c", cmd], { cwd: ROOT, encoding: "utf8", timeout: 150_000 });
     assert.equal(ok.status, 0, `${cmd}: ${ok.stderr}`);
+  }
+  // an --out that holds a mix, or other files: the same command with --force, which moves them aside
+  const held = prep([]);
+  assert.equal(node("prepare.js", held).status, 0);
+  const again = node("prepare.js", held);
+  assertRefused(
+    again,
+    /^prepare: --out \S+ already holds a mix .*, or run node dist\/prepare\.js .* --force \(a replacement; .*\) \[D2\]$/m,
+  );
+  assertAdviceRuns(again.stderr);
+  const other = path.join(work, "other");
+  fs.mkdirSync(other);
+  fs.writeFileSync(path.join(other, "notes.txt"), "mine");
+  const full = node("prepare.js", [
+    "--input",
+    path.join(work, "c.jsonl"),
+    "--tokenizer",
+    tok,
+    "--out",
+    other,
+    "--val-fraction",
+    "0.05",
+  ]);
+  assertRefused(
+    full,
+    /^prepare: --out \S+other is not empty .*, or run node dist\/prepare\.js .* --force \(.*\) \[D2\]$/m,
+  );
+  assertAdviceRuns(full.stderr);
+  // generate: a number flag without its value, and a --backend that is none
+  const gen = ["--model", model, "--prompt", "The", "--max-new-tokens", "2", "--backend", "cpu"];
+  for (const args of [
+    [...gen, "--top-k"],
+    [...gen.slice(0, -1), "metal"],
+  ]) {
+    const r = node("generate.js", args);
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr.split("\n")[0], /: run node dist\/generate\.js .* \(its default|the default\) \[G11\]$/);
+    assertAdviceRuns(r.stderr);
   }
   // prepare's --input adds up: given twice it is two inputs, not a refusal
   const two = node("prepare.js", prep(["--input", path.join(work, "c.jsonl")]));

@@ -13,6 +13,7 @@ import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun, withFlags } from "./helpers/run";
 import { loadMpi } from "../src/mpi/world";
+import { advisedCommands, runAdvised } from "./helpers/cli";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -131,13 +132,27 @@ test("a process of an MPI job started without --dist mpi is refused with exit 2 
   assert.equal(sim.status, 2, sim.out);
   assert.match(
     sim.out,
-    /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi .*\[A9\]/s,
+    /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi: run mpirun -np 2 node dist\/main\.js .* --dist mpi \(one run of 2 processes\) \[A9\]/,
   );
   assert.deepEqual(fs.readdirSync(out), [], "nothing was written to --out");
   if (!needMpi(t)) return;
   const real = await mpirun(2, tiny(tmpDir("tstrain-nodist-real-")));
   assert.equal(real.status, 2, real.out);
-  assert.match(real.out, /refused: this process is one of 2 started by an MPI launcher .*--dist mpi/s);
+  const said = real.out.split("\n").find((l) => l.startsWith("refused: this process is one of 2")) ?? "";
+  assert.match(
+    said,
+    /Add --dist mpi: run mpirun -np 2 node dist\/main\.js .* --dist mpi \(one run of 2 processes\) \[A9\]$/,
+  );
+  // the advice, as printed (this test's mpirun flags given as Open MPI's environment): the job, as one run
+  const [cmd] = advisedCommands(said);
+  const ran = runAdvised(cmd, {
+    ...process.env,
+    OMPI_ALLOW_RUN_AS_ROOT: "1",
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: "1",
+    OMPI_MCA_rmaps_base_oversubscribe: "1",
+    OMPI_MCA_btl: "self,vader,tcp",
+  });
+  assert.equal(ran.status, 0, `${cmd}\n${ran.stdout.slice(-2000)}${ran.stderr.slice(-2000)}`);
 });
 
 test("--dist mpi with no MPI library is refused with exit 2 and the command that installs one (A9)", {

@@ -16,6 +16,7 @@ import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
 import { DEMO_SHA256 } from "./helpers/demo";
 import { MAIN, REPO_ROOT, adviceAfter, runCli, startCli, type Child } from "./helpers/survive";
+import { advisedCommands, runAdvisedAsync } from "./helpers/cli";
 
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
 const HUB_SERVER = path.join(REPO_ROOT, "dist", "hub-server.js");
@@ -310,7 +311,7 @@ test("an https:// address of a plain-HTTP Hub, a port fetch will not use, a path
     const cases: Array<[string, RegExp]> = [
       [
         url.replace("http:", "https:"),
-        /^refused: the Hub address https:\S+ fails its TLS handshake \(ERR_SSL_WRONG_VERSION_NUMBER\): the server there speaks plain HTTP: write the address with http:\/\/; or train against the local Hub in this process: node dist\/main\.js .* --hub-url embedded \[K9\]$/m,
+        /^refused: the Hub address https:\S+ fails its TLS handshake \(ERR_SSL_WRONG_VERSION_NUMBER\): the server there speaks plain HTTP: run node dist\/main\.js .* --hub-url http:\/\/127\.0\.0\.1:\d+ \(the address with http:\/\/\); or train against the local Hub in this process: node dist\/main\.js .* --hub-url embedded \[K9\]$/m,
       ],
       [
         "http://127.0.0.1:6000",
@@ -318,17 +319,23 @@ test("an https:// address of a plain-HTTP Hub, a port fetch will not use, a path
       ],
       [
         `${url}/prefix`,
-        /^refused: the Hub at http:\S+\/prefix has no route to create me\/refused \(HTTP 404: .*\): --hub-url \(or HF_ENDPOINT\) names the Hub's root, .* with no path after the host; or train against the local Hub in this process: node dist\/main\.js .* \[K9\]$/m,
+        /^refused: the Hub at http:\S+\/prefix has no route to create me\/refused-\d \(HTTP 404: .*\): --hub-url \(or HF_ENDPOINT\) names the Hub's root, .* with no path after the host: run node dist\/main\.js .* --hub-url http:\/\/127\.0\.0\.1:\d+ \(the Hub's root\); or train against the local Hub in this process: node dist\/main\.js .* \[K9\]$/m,
       ],
     ];
-    for (const [address, line] of cases) {
+    for (const [i, [address, line]] of cases.entries()) {
       const out = tmpDir("tstrain-start-refused-");
-      const bad = await runCli(tiny(out, address, "me/refused", ["--hub-retry-minutes", "0.1"]), { env });
+      const bad = await runCli(tiny(out, address, `me/refused-${i}`, ["--hub-retry-minutes", "0.1"]), { env });
       assertRefused(bad, line);
       assert.equal(retryLines(bad, /./).length, 0, `refused at once, not retried:\n${bad.stdout}`);
       assert.deepEqual(sessions(out), [], "no session started");
-      const ok = await runCli(adviceAfter(bad.stderr, /in this process:/), { env });
-      assert.equal(ok.code, 0, show(ok));
+      // every command it gives, as printed, in the state refused: the address mended (where it can be), the local Hub
+      const cmds = advisedCommands(bad.stderr).filter((c) => c.startsWith("node dist/main.js"));
+      assert.equal(cmds.length, address.endsWith(":6000") ? 1 : 2, bad.stderr);
+      for (const cmd of cmds) {
+        fs.rmSync(out, { recursive: true, force: true });
+        const ok = await runAdvisedAsync(cmd, { ...process.env, ...env });
+        assert.equal(ok.status, 0, `${cmd}\n${ok.stderr}`);
+      }
     }
     // a read token cannot create the repo: K5, and the same command with a write token trains
     const out = tmpDir("tstrain-start-read-token-");

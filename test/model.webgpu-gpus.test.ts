@@ -163,16 +163,16 @@ test("a GPU that is not there is refused with the list of those that are; so are
     );
   refusal(
     () => planGpus(l, 1, "2", ALONE, {}),
-    /^--gpus 2: this host has no GPU 2; its GPUs: GPU 0 0000:17:00\.0 "NVIDIA H100 80GB HBM3"; GPU 1 0000:2a:00\.0 "NVIDIA H100 80GB HBM3"; passed over, as a GPU is here: "llvmpipe \(LLVM 15\.0\.6, 256 bits\)" \(CPU, a software adapter\); pass --gpus 0,1, or leave --gpus out \(rank r takes GPU r\) \[A13\]$/,
+    /^--gpus 2: this host has no GPU 2; its GPUs: GPU 0 0000:17:00\.0 "NVIDIA H100 80GB HBM3"; GPU 1 0000:2a:00\.0 "NVIDIA H100 80GB HBM3"; passed over, as a GPU is here: "llvmpipe \(LLVM 15\.0\.6, 256 bits\)" \(CPU, a software adapter\); run the same command with --gpus 0,1, or the same command without --gpus \(rank r takes GPU r\) \[A13\]$/,
   );
   refusal(() => planGpus(l, 1, "0000:41:00.0", ALONE, {}), /this host has no GPU 0000:41:00\.0; its GPUs: GPU 0 /);
   refusal(
     () => planGpus(l, 1, "0,1", ALONE, {}),
-    /^--gpus 0,1 names 2 GPUs for 1 rank on this host: run --world 2, or name 1 \[A13\]$/,
+    /^--gpus 0,1 names 2 GPUs for 1 rank on this host: run the same command with --world 2 \(a rank per GPU\), or the same command with --gpus 0 \(the first 1\) \[A13\]$/,
   );
   refusal(
     () => planGpus({ gpus: null, why: "no layer" }, 1, "0", ALONE, {}),
-    /^--gpus 0: the GPUs of this host cannot be listed: no layer; every rank opens the adapter Dawn picks: leave --gpus out \[A13\]$/,
+    /^--gpus 0: the GPUs of this host cannot be listed: no layer; every rank opens the adapter Dawn picks: run the same command without --gpus \[A13\]$/,
   );
   const webgpu = ["--backend", "webgpu", "--world", "2"];
   refusal(() => parseArgs([...webgpu, "--gpus", "0,x"]), /^--gpus "0,x": "x" is neither a GPU index/);

@@ -1,7 +1,7 @@
 /**
  * Data budget checks made before step 1 (D6, D7).
  */
-import { UserError } from "../errors";
+import { type FlagChange, UserError } from "../errors";
 
 /** D1: a mix with fewer tokens than --tokens is worth a warning (the no-wrap check decides). */
 export function mixTokenWarning(totalTokens: number, tokensTarget: number): string | null {
@@ -24,7 +24,7 @@ export function checkNoWrap(
     seqLen: number;
   },
   /** the flags that make this run fit its mix (fitToMix), when some do */
-  fit: string | null = null,
+  fit: readonly FlagChange[] | null = null,
 ): { available: number; needed: number; marginPct: number } {
   const { nWindows, startStep, stepsPlanned, seqsPerStep: S, seqLen } = o;
   for (const [k, v] of Object.entries(o)) {
@@ -43,10 +43,13 @@ export function checkNoWrap(
   if (needed > available) {
     const short = needed - Math.max(0, available);
     const maxSteps = Math.floor(nWindows / S);
-    throw new UserError(
-      "D6",
-      `dataset too small for the plan: ${Math.max(0, available).toLocaleString("en-US")} windows available from sample ${startSample.toLocaleString("en-US")}, ${needed.toLocaleString("en-US")} needed for ${stepsPlanned - startStep} steps x ${S} sequences (${(needed * seqLen).toLocaleString("en-US")} tokens); short by ${short.toLocaleString("en-US")} windows (${(short * seqLen).toLocaleString("en-US")} tokens). The mix covers at most ${maxSteps} steps at this geometry, and the epoch never wraps: ${fit ? `run the same command with ${fit}` : startStep > 0 ? "resume on the mix the run was trained on" : "rebuild the mix larger"}`,
-    );
+    const why = `dataset too small for the plan: ${Math.max(0, available).toLocaleString("en-US")} windows available from sample ${startSample.toLocaleString("en-US")}, ${needed.toLocaleString("en-US")} needed for ${stepsPlanned - startStep} steps x ${S} sequences (${(needed * seqLen).toLocaleString("en-US")} tokens); short by ${short.toLocaleString("en-US")} windows (${(short * seqLen).toLocaleString("en-US")} tokens). The mix covers at most ${maxSteps} steps at this geometry, and the epoch never wraps: `;
+    throw fit
+      ? new UserError("D6", `${why}run `, { ways: [{ changes: fit, why: "what the mix holds" }] })
+      : new UserError(
+          "D6",
+          `${why}${startStep > 0 ? "resume on the mix the run was trained on" : "rebuild the mix larger"}`,
+        );
   }
   const marginPct = needed === 0 ? Infinity : (100 * available) / needed - 100;
   return { available, needed, marginPct };
@@ -58,7 +61,7 @@ export function valWindowCount(
   valTotalTokens: number,
   seqLen: number,
   /** the flags that make this run fit its mix (fitToMix), when some do */
-  fit: string | null = null,
+  fit: readonly FlagChange[] | null = null,
 ): number {
   if (!Number.isSafeInteger(seqLen) || seqLen < 1)
     throw new RangeError(`valWindowCount: seqLen ${seqLen} must be a positive integer`);
@@ -72,10 +75,10 @@ export function valWindowCount(
   }
   const avail = Math.floor(valTotalTokens / seqLen);
   if (avail === 0) {
-    throw new UserError(
-      "D7",
-      `the val shards hold ${valTotalTokens} tokens, less than one window of seq_len ${seqLen}: ${fit ? `run the same command with ${fit}` : "rebuild the mix with a larger --val-fraction"}`,
-    );
+    const why = `the val shards hold ${valTotalTokens} tokens, less than one window of seq_len ${seqLen}: `;
+    throw fit
+      ? new UserError("D7", `${why}run `, { ways: [{ changes: fit, why: "what the mix holds" }] })
+      : new UserError("D7", `${why}rebuild the mix with a larger --val-fraction`);
   }
   return Math.min(Math.max(1, Math.floor(valTokensFlag / seqLen)), avail);
 }
@@ -83,8 +86,8 @@ export function valWindowCount(
 /**
  * D6, D7: the flags that make a fresh run fit its mix, when it does not: the longest --seq-len (a power of 2) whose
  * window the held-out shards hold at least one of and the training split one step of, a --micro-batch (with
- * --accum 1) whose step the split holds, and the --max-steps it covers without wrapping; only the flags that change,
- * as one string ("--micro-batch 1 --max-steps 6"). null when the run fits, or nothing does (a world larger than
+ * --accum 1) whose step the split holds, and the --max-steps it covers without wrapping; only the flags that change
+ * (`[["--micro-batch", "1"], ["--max-steps", "6"]]`). null when the run fits, or nothing does (a world larger than
  * the split's windows: rebuild the mix larger). A resume keeps its geometry and horizon (C3, P5): never fitted.
  */
 export function fitToMix(o: {
@@ -97,7 +100,7 @@ export function fitToMix(o: {
   ranks: number;
   tokens: number;
   maxSteps: number;
-}): string | null {
+}): FlagChange[] | null {
   const steps = (L: number, S: number, maxSteps: number) => maxSteps || Math.floor(o.tokens / (S * L));
   const fits = (L: number, m: number, a: number, maxSteps: number) => {
     const n = Math.floor(o.trainTokens / L);
@@ -123,10 +126,10 @@ export function fitToMix(o: {
   const most = Math.floor(n / S);
   const planned = steps(L, S, o.maxSteps);
   const maxSteps = planned < 1 || planned > most ? most : o.maxSteps;
-  const flags: string[] = [];
-  if (L !== o.seqLen) flags.push(`--seq-len ${L}`);
-  if (m !== o.microBatch) flags.push(`--micro-batch ${m}`);
-  if (a !== o.accum) flags.push(`--accum ${a}`);
-  if (maxSteps !== o.maxSteps) flags.push(`--max-steps ${maxSteps}`);
-  return flags.length && fits(L, m, a, maxSteps) ? flags.join(" ") : null;
+  const flags: FlagChange[] = [];
+  if (L !== o.seqLen) flags.push(["--seq-len", String(L)]);
+  if (m !== o.microBatch) flags.push(["--micro-batch", String(m)]);
+  if (a !== o.accum) flags.push(["--accum", String(a)]);
+  if (maxSteps !== o.maxSteps) flags.push(["--max-steps", String(maxSteps)]);
+  return flags.length && fits(L, m, a, maxSteps) ? flags : null;
 }

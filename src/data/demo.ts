@@ -163,10 +163,17 @@ export async function demoMixRoot(
     (names.every(demoOwnName) && (!names.includes("mix") || names.includes("brown.jsonl")));
   if (!own) {
     const sub = names.find((n) => fs.existsSync(path.join(dir, n, "manifest.json")));
-    const mix = sub ? `--root ${path.join(dir, sub)} to train the demo's model on the mix there` : null;
     throw new UserError(
       "D1",
-      `--demo --root ${dir}: the folder holds ${names.length} entr${names.length === 1 ? "y" : "ies"} (${names.slice(0, 3).join(", ")}${names.length > 3 ? ", ..." : ""}) but neither a prepared mix (manifest.json) nor the demo's data (demo.json), and --demo would write its data among them. Pass ${mix ? `${mix}, or ` : ""}--root ${path.join(dir, "demo-data")} for a new folder of the demo's own`,
+      `--demo --root ${dir}: the folder holds ${names.length} entr${names.length === 1 ? "y" : "ies"} (${names.slice(0, 3).join(", ")}${names.length > 3 ? ", ..." : ""}) but neither a prepared mix (manifest.json) nor the demo's data (demo.json), and --demo would write its data among them. Run `,
+      {
+        ways: [
+          ...(sub
+            ? [{ changes: [["--root", path.join(dir, sub)]] as const, why: "the demo's model on the mix there" }]
+            : []),
+          { changes: [["--root", path.join(dir, "demo-data")]], why: "a new folder of the demo's own" },
+        ],
+      },
     );
   }
   if (opts.scratch && !demoMixIsReusable(dir)) {

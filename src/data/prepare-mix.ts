@@ -177,22 +177,25 @@ interface CheckedOptions {
 function checkOptions(o: PrepareOptions): CheckedOptions {
   const valFraction = o.valFraction ?? DEFAULT_VAL_FRACTION;
   if (!(typeof valFraction === "number" && valFraction >= 0 && valFraction <= 0.5))
-    throw new UserError(
-      "D2",
-      `--val-fraction ${valFraction} must be a number in [0, 0.5]: pass --val-fraction ${valFraction > 0.5 ? 0.5 : valFraction < 0 ? 0 : DEFAULT_VAL_FRACTION}`,
-    );
+    throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]: run `, {
+      ways: [
+        {
+          changes: [["--val-fraction", String(valFraction > 0.5 ? 0.5 : valFraction < 0 ? 0 : DEFAULT_VAL_FRACTION)]],
+        },
+      ],
+    });
   const shardTokens = o.shardTokens ?? DEFAULT_SHARD_TOKENS;
   if (!Number.isSafeInteger(shardTokens) || shardTokens < 1)
-    throw new UserError(
-      "D2",
-      `--shard-tokens ${shardTokens} must be a positive whole number: pass --shard-tokens ${shardTokens > 1 ? Math.floor(shardTokens) : DEFAULT_SHARD_TOKENS}`,
-    );
+    throw new UserError("D2", `--shard-tokens ${shardTokens} must be a positive whole number: run `, {
+      ways: [
+        { changes: [["--shard-tokens", String(shardTokens > 1 ? Math.floor(shardTokens) : DEFAULT_SHARD_TOKENS)]] },
+      ],
+    });
   const workers = o.workers ?? Math.max(1, Math.min(8, os.availableParallelism()));
   if (!Number.isSafeInteger(workers) || workers < 1 || workers > 256)
-    throw new UserError(
-      "D2",
-      `--workers ${workers} must be a whole number in [1, 256]: pass --workers ${Math.min(256, Math.max(1, Math.round(workers) || 1))}`,
-    );
+    throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]: run `, {
+      ways: [{ changes: [["--workers", String(Math.min(256, Math.max(1, Math.round(workers) || 1)))]] }],
+    });
   if (!o.out) throw new UserError("D2", "prepare needs --out ROOT");
   if (!o.tokenizer) throw new UserError("D2", "prepare needs --tokenizer tokenizer.json");
   const textField = o.textField ?? "text";
@@ -218,12 +221,14 @@ function checkOut(out: string, force: boolean): boolean {
   if (entries.includes(MANIFEST_FILE)) {
     throw new UserError(
       "D2",
-      `--out ${out} already holds a mix (${MANIFEST_FILE} and ${entries.length - 1} other entries): refusing to overwrite it. Choose a new --out, or pass --force to build a replacement (the old root is moved aside, never deleted)`,
+      `--out ${out} already holds a mix (${MANIFEST_FILE} and ${entries.length - 1} other entries): refusing to overwrite it. Choose a new --out, or run `,
+      { ways: [{ changes: [["--force", true]], why: "a replacement; the old root is moved aside, never deleted" }] },
     );
   }
   throw new UserError(
     "D2",
-    `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or pass --force (its contents are moved aside, never deleted)`,
+    `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or run `,
+    { ways: [{ changes: [["--force", true]], why: "its contents are moved aside, never deleted" }] },
   );
 }
 

@@ -36,6 +36,26 @@ export function hubUrlProblem(url: string): string | null {
   return null;
 }
 
+/**
+ * The URL with what hubUrlProblem refuses in it dropped (a user, a password, a query, a fragment), when that makes
+ * it an endpoint; null when it is no http(s) URL at all.
+ */
+export function hubUrlFixed(url: string): string | null {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return null;
+  }
+  if (u.protocol !== "http:" && u.protocol !== "https:") return null;
+  u.username = "";
+  u.password = "";
+  u.search = "";
+  u.hash = "";
+  const fixed = u.href.replace(/\/+$/, "");
+  return hubUrlProblem(fixed) === null ? fixed : null;
+}
+
 /** The endpoint in one spelling: the URL's own (lower-case scheme and host, no default port), no trailing "/". */
 export function canonicalHubUrl(url: string): string {
   return new URL(url).href.replace(/\/+$/, "");
@@ -58,7 +78,10 @@ export function hubEndpoint(
 ): HubEndpoint {
   if (given !== undefined) {
     const bad = hubUrlProblem(given);
-    if (bad) throw new UserError(rule, `--hub-url ${JSON.stringify(given)} ${bad}`);
+    if (bad)
+      throw new UserError(rule, `--hub-url ${JSON.stringify(given)} ${bad}: run `, {
+        ways: [{ changes: [["--hub-url", hubUrlFixed(given) ?? DEFAULT_HUB_URL]] }],
+      });
     return { url: canonicalHubUrl(given), from: "--hub-url" };
   }
   const fromEnv = endpointFromEnv(rule, env);

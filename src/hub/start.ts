@@ -151,10 +151,25 @@ function startRefusal(e: unknown, hubUrl: string, advice: HubAdvice): UserError 
       `the Hub address ${hubUrl} names a host that has no address (ENOTFOUND: ${describeHubError(e)}). Check the host name in --hub-url (or HF_ENDPOINT) and this machine's network (DNS)${orEmbedded(advice)}`,
     );
   const tls = tlsCode(e);
+  if (tls && /^ERR_SSL_WRONG_VERSION|^EPROTO$/.test(tls)) {
+    // the same host and port, spoken to in plain HTTP
+    const plain = new URL(hubUrl);
+    const port = plain.port || "443";
+    plain.protocol = "http:";
+    plain.port = port;
+    return new UserError(
+      "K9",
+      `the Hub address ${hubUrl} fails its TLS handshake (${tls}): the server there speaks plain HTTP: run `,
+      {
+        ways: [{ changes: [["--hub-url", plain.href.replace(/\/+$/, "")]], why: "the address with http://" }],
+        after: orEmbedded(advice),
+      },
+    );
+  }
   if (tls)
     return new UserError(
       "K9",
-      `the Hub address ${hubUrl} fails its TLS handshake (${tls}): ${/^ERR_SSL_WRONG_VERSION|^EPROTO$/.test(tls) ? "the server there speaks plain HTTP: write the address with http://" : "its certificate is not one this machine trusts: give node the certificate of the authority that signed it (export NODE_EXTRA_CA_CERTS=<that CA's .pem>) and run the same command again"}${orEmbedded(advice)}`,
+      `the Hub address ${hubUrl} fails its TLS handshake (${tls}): its certificate is not one this machine trusts: give node the certificate of the authority that signed it (export NODE_EXTRA_CA_CERTS=<that CA's .pem>) and run the same command again${orEmbedded(advice)}`,
     );
   if (badPort(e))
     return new UserError(
@@ -206,10 +221,15 @@ function createRefusal(e: unknown, repo: string, hubUrl: string, advice: HubAdvi
       "K5",
       `the Hub at ${hubUrl} refused to create ${repo} (${describeHubError(e)}): HF_TOKEN ${process.env.HF_TOKEN ? "has no right to create it (a read token, or one for another owner)" : "is not set"}. Set HF_TOKEN to a token with write access to ${repo}'s owner (export HF_TOKEN=hf_…), or create the repo on the Hub, then run the same command again: ${advice.again}`,
     );
-  if (status === 404 || status === 400 || status === 405)
-    return new UserError(
-      "K9",
-      `the Hub at ${hubUrl} has no route to create ${repo} (${describeHubError(e)}): --hub-url (or HF_ENDPOINT) names the Hub's root, as ${DEFAULT_HUB_URL} or the URL node dist/hub-server.js prints, with no path after the host${orEmbedded(advice)}`,
-    );
+  if (status === 404 || status === 400 || status === 405) {
+    const what = `the Hub at ${hubUrl} has no route to create ${repo} (${describeHubError(e)}): --hub-url (or HF_ENDPOINT) names the Hub's root, as ${DEFAULT_HUB_URL} or the URL node dist/hub-server.js prints, with no path after the host`;
+    const root = new URL(hubUrl).origin;
+    return root === hubUrl
+      ? new UserError("K9", `${what}${orEmbedded(advice)}`)
+      : new UserError("K9", `${what}: run `, {
+          ways: [{ changes: [["--hub-url", root]], why: "the Hub's root" }],
+          after: orEmbedded(advice),
+        });
+  }
   return null;
 }

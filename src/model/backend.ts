@@ -9,7 +9,7 @@
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs-core";
 import type { BackendName } from "../config";
-import { UserError } from "../errors";
+import { changesInWords, type FixWay, UserError } from "../errors";
 import type { Kernels } from "./kernels";
 import { createTfjsKernels } from "./engine/tfjs";
 import { bf16Support, DEFAULT_NATIVE, loadNative, supportedIsas, type NativeOptions } from "./engine/native";
@@ -103,7 +103,8 @@ export async function initBackend(
       if (await tryWasm(tried)) return done("wasm", "using @tensorflow/tfjs-backend-wasm");
       throw new UserError(
         "P1",
-        `--backend wasm failed to load (${tried.join("; ")}); reinstall @tensorflow/tfjs-backend-wasm or pass --backend cpu`,
+        `--backend wasm failed to load (${tried.join("; ")}); reinstall @tensorflow/tfjs-backend-wasm, or run `,
+        { ways: [{ changes: [["--backend", "cpu"]], why: "tfjs-cpu, slower" }] },
       );
     case "cpu":
       if (await tryCpu(tried)) return done("cpu", "using @tensorflow/tfjs-backend-cpu (plain JS, slow)");
@@ -141,7 +142,11 @@ export interface Engine {
  * The refusal of an explicit `--backend native` that cannot load (P1), with the command that fixes it. The tfjs
  * fallback is offered for fp32 only: --precision bf16 runs on the native GEMM alone (P8), so it would be refused.
  */
-function nativeRefusal(requested: BackendName, native: NativeOptions, reason: string, fix: string): UserError {
+function nativeRefusal(
+  requested: BackendName,
+  native: NativeOptions,
+  n: { reason: string; fix: string; ways?: readonly FixWay[] },
+): UserError {
   const what =
     requested === "native"
       ? "--backend native"
@@ -150,8 +155,14 @@ function nativeRefusal(requested: BackendName, native: NativeOptions, reason: st
         : native.isa !== DEFAULT_NATIVE.isa
           ? `--isa ${native.isa}`
           : `--precision ${native.precision}`;
-  const wasm = (native.precision ?? "fp32") === "bf16" ? "" : "; or pass --backend wasm (tfjs-wasm, slower)";
-  return new UserError("P1", `${what} is not available: ${reason}; fix: ${fix}${wasm}`);
+  const ways: FixWay[] = [
+    ...(n.ways ?? []),
+    ...((native.precision ?? "fp32") === "bf16"
+      ? []
+      : [{ changes: [["--backend", "wasm"]] as const, why: "tfjs-wasm, slower" }]),
+  ];
+  const fix = n.fix ? `fix: ${n.fix}${ways.length ? ", or run " : ""}` : ways.length ? "run " : "";
+  return new UserError("P1", `${what} is not available: ${n.reason}; ${fix}`, ways.length ? { ways } : undefined);
 }
 
 /** Whether the native options name something other than the defaults (an explicit --gemm, --isa or --precision bf16). */
@@ -165,14 +176,17 @@ function explicitNative(native: NativeOptions): boolean {
 
 /** The refusal of `--backend webgpu` with no adapter (P1), with the command that gets one. */
 function webgpuRefusal(w: WebgpuUnavailable): UserError {
-  return new UserError("P1", `--backend webgpu is not available: ${w.reason}; fix: ${w.fix}; or pass --backend native`);
+  return new UserError("P1", `--backend webgpu is not available: ${w.reason}; fix: ${w.fix}; or run `, {
+    ways: [{ changes: [["--backend", "native"]], why: "the CPU's native engine" }],
+  });
 }
 
 /** The refusal of an explicit `--backend tensorflow` that cannot load (P1); `tried` says why for each package. */
 function tensorflowRefusal(tried: string[]): UserError {
   return new UserError(
     "P1",
-    `--backend tensorflow is not available (${tried.join("; ")}); install @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node with network access (it downloads libtensorflow), or pass --backend wasm`,
+    `--backend tensorflow is not available (${tried.join("; ")}); install @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node with network access (it downloads libtensorflow), or run `,
+    { ways: [{ changes: [["--backend", "wasm"]], why: "tfjs-wasm" }] },
   );
 }
 
@@ -222,7 +236,7 @@ export function checkEngineRequest(
   if (requested !== "native" && !(requested === "auto" && explicitNative(native))) return [];
   refuseBf16KernelInFp32(native);
   const n = loadNative(native);
-  if ("reason" in n) throw nativeRefusal(requested, native, n.reason, n.fix);
+  if ("reason" in n) throw nativeRefusal(requested, native, n);
   return [];
 }
 
@@ -240,13 +254,23 @@ function refuseBf16KernelInFp32(native: NativeOptions): void {
   const has = (i: "amx" | "avx512bf16") => (i === "amx" ? k.hw : k.dp);
   const bf16 = (["amx", "avx512bf16"] as const).filter(has);
   const name = (i: string) => (i === "amx" ? "AMX-BF16" : "AVX512_BF16");
-  const fixes = [`pass --isa ${fp32[0]} for fp32 products`];
-  if (has(isa)) fixes.push("add --precision bf16 for bf16 ones");
-  else if (bf16.length) fixes.push(`pass --precision bf16 --isa ${bf16[0]} for bf16 ones`);
+  const ways: FixWay[] = [{ changes: [["--isa", fp32[0]]], why: "fp32 products" }];
+  if (has(isa)) ways.push({ changes: [["--precision", "bf16"]], why: "bf16 products" });
+  else if (bf16.length)
+    ways.push({
+      changes: [
+        ["--precision", "bf16"],
+        ["--isa", bf16[0]],
+      ],
+      why: "bf16 products",
+    });
   const lacks = has(isa) ? "" : `; this CPU has no ${name(isa)} (it runs ${[...bf16, ...fp32].join(", ")})`;
   throw new UserError(
     "P8",
-    `--isa ${isa} is a bf16 kernel (${name(isa)}), and this run computes in fp32${lacks}: ${fixes.join(", or ")}`,
+    `--isa ${isa} is a bf16 kernel (${name(isa)}), and this run computes in fp32${lacks}: run `,
+    {
+      ways,
+    },
   );
 }
 
@@ -271,12 +295,13 @@ export async function initEngine(
   if (requested === "native" || requested === "auto") {
     const n = loadNative(native);
     if ("kernels" in n) return { kernels: n.kernels, engine: "native", detail: `${requested}: ${n.kernels.name}` };
-    if (requested === "native" || explicitNative(native)) throw nativeRefusal(requested, native, n.reason, n.fix);
+    if (requested === "native" || explicitNative(native)) throw nativeRefusal(requested, native, n);
     const be = await initBackend("auto");
+    const fast = n.fix || (n.ways?.length ? changesInWords(n.ways[0].changes) : "none");
     return {
       kernels: createTfjsKernels(),
       engine: be.backend,
-      detail: `${be.detail}; native engine passed over: ${n.reason} (fast path: ${n.fix})`,
+      detail: `${be.detail}; native engine passed over: ${n.reason} (fast path: ${fast})`,
     };
   }
   const be = await initBackend(requested);

@@ -2,7 +2,7 @@
  * The model's shape: the frozen recipe (M1), its variants (M2), the parameter count (M3) and the
  * Hugging Face `config.json` that goes with every export (M7).
  */
-import { UserError } from "../errors";
+import { type Fix, type FixWay, UserError } from "../errors";
 
 export interface LlamaConfig {
   vocabSize: number;
@@ -56,13 +56,14 @@ function widthProblem(h: number): string | null {
 }
 
 /** The widths nearest `h` below and above it that pass every rule of widthProblem, as the flags that give them. */
-function nearWidths(h: number): string {
+function nearWidths(h: number): Fix {
   const ok = (w: number) => w > 0 && widthProblem(w) === null;
   let lo = Math.floor(h);
   while (lo > 0 && !ok(lo)) lo--;
   let hi = Math.max(1, Math.ceil(h));
   while (!ok(hi)) hi++;
-  return lo > 0 ? `try --hidden ${lo} or --hidden ${hi}` : `try --hidden ${hi}, the narrowest width there is`;
+  const hidden = (w: number, why?: string): FixWay => ({ changes: [["--hidden", String(w)]], why });
+  return { ways: lo > 0 ? [hidden(lo), hidden(hi)] : [hidden(hi, "the narrowest width there is")] };
 }
 
 /**
@@ -74,30 +75,29 @@ export function buildConfig(o: { seqLen: number; layers?: number; hidden?: numbe
   if (!positiveInt(o.seqLen) || o.seqLen < 2) {
     throw new UserError(
       "M1",
-      `seq_len ${o.seqLen} is not an integer >= 2: the causal-LM loss needs at least one predicted position; pass --seq-len 1024 (the frozen value) or another integer >= 2`,
+      `seq_len ${o.seqLen} is not an integer >= 2: the causal-LM loss needs at least one predicted position; run `,
+      { ways: [{ changes: [["--seq-len", "1024"]], why: "the frozen value; any integer >= 2 works" }] },
     );
   }
   const layers = o.layers ?? FROZEN.layers;
   const h = o.hidden ?? FROZEN.hidden;
   const vocab = o.vocabSize ?? FROZEN.vocab;
   if (!positiveInt(layers)) {
-    throw new UserError(
-      "M2",
-      `--layers ${layers} is not a positive integer; pass e.g. --layers 22 (frozen) or --layers 20`,
-    );
+    throw new UserError("M2", `--layers ${layers} is not a positive integer; run `, {
+      ways: [{ changes: [["--layers", String(FROZEN.layers)]], why: "frozen" }],
+    });
   }
   if (!positiveInt(h)) {
-    throw new UserError(
-      "M2",
-      `--hidden ${h} is not a positive integer; pass e.g. --hidden 576 (frozen) or --hidden 720`,
-    );
+    throw new UserError("M2", `--hidden ${h} is not a positive integer; run `, {
+      ways: [{ changes: [["--hidden", String(FROZEN.hidden)]], why: "frozen" }],
+    });
   }
   if (!positiveInt(vocab) || vocab < 2) {
     throw new UserError("M2", `vocab size ${vocab} is not an integer >= 2 (pad = vocab-1 and eos = 0 must differ)`);
   }
   const heads = FROZEN.heads;
   const why = widthProblem(h);
-  if (why) throw new UserError("M2", `--hidden ${h} ${why}; ${nearWidths(h)}`);
+  if (why) throw new UserError("M2", `--hidden ${h} ${why}; run `, nearWidths(h));
   const headDim = h / heads;
   const frozenWidth = h === FROZEN.hidden;
   const inter = ffnWidth(h);

@@ -7,7 +7,7 @@
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { UserError } from "../errors";
+import { type FixWay, type FlagChange, UserError } from "../errors";
 import { EMBEDDED_HUB, planSteps, type RunConfig, type StepPlan } from "../config";
 import { buildConfig, countParams, type LlamaConfig } from "../model/llama-config";
 import { readManifest, type Manifest } from "../data/manifest";
@@ -68,7 +68,7 @@ interface DataPlan {
   permSha: string;
   tokenIds: TokenIdScan;
   /** D4, D6, D7, P5: the flags that make a fresh run fit this mix when it does not (fitToMix); null otherwise. */
-  fit: string | null;
+  fit: FlagChange[] | null;
 }
 
 /** The mix, and the held-out windows validated at the horizon (D7). */
@@ -179,11 +179,12 @@ async function planData(cfg: RunConfig, rep: Reporter, scratch: string | null): 
   const store = PackedTokenStore.open(root, manifest, "train");
   const nWindows = store.numWindows(cfg.seqLen);
   store.close();
-  if (nWindows === 0)
-    throw new UserError(
-      "D4",
-      `the mix's training split holds ${manifest.total_tokens.toLocaleString("en-US")} tokens, no full window of seq_len ${cfg.seqLen}: ${fit ? `run the same command with ${fit}` : "build a larger mix"}`,
-    );
+  if (nWindows === 0) {
+    const why = `the mix's training split holds ${manifest.total_tokens.toLocaleString("en-US")} tokens, no full window of seq_len ${cfg.seqLen}: `;
+    throw fit
+      ? new UserError("D4", `${why}run `, { ways: [{ changes: fit, why: "what the mix holds" }] })
+      : new UserError("D4", `${why}build a larger mix`);
+  }
   // D3 with progress while the user waits, and the largest token id in the same pass (D1)
   const tokenIds = verifyShards(root, manifest, { log: rep.say });
   const fingerprint = mixFingerprint(root, manifest, { verify: false });
@@ -226,13 +227,30 @@ function planModel(cfg: RunConfig, data: DataPlan, rep: Reporter): ModelPlan {
   if (manifest.vocab_size > model.vocabSize) {
     throw new UserError(
       "D1",
-      `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}${cfg.vocabSize ? ` (--vocab-size ${cfg.vocabSize})` : " (the frozen default)"}: tokens would fall outside the embedding. Pass --vocab-size ${paddedVocab(manifest.vocab_size)} (the tokenizer's ids rounded up to a multiple of 64), or rebuild the mix with a tokenizer of at most ${model.vocabSize} ids`,
+      `the mix's tokenizer has ${manifest.vocab_size} ids but the model's vocabulary is ${model.vocabSize}${cfg.vocabSize ? ` (--vocab-size ${cfg.vocabSize})` : " (the frozen default)"}: tokens would fall outside the embedding. Run `,
+      {
+        ways: [
+          {
+            changes: [["--vocab-size", String(paddedVocab(manifest.vocab_size))]],
+            why: "the tokenizer's ids rounded up to a multiple of 64",
+          },
+        ],
+        after: `, or rebuild the mix with a tokenizer of at most ${model.vocabSize} ids`,
+      },
     );
   }
   if (data.tokenIds.maxTokenId >= model.vocabSize) {
     throw new UserError(
       "D1",
-      `shard ${data.tokenIds.file} holds token id ${data.tokenIds.maxTokenId}, outside the model's vocabulary [0, ${model.vocabSize}) (the manifest says its tokenizer has ${manifest.vocab_size} ids): the shards were not written by this mix's tokenizer. Rebuild the mix with node dist/prepare.js, or pass --vocab-size ${data.tokenIds.maxTokenId + 1} or more if the ids are meant`,
+      `shard ${data.tokenIds.file} holds token id ${data.tokenIds.maxTokenId}, outside the model's vocabulary [0, ${model.vocabSize}) (the manifest says its tokenizer has ${manifest.vocab_size} ids): the shards were not written by this mix's tokenizer. Rebuild the mix with node dist/prepare.js, or run `,
+      {
+        ways: [
+          {
+            changes: [["--vocab-size", String(data.tokenIds.maxTokenId + 1)]],
+            why: "if the ids are meant; a larger one works too",
+          },
+        ],
+      },
     );
   }
   const params = countParams(model);
@@ -351,13 +369,15 @@ function verifyLocalResume(cfg: RunConfig, hub: HubClient | null, rep: Reporter)
   const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter(
     (c) => path.resolve(c.dir) !== path.resolve(dir),
   );
-  const ways = [
-    ...(others.length ? [`--resume ${others[others.length - 1].dir}`] : []),
-    ...(hub ? ["--resume auto"] : []),
+  const ways: FixWay[] = [
+    ...(others.length
+      ? [{ changes: [["--resume", others[others.length - 1].dir]] as const, why: "the newest other one" }]
+      : []),
+    ...(hub ? [{ changes: [["--resume", "auto"]] as const, why: "the Hub's last verified checkpoint" }] : []),
   ];
   const advice = ways.length
-    ? `Resume from another checkpoint (${ways.join(" or ")}).`
-    : "Resume from another checkpoint folder, or start fresh with another --out.";
+    ? { advice: "Resume from another checkpoint: run ", ways }
+    : { advice: "Resume from another checkpoint folder, or start fresh with another --out", ways };
   const verified = verifyCheckpointFolder(dir, { allowNoManifest: cfg.resumeWithoutManifest, advice });
   rep.say(
     verified
@@ -381,7 +401,8 @@ function checkModelShape(dir: string, model: LlamaConfig): void {
   if (!diff.length) return;
   throw new UserError(
     "M2",
-    `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: ${want.map(([k, flag]) => `${flag} ${String(hf[k])}`).join(" ")}`,
+    `resume refused: the checkpoint ${dir} holds a model with ${diff.map(([k]) => `${k} ${String(hf[k])}`).join(", ")} but this run builds ${diff.map(([k, , v]) => `${k} ${v}`).join(", ")}. Resume with the shape it was trained with: run `,
+    { ways: [{ changes: want.map(([k, flag]) => [flag, String(hf[k])] as const) }] },
   );
 }
 
@@ -397,11 +418,18 @@ function existingResumeDir(cfg: RunConfig): string {
   if (isDir) return dir;
   const local = listCheckpointFolders(checkpointRoot(cfg.out));
   const there = local.length
-    ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest with --resume ${local[local.length - 1].dir}`
-    : ` ${checkpointRoot(cfg.out)} holds no checkpoint; name a checkpoint folder (RUN/ckpt/checkpoint-N)${cfg.hubRepo ? ", pass --resume auto to continue from the Hub," : ""} or start fresh without --resume`;
+    ? ` ${checkpointRoot(cfg.out)} holds ${local.map((c) => path.basename(c.dir)).join(", ")}: resume the newest: run `
+    : ` ${checkpointRoot(cfg.out)} holds no checkpoint; name a checkpoint folder (RUN/ckpt/checkpoint-N), or run `;
+  const ways: FixWay[] = local.length
+    ? [{ changes: [["--resume", local[local.length - 1].dir]] }]
+    : [
+        ...(cfg.hubRepo ? [{ changes: [["--resume", "auto"]] as const, why: "to continue from the Hub" }] : []),
+        { changes: [["--resume", null]], why: "a fresh start" },
+      ];
   throw new UserError(
     "C3",
     `resume refused: --resume ${dir} ${isDir === false ? "is a file, not a checkpoint folder" : "does not exist"}.${there}`,
+    { ways },
   );
 }
 
@@ -433,19 +461,26 @@ function planSegmentEnd(cfg: RunConfig, plan: StepPlan, startStep: number): numb
   const first = (Math.floor(startStep / every) + 1) * every; // the first checkpoint step beyond the resume point
   const ok = (n: number) => n >= first && n <= plan.stepsPlanned && n % every === 0;
   const near = [Math.floor(S / every) * every, Math.ceil(S / every) * every, first].filter(ok);
-  const fix = `pass ${[...new Set(near.slice(0, 2))].map((n) => `--stop-after-steps ${n}`).join(" or ")}${near.length ? ", or " : ""}--stop-after-steps 0 (run to the horizon)`;
+  const fix = {
+    ways: [
+      ...[...new Set(near.slice(0, 2))].map((n) => ({ changes: [["--stop-after-steps", String(n)]] as const })),
+      { changes: [["--stop-after-steps", null]], why: "run to the horizon" } as const,
+    ],
+  };
   if (S % every)
     throw new UserError(
       "G1",
-      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${every}: the session would end between two checkpoints; ${fix}`,
+      `--stop-after-steps ${S} is not a whole multiple of the checkpoint interval ${every}: the session would end between two checkpoints; run `,
+      fix,
     );
   if (S <= startStep)
     throw new UserError(
       "G1",
-      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing; ${fix}`,
+      `--stop-after-steps ${S} is not beyond the resume point step ${startStep}: this session would train nothing; run `,
+      fix,
     );
   if (S > plan.stepsPlanned)
-    throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; ${fix}`);
+    throw new UserError("G1", `--stop-after-steps ${S} exceeds the horizon ${plan.stepsPlanned}; run `, fix);
   return S;
 }
 

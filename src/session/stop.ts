@@ -2,16 +2,20 @@
  * How a session ends other than by finishing: a signal (O3), a run already complete (R2), and the
  * command that continues the run, which every refusal's advice repeats.
  */
-import { commandWith, shellWord } from "../cli-args";
+import { shellWord } from "../cli-args";
+import { mainArgvWith, withMainCommands } from "../config";
+import type { FlagChange, UserError } from "../errors";
 
 // ---- the command line, for advice that must be a command that works ------------------------------
 
 let commandLine: string[] | null = null;
+let fileFlags: ReadonlySet<string> = new Set();
 let launcher: string[] = [];
 
-/** main.ts records the arguments it was started with, so advice can repeat them. */
-export function setCommandLine(argv: readonly string[]): void {
+/** main.ts records the arguments it was started with (and the flags its --config file sets), so advice can repeat them. */
+export function setCommandLine(argv: readonly string[], fromFile: ReadonlySet<string> = new Set()): void {
   commandLine = [...argv];
+  fileFlags = fromFile;
 }
 
 /** Under an MPI launcher (A9): the launch that the resume command needs in front of `node dist/main.js`. */
@@ -29,13 +33,20 @@ export function sameCommand(prefix: readonly string[] = []): string {
 }
 
 /**
- * This run's own command with each `--flag value` of `set` in place of that flag's value given (on the command
- * line, or none): `sameCommandWith(["--seed", "20260919"])`.
+ * This run's own command with each change of `set` made (config.ts mainArgvWith): a `--flag value` in place of that
+ * flag's value given (on the command line, in the --config file, or none): `sameCommandWith(["--seed", "20260919"])`.
  */
-export function sameCommandWith(...set: ReadonlyArray<readonly [flag: string, value: string]>): string {
+export function sameCommandWith(...set: FlagChange[]): string {
   const head = [...launcher, "node", "dist/main.js"];
-  if (!commandLine) return `${head.map(q).join(" ")} <the same flags> ${set.flat().map(q).join(" ")}`;
-  return commandWith(head, commandLine, ...set);
+  if (!commandLine) return `${head.map(q).join(" ")} <the same flags> ${set.flat().map(String).map(q).join(" ")}`;
+  return [...head, ...mainArgvWith(commandLine, set, fileFlags)].map(q).join(" ");
+}
+
+/** A refusal with each way of its fix written as this run's own command with the way's changes (config.ts
+ *  withMainCommands); as it is before main.ts has recorded the command line. */
+export function withThisCommand(e: UserError): UserError {
+  if (!commandLine) return e;
+  return withMainCommands(e, [...launcher, "node", "dist/main.js"], commandLine, fileFlags);
 }
 
 /** The command that continues this run: the same flags, with --resume replaced (and `extra` added). */

@@ -14,6 +14,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import type { Kernels } from "../kernels";
 import type { GemmChoice, IsaChoice, Precision } from "../../config";
+import type { FixWay } from "../../errors";
 
 /** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader. The
  *  tests' and the bench's probes are another addon's (native/probes.c, loaded by bench/native-probes.ts only). */
@@ -78,7 +79,13 @@ interface Addon {
   ): void;
 }
 
-export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
+/**
+ * The native kernels, or why not: `fix` is the command that mends this machine or checkout (none: ""), and `ways`
+ * the changes to the run's flags that do without it (errors.ts FixWay).
+ */
+export type NativeLoad =
+  | { kernels: Kernels; blas: string; addon: string }
+  | { reason: string; fix: string; ways?: readonly FixWay[] };
 
 export type { GemmChoice, IsaChoice, Precision };
 export interface NativeOptions {
@@ -210,7 +217,8 @@ function load(opts: NativeOptions): NativeLoad {
       const where = process.env.TSTRAIN_BLAS ? `TSTRAIN_BLAS=${process.env.TSTRAIN_BLAS}` : "OpenBLAS";
       return {
         reason: `no BLAS found (${where}: ${b.tried || "no candidate"})`,
-        fix: `${BLAS_FIX}, or pass --gemm builtin`,
+        fix: BLAS_FIX,
+        ways: [{ changes: [["--gemm", null]], why: "the built-in GEMM" }],
       };
     }
     const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
@@ -228,7 +236,8 @@ function load(opts: NativeOptions): NativeLoad {
     current = "";
     return {
       reason: `--isa ${opts.isa}: this CPU has no ${opts.isa} (it runs ${best.supported.join(", ")}: ${(e as Error).message})`,
-      fix: `pass --isa auto (here: ${best.supported[0]})`,
+      fix: "",
+      ways: [{ changes: [["--isa", null]], why: `--isa auto, here ${best.supported[0]}` }],
     };
   }
   const hwBf16 = info.isa === "amx" || info.isa === "avx512bf16";

@@ -21,7 +21,7 @@
 import { spawnSync } from "node:child_process";
 import { isMainThread } from "node:worker_threads";
 import { parseGpuChoice } from "../../../config";
-import { UserError } from "../../../errors";
+import { type FlagChange, UserError } from "../../../errors";
 
 /** One Vulkan device as the device-select layer lists it. */
 export interface HostGpu {
@@ -211,7 +211,8 @@ export function planGpus(
     if (names.length > 0)
       throw new UserError(
         "A13",
-        `--gpus ${choice}: the GPUs of this host cannot be listed: ${listing.why}; every rank opens the adapter Dawn picks: leave --gpus out`,
+        `--gpus ${choice}: the GPUs of this host cannot be listed: ${listing.why}; every rank opens the adapter Dawn picks: run `,
+        { ways: [{ changes: [["--gpus", null]] }] },
       );
     const dawn: GpuSelect = { index: -1, label: "the adapter Dawn picks", env: {}, adapter: null };
     const notes =
@@ -228,7 +229,13 @@ export function planGpus(
         if (!g)
           throw new UserError(
             "A13",
-            `--gpus ${choice}: this host has no GPU ${"index" in n ? n.index : n.pci}; its GPUs: ${listWords(listing)}; pass --gpus ${listing.gpus.map((d) => d.index).join(",")}, or leave --gpus out (rank r takes GPU r)`,
+            `--gpus ${choice}: this host has no GPU ${"index" in n ? n.index : n.pci}; its GPUs: ${listWords(listing)}; run `,
+            {
+              ways: [
+                { changes: [["--gpus", listing.gpus.map((d) => d.index).join(",")]] },
+                { changes: [["--gpus", null]], why: "rank r takes GPU r" },
+              ],
+            },
           );
         return g;
       })
@@ -236,7 +243,18 @@ export function planGpus(
   if (names.length > hostRanks)
     throw new UserError(
       "A13",
-      `--gpus ${choice} names ${names.length} GPUs for ${hostRanks} rank${hostRanks > 1 ? "s" : ""} on this host: ${local.size === 1 ? `run --world ${names.length}, or name ${world}` : `name at most ${hostRanks}`}`,
+      `--gpus ${choice} names ${names.length} GPUs for ${hostRanks} rank${hostRanks > 1 ? "s" : ""} on this host: run `,
+      {
+        ways: [
+          ...(local.size === 1
+            ? [{ changes: [["--world", String(names.length)]] as FlagChange[], why: "a rank per GPU" }]
+            : []),
+          {
+            changes: [["--gpus", choice.split(",").slice(0, hostRanks).join(",")]],
+            why: `the first ${hostRanks}`,
+          },
+        ],
+      },
     );
   const ranks = Array.from({ length: world }, (_, r) => chosen[(local.rank * world + r) % chosen.length]);
   const notes: string[] = [];
