@@ -4,7 +4,7 @@
  * (optim, gemm, attention, webgpu, webgpu-attention, frozen-step). Each records its rows in the run (bench-run.ts); a failure is
  * noted and the other cases go on.
  */
-import { activationBudget } from "../src/config";
+import { activationBudget, type IsaChoice } from "../src/config";
 import { supportedIsas } from "../src/model/engine/native";
 import type { Shape } from "./shape";
 import { actorRunner, localRunner, runSteps, runUploadCase, stepRow, type BenchRow, type Runner } from "./steps";
@@ -60,45 +60,60 @@ export async function runStepCases(run: BenchRun, o: Options, s: Shape, scratch:
   const ffBefore = o.cases.has("framework-free") ? Math.floor(o.ffRuns / 2) : 0;
   for (let k = 0; k < ffBefore; k++) await frameworkFree(k);
 
-  // ---- 1 + 2: single-thread and the actor runtime, interleaved step by step
+  // ---- 1 + 2: single-thread and the actor runtime, interleaved step by step; with --isas, one group of runtimes per
+  // kernel in turn (two frozen runtimes at world 2 hold about 12 GB); --sequential: one runtime alive at a time
   if (o.cases.has("single") || o.cases.has("actor")) {
-    await run.guard("single/actor", async () => {
-      const runners: Runner[] = [];
-      // the peaks before any rank exists (a rank's thread, idle or not, shares the core's FMA units with the probe
-      // on an SMT sibling), and again after the steps: the higher of the two
-      const peaksBefore = stepPeaks(o.precisions.includes("bf16") ? ["-bf16"] : []);
-      try {
-        if (o.cases.has("single")) runners.push(await localRunner(s, 1));
-        if (o.cases.has("actor")) {
-          for (const w of o.worlds)
-            for (const gemm of o.gemms)
-              for (const precision of o.precisions) {
-                if (precision === "bf16" && gemm !== "builtin") continue; // P8: bf16 is the built-in GEMM's
-                log(`spawning actor runtime world ${w}, --gemm ${gemm} --precision ${precision}`);
-                runners.push(await actorRunner(s, w, gemm, precision));
-              }
+    const groups: Array<{ isa: IsaChoice; spawn: Array<() => Promise<Runner>> }> = [];
+    for (const [g, isa] of o.isas.entries()) {
+      const spawn: Array<() => Promise<Runner>> = [];
+      if (o.cases.has("single") && g === 0) spawn.push(() => localRunner(s, 1));
+      if (o.cases.has("actor"))
+        for (const w of o.worlds)
+          for (const gemm of o.gemms)
+            for (const precision of o.precisions) {
+              if (precision === "bf16" && gemm !== "builtin") continue; // P8: bf16 is the built-in GEMM's
+              if (isa !== "auto" && gemm !== "builtin") continue; // --isa picks a built-in kernel
+              spawn.push(() => {
+                log(`spawning actor runtime world ${w}, --gemm ${gemm} --precision ${precision} --isa ${isa}`);
+                return actorRunner(s, w, gemm, precision, isa);
+              });
+            }
+      if (o.interleave) groups.push({ isa, spawn });
+      else for (const f of spawn) groups.push({ isa, spawn: [f] });
+    }
+    for (const { isa, spawn } of groups)
+      await run.guard(`single/actor${isa === "auto" ? "" : ` --isa ${isa}`}`, async () => {
+        const runners: Runner[] = [];
+        // the peaks before any rank exists (a rank's thread, idle or not, shares the core's FMA units with the probe
+        // on an SMT sibling), and again after the steps: the higher of the two
+        const peaksBefore = stepPeaks(o.precisions.includes("bf16") ? ["-bf16"] : [], isa);
+        try {
+          for (const f of spawn) runners.push(await f());
+          log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
+          const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
+          const after = stepPeaks(
+            runners.map((x) => x.name),
+            isa,
+          );
+          const higher = (a?: { isa: string; gflops: number }, b?: { isa: string; gflops: number }) =>
+            a && b ? (a.gflops >= b.gflops ? a : b) : (a ?? b);
+          const peaks = { fp32: higher(peaksBefore.fp32, after.fp32), bf16: higher(peaksBefore.bf16, after.bf16) };
+          for (const x of runners) {
+            const mem = x.memory ? await x.memory() : {};
+            const row = stepRow(s, x.name, x.world, x.backend, got.get(x)!, {
+              backend_detail: x.backendDetail,
+              interleaved: o.interleave,
+              rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
+              ...(isa === "auto" ? {} : { isa }),
+              ...mem,
+            });
+            Object.assign(row, peakMfu(s, row, x.name.endsWith("-bf16") ? peaks.bf16 : peaks.fp32));
+            run.record(row);
+          }
+        } finally {
+          for (const x of runners) await x.close();
         }
-        log(`${o.interleave ? "interleaved" : "back to back"}: ${runners.map((x) => x.name).join(", ")}`);
-        const got = await runSteps(runners, o.warmup, o.steps, o.interleave, log, o.rewarm);
-        const after = stepPeaks(runners.map((x) => x.name));
-        const higher = (a?: { isa: string; gflops: number }, b?: { isa: string; gflops: number }) =>
-          a && b ? (a.gflops >= b.gflops ? a : b) : (a ?? b);
-        const peaks = { fp32: higher(peaksBefore.fp32, after.fp32), bf16: higher(peaksBefore.bf16, after.bf16) };
-        for (const x of runners) {
-          const mem = x.memory ? await x.memory() : {};
-          const row = stepRow(s, x.name, x.world, x.backend, got.get(x)!, {
-            backend_detail: x.backendDetail,
-            interleaved: o.interleave,
-            rewarm_steps_per_turn: o.interleave ? o.rewarm : 0,
-            ...mem,
-          });
-          Object.assign(row, peakMfu(s, row, x.name.endsWith("-bf16") ? peaks.bf16 : peaks.fp32));
-          run.record(row);
-        }
-      } finally {
-        for (const x of runners) await x.close();
-      }
-    });
+      });
   }
 
   // ---- 3 (second half)
@@ -195,7 +210,7 @@ export async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
         const mine = run.gemm.rows.filter((x) => x.kernel === k && x.of_peak !== null);
         const linear = mine.filter((x) => x.seq === 1024 && !x.what.startsWith("attn"));
         run.record({
-          case: `gemm-${k.replace(" ", "-")}`,
+          case: `gemm-${k.replaceAll(" ", "-")}`,
           min_of_peak: Math.min(...mine.map((x) => x.of_peak!)),
           ...(linear.length ? { min_linear_1024_of_peak: Math.min(...linear.map((x) => x.of_peak!)) } : {}),
           median_of_peak: r(median(mine.map((x) => x.of_peak!)), 3),
@@ -253,28 +268,31 @@ export async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
 
   // ---- 7: the frozen 106M model's forward+backward and its MFU, whatever --model says
   if (o.cases.has("frozen-step")) {
-    for (const precision of o.precisions)
-      await run.guard(`frozen-step-${precision}`, async () => {
-        log(
-          `frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${precision}, ${Math.max(3, o.steps)} warm calls`,
-        );
-        const { kernel_profile: kp, ...j } = await frozenStepBench({
-          seq: o.seq,
-          microBatch: o.microBatch,
-          gradCkpt: o.gradCkpt,
-          // the policy a rank of the widest world runs (one call stands for one rank's forward+backward)
-          activationBudgetBytes: activationBudget({
-            activationBudgetGb: o.activationBudgetGb,
-            world: Math.max(...o.worlds),
-          }).bytes,
-          calls: Math.max(3, o.steps),
-          backend: o.backend,
-          precision,
-          log,
+    for (const isa of o.isas)
+      for (const precision of o.precisions)
+        await run.guard(`frozen-step-${precision}${isa === "auto" ? "" : `-${isa}`}`, async () => {
+          log(
+            `frozen-step: the 106M model, seq ${o.seq}, micro ${o.microBatch}, grad-ckpt ${o.gradCkpt}, ${precision}, --isa ${isa}, ${Math.max(3, o.steps)} warm calls`,
+          );
+          const { kernel_profile: kp, ...j } = await frozenStepBench({
+            seq: o.seq,
+            microBatch: o.microBatch,
+            gradCkpt: o.gradCkpt,
+            // the policy a rank of the widest world runs (one call stands for one rank's forward+backward)
+            activationBudgetBytes: activationBudget({
+              activationBudgetGb: o.activationBudgetGb,
+              world: Math.max(...o.worlds),
+            }).bytes,
+            calls: Math.max(3, o.steps),
+            backend: o.backend,
+            precision,
+            isa,
+            log,
+          });
+          run.profiled.push({ rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name), precision });
+          const name = `frozen-step${isa === "auto" ? "" : `-${isa}`}${precision === "bf16" ? "-bf16" : ""}`;
+          run.record({ ...j, case: name } as unknown as BenchRow);
         });
-        run.profiled.push({ rows: kp, stepMs: j.profile_step_ms, engine: String(j.kernels_name), precision });
-        run.record((precision === "fp32" ? j : { ...j, case: "frozen-step-bf16" }) as unknown as BenchRow);
-      });
   }
 }
 
@@ -301,17 +319,22 @@ export async function runTorchCases(run: BenchRun, o: Options, s: Shape): Promis
 }
 
 /** One core's register-only FMA peak for the instructions the built-in GEMM's steps use, measured now (best of 3):
- *  fp32 on the widest kernel, bf16 on AMX TDPBF16PS, else VDPBF16PS, else the fp32 kernel that emulates them. Empty
- *  on OpenBLAS-only runs. */
-function stepPeaks(names: string[]): {
+ *  fp32 on the widest kernel, bf16 on AMX TDPBF16PS, else VDPBF16PS, else the fp32 kernel that emulates them; with a
+ *  kernel forced (`isa`, as --isa forces it), that kernel's (avx2, avx512: fp32 and the bf16 emulation on its FMA).
+ *  Empty on OpenBLAS-only runs. */
+function stepPeaks(
+  names: string[],
+  isa: IsaChoice = "auto",
+): {
   fp32?: { isa: string; gflops: number };
   bf16?: { isa: string; gflops: number };
 } {
   const best = supportedIsas()[0];
   if (!best) return {};
   const peak = (isa: Parameters<typeof fmaPeak>[0]) => Math.max(...[0, 1, 2].map(() => fmaPeak(isa, 500_000) ?? 0));
-  const fp32 = { isa: best, gflops: peak(best) };
+  const fp32 = isa === "avx2" || isa === "portable" ? { isa, gflops: peak(isa) } : { isa: best, gflops: peak(best) };
   if (!names.some((n) => n.endsWith("-bf16"))) return { fp32 };
+  if (isa !== "auto") return { fp32, bf16: isa === "amx" || isa === "avx512bf16" ? { isa, gflops: peak(isa) } : fp32 };
   const g = builtinGemmBf16();
   return {
     fp32,

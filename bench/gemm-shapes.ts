@@ -1,8 +1,8 @@
 /**
- * The `gemm` case of `npm run bench`: the built-in GEMM (each kernel this CPU runs) and OpenBLAS on every matrix
- * product of the frozen model (hidden 576, 9/3 heads of 64, ffn 1536) at seq 256 and seq 1024, one thread, against
- * the core's FMA peak for the kernel's instruction set measured in the same run (a register-only loop of 12
- * independent FMA chains). Kernels and shapes take turns round by round, with a peak probe before every shape, so
+ * The `gemm` case of `npm run bench`: the built-in GEMM (each kernel this CPU runs, in fp32 and in bf16 on its
+ * emulation beside it; AMX and VDPBF16PS where present) and OpenBLAS on every matrix product of the frozen model
+ * (hidden 576, 9/3 heads of 64, ffn 1536) at seq 256 and seq 1024, one thread, against the core's FMA peak for the
+ * kernel's instruction set measured in the same run (a register-only loop of 12 independent FMA chains). Kernels and shapes take turns round by round, with a peak probe before every shape, so
  * drift on a shared machine hits them alike. Both the probe and the built-in products are timed in C on this thread's
  * CPU clock (a sample is a few products back to back, as the trainer's C code calls them), so time spent descheduled
  * by other load, other threads and the call from JS do not count; OpenBLAS, through its JS wrapper, on the process's
@@ -144,20 +144,16 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
     name: string;
     time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) => number;
     peakOf: string | null;
-  }> = isas.map((isa) => ({
-    name: `builtin ${isa}`,
-    peakOf: isa,
-    time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) =>
-      g(isa, ...gemmArgs(sh, A, B, C), calls),
-  }));
-  // bf16 products (native/gemm.h: gemm_bf16, --precision bf16, P8) on AMX where the CPU has AMX-BF16, against
-  // TDPBF16PS's own register-only peak, and on VDPBF16PS where it has AVX512_BF16, against VDPBF16PS's; a weight
-  // operand registered as a rank registers the weights: packed once per step, so once per shape here (the untimed
+  }> = [];
+  // bf16 products (native/gemm.h: gemm_bf16, --precision bf16, P8): on each fp32 kernel's emulation, beside that
+  // kernel and against its FMA peak; on AMX where the CPU has AMX-BF16, against TDPBF16PS's own register-only peak,
+  // and on VDPBF16PS where it has AVX512_BF16, against VDPBF16PS's; a weight operand registered as a rank registers
+  // the weights (the AMX and VDPBF16PS kernels keep it packed): once per step, so once per shape here (the untimed
   // warm-up call packs it), not per product
   const bf = builtinGemmBf16();
   let registered: Float32Array | null = null;
   const bfTime =
-    (isa: "amx" | "avx512bf16") =>
+    (isa: "amx" | "avx512bf16" | "avx512" | "avx2") =>
     (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) => {
       if (!bf) return 0;
       const want = sh.weightB ? B : null;
@@ -165,6 +161,16 @@ export function gemmShapesBench(opts: { seqs: number[]; rounds: number; log: (m:
       registered = want;
       return bf.gemm(isa, ...gemmArgs(sh, A, B, C), calls);
     };
+  for (const isa of isas) {
+    kernels.push({
+      name: `builtin ${isa}`,
+      peakOf: isa,
+      time: (sh: GemmShape, A: Float32Array, B: Float32Array, C: Float32Array, calls: number) =>
+        g(isa, ...gemmArgs(sh, A, B, C), calls),
+    });
+    if (bf && (isa === "avx512" || isa === "avx2"))
+      kernels.push({ name: `builtin ${isa} bf16`, peakOf: isa, time: bfTime(isa) });
+  }
   if (bf?.hw) kernels.push({ name: "builtin bf16 (AMX)", peakOf: "amx", time: bfTime("amx") });
   if (bf?.dp) kernels.push({ name: "builtin avx512bf16", peakOf: "avx512bf16", time: bfTime("avx512bf16") });
   if ("kernels" in blas) {

@@ -17,11 +17,12 @@
  * Prints a `BENCH_JSON` line (case "frozen-step"). Also importable: frozenStepBench(o).
  * Usage: node dist/bench/model-frozen-step.js [--seq 256] [--micro-batch 1] [--grad-ckpt|--no-grad-ckpt] [--calls 3]
  *        [--activation-budget-gb G (0 = half the machine's memory over --world ranks)] [--world 1]
- *        [--layers N] [--backend auto|native|wasm|cpu|webgpu] [--precision fp32|bf16]
- * (bf16: the products on bf16 operands, P8; the native engine's built-in GEMM only)
+ *        [--layers N] [--backend auto|native|wasm|cpu|webgpu] [--precision fp32|bf16] [--isa avx2|...]
+ * (bf16: the products on bf16 operands, P8; the native engine's built-in GEMM only; --isa: its kernel, as the
+ * trainer's --isa forces it)
  */
 import * as tf from "@tensorflow/tfjs-core";
-import { activationBudget, type Precision } from "../src/config";
+import { activationBudget, type IsaChoice, type Precision } from "../src/config";
 import { initEngine, type BackendName } from "../src/model/backend";
 import { DEFAULT_NATIVE } from "../src/model/engine/native";
 import { profiledAttention } from "./native-probes";
@@ -106,12 +107,15 @@ export async function frozenStepBench(o: {
   log?: (s: string) => void;
   /** the products' precision (bf16: the native engine's built-in GEMM, P8); default fp32 */
   precision?: Precision;
+  /** the native engine's kernel (`--isa`, as the trainer forces one); default auto */
+  isa?: IsaChoice;
 }): Promise<
   Record<string, unknown> & { kernel_profile: KernelRow[]; profile_step_ms: number; profile_summary: ProfileSummary }
 > {
   const log = o.log ?? (() => undefined);
   const precision = o.precision ?? "fp32";
-  const be = await initEngine(o.backend ?? "auto", { ...DEFAULT_NATIVE, precision });
+  const native = { ...DEFAULT_NATIVE, precision, isa: o.isa ?? DEFAULT_NATIVE.isa };
+  const be = await initEngine(o.backend ?? "auto", native);
   log(`frozen-step engine: ${be.detail}`);
   const cfg = buildConfig({ seqLen: o.seq, layers: o.layers });
   const { total } = paramLayout(cfg);
@@ -164,10 +168,7 @@ export async function frozenStepBench(o: {
     const mmAfter: number[][] = [];
     for (const sh of shapes) mmAfter.push(await matmulRates(be.kernels, sh));
     // one more call through the timing proxy: each kernel's share of the step
-    const prof = profiledKernels(
-      be.kernels,
-      be.engine === "native" ? profiledAttention({ ...DEFAULT_NATIVE, precision }) : null,
-    );
+    const prof = profiledKernels(be.kernels, be.engine === "native" ? profiledAttention(native) : null);
     Object.assign(k, prof.kernels);
     // the proxy's clock: CPU time; a deferred engine's rows are the time to record each kernel, its total the whole
     // pass on the wall clock (the device's time is not this thread's)
@@ -200,6 +201,7 @@ export async function frozenStepBench(o: {
       seq_len: o.seq,
       micro_batch: o.microBatch,
       precision,
+      isa: native.isa,
       grad_ckpt: o.gradCkpt,
       recompute: plan.attnKept ? plan.recompute : "whole+attention",
       activation_bytes: plan.bytes,
@@ -244,6 +246,9 @@ async function main(): Promise<void> {
   const precision = arg("--precision", "fp32");
   if (precision !== "fp32" && precision !== "bf16")
     throw new Error(`--precision ${JSON.stringify(precision)}: use fp32 or bf16`);
+  const isa = arg("--isa", "auto");
+  const isas = ["auto", "amx", "avx512bf16", "avx512", "avx2", "portable"];
+  if (!isas.includes(isa)) throw new Error(`--isa ${JSON.stringify(isa)}: use one of ${isas.join(", ")}`);
   const res = await frozenStepBench({
     seq,
     microBatch,
@@ -256,6 +261,7 @@ async function main(): Promise<void> {
     layers: layersArg ? Number(layersArg) : undefined,
     backend: arg("--backend", "auto") as BackendName,
     precision,
+    isa: isa as IsaChoice,
     log: (s) => console.log(s),
   });
   console.log(`BENCH_JSON ${JSON.stringify(res)}`);

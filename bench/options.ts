@@ -6,7 +6,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import type { BackendName } from "../src/model/backend";
-import type { GemmChoice, Precision } from "../src/config";
+import type { GemmChoice, IsaChoice, Precision } from "../src/config";
 import { type FlagArgs, type FlagTable, parseFlags } from "../src/cli-args";
 import type { ModelName } from "./shape";
 import { parseCount } from "./optim";
@@ -64,6 +64,9 @@ export interface Options {
   gemms: GemmChoice[];
   /** The products' precisions the actor cases run in (bf16 on the built-in GEMM only, P8). */
   precisions: Precision[];
+  /** The built-in GEMM's kernels the actor and frozen-step cases run on, one after the other (`--isas`, as the
+   *  trainer's --isa forces one); "auto" the trainer's choice. */
+  isas: IsaChoice[];
   gemmRounds: number;
   gemmSeqs: number[];
   /** attention case: an older revision's own build beside this one (`--attention-base DIR`), loaded when parsed */
@@ -91,6 +94,7 @@ export function usage(): string {
     "  --optim-threads N           threads for the split optim case (default 2)",
     "  --gemms builtin,openblas    the native engine's GEMMs the actor cases run on, each world once per GEMM (default builtin)",
     "  --precisions fp32,bf16      the products' precisions the actor cases run in (bf16: built-in GEMM only; default fp32)",
+    "  --isas avx2,avx512          the actor and frozen-step cases once per built-in GEMM kernel, forced as --isa forces it (rows -avx2, ...; default auto)",
     "  --torch-threads 1,2          the PyTorch anchor's thread counts (default 1 and all cores; autocast bf16 runs at all cores)",
     "  --seqs 256,1024             run the step cases (single, actor, framework-free, torch) at each seq in turn; with more than one, case names get @seq",
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
@@ -101,7 +105,7 @@ export function usage(): string {
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",
     "  --rewarm N                  interleaved: untimed steps at the start of each turn (default 1; 0 = time the first step after a switch)",
-    "  --sequential                run the step cases back to back instead of interleaved (less memory for --model frozen)",
+    "  --sequential                run the step cases back to back instead of interleaved, one runtime alive at a time (less memory for --model frozen)",
     "  --no-grad-ckpt              gradient checkpointing off (the trainer's default is on)",
     "  --out DIR                   where latest.json / latest.md (and the kernel table) go (default ./bench-out, git-ignored;",
     "                              the committed results move only with an explicit --out bench/results/...)",
@@ -135,6 +139,7 @@ function defaultOptions(): Options {
     out: path.join(REPO_ROOT, "bench-out"),
     gemms: ["builtin"],
     precisions: ["fp32"],
+    isas: ["auto"],
     gemmRounds: 5,
     gemmSeqs: [256, 1024],
   };
@@ -227,6 +232,13 @@ const FLAGS: FlagTable<Options> = {
     o.precisions = list(a.flag, a.next()).map((x) => {
       if (x !== "fp32" && x !== "bf16") throw new Error(`--precisions ${JSON.stringify(x)}: use fp32 and/or bf16`);
       return x;
+    });
+  },
+  "--isas": (o, a) => {
+    const known = ["auto", "amx", "avx512bf16", "avx512", "avx2", "portable"];
+    o.isas = list(a.flag, a.next()).map((x) => {
+      if (!known.includes(x)) throw new Error(`--isas ${JSON.stringify(x)}: use ${known.join(", ")}`);
+      return x as IsaChoice;
     });
   },
   "--gemm-rounds": (o, a) => {

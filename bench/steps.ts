@@ -10,7 +10,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { activationBudget, type GemmChoice, type Precision } from "../src/config";
+import { activationBudget, type GemmChoice, type IsaChoice, type Precision } from "../src/config";
 import { SingleThreadTrainer } from "../src/single-thread";
 import { Coordinator, type StepResult } from "../src/actors/coordinator";
 import { fixedScaler, newScaler, type OptimizerPosition } from "../src/optim/optim";
@@ -103,6 +103,7 @@ async function spawnCoordinator(
   world: number,
   gemm: GemmChoice = "builtin",
   precision: Precision = "fp32",
+  isa: IsaChoice = "auto",
 ): Promise<Coordinator> {
   const coord = Coordinator.create({
     world,
@@ -110,7 +111,7 @@ async function spawnCoordinator(
     gradCkpt: s.gradCkpt,
     activationBudgetBytes: activationBudget({ activationBudgetGb: s.activationBudgetGb, world }).bytes,
     backend: s.backend,
-    native: { gemm, isa: "auto", precision },
+    native: { gemm, isa, precision },
     fault: null,
     data: { root: s.root, seqLen: s.seqLen, dataSeed: s.dataSeed, microBatch: s.microBatch, accum: s.accum, nVal: 0 },
   });
@@ -124,19 +125,21 @@ async function spawnCoordinator(
   return coord;
 }
 
-/** Case 2: the actor runtime, `world` rank workers, the step timed from the coordinator's side. */
+/** Case 2: the actor runtime, `world` rank workers, the step timed from the coordinator's side; `isa` forces the
+ *  built-in GEMM's kernel as the trainer's --isa does (the row's name gets it: actor-w2-avx2-bf16). */
 export async function actorRunner(
   s: Shape,
   world: number,
   gemm: GemmChoice = "builtin",
   precision: Precision = "fp32",
+  isa: IsaChoice = "auto",
 ): Promise<Runner> {
-  const coord = await spawnCoordinator(s, world, gemm, precision);
+  const coord = await spawnCoordinator(s, world, gemm, precision, isa);
   const scaler = precision === "bf16" ? fixedScaler() : newScaler(); // P8: bf16 holds the scale at 1
   const pos: OptimizerPosition = { optSteps: 0, scaler, skipped: 0 };
   let i = 0;
   return {
-    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}${precision === "bf16" ? "-bf16" : ""}`,
+    name: `actor-w${world}${gemm === "openblas" ? "-openblas" : ""}${isa === "auto" ? "" : `-${isa}`}${precision === "bf16" ? "-bf16" : ""}`,
     world,
     backend: coord.backendInfo.backend,
     backendDetail: coord.backendInfo.detail,

@@ -100,8 +100,8 @@ int isa_copy(napi_env env, const char *fn, const char *isa, gemm_isa *out) {
 }
 
 /* ------------------------------------------------------------------ the fused attention's wrappers */
-/* attentionForward(out, lse, q, k, v, B, T, H, K, E) on kernel: attention_forward (tstrain.c), or the timed copy
- * (probes.c) */
+/* attentionForward(out, lse, q, k, v, B, T, H, K, E) on kernel: attention_forward (ops/attention.c, from tstrain.c),
+ * or the timed copy (probes.c) */
 napi_value attention_forward_call(napi_env env, napi_callback_info info, const char *fn, attention_forward_fn kernel) {
   ARGS(10);
   NEED_BLAS();
@@ -124,8 +124,8 @@ napi_value attention_forward_call(napi_env env, napi_callback_info info, const c
   return NULL;
 }
 
-/* attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) on kernel: attention_backward (tstrain.c), or
- * the timed copy (probes.c) */
+/* attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) on kernel: attention_backward
+ * (ops/attention.c, from tstrain.c), or the timed copy (probes.c) */
 napi_value attention_backward_call(napi_env env, napi_callback_info info, const char *fn,
                                    attention_backward_fn kernel) {
   ARGS(14);

@@ -35,29 +35,35 @@ const LAYERS = [
     layer: 1,
     name: "foundation",
     // Error types, the one validated config and the small commands' flag parser: everything else may use them,
-    // and they use nothing of ours (config.ts reads only errors.ts, config-file.ts, the --config file's syntax, and
-    // hub/repo-id.ts, the Hub's rule for a repo id, which the Hub client and the local Hub hold to as well);
+    // and they use nothing of ours (config.ts reads only errors.ts, config-argv.ts: the command line's words to flag
+    // values and a refusal's changes back to words, config-file.ts, a --config file's keys and
+    // values against the flag table config.ts hands it, and hub/address.ts: where the Hub is (--hub-url,
+    // HF_ENDPOINT, the default), the hf:// grammar and the rules for a repo id and a path in a repo, which prepare,
+    // generate, the Hub client and the local Hub hold to as well);
     // duration.ts formats a duration for every progress line, the training's, prepare's and the Hub transfers', and
     // progress.ts holds the one rhythm of those lines (TSTRAIN_PROGRESS_SECONDS); pipes.ts keeps a reader that
     // closes stdout or stderr (`| head`) from ending any command (O7).
     patterns: [
       "errors.ts",
       "config.ts",
+      "config-argv.ts",
       "config-file.ts",
       "cli-args.ts",
       "duration.ts",
       "progress.ts",
       "pipes.ts",
-      "hub/repo-id.ts",
+      "hub/address.ts",
     ],
   },
   {
     layer: 2,
     name: "model, data, Hub client and local Hub",
     // Independent libraries: the model (kernels, engines, safetensors; the webgpu engine's rooms under
-    // model/engine/webgpu/: device, arena, recorder, matmul-plan, engine, and shaders/ by family), the data pipeline (mix,
+    // model/engine/webgpu/: gpus, device, arena, recorder, matmul-plan, engine, and shaders/ by family), the data pipeline (mix,
     // tokenizer, sampler), the local Hub server (src/hub/server.ts and its parts) and the Hub
-    // client's building blocks (client, hub-errors, retry, safetensors-check, token: HF_TOKEN's form). None of them knows about
+    // client's building blocks (client, hub-errors: the errors and the token's scrubbing, transfer: a transfer's
+    // progress lines, retry, start: the Hub calls before step 1, retried, and the refusals of a Hub that cannot
+    // serve, safetensors-check, token: HF_TOKEN's form). None of them knows about
     // checkpoints, actors or sessions. hub/safetensors-check.ts reads model/safetensors.ts, a
     // same-layer import. The checkpoint's formats (checkpoint/names.ts: the layout's names;
     // checkpoint/state.ts: the documents' types and their one parser each, latest.json included) are
@@ -78,7 +84,7 @@ const LAYERS = [
       "data/**",
       "hub/server/**",
       "hub/server.ts",
-      "hub/{client,hub-errors,retry,safetensors-check,token}.ts",
+      "hub/{client,hub-errors,transfer,retry,start,safetensors-check,token}.ts",
       "mpi/**",
     ],
   },

@@ -9,9 +9,19 @@
  */
 import * as fs from "node:fs";
 import * as os from "node:os";
-import { UserError } from "./errors";
-import { readConfigFile, type ConfigFileDoc } from "./config-file";
-import { isRepoId, REPO_ID_RULE } from "./hub/repo-id";
+import { type Fix, type FixWay, type FlagChange, UserError } from "./errors";
+import { shellWord } from "./cli-args";
+import { argvWithChanges, type FlagValue, readFlagValues, specOf } from "./config-argv";
+import { readConfigFile } from "./config-file";
+import {
+  canonicalHubUrl,
+  DEFAULT_HUB_URL,
+  endpointFromEnv,
+  hubUrlFixed,
+  hubUrlProblem,
+  isRepoId,
+  REPO_ID_RULE,
+} from "./hub/address";
 import flagTable from "./config-flags.json";
 
 /** `--gemm`: the native engine's matrix products on the project's own GEMM, or on the system's OpenBLAS. */
@@ -21,6 +31,8 @@ export type GemmChoice = "builtin" | "openblas";
 export type IsaChoice = "auto" | "amx" | "avx512bf16" | "avx512" | "avx2" | "portable";
 /** `--precision` (P8): the matrix products' operands, fp32 or bf16 (bf16 accumulates in fp32; masters stay fp32). */
 export type Precision = "fp32" | "bf16";
+/** `--webgpu-fold` (A10): where the webgpu engine adds each micro-batch's gradient into the rank's float64 slot. */
+export type FoldPlace = "device" | "host";
 /** `--backend`: the compute engine; auto = native when its addon loads, else the best tfjs backend that loads. */
 export type BackendName = "auto" | "native" | "tensorflow" | "wasm" | "cpu" | "webgpu";
 
@@ -69,12 +81,19 @@ export interface RunConfig {
    */
   hosts: number;
   backend: BackendName;
+  /**
+   * A13: --backend webgpu's GPUs, by index or PCI address, comma-separated (parseGpuChoice); rank r of the host's
+   * ranks takes the r-th. "" = every GPU of the host, in PCI address order.
+   */
+  gpus: string;
   /** The native engine's matrix products: the project's own GEMM or the system's OpenBLAS. */
   gemm: GemmChoice;
   /** The built-in GEMM's micro-kernel (auto = the widest the CPU has; every one gives the same bits). */
   isa: IsaChoice;
   /** P8: the matrix products' operands: fp32, or bf16 rounded (fp32 accumulation, fp32 masters, scale fixed at 1). */
   precision: Precision;
+  /** A10, --backend webgpu: the micro-batch fold on the device (the slot read back once a step) or on the host. */
+  webgpuFold: FoldPlace;
   demo: boolean;
   /** Variant vocabulary; 0 = the frozen 49,152 (M1), or under --demo the demo tokenizer's size. */
   vocabSize: number;
@@ -175,16 +194,11 @@ export function usage(): string {
     const def = f.kind === "bool" ? (f.def ? "on" : "off") : JSON.stringify(f.def);
     lines.push(`  ${name.padEnd(40)} ${f.help} (default ${def})`);
   }
-  lines.push("", "Environment: HF_TOKEN (Hub token; never printed or written).");
+  lines.push(
+    "",
+    "Environment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given; --demo keeps its embedded Hub unless --hub-url is given).",
+  );
   return lines.join("\n");
-}
-
-function parseNumber(flag: string, raw: string, kind: "int" | "float"): number {
-  const t = raw.trim().replace(/_/g, "");
-  const v = Number(t);
-  if (t === "" || !Number.isFinite(v)) throw new UserError("G10", `--${flag} ${JSON.stringify(raw)} is not a number`);
-  if (kind === "int" && !Number.isSafeInteger(v)) throw new UserError("G10", `--${flag} ${raw} must be a whole number`);
-  return v;
 }
 
 export interface ParsedArgs {
@@ -194,21 +208,41 @@ export interface ParsedArgs {
   explicit: ReadonlySet<string>;
   /** G12: where each flag given (or set by --demo) came from: "flag", the --config file's path, or "--demo". */
   origins: ReadonlyMap<string, string>;
+  /** G12: the flags the --config file sets, also those the command line overrides (advice that drops one sets it). */
+  fromFile: ReadonlySet<string>;
 }
-
-type FlagValue = string | number | boolean;
 
 /**
  * Parse argv (without node and script). Unknown flags are an error, as in nanoGPT's configurator. The settings
- * are the table's defaults, then --demo's (when --demo is set), then the --config file's, then the flags'.
+ * are the table's defaults, then --demo's (when --demo is set), then the --config file's, then the flags'. A
+ * refusal's advice is the command `node dist/main.js` with these arguments changed (withMainCommands).
  */
 export function parseArgs(argv: readonly string[]): ParsedArgs {
+  const fromFile = new Set<string>();
+  try {
+    return readArgs(argv, fromFile);
+  } catch (e) {
+    throw e instanceof UserError ? withMainCommands(e, ["node", "dist/main.js"], argv, fromFile) : e;
+  }
+}
+
+/** parseArgs, its refusals' advice left as changes; `fromFile` gets the --config file's flags once it is read. */
+function readArgs(argv: readonly string[], fromFile = new Set<string>()): ParsedArgs {
   const byFlag = new Map(FLAGS.map((f) => [f.flag, f]));
-  const { values: given, help } = readFlagValues(argv, byFlag);
+  const { values: given, help } = readFlagValues(argv, byFlag, (f, v) => RANGES[f]?.ok(v) ?? true);
   const file = given.get("config") as string | undefined;
-  const values = file ? new Map([...valuesFromFile(readConfigFile(file), byFlag), ...given]) : given;
+  const inFile = file ? readConfigFile(file, FILE_TABLE) : new Map<string, FlagValue>();
+  for (const k of inFile.keys()) fromFile.add(k);
+  const values = file ? new Map([...inFile, ...given]) : given;
   const origins = new Map<string, string>();
   for (const k of values.keys()) origins.set(k, given.has(k) ? "flag" : file!);
+  // G10: no --hub-url (flag or file): HF_ENDPOINT, as huggingface_hub reads it. --demo keeps its embedded Hub (B6:
+  // it runs offline, and a mirror set for the real Hub is no place for a demo's repo); --hub-url sends it elsewhere.
+  const endpoint = values.has("hub-url") || values.get("demo") === true ? null : endpointFromEnv("G10");
+  if (endpoint !== null) {
+    values.set("hub-url", endpoint);
+    origins.set("hub-url", "HF_ENDPOINT");
+  }
   if (values.get("demo") === true)
     for (const k of Object.keys(DEMO_DEFAULTS)) {
       const f = FLAGS.find((r) => r.key === k)!.flag;
@@ -221,16 +255,70 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
   } catch (e) {
     throw file ? namingTheFile(e, origins) : e;
   }
-  return { config, help, explicit: new Set(values.keys()), origins };
+  return { config, help, explicit: new Set(values.keys()), origins, fromFile };
 }
 
-/** A range refusal of a setting the file gave (`--micro-batch: 0 must be ...`) says it came from the file. */
+/**
+ * A refusal of the trainer with each way of its fix written as the whole command `head argv` with the way's changes
+ * made (mainArgvWith). Each way is checked by parsing the command it gives: a way refused there takes on the first
+ * way of that refusal that changes other flags (one that only drops flags first; twice at most), so that the command
+ * printed passes parseArgs; a way that still does not is printed as it is. `fromFile`: the --config file's flags
+ * (ParsedArgs).
+ */
+export function withMainCommands(
+  e: UserError,
+  head: readonly string[],
+  argv: readonly string[],
+  fromFile: ReadonlySet<string>,
+): UserError {
+  if (!e.fix) return e;
+  const ways = e.fix.ways.map((w) => parsedWay(w, argv, fromFile, 2) ?? w);
+  return new UserError(e.rule, e.lead, { ...e.fix, ways }, (changes) =>
+    [...head, ...mainArgvWith(argv, changes, fromFile)].map(shellWord).join(" "),
+  );
+}
+
+/** `w` when the command it gives parses, else with the changes of a way of that refusal added (withMainCommands). */
+function parsedWay(w: FixWay, argv: readonly string[], fromFile: ReadonlySet<string>, tries: number): FixWay | null {
+  try {
+    readArgs(mainArgvWith(argv, w.changes, fromFile));
+    return w;
+  } catch (x) {
+    if (tries === 0 || !(x instanceof UserError) || !x.fix) return null;
+    const mine = new Set(w.changes.map(([f]) => specOf(FLAGS, f)?.flag ?? f));
+    // a way that only drops flags first: it keeps what this way is for (its `why`), where one that sets another may not
+    const drops = (v: FixWay) => v.changes.every(([, value]) => value === null || value === false);
+    for (const next of [...x.fix.ways.filter(drops), ...x.fix.ways.filter((v) => !drops(v))]) {
+      if (next.changes.some(([f]) => mine.has(specOf(FLAGS, f)?.flag ?? f))) continue; // it would undo this way
+      const r = parsedWay({ ...w, changes: [...w.changes, ...next.changes] }, argv, fromFile, tries - 1);
+      if (r) return r;
+    }
+    return null;
+  }
+}
+
+/**
+ * The trainer's arguments with `changes` made (config-argv.ts argvWithChanges): a switch by its own words, and a
+ * flag dropped that the --config file sets (`fromFile`) set to its default, since the file's value would apply.
+ */
+export function mainArgvWith(
+  argv: readonly string[],
+  changes: readonly FlagChange[],
+  fromFile: ReadonlySet<string> = new Set(),
+): string[] {
+  return argvWithChanges(argv, changes, FLAGS, fromFile);
+}
+
+/** A range refusal of a setting the file gave says it came from the file: `--micro-batch: 0 (set in --config
+ *  run.toml) must be ...`; the flag it advises, given on the command line, overrides the file. */
 function namingTheFile(e: unknown, origins: ReadonlyMap<string, string>): unknown {
   if (!(e instanceof UserError)) return e;
   const m = /^--([a-z0-9-]+)/.exec(e.message);
   const from = m ? origins.get(m[1]) : undefined;
   if (!from || from === "flag" || from === "--demo") return e;
-  return new UserError(e.rule, `${e.message.slice(0, -` [${e.rule}]`.length)} (set in --config ${from})`);
+  const msg = e.fix ? e.lead : e.message.slice(0, -` [${e.rule}]`.length);
+  const head = /^--[a-z0-9-]+:? \S+/.exec(msg)?.[0] ?? msg;
+  return new UserError(e.rule, `${head} (set in --config ${from})${msg.slice(head.length)}`, e.fix);
 }
 
 /** The seed's torch switches: flags of the table that are refused when set, and read into no setting. */
@@ -238,154 +326,8 @@ const TORCH_ONLY: ReadonlySet<string> = new Set(["gc-nonreentrant", "torch-compi
 /** Keys a run_config.json records that are no flag: the MPI process count (set once MPI is up), the update's
  *  constants (P7 compares them at a resume) and the config file that run read. A config file sets none of them. */
 const RECORDED_ONLY: ReadonlySet<string> = new Set(["hosts", "update", "configFile"]);
-
-/**
- * G12: a --config file's settings, by flag name. A TOML file's keys are the flags' names (`micro-batch = 4`); a
- * JSON file is a run's run_config.json, its keys the settings' names (`"microBatch": 4`). An unknown key is
- * refused naming the closest one, and a value of the wrong type naming the key, the value and the type wanted.
- */
-function valuesFromFile(doc: ConfigFileDoc, byFlag: ReadonlyMap<string, FlagSpec>): Map<string, FlagValue> {
-  const json = doc.format === "json";
-  const settable = FLAGS.filter((f) => f.flag !== "config" && !(json && TORCH_ONLY.has(f.flag)));
-  const byKey = new Map(settable.map((f) => [f.key as string, f]));
-  const values = new Map<string, FlagValue>();
-  for (const [key, raw] of doc.entries) {
-    if (json && RECORDED_ONLY.has(key)) continue;
-    if (!json && key === "config")
-      throw new UserError("G12", `--config ${doc.file}: a config file cannot name another one (config = ...): drop it`);
-    const spec = json ? byKey.get(key) : byFlag.get(key);
-    if (!spec) throw unknownKey(doc, key, raw, json ? [...byKey.keys()] : settable.map((f) => f.flag), byKey);
-    values.set(spec.flag, fileValue(doc.file, key, spec, raw));
-  }
-  return values;
-}
-
-function unknownKey(
-  doc: ConfigFileDoc,
-  key: string,
-  raw: unknown,
-  names: string[],
-  byKey: ReadonlyMap<string, FlagSpec>,
-): UserError {
-  const where = `--config ${doc.file}`;
-  if (doc.format === "json") {
-    const near = closestName(key, names);
-    return new UserError(
-      "G12",
-      `${where}: ${JSON.stringify(key)} is not a setting (a .json config is a run_config.json, its keys the settings' names); the closest is ${JSON.stringify(near)} (--${byKey.get(near)!.flag}): rename it, or drop it`,
-    );
-  }
-  const base = key.startsWith("no-") ? FLAGS.find((f) => f.flag === key.slice(3) && f.negatable) : undefined;
-  if (base) return new UserError("G12", `${where}: ${key} is not a flag's name: write ${base.flag} = false instead`);
-  const table = (v: unknown): v is Record<string, unknown> =>
-    v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Date);
-  const flat = "the file is flat: every key a flag's name at the top level, as on the command line without --";
-  if (table(raw)) {
-    // micro.batch = 2 is TOML's table micro holding batch: the flag it spells is micro-batch
-    const sub = Object.keys(raw).find((k) => names.includes(`${key}-${k}`));
-    const flag = sub === undefined ? undefined : `${key}-${sub}`;
-    if (sub !== undefined && flag !== undefined)
-      return new UserError(
-        "G12",
-        `${where}: ${key}.${flag.slice(key.length + 1)} (a TOML table: [${key}] or a dotted key) is not a flag, and ${flat}: write ${flag} = ${JSON.stringify(raw[sub])}`,
-      );
-    return new UserError(
-      "G12",
-      `${where}: [${key}] is a table, but ${flat}: move its settings to the top of the file and drop the [${key}] line`,
-    );
-  }
-  if (Array.isArray(raw) && raw.length > 0 && raw.every(table))
-    return new UserError(
-      "G12",
-      `${where}: [[${key}]] is an array of tables, but ${flat}: drop it and write the settings at the top of the file`,
-    );
-  const near = closestName(key, names);
-  return new UserError(
-    "G12",
-    `${where}: ${key} is not a flag (the keys are the flags' names as on the command line, without --; node dist/main.js --help lists them); the closest is ${near}: rename ${key} to ${near}`,
-  );
-}
-
-/** The candidate nearest `name` by edit distance, case, '-' and '_' set aside (micro_batch, microBatch: micro-batch). */
-export function closestName(name: string, candidates: readonly string[]): string {
-  const norm = (s: string) => s.toLowerCase().replace(/[-_]/g, "");
-  const a = norm(name);
-  let best = candidates[0];
-  let bestD = Number.POSITIVE_INFINITY;
-  for (const c of candidates) {
-    const d = editDistance(a, norm(c));
-    if (d < bestD) [best, bestD] = [c, d];
-  }
-  return best;
-}
-
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const cur = [i];
-    for (let j = 1; j <= b.length; j++)
-      cur[j] = Math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
-    prev = cur;
-  }
-  return prev[b.length];
-}
-
-/** One file value checked against its flag's kind and choices, as the command line's are. */
-function fileValue(file: string, key: string, spec: FlagSpec, raw: unknown): FlagValue {
-  const name = key === spec.flag ? key : `${key} (--${spec.flag})`;
-  const shown =
-    typeof raw === "bigint" || typeof raw === "number"
-      ? String(raw)
-      : raw instanceof Date
-        ? raw.toISOString()
-        : JSON.stringify(raw);
-  const refuse = (want: string, hint = "") =>
-    new UserError(
-      "G12",
-      `--config ${file}: ${name} = ${shown} is ${kindOf(raw)}, but ${spec.flag} takes ${want}${hint}: fix its value`,
-    );
-  const numeric = typeof raw === "string" && raw.trim() !== "" && Number.isFinite(Number(raw));
-  const unquote = numeric ? ` (write it without quotes: ${key} = ${raw})` : "";
-  switch (spec.kind) {
-    case "bool":
-      if (typeof raw === "boolean") return raw;
-      throw refuse(
-        "true or false",
-        raw === "true" || raw === "false" ? ` (write it without quotes: ${key} = ${raw})` : "",
-      );
-    case "int":
-      if (typeof raw === "number" && Number.isSafeInteger(raw)) return raw;
-      throw refuse(`a whole number of at most ${Number.MAX_SAFE_INTEGER}`, unquote);
-    case "float":
-      if (typeof raw === "number" && Number.isFinite(raw)) return raw;
-      throw refuse("a number", unquote);
-    case "string":
-      if (typeof raw !== "string") throw refuse(`a string (in quotes: ${key} = "${String(shown)}")`);
-      if (spec.choices && !spec.choices.includes(raw))
-        throw new UserError(
-          "G12",
-          `--config ${file}: ${name} = ${shown} is not one of ${spec.choices.join(", ")}: pick one of them`,
-        );
-      return raw;
-  }
-}
-
-function kindOf(v: unknown): string {
-  if (typeof v === "string") return "a string";
-  if (typeof v === "boolean") return "a boolean";
-  if (typeof v === "bigint") return "a whole number too large to hold exactly";
-  if (typeof v === "number")
-    return Number.isNaN(v)
-      ? "not a number (nan)"
-      : !Number.isFinite(v)
-        ? "infinite (inf, or a number too large for a double, as 1e400)"
-        : Number.isInteger(v)
-          ? "a whole number"
-          : "a number with a fraction";
-  if (Array.isArray(v)) return "an array";
-  if (v instanceof Date) return "a date";
-  return v === null ? "null" : "a table";
-}
+/** The table as config-file.ts reads a --config file's keys against it. */
+const FILE_TABLE = { flags: FLAGS, torchOnly: TORCH_ONLY, recordedOnly: RECORDED_ONLY };
 
 /**
  * G12: the start line: each setting that differs from its default, grouped by where it came from (the --config
@@ -418,80 +360,29 @@ function rank(from: string): number {
   return from === "--demo" ? 1 : from === "flags" ? 2 : from === "the caller" ? 3 : 0;
 }
 
-/** Each flag given, by name, to its parsed value (checked against its kind and choices); and whether --help was. */
-function readFlagValues(
-  argv: readonly string[],
-  byFlag: ReadonlyMap<string, FlagSpec>,
-): { values: Map<string, FlagValue>; help: boolean } {
-  const values = new Map<string, FlagValue>();
-  let help = false;
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    if (a === "--help" || a === "-h") {
-      help = true;
-      continue;
-    }
-    if (!a.startsWith("--"))
-      throw new UserError("G10", `unexpected argument ${JSON.stringify(a)}: flags start with -- (see --help)`);
-    let name = a.slice(2);
-    let inline: string | undefined;
-    const eq = name.indexOf("=");
-    if (eq >= 0) {
-      inline = name.slice(eq + 1);
-      name = name.slice(0, eq);
-    }
-    const spec = byFlag.get(name);
-    if (!spec && name.startsWith("no-")) {
-      const base = byFlag.get(name.slice(3));
-      if (base && base.kind === "bool" && base.negatable) {
-        if (inline !== undefined) throw new UserError("G10", `--${name} takes no value`);
-        values.set(base.flag, false);
-        continue;
-      }
-    }
-    if (!spec) throw new UserError("G10", `unknown flag --${name} (see --help for the flags this trainer takes)`);
-    if (spec.kind === "bool") {
-      if (inline === undefined) {
-        values.set(spec.flag, true);
-        continue;
-      }
-      if (inline !== "true" && inline !== "false") throw new UserError("G10", `--${name}=${inline}: use true or false`);
-      values.set(spec.flag, inline === "true");
-      continue;
-    }
-    const raw = inline ?? argv[++i];
-    if (raw === undefined) throw new UserError("G10", `--${name} needs a value`);
-    if (spec.kind === "string") {
-      if (spec.choices && !spec.choices.includes(raw)) {
-        throw new UserError("G10", `--${name} ${JSON.stringify(raw)} is not one of ${spec.choices.join(", ")}`);
-      }
-      values.set(spec.flag, raw);
-    } else {
-      values.set(spec.flag, parseNumber(name, raw, spec.kind));
-    }
-  }
-  return { values, help };
-}
-
 /** Seed flags with no meaning here: refused when asked for, with the reason; then dropped from `values`. */
 function refuseTorchOnlyFlags(values: Map<string, FlagValue>): void {
+  const without = (flag: string, why: string): Fix => ({ ways: [{ changes: [[flag, null]], why }] });
   if (values.get("gc-nonreentrant") === true) {
     throw new UserError(
       "G10",
-      "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here. Drop it.",
+      "--gc-nonreentrant selects a torch autograd path; this trainer has one hand-written recompute path (M6), so the flag has no meaning here: run ",
+      without("--gc-nonreentrant", "without it"),
     );
   }
   if (values.get("torch-compile") === true) {
     throw new UserError(
       "G10",
-      "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here. Drop it.",
+      "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here: run ",
+      without("--torch-compile", "without it"),
     );
   }
   const attn = values.get("attn");
   if (attn !== undefined && attn !== "eager") {
     throw new UserError(
       "G10",
-      `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4). Use --attn eager or leave it out.`,
+      `--attn ${attn} is a CUDA attention kernel of torch; this stack computes attention one way (the eager math of HF Llama, M4): run `,
+      without("--attn", "eager, the one way"),
     );
   }
   for (const f of TORCH_ONLY) values.delete(f);
@@ -514,64 +405,99 @@ function configFrom(
   return cfg;
 }
 
-function must(cond: boolean, flag: string, msg: string): void {
-  if (!cond) throw new UserError("G10", `--${flag}: ${msg}`);
+/**
+ * G10: each number flag's range: whether a value is in it, what a refused value is told it must be, and the value
+ * the refusal advises (`near`: the nearest value in range, else the setting's default where it applies, the demo's
+ * under --demo). Every advised value is in range, so the command it gives passes this check.
+ */
+interface Range {
+  ok(v: number): boolean;
+  says(v: number): string;
+  near?(v: number): number;
+}
+const whole = (v: number) => Number.isSafeInteger(v);
+const pos = (v: number) => whole(v) && v > 0;
+const nonneg = (v: number) => whole(v) && v >= 0;
+const clamp = (lo: number, hi: number) => (v: number) => Math.min(hi, Math.max(lo, v));
+const RANGES: Readonly<Record<string, Range>> = {
+  "seq-len": {
+    ok: (v) => pos(v) && v >= 2,
+    says: () => "must be a whole number >= 2 (a window predicts seq_len-1 tokens)",
+  },
+  "micro-batch": { ok: pos, says: () => "must be a positive whole number", near: () => 1 },
+  accum: { ok: pos, says: () => "must be a positive whole number", near: () => 1 },
+  world: {
+    ok: (v) => pos(v) && v <= 64,
+    says: (v) =>
+      v > 64 ? "ranks is more than this trainer supports (64)" : "must be a positive whole number of ranks",
+    near: (v) => (v > 64 ? 64 : 1),
+  },
+  layers: { ok: nonneg, says: () => "must be 0 (frozen) or a positive layer count", near: () => 0 },
+  hidden: { ok: nonneg, says: () => "must be 0 (frozen) or a positive width", near: () => 0 },
+  "vocab-size": {
+    ok: (v) => nonneg(v) && (v === 0 || v >= 2),
+    says: () => "must be 0 (frozen 49,152) or at least 2",
+    near: () => 0,
+  },
+  lr: { ok: (v) => v > 0 && v < 1, says: () => "must be in (0, 1)" },
+  tokens: { ok: pos, says: () => "must be a positive whole number" },
+  "max-steps": { ok: nonneg, says: () => "must be >= 0", near: () => 0 },
+  "warmup-frac": { ok: (v) => v >= 0 && v <= 1, says: () => "must be within [0, 1]", near: clamp(0, 1) },
+  "decay-frac": { ok: (v) => v >= 0 && v <= 1, says: () => "must be within [0, 1]", near: clamp(0, 1) },
+  seed: { ok: nonneg, says: () => "must be a whole number >= 0" },
+  "data-seed": { ok: nonneg, says: () => "must be a whole number >= 0" },
+  "val-tokens": { ok: pos, says: () => "must be a positive whole number" },
+  "log-every": { ok: pos, says: () => "must be a positive whole number" },
+  "push-every-steps": { ok: nonneg, says: () => "must be >= 0 (0 = steps // 10)", near: () => 0 },
+  "stop-after-steps": { ok: nonneg, says: () => "must be >= 0 (0 = run to the horizon)", near: () => 0 },
+  "min-free-gb": { ok: (v) => v >= 0, says: () => "must be >= 0", near: () => 0 },
+  "activation-budget-gb": {
+    ok: (v) => Number.isFinite(v) && v >= 0,
+    says: () => "must be a number of GB >= 0 (0 = half this machine's memory over the ranks)",
+    near: () => 0,
+  },
+  "hub-timeout-seconds": {
+    ok: (v) => Number.isFinite(v) && v >= 0.1 && v <= 3600,
+    says: () => "must be within [0.1, 3600]",
+  },
+  "hub-retry-minutes": {
+    ok: (v) => Number.isFinite(v) && v > 0 && v <= 7 * 24 * 60,
+    says: () => "must be > 0 and at most a week (10080)",
+  },
+  benchmark: { ok: nonneg, says: () => "must be >= 0", near: () => 0 },
+};
+
+/** The advice of a value refused by its range: the nearest value in range, else the default that applies. */
+function rangeFix(spec: FlagSpec, v: number, demo: boolean): Fix {
+  const r = RANGES[spec.flag];
+  const flag = `--${spec.flag}`;
+  const cands = Number.isFinite(v) && !Number.isInteger(v) && spec.kind === "int" ? [Math.floor(v), Math.ceil(v)] : [];
+  const near = cands.filter((x) => r.ok(x));
+  if (near.length) return { ways: near.map((x) => ({ changes: [[flag, String(x)]] })) };
+  const n = r.near?.(v);
+  if (n !== undefined && r.ok(n)) return { ways: [{ changes: [[flag, String(n)]], why: "the nearest allowed" }] };
+  const demoDef = demo ? (DEMO_DEFAULTS as Record<string, unknown>)[spec.key] : undefined;
+  return typeof demoDef === "number"
+    ? { ways: [{ changes: [[flag, String(demoDef)]], why: "--demo's default" }] }
+    : { ways: [{ changes: [[flag, String(spec.def)]], why: "its default" }] };
 }
 
 /** Range checks that need no data. Checks that need the mix or the plan live with them (D6, G1, K1). */
 export function validate(c: RunConfig): RunConfig {
-  const pos = (v: number) => Number.isSafeInteger(v) && v > 0;
-  const nonneg = (v: number) => Number.isSafeInteger(v) && v >= 0;
-  must(
-    pos(c.seqLen) && c.seqLen >= 2,
-    "seq-len",
-    `${c.seqLen} must be a whole number >= 2 (a window predicts seq_len-1 tokens)`,
-  );
-  must(pos(c.microBatch), "micro-batch", `${c.microBatch} must be a positive whole number`);
-  must(pos(c.accum), "accum", `${c.accum} must be a positive whole number`);
-  must(pos(c.world), "world", `${c.world} must be a positive whole number of ranks`);
-  must(c.world <= 64, "world", `${c.world} ranks is more than this trainer supports (64)`);
+  for (const [flag, r] of Object.entries(RANGES)) {
+    const spec = FLAGS.find((f) => f.flag === flag)!;
+    const v = c[spec.key] as number;
+    if (!r.ok(v)) throw new UserError("G10", `--${flag}: ${v} ${r.says(v)}; run `, rangeFix(spec, v, c.demo));
+  }
   c = { ...c, hosts: c.hosts ?? 1 };
   if (!(Number.isSafeInteger(c.hosts) && c.hosts >= 1))
     throw new Error(`config: hosts ${c.hosts} must be a whole number >= 1 (set from the MPI world)`);
-  must(nonneg(c.layers), "layers", `${c.layers} must be 0 (frozen) or a positive layer count`);
-  must(nonneg(c.hidden), "hidden", `${c.hidden} must be 0 (frozen) or a positive width`);
-  must(
-    nonneg(c.vocabSize) && (c.vocabSize === 0 || c.vocabSize >= 2),
-    "vocab-size",
-    `${c.vocabSize} must be 0 (frozen 49,152) or at least 2`,
-  );
-  must(c.lr > 0 && c.lr < 1, "lr", `${c.lr} must be in (0, 1)`);
-  must(pos(c.tokens), "tokens", `${c.tokens} must be a positive whole number`);
-  must(nonneg(c.maxSteps), "max-steps", `${c.maxSteps} must be >= 0`);
-  must(c.warmupFrac >= 0 && c.warmupFrac <= 1, "warmup-frac", `${c.warmupFrac} must be within [0, 1]`);
-  must(c.decayFrac >= 0 && c.decayFrac <= 1, "decay-frac", `${c.decayFrac} must be within [0, 1]`);
-  must(nonneg(c.seed), "seed", `${c.seed} must be a whole number >= 0`);
-  must(nonneg(c.dataSeed), "data-seed", `${c.dataSeed} must be a whole number >= 0`);
-  must(pos(c.valTokens), "val-tokens", `${c.valTokens} must be a positive whole number`);
-  must(pos(c.logEvery), "log-every", `${c.logEvery} must be a positive whole number`);
-  must(nonneg(c.pushEverySteps), "push-every-steps", `${c.pushEverySteps} must be >= 0 (0 = steps // 10)`);
-  must(nonneg(c.stopAfterSteps), "stop-after-steps", `${c.stopAfterSteps} must be >= 0 (0 = run to the horizon)`);
-  must(c.minFreeGb >= 0, "min-free-gb", `${c.minFreeGb} must be >= 0`);
-  must(
-    Number.isFinite(c.activationBudgetGb) && c.activationBudgetGb >= 0,
-    "activation-budget-gb",
-    `${c.activationBudgetGb} must be a number of GB >= 0 (0 = half this machine's memory over the ranks)`,
-  );
-  must(
-    Number.isFinite(c.hubTimeoutSeconds) && c.hubTimeoutSeconds >= 0.1 && c.hubTimeoutSeconds <= 3600,
-    "hub-timeout-seconds",
-    `${c.hubTimeoutSeconds} must be within [0.1, 3600]`,
-  );
-  must(
-    Number.isFinite(c.hubRetryMinutes) && c.hubRetryMinutes > 0 && c.hubRetryMinutes <= 7 * 24 * 60,
-    "hub-retry-minutes",
-    `${c.hubRetryMinutes} must be > 0 and at most a week (10080)`,
-  );
-  must(nonneg(c.benchmark), "benchmark", `${c.benchmark} must be >= 0`);
   if (c.resume === "auto") {
     if (!c.hubRepo && !c.demo)
-      throw new UserError("R2", "--resume auto asks the Hub where the run stopped, so it needs --hub-repo");
+      throw new UserError(
+        "R2",
+        "--resume auto asks the Hub where the run stopped, so it needs --hub-repo: pass --hub-repo OWNER/NAME (the repo the run publishes to), or --resume with a checkpoint folder (RUN/ckpt/checkpoint-N)",
+      );
   }
   if (c.hubRepo && !isRepoId(c.hubRepo)) {
     throw new UserError(
@@ -581,8 +507,17 @@ export function validate(c: RunConfig): RunConfig {
   }
   if (c.hubUrl !== EMBEDDED_HUB) {
     const bad = hubUrlProblem(c.hubUrl);
-    if (bad)
-      throw new UserError("G10", `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}, or ${EMBEDDED_HUB} for the local Hub`);
+    if (bad) {
+      const fixed = hubUrlFixed(c.hubUrl);
+      throw new UserError("G10", `--hub-url ${JSON.stringify(c.hubUrl)} ${bad}: run `, {
+        ways: fixed
+          ? [{ changes: [["--hub-url", fixed]] }]
+          : [
+              { changes: [["--hub-url", DEFAULT_HUB_URL]], why: "the Hugging Face Hub" },
+              { changes: [["--hub-url", EMBEDDED_HUB]], why: "the local Hub" },
+            ],
+      });
+    }
   }
   if (isFile(c.root)) {
     throw new UserError(
@@ -593,13 +528,62 @@ export function validate(c: RunConfig): RunConfig {
   if (c.hubDir && c.hubUrl !== EMBEDDED_HUB) {
     throw new UserError(
       "B6",
-      `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; add --hub-url embedded or drop --hub-dir`,
+      `--hub-dir ${JSON.stringify(c.hubDir)} is the folder of the embedded local Hub, but --hub-url is ${c.hubUrl}; run `,
+      {
+        ways: [
+          { changes: [["--hub-url", EMBEDDED_HUB]], why: "the embedded Hub, in --hub-dir" },
+          { changes: [["--hub-dir", null]], why: `the Hub at ${c.hubUrl}` },
+        ],
+      },
     );
   }
-  refuseBf16Mismatch(c);
-  if (c.dryRun && c.benchmark) throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one");
-  c.hubUrl = c.hubUrl.replace(/\/+$/, "");
+  refuseEngineMismatch(c);
+  const gpus = parseGpuChoice(c.gpus);
+  if (typeof gpus === "string")
+    throw new UserError("A13", `--gpus ${JSON.stringify(c.gpus)}: ${gpus} (as in --gpus 0,1); run `, {
+      ways: [{ changes: [["--gpus", null]], why: "every GPU of the host" }],
+    });
+  if (gpus.length > 0 && c.backend !== "webgpu")
+    throw new UserError("A13", `--gpus chooses the devices of --backend webgpu, and --backend is ${c.backend}: run `, {
+      ways: [
+        { changes: [["--backend", "webgpu"]], why: "to use them" },
+        { changes: [["--gpus", null]], why: `without --gpus, on --backend ${c.backend}` },
+      ],
+    });
+  if (c.dryRun && c.benchmark)
+    throw new UserError("G7", "--dry-run and --benchmark exclude each other: pick one: run ", {
+      ways: [
+        { changes: [["--benchmark", null]], why: "--dry-run alone prints the plan" },
+        { changes: [["--dry-run", false]], why: `--benchmark ${c.benchmark} alone times ${c.benchmark} steps` },
+      ],
+    });
+  if (c.hubUrl !== EMBEDDED_HUB) c.hubUrl = canonicalHubUrl(c.hubUrl);
   return Object.freeze({ ...c });
+}
+
+/** A GPU named by --gpus: its index in the host's order, or its PCI address in full (0000:17:00.0), lowercase. */
+export type GpuName = { index: number } | { pci: string };
+
+/**
+ * A13: --gpus's list (`0,1` or `0000:17:00.0,0000:2a:00.0`, an address also as lspci prints it: `17:00.0`), or
+ * the reason it is none: an entry neither an index nor a PCI address, or one named twice. "" is the empty list.
+ */
+export function parseGpuChoice(s: string): GpuName[] | string {
+  if (s.trim() === "") return [];
+  const out: GpuName[] = [];
+  for (const raw of s.split(",")) {
+    const t = raw.trim().toLowerCase();
+    const pci = /^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$/.exec(t);
+    let g: GpuName;
+    if (/^\d+$/.test(t) && t.length < 6) g = { index: Number(t) };
+    else if (pci) g = { pci: `${pci[1] ?? "0000"}:${pci[2]}:${pci[3]}.${pci[4]}` };
+    else
+      return `${JSON.stringify(raw.trim())} is neither a GPU index (0, 1, ...) nor a PCI address (0000:17:00.0, as \`lspci -D\` prints it)`;
+    const key = JSON.stringify(g);
+    if (out.some((o) => JSON.stringify(o) === key)) return `${JSON.stringify(raw.trim())} is named twice`;
+    out.push(g);
+  }
+  return out;
 }
 
 /** True when something other than a folder is at the path (a folder, or nothing yet, is false). */
@@ -609,22 +593,6 @@ function isFile(p: string): boolean {
   } catch {
     return false;
   }
-}
-
-/**
- * G10, G11: why a Hub endpoint is not one (an http(s) URL with a host), e.g. "is not an http(s) URL such as
- * https://huggingface.co"; null when it is one. Every command that takes --hub-url checks it before any work.
- */
-export function hubUrlProblem(url: string): string | null {
-  let u: URL;
-  try {
-    u = new URL(url);
-  } catch {
-    u = new URL("none:");
-  }
-  return u.protocol === "http:" || u.protocol === "https:"
-    ? null
-    : "is not an http(s) URL such as https://huggingface.co";
 }
 
 /**
@@ -652,26 +620,62 @@ export function nativeChoice(c: RunConfig): { gemm: GemmChoice; isa: IsaChoice; 
   return { gemm: c.gemm, isa: c.isa, precision: c.precision };
 }
 
-/** P8: bf16 products run on the native engine's own GEMM only; the AMX and VDPBF16PS kernels only compute bf16. */
-function refuseBf16Mismatch(c: RunConfig): void {
-  if (c.precision !== "bf16") {
-    if (c.isa === "amx" || c.isa === "avx512bf16")
-      throw new UserError(
-        "P8",
-        `--isa ${c.isa} is a bf16 kernel (${c.isa === "amx" ? "AMX-BF16" : "AVX512_BF16"}): add --precision bf16, or pass --isa avx512 for fp32 products`,
-      );
-    return;
+/**
+ * P8: bf16 products run on the native engine's own GEMM only. P1: --isa and --gemm choose the native engine's
+ * matrix products; a --backend that is not that engine would drop them without a word. (An --isa that computes bf16
+ * only, amx or avx512bf16, without --precision bf16 is refused by model/backend.ts, which knows what this CPU runs.)
+ */
+function refuseEngineMismatch(c: RunConfig): void {
+  const tfjsOrGpu = c.backend !== "auto" && c.backend !== "native";
+  const fp32 = { changes: [["--precision", null]], why: "fp32" } as const;
+  if (c.precision === "bf16" && tfjsOrGpu)
+    throw new UserError(
+      "P8",
+      `--precision bf16 runs on the native engine's own GEMM, and --backend ${c.backend} computes in fp32 only: run `,
+      { ways: [{ changes: [["--backend", "native"]], why: "bf16 on the native engine" }, fp32] },
+    );
+  if (c.precision === "bf16" && c.gemm !== "builtin")
+    throw new UserError("P8", `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: run `, {
+      ways: [
+        { changes: [["--gemm", null]], why: "bf16 on the built-in GEMM" },
+        { ...fp32, why: `fp32 on --gemm ${c.gemm}` },
+      ],
+    });
+  if (c.gemm === "openblas" && c.isa !== "auto")
+    throw new UserError(
+      "P1",
+      `--isa ${c.isa} chooses a kernel of the built-in GEMM, and --gemm openblas does not run it, so it would be ignored: run `,
+      {
+        ways: [
+          { changes: [["--gemm", null]], why: `the built-in GEMM, to use --isa ${c.isa}` },
+          { changes: [["--isa", null]], why: "OpenBLAS, without --isa" },
+        ],
+      },
+    );
+  if (c.webgpuFold !== "device" && c.backend !== "webgpu")
+    throw new UserError(
+      "A10",
+      `--webgpu-fold ${c.webgpuFold} chooses where the webgpu engine folds each micro-batch's gradient, and --backend ${c.backend} always folds on the host, so it would be ignored: run `,
+      {
+        ways: [
+          { changes: [["--backend", "webgpu"]], why: "to use it" },
+          { changes: [["--webgpu-fold", null]], why: `without --webgpu-fold, on --backend ${c.backend}` },
+        ],
+      },
+    );
+  if (tfjsOrGpu && (c.isa !== "auto" || c.gemm !== "builtin")) {
+    const flag = c.isa !== "auto" ? "--isa" : "--gemm";
+    throw new UserError(
+      "P1",
+      `${flag} ${c.isa !== "auto" ? c.isa : c.gemm} chooses the native engine's matrix products, and --backend ${c.backend} does not run that engine, so it would be ignored: run `,
+      {
+        ways: [
+          { changes: [["--backend", "native"]], why: "to use it" },
+          { changes: [[flag, null]], why: `the default, for --backend ${c.backend}` },
+        ],
+      },
+    );
   }
-  if (c.backend !== "auto" && c.backend !== "native")
-    throw new UserError(
-      "P8",
-      `--precision bf16 runs on the native engine's own GEMM, and --backend ${c.backend} computes in fp32 only: pass --backend native, or drop --precision bf16`,
-    );
-  if (c.gemm !== "builtin")
-    throw new UserError(
-      "P8",
-      `--precision bf16 runs on the built-in GEMM, not --gemm ${c.gemm}: pass --gemm builtin, or drop --precision bf16`,
-    );
 }
 
 /** The plan numbers every part agrees on (P5, P6, K1), from the config and the model's steps. */
@@ -684,14 +688,23 @@ export interface StepPlan {
   decayStart: number;
 }
 
-export function planSteps(c: RunConfig): StepPlan {
+/** `fit`: the flags that make this run fit its mix (data/budget.ts fitToMix), for the P5 refusal's advice. */
+export function planSteps(c: RunConfig, fit: readonly FlagChange[] | null = null): StepPlan {
   const seqsPerStep = c.microBatch * c.world * c.hosts * c.accum; // A9: every rank of every process
   const tokensPerStep = seqsPerStep * c.seqLen;
   const stepsPlanned = c.maxSteps || Math.floor(c.tokens / tokensPerStep);
   if (stepsPlanned < 1) {
+    const geometry = fit?.some(([f]) => ["--seq-len", "--micro-batch", "--accum"].includes(f));
     throw new UserError(
       "P5",
-      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): raise --tokens or set --max-steps`,
+      `--tokens ${c.tokens} is less than one step of ${tokensPerStep} tokens (micro ${c.microBatch} x world ${c.world}${c.hosts > 1 ? ` x ${c.hosts} processes` : ""} x accum ${c.accum} x seq ${c.seqLen}): run `,
+      {
+        ways: [
+          fit && geometry
+            ? { changes: fit, why: "what the mix holds" }
+            : { changes: [["--tokens", String(tokensPerStep)]], why: "one step; more works too" },
+        ],
+      },
     );
   }
   const ckptEvery = c.pushEverySteps || Math.max(1, Math.floor(stepsPlanned / 10));

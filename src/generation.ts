@@ -7,7 +7,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
-import { UserError } from "./errors";
+import { type FixWay, UserError } from "./errors";
 import { configFromHf, type LlamaConfig } from "./model/llama-config";
 import { readSafetensors, tensorsToFlat } from "./model/safetensors";
 import { paramLayout } from "./model/layout";
@@ -117,14 +117,34 @@ function recordedVocab(dir: string): { sha: string; where: string } | null {
 }
 
 /** G11: a tokenizer whose ids differ from the ones the model was trained with would print garbage: refused unless allowed. */
-function checkTokenizerIdentity(dir: string, tokFile: string, tk: Tokenizer, allowOther: boolean): void {
+function checkTokenizerIdentity(
+  dir: string,
+  tokFile: string,
+  tk: Tokenizer,
+  allowOther: boolean,
+  /** whether the tokenizer was named by --tokenizer, and the folder's own is there to use without it */
+  droppable: () => boolean,
+): void {
   const recorded = allowOther ? null : recordedVocab(dir);
   if (!recorded) return;
   const got = vocabSha256(tk.get_vocab(true));
   if (got === recorded.sha) return;
   throw new UserError(
     "G11",
-    `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, ${recorded.where} ${recorded.sha.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage). Use the model's own tokenizer (drop --tokenizer: the export's tokenizer.json, or the mix root's), or pass --allow-other-tokenizer if its ids are known to match`,
+    `the tokenizer ${tokFile} is not the one ${dir} was trained with: its vocabulary hash is ${got.slice(0, 16)}…, ${recorded.where} ${recorded.sha.slice(0, 16)}… (the same ids would mean other tokens, so the text would be garbage): run `,
+    {
+      ways: [
+        ...(droppable()
+          ? [
+              {
+                changes: [["--tokenizer", null]] as const,
+                why: "the model's own tokenizer: the export's tokenizer.json, or the mix root's",
+              },
+            ]
+          : []),
+        { changes: [["--allow-other-tokenizer", true]], why: "if its ids are known to match" },
+      ],
+    },
   );
 }
 
@@ -139,19 +159,36 @@ function checkManifest(dir: string): void {
     (c) => path.resolve(c.dir) !== path.resolve(dir),
   );
   const exported = path.join(path.dirname(path.dirname(path.resolve(dir))), "final");
-  const ways = [
-    ...(others.length ? [`--model ${others[others.length - 1].dir}`] : []),
-    ...(fs.existsSync(path.join(exported, "model.safetensors")) ? [`--model ${exported}`] : []),
+  const ways: FixWay[] = [
+    ...(others.length
+      ? [{ changes: [["--model", others[others.length - 1].dir]] as const, why: "the newest other checkpoint" }]
+      : []),
+    ...(fs.existsSync(path.join(exported, "model.safetensors"))
+      ? [{ changes: [["--model", exported]] as const, why: "the run's export" }]
+      : []),
   ];
   const advice = ways.length
-    ? `Generate from another folder (${ways.join(" or ")}).`
-    : "Generate from another checkpoint folder or an exported final/ folder.";
+    ? { advice: "Generate from another folder: run ", ways }
+    : { advice: "Generate from another checkpoint folder or an exported final/ folder", ways };
   verifyCheckpointFolder(dir, {
     allowNoManifest: true,
     advice,
     flag: "--model",
     unlisted: ["tokenizer.json", "tokenizer_config.json"],
   });
+}
+
+/** The tokenizer a model folder is read with when --tokenizer names none: its own, else its run's mix root's (a --demo
+ *  run records its data folder, whose mix/ is the root); else the mix root it records, if any. */
+function ownTokenizer(dir: string): string | { root?: string } {
+  const inDir = path.join(dir, "tokenizer.json");
+  if (fs.existsSync(inDir)) return inDir;
+  const recorded = readRunConfigIfAny(dir)?.root;
+  const root = typeof recorded === "string" ? recorded : undefined;
+  const found = root
+    ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f))
+    : undefined;
+  return found ?? { root };
 }
 
 /** Reads a model folder (final/ or a checkpoint): config.json, model.safetensors and a tokenizer. */
@@ -169,23 +206,20 @@ export function loadModelDir(dir: string, tokenizerFlag?: string, allowOtherToke
   const cfg = configFromHf(readHfConfig(dir));
   const params = new Float32Array(paramLayout(cfg).total);
   tensorsToFlat(cfg, readSafetensors(wFile).tensors, params);
-  let tokFile = tokenizerFlag ?? path.join(dir, "tokenizer.json");
-  if (!tokenizerFlag && !fs.existsSync(tokFile)) {
-    const recorded = readRunConfigIfAny(dir)?.root;
-    const root = typeof recorded === "string" ? recorded : undefined;
-    // the mix root (a --demo run records its data folder, whose mix/ is the root)
-    const found = root
-      ? [root, path.join(root, "mix")].map((r) => path.join(r, "tokenizer.json")).find((f) => fs.existsSync(f))
-      : undefined;
-    if (found) tokFile = found;
-    else
+  let tokFile = tokenizerFlag;
+  if (tokFile === undefined) {
+    const own = ownTokenizer(dir);
+    if (typeof own !== "string")
       throw new UserError(
         "G11",
-        `no tokenizer.json in ${dir}${root ? ` nor in the run's mix root ${root}` : ""}; ${TOKENIZER_HINT}`,
+        `no tokenizer.json in ${dir}${own.root ? ` nor in the run's mix root ${own.root}` : ""}; ${TOKENIZER_HINT}`,
       );
+    tokFile = own;
   }
   const { tk, eosText } = loadTokenizerFile(tokFile);
-  checkTokenizerIdentity(dir, tokFile, tk, allowOtherTokenizer);
+  // --tokenizer can be dropped where the folder's own tokenizer (or its mix root's) is there
+  const droppable = () => tokenizerFlag !== undefined && typeof ownTokenizer(dir) === "string";
+  checkTokenizerIdentity(dir, tokFile, tk, allowOtherTokenizer, droppable);
   const vocab = tk.get_vocab(true);
   let maxId = -1;
   for (const id of vocab.values()) if (id > maxId) maxId = id;

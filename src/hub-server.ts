@@ -4,8 +4,10 @@
  * printed. Prints `LocalHub listening on URL`, then one `LocalHub event: {json}` line per event.
  */
 import { LocalHub, loadTokensFile, type HubToken } from "./hub/server";
-import { fsRefusal } from "./errors";
-import { type FlagTable, parseFlags } from "./cli-args";
+import * as os from "node:os";
+import * as path from "node:path";
+import { fsRefusal, isUserError, UserError } from "./errors";
+import { commandWith, type FlagTable, parseFlags } from "./cli-args";
 
 const HELP = `usage: node dist/hub-server.js --dir DIR [--port N] [--host HOST] [--tokens FILE] [--faults FILE]
 
@@ -45,12 +47,25 @@ const FLAGS: FlagTable<CliOptions> = {
   "--port": (o, a) => {
     const v = a.value();
     o.port = Number(v);
-    if (!Number.isInteger(o.port) || o.port < 0 || o.port > 65535)
-      throw new Error(`--port ${v} is not a port number (0-65535)`);
+    if (v.trim() === "" || !Number.isInteger(o.port) || o.port < 0 || o.port > 65535)
+      throw new UserError(
+        "L9",
+        `--port ${v} is not a port number (0-65535): pass one, or 0 for a free one, as in ${sameWith("--port", "0")}`,
+      );
   },
 };
 
-function parse(argv: string[]): CliOptions | null {
+let argv: string[] = [];
+
+/** L9: this command as it was given, with `flag value` in place of the flag's value (advice that runs). */
+function sameWith(flag: string, value: string): string {
+  return commandWith(["node", "dist/hub-server.js"], argv, [flag, value]);
+}
+
+/** A folder the advice can name that any user can write. */
+const WRITABLE_DIR = path.join(os.tmpdir(), "tstrain-hub");
+
+function parse(): CliOptions | null {
   const o = parseFlags<CliOptions>(
     argv,
     { dir: "", port: 0, host: "127.0.0.1", tokensFile: "", faultsFile: "" },
@@ -58,21 +73,71 @@ function parse(argv: string[]): CliOptions | null {
     {
       inline: true,
       value(flag, v) {
-        if (v === undefined || v === "") throw new Error(`${flag} needs a value`);
+        if (v === undefined || v === "")
+          throw new UserError("L9", `${flag} needs a value (node dist/hub-server.js --help lists the flags)`);
         return v;
       },
-      unknown: (a) => new Error(`unknown argument ${a} (see --help)`),
+      unknown: (a) => new UserError("L9", `unknown argument ${a}: node dist/hub-server.js --help lists the flags`),
     },
   );
-  if (o && !o.dir) throw new Error("--dir is required (see --help)");
+  if (o && !o.dir)
+    throw new UserError(
+      "L9",
+      `--dir is required: the folder the Hub stores its repos in, as in ${sameWith("--dir", WRITABLE_DIR)}`,
+    );
   return o;
 }
 
+/** Why a --dir cannot hold the Hub's files, by the error's code. */
+const DIR_MEANING: Record<string, string> = {
+  EROFS: "it is on a read-only filesystem (EROFS)",
+  ENOSPC: "its disk is full (ENOSPC)",
+  EDQUOT: "the disk quota is used up (EDQUOT)",
+  EACCES: "this user may not write there (EACCES)",
+  EPERM: "this user may not write there (EPERM)",
+  ENOTDIR: "a part of its path is a file, not a folder (ENOTDIR)",
+  ENOENT: "it cannot be created (ENOENT)",
+  EIO: "its disk fails to write (EIO)",
+};
+
+/**
+ * L9: what keeps the server from serving, said with the command that works: a --dir that cannot hold its files, a
+ * --host that is no address of this machine, a --port in use or barred. Null for anything else (O6, then a bug).
+ */
+function startRefusal(e: unknown, o: CliOptions): UserError | null {
+  const x = e as NodeJS.ErrnoException & { hostname?: string };
+  if (typeof x !== "object" || x === null || typeof x.code !== "string") return null;
+  const where = `${x.syscall ?? "access"}${x.path ? ` ${x.path}` : ""}`;
+  if (x.syscall === "getaddrinfo" || x.code === "EADDRNOTAVAIL")
+    return new UserError(
+      "L9",
+      `--host ${o.host} is not an address of this machine (${x.code}${x.syscall === "getaddrinfo" ? ": no such host" : ""}): name one of its addresses, as in ${sameWith("--host", "127.0.0.1")} (0.0.0.0: every interface)`,
+    );
+  if (x.syscall === "listen" && x.code === "EADDRINUSE")
+    return new UserError(
+      "L9",
+      `--port ${o.port} is in use on ${o.host} (EADDRINUSE): pick another, or a free one, as in ${sameWith("--port", "0")}`,
+    );
+  if (x.syscall === "listen" && (x.code === "EACCES" || x.code === "EPERM"))
+    return new UserError(
+      "L9",
+      `--port ${o.port} needs privileges this user lacks (${x.code}): use one above 1023, or a free one, as in ${sameWith("--port", "0")}`,
+    );
+  const meaning = DIR_MEANING[x.code];
+  if (meaning && x.syscall !== "listen")
+    return new UserError(
+      "L9",
+      `--dir ${o.dir} cannot hold the Hub's files: ${meaning}, at ${where}: give it a writable folder with room, as in ${sameWith("--dir", WRITABLE_DIR)}`,
+    );
+  return null;
+}
+
 async function main(): Promise<void> {
+  argv = process.argv.slice(2);
   let o: CliOptions | null;
   let tokens: HubToken[] = [];
   try {
-    o = parse(process.argv.slice(2));
+    o = parse();
     if (o?.tokensFile) tokens = loadTokensFile(o.tokensFile);
   } catch (e) {
     process.stderr.write(`hub-server: ${(e as Error).message}\n`);
@@ -94,7 +159,12 @@ async function main(): Promise<void> {
     faultsFile: o.faultsFile || undefined,
     onEvent,
   });
-  const url = await hub.start();
+  let url: string;
+  try {
+    url = await hub.start();
+  } catch (e) {
+    throw startRefusal(e, o) ?? e;
+  }
   const n = tokens.length + (token ? 1 : 0);
   process.stdout.write(
     `LocalHub listening on ${url} (dir ${o.dir}${n ? `, ${n} token(s), anonymous callers read public repos only` : ", open: no token configured"})\n`,
@@ -110,7 +180,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((e) => {
-  const refused = fsRefusal(e, "O6"); // O6: an unwritable --dir or a port in use is the user's to fix
+  const refused = isUserError(e) ? e : fsRefusal(e, "O6"); // L9, O6: what the user can fix is no bug
   process.stderr.write(`hub-server: ${(refused ?? (e as Error)).message}\n`);
   process.exitCode = refused ? 2 : 1;
 });

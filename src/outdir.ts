@@ -61,12 +61,7 @@ export function checkOutWritable(out: string): void {
     if (errno(e) !== "ENOENT")
       throw new UserError("O1", `--out ${abs} cannot be used: ${whyNot(e)}. Choose another --out`);
   }
-  if (st && !st.isDirectory()) {
-    throw new UserError(
-      "O1",
-      `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out (e.g. --out ${abs}.run)`,
-    );
-  }
+  if (st && !st.isDirectory()) throw outIsAFile(abs);
   if (!st) {
     try {
       fs.mkdirSync(abs, { recursive: true });
@@ -84,6 +79,70 @@ export function checkOutWritable(out: string): void {
   } catch (e) {
     fs.rmSync(probe, { force: true });
     throw new UserError("O1", `--out ${abs} cannot be written: ${whyNot(e)}. Choose a writable place for --out`);
+  }
+}
+
+/** O1: --out names a file; the folder beside it (`<out>.run`) is advised where nothing but a folder is there. */
+function outIsAFile(abs: string): UserError {
+  const beside = `${abs}.run`;
+  const what = `--out ${abs} is a file, not a folder; the run folder holds checkpoints, metrics and the export. Choose another --out`;
+  let free = true;
+  try {
+    free = fs.statSync(beside).isDirectory() && fs.readdirSync(beside).length === 0;
+  } catch {
+    free = true; // nothing there yet
+  }
+  return free
+    ? new UserError("O1", `${what}: run `, { ways: [{ changes: [["--out", beside]], why: "a folder beside it" }] })
+    : new UserError("O1", what);
+}
+
+/** The path itself, or its nearest parent that exists: what holds it once it is created. */
+function nearestExisting(abs: string): string {
+  let q = abs;
+  while (!fs.existsSync(q) && path.dirname(q) !== q) q = path.dirname(q);
+  return q;
+}
+
+/**
+ * O1 for --dry-run (G7), which writes nothing: --out is a folder, or can be created in the folder above it that
+ * exists, and this user may write there (access(2) says so, EROFS included), all without writing a byte.
+ */
+export function checkOutUsable(out: string): void {
+  const abs = path.resolve(out);
+  const at = nearestExisting(abs);
+  if (!fs.statSync(at).isDirectory())
+    throw at === abs
+      ? outIsAFile(abs)
+      : new UserError(
+          "O1",
+          `--out ${abs} cannot be created: ${at} is a file, not a folder (ENOTDIR). Choose a writable place for --out`,
+        );
+  try {
+    fs.accessSync(at, fs.constants.W_OK);
+  } catch (e) {
+    throw new UserError(
+      "O1",
+      `--out ${abs} cannot be ${at === abs ? "written" : "created"}: ${whyNot(e)}. Choose a writable place for --out`,
+    );
+  }
+}
+
+/** O1, L8 for --dry-run (G7): prepareHubDir's checks and refusals, made without writing (access(2), as checkOutUsable). */
+export function checkHubDirUsable(dir: string, flag: string): void {
+  const abs = path.resolve(dir);
+  const at = nearestExisting(abs);
+  const refuse = (what: string) =>
+    new UserError(
+      "O1",
+      `${flag} ${abs} ${what}; the embedded local Hub stores its files there. Choose a writable folder for ${flag}`,
+    );
+  if (!fs.statSync(at).isDirectory())
+    throw refuse(at === abs ? "is a file, not a folder" : `cannot be created: ${at} is a file, not a folder (ENOTDIR)`);
+  try {
+    fs.accessSync(at, fs.constants.W_OK);
+  } catch (e) {
+    throw refuse(`cannot be ${at === abs ? "written" : "created"}: ${whyNot(e)}`);
   }
 }
 
@@ -138,7 +197,7 @@ export function removeIfEmpty(dir: string | null): void {
 /** O1 (second half): room for at least one checkpoint of `bytes`. */
 export function checkOutRoom(out: string, bytes: number, what: string): void {
   const abs = path.resolve(out);
-  const s = fs.statfsSync(abs);
+  const s = fs.statfsSync(nearestExisting(abs)); // a dry run has not made --out: the disk it would be made on
   const free = s.bavail * s.bsize;
   if (free < bytes) {
     throw new UserError(

@@ -8,14 +8,15 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { fsRefusal, isUserError, UserError } from "./errors";
 import { guardOutput } from "./pipes";
-import { type CliSyntax, type FlagArgs, type FlagTable, parseFlags } from "./cli-args";
+import { type CliSyntax, commandWith, type FlagArgs, type FlagTable, parseFlags, shellWord } from "./cli-args";
 import { removeScratchNow } from "./data/prepare-scratch";
+import { DEFAULT_HUB_URL } from "./hub/address";
 import { DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, prepareMix, type PrepareOptions } from "./data/prepare-mix";
 
 const USAGE = `usage: node dist/prepare.js --input FILE|DIR|hf://datasets/owner/name[@rev]/glob ... --tokenizer tokenizer.json|owner/name --out ROOT
   inputs: .txt .text .md (documents split at lines holding only the EOS token), .jsonl, .jsonl.gz, .jsonl.zst, .parquet
   [--text-field NAME]  the JSON field / Parquet column with the text (default text)
-  [--hub-url URL]      Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT or https://huggingface.co; token from HF_TOKEN)
+  [--hub-url URL]      Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else ${DEFAULT_HUB_URL}; token from HF_TOKEN)
   [--val-fraction F]   held-out documents, 0..0.5 (default ${DEFAULT_VAL_FRACTION})
   [--shard-tokens N]   tokens per shard file (default ${DEFAULT_SHARD_TOKENS})
   [--workers N]        tokenizer threads (default: CPU count, at most 8)
@@ -29,12 +30,31 @@ const PREPARE_SYNTAX: CliSyntax = {
     return v;
   },
   unknown: (a) => new UserError("D2", `unknown argument ${JSON.stringify(a)}\n${USAGE}`),
+  repeated: (given, once) =>
+    new UserError(
+      "D2",
+      `${given.join(" and ")} set the same flag: a flag is read once, and all but one would be dropped without a word. Give each once, as in node dist/prepare.js ${once.map(shellWord).join(" ")}`,
+    ),
+  repeatable: ["--input"],
+};
+
+/** The number flags' defaults, which a value that is no number is told to pass instead (--workers: one thread). */
+const NUMBER_ADVICE: Readonly<Record<string, [value: string, why: string]>> = {
+  "--val-fraction": [String(DEFAULT_VAL_FRACTION), "its default"],
+  "--shard-tokens": [String(DEFAULT_SHARD_TOKENS), "its default"],
+  "--workers": ["1", "one thread; its default is the CPU count, at most 8"],
 };
 
 function num(a: FlagArgs): number {
   const v = a.value();
   const n = Number(v.replace(/_/g, ""));
-  if (!Number.isFinite(n)) throw new UserError("D2", `${a.flag} ${v} is not a number\n${USAGE}`);
+  if (!Number.isFinite(n)) {
+    const [value, why] = NUMBER_ADVICE[a.flag];
+    throw new UserError("D2", `${a.flag} ${JSON.stringify(v)} is not a number: run `, {
+      ways: [{ changes: [[a.flag, value]], why }],
+      after: `\n${USAGE}`,
+    });
+  }
   return n;
 }
 
@@ -105,7 +125,11 @@ async function main(): Promise<void> {
   } catch (caught) {
     const e = fsRefusal(caught, "O6") ?? caught; // a full disk or a bad path is the user's to fix, not a bug
     if (isUserError(e)) {
-      process.stderr.write(`prepare: ${e.message}\n`);
+      // advice that changes the command line: the whole command that does it
+      const argv = process.argv.slice(2);
+      const said =
+        e instanceof UserError ? e.withCommands((ch) => commandWith(["node", "dist/prepare.js"], argv, ...ch)) : e;
+      process.stderr.write(`prepare: ${said.message}\n`);
       process.exitCode = 2;
     } else {
       process.stderr.write(`prepare: internal error (a bug, please report): ${(e as Error)?.stack ?? String(e)}\n`);

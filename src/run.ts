@@ -1,9 +1,11 @@
 /**
- * A training session, top to bottom: `runSession` checks the launch and, under --dist mpi, brings up the MPI job
- * (runMpi); `runHere` is the session itself: the embedded Hub (when asked), the run folder's lock, the plan
- * (session/setup.ts: data, model, resume point; every refusal happens there, before step 1), the actors,
- * the step loop (session/loop.ts) and its end (session/finish.ts: validation, export, RUN_JSON).
+ * A training session, top to bottom: `runSession` checks the launch (the refusals that need no plan: A9, K5, P1)
+ * and, under --dist mpi, brings up the MPI job (runMpi); `runHere` is the session itself: the embedded Hub (when
+ * asked), the run folder's checks and lock (O1, O2), the plan (session/setup.ts: data, model, resume point, and the
+ * refusals they raise, before step 1), the actors, the step loop (session/loop.ts) and its end (session/finish.ts:
+ * validation, export, RUN_JSON).
  */
+import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { isUserError } from "./errors";
@@ -19,20 +21,37 @@ import {
 } from "./config";
 import { initWeights } from "./model/init";
 import { activationPlan } from "./model/llama";
-import { checkEngineRequest } from "./model/backend";
+import { checkEngineRequest, webgpuRanks } from "./model/backend";
 import { bf16Support } from "./model/engine/native";
-import { VDPBF16PS_RATES, type Vdpbf16Rate, vdpbf16Rate } from "./model/engine/vdpbf16-rate";
-import { initMpi, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
+import { BF16_EMULATION_SPEED, VDPBF16PS_RATES, type Vdpbf16Rate, vdpbf16Rate } from "./model/engine/bench-rates";
+import { initMpi, launcherSize, launchPrefix, refuseLaunchWithoutDist } from "./mpi/world";
 import { dropUnreadOutput, sigkillWarning, unblockStdout } from "./mpi/output";
 import { DistLink } from "./session/dist";
-import { RunComplete, RunStopped, EXIT_STOPPED, sameCommand, setLauncher, stopRequested } from "./session/stop";
+import {
+  RunComplete,
+  RunStopped,
+  EXIT_STOPPED,
+  sameCommand,
+  setLauncher,
+  setPhase,
+  stopRequested,
+} from "./session/stop";
 import { Coordinator } from "./actors/coordinator";
 import { fixedScaler, newScaler, scalerModeOf, SCALER_DEFAULTS, type OptimizerPosition } from "./optim/optim";
 import type { UploaderEvent } from "./actors/protocol";
 import { faultFromEnv } from "./actors/injected-faults";
 import type { LogEntry } from "./checkpoint";
 import { checkpointManagerOf } from "./session/in-flight";
-import { checkOutWritable, cleanOut, lockOut, prepareHubDir, removeIfEmpty, type OutLock } from "./outdir";
+import {
+  checkHubDirUsable,
+  checkOutUsable,
+  checkOutWritable,
+  cleanOut,
+  lockOut,
+  prepareHubDir,
+  removeIfEmpty,
+  type OutLock,
+} from "./outdir";
 import { createReporter, type Reporter } from "./report";
 import { LocalHub } from "./hub/server";
 import { refuseMalformedToken } from "./hub/token";
@@ -56,18 +75,24 @@ export async function runSession(
   // G12: where each setting came from (parseArgs's origins), for the start line
   origins: ReadonlyMap<string, string> = new Map(),
 ): Promise<RunResult> {
+  const job = launcherSize();
+  if (job && cfg.dist !== "mpi") setLauncher(launchPrefix(job.size)); // A9's advice: the job, relaunched
   refuseLaunchWithoutDist(cfg.dist); // A9: one of H processes of an MPI job without --dist mpi would race the others
   // K5: a malformed HF_TOKEN fails every Hub request; refused now, with what works for this Hub
   if (cfg.hubRepo !== "")
     refuseMalformedToken({
       embeddedWithout: cfg.hubUrl === EMBEDDED_HUB ? sameCommand(["env", "-u", "HF_TOKEN"]) : undefined,
     });
-  // an explicit --backend native, --gemm openblas or --isa that cannot load is refused before any work (P1)
-  checkEngineRequest(cfg.backend, nativeChoice(cfg));
-  if (cfg.dist === "mpi") return runMpi(cfg, rep, origins);
+  // an explicit engine that cannot load (--backend native, webgpu or tensorflow, --gemm openblas, --isa) is refused
+  // before any work (P1, P8); so is --backend webgpu on a GPU that is not there (A13)
+  const gpuNotes = checkEngineRequest(cfg.backend, nativeChoice(cfg), { world: cfg.world, choice: cfg.gpus });
+  if (cfg.dist === "mpi") return runMpi(cfg, rep, origins, gpuNotes);
   rep.say(configLine(cfg, origins));
   const cpus = cpuWarning(cfg.world);
   if (cpus) rep.say(cpus);
+  for (const n of gpuNotes) rep.say(n);
+  const slow = bf16Warning(cfg.precision, cfg.isa);
+  if (slow) rep.say(slow);
   return runHere(cfg, rep, null);
 }
 
@@ -83,14 +108,21 @@ function exitCodeOf(e: unknown): number {
  * (A11), then process 0 runs the session and the others follow it (session/dist.ts). Every way out ends the job
  * on every process: the leader's end command, a round every process saw fail, or MPI_Abort mid-step.
  */
-async function runMpi(cfg: RunConfig, rep: Reporter, origins: ReadonlyMap<string, string>): Promise<RunResult> {
+async function runMpi(
+  cfg: RunConfig,
+  rep: Reporter,
+  origins: ReadonlyMap<string, string>,
+  gpuNotes: string[],
+): Promise<RunResult> {
   const mpi = initMpi();
   const link = new DistLink(mpi);
   const here = validate({ ...cfg, hosts: mpi.size });
   setLauncher(launchPrefix(mpi.size)); // the resume command relaunches the job, not one process
   if (mpi.rank === 0) unblockStdout(); // the others print little, and exit with process.exit (queued writes would be lost)
   const cpus = cpuWarning(here.world); // each host's own affinity: the followers say theirs on stderr
-  if (cpus && mpi.rank !== 0) process.stderr.write(`process ${mpi.rank} of ${mpi.size}: ${cpus}\n`);
+  if (mpi.rank !== 0)
+    for (const n of cpus ? [cpus, ...gpuNotes] : gpuNotes)
+      process.stderr.write(`process ${mpi.rank} of ${mpi.size}: ${n}\n`);
   try {
     await link.agreeOnConfig(here);
     if (!link.leader) {
@@ -110,6 +142,9 @@ async function runMpi(cfg: RunConfig, rep: Reporter, origins: ReadonlyMap<string
     const kill = sigkillWarning();
     if (kill) rep.say(kill);
     if (cpus) rep.say(cpus);
+    const slow = bf16Warning(here.precision, here.isa);
+    if (slow) rep.say(slow);
+    for (const n of gpuNotes) rep.say(n);
     const r = await runHere(here, rep, link);
     await link.end(0);
     mpi.finalize();
@@ -158,12 +193,13 @@ export function cpuWarning(
  * P8: what --precision bf16 will cost here, said at start (a forced --isa is a choice made knowingly: nothing said).
  * - AMX: nothing to say.
  * - VDPBF16PS (AVX512_BF16, it passed its self-check): its rate against this core's fp32 FMA as the bench measured it
- *   on this CPU (model/engine/vdpbf16-rate.ts: `rate`; nothing is timed here), and what a step gains from it; where
- *   the bench has no figure for this CPU, the command that measures it. AMD Zen 5 runs it at twice the FMA's rate;
+ *   on this CPU (model/engine/bench-rates.ts: VDPBF16PS_RATES; nothing is timed here), and what a step gains from
+ *   it; where the bench has no figure for this CPU, the command that measures it. AMD Zen 5 runs it at twice the FMA's rate;
  *   some Intel cores at the FMA's own.
- * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits), training about 3x slower than in
- *   fp32 (the demo's 300 steps on an AVX2 Zen 3: 64-66 s against 21-24 s): a warning, with why VDPBF16PS is not used
- *   where the CPU has it.
+ * - Neither: the products are emulated on the fp32 kernel (AMX's order and bits, fused into its tile), at
+ *   BF16_EMULATION_SPEED times fp32's tokens
+ *   per second: a warning that names --precision fp32 as the faster choice, with why VDPBF16PS is not
+ *   used where the CPU has it.
  * `k`: the CPU's bf16 kernels (bf16Support); `rate`: the bench's figure for this CPU (looked up when not given).
  */
 export function bf16Warning(
@@ -187,7 +223,8 @@ export function bf16Warning(
       : `${what}: ${said}: this core runs it at about the FMA's rate, so expect steps about as fast as --precision fp32 (P8)`;
   }
   const why = kk.check && kk.check !== "the CPU has no AVX512_BF16" ? ` (${kk.check})` : "";
-  return `WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS${why}: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), training about 3x slower than --precision fp32: train in fp32 here (drop --precision bf16), and keep bf16 to resume or check a bf16 run (P8)`;
+  const s = BF16_EMULATION_SPEED;
+  return `WARNING --precision bf16 on a CPU without AMX or a usable VDPBF16PS${why}: its bf16 products are emulated on fp32 FMAs (AMX's order, the same bits), and the bench trains at ${s}x the tokens per second of --precision fp32 that way (each step ${(1 / s).toFixed(1)}x as long): --precision fp32 is the faster choice here; keep bf16 to resume or check a bf16 run (P8)`;
 }
 
 /**
@@ -198,46 +235,54 @@ export function bf16Warning(
  */
 async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Promise<RunResult> {
   const t0 = performance.now();
-  if (!cfg.benchmark) checkOutWritable(cfg.out); // O1 before anything is written there (the embedded Hub's <out>/hub)
-  // 1. The embedded local Hub (B6), its files under the run's own folder unless --hub-dir (L8).
+  // G7: a dry run writes nothing: --out checked without a write, and what the plan must build or fetch (a demo
+  // mix, a checkpoint from the Hub, an embedded Hub with no folder yet) goes to a scratch folder removed at the end
+  setPhase(cfg.dryRun || cfg.benchmark ? "saves-nothing" : "setup"); // what a signal does from here (O3)
+  const scratch = cfg.dryRun ? fs.mkdtempSync(path.join(os.tmpdir(), "tstrain-dry-run-")) : null;
+  try {
+    if (cfg.dryRun) checkOutUsable(cfg.out);
+    else if (!cfg.benchmark) checkOutWritable(cfg.out); // O1 before anything is written there (the embedded Hub's <out>/hub)
+    return await runWithHub(cfg, rep, link, t0, scratch);
+  } finally {
+    if (scratch) fs.rmSync(scratch, { recursive: true, force: true });
+  }
+}
+
+/** The session with its embedded Hub, when asked (B6): started first, stopped last. */
+async function runWithHub(
+  cfg: RunConfig,
+  rep: Reporter,
+  link: DistLink | null,
+  t0: number,
+  scratch: string | null,
+): Promise<RunResult> {
+  // 1. The embedded local Hub (B6), its files under the run's own folder unless --hub-dir (L8); a dry run reads the
+  // folder when there is one, else serves an empty Hub from its scratch folder
   const embedded = cfg.hubUrl === EMBEDDED_HUB && cfg.hubRepo !== "";
-  const hubDir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub"));
+  const runHubDir = path.resolve(cfg.hubDir || path.join(cfg.out, "hub"));
+  const hubDir = scratch && !fs.existsSync(runHubDir) ? path.join(scratch, "hub") : runHubDir;
   // O1: its folder checked before it starts; one this run made is removed at the end if nothing was stored in it
-  const madeHubDir = embedded ? prepareHubDir(hubDir, "--hub-dir") : null;
+  if (embedded && scratch) checkHubDirUsable(runHubDir, "--hub-dir");
+  const madeHubDir = embedded && !scratch ? prepareHubDir(hubDir, "--hub-dir") : null;
   const hub = embedded ? new LocalHub({ dir: hubDir }) : null;
   try {
     // the Hub's address this session; cfg (and so run_config.json) keeps "embedded", which a later run can reuse
     const hubUrl = hub ? await hub.start() : cfg.hubUrl;
     if (hub) rep.say(`embedded local Hub at ${hubUrl} storing ${hubDir} (B6)`);
-    // 2. The run folder, claimed and cleaned before anything else happens there (O1, O2, O4).
-    const lock: OutLock | null = cfg.benchmark ? null : lockOut(cfg.out, rep.say);
+    if (hub && cfg.demo && process.env.HF_ENDPOINT)
+      rep.say("HF_ENDPOINT is set, and --demo keeps its embedded Hub (B6): pass --hub-url URL to send the demo there");
+    // 2. The run folder, claimed and cleaned before anything else happens there (O1, O2, O4); not by a dry run or
+    // a benchmark, which write nothing there
+    const lock: OutLock | null = cfg.benchmark || cfg.dryRun ? null : lockOut(cfg.out, rep.say);
     try {
       if (lock) for (const l of cleanOut(cfg.out)) rep.say(l);
-      // 3. The plan: every refusal happens here, before step 1.
-      const s: Session = { ...(await setupSession(cfg, rep, hubUrl)), dist: link };
+      // 3. The plan, and its refusals (data, model, resume point, Hub), before step 1.
+      const s: Session = { ...(await setupSession(cfg, rep, hubUrl, scratch)), dist: link };
       if (cfg.dryRun) return dryRun(s, rep);
       if (cfg.benchmark) return { runJson: await runBenchmark(s, cfg.benchmark, rep), exported: null };
       recordSessionStart(s);
       // 4. The coordinator and its ranks, then the step loop and the session's end.
-      const coord = Coordinator.create({
-        world: cfg.world,
-        model: s.model.config,
-        gradCkpt: cfg.gradCkpt,
-        activationBudgetBytes: activationBudget(cfg).bytes,
-        backend: cfg.backend,
-        native: nativeChoice(cfg),
-        fault: faultFromEnv(),
-        mpi: link?.mpi,
-        stopAsked: () => stopRequested() !== null,
-        data: {
-          root: s.data.root,
-          seqLen: cfg.seqLen,
-          dataSeed: cfg.dataSeed,
-          microBatch: cfg.microBatch,
-          accum: cfg.accum,
-          nVal: s.data.nVal,
-        },
-      });
+      const coord = coordinatorFor(s, link);
       try {
         const { pos, history, events } = await startTraining(s, coord, rep, hubUrl, link, t0);
         return await trainLoop(s, coord, pos, history, rep, t0, events);
@@ -253,10 +298,36 @@ async function runHere(cfg: RunConfig, rep: Reporter, link: DistLink | null): Pr
   }
 }
 
+/** The coordinator of this session's ranks (A1, A2): the plan's model and data, the engine the flags chose. */
+function coordinatorFor(s: Session, link: DistLink | null): Coordinator {
+  const { cfg } = s;
+  return Coordinator.create({
+    world: cfg.world,
+    model: s.model.config,
+    gradCkpt: cfg.gradCkpt,
+    activationBudgetBytes: activationBudget(cfg).bytes,
+    backend: cfg.backend,
+    native: nativeChoice(cfg),
+    gpus: webgpuRanks(cfg.backend, cfg.world, cfg.gpus),
+    fold: cfg.webgpuFold,
+    fault: faultFromEnv(),
+    mpi: link?.mpi,
+    stopAsked: () => stopRequested() !== null,
+    data: {
+      root: s.data.root,
+      seqLen: cfg.seqLen,
+      dataSeed: cfg.dataSeed,
+      microBatch: cfg.microBatch,
+      accum: cfg.accum,
+      nVal: s.data.nVal,
+    },
+  });
+}
+
 /**
  * The session's start, after its start record (B5): the starting state (a resumed checkpoint's, K2), the other MPI
- * processes' copy of it (A9), the ranks and the uploader. A refusal here ends the session's record with an end
- * line, as the loop's own ends do, before it propagates.
+ * processes' copy of it (A9), the ranks and the uploader. Any failure here ends the session's record with an end
+ * line ("refused" or "failed"), as the loop's own ends do, before it propagates.
  */
 async function startTraining(
   s: Session,
@@ -283,14 +354,13 @@ async function startTraining(
     const events = await startActors(s, coord, pos, rep, hubUrl);
     return { pos, history, events };
   } catch (e) {
-    // a crash keeps no end line: the report says "killed or crashed", as it is
-    if (isUserError(e))
-      recordSessionEnd(s, {
-        ended: "refused",
-        finalStep: s.start.startStep,
-        seconds: (performance.now() - t0) / 1000,
-        outcomes: [],
-      });
+    // the session's record ends however its start failed: refused (exit 2), or failed (exit 1)
+    recordSessionEnd(s, {
+      ended: isUserError(e) ? "refused" : "failed",
+      finalStep: s.start.startStep,
+      seconds: (performance.now() - t0) / 1000,
+      outcomes: [],
+    });
     throw e;
   }
 }
@@ -405,12 +475,11 @@ async function startActors(
   );
   rep.say(`backend: ${coord.backendInfo.detail}`);
   rep.say(activationReport(s).line);
-  const slow = bf16Warning(cfg.precision, cfg.isa);
-  if (slow) rep.say(slow);
   let head: string | null = null;
   if (s.hub) {
-    const r = await s.hub.ensureRepo({ private: cfg.hubPrivate }); // K5: created private unless --no-hub-private
-    head = await s.hub.followHead(); // K8: every commit from here on names its parent
+    // K5, K8: the plan's end created the repo (private unless --no-hub-private) and read its head (K9)
+    const r = s.hubStart ?? { created: false, head: await s.hub.followHead() };
+    head = r.head; // K8: every commit from here on names its parent
     rep.say(
       `checkpoint hub target ${cfg.hubRepo} (${cfg.hubRepoType}, ${await visibilityNote(s.hub, r.created, cfg.hubPrivate)}; prune=${cfg.prune}, every ${plan.ckptEvery} steps)`,
     );

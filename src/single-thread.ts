@@ -4,8 +4,8 @@
  * decision (decideStep) as the actor runtime. It runs every rank's micro-batches one after another through the one
  * micro-batch loop the ranks run (actors/micro-batches.ts runMicroBatches: a deferred engine's gradient is folded
  * once it is read back), so one step does exactly the work of one step of the actor run (same windows, same
- * update), on every engine, and the bench can compare the two. It uses nothing else from the actors but the
- * StepResult type, so it sits beside run.ts, not in src/actors.
+ * update), on every engine, and the bench can compare the two. It uses nothing else from the actors but that loop
+ * (gradientArrays, runMicroBatches) and the StepResult type, so it sits beside run.ts, not in src/actors.
  *
  * The training step, module by module. SingleThreadTrainer.step below is the whole step on one screen; the actor
  * runtime (`node dist/main.js --world N`) splits the same work across threads, in this order (paths under src/):
@@ -38,7 +38,8 @@
  *      session/finish.ts (the segment's end: validation, export, RUN_JSON).
  */
 import { Llama } from "./model/llama";
-import { initEngine, type BackendName } from "./model/backend";
+import { initEngine, type BackendName, webgpuRanks } from "./model/backend";
+import type { GpuSelect } from "./model/engine/webgpu/gpus";
 import type { NativeOptions } from "./model/engine/native";
 import type { Kernels } from "./model/kernels";
 import { initWeights } from "./model/init";
@@ -67,7 +68,7 @@ import {
 import { adamwSliceSimd } from "./optim/optim-simd";
 import type { StepResult } from "./actors/coordinator";
 import { gradientArrays, runMicroBatches } from "./actors/micro-batches";
-import { activationBudget, nativeChoice, type RunConfig } from "./config";
+import { activationBudget, type FoldPlace, nativeChoice, type RunConfig } from "./config";
 import type { Reporter } from "./report";
 
 export interface SingleThreadSetup {
@@ -77,6 +78,10 @@ export interface SingleThreadSetup {
   activationBudgetBytes: number;
   backend: BackendName;
   native?: NativeOptions;
+  /** --backend webgpu: the GPU it opens (rank 0's, A13); absent: Dawn's first adapter. */
+  gpu?: GpuSelect | null;
+  /** A deferred engine's fold place (--webgpu-fold, A10); absent = on the device. */
+  fold?: FoldPlace;
   root: string;
   seqLen: number;
   dataSeed: number;
@@ -111,7 +116,7 @@ export class SingleThreadTrainer {
     this.m = new Float32Array(layout.total);
     this.v = new Float32Array(layout.total);
     this.grad = new Float32Array(layout.total);
-    this.grads = gradientArrays(kernels, layout.total);
+    this.grads = gradientArrays(kernels, layout.total, setup.fold);
     this.sum = new Float64Array(layout.total);
     this.sq = new Float64Array(chunkCount(layout.total));
     this.ranges = layout.entries.map((e) => ({ lo: e.offset, hi: e.offset + e.size, decay: e.decay }));
@@ -131,7 +136,7 @@ export class SingleThreadTrainer {
   }
 
   static async create(setup: SingleThreadSetup): Promise<SingleThreadTrainer> {
-    const be = await initEngine(setup.backend, setup.native);
+    const be = await initEngine(setup.backend, setup.native, setup.gpu);
     const t = new SingleThreadTrainer(
       setup,
       new Llama(setup.model, be.kernels, {
@@ -158,6 +163,8 @@ export class SingleThreadTrainer {
       accum: world * accum,
       ids: this.ids,
       grads: this.grads,
+      slot: this.sum,
+      foldPlace: this.setup.fold,
       stop: () => false,
       read: (m, ids) => this.stream.readMicroBatch(step, m % world, Math.floor(m / world), ids),
       lossAndGrads: (ids, g) => this.llama.lossAndGrads(ids, microBatch, seqLen, scale, g),
@@ -230,6 +237,8 @@ export async function runBenchmark(s: BenchmarkPlan, n: number, rep: Reporter): 
     activationBudgetBytes: activationBudget(cfg).bytes,
     backend: cfg.backend,
     native: nativeChoice(cfg),
+    gpu: webgpuRanks(cfg.backend, cfg.world, cfg.gpus)?.[0],
+    fold: cfg.webgpuFold,
     root: s.data.root,
     seqLen: cfg.seqLen,
     dataSeed: cfg.dataSeed,

@@ -7,47 +7,16 @@ import * as path from "node:path";
 import { spawn, spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
+import { advisedCommands, assertAdviceRuns, assertRefused, node, runAdvisedAsync, tinyModel } from "./helpers/cli";
 import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
-import { buildConfig, hfConfigJson } from "../src/model/llama-config";
-import { initWeights } from "../src/model/init";
-import { paramLayout } from "../src/model/layout";
-import { flatToTensors, writeSafetensors } from "../src/model/safetensors";
 import { installDriverAdvice } from "../src/model/engine/webgpu/device";
 import { parseArgs } from "../src/config";
 import { loadNative, supportedIsas } from "../src/model/engine/native";
 
-const DIST = path.join(__dirname, "..");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
-
-function node(file: string, args: string[], env: NodeJS.ProcessEnv = process.env) {
-  return spawnSync(process.execPath, [path.join(DIST, file), ...args], { encoding: "utf8", timeout: 150_000, env });
-}
-
-/** A refusal: exit 2, one line on stderr matching `line`, no stack trace, nothing on stdout. */
-function assertRefused(r: { status: number | null; stderr: string }, line: RegExp): void {
-  assert.equal(r.status, 2, r.stderr);
-  assert.match(r.stderr, line);
-  assert.equal(r.stderr.trim().split("\n").length, 1, `one line:\n${r.stderr}`);
-  assert.doesNotMatch(r.stderr, /\n\s+at |internal error/);
-}
-
-/** An exported model (2 layers, width 36, vocab 300) with its tokenizer, for generate. */
-function tinyModel(): string {
-  const dir = tmpDir("tstrain-refusals-model-");
-  const cfg = buildConfig({ seqLen: 32, layers: 2, hidden: 36, vocabSize: 300 });
-  const params = new Float32Array(paramLayout(cfg).total);
-  initWeights(cfg, 7, params);
-  writeSafetensors(path.join(dir, "model.safetensors"), flatToTensors(cfg, params), { format: "pt" });
-  fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg)));
-  writeTinyTokenizer(
-    dir,
-    corpusDocs().filter((d) => d.length > 0),
-  );
-  return dir;
-}
 
 test("a --hub-url that is no http(s) URL is refused before any work, exit 2, naming it; the URL it asks for works (G10, G11)", {
   timeout: 300_000,
@@ -56,26 +25,32 @@ test("a --hub-url that is no http(s) URL is refused before any work, exit 2, nam
   const bad = node("main.js", tinyRun(mix.root, out, ["--hub-url", "not a url", "--dry-run"]));
   assertRefused(
     bad,
-    /^refused: --hub-url "not a url" is not an http\(s\) URL such as https:\/\/huggingface\.co, or embedded for the local Hub \[G10\]$/m,
+    /^refused: --hub-url "not a url" is not an http\(s\) URL such as https:\/\/huggingface\.co: run node dist\/main\.js .* --hub-url https:\/\/huggingface\.co \(the Hugging Face Hub\), or node dist\/main\.js .* --hub-url embedded \(the local Hub\) \[G10\]$/m,
   );
   assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out");
-  // the advice: an http(s) URL, or embedded
-  for (const url of ["https://huggingface.co", "embedded"]) {
-    const ok = node("main.js", tinyRun(mix.root, out, ["--hub-url", url, "--dry-run"]));
-    assert.equal(ok.status, 0, ok.stderr);
-  }
+  // the advice: an http(s) URL, or embedded, each as the command printed
+  assertAdviceRuns(bad.stderr, { min: 2 });
+  // a URL with a password or a query: the same URL without them
+  const creds = node(
+    "main.js",
+    tinyRun(mix.root, out, ["--hub-url", "https://me:pw@huggingface.co/?x=1", "--dry-run"]),
+  );
+  assertRefused(
+    creds,
+    /holds a user name or password, .*: run node dist\/main\.js .* --hub-url https:\/\/huggingface\.co \[G10\]$/m,
+  );
+  assertAdviceRuns(creds.stderr);
   const model = tinyModel();
   const gen = ["--model", model, "--prompt", "The", "--max-new-tokens", "2", "--backend", "cpu"];
   const g = node("generate.js", [...gen, "--hub-url", "not a url"]);
   assertRefused(
     g,
-    /^generate: --hub-url "not a url" is not an http\(s\) URL such as https:\/\/huggingface\.co \[G11\]$/m,
+    /^generate: --hub-url "not a url" is not an http\(s\) URL such as https:\/\/huggingface\.co: run node dist\/generate\.js .* --hub-url https:\/\/huggingface\.co \[G11\]$/m,
   );
   assert.equal(g.stdout, "");
   const env = node("generate.js", gen, { ...process.env, HF_ENDPOINT: "huggingface.co" });
   assertRefused(env, /^generate: HF_ENDPOINT "huggingface\.co" is not an http\(s\) URL/m);
-  const fixed = node("generate.js", [...gen, "--hub-url", "https://huggingface.co"]);
-  assert.equal(fixed.status, 0, fixed.stderr);
+  assertAdviceRuns(g.stderr);
 });
 
 test("a --root that is a file is refused before any work, exit 2, naming it, also with --demo; a folder works (D1)", {
@@ -115,27 +90,24 @@ test("a resume with another batch split names the change and the flags that work
   const world = resume(["--world", "1"]);
   assertRefused(
     world,
-    /^refused: resume refused: the batch changed: 4 → 2 sequences per step \(world 2 → 1\); \S+checkpoint-4 was trained at 4, and a resumed run must read the same sequences per step: use --world 2, or --world 1 --accum 2 \[C3\]$/m,
+    /^refused: resume refused: the batch changed: 4 → 2 sequences per step \(world 2 → 1\); \S+checkpoint-4 was trained at 4, and a resumed run must read the same sequences per step: run node dist\/main\.js .* --world 2 \(the run's split\), or node dist\/main\.js .* --world 1 .*--accum 2 \(this split, with that many micro-batches a step\) \[C3\]$/m,
   );
   const micro = resume(["--micro-batch", "1"]);
   assertRefused(
     micro,
-    /^refused: resume refused: the batch changed: 4 → 2 sequences per step \(micro-batch 2 → 1\); .*: use --micro-batch 2, or --micro-batch 1 --accum 2 \[C3\]$/m,
+    /^refused: resume refused: the batch changed: 4 → 2 sequences per step \(micro-batch 2 → 1\); .*: run node dist\/main\.js .* --micro-batch 2 \(the run's split\), or node dist\/main\.js .* --micro-batch 1 .*--accum 2 \(.*\) \[C3\]$/m,
   );
-  // the advice, each way: the split the run used, and the new split with --accum 2
-  for (const extra of [["--world", "1", "--accum", "2"], []]) {
-    const r = resume([...extra, "--out", tmpCopy(out)]);
-    assert.equal(r.status, 0, r.stderr);
-    assert.match(r.stdout, /resume from \S+checkpoint-4: step 4/);
-  }
+  // the advice, each way, as printed, on the run as it stopped: the split the run used, and the new split with --accum 2
+  const pristine = tmpDir("tstrain-geometry-pristine-");
+  fs.cpSync(out, pristine, { recursive: true });
+  const before = () => {
+    fs.rmSync(out, { recursive: true, force: true });
+    fs.cpSync(pristine, out, { recursive: true });
+  };
+  for (const bad of [world, micro])
+    for (const r of assertAdviceRuns(bad.stderr, { min: 2, before }))
+      assert.match(r.stdout, /resume from \S+checkpoint-4: step 4/);
 });
-
-/** A copy of a run folder (a resume may then train in it, leaving the original for the next). */
-function tmpCopy(out: string): string {
-  const copy = tmpDir("tstrain-geometry-copy-");
-  fs.cpSync(out, copy, { recursive: true });
-  return copy;
-}
 
 test("the webgpu refusal's driver advice is the command docs/webgpu.md shows, scripts/mesa-backports.sh, which adds bookworm-backports of the machine's own apt mirror, else says what to add by hand; the repository names no package registry's host (P1)", () => {
   const root = path.join(__dirname, "..", "..");
@@ -217,7 +189,7 @@ test("a config file's table, dotted key, array of tables, non-finite number or T
     [
       "dotted.toml",
       "micro.batch = 2\n",
-      /: micro\.batch \(a TOML table: \[micro\] or a dotted key\) is not a flag, and the file is flat: .*write micro-batch = 2 \[G12\]$/,
+      /: micro\.batch \(a dotted key\) is not a flag, and the file is flat: .*write micro-batch = 2 instead \[G12\]$/,
       "micro-batch = 2\n",
     ],
     [
@@ -276,22 +248,14 @@ test("--precision bf16 with a bf16 --isa this CPU lacks is refused before any wo
   assertRefused(
     bad,
     new RegExp(
-      `^refused: --isa ${missing} is not available: --isa ${missing}: this CPU has no ${missing} \\(it runs [^)]*\\); fix: pass --isa auto \\(here: \\w+\\) \\[P1\\]$`,
+      `^refused: --isa ${missing} is not available: --isa ${missing}: this CPU has no ${missing} \\(it runs [^)]*\\); run node dist/main\\.js .* \\(--isa auto, here \\w+\\) \\[P1\\]$`,
       "m",
     ),
   );
   assert.deepEqual(fs.readdirSync(out), [], "nothing written in --out");
-  // the advice: every `pass --flag value` it gives, each run with the rest of the command kept
-  const advice = [...bad.stderr.matchAll(/pass (--[a-z0-9-]+) ([a-z0-9]+)/g)].map((m) => [m[1], m[2]]);
-  assert.ok(advice.length > 0, bad.stderr);
-  for (const [flag, value] of advice) {
-    const r = node(
-      "main.js",
-      tinyRun(mix.root, out, ["--precision", "bf16", "--isa", missing, "--dry-run", flag, value]),
-    );
-    assert.equal(r.status, 0, `${flag} ${value}: ${r.stderr}`);
-    assert.match(r.stdout, /"precision":"bf16"/);
-  }
+  // the advice: the command it gives (bf16, so no tfjs backend), run as printed
+  assert.doesNotMatch(advisedCommands(bad.stderr)[0], new RegExp(`--isa ${missing}`));
+  for (const r of assertAdviceRuns(bad.stderr)) assert.match(r.stdout, /"precision":"bf16"/);
 });
 
 const ROOT = path.join(__dirname, "..", "..");
@@ -429,8 +393,9 @@ test("a refused run leaves no empty <out>/hub it made, and keeps the Hub folder 
   const bad = refused();
   assertRefused(
     bad,
-    /^refused: resume refused: --resume \S+checkpoint-4 does not exist\..* start fresh without --resume \[C3\]$/m,
+    /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+ holds no checkpoint; name a checkpoint folder \(RUN\/ckpt\/checkpoint-N\), or run node dist\/main\.js .* --resume auto \(to continue from the Hub\), or node dist\/main\.js .* \(a fresh start\) \[C3\]$/m,
   );
+  assert.doesNotMatch(advisedCommands(bad.stderr)[1], /--resume/, "a fresh start has no --resume");
   assert.ok(!fs.existsSync(path.join(out, "hub")), "an empty hub/ is left");
   // a Hub folder that was there before the refused run is kept, empty or not
   fs.mkdirSync(path.join(out, "hub", "earlier"), { recursive: true });
@@ -438,9 +403,12 @@ test("a refused run leaves no empty <out>/hub it made, and keeps the Hub folder 
   assert.equal(refused().status, 2);
   assert.ok(fs.existsSync(path.join(out, "hub", "earlier")), "a folder saved before is removed");
   assert.equal(fs.readFileSync(path.join(out, "hub", "earlier.txt"), "utf8"), "saved before");
-  // the advice: start fresh without --resume
-  const ok = node("main.js", tinyRun(mix.root, tmpDir("tstrain-refused-hub-fresh-"), [...hub, "--max-steps", "4"]));
-  assert.equal(ok.status, 0, ok.stderr);
+  // the advice, as printed, each in the state refused (--resume auto finds nothing on the Hub: a fresh start)
+  fs.rmSync(path.join(out, "hub"), { recursive: true });
+  const before = () => {
+    for (const d of ["ckpt", "hub", "final", "resume"]) fs.rmSync(path.join(out, d), { recursive: true, force: true });
+  };
+  for (const r of assertAdviceRuns(bad.stderr, { min: 2, before })) assert.match(r.stdout, /^step 8\/8 /m);
 });
 
 /**
@@ -508,7 +476,7 @@ test("a checkpoint whose model.safetensors is truncated is refused naming the fi
   assertRefused(
     bad,
     new RegExp(
-      `^refused: checkpoint model\\.safetensors at ${lit(file)} is not a valid safetensors file \\(.*truncated.*\\): the checkpoint is damaged\\. Resume from another checkpoint \\(--resume (\\S+checkpoint-4)\\) \\[K2\\]$`,
+      `^refused: checkpoint model\\.safetensors at ${lit(file)} is not a valid safetensors file \\(.*truncated.*\\): the checkpoint is damaged\\. Resume from another checkpoint: run node dist/main\\.js .* --resume \\S+checkpoint-4 \\(the newest other one\\) \\[K2\\]$`,
       "m",
     ),
   );
@@ -520,10 +488,8 @@ test("a checkpoint whose model.safetensors is truncated is refused naming the fi
   );
   assert.equal(events[1].session, events[0].session);
   assert.equal(events[1].ended, "refused");
-  // the advice: the same command, resuming from the checkpoint it names
-  const other = /--resume (\S+checkpoint-4)\)/.exec(bad.stderr)?.[1] ?? "";
-  const ok = node("main.js", [...run.args, "--resume", other]);
-  assert.equal(ok.status, 0, ok.stderr);
+  // the advice, as printed: the same command, resuming from the checkpoint it names
+  const [ok] = assertAdviceRuns(bad.stderr);
   assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
 });
 
@@ -541,14 +507,13 @@ test("generate refuses a checkpoint that fails its manifest, naming the file (K7
   const bad = gen(ck8);
   assertRefused(
     bad,
-    /^generate: --model \S+checkpoint-8: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}… \(its bytes changed after it was written\); the checkpoint cannot be trusted\. Generate from another folder \(--model \S+checkpoint-4\)\. \[K7\]$/m,
+    /^generate: --model \S+checkpoint-8: model\.safetensors has sha256 [0-9a-f]{12}…, manifest\.json says [0-9a-f]{12}… \(its bytes changed after it was written\); the checkpoint cannot be trusted\. Generate from another folder: run node dist\/generate\.js .*--model \S+checkpoint-4 \(the newest other checkpoint\) \[K7\]$/m,
   );
   assert.equal(bad.stdout, "", "nothing generated");
-  // the advice: the folder it names
-  const other = /\(--model (\S+checkpoint-4)\)/.exec(bad.stderr)?.[1] ?? "";
-  const ok = gen(other);
-  assert.equal(ok.status, 0, ok.stderr);
+  // the advice, as printed: the folder it names
+  const [ok] = assertAdviceRuns(bad.stderr);
   assert.match(ok.stdout, /^The/);
+  const other = /--model (\S+checkpoint-4)/.exec(ok.cmd)?.[1] ?? "";
   // a prompt longer than the model's 16 positions is refused, and not printed
   const long = gen(other, "The cat sat on the mat. ".repeat(8));
   assert.equal(long.status, 2, long.stderr);
@@ -662,4 +627,79 @@ test("a resume's prior loss is the loss of the checkpoint's own step, the one it
   const resumed = node("main.js", [...args, "--resume", "auto"]);
   assert.equal(resumed.status, 0, resumed.stderr);
   assert.match(resumed.stdout, new RegExp(`resume from \\S+checkpoint-8: step 8, prior loss ${lit(own)} \\(`));
+});
+
+test("--resume auto where the Hub holds no checkpoint but ckpt/ does is refused naming the local ones; the command it gives resumes from them, not --resume auto (R1)", {
+  timeout: 600_000,
+}, async () => {
+  const out = tmpDir("tstrain-hub-lost-");
+  const args = tinyRun(mix.root, out, ["--hub-url", "embedded", "--hub-repo", "local/lost"]);
+  const first = node("main.js", [...args, "--stop-after-steps", "4"]);
+  assert.equal(first.status, 0, first.stderr);
+  fs.rmSync(path.join(out, "hub"), { recursive: true }); // the Hub's folder gone: it holds nothing of this run
+  const bad = node("main.js", [...args, "--resume", "auto"]);
+  assertRefused(
+    bad,
+    /^refused: --resume auto found no checkpoint on local\/lost \(the Hub lost what this run pushed there, or never got it: .*\), but \S+ckpt holds checkpoint-4\. Resume from the newest local one: node dist\/main\.js .*--resume \S+checkpoint-4; or choose another --out\. \[R1\]$/m,
+  );
+  const cmd = /Resume from the newest local one: (node dist\/main\.js .*?); or choose/.exec(bad.stderr)?.[1] ?? "";
+  assert.doesNotMatch(cmd, /--resume auto/, "the advice is not the command just refused");
+  const ok = await bash(cmd.replace(/^node /, `exec ${sh(process.execPath)} `), process.env);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /resume from \S+checkpoint-4: step 4/);
+});
+
+test("--resume auto on a Hub whose newer folder has no manifest (R3), or whose pointer is gone while its folders stay (R2), is refused with the command that resumes; each runs as printed", {
+  timeout: 600_000,
+}, async () => {
+  const th = await startTestHub({});
+  try {
+    const out = tmpDir("tstrain-hub-unproven-");
+    const run = (repo: string, extra: string[]) =>
+      bash(
+        `exec ${sh(process.execPath)} dist/main.js ${tinyRun(mix.root, out, [
+          "--hub-url",
+          th.url,
+          "--hub-repo",
+          repo,
+          "--no-sample",
+          ...extra,
+        ])
+          .map(sh)
+          .join(" ")}`,
+        process.env,
+      );
+    const first = await run("me/r3", ["--stop-after-steps", "4"]);
+    assert.equal(first.status, 0, first.stderr);
+    // a folder of step 8 on the Hub without its manifest: what a run that is not this one, or a lost commit, leaves
+    const unproven = tmpDir("tstrain-hub-unproven-ck-");
+    fs.cpSync(path.join(out, "ckpt", "checkpoint-4"), unproven, { recursive: true });
+    fs.rmSync(path.join(unproven, "manifest.json"));
+    await th.store({ repo: "me/r3" }).uploadFolder(unproven, "ckpt/checkpoint-8", "unproven");
+    const r3 = await run("me/r3", ["--resume", "auto"]);
+    assertRefused(
+      r3,
+      /^refused: latest\.json on me\/r3 points at step 4 .* has no manifest\.json .*, run node dist\/main\.js .* --resume auto --resume-ignore-unproven \[R3\]$/m,
+    );
+    const [cmd3] = advisedCommands(r3.stderr);
+    const ok3 = await runAdvisedAsync(cmd3);
+    assert.equal(ok3.status, 0, ok3.stderr);
+    assert.match(ok3.stdout, /resume from \S+checkpoint-4: step 4/);
+    // another repo holding the folder of step 4 (no manifest there) and no latest.json: the local copy resumes
+    await th.store({ repo: "me/r2" }).ensureRepo();
+    await th.store({ repo: "me/r2" }).uploadFolder(unproven, "ckpt/checkpoint-4", "no pointer");
+    fs.rmSync(path.join(out, "ckpt", "checkpoint-8"), { recursive: true });
+    const r2 = await run("me/r2", ["--resume", "auto"]);
+    assertRefused(
+      r2,
+      /^refused: --resume auto found no latest\.json on me\/r2, but the repo holds 1 checkpoint folder\(s\) \(ckpt\/checkpoint-4\)\..* Resume from the newest local copy: run node dist\/main\.js .* --resume \S+checkpoint-4; or start the run over in a new --hub-repo \[R2\]$/m,
+    );
+    const [cmd2] = advisedCommands(r2.stderr);
+    assert.doesNotMatch(cmd2, /--resume auto/);
+    const ok2 = await runAdvisedAsync(cmd2);
+    assert.equal(ok2.status, 0, ok2.stderr);
+    assert.match(ok2.stdout, /resume from \S+checkpoint-4: step 4/);
+  } finally {
+    await th.close();
+  }
 });

@@ -147,8 +147,8 @@ test("a resume is refused on each identity field with the advice for that field,
   const exp = { seqLen: 16, seed: 5, permSha: SHA_B, fingerprint: SHA_A, seqsPerStep: 8 };
   assert.deepEqual(validateResume(c, exp, "ck"), { startStep: 3, startSample: 24 });
   const cases: Array<[Partial<typeof exp>, RegExp]> = [
-    [{ seqLen: 32 }, /cursor seq_len=16 != current 32; .*: use the run's --seq-len/],
-    [{ seed: 6 }, /cursor shuffle_seed=5 != current 6; .*: use the run's --data-seed/],
+    [{ seqLen: 32 }, /cursor seq_len=16 != current 32; .*: run the same command with --seq-len 16 \(the run's\)/],
+    [{ seed: 6 }, /cursor shuffle_seed=5 != current 6; .*: run the same command with --data-seed 5 \(the run's\)/],
     [
       { permSha: SHA_A },
       /cursor shuffle_perm_sha=.* != current .*the window order differs \(window count or permutation algorithm changed\); resume with the same mix, seq_len and seed/,

@@ -111,8 +111,14 @@ test("building the demo data says what it does and shows progress: the tokenizer
   assert.equal(r.status, 0, r.stderr + r.stdout);
   assert.match(
     r.stdout,
-    /^demo data: building the demo mix in \S+data from the bundled Brown corpus \(once; about 20-40 s on 2 cores, then reused\)$/m,
+    /^demo data: building the demo mix in \S+ from the bundled Brown corpus \(once; about 20-40 s on 2 cores, then reused\)$/m,
   );
+  // a dry run writes nothing (G7): the demo mix is built in its scratch folder, and --root is not made
+  assert.match(
+    r.stdout,
+    /^demo data: --dry-run writes nothing, so the demo mix is built in \S+ and removed after the plan$/m,
+  );
+  assert.ok(!fs.existsSync(path.join(work, "data")), "no --root made by a dry run");
   assert.match(r.stdout, /^demo data: training the demo tokenizer \(byte-level BPE, 4,096 ids\) on 500 documents$/m);
   assert.match(r.stdout, /^demo data: tokenizer trained in \d+\.\ds$/m);
   const bpeLines = r.stdout.split("\n").filter((x) => /^demo data: tokenizer [\d,]+\//.test(x));

@@ -12,6 +12,7 @@ import { pieceEnd } from "../src/data/inputs";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 import { readTree, writeTinyTokenizer } from "./fixtures/data-synth";
 import { tmpDir as tempDir } from "./helpers/tmp";
+import { assertAdviceRuns } from "./helpers/cli";
 
 const PREPARE = path.join(__dirname, "..", "prepare.js");
 const ZST = path.join(__dirname, "..", "..", "test", "fixtures", "corpus-docs.jsonl.zst");
@@ -123,10 +124,24 @@ test("the CLI reads a Parquet column named by --text-field and refuses a missing
   assert.equal(r.status, 2, r.stderr);
   assert.match(
     r.stderr,
-    /content\.parquet has no column "text" \(its columns: content\): pick the text column with --text-field NAME \[D2\]/,
+    /content\.parquet has no column "text" \(its columns: content\): pick the text column: run node dist\/prepare\.js .* --text-field content \(its first string column\) \[D2\]/,
   );
   assert.equal(fs.existsSync(bad), false, "nothing written");
   const jb = write("content.jsonl", corpusJsonl("content"));
+  // the advice, as printed, builds the mix; so does a .jsonl's, whose lines hold "content"
+  assertAdviceRuns(r.stderr);
+  assert.ok(fs.existsSync(path.join(bad, "manifest.json")));
+  const jbad = path.join(work, "out-cli-jsonl-bad");
+  const j = spawnSync(process.execPath, [PREPARE, "--input", jb, "--tokenizer", tokenizer, "--out", jbad], {
+    encoding: "utf8",
+  });
+  assert.equal(j.status, 2, j.stderr);
+  assert.match(
+    j.stderr,
+    /content\.jsonl:1 has no "text" string \(it has: id, content\): .*: run node dist\/prepare\.js .* --text-field content \(its first string field\) \[D2\]/,
+  );
+  assertAdviceRuns(j.stderr);
+  assert.ok(fs.existsSync(path.join(jbad, "manifest.json")));
   const a = path.join(work, "out-cli-pq"),
     b = path.join(work, "out-cli-jsonl");
   for (const [inp, out] of [

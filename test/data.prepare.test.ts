@@ -205,7 +205,8 @@ test("prepare never overwrites a root that holds a mix unless --force, and --for
   const before = readTree(root);
   await assert.rejects(
     prepareMix({ inputs: [corpus], tokenizer, out: root, ...quiet }),
-    (e: Error) => e.name === "UserError" && /already holds a mix .* pass --force/.test(e.message),
+    (e: Error) =>
+      e.name === "UserError" && /already holds a mix .* run the same command with --force \(/.test(e.message),
   );
   assert.deepEqual([...readTree(root).keys()], [...before.keys()], "untouched");
   const res = await prepareMix({ inputs: [corpus], tokenizer, out: root, valFraction: 0.2, force: true, ...quiet });

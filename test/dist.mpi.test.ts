@@ -11,8 +11,9 @@ import { createHash } from "node:crypto";
 import { DEMO_SHA256 } from "./helpers/demo";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tmpDir } from "./helpers/tmp";
-import { tinyRun } from "./helpers/run";
+import { tinyRun, withFlags } from "./helpers/run";
 import { loadMpi } from "../src/mpi/world";
+import { advisedCommands, runAdvised } from "./helpers/cli";
 
 const MAIN = path.join(__dirname, "..", "main.js");
 const mix = writeSyntheticMix({ vocab: 64, trainTokens: 32 * 1024, valTokens: 512 });
@@ -131,13 +132,27 @@ test("a process of an MPI job started without --dist mpi is refused with exit 2 
   assert.equal(sim.status, 2, sim.out);
   assert.match(
     sim.out,
-    /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi .*\[A9\]/s,
+    /refused: this process is one of 2 started by an MPI launcher \(OMPI_COMM_WORLD_SIZE=2\).*Add --dist mpi: run mpirun -np 2 node dist\/main\.js .* --dist mpi \(one run of 2 processes\) \[A9\]/,
   );
   assert.deepEqual(fs.readdirSync(out), [], "nothing was written to --out");
   if (!needMpi(t)) return;
   const real = await mpirun(2, tiny(tmpDir("tstrain-nodist-real-")));
   assert.equal(real.status, 2, real.out);
-  assert.match(real.out, /refused: this process is one of 2 started by an MPI launcher .*--dist mpi/s);
+  const said = real.out.split("\n").find((l) => l.startsWith("refused: this process is one of 2")) ?? "";
+  assert.match(
+    said,
+    /Add --dist mpi: run mpirun -np 2 node dist\/main\.js .* --dist mpi \(one run of 2 processes\) \[A9\]$/,
+  );
+  // the advice, as printed (this test's mpirun flags given as Open MPI's environment): the job, as one run
+  const [cmd] = advisedCommands(said);
+  const ran = runAdvised(cmd, {
+    ...process.env,
+    OMPI_ALLOW_RUN_AS_ROOT: "1",
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: "1",
+    OMPI_MCA_rmaps_base_oversubscribe: "1",
+    OMPI_MCA_btl: "self,vader,tcp",
+  });
+  assert.equal(ran.status, 0, `${cmd}\n${ran.stdout.slice(-2000)}${ran.stderr.slice(-2000)}`);
 });
 
 test("--dist mpi with no MPI library is refused with exit 2 and the command that installs one (A9)", {
@@ -330,7 +345,7 @@ test("a process whose weights differ at a checkpoint stops the run with exit 1 b
 /** The demo-sized model on a bigger synthetic mix: slow enough (about 0.1 s a step) to be hit mid-run. */
 const bigMix = writeSyntheticMix({ vocab: 64, trainTokens: 256 * 1024, valTokens: 2048 });
 function slow(out: string, extra: string[] = [], steps = 100, seq = 64): string[] {
-  return [
+  const base = [
     "--root",
     bigMix.root,
     "--out",
@@ -362,8 +377,8 @@ function slow(out: string, extra: string[] = [], steps = 100, seq = 64): string[
     "embedded",
     "--hub-repo",
     "local/faults",
-    ...extra,
   ];
+  return withFlags(base, extra); // a flag of `extra` replaces the one above: the trainer refuses a flag given twice
 }
 
 /** The uninterrupted run (one process, --world 2) that a stopped or killed job resumed to its end must equal, run once. */

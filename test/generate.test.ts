@@ -16,6 +16,7 @@ import { lastLogits, loadModelDir } from "../src/generation";
 import { ENGINES, useEngine } from "./helpers/engines";
 import { maxAbs, maxAbsDiff } from "./helpers/numeric";
 import { tmpDir } from "./helpers/tmp";
+import { advisedCommands, assertAdviceRuns } from "./helpers/cli";
 import { tinyRun } from "./helpers/run";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
@@ -313,7 +314,11 @@ test("node dist/generate.js prints the prompt and its continuation from a final/
     encoding: "utf8",
   });
   assert.equal(bad.status, 2);
-  assert.match(bad.stderr, /--top-p 1\.5 must be in \(0, 1\] \(1 = off\) \[G11\]/);
+  assert.match(
+    bad.stderr,
+    /--top-p 1\.5 must be in \(0, 1\] \(1 = off\): run node dist\/generate\.js .* --top-p 1 \(off\), or node dist\/generate\.js .* --top-p 0\.9 \(the 90% most likely\) \[G11\]/,
+  );
+  for (const r of assertAdviceRuns(bad.stderr, { min: 2 })) assert.match(r.stdout, /^The/, r.cmd);
   const empty = tmpDir("gen-empty");
   const none = spawnSync(process.execPath, [GENERATE, "--model", empty, "--prompt", "The"], { encoding: "utf8" });
   assert.equal(none.status, 2);
@@ -439,10 +444,13 @@ test("the export records its tokenizer's vocabulary hash, and generate refuses a
   assert.match(
     refused.stderr,
     new RegExp(
-      `the tokenizer \\S+shuffled/tokenizer\\.json is not the one \\S+final was trained with: its vocabulary hash is [0-9a-f]{16}…, run_summary\\.json records ${recorded.slice(0, 16)}… .*pass --allow-other-tokenizer if its ids are known to match \\[G11\\]`,
+      `the tokenizer \\S+shuffled/tokenizer\\.json is not the one \\S+final was trained with: its vocabulary hash is [0-9a-f]{16}…, run_summary\\.json records ${recorded.slice(0, 16)}… .*: run node dist/generate\\.js .* \\(the model's own tokenizer: .*\\), or node dist/generate\\.js .* --allow-other-tokenizer \\(if its ids are known to match\\) \\[G11\\]`,
     ),
   );
   assert.equal(refused.stdout, "", "nothing generated");
+  // the advice, as printed: without --tokenizer (the export's own), or with --allow-other-tokenizer
+  assert.doesNotMatch(advisedCommands(refused.stderr)[0], /--tokenizer/);
+  assertAdviceRuns(refused.stderr, { min: 2 });
   // A checkpoint folder records nothing itself: the tokenizer of the mix root its run_config.json names is the record.
   const ckpt = path.join(work, "run", "ckpt", "checkpoint-4");
   const genCk = (extra: string[]) =>
@@ -454,10 +462,11 @@ test("the export records its tokenizer's vocabulary hash, and generate refuses a
     ckRefused.stderr,
     /is not the one \S+checkpoint-4 was trained with: its vocabulary hash is [0-9a-f]{16}…, the run's mix root \(\S+mix\/tokenizer\.json\) has [0-9a-f]{16}…/,
   );
-  assert.equal(genCk(["--tokenizer", other, "--allow-other-tokenizer"]).status, 0);
-  // A shuffled tokenizer put into the export itself is refused the same way.
+  assertAdviceRuns(ckRefused.stderr, { min: 2 }); // the mix root's tokenizer, or this one allowed
+  // A shuffled tokenizer put into the export itself is refused the same way; no --tokenizer to drop, so one way.
   fs.copyFileSync(other, path.join(final, "tokenizer.json"));
-  assert.equal(gen([]).status, 2);
-  const told = gen(["--allow-other-tokenizer"]);
-  assert.equal(told.status, 0, told.stderr);
+  const own = gen([]);
+  assert.equal(own.status, 2);
+  assert.equal(advisedCommands(own.stderr).length, 1, own.stderr);
+  assertAdviceRuns(own.stderr);
 });

@@ -582,7 +582,7 @@ describe("--resume auto, rule by rule (R3-R6)", () => {
       await refusal(
         resume(store),
         "R3",
-        /points at step 10 \(ckpt\/checkpoint-10\) but the repo also holds ckpt\/checkpoint-20, which has no manifest\.json to prove it complete.*--resume-ignore-unproven added \[R3\]$/,
+        /points at step 10 \(ckpt\/checkpoint-10\) but the repo also holds ckpt\/checkpoint-20, which has no manifest\.json to prove it complete.*run the same command with --resume-ignore-unproven \[R3\]$/,
       );
       const { r, lines } = await resume(store, { ignoreUnproven: true });
       resumedAt(r, p10);

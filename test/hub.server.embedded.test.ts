@@ -61,7 +61,7 @@ test("--hub-dir without --hub-url embedded is refused, naming both flags", () =>
       assert.equal(e.rule, "B6");
       assert.match(
         e.message,
-        /--hub-dir "\/tmp\/x" is the folder of the embedded local Hub, but --hub-url is https:\/\/huggingface\.co; add --hub-url embedded or drop --hub-dir/,
+        /--hub-dir "\/tmp\/x" is the folder of the embedded local Hub, but --hub-url is https:\/\/huggingface\.co; run node dist\/main\.js --hub-dir \/tmp\/x --hub-url embedded \(the embedded Hub, in --hub-dir\), or node dist\/main\.js --hub-url https:\/\/huggingface\.co \(the Hub at https:\/\/huggingface\.co\) \[B6\]$/,
       );
       return true;
     },

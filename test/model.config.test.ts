@@ -54,16 +54,52 @@ test("a width not divisible by 9 heads is refused with a message naming the widt
       assert.equal(e.rule, "M2");
       assert.match(e.message, /--hidden 640/);
       assert.match(e.message, /multiple of 9/);
-      assert.match(e.message, /try --hidden 639 or --hidden 648/);
+      assert.match(
+        e.message,
+        /; run the same command with --hidden 630, or the same command with --hidden 648 \[M2\]$/,
+        "without the command line (dist/main.js prints the whole commands)",
+      );
       return true;
     },
   );
+  // every width advised passes every rule (639 would split into heads of 71, an odd head_dim)
+  for (const h of [100, 99, 640, 585, 20, 18, 9, 1]) {
+    let advised: number[] = [];
+    assert.throws(
+      () => buildConfig({ seqLen: 1024, hidden: h }),
+      (e: Error) => {
+        advised = [...e.message.matchAll(/--hidden (\d+)/g)].map((m) => Number(m[1])).filter((w) => w !== h);
+        return e.message.startsWith(`--hidden ${h} `);
+      },
+    );
+    assert.ok(advised.length > 0, `--hidden ${h}: a width is advised`);
+    for (const w of advised) assert.equal(buildConfig({ seqLen: 1024, hidden: w }).hiddenSize, w, `${h} -> ${w}`);
+  }
 });
 
 test("a width with an odd head_dim, a zero depth and a one-token sequence are refused (M2, M1)", () => {
   assert.throws(() => buildConfig({ seqLen: 1024, hidden: 585 }), /head_dim 65, which is odd/);
-  assert.throws(() => buildConfig({ seqLen: 1024, layers: 0 }), /--layers 0/);
-  assert.throws(() => buildConfig({ seqLen: 1 }), /seq_len 1/);
+  // the guards behind config.ts's ranges: each advises a value that builds
+  for (const [o, said] of [
+    [
+      { seqLen: 1024, layers: 0 },
+      /--layers 0 is not a positive integer; run the same command with --layers 22 \(frozen\)/,
+    ],
+    [{ seqLen: 1024, hidden: -36 }, /--hidden -36 is not a positive integer; run the same command with --hidden 576/],
+    [{ seqLen: 1 }, /seq_len 1 is not an integer >= 2: .*; run the same command with --seq-len 1024/],
+  ] as const)
+    assert.throws(
+      () => buildConfig(o),
+      (e: unknown) => {
+        assert.ok(e instanceof UserError && e.fix, String(e));
+        assert.match(e.message, said);
+        const [[flag, value]] = e.fix.ways[0].changes;
+        const key = ({ "--layers": "layers", "--hidden": "hidden", "--seq-len": "seqLen" } as const)[flag as string];
+        assert.ok(key, flag);
+        buildConfig({ ...o, [key]: Number(value) });
+        return true;
+      },
+    );
 });
 
 test("the demo's vocabulary override moves pad to vocab-1 and keeps eos at 0 (M1)", () => {

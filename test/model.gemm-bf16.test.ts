@@ -162,6 +162,43 @@ test("every bf16 kernel gives the documented order's bits: odd and even K, every
         for (const pad of [0, 3]) check(mk(ta, tb, M, N, K, beta, pad), seed++, M * N > 1024 ? 96 : 0);
 });
 
+test("each chunk's even and odd sums meet the running sum as acc + (e + o), never (acc + e) + o: 1 + 2^-23 where that order gives 1, on every kernel, tile edge and K block (P8)", {
+  skip,
+}, () => {
+  const { gemm } = builtinGemmBf16()!;
+  // the first chunk leaves acc = 1 (k = 0: 1 x 1); the last one has e = o = 2^-24 (its first even and odd k:
+  // 2^-12 x 2^-12), every other product 0. acc + (e + o) = 1 + 2^-23; (acc + e) + o rounds 1 + 2^-24 to even (1)
+  // twice. K: one chunk beyond the first, and enough for several K blocks on every kernel (the sum crosses them),
+  // the last chunk cut by K
+  for (const K of [64, 33 * 32, 2146])
+    for (const [M, N] of [
+      [1, 1],
+      [13, 37],
+      [40, 70],
+    ]) {
+      const last = Math.floor((K - 1) / 32) * 32;
+      const A = new Float32Array(M * K),
+        B = new Float32Array(K * N);
+      for (let i = 0; i < M; i++) {
+        A[i * K] = 1;
+        A[i * K + last] = 2 ** -12;
+        A[i * K + last + 1] = 2 ** -12;
+      }
+      for (let j = 0; j < N; j++) {
+        B[j] = 1;
+        B[last * N + j] = 2 ** -12;
+        B[(last + 1) * N + j] = 2 ** -12;
+      }
+      for (const isa of kernels())
+        for (const beta of [0, 1]) {
+          const C = new Float32Array(M * N);
+          gemm(isa, false, false, M, N, K, 1, A, K, B, N, beta, C, N);
+          const bad = C.findIndex((x) => x !== 1 + 2 ** -23);
+          assert.equal(bad, -1, `${isa} M=${M} N=${N} K=${K} beta=${beta}: C[${bad}] = ${C[bad]}, want 1 + 2^-23`);
+        }
+    }
+});
+
 test("denormal products, sums and old C values are flushed to 0 on every kernel", { skip }, () => {
   let seed = 300;
   for (const [ta, tb] of [

@@ -23,7 +23,7 @@ import { type DeferredKernels, isDeferred } from "../src/model/kernels";
 import { webgpuEngineOn } from "../src/model/engine/webgpu/engine";
 import type { GpuDevice } from "../src/model/engine/webgpu/device";
 import { webgpuCounts } from "../bench/webgpu-count";
-import { packParams, type Shader } from "../src/model/engine/webgpu/shaders/framework";
+import { packParams, type Shader, shader, withWritable } from "../src/model/engine/webgpu/shaders/framework";
 import { BK, TILE } from "../src/model/engine/webgpu/shaders/matmul";
 import { rmsnormRows } from "../src/model/engine/webgpu/shaders/rows";
 import { SHADERS, type ShaderName } from "../src/model/engine/webgpu/shaders/catalog";
@@ -48,12 +48,18 @@ test("each webgpu shader's struct P is its declared settings in order, and its W
     const read = new Set([...s.code.matchAll(/\bp\.([A-Za-z_]\w*)/g)].map((m) => m[1]));
     for (const n of read) assert.ok(Object.hasOwn(s.params, n), `${name} reads p.${n}, which it does not declare`);
     for (const n of Object.keys(s.params)) assert.ok(read.has(n), `${name} declares ${n} and never reads p.${n}`);
-    const bindings = [...s.code.matchAll(/@binding\((\d+)\) var<storage, read_write> (\w+)/g)];
+    const bindings = [...s.code.matchAll(/@binding\((\d+)\) var<storage, (read|read_write)> (\w+)/g)];
     assert.deepEqual(
-      bindings.map((b) => [Number(b[1]), b[2]]),
-      s.bindings.map((b, i) => [i, b.split(":")[0]]),
-      `${name}: storage bindings`,
+      bindings.map((b) => [Number(b[1]), b[3], b[2]]),
+      s.bindings.map((b, i) => [i, b.split(":")[0], s.access[i]]),
+      `${name}: storage bindings, each with its declared access`,
     );
+    // a binding declared read is only read: no assignment to it anywhere in the WGSL
+    for (const [i, b] of s.bindings.entries()) {
+      const n = b.split(":")[0];
+      if (s.access[i] === "read")
+        assert.doesNotMatch(s.code, new RegExp(`\\b${n}\\[[^\\]]*\\]\\s*=[^=]`), `${name} writes ${n}, declared read`);
+    }
     assert.match(s.code, new RegExp(`@binding\\(${s.bindings.length}\\) var<uniform> p: P;`), `${name}: the uniform`);
   }
 });
@@ -97,6 +103,8 @@ interface Dispatch {
   uniform: ArrayBuffer;
   /** its pipeline's constants (the shader's WGSL overrides), {} where none were given */
   constants: Record<string, number>;
+  /** Each storage operand's buffer range. */
+  ranges: { buffer: unknown; offset: number; size: number }[];
 }
 
 /** A device that records each dispatch (its shader, operand count and uniform bytes) and runs nothing. */
@@ -105,11 +113,16 @@ function recordingDevice(maxBinding = 1 << 30): {
   dispatches: Dispatch[];
   created: number[];
   pipelines: { shader: ShaderName; constants: Record<string, number> }[];
+  /** The WGSL of each shader module made, in order. */
+  codes: string[];
 } {
   const dispatches: Dispatch[] = [];
   const created: number[] = [];
   const pipelines: { shader: ShaderName; constants: Record<string, number> }[] = [];
-  const byCode = new Map(NAMES.map((n) => [SHADERS[n].code, n]));
+  // a dispatch may run a variant whose read-only arrays are bound read_write (withWritable): found as its shader
+  const plain = (code: string) => code.replaceAll("var<storage, read>", "var<storage, read_write>");
+  const byCode = new Map(NAMES.map((n) => [plain(SHADERS[n].code), n]));
+  const codes: string[] = [];
   const buffer = (size: number) => {
     const raw = new ArrayBuffer(size);
     return { size, raw, destroy() {}, getMappedRange: () => raw, unmap() {}, mapAsync: async () => {} };
@@ -129,11 +142,17 @@ function recordingDevice(maxBinding = 1 << 30): {
       const entries = group.entries;
       const u = entries[entries.length - 1].resource;
       const uniform = u.buffer.raw.slice(u.offset ?? 0, (u.offset ?? 0) + (u.size ?? u.buffer.size));
+      const ranges = entries.slice(0, -1).map(({ resource: r }) => ({
+        buffer: r.buffer,
+        offset: r.offset ?? 0,
+        size: r.size ?? r.buffer.size,
+      }));
       dispatches.push({
         shader: pipeline.shader,
         operands: entries.length - 1,
         uniform,
         constants: pipeline.constants,
+        ranges,
       });
     },
     end() {},
@@ -157,7 +176,10 @@ function recordingDevice(maxBinding = 1 << 30): {
       created.push(d.size);
       return buffer(d.size);
     },
-    createShaderModule: (d) => ({ shader: byCode.get(d.code) }),
+    createShaderModule: (d) => {
+      codes.push(d.code);
+      return { shader: byCode.get(plain(d.code)) };
+    },
     createComputePipeline: (d) => {
       const made = {
         shader: (d.compute.module as { shader: ShaderName }).shader,
@@ -176,7 +198,7 @@ function recordingDevice(maxBinding = 1 << 30): {
     }),
     destroy() {},
   };
-  return { device, dispatches, created, pipelines };
+  return { device, dispatches, created, pipelines, codes };
 }
 
 /** Each setting of a recorded dispatch by name, read back as its declared type. */
@@ -234,7 +256,38 @@ function callEvery(k: DeferredKernels): void {
   k.copy(f(D), dw); // reads the pending dw: rmsnormBackward's deferred rmsnormBackwardW is recorded first
   k.copy(f(9), f(9));
   k.fill(f(9), 2.5);
+  k.fold(new Float64Array(11).subarray(2), f(9), true);
 }
+
+test("a read-only storage array is bound read_write only in a dispatch that writes another range of its device buffer; every array declares its access", () => {
+  const { device, codes } = recordingDevice();
+  const k = webgpuEngineOn(device, "recording").kernels;
+  assert.ok(isDeferred(k));
+  const copyCode = (src: "read" | "read_write") =>
+    codes.filter(
+      (c) =>
+        c.includes(`@binding(1) var<storage, ${src}> src: array<f32>;`) && c.includes("dst[p.oD + i] = src[p.oS + i];"),
+    );
+  k.copy(new Float32Array(9), new Float32Array(9)); // two buffers: src read-only
+  assert.equal(copyCode("read").length, 1);
+  assert.equal(copyCode("read_write").length, 0);
+  const one = new Float32Array(256); // one buffer: src bound read_write (WebGPU refuses it bound both ways)
+  k.copy(one.subarray(0, 9), one.subarray(64, 73));
+  assert.equal(copyCode("read_write").length, 1);
+  k.copy(one.subarray(128, 137), one.subarray(192, 201)); // the same variant again: no new pipeline
+  assert.equal(codes.length, 2);
+  assert.equal(withWritable(SHADERS.copy.code, []), SHADERS.copy.code);
+  assert.throws(() => withWritable(SHADERS.copy.code, [0]), /no read-only storage binding 0 to make writable/);
+  assert.throws(
+    () => shader(["x"], { n: "u32" }, ""),
+    /storage array x declares no access \("x:read" or "x:read_write"\)/,
+  );
+  assert.throws(() => shader(["x:rw"], { n: "u32" }, ""), /storage array x declares no access/);
+  assert.match(
+    shader(["x:read:i32", "y:read_write"], { n: "u32" }, "").code,
+    /@binding\(0\) var<storage, read> x: array<i32>;\n@group\(0\) @binding\(1\) var<storage, read_write> y: array<f32>;/,
+  );
+});
 
 test("every kernel of the webgpu engine dispatches its shader with exactly its settings, by name, and one operand per storage array", () => {
   const { device, dispatches } = recordingDevice();
@@ -273,8 +326,14 @@ test("every kernel of the webgpu engine dispatches its shader with exactly its s
   );
   const at = dispatches.findIndex((d) => d.shader === "rmsnormBackwardW");
   assert.equal(dispatches[at + 1].shader, "copy", "the deferred dw sum comes right before the copy that reads dw");
-  const fill = settingsOf(dispatches[dispatches.length - 1]);
+  const fill = settingsOf(dispatches[dispatches.length - 2]);
   assert.deepEqual([fill.n, fill.value], [9, 2.5]);
+  const fold = settingsOf(dispatches[dispatches.length - 1]);
+  assert.deepEqual(
+    [fold.n, fold.oG, fold.oS, fold.sets],
+    [9, 3, 2, 1],
+    "the fold: 9 elements, set, at offsets 3 and 2",
+  );
   const att = dispatches.find((d) => d.shader === "attentionForward");
   assert.ok(att);
   assert.equal(settingsOf(att).scale, Math.fround(1 / Math.sqrt(4)));
@@ -335,14 +394,15 @@ test("rmsnormBackward's weight gradients wait for one rmsnormBackwardW for all o
   await k.settle([grads]);
   names();
   for (const dw of dws) norm(dw);
-  k.fill(other, 0); // another part of the gradient buffer: no flush
+  k.fill(other, 0); // another part of the gradient buffer: no flush (and a clear: no dispatch)
+  k.fill(other, 1);
   assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackward", "rmsnormBackward", "fill"]);
   norm(dws[0]); // dws[0] again: the three pending sums first, in one dispatch
   const flushed = dispatches[0];
   assert.deepEqual(names(), ["rmsnormBackwardW", "rmsnormBackward"]);
   assert.equal(settingsOf(flushed).S, 3, "one dispatch for the three pending sets");
-  k.fill(dws[0], 0); // binds the pending dws[0]
-  assert.deepEqual(names(), ["rmsnormBackwardW", "fill"]);
+  k.fill(dws[0], 0); // clears the pending dws[0]: its sum first
+  assert.deepEqual(names(), ["rmsnormBackwardW"]);
   norm(dws[1]);
   await k.settle([grads]);
   assert.deepEqual(names(), ["rmsnormBackward", "rmsnormBackwardW"], "settle records the pending sum first");
@@ -412,7 +472,54 @@ test("the fused attention runs one pipeline per head size, the head size its pip
   );
 });
 
-test("the frozen model's micro-batch at seq 1024 x 4 records at most 450 dispatches (894 before the matmuls lists, the column sums and the device-sized head chunks)", async () => {
+test("the frozen model's micro-batch at seq 1024 x 4 records at most 450 dispatches with its fold on the device (894 before the matmuls lists, the column sums and the device-sized head chunks), the fold two of them", async () => {
   const c = await webgpuCounts(1024, 4, 1);
+  assert.equal(c.fold, "device");
   assert.ok(c.dispatches_per_micro <= 450, `${c.dispatches_per_micro} dispatches per micro-batch`);
+  const host = await webgpuCounts(1024, 4, 1, undefined, "host");
+  assert.equal(
+    c.dispatches_per_micro - host.dispatches_per_micro,
+    2,
+    "106M parameters fold in 2 dispatches at 128 MiB",
+  );
+});
+
+const f32 = (n: number) => new Float32Array(n);
+
+test("the fold on the device runs in dispatches of 4C elements (C: the slot elements a binding holds) through two gradient and four slot bindings, none aliased; fill(x, 0) is a clear, no dispatch", () => {
+  const { device, dispatches } = recordingDevice(4096 + 256); // C = 512: 2048 elements a dispatch
+  const k = webgpuEngineOn(device, "recording").kernels;
+  const n = 5000;
+  const g = new Float32Array(n + 3).subarray(3),
+    slot = new Float64Array(n + 2).subarray(2);
+  assert.ok(isDeferred(k));
+  k.fill(g, 0);
+  assert.equal(dispatches.length, 0, "fill(x, 0) records no dispatch");
+  k.fold(slot, g, true);
+  k.fold(slot, g, false);
+  assert.deepEqual(
+    dispatches.map((d) => d.shader),
+    Array(6).fill("foldMicro"),
+  );
+  // g starts 12 bytes, the slot 16 bytes past an aligned offset: each dispatch takes 4C elements less its offset
+  const each = [
+    [2045, 512, 3, 2],
+    [2017, 512, 0, 31],
+    [938, 512, 33, 0],
+  ];
+  assert.deepEqual(
+    dispatches.map(settingsOf).map((x) => [x.n, x.C, x.oG, x.oS, x.sets]),
+    [1, 0].flatMap((sets) => each.map((e) => [...e, sets])),
+  );
+  const ranges = dispatches[2].ranges; // 938 elements from float 33 and double 0: g0, s0 and s1 real, the rest spare
+  assert.deepEqual(
+    ranges.map((r) => r.size),
+    [4 * (33 + 938), 256, 8 * 512, 8 * (938 - 512), 256, 256],
+  );
+  for (const d of dispatches)
+    for (const [i, a] of d.ranges.entries())
+      for (const [j, b] of d.ranges.entries())
+        if (i < j && a.buffer === b.buffer)
+          assert.ok(a.offset + a.size <= b.offset || b.offset + b.size <= a.offset, `bindings ${i} and ${j} overlap`);
+  assert.throws(() => k.fold(new Float64Array(4), f32(5), true), /fold: a float64 slot of 4 for a gradient of 5/);
 });

@@ -52,7 +52,7 @@ test("a VDPBF16PS that fails its start-up self-check falls back to the emulation
   const ok = startLines({});
   assert.equal(ok.code, 0, "the run without a planted mismatch");
   assert.match(ok.backend, /built-in avx512bf16, AVX512_BF16 6x32 \(VDPBF16PS\) micro-kernel, bf16 products/);
-  // the bench's figure for this CPU (src/model/engine/vdpbf16-rate.ts), or where it has none the command to measure it
+  // the bench's figure for this CPU (src/model/engine/bench-rates.ts), or where it has none the command to measure it
   assert.match(
     ok.bf16,
     /^bf16 products on VDPBF16PS .*(x this core's fp32 FMA rate, as the bench measured it on |the bench has no figure for this CPU's rate)/,

@@ -8,6 +8,8 @@ import { createHash } from "node:crypto";
 import { writeSyntheticMix } from "./helpers/mix";
 import { runTiny, tinyConfig, tinyRun } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
+import { advisedCommands, assertAdviceRuns, assertRefused, runAdvised } from "./helpers/cli";
+import { adviceAfter } from "./helpers/survive";
 import { buildConfig, countParams } from "../src/model/llama-config";
 import { cpuWarning } from "../src/run";
 import { readManifest } from "../src/data/manifest";
@@ -129,22 +131,42 @@ test("an unknown backend name and a torch-only flag are refused (G10)", () => {
   assert.match(cli(["--torch-compile"]).stderr, /no meaning here/);
 });
 
-test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon (G1)", {
-  timeout: 60_000,
+test("--stop-after-steps must be a whole number of intervals, beyond the resume point and within the horizon, and the commands it advises run (G1)", {
+  timeout: 300_000,
 }, async () => {
-  await assert.rejects(
-    runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "3", "--dry-run"])),
-    /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4/,
+  /** The refusal matching `re`, then each command it advises run as printed, a dry run: the values `advised` ("": none). */
+  const refusedThenAdvised = (out: string, extra: string[], re: RegExp, advised: string[]) => {
+    const bad = cli(tinyRun(mix.root, out, [...extra, "--dry-run"]));
+    assertRefused(bad, re);
+    const cmds = advisedCommands(bad.stderr);
+    assert.deepEqual(
+      cmds.map((c) => /--stop-after-steps (\d+)$/.exec(c)?.[1] ?? ""),
+      advised,
+      "each value, as the command that gives it; the horizon, as the command without the flag",
+    );
+    for (const c of cmds.filter((c) => !c.includes("--stop-after-steps")))
+      assert.ok(!c.includes("--stop-after-steps"), c);
+    assertAdviceRuns(bad.stderr, { min: advised.length });
+  };
+  refusedThenAdvised(
+    tmpDir("g1-"),
+    ["--stop-after-steps", "3"],
+    /--stop-after-steps 3 is not a whole multiple of the checkpoint interval 4: .*; run node dist\/main\.js .* --stop-after-steps 4, or node dist\/main\.js .* \(run to the horizon\) \[G1\]$/m,
+    ["4", ""],
   );
-  await assert.rejects(
-    runTiny(tinyConfig(mix.root, tmpDir("g1-"), ["--stop-after-steps", "12", "--dry-run"])),
-    /--stop-after-steps 12 exceeds the horizon 8/,
+  refusedThenAdvised(
+    tmpDir("g1-"),
+    ["--stop-after-steps", "12"],
+    /--stop-after-steps 12 exceeds the horizon 8; run node dist\/main\.js .* --stop-after-steps 4, or .* \(run to the horizon\) \[G1\]$/m,
+    ["4", ""],
   );
   const out = tmpDir("g1-");
   await runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4"]));
-  await assert.rejects(
-    runTiny(tinyConfig(mix.root, out, ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")])),
-    /--stop-after-steps 4 is not beyond the resume point step 4/,
+  refusedThenAdvised(
+    out,
+    ["--stop-after-steps", "4", "--resume", path.join(out, "ckpt", "checkpoint-4")],
+    /--stop-after-steps 4 is not beyond the resume point step 4: .*; run node dist\/main\.js .* --stop-after-steps 8, or .* \(run to the horizon\) \[G1\]$/m,
+    ["8", ""],
   );
 });
 
@@ -179,9 +201,12 @@ test("--resume DIR checks every file against the checkpoint's manifest.json and 
   fs.rmSync(manifest);
   const none = cli(tinyArgs(mix.root, out, ["--resume", ck]));
   assert.equal(none.status, 2, none.stdout + none.stderr);
-  assert.match(none.stderr, /has no manifest\.json.*--resume-without-manifest.*\[K7\]/s);
-  const old = cli(tinyArgs(mix.root, out, ["--resume", ck, "--resume-without-manifest", "--dry-run"]));
-  assert.equal(old.status, 0, old.stderr);
+  assert.match(
+    none.stderr,
+    /has no manifest\.json, so its files cannot be checked .*: run node dist\/main\.js .* --resume-without-manifest \(if a tstrain from before manifests existed wrote it\); otherwise resume from another checkpoint folder, or start fresh with another --out \[K7\]\n$/,
+  );
+  // the advice, as printed: it resumes the folder unchecked
+  const [old] = assertAdviceRuns(none.stderr);
   assert.match(old.stdout, /has no manifest\.json; reading it unchecked as --resume-without-manifest asks \(K7\)/);
   fs.writeFileSync(manifest, saved);
 
@@ -216,11 +241,13 @@ test("--backend tensorflow without tfjs-node is refused before any work, exit 2 
   assert.equal(r.status, 2, r.stdout + r.stderr);
   assert.match(
     r.stderr,
-    /^refused: --backend tensorflow is not available \(@tensorflow\/tfjs-node-gpu: not installed; @tensorflow\/tfjs-node: not installed\); install .* or pass --backend wasm \[P1\]\n$/s,
+    /^refused: --backend tensorflow is not available \(@tensorflow\/tfjs-node-gpu: not installed; @tensorflow\/tfjs-node: not installed\); install .*, or run node dist\/main\.js .* --backend wasm \(tfjs-wasm\) \[P1\]\n$/s,
   );
   assert.doesNotMatch(r.stderr, /RankFailure/);
   assert.equal(r.stdout, "", "refused before the plan is printed");
   assert.ok(!fs.existsSync(out), "nothing was written");
+  // the advice, as printed, trains
+  assertAdviceRuns(r.stderr);
 });
 
 test("a shard holding a token id outside the vocabulary is refused before the ranks start, naming the shard and the id (D1)", {
@@ -401,8 +428,11 @@ test("the vocabulary trap: the frozen shape over a small tokenizer warns with wh
   assert.equal(again.status, 2, again.stdout + again.stderr);
   assert.match(
     again.stderr,
-    /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/,
+    /^refused: resume refused: the checkpoint .*checkpoint-4 holds a model with vocab_size 256 but this run builds vocab_size 128\. Resume with the shape it was trained with: run node dist\/main\.js .* --layers 2 --hidden 36 --vocab-size 256 \[M2\]\n$/,
   );
+  // the advice, as printed, resumes
+  const [resumed] = assertAdviceRuns(again.stderr);
+  assert.match(resumed.stdout, /resume from \S+checkpoint-4: step 4/);
 });
 
 test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's constants is refused naming old and new, unless --allow-config-change lists them (P7)", {
@@ -412,17 +442,19 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
   const first = cli(tinyArgs(mix.root, out, ["--stop-after-steps", "4"]));
   assert.equal(first.status, 0, first.stderr);
   const ck = path.join(out, "ckpt", "checkpoint-4");
+  const pristine = tmpDir("tstrain-p7-pristine-"); // the run as it stopped, for each advised command to train in
+  fs.cpSync(out, pristine, { recursive: true });
   const lr = cli(tinyArgs(mix.root, out, ["--resume", ck, "--lr", "1e-3"]));
   assert.equal(lr.status, 2, lr.stdout + lr.stderr);
   assert.match(
     lr.stderr,
-    /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values \(--lr 0\.003\), or pass --allow-config-change .*\[P7\]\n$/,
+    /^refused: resume refused: this run changes the update .*checkpoint-4 was trained with: --lr 0\.003 -> 0\.001\. .*Resume with the checkpoint's values: node dist\/main\.js .* --lr 0\.003; or add --allow-config-change to train on from there with the new values: node dist\/main\.js .* --allow-config-change \[P7\]\n$/,
   );
   const sched = cli(tinyArgs(mix.root, out, ["--resume", ck, "--warmup-frac", "0.1", "--decay-frac", "0.5"]));
   assert.equal(sched.status, 2, sched.stdout + sched.stderr);
   assert.match(
     sched.stderr,
-    /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .*\(--warmup-frac 0\.02 --decay-frac 0\.8\).*\[P7\]/,
+    /--warmup-frac 0\.02 -> 0\.1, --decay-frac 0\.8 -> 0\.5\. .* --warmup-frac 0\.02 --decay-frac 0\.8; .*\[P7\]/,
   );
   assert.ok(!fs.existsSync(path.join(out, "ckpt", "checkpoint-8")), "nothing was trained");
 
@@ -441,7 +473,10 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
   fs.writeFileSync(manPath, JSON.stringify(man));
   const betas = cli(tinyArgs(mix.root, out, ["--resume", ck]));
   assert.equal(betas.status, 2, betas.stdout + betas.stderr);
-  assert.match(betas.stderr, /: beta2 0\.999 -> 0\.95\. .*Pass --allow-config-change .*\[P7\]/);
+  assert.match(
+    betas.stderr,
+    /: beta2 0\.999 -> 0\.95\. .*Add --allow-config-change .*: node dist\/main\.js .* --allow-config-change \[P7\]/,
+  );
   fs.writeFileSync(rcPath, rcSaved);
   fs.writeFileSync(manPath, manSaved);
 
@@ -457,6 +492,20 @@ test("a resume that changes --lr, --warmup-frac, --decay-frac or the update's co
     lr: number;
   };
   assert.equal(rc8.lr, 1e-3, "the checkpoints from there on record the new value");
+
+  // each command the --lr refusal advised runs as printed, on the run as it stopped: the checkpoint's value, then
+  // the new one kept with --allow-config-change
+  for (const [label, want] of [
+    [/Resume with the checkpoint's values:/, 0.003],
+    [/with the new values:/, 1e-3],
+  ] as const) {
+    fs.rmSync(out, { recursive: true, force: true });
+    fs.cpSync(pristine, out, { recursive: true });
+    const ok = runAdvised(adviceAfter(lr.stderr, label));
+    assert.equal(ok.status, 0, ok.stderr);
+    const rc = JSON.parse(fs.readFileSync(path.join(out, "ckpt", "checkpoint-8", "run_config.json"), "utf8"));
+    assert.equal(rc.lr, want, `${label}: the run trained on with that --lr`);
+  }
 });
 
 test("--resume on a path that does not exist says so (not 'no cursor.json'), and names the checkpoints --out holds (C3)", {
@@ -468,17 +517,21 @@ test("--resume on a path that does not exist says so (not 'no cursor.json'), and
   assert.equal(gone.status, 2, gone.stderr);
   assert.match(
     gone.stderr,
-    /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+\/ckpt holds no checkpoint; name a checkpoint folder .* or start fresh without --resume \[C3\]\n$/,
+    /^refused: resume refused: --resume \S+checkpoint-4 does not exist\. \S+\/ckpt holds no checkpoint; name a checkpoint folder \(RUN\/ckpt\/checkpoint-N\), or run node dist\/main\.js .* \(a fresh start\) \[C3\]\n$/,
   );
   assert.doesNotMatch(gone.stderr, /cursor\.json/);
-  const ran = cli(flags);
-  assert.equal(ran.status, 0, ran.stderr);
+  // the advice, as printed: a fresh start (no Hub repo here, so no --resume auto)
+  const [fresh] = assertAdviceRuns(gone.stderr);
+  assert.doesNotMatch(fresh.cmd, /--resume/);
   const typo = cli([...flags, "--resume", path.join(out, "ckpt", "checkpoint-44")]);
   assert.equal(typo.status, 2, typo.stderr);
   assert.match(
     typo.stderr,
-    /--resume \S+checkpoint-44 does not exist\. \S+\/ckpt holds checkpoint-4, checkpoint-8: resume the newest with --resume \S+\/ckpt\/checkpoint-8 \[C3\]/,
+    /--resume \S+checkpoint-44 does not exist\. \S+\/ckpt holds checkpoint-4, checkpoint-8: resume the newest: run node dist\/main\.js .* --resume \S+\/ckpt\/checkpoint-8 \[C3\]\n$/,
   );
+  // the advice, as printed: the run is complete at checkpoint-8, so it resumes at the horizon and exports
+  const [newest] = assertAdviceRuns(typo.stderr);
+  assert.match(newest.stdout, /resume from \S+checkpoint-8: step 8/);
   fs.writeFileSync(path.join(out, "a-file"), "x");
   const file = cli([...flags, "--resume", path.join(out, "a-file")]);
   assert.equal(file.status, 2, file.stderr);

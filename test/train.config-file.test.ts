@@ -8,8 +8,9 @@ import { spawnSync } from "node:child_process";
 import { parse } from "smol-toml";
 import { configLine, FLAGS, parseArgs, type RunConfig } from "../src/config";
 import { writeSyntheticMix } from "./helpers/mix";
-import { tinyRun } from "./helpers/run";
+import { tinyRun, withFlags } from "./helpers/run";
 import { tmpDir } from "./helpers/tmp";
+import { advisedCommands, assertAdviceRuns, assertRefused } from "./helpers/cli";
 
 const ROOT = path.join(__dirname, "..", "..");
 const MAIN = path.join(__dirname, "..", "main.js");
@@ -89,7 +90,7 @@ test("node dist/main.js --config FILE --dry-run prints the same plan as the same
   const over = ["--root", mix.root, "--out", tmpDir("tstrain-cfg-recipe-"), "--max-steps", "1", "--val-tokens", "2048"];
   const recipe = parse(fs.readFileSync(RECIPE, "utf8")) as Record<string, unknown>;
   const fromFile = plan(["--config", RECIPE, ...over]);
-  assert.deepEqual(fromFile, plan([...asFlags(recipe), ...over]));
+  assert.deepEqual(fromFile, plan(withFlags(asFlags(recipe), over)));
   assert.equal(fromFile.tokens_per_step, 4 * 32 * 1024, "the recipe's step: micro 4 x accum 32 x seq 1024");
   // A file that changes nearly every setting of the plan: the tiny run's flags, written as TOML.
   const tiny = tinyRun(mix.root, tmpDir("tstrain-cfg-tiny-"), ["--vocab-size", "64", "--world", "2"]);
@@ -172,7 +173,7 @@ test("an unknown key is refused, exit 2, naming the closest flag, before any wor
     () => parseArgs(["--config", table]),
     userErr(
       "G12",
-      /hub\.repo \(a TOML table: \[hub\] or a dotted key\) is not a flag, and the file is flat: .*write hub-repo = "me\/x"/,
+      /: \[hub\] is a table, but the file is flat: .*write hub-repo = "me\/x" at the top of the file and drop the \[hub\] line \[G12\]$/,
     ),
   );
   const nested = writeFile("c.toml", 'config = "other.toml"\n');
@@ -208,7 +209,7 @@ test("a value of the wrong type, a bad choice, bad TOML or a missing file is ref
   refused("micro-batch = 4\nlr = \n", /^--config \S+v\.toml is not valid TOML: line 2, column 6: /);
   refused(
     "micro-batch = 0\n",
-    /^--micro-batch: 0 must be a positive whole number \(set in --config \S+v\.toml\)/,
+    /^--micro-batch: 0 \(set in --config \S+v\.toml\) must be a positive whole number; run node dist\/main\.js --config \S+v\.toml --micro-batch 1 \(the nearest allowed\)/,
     "G10",
   );
   refused("torch-compile = true\n", /^--torch-compile is torch\.compile/, "G10");
@@ -228,6 +229,41 @@ test("a value of the wrong type, a bad choice, bad TOML or a missing file is ref
     r.stderr,
     /^refused: --config \S+x\.toml: seq-len = \[16\] is an array, but seq-len takes a whole number/,
   );
+});
+
+test("a refusal of a value the --config file gives advises the command whose flags override it, also where the advice drops a flag the file sets; each runs as printed (G12, G10, B6, P8)", {
+  timeout: 300_000,
+}, () => {
+  const dir = tmpDir("tstrain-cfg-advice-");
+  const cases: Array<[text: string, refusal: RegExp, words: RegExp[]]> = [
+    ["min-free-gb = -1\n", /^refused: --min-free-gb: -1 \(set in --config \S+\) .* \[G10\]$/m, [/ --min-free-gb 0$/]],
+    [
+      "torch-compile = true\n",
+      /^refused: --torch-compile is torch\.compile; .* \(without it\) \[G10\]$/m,
+      [/ --torch-compile=false$/],
+    ],
+    [
+      'precision = "bf16"\nbackend = "wasm"\n',
+      /^refused: --precision bf16 \(set in --config \S+run\.toml\) runs on the native engine's own GEMM, .* \[P8\]$/m,
+      [/ --backend native$/, / --precision fp32$/],
+    ],
+    [
+      `hub-dir = "${path.join(dir, "hub")}"\nhub-url = "https://huggingface.co"\n`,
+      /^refused: --hub-dir "\S+hub" \(set in --config \S+run\.toml\) is the folder of the embedded local Hub, .* \[B6\]$/m,
+      [/ --hub-url embedded$/, / --hub-dir ''$/],
+    ],
+  ];
+  for (const [text, refusal, words] of cases) {
+    const file = path.join(dir, "run.toml");
+    fs.writeFileSync(file, text);
+    const out = tmpDir("tstrain-cfg-advice-out-");
+    const bad = cli(["--config", file, ...tinyRun(mix.root, out, ["--dry-run"])]);
+    assertRefused(bad, refusal);
+    const cmds = advisedCommands(bad.stderr);
+    assert.equal(cmds.length, words.length, bad.stderr);
+    for (const [i, c] of cmds.entries()) assert.match(c, words[i], "the flag that overrides the file's value");
+    assertAdviceRuns(bad.stderr, { min: words.length });
+  }
 });
 
 test("a run's run_config.json given back as --config gives the same config and the same plan (G12)", {
@@ -255,5 +291,5 @@ test("a run's run_config.json given back as --config gives the same config and t
   assert.equal(back.origins.get("lr"), rc);
   // the same plan, into a fresh run folder
   const fresh = ["--out", tmpDir("tstrain-cfg-rt2-")];
-  assert.deepEqual(plan(["--config", rc, ...fresh]), plan([...args, ...fresh]));
+  assert.deepEqual(plan(["--config", rc, ...fresh]), plan(withFlags(args, fresh)));
 });

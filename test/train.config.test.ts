@@ -13,7 +13,7 @@ import {
   validate,
   type RunConfig,
 } from "../src/config";
-import { isRepoId } from "../src/hub/repo-id";
+import { isRepoId } from "../src/hub/address";
 import { parseHubUrl } from "../src/data/hub-input";
 import { createHubClient } from "../src/hub/client";
 import { validRepoName } from "../src/hub/server/write";
@@ -145,8 +145,10 @@ test("every flag's default is the seed's (G10)", () => {
       dist: "none",
       hosts: 1,
       backend: "auto",
+      gpus: "",
       gemm: "builtin",
       isa: "auto",
+      webgpuFold: "device",
       precision: "fp32",
       demo: false,
       sample: true,
@@ -212,7 +214,11 @@ test("the generate examples of the README and docs/ name a checkpoint the demo k
 test("--help lists every flag with its values, an explanation and its default", () => {
   const u = usage();
   assert.ok(u.startsWith("usage: node dist/main.js [flags]\n\nData-parallel Llama training"), u.slice(0, 80));
-  assert.ok(u.endsWith("\n\nEnvironment: HF_TOKEN (Hub token; never printed or written)."));
+  assert.ok(
+    u.endsWith(
+      "\n\nEnvironment: HF_TOKEN (Hub token; never printed or written); HF_ENDPOINT (the Hub's address when no --hub-url is given; --demo keeps its embedded Hub unless --hub-url is given).",
+    ),
+  );
   assert.ok(u.includes("Defaults are the frozen recipe.\n\n  --"), "a blank line before the flags");
   for (const f of FLAGS) {
     const line = u.split("\n").find((l) => l.startsWith(`  --${f.flag} `) || l.startsWith(`  --${f.flag}\t`));
@@ -271,11 +277,27 @@ test("argument syntax: bare words, unknown flags, missing values, bool values an
   assert.throws(() => parseArgs(["--no-grad-ckpt=1"]), userErr("G10", /^--no-grad-ckpt takes no value/));
   assert.equal(parseArgs(["--no-grad-ckpt"]).config.gradCkpt, false);
   assert.equal(parseArgs(["--grad-ckpt=false"]).config.gradCkpt, false);
-  assert.equal(parseArgs(["--no-grad-ckpt", "--grad-ckpt"]).config.gradCkpt, true);
+  assert.throws(
+    () => parseArgs(["--no-grad-ckpt", "--grad-ckpt"]),
+    userErr(
+      "G10",
+      /^--no-grad-ckpt and --grad-ckpt set the same flag: .*as in node dist\/main\.js --grad-ckpt \[G10\]$/,
+    ),
+    "a switch given both ways is one flag given twice",
+  );
   assert.equal(parseArgs(["--prune"]).config.prune, true);
   assert.equal(parseArgs(["--prune=true"]).config.prune, true);
-  assert.throws(() => parseArgs(["--prune=yes"]), userErr("G10", /^--prune=yes: use true or false/));
-  assert.throws(() => parseArgs(["--seq-len"]), userErr("G10", /^--seq-len needs a value/));
+  assert.throws(
+    () => parseArgs(["--prune=yes"]),
+    userErr(
+      "G10",
+      /^--prune=yes: a switch is on or off: run node dist\/main\.js --prune \(on\), or node dist\/main\.js --prune=false \(off\) \[G10\]$/,
+    ),
+  );
+  assert.throws(
+    () => parseArgs(["--seq-len"]),
+    userErr("G10", /^--seq-len needs a value: run node dist\/main\.js --seq-len 1024 \(its default\) \[G10\]$/),
+  );
   assert.throws(
     () => parseArgs(["--hub-repo-type", "space"]),
     userErr("G10", /^--hub-repo-type "space" is not one of dataset, model/),
@@ -313,11 +335,14 @@ test("numbers: underscores and spaces allowed, anything else refused with the va
 test("torch-only switches and CUDA attention kernels are refused with the reason (G10)", () => {
   assert.throws(
     () => parseArgs(["--gc-nonreentrant"]),
-    userErr("G10", /^--gc-nonreentrant selects a torch autograd path; .*Drop it\. \[G10\]$/),
+    userErr(
+      "G10",
+      /^--gc-nonreentrant selects a torch autograd path; .*: run node dist\/main\.js \(without it\) \[G10\]$/,
+    ),
   );
   assert.throws(
     () => parseArgs(["--torch-compile"]),
-    userErr("G10", /^--torch-compile is torch\.compile; .*Drop it\. \[G10\]$/),
+    userErr("G10", /^--torch-compile is torch\.compile; .*: run node dist\/main\.js \(without it\) \[G10\]$/),
   );
   for (const a of ["sdpa", "flash_attention_2"])
     assert.throws(
@@ -325,7 +350,7 @@ test("torch-only switches and CUDA attention kernels are refused with the reason
       userErr(
         "G10",
         new RegExp(
-          `^--attn ${a} is a CUDA attention kernel of torch; .*Use --attn eager or leave it out\\. \\[G10\\]$`,
+          `^--attn ${a} is a CUDA attention kernel of torch; .*: run node dist/main\\.js \\(eager, the one way\\) \\[G10\\]$`,
         ),
       ),
     );
@@ -432,7 +457,7 @@ test("the cross-flag rules: --resume auto needs a Hub repo, the repo name's form
     () => validate({ ...base(), hubDir: "/tmp/h" }),
     userErr(
       "B6",
-      /^--hub-dir "\/tmp\/h" is the folder of the embedded local Hub, but --hub-url is https:\/\/huggingface.co; add --hub-url embedded or drop --hub-dir/,
+      /^--hub-dir "\/tmp\/h" is the folder of the embedded local Hub, but --hub-url is https:\/\/huggingface.co; run the same command with --hub-url embedded \(the embedded Hub, in --hub-dir\), or the same command without --hub-dir \(the Hub at https:\/\/huggingface\.co\) \[B6\]$/,
     ),
   );
   assert.equal(validate({ ...base(), hubDir: "/tmp/h", hubUrl: "embedded" }).hubDir, "/tmp/h");
@@ -464,7 +489,7 @@ test("the step plan: tokens per step, horizon from --tokens or --max-steps, chec
     () => c(["--tokens", "191"]),
     userErr(
       "P5",
-      /^--tokens 191 is less than one step of 192 tokens \(micro 2 x world 2 x accum 3 x seq 16\): raise --tokens or set --max-steps/,
+      /^--tokens 191 is less than one step of 192 tokens \(micro 2 x world 2 x accum 3 x seq 16\): run the same command with --tokens 192 \(one step; more works too\) \[P5\]$/,
     ),
   );
   assert.deepEqual(c(["--tokens", "191", "--max-steps", "7"]).stepsPlanned, 7, "--max-steps wins");

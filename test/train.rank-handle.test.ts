@@ -18,9 +18,10 @@ function scripted(body: string): Worker {
   return new Worker(`const { parentPort } = require("node:worker_threads");\n${body}`, { eval: true });
 }
 
-/** A thread that answers each request type with the given reply, and ignores the others. */
+/** A thread that answers each request type with the given reply (close with closed, as rank.js), and ignores the others. */
 function answering(replies: Partial<Record<ToRank["type"], FromRank>>): Worker {
-  return scripted(`const replies = ${JSON.stringify(replies)};
+  const all = { close: { type: "closed", rank: 0 }, ...replies };
+  return scripted(`const replies = ${JSON.stringify(all)};
 parentPort.on("message", (m) => { if (replies[m.type]) parentPort.postMessage(replies[m.type]); });`);
 }
 
@@ -101,7 +102,10 @@ test("a message the rank sends while no request is pending is ignored, and the n
 }, async () => {
   // The thread announces itself unasked, then answers requests.
   const w = scripted(`parentPort.postMessage({ type: "ready", rank: 0, backend: "x", detail: "unasked" });
-parentPort.on("message", (m) => { if (m.type === "memory") parentPort.postMessage(${JSON.stringify(MEMORY)}); });`);
+parentPort.on("message", (m) => {
+  if (m.type === "memory") parentPort.postMessage(${JSON.stringify(MEMORY)});
+  if (m.type === "close") parentPort.postMessage({ type: "closed", rank: 0 });
+});`);
   const h = new RankHandle(0, w);
   try {
     const [unasked] = (await once(w, "message")) as [FromRank];
@@ -218,4 +222,30 @@ test("closing a live rank asks it to close, then ends its thread; closing a dead
   await d.close();
   assert.deepEqual(gone.posted, [], "nothing is posted to a thread that has exited");
   assert.equal(gone.terminated(), 1);
+});
+
+test("closing waits for the rank's closed (its engine let go) before it ends the thread, and ends a silent rank after the grace (A2)", {
+  timeout: 30_000,
+}, async () => {
+  // a rank whose engine takes a while to let go: ending its thread before it answers would cut that short
+  const slow = scripted(`parentPort.on("message", (m) => {
+  if (m.type === "close") setTimeout(() => parentPort.postMessage({ type: "closed", rank: 0 }), 300);
+});`);
+  const events: string[] = [];
+  slow.on("message", (m: FromRank) => events.push(m.type));
+  const rec = recording(slow);
+  const realTerminate = rec.thread.terminate;
+  rec.thread.terminate = () => {
+    events.push("terminate");
+    return realTerminate();
+  };
+  await new RankHandle(0, rec.thread).close();
+  assert.deepEqual(events, ["closed", "terminate"], "the thread is ended only once the rank has said closed");
+
+  // a rank that never answers close is ended anyway, once the grace has passed
+  const silent = recording(scripted(`parentPort.on("message", () => {});`));
+  const t0 = performance.now();
+  await new RankHandle(0, silent.thread).close(200);
+  assert.equal(silent.terminated(), 1);
+  assert.ok(performance.now() - t0 >= 150, "it waited for the grace");
 });

@@ -7,8 +7,11 @@
  *  - two identical runs end with identical final weights and optimizer state (sha256 of final/model.safetensors
  *    and of the last checkpoint's optimizer.safetensors);
  *  - a run stopped at step 2 and resumed from its checkpoint ends bit-identical to the uninterrupted run (the same);
+ *  - any split on the device (A10): the uninterrupted run (world 2 x accum 1, each rank's fold on the device), a
+ *    run at world 1 x accum 2 (the device fold's adds) and a run folding on the host (--webgpu-fold host) end with
+ *    identical final weights and optimizer state;
  *  - the single-thread loop (`--demo --benchmark 3`, src/single-thread.ts) reports the native engine's loss within
- *    1e-3: it folds each micro-batch's gradient once the deferred engine has read it back (runMicroBatches).
+ *    1e-3: it runs the ranks' micro-batch loop (runMicroBatches), its fold on the device.
  * The uninterrupted run is shared by the tests; one demo data root serves every run of the file.
  */
 import { test } from "node:test";
@@ -35,7 +38,8 @@ interface Demo {
 }
 
 function demo(tag: string, backend: string, extra: string[] = [], out = tmpDir(`webgpu-demo-${tag}`)): Promise<Demo> {
-  const args = [MAIN, "--world", "2", "--demo", "--backend", backend, "--max-steps", String(STEPS)];
+  const world = extra.includes("--world") ? [] : ["--world", "2"];
+  const args = [MAIN, ...world, "--demo", "--backend", backend, "--max-steps", String(STEPS)];
   args.push("--log-every", "1", "--val-tokens", "512", "--root", ROOT, "--out", out, ...extra);
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] });
@@ -144,6 +148,25 @@ test(`on webgpu, a demo stopped at step ${STOP} and resumed from its checkpoint 
   );
 });
 
+test("on webgpu, the demo at world 2 x accum 1 and at world 1 x accum 2, folding on the device, ends with the final weights and optimizer state of a run folding on the host (A10)", {
+  timeout: 900_000,
+}, async (t) => {
+  if (!webgpuRuns(t)) return;
+  const a = await straightRun();
+  const split = await demo("w1-accum2", "webgpu", ["--world", "1", "--accum", "2"]);
+  const host = await demo("host-fold", "webgpu", ["--webgpu-fold", "host"]);
+  assert.equal(host.run.backend, "webgpu");
+  // the log line's d2h: each rank's float64 slot once a step (8 bytes a parameter) on the device; each micro-batch's
+  // float32 gradient (4 bytes a parameter) on the host: at accum 1, twice the host fold's bytes for two ranks
+  const d2h = (d: Demo) => Number(/d2h=([\d.]+)MB/.exec(d.output)?.[1]);
+  const near = (x: number, want: number) => Math.abs(x - want) <= 0.03 * want;
+  const at = `d2h per step: world 2 on the device ${d2h(a)} MB, world 1 x accum 2 ${d2h(split)} MB, host fold ${d2h(host)} MB`;
+  assert.ok(near(d2h(a), 2 * d2h(host)) && near(d2h(split), d2h(host)), at);
+  assert.match(a.output, / host_ms\/micro=[\d.]+ /, "the log line gives the host's milliseconds per micro-batch");
+  assert.deepEqual(endOf(split), endOf(a), "world 1 x accum 2 on the device differs from world 2 x accum 1");
+  assert.deepEqual(endOf(host), endOf(a), "the device fold's run differs from the host fold's");
+});
+
 /** `--demo --benchmark 3` (the single-thread loop, src/single-thread.ts) on `backend`: its BENCH_JSON line. */
 function benchmark(backend: string): { loss: number; backend: string } {
   const args = [
@@ -167,7 +190,7 @@ function benchmark(backend: string): { loss: number; backend: string } {
   return JSON.parse(line.slice("BENCH_JSON ".length)) as { loss: number; backend: string };
 }
 
-test("on webgpu, the single-thread loop (--demo --benchmark 3) reports the native engine's loss within 1e-3: it folds each gradient once the deferred engine has read it back (G8)", {
+test("on webgpu, the single-thread loop (--demo --benchmark 3) reports the native engine's loss within 1e-3: it runs the ranks' micro-batch loop, its fold on the device (G8)", {
   timeout: 900_000,
 }, (t) => {
   if (!webgpuRuns(t)) return;

@@ -10,7 +10,8 @@
  * the best-of figures move by a tenth of the peak from one run to the next, the paired median far less.
  * Environment: ISA (0 portable, 1 avx2, 2 avx512; default the widest this CPU runs), N (pairs, 41),
  * COLD=1 (A and B flushed from the caches before each call, as weights and activations arrive in a training
- * step), COLDC=1 (C too). Built and run by gemm-ab.sh.
+ * step), COLDC=1 (C too), BF16=1 (the bf16 products, gemm_bf16, on the ISA kernel's emulation: against the same
+ * FMA peak). Built and run by gemm-ab.sh.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -23,6 +24,8 @@ typedef int (*sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const f
 typedef double (*seconds_fn)(void);
 typedef double (*peak_fn)(int, int64_t);
 typedef int (*best_fn)(void);
+typedef int (*bf16_fn)(int, int, int, int, int64_t, int64_t, int64_t, const float *, int64_t, const float *, int64_t,
+                       float, float *, int64_t);
 
 static int cmp(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
@@ -44,6 +47,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   sgemm_fn sg[2];
+  bf16_fn bg[2];
   seconds_fn secs = NULL;
   peak_fn peak = NULL;
   int isa = -1;
@@ -54,17 +58,18 @@ int main(int argc, char **argv) {
       return 1;
     }
     sg[l] = (sgemm_fn)dlsym(h, "gemm_sgemm");
+    bg[l] = (bf16_fn)dlsym(h, "gemm_bf16");
     secs = (seconds_fn)dlsym(h, "gemm_thread_seconds");
     peak = (peak_fn)dlsym(h, "gemm_fma_peak");
     if (isa < 0) isa = ((best_fn)dlsym(h, "gemm_best_isa"))();
   }
   if (getenv("ISA")) isa = atoi(getenv("ISA"));
   const int pairs = getenv("N") ? atoi(getenv("N")) : 41, cold = getenv("COLD") != NULL,
-            coldc = getenv("COLDC") != NULL;
+            coldc = getenv("COLDC") != NULL, bf16 = getenv("BF16") != NULL;
   double lsum = 0;
   int nshapes = 0;
-  printf("isa %d, %d pairs%s%s\n", isa, pairs, cold ? ", A and B flushed before each call" : "",
-         coldc ? ", C flushed too" : "");
+  printf("isa %d%s, %d pairs%s%s\n", isa, bf16 ? " bf16 (emulated)" : "", pairs,
+         cold ? ", A and B flushed before each call" : "", coldc ? ", C flushed too" : "");
   for (int ai = 3; ai < argc; ai++) {
     char ta, tb;
     long M, N, K, lda = 0, ldb = 0, ldc = 0;
@@ -94,7 +99,9 @@ int main(int argc, char **argv) {
         if (cold) flush(A, na), flush(B, nb);
         if (coldc) flush(C, nc);
         const double t0 = secs();
-        for (int k = 0; k < reps; k++) sg[l](isa, TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        for (int k = 0; k < reps; k++)
+          if (bf16) bg[l](isa, 0, TA, TB, M, N, K, A, lda, B, ldb, beta, C, ldc);
+          else sg[l](isa, TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
         t[l][s] = (secs() - t0) / reps;
       }
       r[s] = t[1][s] / t[0][s];

@@ -20,10 +20,13 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ the kernels */
-const gemm_kernel KERNELS[3] = {
+gemm_kernel KERNELS[3] = {
     [GEMM_ISA_PORTABLE] = {.mr = P_MR,
                            .nr = P_NR,
                            .mc = P_MC,
@@ -36,8 +39,8 @@ const gemm_kernel KERNELS[3] = {
 #ifdef GEMM_X86
     [GEMM_ISA_AVX2] = {.mr = A2_MR,
                        .nr = A2_NR,
-                       .mc = A2_MC,
-                       .kc = A2_KC,
+                       .mc = 0, /* gemm_blocks_setup */
+                       .kc = 0,
                        .nc = A2_NC,
                        .kone = A2_KONE,
                        .ukr = ukr_avx2,
@@ -91,6 +94,72 @@ const direct_kernel DIRECT[3] = {
                          .kc = A5_DIRECT_KC},
 };
 #endif
+
+/* ------------------------------------------------------------------ the blocks, from this CPU's caches */
+/* Read once (gemm_blocks_setup; every entry point calls it before a product reads a block size). Only the blocks
+ * depend on them, never a chain: the same bits on any machine. */
+/* Line one of cpu0's cache index i's FIELD in sysfs (Linux; the cores alike), into out; 0 where there is none */
+static int cache_field(int i, const char *field, char *out, int n) {
+  char path[96];
+  snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, field);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  const int ok = fgets(out, n, f) != NULL;
+  fclose(f);
+  return ok;
+}
+/* This CPU's level-`level` data or unified cache: its bytes and ways, from sysfs; 0 where it says nothing */
+static void sysfs_cache(int level, int64_t *bytes, int *ways) {
+  char v[32];
+  *bytes = 0, *ways = 0;
+  for (int i = 0; cache_field(i, "level", v, sizeof v); i++) {
+    if (atoi(v) != level || !cache_field(i, "type", v, sizeof v) ||
+        (strncmp(v, "Data", 4) != 0 && strncmp(v, "Unified", 7) != 0))
+      continue;
+    if (cache_field(i, "size", v, sizeof v)) {
+      char *end;
+      const long n = strtol(v, &end, 10);
+      *bytes = (int64_t)n * (*end == 'K' ? 1024 : *end == 'M' ? 1024 * 1024 : 1);
+    }
+    if (cache_field(i, "ways_of_associativity", v, sizeof v)) *ways = atoi(v);
+    return;
+  }
+}
+static void set_blocks(void) {
+  int64_t l1, l2;
+  int w1, w2; /* L2's ways: unused (the rule takes fractions of L2) */
+  sysfs_cache(1, &l1, &w1);
+  sysfs_cache(2, &l2, &w2);
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+  if (l1 <= 0) l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), w1 = (int)sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+  if (l2 <= 0) l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+  if (l1 <= 0) l1 = A2_L1, w1 = A2_L1_WAYS;
+  if (w1 <= 1) w1 = A2_L1_WAYS;
+  if (l2 <= 0) l2 = A2_L2;
+  /* the AVX-512 and portable kernels: their measured sizes (config.h), the panels by L2 */
+  int64_t paneln = l2 / 2 / (int64_t)sizeof(float);
+  paneln = paneln < PANEL_MIN ? PANEL_MIN : paneln > PANEL ? PANEL : paneln;
+  for (int i = 0; i < 3; i++) {
+    KERNELS[i].panel1 = PANEL, KERNELS[i].paneln = paneln;
+    KERNELS[i].kslv = l1 / 2 / ((int64_t)sizeof(float) * KERNELS[i].mr);
+  }
+#ifdef GEMM_X86
+  /* AVX2: config.h's rule */
+  gemm_kernel *k = &KERNELS[GEMM_ISA_AVX2];
+  int64_t kc = l1 * (w1 - 1) / w1 / ((int64_t)sizeof(float) * (k->mr + k->nr)) / 32 * 32;
+  kc = kc > A2_KC_MAX ? A2_KC_MAX : kc < 64 ? 64 : kc;
+  const int64_t mc = l2 / 4 / ((int64_t)sizeof(float) * kc) / k->mr * k->mr;
+  k->kc = kc;
+  k->mc = mc < 4 * k->mr ? 4 * k->mr : mc;
+  k->panel1 = l2 * 3 / 4 / (int64_t)sizeof(float);
+  k->panel1 = k->panel1 > PANEL ? PANEL : k->panel1;
+  k->paneln = l2 / 2 / (int64_t)sizeof(float);
+  k->paneln = k->paneln > PANEL ? PANEL : k->paneln;
+#endif
+}
+static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
+void gemm_blocks_setup(void) { pthread_once(&blocks_once, set_blocks); }
 
 int gemm_isa_supported(gemm_isa isa) {
   if (isa == GEMM_ISA_PORTABLE) return 1;
@@ -262,22 +331,17 @@ static void meet(const gemm_kernel *g, const float *t, float *c, int64_t ldc, in
  * that pays a full tile's load and store for little work; a K up to g->kone in one. The order of summation does not
  * change. */
 static int64_t k_blocks(const gemm_kernel *g, int64_t K) { return K <= g->kone ? 1 : (K + g->kc - 1) / g->kc; }
-/* The B panel's size in floats where N needs several panels (config.h: PANEL): half the bytes of this core's L2
- * (sysconf), between PANEL_MIN and PANEL. Only the N blocks depend on it, never a chain: the same bits on any
- * machine. Computed once; two rank threads may both store it, the same value, through relaxed atomics. */
-static int64_t panel_floats(void) {
-  static int64_t panel = 0;
-  int64_t got = __atomic_load_n(&panel, __ATOMIC_RELAXED);
-  if (got == 0) {
-    int64_t p = PANEL;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    if (l2 > 0) p = (int64_t)l2 / 2 / (int64_t)sizeof(float);
-#endif
-    got = p < PANEL_MIN ? PANEL_MIN : p > PANEL ? PANEL : p;
-    __atomic_store_n(&panel, got, __ATOMIC_RELAXED);
-  }
-  return got;
+/* The width of blocked()'s B panels for N columns and a K block of kc (the bf16 emulation's too): N in equal blocks,
+ * each panel (kc x nc) small enough to stay in L2: one panel of at most g->panel1 floats where it holds all of N (A
+ * is then read or packed once), else g->paneln (the LM head's logits: 2-3 % on a Zen 4's 1 MB L2, against PANEL); a
+ * multiple of nr. */
+int64_t panel_cols(const gemm_kernel *g, int64_t N, int64_t kc) {
+  const int nr = g->nr;
+  const int64_t ncOne = g->panel1 / kc / nr * nr;
+  int64_t ncCap = N <= ncOne ? ncOne : g->paneln / kc / nr * nr;
+  ncCap = ncCap < nr ? nr : ncCap > g->nc ? g->nc : ncCap;
+  const int64_t nblocks = (N + ncCap - 1) / ncCap;
+  return ((N + nblocks - 1) / nblocks + nr - 1) / nr * nr;
 }
 
 /* C = op(A) op(B) + beta*C. K-blocks after the first continue the chains where the one before left them: in C when
@@ -291,13 +355,7 @@ static int blocked(const gemm_kernel *g, int ta, int tb, int64_t M, int64_t N, i
                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   const int mr = g->mr, nr = g->nr;
   const int64_t kblocks = k_blocks(g, K), kcMax = (K + kblocks - 1) / kblocks;
-  /* N in equal blocks too, each B panel (kc x nc) small enough to stay in L2: one panel of at most PANEL floats
-   * where it holds all of N (A is then read or packed once), else panel_floats() (the LM head's logits: 2-3 % on a
-   * Zen 4's 1 MB L2, against PANEL) */
-  const int64_t ncOne = PANEL / kcMax / nr * nr;
-  int64_t ncCap = N <= ncOne ? ncOne : panel_floats() / kcMax / nr * nr;
-  ncCap = ncCap < nr ? nr : ncCap > g->nc ? g->nc : ncCap;
-  const int64_t nblocks = (N + ncCap - 1) / ncCap, ncMax = ((N + nblocks - 1) / nblocks + nr - 1) / nr * nr;
+  const int64_t ncMax = panel_cols(g, N, kcMax);
   const int64_t mcMax = ((M < g->mc ? M : g->mc) + mr - 1) / mr * mr;
   const size_t bsize = (size_t)(((ncMax * kcMax) + 15) / 16 * 16);
   float *buf = scratch(bsize + (size_t)(mcMax * kcMax) + 16); /* + 16: transpose8's overhang (6 rows) */
@@ -385,6 +443,7 @@ int gemm_sgemm(gemm_isa isa, int ta, int tb, int64_t M, int64_t N, int64_t K, fl
       }
     return 0;
   }
+  gemm_blocks_setup();
   const gemm_kernel *g = &KERNELS[isa == GEMM_ISA_AUTO ? gemm_best_isa() : isa];
 #ifdef GEMM_X86
   if (fast_pack < 0) fast_pack = gemm_isa_supported(GEMM_ISA_AVX2);

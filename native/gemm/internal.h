@@ -29,15 +29,21 @@ typedef void (*ukr_fn)(int64_t kc, const float *a, const float *b, float *c, int
 typedef struct {
   int mr, nr;     /* register tile */
   int64_t mc, kc; /* A block, K block (the A sliver mr x kc stays in L1 for a row of tiles) */
-  int64_t nc;     /* B panel (kc x nc, at most PANEL floats: in L2 while the row tiles stream its slivers) */
+  int64_t nc;     /* B panel's widest (kc x nc: in L2 while the row tiles stream its slivers) */
   int64_t kone;   /* a K up to this runs as one block (C written once; kc x nc smaller to fit) */
+  int64_t panel1; /* the B panel's floats at most where one panel holds all of N (A then packed once) */
+  int64_t paneln; /* ... where N takes several panels */
+  int64_t kslv;   /* the longest K whose A sliver (mr x K) fits half of L1 */
   ukr_fn ukr;
   const char *name, *detail;
 } gemm_kernel;
 
 /* The blocked product's kernels, by gemm_isa (frame.c); where the CPU is not x86-64 the avx2 and avx512 entries
- * run the portable kernel. */
-extern const gemm_kernel KERNELS[3];
+ * run the portable kernel. Their blocks are set once from this CPU's caches (gemm_blocks_setup) before any product
+ * reads them. */
+extern gemm_kernel KERNELS[3];
+/* frame.c: sets the kernels' blocks from this CPU's caches, once (every entry point calls it first) */
+void gemm_blocks_setup(void);
 
 /* kernels/portable.c: the portable micro-kernel (P_MR x P_NR), and the same with bf16's flushes written out (one
  * chain from 0 over kc; load, combine and beta ignored) */
@@ -68,6 +74,14 @@ void tile_avx2_rows(int64_t kc, const float *a, int64_t la, const float *b, int6
                     float *t, float *d);
 void combine_avx2(const float *t, float *c, int64_t ldc, float beta);
 void ukr_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load, int combine, float beta);
+
+/* kernels/avx2.c, kernels/avx512.c: bf16's emulation fused into the tile (bf16.c's order). t (MR x NR, row major,
+ * aligned to the vector: the tile's running sum) += nch chunks of 32 k of the packed slivers a and b (k in order,
+ * rounded to bf16, zeros past K): per chunk the even k's chains and the odd k's from 0 in registers, the even ones
+ * parked in e (as t), then t = t + (e + o). */
+typedef void (*bf16_tile_fn)(int64_t nch, const float *a, const float *b, float *t, float *e);
+void tile_avx2_bf16(int64_t nch, const float *a, const float *b, float *t, float *e);
+void tile_avx512_bf16(int64_t nch, const float *a, const float *b, float *t, float *e);
 
 /* kernels/avx512.c */
 void tile_avx512(int64_t kc, const float *a, int64_t sa, const float *b, int64_t sb, float *c, int64_t ldc, int load,
@@ -103,6 +117,9 @@ const void *weight_packed(int layout, int tb, const float *B, int64_t ldb, int64
 extern int fast_pack;
 void pack_rowwise_avx2(int w, const float *src, int64_t ld, int64_t kc, int64_t n, float *dst);
 #endif
+
+/* frame.c: the width of the B panels of a product N columns wide, for a K block of kc (a multiple of g->nr) */
+int64_t panel_cols(const gemm_kernel *g, int64_t N, int64_t kc);
 
 /* pack.c: this thread's packing buffer and blocked()'s workspace (n floats, 64-byte aligned, kept for the thread's
  * next call; NULL when out of memory), and the packing of A and B into slivers */

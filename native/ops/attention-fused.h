@@ -23,7 +23,9 @@
 #define ATT_BK 64
 
 /* x[T, E] (rows ld apart) times scale into xt[E, T] (keys, values), 16 rows at a time (each store a whole line). The
- * score and datt products then read both operands row by row, which the GEMM runs without packing. */
+ * score and dP products then read both operands row by row (neither transposed): with at most DIRECT_MAX_M (64)
+ * rows, as the forward's query blocks have, the x86 kernels read them in place without packing (gemm/frame.c
+ * direct()). */
 KERNEL_CLONES static void transpose_rows(const float *x, int64_t ld, int64_t T, int64_t E, float scale, float *xt) {
   int64_t t0 = 0;
   for (; t0 + 16 <= T; t0 += 16)

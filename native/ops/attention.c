@@ -10,7 +10,8 @@
  * block by block. Blocks above the causal diagonal are never computed; on the diagonal the masked entries are 0.
  *
  * Every block product runs on this thread's GEMM (engine.h sgemm: the built-in GEMM's chain of FMAs, the same bits
- * on every instruction set; in bf16 its operands rounded to bf16 at the GEMM, as for every product). Everything
+ * on every instruction set; in bf16 its operands rounded to bf16 at the GEMM, as for every product; with
+ * `--gemm openblas`, the BLAS's, whose bits are its own). Everything
  * between the products is plain C in one order, compiled for every target (KERNEL_CLONES, -ffp-contract=off),
  * with ops/vmath.h's exp and log (the rows of exponentials on ops/rows.c's copy of this thread's instruction set):
  * the same bits on every CPU. The order of the online softmax depends on the block sizes, so they are constants,

@@ -9,8 +9,8 @@
  *
  * The arithmetic is the wasm kernel's, operation for operation, in float32 (IEEE multiply, add, sqrt and divide,
  * each rounded once; -ffp-contract=off, so nothing fuses into an FMA). Every element is independent of the others,
- * so the vector width the compiler picks for each KERNEL_CLONES target changes nothing: the same bits as the wasm
- * kernel on every CPU (test/train.optim.test.ts holds the two to each other).
+ * so the vector width (the AVX-512, AVX or scalar loop, as optim_isa picks) changes nothing: the same bits as the
+ * wasm kernel on every CPU (test/train.optim.test.ts holds the two to each other).
  */
 #include "../engine.h"
 

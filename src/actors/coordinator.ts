@@ -23,6 +23,7 @@ import * as Comlink from "comlink";
 import nodeEndpoint from "comlink/dist/umd/node-adapter";
 import * as os from "node:os";
 import { paramLayout } from "../model/layout";
+import { type GpuSelect, withDeviceEnv } from "../model/engine/webgpu/gpus";
 import {
   CTL_ABORT,
   allocShared,
@@ -66,12 +67,15 @@ import type {
 
 /**
  * What the coordinator is given to start its ranks: each rank's RankInit less what the coordinator works out
- * itself (the rank number, the shared buffers, the decay ranges and the rank's slice).
+ * itself (the rank number, the shared buffers, the decay ranges, the rank's slice and chunks, its global rank and
+ * the job's rank count).
  */
 export type RankSetup = Omit<
   RankInit,
-  "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld"
+  "rank" | "shared" | "decayRanges" | "slice" | "chunks" | "dataRank" | "dataWorld" | "gpu"
 > & {
+  /** --backend webgpu (A13): rank r's GPU (backend.ts webgpuPlan); absent: Dawn's first adapter for every rank. */
+  gpus?: GpuSelect[] | null;
   /**
    * Whether the coordinator thread takes a slice of the update (see the header). Default: when world <
    * os.availableParallelism(). The results do not depend on it (A10).
@@ -192,17 +196,26 @@ export class RankHandle {
     });
   }
 
-  async close(): Promise<void> {
-    if (!this.dead) {
-      try {
-        this.worker.postMessage({ type: "close" } satisfies ToRank);
-      } catch {
-        /* already gone */
-      }
+  /**
+   * Asks the rank to let its engine go and waits for its `closed` (at most `graceMs`), then ends the thread. Ending
+   * it first could cut a native call short (a device engine's device.destroy()), which aborts the whole process.
+   * A rank that is dead, busy with another request or silent past the grace is ended as it is.
+   */
+  async close(graceMs = RANK_CLOSE_GRACE_MS): Promise<void> {
+    if (!this.dead && !this.pending) {
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, graceMs);
+      });
+      await Promise.race([this.request({ type: "close" }, "closed", "close").catch(() => {}), grace]);
+      clearTimeout(timer);
     }
     await this.worker.terminate();
   }
 }
+
+/** How long RankHandle.close waits for a rank's `closed` before it ends the thread anyway. */
+export const RANK_CLOSE_GRACE_MS = 10_000;
 
 export interface StepResult {
   step: number;
@@ -218,8 +231,11 @@ export interface StepResult {
   /** --dist mpi (O3): some process of the job has been asked to stop (mpirun signals one process at a time). */
   stopAsked: boolean;
   updateMs: number;
-  /** A device engine (webgpu): this process's ranks' bytes up and down in the step, and dispatches per micro-batch. */
-  device?: { up: number; down: number; gradientUp: number; dispatchesPerMicro: number };
+  /**
+   * A device engine (webgpu): this process's ranks' bytes up and down in the step, dispatches per micro-batch, and
+   * a rank thread's milliseconds on the host per micro-batch (the mean over the ranks' micro-batches).
+   */
+  device?: { up: number; down: number; gradientUp: number; dispatchesPerMicro: number; hostMsPerMicro: number };
 }
 
 /** The actor runtime: ranks + shared memory + uploader. */
@@ -264,11 +280,45 @@ export class Coordinator {
     return new Coordinator(setup);
   }
 
-  /** Start every rank and wait until each has built its backend, model and data stream. */
+  /**
+   * Start every rank and wait until each has built its backend, model and data stream. On --backend webgpu with
+   * GPUs chosen (A13), the ranks of one GPU choice start together with its device-select variables in this
+   * process's environment (a rank's Dawn instance reads them when it enumerates), one choice after the other.
+   */
   async spawn(): Promise<void> {
     const parts = this.rankSlices;
     for (let r = 0; r < this.setup.world; r++) this.ranks.push(new RankHandle(r));
-    const ready = await this.all(
+    const gpus = this.setup.gpus ?? null;
+    const groups = new Map<string, RankHandle[]>();
+    for (const h of this.ranks) {
+      const key = JSON.stringify(gpus?.[h.rank]?.env ?? {});
+      groups.set(key, [...(groups.get(key) ?? []), h]);
+    }
+    const ready: Reply<"ready">[] = [];
+    for (const [key, group] of groups) {
+      const restore = gpus ? withDeviceEnv(JSON.parse(key) as Record<string, string | null>) : () => {};
+      try {
+        ready.push(...(await this.startRanks(group, parts, gpus)));
+      } finally {
+        restore();
+      }
+    }
+    ready.sort((a, b) => a.rank - b.rank);
+    const names = new Set(ready.map((m) => m.backend));
+    if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
+    const devices = ready.some((m) => m.device)
+      ? `; GPUs: ${ready.map((m) => `rank ${m.rank} on ${m.device ?? "?"}`).join(", ")}`
+      : "";
+    this.backendInfo = { backend: ready[0].backend, detail: `${ready[0].detail}${devices}` };
+  }
+
+  /** Starts `group`'s ranks (init) and waits for each to be ready. */
+  private startRanks(
+    group: RankHandle[],
+    parts: Array<[number, number]>,
+    gpus: GpuSelect[] | null,
+  ): Promise<Reply<"ready">[]> {
+    return this.all(
       (h) => ({
         type: "init",
         init: {
@@ -281,6 +331,8 @@ export class Coordinator {
           activationBudgetBytes: this.setup.activationBudgetBytes,
           backend: this.setup.backend,
           native: this.setup.native,
+          gpu: gpus?.[h.rank] ?? null,
+          fold: this.setup.fold,
           data: this.setup.data,
           shared: this.shared,
           decayRanges: this.decayRanges,
@@ -291,18 +343,17 @@ export class Coordinator {
       }),
       "ready",
       "init",
+      group,
     );
-    const names = new Set(ready.map((m) => m.backend));
-    if (names.size !== 1) throw new Error(`ranks built different backends: ${[...names].join(", ")}`);
-    this.backendInfo = { backend: ready[0].backend, detail: ready[0].detail };
   }
 
   private async all<T extends FromRank["type"]>(
     make: (h: RankHandle) => ToRank,
     expect: T,
     phase: string,
+    ranks: RankHandle[] = this.ranks,
   ): Promise<Reply<T>[]> {
-    const pending = this.ranks.map((h) => h.request(make(h), expect, phase));
+    const pending = ranks.map((h) => h.request(make(h), expect, phase));
     try {
       return await Promise.all(pending);
     } catch (e) {
@@ -355,6 +406,7 @@ export class Coordinator {
         down: sum((t) => t.down),
         gradientUp: sum((t) => t.gradientUp),
         dispatchesPerMicro: Math.round(sum((t) => t.dispatches) / Math.max(1, micros)),
+        hostMsPerMicro: sum((t) => t.hostMs) / Math.max(1, micros),
       };
     }
     if (d.apply) {

@@ -7,7 +7,9 @@
 import type { SharedBuffers } from "./shm";
 import type { LlamaConfig } from "../model/llama-config";
 import type { BackendName } from "../model/backend";
+import type { FoldPlace } from "../config";
 import type { NativeOptions } from "../model/engine/native";
+import type { GpuSelect } from "../model/engine/webgpu/gpus";
 import type { DecayRange } from "../optim/optim";
 import type { CheckpointDocs, Pointer } from "../checkpoint";
 import type { RankFault } from "./injected-faults";
@@ -42,8 +44,16 @@ export interface RankInit {
   /** M6: the bytes the rank's training arena may take; the model runs the fastest policy that fits (activationPlan). */
   activationBudgetBytes: number;
   backend: BackendName;
-  /** The native engine's GEMM (`--gemm`, `--isa`); absent = the built-in GEMM on the widest kernel. */
+  /** The native engine's GEMM and precision (`--gemm`, `--isa`, `--precision`); absent = the built-in GEMM on the
+   *  widest kernel, fp32. */
   native?: NativeOptions;
+  /**
+   * --backend webgpu (A13): this rank's GPU (webgpuPlan); its device-select variables are in the process's
+   * environment while the rank starts. Absent: Dawn's first adapter.
+   */
+  gpu?: GpuSelect | null;
+  /** A deferred engine's fold place (`--webgpu-fold`, A10); absent = on the device. */
+  fold?: FoldPlace;
   data: { root: string; seqLen: number; dataSeed: number; microBatch: number; accum: number; nVal: number };
   shared: SharedBuffers;
   decayRanges: DecayRange[];
@@ -73,6 +83,7 @@ export type ToRank =
   /** Validation loss over val windows [from, to) (D7). */
   | { type: "eval"; from: number; to: number }
   | { type: "memory" }
+  /** Let the engine go (a device engine destroys its device), answer `closed`, then close the port. */
   | { type: "close" };
 
 // ---------------------------------------------------------------- rank -> coordinator
@@ -90,7 +101,8 @@ export interface RankMemory {
 }
 
 export type FromRank =
-  | { type: "ready"; rank: number; backend: string; detail: string }
+  /** device: a device engine's GPU, as the rank opened it (webgpu: the GPU in words and the adapter's name). */
+  | { type: "ready"; rank: number; backend: string; detail: string; device?: string }
   /** losses[m]: the loss of micro-batch m (A10: the coordinator adds them in global micro-batch order). */
   | {
       type: "computed";
@@ -107,6 +119,8 @@ export type FromRank =
   | { type: "updated"; rank: number; step: number; ms: number }
   | { type: "evaluated"; rank: number; lossSum: number; count: number }
   | { type: "memory"; memory: RankMemory }
+  /** The engine is let go: the coordinator may end the thread now without cutting a native call short. */
+  | { type: "closed"; rank: number }
   | { type: "failed"; rank: number; error: WireError };
 
 // ---------------------------------------------------------------- coordinator -> uploader
@@ -189,4 +203,6 @@ export interface StepTraffic {
   /** Bytes of arrays a kernel writes that were uploaded (0 once the run is going: the gradient stays on the device). */
   gradientUp: number;
   dispatches: number;
+  /** The rank thread's milliseconds on the host in the step's micro-batches (runMicroBatches: not waiting for the device). */
+  hostMs: number;
 }

@@ -32,7 +32,7 @@ interface RankState {
   stream: TrainStream;
   val: ValStream | null;
   ids: Int32Array;
-  /** A micro-batch's float32 gradient, before foldMicro adds it into the slot (A10); two on a deferred engine. */
+  /** A micro-batch's float32 gradient, before it is added into the slot (A10); two on a deferred engine folding on the host. */
   grads: Float32Array[];
   /** The engine's traffic() at the end of the previous compute (a device engine's bytes per step). */
   traffic: DeviceTraffic | null;
@@ -47,7 +47,7 @@ function send(m: FromRank): void {
 }
 
 async function handleInit(init: RankInit): Promise<FromRank> {
-  const be = await initEngine(init.backend, init.native);
+  const be = await initEngine(init.backend, init.native, init.gpu);
   const views = viewShared(init.shared);
   const d = init.data;
   const manifest = readManifest(d.root);
@@ -74,11 +74,11 @@ async function handleInit(init: RankInit): Promise<FromRank> {
     stream,
     val,
     ids: new Int32Array(d.microBatch * d.seqLen),
-    grads: gradientArrays(be.kernels, init.shared.P),
+    grads: gradientArrays(be.kernels, init.shared.P, init.fold),
     traffic: isDeferred(be.kernels) ? be.kernels.traffic() : null,
     mem: memorySampler(() => model.arenaBytes()),
   };
-  return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail };
+  return { type: "ready", rank: init.rank, backend: be.engine, detail: be.detail, device: be.device };
 }
 
 async function compute(s: RankState, step: number, gradScale: number): Promise<FromRank> {
@@ -86,11 +86,13 @@ async function compute(s: RankState, step: number, gradScale: number): Promise<F
   const slot = s.views.slots[s.init.rank];
   const d = s.init.data;
   s.kernels.prepareWeights?.(s.init.rank, s.init.world); // P8: this rank's share of the weights' bf16 copies
-  const { losses, micro } = await runMicroBatches({
+  const { losses, micro, hostMs } = await runMicroBatches({
     kernels: s.kernels,
     accum: d.accum,
     ids: s.ids,
     grads: s.grads,
+    slot,
+    foldPlace: s.init.fold,
     stop: () => Atomics.load(s.views.ctl, CTL_ABORT) !== 0,
     read: (m, ids) => {
       faultBeforeMicroBatch(s.init.fault, s.init.rank, step);
@@ -98,6 +100,7 @@ async function compute(s: RankState, step: number, gradScale: number): Promise<F
     },
     lossAndGrads: (ids, g) => s.model.lossAndGrads(ids, d.microBatch, d.seqLen, gradScale, g),
     fold: (g, first) => foldMicro(slot, g, first), // A10: each micro-batch's gradient on its own, added in float64; g back to 0
+    // (on a deferred engine folding on the device, the fold is its kernel: the same bits)
     folded: () => s.mem.sample(),
   });
   faultAfterCompute(s.init.fault, s.init.rank, step, slot, losses);
@@ -112,6 +115,7 @@ async function compute(s: RankState, step: number, gradScale: number): Promise<F
       down: down(now) - down(was),
       gradientUp: now.up.state - was.up.state,
       dispatches: now.dispatches - was.dispatches,
+      hostMs,
     };
     s.traffic = now;
   }
@@ -186,8 +190,7 @@ async function handle(msg: ToRank): Promise<FromRank | null> {
     case "close":
       s.model.dispose();
       s.kernels.dispose();
-      parentPort!.close();
-      return null;
+      return { type: "closed", rank: s.init.rank };
     default:
       return unreachable(msg);
   }
@@ -200,6 +203,7 @@ parentPort!.on("message", (msg: ToRank) => {
     try {
       const reply = await handle(msg);
       if (reply) send(reply);
+      if (reply?.type === "closed") parentPort!.close(); // the thread ends once the coordinator has the answer
     } catch (e) {
       send({ type: "failed", rank: myRank, error: toWireError(e) });
     }

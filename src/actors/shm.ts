@@ -18,7 +18,7 @@
 import { chunkCount } from "../optim/optim";
 
 /** Control words (Int32 indices into `ctl`). */
-export const CTL_ABORT = 0; // != 0: stop at the next micro-batch boundary (a rank failed, or a stop was asked)
+export const CTL_ABORT = 0; // != 0: stop at the next micro-batch (a rank or the coordinator's slice failed, or close)
 export const CTL_LENGTH = 4;
 
 export interface SharedBuffers {

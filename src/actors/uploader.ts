@@ -53,7 +53,10 @@ function log(line: string): void {
   process.stdout.write(`${line}\n`);
 }
 
-/** K1: keep at most `keepLocal` checkpoint folders besides `current`, oldest removed first. */
+/**
+ * K1: keep at most `keepLocal` checkpoint folders besides `current` and the ones still to publish (the pending one and
+ * the one publishing), oldest removed first.
+ */
 function pruneOldLocal(runDir: string, current: string, keepLocal: number): void {
   const keep = new Set([current, pending?.dir, publishing?.dir].filter((x): x is string => !!x));
   const all = listCheckpointFolders(checkpointRoot(runDir)).filter((c) => !keep.has(c.dir));

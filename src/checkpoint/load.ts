@@ -5,7 +5,7 @@
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { isUserError, UserError } from "../errors";
+import { type FixWay, isUserError, UserError } from "../errors";
 import type { LlamaConfig } from "../model/llama-config";
 import { decodeSafetensors } from "../model/safetensors";
 import { createHash } from "node:crypto";
@@ -105,21 +105,35 @@ function decodeTensorFile(dir: string, name: string): ReturnType<typeof decodeSa
     const what = e.message
       .replace(/^not a valid safetensors file: /, "")
       .replace(/; re-export or re-download the file \[M7\]$/, "");
+    const other = otherCheckpointAdvice(dir);
     throw new UserError(
       "K2",
-      `checkpoint ${name} at ${path.join(dir, name)} is not a valid safetensors file (${what}): the checkpoint is damaged. ${otherCheckpointAdvice(dir)}`,
+      `checkpoint ${name} at ${path.join(dir, name)} is not a valid safetensors file (${what}): the checkpoint is damaged. ${other.advice}`,
+      other.ways.length ? { ways: other.ways } : undefined,
     );
   }
 }
 
+/**
+ * What to use instead of a checkpoint folder that cannot be trusted: `advice`, a sentence that ends in ": run " when
+ * there are `ways` (the commands that use another folder), else one that says where to look.
+ */
+export interface OtherFolders {
+  advice: string;
+  ways: readonly FixWay[];
+}
+
 /** What to resume from instead of the checkpoint `dir`: the newest other one beside it, else a fresh start. */
-export function otherCheckpointAdvice(dir: string): string {
+export function otherCheckpointAdvice(dir: string): OtherFolders {
   const others = listCheckpointFolders(path.dirname(path.resolve(dir))).filter(
     (c) => path.resolve(c.dir) !== path.resolve(dir),
   );
   return others.length
-    ? `Resume from another checkpoint (--resume ${others[others.length - 1].dir})`
-    : "Resume from another checkpoint folder, or start fresh with another --out";
+    ? {
+        advice: "Resume from another checkpoint: run ",
+        ways: [{ changes: [["--resume", others[others.length - 1].dir]], why: "the newest other one" }],
+      }
+    : { advice: "Resume from another checkpoint folder, or start fresh with another --out", ways: [] };
 }
 
 /** sha256 of a file, read in 8 MiB pieces (a checkpoint's weights may not fit one Buffer). */
@@ -156,7 +170,8 @@ export function verifyCheckpointFolder(
   dir: string,
   o: {
     allowNoManifest: boolean;
-    advice: string;
+    /** what to use instead (otherCheckpointAdvice's form) */
+    advice: OtherFolders;
     /** The flag that named the folder (generate's --model); --resume by default. */
     flag?: string;
     /** Files the folder may hold beside the listed ones (generate's tokenizer copied in). */
@@ -164,8 +179,13 @@ export function verifyCheckpointFolder(
   },
 ): boolean {
   const flag = o.flag ?? "--resume";
+  const other = o.advice;
   const refuse = (what: string) =>
-    new UserError("K7", `${flag} ${dir}: ${what}; the checkpoint cannot be trusted. ${o.advice}`);
+    new UserError(
+      "K7",
+      `${flag} ${dir}: ${what}; the checkpoint cannot be trusted. ${other.advice}`,
+      other.ways.length ? { ways: other.ways } : undefined,
+    );
   if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory())
     throw new UserError("R1", `${flag} ${dir}: no such checkpoint folder`);
   const mp = path.join(dir, MANIFEST_FILE);
@@ -173,7 +193,17 @@ export function verifyCheckpointFolder(
     if (o.allowNoManifest) return false;
     throw new UserError(
       "K7",
-      `${flag} ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one). If it was written by a tstrain from before manifests existed, resume it with --resume-without-manifest; otherwise ${o.advice.charAt(0).toLowerCase()}${o.advice.slice(1)}`,
+      `${flag} ${dir}: the folder has no ${MANIFEST_FILE}, so its files cannot be checked (every tstrain checkpoint carries one): run `,
+      {
+        ways: [
+          {
+            changes: [["--resume-without-manifest", true]],
+            why: "if a tstrain from before manifests existed wrote it",
+          },
+          ...other.ways,
+        ],
+        after: other.ways.length ? "" : `; otherwise ${other.advice.charAt(0).toLowerCase()}${other.advice.slice(1)}`,
+      },
     );
   }
   let m: ReturnType<typeof parseManifest>;

@@ -30,6 +30,8 @@ export interface LogEntry {
   h2d_mb?: number;
   d2h_mb?: number;
   dispatches_per_micro?: number;
+  /** --backend webgpu: a rank thread's milliseconds on the host per micro-batch (recording, any host fold, readback copies). */
+  host_ms_per_micro?: number;
 }
 
 export const TRAINER_STATE_FORMAT = "tstrain-trainer-state/1";

@@ -10,7 +10,7 @@
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { UserError } from "../errors";
+import { type FixWay, type FlagChange, UserError } from "../errors";
 import { isWhole, type FieldRule, type Stateful } from "../checkpoint/stateful";
 
 export interface Cursor {
@@ -149,12 +149,12 @@ const seqsOf = (g: BatchGeometry): number => g.microBatch * g.world * g.hosts * 
  * values back, or the new split with an --accum that gives the old sequences per step. `then` is the run's
  * recorded geometry (run_config.json); without it, only the sequences per step are known.
  */
-export function batchChangeMessage(
+export function batchChangeRefusal(
   where: string,
   thenSeqs: number,
   then: BatchGeometry | null,
   now: BatchGeometry,
-): string {
+): UserError {
   const nowSeqs = seqsOf(now);
   const flags: Array<[keyof BatchGeometry, string]> = [
     ["world", "--world"],
@@ -162,28 +162,38 @@ export function batchChangeMessage(
     ["accum", "--accum"],
   ];
   const changed: string[] = [];
-  const back: string[] = [];
+  const back: FlagChange[] = [];
+  const hosts = then !== null && then.hosts !== now.hosts;
   if (then) {
     for (const [k, flag] of flags) {
       if (then[k] !== now[k]) {
         changed.push(`${flag.slice(2)} ${then[k]} → ${now[k]}`);
-        back.push(`${flag} ${then[k]}`);
+        back.push([flag, String(then[k])]);
       }
     }
-    if (then.hosts !== now.hosts) {
-      changed.push(`MPI processes ${then.hosts} → ${now.hosts}`);
-      back.push(`${then.hosts} MPI processes`);
-    }
+    if (hosts) changed.push(`MPI processes ${then.hosts} → ${now.hosts}`);
   }
   const perAccum = now.microBatch * now.world * now.hosts;
   const accum = thenSeqs / perAccum;
-  const keep = [
-    ...flags.filter(([k]) => k !== "accum" && then && then[k] !== now[k]).map(([k, f]) => `${f} ${now[k]}`),
+  const ways: FixWay[] = [
+    ...(back.length ? [{ changes: back, why: hosts ? `under ${then?.hosts} MPI processes` : "the run's split" }] : []),
+    ...(Number.isInteger(accum) && accum >= 1 && accum !== now.accum
+      ? [{ changes: [["--accum", String(accum)]] as const, why: "this split, with that many micro-batches a step" }]
+      : []),
   ];
-  const withAccum =
-    Number.isInteger(accum) && accum >= 1 && accum !== now.accum ? [...keep, `--accum ${accum}`].join(" ") : null;
-  const advice = [back.length ? back.join(" ") : null, withAccum].filter((x) => x !== null);
-  return `resume refused: the batch changed: ${thenSeqs} → ${nowSeqs} sequences per step${changed.length ? ` (${changed.join(", ")})` : ""}; ${where} was trained at ${thenSeqs}, and a resumed run must read the same sequences per step: ${advice.length ? `use ${advice.join(", or ")}` : `split ${thenSeqs} sequences per step as micro-batch x world x MPI processes x accum`}`;
+  const why = `resume refused: the batch changed: ${thenSeqs} → ${nowSeqs} sequences per step${changed.length ? ` (${changed.join(", ")})` : ""}; ${where} was trained at ${thenSeqs}, and a resumed run must read the same sequences per step: `;
+  if (!ways.length)
+    return new UserError(
+      "C3",
+      `${why}${hosts && !back.length ? `run it under ${then?.hosts} MPI processes, or ` : ""}split ${thenSeqs} sequences per step as micro-batch x world x MPI processes x accum`,
+    );
+  return new UserError(
+    "C3",
+    `${why}${hosts && !back.length ? `run it under ${then?.hosts} MPI processes, or ` : ""}run `,
+    {
+      ways,
+    },
+  );
 }
 
 /** C3: every refusal before a resume. Returns where the data stream restarts (D5). */
@@ -206,9 +216,9 @@ export function validateResume(
       `resume refused: ${where} has no cursor.json: a checkpoint without a recorded data position cannot be resumed, only restarted; resume from a checkpoint that has one, or start fresh without --resume`,
     );
   }
-  const same: Array<[string, unknown, unknown, string]> = [
-    ["seq_len", c.seq_len, expected.seqLen, "use the run's --seq-len"],
-    ["shuffle_seed", c.shuffle_seed, expected.seed, "use the run's --data-seed"],
+  const same: Array<[string, unknown, unknown, string | FlagChange]> = [
+    ["seq_len", c.seq_len, expected.seqLen, ["--seq-len", String(c.seq_len)]],
+    ["shuffle_seed", c.shuffle_seed, expected.seed, ["--data-seed", String(c.shuffle_seed)]],
     [
       "shuffle_perm_sha",
       c.shuffle_perm_sha,
@@ -224,10 +234,10 @@ export function validateResume(
   ];
   for (const [k, got, want, hint] of same) {
     if (got !== want) {
-      throw new UserError(
-        "C3",
-        `resume refused: ${where} cursor ${k}=${JSON.stringify(got)} != current ${JSON.stringify(want)}; a resumed run must read the same data in the same order: ${hint}`,
-      );
+      const why = `resume refused: ${where} cursor ${k}=${JSON.stringify(got)} != current ${JSON.stringify(want)}; a resumed run must read the same data in the same order: `;
+      throw typeof hint === "string"
+        ? new UserError("C3", `${why}${hint}`)
+        : new UserError("C3", `${why}run `, { ways: [{ changes: [hint], why: "the run's" }] });
     }
   }
   const S = expected.seqsPerStep;
@@ -239,7 +249,7 @@ export function validateResume(
       ? c.samples_consumed / c.step
       : S;
   if (g && thenSeqs !== S && c.step * thenSeqs === c.samples_consumed)
-    throw new UserError("C3", batchChangeMessage(where, thenSeqs, g.was, g.now));
+    throw batchChangeRefusal(where, thenSeqs, g.was, g.now);
   if (c.samples_consumed % S !== 0) {
     throw new UserError(
       "C3",

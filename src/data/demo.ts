@@ -20,6 +20,7 @@ import { etaOf, ProgressRhythm } from "../progress";
 import { mixFingerprint, sha256File } from "./fingerprint";
 import { readManifest } from "./manifest";
 import { isValDoc, prepareMix, valPpm } from "./prepare-mix";
+import { UserError } from "../errors";
 
 export const DEMO_RECIPE = "brown-bpe4096-val0.05-shard400k-v1";
 export const DEMO_VOCAB = 4096;
@@ -123,4 +124,63 @@ export async function ensureDemoMix(
     `${JSON.stringify({ recipe: DEMO_RECIPE, fingerprint: mixFingerprint(root, m) }, null, 2)}\n`,
   );
   return root;
+}
+
+/** What a demo folder may hold: the demo's own files, and what an interrupted build leaves (`mix.partial-<pid>`,
+ *  `*.<pid>.tmp`, a moved-aside mix). */
+function demoOwnName(name: string): boolean {
+  return (
+    ["brown.jsonl", "tokenizer", "mix", "demo.json"].includes(name) ||
+    /^mix\.(partial|old|replaced)[-.]/.test(name) ||
+    /\.\d+\.tmp$/.test(name)
+  );
+}
+
+/**
+ * D1, B6: the mix `--demo` trains on, given its --root. A folder holding a prepared mix (its manifest.json) is that
+ * mix: the demo's model trains on it, as the start line's root says, and nothing is written there. A demo folder
+ * (demo.json, or only what an interrupted build left) holds the demo mix, built there once and then reused; so does
+ * a new or empty folder. Any other folder is refused: the demo would write its data among files that are not its
+ * own (and replace a `mix/` there). `scratch` (--dry-run, which writes nothing): a demo mix not built yet is built
+ * in that folder under the system's temp folder, which the caller removes, instead of in --root.
+ */
+export async function demoMixRoot(
+  dir: string,
+  opts: { log: (s: string) => void; scratch?: string | null },
+): Promise<string> {
+  if (fs.existsSync(path.join(dir, "manifest.json"))) {
+    opts.log(`demo: --root ${dir} holds a prepared mix: the demo's model trains on it, and nothing is written there`);
+    return dir;
+  }
+  let names: string[] = [];
+  try {
+    names = fs.readdirSync(dir);
+  } catch {
+    names = []; // not there yet (a file is refused by validate, D1)
+  }
+  const own =
+    names.includes("demo.json") ||
+    (names.every(demoOwnName) && (!names.includes("mix") || names.includes("brown.jsonl")));
+  if (!own) {
+    const sub = names.find((n) => fs.existsSync(path.join(dir, n, "manifest.json")));
+    throw new UserError(
+      "D1",
+      `--demo --root ${dir}: the folder holds ${names.length} entr${names.length === 1 ? "y" : "ies"} (${names.slice(0, 3).join(", ")}${names.length > 3 ? ", ..." : ""}) but neither a prepared mix (manifest.json) nor the demo's data (demo.json), and --demo would write its data among them. Run `,
+      {
+        ways: [
+          ...(sub
+            ? [{ changes: [["--root", path.join(dir, sub)]] as const, why: "the demo's model on the mix there" }]
+            : []),
+          { changes: [["--root", path.join(dir, "demo-data")]], why: "a new folder of the demo's own" },
+        ],
+      },
+    );
+  }
+  if (opts.scratch && !demoMixIsReusable(dir)) {
+    opts.log(
+      `demo data: --dry-run writes nothing, so the demo mix is built in ${opts.scratch} and removed after the plan`,
+    );
+    return ensureDemoMix(opts.scratch, opts);
+  }
+  return ensureDemoMix(dir, opts);
 }

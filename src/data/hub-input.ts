@@ -23,11 +23,10 @@ import * as path from "node:path";
 import { downloadFile, fileDownloadInfo, HubApiError, listFiles } from "@huggingface/hub";
 import type { RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { isRepoId, REPO_ID_RULE } from "../hub/repo-id";
+import { DEFAULT_HUB_URL, hubUrlProblem, isHfUrl, isRepoId, parseHfUrl } from "../hub/address";
+import { isNotAHubAnswer, NotAHubError, scrubSecret } from "../hub/hub-errors";
 import { kindOf, type InputFile, SUPPORTED_FORMATS } from "./inputs";
 import type { SourceInfo } from "./manifest";
-
-export const DEFAULT_HUB_URL = "https://huggingface.co";
 
 export interface HubSpec {
   repoType: "dataset" | "model";
@@ -39,35 +38,10 @@ export interface HubSpec {
 /** What manifest.json records about a Hub input (and the fingerprint covers). */
 export type HubSource = SourceInfo;
 
-export function isHubUrl(s: string): boolean {
-  return s.startsWith("hf://");
-}
-
-/** hf://datasets/owner/name[@revision][/path-glob] (also hf://models/...). */
+/** hf://datasets/owner/name[@revision][/path-glob] (also hf://models/...), by address.ts's one grammar. */
 export function parseHubUrl(s: string, what: string): HubSpec {
-  const m = /^hf:\/\/(datasets|models)\/([^/@]+)\/([^/@]+)(?:@([^/]+))?(?:\/(.*))?$/.exec(s);
-  const form = "hf://datasets/owner/name[@revision]/path-glob";
-  if (!m) throw new UserError("D2", `${what} ${s} is not a Hub URL of the form ${form}`);
-  const repo = `${m[2]}/${m[3]}`;
-  if (!isRepoId(repo))
-    throw new UserError("D2", `${what} ${s}: "${repo}" is not a Hub repo id (${REPO_ID_RULE}); use ${form}`);
-  let revision = "main";
-  if (m[4] !== undefined) {
-    try {
-      revision = decodeURIComponent(m[4]);
-    } catch {
-      throw new UserError(
-        "D2",
-        `${what} ${s}: the revision "${m[4]}" is not valid URL encoding; write a "/" in a revision as %2F`,
-      );
-    }
-    if (revision === "")
-      throw new UserError("D2", `${what} ${s}: empty revision after "@"; drop the "@" or name a branch, tag or commit`);
-  }
-  const glob = (m[5] ?? "").replace(/\/+$/, "");
-  if (glob.split("/").some((seg) => seg === "." || seg === ".."))
-    throw new UserError("D2", `${what} ${s}: the path may not hold "." or ".." segments`);
-  return { repoType: m[1] === "datasets" ? "dataset" : "model", repo, revision, glob };
+  const u = parseHfUrl(s, { what, rule: "D2", form: "hf://datasets/owner/name[@revision]/path-glob" });
+  return { repoType: u.repoType, repo: u.repo, revision: u.revision, glob: u.path };
 }
 
 /** A glob as a RegExp over '/'-separated repo paths (see the module comment). */
@@ -104,14 +78,32 @@ function hubToken(): string | undefined {
 
 function scrub(e: unknown, token: string | undefined): unknown {
   if (e instanceof Error && token) {
-    e.message = e.message.split(token).join("hf_***");
-    if (e.stack) e.stack = e.stack.split(token).join("hf_***");
+    e.message = scrubSecret(e.message, token);
+    if (e.stack) e.stack = scrubSecret(e.stack, token);
   }
   return e;
 }
 
+/** fetch, refusing an answer that shows the address is a web server, not a Hub (K9's rule, hub-errors.ts). */
+const hubFetch: typeof fetch = async (input, init) => {
+  const res = await fetch(input, init);
+  const url = String(input instanceof Request ? input.url : input).split("?")[0];
+  const method = init?.method ?? "GET";
+  const type = res.headers.get("content-type");
+  if (isNotAHubAnswer(url, method, res.status, type)) {
+    await res.body?.cancel().catch(() => undefined);
+    throw new NotAHubError(`${method} ${url}`, res.status, type);
+  }
+  return res;
+};
+
 function hubFailure(e: unknown, what: string, fix: string): Error {
   if (e instanceof UserError) return e;
+  if (e instanceof NotAHubError)
+    return new UserError(
+      "D2",
+      `${what}: the Hub address is not a Hub: ${e.message}; name a Hub with --hub-url (or HF_ENDPOINT), as ${DEFAULT_HUB_URL}`,
+    );
   if (e instanceof HubApiError) {
     if (e.statusCode === 401 || e.statusCode === 403)
       return new UserError(
@@ -138,7 +130,8 @@ interface Client {
 }
 
 function client(spec: HubSpec, hubUrl: string): Client {
-  if (!/^https?:\/\//.test(hubUrl)) throw new UserError("D2", `--hub-url ${hubUrl} must be an http(s) URL`);
+  const bad = hubUrlProblem(hubUrl);
+  if (bad) throw new UserError("D2", `--hub-url ${JSON.stringify(hubUrl)} ${bad}`);
   return { hubUrl: hubUrl.replace(/\/+$/, ""), token: hubToken(), repo: { type: spec.repoType, name: spec.repo } };
 }
 
@@ -146,7 +139,7 @@ function client(spec: HubSpec, hubUrl: string): Client {
 async function resolveRevision(c: Client, revision: string, probePath: string, missing: () => Error): Promise<string> {
   let commit: string | null = null;
   const seeing: typeof fetch = async (input, init) => {
-    const res = await fetch(input, init);
+    const res = await hubFetch(input, init);
     commit = res.headers.get("x-repo-commit") ?? commit;
     return res;
   };
@@ -178,6 +171,7 @@ async function listAt(c: Client, revision: string, dir: string | undefined): Pro
     recursive: true,
     path: dir,
     hubUrl: c.hubUrl,
+    fetch: hubFetch,
     accessToken: c.token,
   })) {
     if (e.type !== "file") continue;
@@ -187,7 +181,14 @@ async function listAt(c: Client, revision: string, dir: string | undefined): Pro
 }
 
 async function sha256OfRemote(c: Client, revision: string, p: string): Promise<string> {
-  const blob = await downloadFile({ repo: c.repo, path: p, revision, hubUrl: c.hubUrl, accessToken: c.token });
+  const blob = await downloadFile({
+    repo: c.repo,
+    path: p,
+    revision,
+    hubUrl: c.hubUrl,
+    fetch: hubFetch,
+    accessToken: c.token,
+  });
   if (!blob) throw new Error(`${p} is listed at ${revision} but cannot be downloaded`);
   const h = createHash("sha256");
   for await (const chunk of blob.stream() as unknown as AsyncIterable<Uint8Array>) h.update(chunk);
@@ -199,7 +200,14 @@ function remoteInputFile(c: Client, spec: HubSpec, revision: string, f: Listed &
   const name = `hf://${spec.repoType}s/${spec.repo}@${revision.slice(0, 12)}/${f.path}`;
   const kind = kindOf(f.path)!;
   const open = async (): Promise<Blob> => {
-    const b = await downloadFile({ repo: c.repo, path: f.path, revision, hubUrl: c.hubUrl, accessToken: c.token });
+    const b = await downloadFile({
+      repo: c.repo,
+      path: f.path,
+      revision,
+      hubUrl: c.hubUrl,
+      fetch: hubFetch,
+      accessToken: c.token,
+    });
     if (!b) throw new Error(`${name} was listed but cannot be downloaded (EntryNotFound)`);
     if (b.size !== f.size) throw new Error(`${name} is ${b.size} bytes on download but ${f.size} in the listing`);
     return b;
@@ -320,7 +328,7 @@ export async function resolveHubInput(url: string, hubUrl: string): Promise<{ fi
 
 /** A --tokenizer that names the Hub (owner/name, or an hf:// URL) rather than a local file. */
 export function isHubTokenizer(s: string): boolean {
-  if (isHubUrl(s)) return true;
+  if (isHfUrl(s)) return true;
   return isRepoId(s) && !fs.existsSync(s);
 }
 
@@ -336,7 +344,7 @@ export interface HubTokenizer {
  * a temp directory; the caller removes `dir`.
  */
 export async function fetchHubTokenizer(s: string, hubUrl: string): Promise<HubTokenizer> {
-  const spec: HubSpec = isHubUrl(s)
+  const spec: HubSpec = isHfUrl(s)
     ? parseHubUrl(s, "--tokenizer")
     : { repoType: "model", repo: s, revision: "main", glob: "" };
   if (hasGlob(spec.glob))
@@ -365,6 +373,7 @@ export async function fetchHubTokenizer(s: string, hubUrl: string): Promise<HubT
         path: inRepo(f),
         revision,
         hubUrl: c.hubUrl,
+        fetch: hubFetch,
         accessToken: c.token,
       });
       if (!blob) {

@@ -456,11 +456,20 @@ async function* jsonlDocs(f: InputFile, o: ReadOptions): AsyncGenerator<DocPiece
     }
     const text = (obj as Record<string, unknown> | null)?.[o.textField];
     if (typeof text !== "string") {
-      const keys = obj && typeof obj === "object" ? Object.keys(obj).slice(0, 8).join(", ") : typeof obj;
-      throw new UserError(
-        "D2",
-        `${where} has no "${o.textField}" string (it has: ${keys}): each .jsonl line must be {"${o.textField}": "..."}; pick the field with --text-field NAME`,
-      );
+      const fields = obj && typeof obj === "object" && !Array.isArray(obj) ? Object.entries(obj) : [];
+      const keys = fields.length
+        ? fields
+            .slice(0, 8)
+            .map(([k]) => k)
+            .join(", ")
+        : typeof obj;
+      const str = fields.find(([, v]) => typeof v === "string")?.[0];
+      const what = `${where} has no "${o.textField}" string (it has: ${keys}): each .jsonl line must be {"${o.textField}": "..."}; `;
+      throw str === undefined
+        ? new UserError("D2", `${what}pick the field with --text-field NAME`)
+        : new UserError("D2", `${what}pick the field: run `, {
+            ways: [{ changes: [["--text-field", str]], why: "its first string field" }],
+          });
     }
     yield* piecesOf(text, where, counter.bytes, o.pieceChars);
   };
@@ -500,23 +509,28 @@ export async function planParquet(f: InputFile, textField: string): Promise<Parq
   }
   const top = parquetSchema(metadata).children;
   const col = top.find((c) => c.element.name === textField);
-  if (!col) {
-    throw new UserError(
-      "D2",
-      `${f.name} has no column "${textField}" (its columns: ${top.map((c) => c.element.name).join(", ")}): pick the text column with --text-field NAME`,
-    );
-  }
+  const isString = (c: (typeof top)[number]) =>
+    c.children.length === 0 &&
+    c.element.type === "BYTE_ARRAY" &&
+    (c.element.converted_type === "UTF8" ||
+      c.element.logical_type?.type === "STRING" ||
+      c.element.converted_type === undefined);
+  // the advice: the file's first string column, as the command that reads it
+  const pick = (what: string) => {
+    const other = top.find((c) => c !== col && isString(c))?.element.name;
+    return other === undefined
+      ? new UserError("D2", `${what}: pick the text column with --text-field NAME`)
+      : new UserError("D2", `${what}: pick the text column: run `, {
+          ways: [{ changes: [["--text-field", other]], why: "its first string column" }],
+        });
+  };
+  if (!col)
+    throw pick(`${f.name} has no column "${textField}" (its columns: ${top.map((c) => c.element.name).join(", ")})`);
   const el = col.element;
-  const isString =
-    col.children.length === 0 &&
-    el.type === "BYTE_ARRAY" &&
-    (el.converted_type === "UTF8" || el.logical_type?.type === "STRING" || el.converted_type === undefined);
-  if (!isString) {
-    throw new UserError(
-      "D2",
-      `${f.name} column "${textField}" is ${el.type ?? "a nested group"}${el.converted_type ? ` (${el.converted_type})` : ""}, not a string column: pick the text column with --text-field NAME`,
+  if (!isString(col))
+    throw pick(
+      `${f.name} column "${textField}" is ${el.type ?? "a nested group"}${el.converted_type ? ` (${el.converted_type})` : ""}, not a string column`,
     );
-  }
   return { metadata, rows: Number(metadata.num_rows) };
 }
 

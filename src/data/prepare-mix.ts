@@ -45,15 +45,8 @@ import {
 } from "./inputs";
 import { removeStalePartials, stagingDirOf, trackScratch, untrackScratch } from "./prepare-scratch";
 import { etaOf, ProgressRhythm } from "../progress";
-import {
-  DEFAULT_HUB_URL,
-  fetchHubTokenizer,
-  isHubTokenizer,
-  isHubUrl,
-  resolveHubInput,
-  type HubSource,
-  type HubTokenizer,
-} from "./hub-input";
+import { hubEndpoint, isHfUrl } from "../hub/address";
+import { fetchHubTokenizer, isHubTokenizer, resolveHubInput, type HubSource, type HubTokenizer } from "./hub-input";
 
 export interface PrepareOptions {
   inputs: string[];
@@ -66,7 +59,7 @@ export interface PrepareOptions {
   eosToken?: string;
   /** The JSON field / Parquet column holding the text (default "text"). */
   textField?: string;
-  /** Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else https://huggingface.co). */
+  /** Hub endpoint for hf:// inputs and Hub tokenizers (default $HF_ENDPOINT, else the Hugging Face Hub: hub/address.ts). */
   hubUrl?: string;
   /** Read size for streamed inputs (default 1 MiB) and the long-document piece size (default 4 Mi chars). */
   chunkBytes?: number;
@@ -114,7 +107,7 @@ async function listInputs(inputs: string[], hubUrl: string): Promise<Inputs> {
   const sources: HubSource[] = [];
   let skipped = 0;
   for (const inp of inputs) {
-    if (isHubUrl(inp)) {
+    if (isHfUrl(inp)) {
       const r = await resolveHubInput(inp, hubUrl);
       files.push(...r.files);
       sources.push(r.source);
@@ -184,13 +177,25 @@ interface CheckedOptions {
 function checkOptions(o: PrepareOptions): CheckedOptions {
   const valFraction = o.valFraction ?? DEFAULT_VAL_FRACTION;
   if (!(typeof valFraction === "number" && valFraction >= 0 && valFraction <= 0.5))
-    throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]`);
+    throw new UserError("D2", `--val-fraction ${valFraction} must be a number in [0, 0.5]: run `, {
+      ways: [
+        {
+          changes: [["--val-fraction", String(valFraction > 0.5 ? 0.5 : valFraction < 0 ? 0 : DEFAULT_VAL_FRACTION)]],
+        },
+      ],
+    });
   const shardTokens = o.shardTokens ?? DEFAULT_SHARD_TOKENS;
   if (!Number.isSafeInteger(shardTokens) || shardTokens < 1)
-    throw new UserError("D2", `--shard-tokens ${shardTokens} must be a positive whole number`);
+    throw new UserError("D2", `--shard-tokens ${shardTokens} must be a positive whole number: run `, {
+      ways: [
+        { changes: [["--shard-tokens", String(shardTokens > 1 ? Math.floor(shardTokens) : DEFAULT_SHARD_TOKENS)]] },
+      ],
+    });
   const workers = o.workers ?? Math.max(1, Math.min(8, os.availableParallelism()));
   if (!Number.isSafeInteger(workers) || workers < 1 || workers > 256)
-    throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]`);
+    throw new UserError("D2", `--workers ${workers} must be a whole number in [1, 256]: run `, {
+      ways: [{ changes: [["--workers", String(Math.min(256, Math.max(1, Math.round(workers) || 1)))]] }],
+    });
   if (!o.out) throw new UserError("D2", "prepare needs --out ROOT");
   if (!o.tokenizer) throw new UserError("D2", "prepare needs --tokenizer tokenizer.json");
   const textField = o.textField ?? "text";
@@ -200,7 +205,7 @@ function checkOptions(o: PrepareOptions): CheckedOptions {
   const pieceChars = o.pieceChars ?? DEFAULT_PIECE_CHARS;
   if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 16 || !Number.isSafeInteger(pieceChars) || pieceChars < 16)
     throw new UserError("D2", `chunkBytes ${chunkBytes} and pieceChars ${pieceChars} must be whole numbers >= 16`);
-  const hubUrl = o.hubUrl ?? (process.env.HF_ENDPOINT || DEFAULT_HUB_URL);
+  const hubUrl = hubEndpoint(o.hubUrl, "D2").url; // --hub-url, then HF_ENDPOINT, then the Hugging Face Hub
   const log = o.log ?? ((s: string) => process.stdout.write(`${s}\n`));
   return { valFraction, shardTokens, workers, textField, chunkBytes, pieceChars, hubUrl, log };
 }
@@ -216,12 +221,14 @@ function checkOut(out: string, force: boolean): boolean {
   if (entries.includes(MANIFEST_FILE)) {
     throw new UserError(
       "D2",
-      `--out ${out} already holds a mix (${MANIFEST_FILE} and ${entries.length - 1} other entries): refusing to overwrite it. Choose a new --out, or pass --force to build a replacement (the old root is moved aside, never deleted)`,
+      `--out ${out} already holds a mix (${MANIFEST_FILE} and ${entries.length - 1} other entries): refusing to overwrite it. Choose a new --out, or run `,
+      { ways: [{ changes: [["--force", true]], why: "a replacement; the old root is moved aside, never deleted" }] },
     );
   }
   throw new UserError(
     "D2",
-    `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or pass --force (its contents are moved aside, never deleted)`,
+    `--out ${out} is not empty (${entries.length} entries) and holds no ${MANIFEST_FILE}: refusing to write into it. Choose an empty or new directory, or run `,
+    { ways: [{ changes: [["--force", true]], why: "its contents are moved aside, never deleted" }] },
   );
 }
 

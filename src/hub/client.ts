@@ -25,11 +25,18 @@ import {
 } from "@huggingface/hub";
 import type { CommitOperation, RepoDesignation } from "@huggingface/hub";
 import { UserError } from "../errors";
-import { isRepoId, REPO_ID_RULE } from "./repo-id";
+import { hubUrlProblem, isRepoId, isRepoPath, REPO_ID_RULE, REPO_PATH_RULE } from "./address";
 import { hubTokenProblem } from "./token";
-import { fmtDuration } from "../duration";
-import { etaOf, ProgressRhythm } from "../progress";
-import { ConcurrentWriterError, HubLookupError, RepoMissingError } from "./hub-errors";
+import {
+  ConcurrentWriterError,
+  describeHubError,
+  HubLookupError,
+  isNotAHubAnswer,
+  NotAHubError,
+  RepoMissingError,
+  scrubError,
+} from "./hub-errors";
+import { TransferProgress } from "./transfer";
 import { POINTER_FILE } from "../checkpoint/names";
 import { parsePointer, pointerBytes, validatePointer, type Pointer } from "../checkpoint/state";
 export type { Pointer };
@@ -96,6 +103,8 @@ export interface CommitOptions {
   progress?: (line: string) => void;
 }
 
+const NO_TOKEN = "HF_TOKEN is not set, so no token was sent, and this Hub wants one";
+
 interface LandedCheck {
   alreadyLanded?: () => Promise<boolean>;
 }
@@ -110,36 +119,12 @@ export interface HubClientOptions {
   /** Per request: the longest wait for the answer's headers (plus 1 s per MiB sent), and the longest
    *  silence while its body streams. Default 60 000. */
   timeoutMs?: number;
+  /** Where listings and downloads read (a branch, tag or commit; default main). A client reading elsewhere than
+   *  main makes no commit (generate's hf://…@revision models). */
+  revision?: string;
 }
 
 const MIN_UPLOAD_BYTES_PER_MS = (1024 * 1024) / 1000; // 1 MiB/s budget for request bodies
-
-/** A transfer's progress: bytes done of a known total, a line (share, MB/s, ETA) at the progress rhythm while it runs. */
-class TransferProgress {
-  private done = 0;
-  private readonly t0 = performance.now();
-  private readonly stopLines: (() => void) | null = null;
-  constructor(
-    private readonly what: string,
-    private readonly total: number,
-    log?: (line: string) => void,
-  ) {
-    if (log) this.stopLines = new ProgressRhythm(undefined, this.t0).every(() => log(this.line()));
-  }
-  add(n: number): void {
-    this.done = Math.min(this.total, this.done + n);
-  }
-  private line(): string {
-    const secs = (performance.now() - this.t0) / 1000;
-    const rate = this.done / Math.max(1e-9, secs);
-    const eta = etaOf(this.total - this.done, rate);
-    const mb = (b: number) => (b / 1e6).toFixed(1);
-    return `hub: ${this.what}: ${mb(this.done)}/${mb(this.total)} MB (${Math.floor((100 * this.done) / Math.max(1, this.total))}%), ${(rate / 1e6).toFixed(2)} MB/s, ${fmtDuration(secs)} so far, ETA ${eta}`;
-  }
-  stop(): void {
-    this.stopLines?.();
-  }
-}
 
 /** What one client call saw last; the client's errors lose X-Error-Code, this keeps it. */
 interface Tracker {
@@ -149,60 +134,14 @@ interface Tracker {
   repoCommit: string | null;
 }
 
-/** Removes the token from a text, and the query of every URL in it (signed upload URLs carry
- *  credentials of their own there). */
-export function scrubSecret(text: string, secret: string | undefined): string {
-  const t = text.replace(/(https?:\/\/[^\s?#]+)\?[^\s#]*/g, "$1?…");
-  if (!secret) return t;
-  return t.split(secret).join("hf_***");
-}
-
-const NO_TOKEN = "HF_TOKEN is not set, so no token was sent, and this Hub wants one";
-
-function scrubError(e: unknown, secret: string | undefined): unknown {
-  if (!(e instanceof Error)) return e;
-  e.message = scrubSecret(e.message, secret);
-  if (e.stack) e.stack = scrubSecret(e.stack, secret);
-  const c = (e as { cause?: unknown }).cause;
-  if (c instanceof Error) scrubError(c, secret);
-  const d = (e as { data?: unknown }).data;
-  if (d && typeof d === "object") {
-    try {
-      (e as { data?: unknown }).data = JSON.parse(scrubSecret(JSON.stringify(d), secret));
-    } catch {
-      /* leave data as is */
-    }
-  }
-  return e;
-}
-
-/** One line that says what kind of failure this was (HTTP status, timeout, network), for messages. */
-export function describeHubError(e: unknown): string {
-  if (e instanceof HubApiError) return `HTTP ${e.statusCode}: ${e.message}`;
-  if (e instanceof Error) {
-    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-    if (e.name === "TypeError" && e.message === "fetch failed")
-      return `network error: ${cause?.code ?? cause?.message ?? "fetch failed"}`;
-    if (e.name === "TypeError" && e.message === "terminated")
-      return "network error: the connection closed before the announced bytes arrived (terminated)";
-    // Our own errors already say what they are; a foreign one keeps its name (TypeError, AbortError …).
-    return e.name === "Error" || e.name === "HubLookupError" || e.name === "RepoMissingError"
-      ? e.message
-      : `${e.name}: ${e.message}`;
-  }
-  return String(e);
-}
-
 function isHex(s: unknown, n: number): s is string {
   return typeof s === "string" && s.length === n && /^[0-9a-f]+$/.test(s);
 }
 
-/** A repo path: relative, '/'-separated, no empty / '.' / '..' segments. */
+/** A repo path (address.ts's rule), after turning "\\" into "/" and dropping a leading or trailing "/". */
 function normRepoPath(p: string, what: string): string {
   const q = p.replace(/\\/g, "/").replace(/^\/+|\/+$/g, "");
-  if (q === "" || q.split("/").some((s) => s === "" || s === "." || s === "..")) {
-    throw new TypeError(`${what} must be a relative path inside the repo, got ${JSON.stringify(p)}`);
-  }
+  if (!isRepoPath(q)) throw new TypeError(`${what} must be ${REPO_PATH_RULE}, got ${JSON.stringify(p)}`);
   return q;
 }
 
@@ -237,9 +176,10 @@ class LiveHubClient implements HubClient {
   private readonly baseFetch: typeof fetch;
   private readonly timeoutMs: number;
   private readonly designation: RepoDesignation;
+  private readonly revision: string;
 
   constructor(o: HubClientOptions) {
-    if (!o || typeof o.hubUrl !== "string" || !/^https?:\/\//.test(o.hubUrl))
+    if (!o || typeof o.hubUrl !== "string" || hubUrlProblem(o.hubUrl) !== null)
       throw new TypeError(`createHubClient: hubUrl must be an http(s) URL, got ${JSON.stringify(o?.hubUrl)}`);
     // The flags that name a repo are checked where they are read (config.ts, data/hub-input.ts, generate.ts).
     if (!isRepoId(o.repo))
@@ -260,6 +200,7 @@ class LiveHubClient implements HubClient {
     this.timeoutMs = o.timeoutMs ?? 60_000;
     if (!(this.timeoutMs > 0)) throw new TypeError(`createHubClient: timeoutMs must be > 0, got ${o.timeoutMs}`);
     this.designation = { type: this.repoType, name: this.repo };
+    this.revision = o.revision ?? "main";
   }
 
   private get creds(): { accessToken: string } {
@@ -279,7 +220,8 @@ class LiveHubClient implements HubClient {
       const sent = body instanceof Blob ? body.size : typeof body === "string" ? body.length : 0;
       const budget = timeoutMs + sent / MIN_UPLOAD_BYTES_PER_MS;
       const method = init?.method ?? "GET";
-      const where = `${method} ${String(input instanceof Request ? input.url : input).split("?")[0]}`;
+      const url = String(input instanceof Request ? input.url : input).split("?")[0];
+      const where = `${method} ${url}`;
       let timedOut = false;
       const timer = setTimeout(() => {
         timedOut = true;
@@ -296,6 +238,11 @@ class LiveHubClient implements HubClient {
         clearTimeout(timer);
       }
       t.status = res.status;
+      const type = res.headers.get("content-type");
+      if (isNotAHubAnswer(res.url || url, method, res.status, type)) {
+        await res.body?.cancel().catch(() => undefined);
+        throw new NotAHubError(where, res.status, type); // K9: a web server, not a Hub; no retry helps
+      }
       if (res.ok && body instanceof Blob) onSent?.(sent); // an LFS upload (or one part of it) went through
       t.errorCode = res.headers.get("x-error-code");
       t.repoCommit = res.headers.get("x-repo-commit") ?? t.repoCommit;
@@ -451,6 +398,8 @@ class LiveHubClient implements HubClient {
     o: LandedCheck,
     onSent?: (bytes: number) => void,
   ): Promise<string | null> {
+    if (this.revision !== "main")
+      throw new TypeError(`createHubClient: a client reading ${this.repo} at ${this.revision} makes no commit`);
     const parent = this.knownHeadValue;
     const t = this.tracker(onSent);
     try {
@@ -551,6 +500,7 @@ class LiveHubClient implements HubClient {
           repo: this.designation,
           recursive: true,
           path: p,
+          revision: this.revision,
           hubUrl: this.hubUrl,
           fetch: t.fetch,
           accessToken: this.token,
@@ -586,6 +536,7 @@ class LiveHubClient implements HubClient {
       return await downloadFile({
         repo: this.designation,
         path: normRepoPath(pathInRepo, "path"),
+        revision: this.revision,
         hubUrl: this.hubUrl,
         fetch: t.fetch,
         accessToken: this.token,

@@ -12,8 +12,8 @@ import * as fsp from "node:fs/promises";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import type { HubClient, Pointer, RemoteFile } from "./client";
-import { describeHubError, walkFiles } from "./client";
-import { CheckpointPublishError, CheckpointVerifyError, type VerifyReport } from "./hub-errors";
+import { walkFiles } from "./client";
+import { CheckpointPublishError, CheckpointVerifyError, describeHubError, type VerifyReport } from "./hub-errors";
 import { isTransient, withRetry, RetryExhausted, type RetryOptions } from "./retry";
 
 export interface PublishResult {

@@ -9,7 +9,7 @@ import * as fsp from "node:fs/promises";
 import * as path from "node:path";
 import { UserError } from "../errors";
 import type { HubClient, Pointer, RemoteFile } from "./client";
-import { describeHubError } from "./client";
+import { describeHubError } from "./hub-errors";
 import { checkSafetensorsFile } from "./safetensors-check";
 import { withRetry } from "./retry";
 import {
@@ -19,6 +19,7 @@ import {
   MODEL_FILE,
   OPTIMIZER_FILE,
   checkpointRepoPath,
+  listCheckpointFolders,
   parseManifest,
   priorLossOf,
   stepOfRepoFile,
@@ -255,10 +256,17 @@ async function resumeWithoutPointer(store: HubClient, o: AutoResumeOptions): Pro
   }
   if (steps.length || hasFinal) {
     const found = [...steps.map(checkpointRepoPath), ...(hasFinal ? [FINAL_DIR] : [])];
-    throw new UserError(
-      "R2",
-      `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`,
-    );
+    const local = o.localRoots?.length ? listCheckpointFolders(o.localRoots[0]) : [];
+    const why = `--resume auto found no latest.json on ${repo}, but the repo holds ${found.length} checkpoint folder(s) (${found.slice(-3).join(", ")}). The pointer is missing, not the run, and none of them proves complete against a manifest: refusing to start from step 0. `;
+    throw local.length
+      ? new UserError("R2", `${why}Resume from the newest local copy: run `, {
+          ways: [{ changes: [["--resume", local[local.length - 1].dir]] }],
+          after: "; or start the run over in a new --hub-repo",
+        })
+      : new UserError(
+          "R2",
+          `${why}Resume from a local copy (--resume <folder>), or start the run over in a new --hub-repo`,
+        );
   }
   return startFresh(`no latest.json and no checkpoints on ${repo}`, o);
 }
@@ -315,7 +323,8 @@ async function rolledOntoNewer(
     if (proof.noManifest && !o.ignoreUnproven) {
       throw new UserError(
         "R3",
-        `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ${checkpointRepoPath(n)}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ${checkpointRepoPath(n)} when it gets there, run the same command with --resume-ignore-unproven added`,
+        `latest.json on ${repo} points at step ${ptr.step} (${ptr.path_in_repo}) but the repo also holds ${checkpointRepoPath(n)}, which has no ${MANIFEST_FILE} to prove it complete: the pointer is behind the run, or that folder is not this run's. Refusing to guess. To resume from latest.json's step ${ptr.step} and let this run overwrite ${checkpointRepoPath(n)} when it gets there, run `,
+        { ways: [{ changes: [["--resume-ignore-unproven", true]] }] },
       );
     }
     o.log(

@@ -6,7 +6,7 @@
  * and surfaces at once.
  */
 import { HubApiError } from "@huggingface/hub";
-import { describeHubError } from "./client";
+import { describeHubError } from "./hub-errors";
 
 const TRANSIENT_CODES = new Set([
   "ECONNREFUSED",
@@ -26,7 +26,8 @@ const TRANSIENT_CODES = new Set([
   "ECONNABORTED",
 ]);
 
-function codesOf(e: unknown, depth = 0): string[] {
+/** The error codes (ECONNREFUSED, ENOTFOUND, …) of an error, its causes and its aggregated errors. */
+export function codesOf(e: unknown, depth = 0): string[] {
   if (!e || typeof e !== "object" || depth > 5) return [];
   const o = e as { code?: unknown; cause?: unknown; errors?: unknown };
   const own = typeof o.code === "string" ? [o.code] : [];
@@ -47,6 +48,7 @@ export function isTransient(e: unknown, depth = 0): boolean {
   if (typeof e === "string") return /terminated|socket|ECONN|aborted|network|closed/i.test(e);
   if (!e || typeof e !== "object" || depth > 5) return false;
   const err = e as Error & { cause?: unknown };
+  if (err.name === "NotAHubError") return false; // K9: a web server does not become a Hub
   const status = statusOf(e);
   if (status !== null) return status === 429 || status === 408 || status >= 500;
   if (err.name === "HubLookupError") return true; // our own timeouts (status null)
@@ -75,6 +77,8 @@ export interface RetryOptions {
   /** Backoff: first wait, cap (ms). Defaults 500 and 30 000. */
   baseMs?: number;
   capMs?: number;
+  /** A failure that isTransient would retry but this caller must not (K9: a Hub's storage failing at a run's start). */
+  permanent?: (e: unknown) => boolean;
   /** Checked before each wait: a truthy answer abandons the retry loop (e.g. a newer checkpoint is waiting). */
   abandon?: () => string | null;
 }
@@ -117,7 +121,7 @@ export async function withRetry<T>(fn: (attempt: number) => Promise<T>, o: Retry
     try {
       return await fn(attempt);
     } catch (e) {
-      if (!isTransient(e)) throw e;
+      if (!isTransient(e) || o.permanent?.(e)) throw e;
       const now = performance.now();
       if (first === null) {
         first = o.since?.() ?? now;

@@ -11,7 +11,6 @@
  * gc), commit, read, write, lfs, auth, faults, lock, fsio, http.
  */
 import * as http from "node:http";
-import * as fsp from "node:fs/promises";
 import * as path from "node:path";
 import type { AddressInfo } from "node:net";
 import { Auth, type HubToken } from "./server/auth";
@@ -19,7 +18,8 @@ import { commitEndpoint } from "./server/commit";
 import type { HubContext, HubEvent } from "./server/context";
 import { FaultSwitch, type HubEndpoint, type HubFaults } from "./server/faults";
 import { collectGarbage, type GcResult } from "./server/history";
-import { HttpError, readBody, sendError } from "./server/http";
+import { checkStoreWritable } from "./server/fsio";
+import { HttpError, readBody, sendError, storageFailure } from "./server/http";
 import { Signer, lfsBatch, lfsUpload } from "./server/lfs";
 import {
   commitsEndpoint,
@@ -114,12 +114,14 @@ export class LocalHub {
 
   async start(): Promise<string> {
     if (this.server) return this.base;
-    await fsp.mkdir(this.ctx.store.root, { recursive: true });
+    await checkStoreWritable(this.ctx.store.root); // L9: a read-only or full --dir is refused before listening
     void this.faultSwitch.current; // a faults file given at start is read (and reported) now
     const server = http.createServer((req, res) => {
       this.handle(req, res).catch((e) => {
-        if (!res.headersSent) sendError(req, res, 500, `internal error: ${(e as Error).message}`);
-        else res.destroy();
+        const full = storageFailure(e, this.ctx.store.root); // K9: a full or read-only disk is said as such, not as a bug
+        if (res.headersSent) res.destroy();
+        else if (full) sendError(req, res, full.status, full.message, full.code);
+        else sendError(req, res, 500, `internal error: ${(e as Error).message}`);
       });
     });
     server.keepAliveTimeout = 5000;

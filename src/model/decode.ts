@@ -76,14 +76,34 @@ export function seededRandom(seed: number): () => number {
   };
 }
 
+/** G11: the sampling options in range, each refusal with the value that works (the option's "off" or default). */
 export function checkSampling(o: SamplingOptions): void {
   if (!(Number.isFinite(o.temperature) && o.temperature >= 0))
-    throw new UserError("G11", `--temperature ${o.temperature} must be a number >= 0 (0 = greedy)`);
+    throw new UserError("G11", `--temperature ${o.temperature} must be a number >= 0 (0 = greedy): run `, {
+      ways: [
+        { changes: [["--temperature", "0"]], why: "greedy" },
+        { changes: [["--temperature", "0.8"]], why: "to sample" },
+      ],
+    });
   if (!(Number.isInteger(o.topK) && o.topK >= 0))
-    throw new UserError("G11", `--top-k ${o.topK} must be a whole number >= 0 (0 = off)`);
+    throw new UserError("G11", `--top-k ${o.topK} must be a whole number >= 0 (0 = off): run `, {
+      ways: [{ changes: [["--top-k", String(Number.isFinite(o.topK) && o.topK > 0 ? Math.floor(o.topK) : 0)]] }],
+    });
   if (!(Number.isFinite(o.topP) && o.topP > 0 && o.topP <= 1))
-    throw new UserError("G11", `--top-p ${o.topP} must be in (0, 1] (1 = off)`);
-  if (!Number.isSafeInteger(o.seed)) throw new UserError("G11", `--seed ${o.seed} must be a whole number`);
+    throw new UserError("G11", `--top-p ${o.topP} must be in (0, 1] (1 = off): run `, {
+      ways: [
+        { changes: [["--top-p", "1"]], why: "off" },
+        { changes: [["--top-p", "0.9"]], why: "the 90% most likely" },
+      ],
+    });
+  if (!Number.isSafeInteger(o.seed))
+    throw new UserError("G11", `--seed ${o.seed} must be a whole number: run `, {
+      ways: [
+        {
+          changes: [["--seed", String(Number.isFinite(o.seed) && Math.abs(o.seed) < 2 ** 53 ? Math.floor(o.seed) : 0)]],
+        },
+      ],
+    });
 }
 
 /** The next token from logits [V]: argmax when temperature is 0 (lowest id on ties), else a seeded draw. */

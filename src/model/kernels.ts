@@ -205,20 +205,36 @@ export interface Kernels {
  * (kernels.ts's header: it keeps them). Outputs exist on the device, not yet in the caller's arrays, and
  * crossEntropy returns 0: settle() hands them back. Besides settle, the hooks that only such an engine has: the
  * fused calls it runs as one dispatch each (matmuls, ropeQK), the copies and fills the model makes on its arrays
- * (which stay on the device), the constants it keeps resident, its LM-head chunk and its traffic counters. The
+ * (which stay on the device), the micro-batch fold into the float64 slot (fold, endMicroBatch), the constants it
+ * keeps resident, its LM-head chunk and its traffic counters. The
  * model and the micro-batch loop (src/actors/micro-batches.ts) ask isDeferred(k), never for one hook.
  */
 export interface DeferredKernels extends Kernels {
   /** The tag isDeferred reads. */
   readonly deferred: true;
   /**
-   * settle() waits for everything queued, copies each array of `readback` (e.g. the gradient buffer) into host
-   * memory, and resolves to the mean cross-entropy over the targeted rows of every crossEntropy call since the
-   * previous settle (the loss lossAndGrads / loss would return). Between settles the host must not read or write an
-   * array a kernel wrote, except through the kernels, nor change an array a kernel has read (an input is uploaded
-   * once per settle). The host may record more kernels before it resolves.
+   * settle() waits for everything queued, copies each array of `readback` (the rank's float64 slot, or a gradient
+   * buffer) into host memory, and resolves to the mean cross-entropy over the targeted rows of every crossEntropy
+   * call since the previous settle (the loss lossAndGrads / loss would return), and each micro-batch's (Settled).
+   * Between settles the host must not read or write an array a kernel wrote, except through the kernels, nor
+   * change an array a kernel has read (an input is uploaded once per settle, or per endMicroBatch). The host may
+   * record more kernels before it resolves.
    */
-  settle(readback: Float32Array[], opts?: SettleOptions): Promise<{ loss: number; rows: number }>;
+  settle(readback: (Float32Array | Float64Array)[], opts?: SettleOptions): Promise<Settled>;
+  /**
+   * A10 on the device: slot[i] = g[i] (`first`: the step's first micro-batch sets the slot) or slot[i] + g[i] for
+   * i < g.length, each one binary64 conversion or add rounded to nearest even (foldMicro's bits, optim.ts), and g = 0,
+   * recorded as a kernel is. The slot (a rank's float64 slot, or a view of its first g.length elements) stays on the
+   * device, host-stale, until a settle reads it back.
+   */
+  fold(slot: Float64Array, g: Float32Array, first: boolean): void;
+  /**
+   * Ends a micro-batch without reading anything back (the device fold's loop, src/actors/micro-batches.ts): the
+   * crossEntropy rows since the previous end form one entry of the next settle's `losses`, and the inputs may be
+   * rewritten (each is uploaded again when a kernel next reads it). Submits what is recorded; resolves once the
+   * device has run it.
+   */
+  endMicroBatch(): Promise<void>;
   /**
    * Several products in one go, as one dispatch (runMatmuls: the calls it equals on other engines). Exactly
    * matmulsInSequence(this, jobs): for each job in order, copy(C, add) when it has `add`, then each term in order
@@ -293,7 +309,7 @@ export interface MatmulJob {
 
 /**
  * What matmuls(jobs) means, as the calls it equals: the model's helper on an engine that computes as it is called
- * (js, native, tfjs). `add` is copied through a deferred engine's copy, else on the host.
+ * (native, tfjs, or the tests' kernels on js.ts). `add` is copied through a deferred engine's copy, else on the host.
  */
 export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void {
   for (const job of jobs) {
@@ -311,6 +327,21 @@ export function matmulsInSequence(k: Kernels, jobs: readonly MatmulJob[]): void 
 export function runMatmuls(k: Kernels, jobs: readonly MatmulJob[]): void {
   if (isDeferred(k)) k.matmuls(jobs);
   else matmulsInSequence(k, jobs);
+}
+
+/** What settle() resolves to. */
+export interface Settled {
+  /** The mean cross-entropy over the targeted rows of every crossEntropy call since the previous settle. */
+  loss: number;
+  /** Its targeted rows. */
+  rows: number;
+  /**
+   * The mean loss of each micro-batch ended by endMicroBatch since the previous settle, in order, then of the calls
+   * after the last of them, if any (a settle per micro-batch: that micro-batch's loss alone).
+   */
+  losses: number[];
+  /** Host milliseconds the settle spent after the device finished: readbacks copied into host arrays, the loss summed. */
+  hostMs: number;
 }
 
 /** settle()'s options. */

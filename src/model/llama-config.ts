@@ -2,7 +2,7 @@
  * The model's shape: the frozen recipe (M1), its variants (M2), the parameter count (M3) and the
  * Hugging Face `config.json` that goes with every export (M7).
  */
-import { UserError } from "../errors";
+import { type Fix, type FixWay, UserError } from "../errors";
 
 export interface LlamaConfig {
   vocabSize: number;
@@ -36,6 +36,36 @@ function positiveInt(v: unknown): v is number {
   return typeof v === "number" && Number.isInteger(v) && v > 0;
 }
 
+/** M2: the ffn width of a model of width `h`: the frozen one's at the frozen width, else floor(round(8h/3)/64)*64. */
+function ffnWidth(h: number): number {
+  return h === FROZEN.hidden ? FROZEN.ffn : Math.floor(Math.round((8 * h) / 3) / 64) * 64;
+}
+
+/**
+ * M2: why `h` is no model width, or null when it is one: a width splits into the 9 heads, each head's width is even
+ * (RoPE rotates pairs), and the ffn width is positive. The widths are so the multiples of 18 from 36 on.
+ */
+function widthProblem(h: number): string | null {
+  const heads = FROZEN.heads;
+  if (h % heads !== 0)
+    return `cannot be split into ${heads} attention heads: the width must be a multiple of ${heads} (heads are fixed at ${heads})`;
+  if ((h / heads) % 2 !== 0)
+    return `gives head_dim ${h / heads}, which is odd: RoPE rotates head_dim/2 pairs, so the width must be a multiple of ${2 * heads}`;
+  if (ffnWidth(h) <= 0) return `gives an ffn width of ${ffnWidth(h)} (floor(round(8w/3)/64)*64)`;
+  return null;
+}
+
+/** The widths nearest `h` below and above it that pass every rule of widthProblem, as the flags that give them. */
+function nearWidths(h: number): Fix {
+  const ok = (w: number) => w > 0 && widthProblem(w) === null;
+  let lo = Math.floor(h);
+  while (lo > 0 && !ok(lo)) lo--;
+  let hi = Math.max(1, Math.ceil(h));
+  while (!ok(hi)) hi++;
+  const hidden = (w: number, why?: string): FixWay => ({ changes: [["--hidden", String(w)]], why });
+  return { ways: lo > 0 ? [hidden(lo), hidden(hi)] : [hidden(hi, "the narrowest width there is")] };
+}
+
 /**
  * M2, exactly like the seed's `build_config`: the GQA ratio and ffn width belong to the frozen width,
  * so `--layers 20` keeps 9/3 heads and ffn 1536, while another width w takes
@@ -45,51 +75,32 @@ export function buildConfig(o: { seqLen: number; layers?: number; hidden?: numbe
   if (!positiveInt(o.seqLen) || o.seqLen < 2) {
     throw new UserError(
       "M1",
-      `seq_len ${o.seqLen} is not an integer >= 2: the causal-LM loss needs at least one predicted position; pass --seq-len 1024 (the frozen value) or another integer >= 2`,
+      `seq_len ${o.seqLen} is not an integer >= 2: the causal-LM loss needs at least one predicted position; run `,
+      { ways: [{ changes: [["--seq-len", "1024"]], why: "the frozen value; any integer >= 2 works" }] },
     );
   }
   const layers = o.layers ?? FROZEN.layers;
   const h = o.hidden ?? FROZEN.hidden;
   const vocab = o.vocabSize ?? FROZEN.vocab;
   if (!positiveInt(layers)) {
-    throw new UserError(
-      "M2",
-      `--layers ${layers} is not a positive integer; pass e.g. --layers 22 (frozen) or --layers 20`,
-    );
+    throw new UserError("M2", `--layers ${layers} is not a positive integer; run `, {
+      ways: [{ changes: [["--layers", String(FROZEN.layers)]], why: "frozen" }],
+    });
   }
   if (!positiveInt(h)) {
-    throw new UserError(
-      "M2",
-      `--hidden ${h} is not a positive integer; pass e.g. --hidden 576 (frozen) or --hidden 720`,
-    );
+    throw new UserError("M2", `--hidden ${h} is not a positive integer; run `, {
+      ways: [{ changes: [["--hidden", String(FROZEN.hidden)]], why: "frozen" }],
+    });
   }
   if (!positiveInt(vocab) || vocab < 2) {
     throw new UserError("M2", `vocab size ${vocab} is not an integer >= 2 (pad = vocab-1 and eos = 0 must differ)`);
   }
   const heads = FROZEN.heads;
-  if (h % heads !== 0) {
-    const lo = Math.floor(h / heads) * heads,
-      hi = lo + heads;
-    throw new UserError(
-      "M2",
-      `--hidden ${h} cannot be split into ${heads} attention heads: the width must be a multiple of ${heads} (heads are fixed at ${heads}); try --hidden ${lo} or --hidden ${hi}`,
-    );
-  }
+  const why = widthProblem(h);
+  if (why) throw new UserError("M2", `--hidden ${h} ${why}; run `, nearWidths(h));
   const headDim = h / heads;
-  if (headDim % 2 !== 0) {
-    throw new UserError(
-      "M2",
-      `--hidden ${h} gives head_dim ${headDim}, which is odd: RoPE rotates head_dim/2 pairs, so the width must be a multiple of ${2 * heads}; try --hidden ${h - heads} or --hidden ${h + heads}`,
-    );
-  }
   const frozenWidth = h === FROZEN.hidden;
-  const inter = frozenWidth ? FROZEN.ffn : Math.floor(Math.round((8 * h) / 3) / 64) * 64;
-  if (inter <= 0) {
-    throw new UserError(
-      "M2",
-      `--hidden ${h} gives an ffn width of ${inter} (floor(round(8w/3)/64)*64); use a width of at least 24`,
-    );
-  }
+  const inter = ffnWidth(h);
   let kv: number = FROZEN.kvHeads;
   if (!frozenWidth) {
     const cap = Math.min(Math.max(1, Math.floor(h / 64)), heads);

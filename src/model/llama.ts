@@ -77,7 +77,10 @@ interface Arena {
 export interface LlamaOptions {
   /** M6: recompute each block in the backward pass instead of keeping its activations. */
   gradCkpt: boolean;
-  /** Tokens per LM-head / cross-entropy chunk; default keeps ~2^24 logits (64 MB) at once. Results do not depend on it beyond float rounding. */
+  /**
+   * Tokens per LM-head / cross-entropy chunk; default: a deferred engine's headChunkTokens, else ~2^24 logits
+   * (64 MB) at once (defaultHeadChunkTokens). Results do not depend on it beyond float rounding.
+   */
   headChunkTokens?: number;
   /**
    * M6, with gradCkpt: the bytes a training arena may take (activationPlan); default 0, the least memory (whole

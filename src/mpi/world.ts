@@ -34,14 +34,16 @@ export function launchPrefix(size: number, env: NodeJS.ProcessEnv = process.env)
 
 /**
  * A9: a process of a multi-process MPI job without `--dist mpi` would be one of H independent runs writing one
- * run folder and one Hub repo: refused before any work, naming the flag.
+ * run folder and one Hub repo: refused before any work, with the job's command with the flag (run.ts gives the
+ * advice the launcher, launchPrefix).
  */
 export function refuseLaunchWithoutDist(dist: string, env: NodeJS.ProcessEnv = process.env): void {
   const l = launcherSize(env);
   if (!l || dist === "mpi") return;
   throw new UserError(
     "A9",
-    `this process is one of ${l.size} started by an MPI launcher (${l.from}=${l.size}) but --dist is ${dist}: the ${l.size} processes would train ${l.size} separate runs into one --out and one Hub repo. Add --dist mpi to the command after node dist/main.js`,
+    `this process is one of ${l.size} started by an MPI launcher (${l.from}=${l.size}) but --dist is ${dist}: the ${l.size} processes would train ${l.size} separate runs into one --out and one Hub repo. Add --dist mpi: run `,
+    { ways: [{ changes: [["--dist", "mpi"]], why: `one run of ${l.size} processes` }] },
   );
 }
 

@@ -5,8 +5,9 @@
  * (four float32 lanes per instruction, ~3-4x a float64 JS loop over the 106M-parameter vectors). The two do the same
  * float32 operations in the same order, so they give the same bits. The wasm kernel cannot see the
  * SharedArrayBuffers (a wasm module reads only its own memory), so each call streams its slice through a small
- * private memory in chunks of CHUNK floats: copy in (TypedArray.set, a memmove), compute, copy out (the bench's
- * optim case: ~0.93 of the bandwidth probe for the C kernel against ~0.69 for the wasm path).
+ * private memory in chunks of CHUNK floats: copy in (TypedArray.set, a memmove), compute, copy out. The bench's
+ * optim case times the C kernel (bench/results/latest.md: 1.16 of its bandwidth probe on one thread); when the C
+ * kernel came (2026-12-03, an older probe) it ran at 0.93 of the probe and the wasm path at 0.69.
  *
  * It differs from the float64-intermediate reference loop (test/helpers/optim-reference.ts adamwSlice) by float32
  * rounding; train.optim.test.ts bounds both kernels against it. The reduce that feeds it the averaged gradient is

@@ -96,7 +96,8 @@ export function checkHorizon(saved: LrShape, planned: number): void {
   if (saved.total !== planned)
     throw new UserError(
       "P5",
-      `resume refused: the checkpoint's horizon is ${saved.total} steps but this plan has ${planned}; the schedule's horizon never changes on resume. Use the original --tokens/--max-steps.`,
+      `resume refused: the checkpoint's horizon is ${saved.total} steps but this plan has ${planned}; the schedule's horizon never changes on resume: run `,
+      { ways: [{ changes: [["--max-steps", String(saved.total)]], why: "the checkpoint's horizon" }] },
     );
 }
 

@@ -50,7 +50,7 @@ import { mixFingerprint } from "../data/fingerprint";
 import { Coordinator } from "../actors/coordinator";
 import { checksumReported } from "../actors/injected-faults";
 import type { LrShape, OptimizerPosition } from "../optim/optim";
-import type { BackendName } from "../model/backend";
+import { type BackendName, webgpuRanks } from "../model/backend";
 import { stopRequested } from "./stop";
 
 const CMD_START = 1,
@@ -76,7 +76,7 @@ function agreementDoc(cfg: RunConfig): Record<string, unknown> {
 }
 
 let codeHash: string | null = null;
-/** A digest of the compiled trainer (every .js under dist/src) and package.json's version. */
+/** A digest of the compiled trainer: every .js under dist/src, its path and its bytes (16 hex digits). */
 export function codeVersion(): string {
   if (codeHash) return codeHash;
   const h = crypto.createHash("sha256");
@@ -256,6 +256,8 @@ export class DistLink {
       activationBudgetBytes: activationBudget(cfg).bytes,
       backend,
       native: nativeChoice(cfg),
+      gpus: webgpuRanks(backend, cfg.world, cfg.gpus),
+      fold: cfg.webgpuFold,
       fault: null,
       mpi: this.mpi,
       stopAsked: () => stopRequested() !== null, // O3: a signal to this process stops the job at process 0's next step

@@ -11,7 +11,7 @@ import type { Session } from "./setup";
 import { MetricWindow, sampleNow } from "./metrics";
 import { CheckpointsInFlight } from "./in-flight";
 import { finishSession, type RunResult } from "./finish";
-import { requestStop, resumeCommand, RunStopped, stopRequested } from "./stop";
+import { requestStop, resumeCommand, RunStopped, setPhase, stopRequested } from "./stop";
 import { recordSessionEnd } from "./record";
 
 /** Steps startStep+1 .. endStep; `events` is where the uploader's reports arrive (K6). */
@@ -30,6 +30,7 @@ export async function trainLoop(
   let lastSample = "";
   let stoppedAt = -1;
   let lastDone = s.start.startStep;
+  setPhase("training");
   for (let step = s.start.startStep; step < s.plan.endStep; step++) {
     checkpoints.absorb();
     if (checkpoints.failed) break;
@@ -52,6 +53,13 @@ export async function trainLoop(
       if (!(await checkpoints.checkpoint(done, metrics.lastLoss))) break;
       if (cfg.sample) rep.say((lastSample = await sampleNow(s, coord, done)));
     }
+  }
+  if (stoppedAt < 0 && !checkpoints.failed) {
+    setPhase("finishing"); // a signal from here lets the run finish (O3)
+    if (stopRequested())
+      rep.say(
+        `${stopRequested()} came during the last step: the run finishes instead (the last checkpoint, the validation and the export)`,
+      );
   }
   await checkpoints.drain("end of the session");
   if (checkpoints.failed || stoppedAt >= 0) {

@@ -18,7 +18,7 @@ export class MetricWindow {
   lastLoss = Number.NaN;
   private loss = 0;
   private allreduceMs = 0;
-  private device: { up: number; down: number; dispatches: number } | null = null;
+  private device: { up: number; down: number; dispatches: number; hostMs: number } | null = null;
   private steps = 0;
   private tokens = 0;
   private t0 = performance.now();
@@ -46,9 +46,10 @@ export class MetricWindow {
     this.loss += r.loss;
     this.allreduceMs += r.allreduceMs;
     if (r.device) {
-      this.device ??= { up: 0, down: 0, dispatches: 0 };
+      this.device ??= { up: 0, down: 0, dispatches: 0, hostMs: 0 };
       this.device.up += r.device.up;
       this.device.down += r.device.down;
+      this.device.hostMs += r.device.hostMsPerMicro;
       this.device.dispatches = r.device.dispatchesPerMicro;
     }
     this.steps++;
@@ -87,7 +88,8 @@ export class MetricWindow {
       e.h2d_mb = mb(this.device.up);
       e.d2h_mb = mb(this.device.down);
       e.dispatches_per_micro = this.device.dispatches;
-      traffic = ` h2d=${e.h2d_mb}MB d2h=${e.d2h_mb}MB dispatches/micro=${e.dispatches_per_micro}`;
+      e.host_ms_per_micro = Math.round((this.device.hostMs / this.steps) * 10) / 10;
+      traffic = ` h2d=${e.h2d_mb}MB d2h=${e.d2h_mb}MB dispatches/micro=${e.dispatches_per_micro} host_ms/micro=${e.host_ms_per_micro}`;
     }
     this.history.push(e);
     this.rep.metric(e);

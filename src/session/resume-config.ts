@@ -2,12 +2,15 @@
  * P7: what a resume may not change in silence. The flags that change the update but not the data order
  * (--lr, --warmup-frac, --decay-frac) and the update's constants (the clip norm, AdamW's betas, eps and
  * weight decay) are saved in every checkpoint's run_config.json; a resume that differs from them is refused
- * naming old and new, unless --allow-config-change, which lists each change on the resume line. The flags
- * that change the data order or the horizon are the cursor's (C3) and the schedule's (P5) to refuse.
+ * naming old and new, unless --allow-config-change, which lists each change on the resume line. The seeds
+ * (--seed, the weights' init; --data-seed, the window order) are refused whatever the flags: a resumed run continues
+ * the weights and the order they made, so a new seed would change nothing but what run_config.json records. The
+ * flags that change the batch or the horizon are the cursor's (C3) and the schedule's (P5) to refuse.
  */
 import { UserError } from "../errors";
 import type { RunConfig } from "../config";
 import { ADAMW_DEFAULTS, MAX_GRAD_NORM } from "../optim/optim";
+import { sameCommand, sameCommandWith } from "./stop";
 
 /** The update's constants, as run_config.json records them under `update`. */
 export function updateConstants(): Record<string, number> {
@@ -65,11 +68,32 @@ export function checkConfigChanges(dir: string, saved: Record<string, unknown> |
   if (!ch.length || cfg.allowConfigChange) return ch;
   const flags = ch.filter((c) => c.what.startsWith("--"));
   const back = flags.length
-    ? `Resume with the checkpoint's values (${flags.map((c) => `${c.what} ${c.old}`).join(" ")}), or pass`
-    : "Pass";
+    ? `Resume with the checkpoint's values: ${sameCommandWith(...flags.map((c) => [c.what, String(c.old)] as const))}; or add --allow-config-change to train on from there with the new values: ${sameCommand()} --allow-config-change`
+    : `Add --allow-config-change to train on from there with the new values: ${sameCommand()} --allow-config-change`;
   throw new UserError(
     "P7",
-    `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back} --allow-config-change to train on from there with the new values`,
+    `resume refused: this run changes the update ${dir} was trained with: ${describeChanges(ch)}. A resumed run must continue the run it resumes (B1). ${back}`,
+  );
+}
+
+/** The seeds a resume may never change, by their config key (P7). */
+const SEED_FLAGS: ReadonlyArray<[key: "seed" | "dataSeed", flag: string, what: string]> = [
+  ["seed", "--seed", "its weights were initialised with"],
+  ["dataSeed", "--data-seed", "its window order was drawn with"],
+];
+
+/**
+ * P7: refuses a resume whose --seed or --data-seed differs from the checkpoint's (run_config.json; a value it does
+ * not record is not compared), naming the checkpoint's value: run_config.json never records a seed the weights
+ * did not come from. --allow-config-change does not allow it.
+ */
+export function checkSeeds(dir: string, saved: Record<string, unknown> | null, cfg: RunConfig): void {
+  const ch = SEED_FLAGS.filter(([k]) => typeof saved?.[k] === "number" && saved[k] !== cfg[k]);
+  if (!ch.length || !saved) return;
+  const back = sameCommandWith(...ch.map(([k, flag]) => [flag, String(saved[k])] as const));
+  throw new UserError(
+    "P7",
+    `resume refused: this run changes the seeds of ${dir}: ${ch.map(([k, flag, what]) => `${flag} ${String(saved[k])} -> ${cfg[k]} (${what} ${String(saved[k])})`).join(", ")}. A resumed run continues those weights and that order, so a new seed would change nothing but what run_config.json records (--allow-config-change does not allow it). Resume with the checkpoint's ${ch.length > 1 ? "seeds" : "seed"}: ${back}; or start a new run with another --out`,
   );
 }
 

@@ -73,7 +73,9 @@ export function adviceArgv(cmd: string): string[] {
 
 /** The command after `label` in text (up to the end of the line), as argv without the leading `node`. */
 export function adviceAfter(text: string, label: RegExp): string[] {
-  const m = new RegExp(`${label.source}\\s*(node dist/main\\.js[^\\n]*?)(?: \\(|\\s*\\[|\\s*$)`, "m").exec(text);
+  // a command ends at " (" (what it does), "; " (the next way out), " [" (the rule) or the line's end: the printed
+  // commands quote every word holding ";" or "("
+  const m = new RegExp(`${label.source}\\s*(node dist/main\\.js[^\\n]*?)(?: \\(|;\\s|\\s*\\[|\\s*$)`, "m").exec(text);
   if (!m) throw new Error(`no advice after ${label} in:\n${text}`);
   const argv = adviceArgv(m[1].trim());
   if (argv[0] !== "node") throw new Error(`advice is not a node command: ${m[1]}`);

@@ -1,5 +1,6 @@
 /*
- * The AVX2 + FMA micro-kernel: A2_MR x A2_NR = 6 x 16 (12 accumulators), in inline assembly.
+ * The AVX2 + FMA micro-kernel: A2_MR x A2_NR = 6 x 16 (12 accumulators), in inline assembly; and the same tile for
+ * the bf16 emulation (bf16.c's order fused into the k loop: tile_avx2_bf16).
  */
 #include "../internal.h"
 #ifdef GEMM_X86
@@ -159,5 +160,66 @@ __attribute__((target("avx2,fma"))) void ukr_avx2(int64_t kc, const float *a, co
   float t[A2_MR * A2_NR] __attribute__((aligned(32)));
   tile_avx2(kc, a, 4 * A2_MR, b, 4 * A2_NR, c, ldc, load, t, NULL);
   combine_avx2(t, c, ldc, beta);
+}
+
+/* ---- bf16's emulation (bf16.c's order), fused: t (6 x 16, row major, 32-byte aligned: the tile's running sum) gets
+ * nch chunks of 32 k from packed slivers in k order (a(r, p) at a + 24p + 4r, b(p, j) at b + 64p + 4j, every value
+ * already rounded to bf16, zeros past K). Per chunk, ymm0-11 run the 16 even k's chains from 0 (rows 48 and 128 bytes
+ * apart: every other k) and park them in e (6 x 16, 32-byte aligned, in L1), then the 16 odd k's chains from 0, then
+ * each vector becomes t + (e + o) and is stored back to t: acc = acc + (e + o), the order, every sum rounded once
+ * under the caller's flush-to-zero and denormals-are-zero modes. So a chunk costs the fp32 kernel's 32 k plus 24 adds
+ * and 24 stores in L1, where the kernel run on each half chunk stored and reloaded two whole tiles and added them in
+ * a scalar loop (paired median time 0.40-0.54 of that on the model's linear products at seq 1024, from 0.34-0.52 of
+ * the AVX2 peak to 0.76-0.90; a Zen 5, the machine loaded; BF16=1 ISA=1 bench/native/gemm-ab.sh). */
+#define T2_ZERO                                                                                                        \
+  "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"                                                                                  \
+  "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"                                                                                  \
+  "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"                                                                                  \
+  "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"                                                                                  \
+  "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"                                                                                  \
+  "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"                                                                                  \
+  "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"                                                                                  \
+  "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"                                                                                  \
+  "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"                                                                                  \
+  "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"                                                                                  \
+  "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"                                                                               \
+  "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+/* 16 k of one chain (every other k of the chunk), two at a time */
+#define T2_HALF                                                                                                        \
+  "mov $16, %[k]\n\t"                                                                                                  \
+  "4:\n\t" T2_PAIR_STRIDED "jnz 4b\n\t"
+/* clang-format off */
+#define T2_PARK(R, OFF) "vmovaps %%ymm" R ", " OFF "(%[e])\n\t"
+/* the chunk's sum into the tile: o + e (= e + o), then t + that (= acc + (e + o)) */
+#define T2_MEET(R, OFF)                                                                                                \
+  "vaddps " OFF "(%[e]), %%ymm" R ", %%ymm" R "\n\t"                                                                   \
+  "vaddps " OFF "(%[t]), %%ymm" R ", %%ymm" R "\n\t"                                                                   \
+  "vmovaps %%ymm" R ", " OFF "(%[t])\n\t"
+#define T2_TILE(OP)                                                                                                    \
+  OP("0", "0") OP("1", "32") OP("2", "64") OP("3", "96") OP("4", "128") OP("5", "160") OP("6", "192") OP("7", "224")   \
+      OP("8", "256") OP("9", "288") OP("10", "320") OP("11", "352")
+/* clang-format on */
+__attribute__((target("avx2,fma"))) void tile_avx2_bf16(int64_t nch, const float *a, const float *b, float *t,
+                                                        float *e) {
+  const int64_t sa = 2 * 4 * A2_MR, sb = 2 * 4 * A2_NR, pf = 8 * sb;
+  int64_t k = 0;
+  __asm__ volatile(
+      "test %[n], %[n]\n\t"
+      "jz 7f\n\t"
+      "1:\n\t" T2_ZERO T2_HALF T2_TILE(T2_PARK)
+      /* the odd k: one row after the chunk's start (the even pass ended 16 rows of 2 past it) */
+      "sub $744, %[a]\n\t"
+      "sub $1984, %[b]\n\t" T2_ZERO T2_HALF T2_TILE(T2_MEET)
+      /* the next chunk: 32 rows after this one's start */
+      "sub $24, %[a]\n\t"
+      "sub $64, %[b]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      "7:\n\t"
+      "vzeroupper\n\t"
+      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(k), [n] "+r"(nch)
+      : [t] "r"(t), [e] "r"(e), [sa] "r"(sa), [sb] "r"(sb), [pf] "r"(pf)
+      : "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10", "ymm11", "ymm12",
+        "ymm13", "ymm14", "ymm15", "memory", "cc");
 }
 #endif

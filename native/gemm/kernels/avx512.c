@@ -1,5 +1,6 @@
 /*
- * The AVX-512F micro-kernel: A5_MR x A5_NR = 8 x 32 (16 accumulators), in inline assembly.
+ * The AVX-512F micro-kernel: A5_MR x A5_NR = 8 x 32 (16 accumulators), in inline assembly; and the same tile for
+ * the bf16 emulation (bf16.c's order fused into the k loop: tile_avx512_bf16).
  */
 #include "../internal.h"
 #ifdef GEMM_X86
@@ -188,5 +189,62 @@ __attribute__((target("avx512f"))) void ukr_avx512(int64_t kc, const float *a, c
   float t[A5_MR * A5_NR] __attribute__((aligned(64)));
   tile_avx512(kc, a, 4 * A5_MR, b, 4 * A5_NR, c, ldc, load, t, NULL);
   combine_avx512(t, c, ldc, beta);
+}
+
+/* ---- bf16's emulation (bf16.c's order), fused, as tile_avx2_bf16 (kernels/avx2.c) on this tile: t (8 x 32, row
+ * major, 64-byte aligned) gets nch chunks of 32 k from packed slivers in k order (a(r, p) at a + 32p + 4r, b(p, j) at
+ * b + 128p + 4j, rounded to bf16, zeros past K); per chunk zmm0-15 run the 16 even k's chains from 0 and park them in
+ * e (8 x 32, 64-byte aligned), then the 16 odd k's from 0, then t = t + (e + o). */
+#define T5_ZERO                                                                                                        \
+  "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"                                                                                  \
+  "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"                                                                                  \
+  "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"                                                                                  \
+  "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"                                                                                  \
+  "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"                                                                                  \
+  "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"                                                                                  \
+  "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"                                                                                  \
+  "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"                                                                                  \
+  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                                                  \
+  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                                                  \
+  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                                               \
+  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                                               \
+  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                                               \
+  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                                               \
+  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                                               \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
+#define T5_HALF                                                                                                        \
+  "mov $16, %[k]\n\t"                                                                                                  \
+  "4:\n\t" T5_PAIR_STRIDED "jnz 4b\n\t"
+/* clang-format off */
+#define T5_PARK(R, OFF) "vmovaps %%zmm" R ", " OFF "(%[e])\n\t"
+#define T5_MEET(R, OFF)                                                                                                \
+  "vaddps " OFF "(%[e]), %%zmm" R ", %%zmm" R "\n\t"                                                                   \
+  "vaddps " OFF "(%[t]), %%zmm" R ", %%zmm" R "\n\t"                                                                   \
+  "vmovaps %%zmm" R ", " OFF "(%[t])\n\t"
+#define T5_TILE(OP)                                                                                                    \
+  OP("0", "0") OP("1", "64") OP("2", "128") OP("3", "192") OP("4", "256") OP("5", "320") OP("6", "384") OP("7", "448") \
+      OP("8", "512") OP("9", "576") OP("10", "640") OP("11", "704") OP("12", "768") OP("13", "832") OP("14", "896")    \
+      OP("15", "960")
+/* clang-format on */
+__attribute__((target("avx512f"))) void tile_avx512_bf16(int64_t nch, const float *a, const float *b, float *t,
+                                                         float *e) {
+  const int64_t sa = 2 * 4 * A5_MR, sb = 2 * 4 * A5_NR, pf = 8 * sb;
+  int64_t k = 0;
+  __asm__ volatile(
+      "test %[n], %[n]\n\t"
+      "jz 7f\n\t"
+      "1:\n\t" T5_ZERO T5_HALF T5_TILE(T5_PARK)
+      /* the odd k: one row after the chunk's start (the even pass ended 16 rows of 2 past it) */
+      "sub $992, %[a]\n\t"
+      "sub $3968, %[b]\n\t" T5_ZERO T5_HALF T5_TILE(T5_MEET)
+      /* the next chunk: 32 rows after this one's start */
+      "sub $32, %[a]\n\t"
+      "sub $128, %[b]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      "7:\n\t"
+      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(k), [n] "+r"(nch)
+      : [t] "r"(t), [e] "r"(e), [sa] "r"(sa), [sb] "r"(sb), [pf] "r"(pf)
+      : T5_CLOBBERS);
 }
 #endif

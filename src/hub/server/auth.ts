@@ -6,6 +6,7 @@
  * private repo from a missing one).
  */
 import * as fs from "node:fs";
+import { UserError } from "../../errors";
 import { HttpError } from "./http";
 
 export type TokenRole = "read" | "write";
@@ -23,20 +24,21 @@ export function loadTokensFile(file: string): HubToken[] {
   try {
     v = JSON.parse(fs.readFileSync(file, "utf8"));
   } catch (e) {
-    throw new Error(
+    throw new UserError(
+      "L4",
       `--tokens ${file}: cannot read it as JSON (${(e as NodeJS.ErrnoException).code ?? "invalid JSON"})`,
     );
   }
   if (!v || !Array.isArray(v.tokens))
-    throw new Error(`--tokens ${file}: expected {"tokens": [{"token": "hf_...", "role": "read"|"write"}]}`);
+    throw new UserError("L4", `--tokens ${file}: expected {"tokens": [{"token": "hf_...", "role": "read"|"write"}]}`);
   return v.tokens.map((t: unknown, i: number) => checkToken(t, `--tokens ${file}: tokens[${i}]`));
 }
 
 export function checkToken(t: unknown, where: string): HubToken {
   const o = t as Partial<HubToken>;
   if (!o || typeof o.token !== "string" || !o.token.startsWith("hf_") || o.token.length < 8)
-    throw new Error(`${where}: token must be a string starting with "hf_" (the client refuses others)`);
-  if (o.role !== "read" && o.role !== "write") throw new Error(`${where}: role must be "read" or "write"`);
+    throw new UserError("L4", `${where}: token must be a string starting with "hf_" (the client refuses others)`);
+  if (o.role !== "read" && o.role !== "write") throw new UserError("L4", `${where}: role must be "read" or "write"`);
   return { token: o.token, role: o.role, name: typeof o.name === "string" ? o.name : undefined };
 }
 

@@ -1,5 +1,7 @@
 /** HTTP plumbing of the local Hub: errors with the real Hub's status and X-Error-Code, bodies, answers. */
 import type * as http from "node:http";
+import { isRepoPath, REPO_PATH_RULE } from "../address";
+import { realFsError } from "./fsio";
 
 export class HttpError extends Error {
   constructor(
@@ -11,16 +13,10 @@ export class HttpError extends Error {
   }
 }
 
-/** A repo path the store accepts: relative, no empty, "." or ".." segments. */
+/** A repo path the store accepts (address.ts's rule, the one the client holds to), or 400. */
 export function checkRepoPath(p: unknown): string {
-  if (
-    typeof p !== "string" ||
-    p === "" ||
-    p.startsWith("/") ||
-    p.split("/").some((s) => s === "" || s === "." || s === "..")
-  ) {
-    throw new HttpError(400, `invalid path in repo: ${JSON.stringify(p)}`);
-  }
+  if (!isRepoPath(p))
+    throw new HttpError(400, `invalid path in repo: ${JSON.stringify(p)}: it must be ${REPO_PATH_RULE}`);
   return p;
 }
 
@@ -79,6 +75,35 @@ export function sendJson(
   const body = JSON.stringify(value);
   res.writeHead(status, { "Content-Type": type, "Content-Length": Buffer.byteLength(body), ...extra });
   res.end(body);
+}
+
+/** Errors of the store's own files that no request can fix: the disk full or read-only, the folder gone or barred. */
+const STORAGE_CODES: ReadonlySet<string> = new Set([
+  "ENOSPC",
+  "EDQUOT",
+  "EROFS",
+  "EACCES",
+  "EPERM",
+  "ENOENT",
+  "ENOTDIR",
+  "EIO",
+  "EFBIG",
+]);
+
+/**
+ * K9: a failure of the store's own files as the answer 507 (Insufficient Storage, X-Error-Code HubStorageError)
+ * naming the error, where it would otherwise be a bare 500: a run refuses such a Hub at its start, and retries it
+ * while training (K6), when its owner may still free the disk. Null for any other error.
+ */
+export function storageFailure(e: unknown, root: string): HttpError | null {
+  const x = realFsError(e, root) as NodeJS.ErrnoException;
+  if (typeof x !== "object" || x === null || typeof x.code !== "string" || !STORAGE_CODES.has(x.code)) return null;
+  const what = x.syscall ? ` (${x.syscall}${x.path ? ` ${x.path}` : ""})` : "";
+  return new HttpError(
+    507,
+    `the Hub's storage failed: ${x.code}${what}: its disk is full or read-only, or its folder is gone`,
+    "HubStorageError",
+  );
 }
 
 /** 404 answers the client tells apart (R2). */

@@ -4,7 +4,7 @@ import { HttpError, checkRepoPath, parseJson, readBody, sendJson } from "./http"
 import { repoUrl, type HubContext } from "./context";
 import { createBranch, deleteBranch, superSquash } from "./history";
 import { repoId, type FileMap, type RepoRef, type RepoType } from "./repo";
-import { isRepoId } from "../repo-id";
+import { isRepoId } from "../address";
 
 const ALWAYS_LFS = /\.(safetensors|bin|pt|pth|ckpt|npy|msgpack)$/;
 const GITATTRIBUTES =

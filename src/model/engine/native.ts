@@ -14,6 +14,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import type { Kernels } from "../kernels";
 import type { GemmChoice, IsaChoice, Precision } from "../../config";
+import type { FixWay } from "../../errors";
 
 /** What the addon exports (native/tstrain.c): the Kernels methods with the same arguments, plus the loader. The
  *  tests' and the bench's probes are another addon's (native/probes.c, loaded by bench/native-probes.ts only). */
@@ -35,7 +36,7 @@ interface Addon {
     /** bf16: why the VDPBF16PS kernel is not used ("" where it passed its self-check, or the CPU has AMX) */
     bf16Check: string;
   };
-  /** The process's weights: the bf16 AMX kernel keeps their packed copies until bf16WeightsChanged(). */
+  /** The process's weights: the bf16 AMX and VDPBF16PS kernels keep their packed copies until bf16WeightsChanged(). */
   bf16Weights(params: Float32Array): void;
   bf16WeightsChanged(): void;
   bf16WeightsPrepack(part: number, parts: number): void;
@@ -78,7 +79,13 @@ interface Addon {
   ): void;
 }
 
-export type NativeLoad = { kernels: Kernels; blas: string; addon: string } | { reason: string; fix: string };
+/**
+ * The native kernels, or why not: `fix` is the command that mends this machine or checkout (none: ""), and `ways`
+ * the changes to the run's flags that do without it (errors.ts FixWay).
+ */
+export type NativeLoad =
+  | { kernels: Kernels; blas: string; addon: string }
+  | { reason: string; fix: string; ways?: readonly FixWay[] };
 
 export type { GemmChoice, IsaChoice, Precision };
 export interface NativeOptions {
@@ -170,7 +177,34 @@ function requireAddon(): { addon: Addon; file: string } | { reason: string; fix:
   }
   if (typeof addon.setGemm !== "function")
     return { reason: "the addon is older than this checkout (no setGemm)", fix: NATIVE_BUILD_FIX };
-  return { addon, file };
+  return { addon: playedCpu(addon, process.env.TSTRAIN_TEST_ISAS), file };
+}
+
+/**
+ * Tests and the bench only (unset in every real run): TSTRAIN_TEST_ISAS="avx2,portable" makes the addon play a CPU
+ * that runs only those of this CPU's kernels (amx and avx512bf16 among them or not), so that what a run says and
+ * advises on another CPU is checked here, as test/train.isa-* check each kernel's bits. `auto` takes the widest
+ * kernel played; any other is refused as such a CPU refuses it; a bf16 run without avx512bf16 played is emulated,
+ * and says the CPU has no AVX512_BF16.
+ */
+function playedCpu(addon: Addon, played: string | undefined): Addon {
+  if (!played) return addon;
+  const only = new Set(played.split(",").map((s) => s.trim()));
+  const real: Addon["setGemm"] = (kind, isa, precision) =>
+    precision === undefined ? addon.setGemm(kind, isa) : addon.setGemm(kind, isa, precision);
+  const setGemm: Addon["setGemm"] = (kind, isa, precision) => {
+    if (kind !== "builtin") return real(kind, isa, precision);
+    const all = real("builtin", "auto", precision);
+    const supported = all.supported.filter((i) => only.has(i));
+    const pick = isa === "auto" ? supported[0] : isa;
+    if (pick === undefined || !supported.includes(pick))
+      throw new RangeError("tstrain native setGemm: this CPU does not have that instruction set (TSTRAIN_TEST_ISAS)");
+    const info = real("builtin", pick as IsaChoice, precision);
+    const noDp = precision === "bf16" && !only.has("avx512bf16");
+    return { ...info, supported, best: supported[0], bf16Check: noDp ? "the CPU has no AVX512_BF16" : info.bf16Check };
+  };
+  // the addon's exports are read-only: the played functions shadow them on an object that inherits the rest
+  return Object.create(addon, { setGemm: { value: setGemm } }) as Addon;
 }
 
 function load(opts: NativeOptions): NativeLoad {
@@ -183,7 +217,8 @@ function load(opts: NativeOptions): NativeLoad {
       const where = process.env.TSTRAIN_BLAS ? `TSTRAIN_BLAS=${process.env.TSTRAIN_BLAS}` : "OpenBLAS";
       return {
         reason: `no BLAS found (${where}: ${b.tried || "no candidate"})`,
-        fix: `${BLAS_FIX}, or pass --gemm builtin`,
+        fix: BLAS_FIX,
+        ways: [{ changes: [["--gemm", null]], why: "the built-in GEMM" }],
       };
     }
     const threads = b.threads > 0 ? `${b.threads} thread` : "threads as configured";
@@ -201,7 +236,8 @@ function load(opts: NativeOptions): NativeLoad {
     current = "";
     return {
       reason: `--isa ${opts.isa}: this CPU has no ${opts.isa} (it runs ${best.supported.join(", ")}: ${(e as Error).message})`,
-      fix: `pass --isa auto (here: ${best.supported[0]})`,
+      fix: "",
+      ways: [{ changes: [["--isa", null]], why: `--isa auto, here ${best.supported[0]}` }],
     };
   }
   const hwBf16 = info.isa === "amx" || info.isa === "avx512bf16";
@@ -315,6 +351,8 @@ function nativeKernels(
           prepareWeights: (part: number, parts: number) => a.bf16WeightsPrepack(part, parts),
         }
       : {}),
-    dispose: () => undefined, // the addon keeps no state between calls (attention's scratch is per call)
+    // nothing held per object: attention's scratch is per call, and the bf16 weight copies are the process's,
+    // shared by its threads (native/gemm/weights.c)
+    dispose: () => undefined,
   };
 }

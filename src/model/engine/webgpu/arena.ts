@@ -8,16 +8,18 @@
  * does not write keeps the host's values. The master weights (weightsAre) are uploaded once after each
  * weightsChanged(), i.e. once per optimizer step; a constant once. Uploads go through the queue after the commands
  * recorded so far are submitted (recorder.ts), so they land in order. settle() is the one readback: the arrays it
- * is asked for and the loss rows of every crossEntropy since the last settle, summed here in float64 in row order.
+ * is asked for (the rank's float64 slot, once a step) and the loss rows of every crossEntropy since the last
+ * settle, summed here in float64 in row order, whole and per micro-batch (cut() ends one, and an input read after
+ * it is uploaded again). claim() and rangeOf() are bind()'s halves, for a kernel that binds a view in parts (the fold).
  */
-import type { DeviceTraffic, SettleOptions } from "../../kernels";
+import type { DeviceTraffic, SettleOptions, Settled } from "../../kernels";
 import { type GpuBuffer, type GpuDevice, MAP_READ, USAGE } from "./device";
 import type { Bound, Recorder } from "./recorder";
 
 /** Bytes copied at a time from a SharedArrayBuffer (which writeBuffer does not take) through a bounce buffer. */
 const BOUNCE = 1 << 24;
 
-export type HostArray = Float32Array | Int32Array;
+export type HostArray = Float32Array | Int32Array | Float64Array;
 
 /** A device mirror of host bytes [start, end) of one (Shared)ArrayBuffer, at the same offsets. */
 export interface Mirror {
@@ -44,8 +46,13 @@ export class Arena {
   /** The device's minStorageBufferOffsetAlignment and maxStorageBufferBindingSize. */
   readonly align: number;
   readonly maxBinding: number;
-  /** Each crossEntropy call's loss rows since the last settle: its first row of lossBuf, its rows, its targeted. */
-  private losses: { buf: GpuBuffer; at: number; rows: number; targeted: number }[] = [];
+  /**
+   * Each crossEntropy call's loss rows since the last settle: its first row of lossBuf, its rows, its targeted, and
+   * its micro-batch (the cuts before it since the last settle).
+   */
+  private losses: { buf: GpuBuffer; at: number; rows: number; targeted: number; micro: number }[] = [];
+  /** Micro-batches ended (cut) since the last settle. */
+  private cuts = 0;
   /** The crossEntropy rows' losses since the last settle (grown on demand; a replaced one lives until that settle). */
   private lossBuf: GpuBuffer | null = null;
   private lossAt = 0;
@@ -64,12 +71,14 @@ export class Arena {
     down: { arrays: 0, loss: 0 },
   };
 
+  /** `maxBinding`: a smaller binding limit than the device's (a test's, so that small arrays span several bindings). */
   constructor(
     private readonly device: GpuDevice,
     private readonly rec: Recorder,
+    maxBinding?: number,
   ) {
     this.align = device.limits.minStorageBufferOffsetAlignment;
-    this.maxBinding = device.limits.maxStorageBufferBindingSize;
+    this.maxBinding = Math.min(maxBinding ?? Infinity, device.limits.maxStorageBufferBindingSize);
   }
 
   /** The mirror whose range holds view a (made now, unless `create` is false), or null. */
@@ -129,6 +138,14 @@ export class Arena {
 
   /** The device range of view a for a kernel that reads ("r"), writes ("w") or does both ("rw"). */
   bind(a: HostArray, mode: "r" | "w" | "rw"): Bound {
+    return this.rangeOf(this.claim(a, mode), a.byteOffset, a.byteOffset + a.byteLength);
+  }
+
+  /**
+   * The mirror of view a, made ready for a kernel that reads ("r"), writes ("w") or does both ("rw") all of a: what
+   * it reads uploaded, unless the device holds it; then device-owned if it writes. bind() is this and rangeOf.
+   */
+  claim(a: HostArray, mode: "r" | "w" | "rw"): Mirror {
     const m = this.mirrorOf(a) as Mirror;
     const lo = a.byteOffset,
       hi = lo + a.byteLength;
@@ -151,9 +168,17 @@ export class Arena {
         m.fresh = { epoch: this.epoch, lo, hi };
       }
     }
+    return m;
+  }
+
+  /**
+   * Host bytes [lo, hi) of mirror m as an operand: the binding starts at the aligned offset at or below lo, and
+   * `elem` is lo's 4-byte element inside it (a Float64Array's element 2 * elem words in).
+   */
+  rangeOf(m: Mirror, lo: number, hi: number): Bound {
     const dev = lo - m.start,
       offset = Math.floor(dev / this.align) * this.align;
-    const size = Math.max(4, dev + a.byteLength - offset);
+    const size = Math.max(4, dev + (hi - lo) - offset);
     this.bindable(size);
     if (offset + size > m.gpu.size) throw new Error("webgpu: an operand's binding runs past its mirror");
     return { buffer: m.gpu, offset, size, elem: (dev - offset) / 4 };
@@ -167,24 +192,21 @@ export class Arena {
       );
   }
 
-  /** The first `floats` of an engine-owned buffer as an operand, held to bind()'s binding-size limit. */
-  own(buffer: GpuBuffer, floats: number): Bound {
+  /** `floats` of a buffer from byte `offset` (aligned) as an operand, held to bind()'s binding-size limit. */
+  own(buffer: GpuBuffer, floats: number, offset = 0): Bound {
     const size = Math.max(4, floats * 4);
     this.bindable(size);
-    return { buffer, offset: 0, size, elem: 0 };
+    return { buffer, offset, size, elem: 0 };
   }
 
   /**
-   * x = 0 for a whole host-owned array (a rank's gradient arrays at start): cleared in the command stream, whatever
-   * its size (no binding), never uploaded; false, doing nothing, for any other array (DeferredKernels.fill dispatches).
+   * x = 0 (DeferredKernels.fill with 0), cleared in the command stream: no dispatch, no binding (any size), and a
+   * whole host-owned array (a rank's gradient arrays at start) never uploaded.
    */
-  clearWhole(x: Float32Array): boolean {
-    const m = this.mirrorOf(x) as Mirror;
-    if (m.onDevice || m.weights || m.constant || x.byteOffset !== m.start || x.byteLength !== m.end - m.start)
-      return false;
-    this.rec.copyEncoder().clearBuffer(m.gpu, 0, m.end - m.start);
-    m.onDevice = true;
-    return true;
+  clear(x: Float32Array): void {
+    const m = this.claim(x, "w");
+    const offset = x.byteOffset - m.start;
+    this.rec.copyEncoder().clearBuffer(m.gpu, offset, x.byteLength);
   }
 
   /**
@@ -254,8 +276,17 @@ export class Arena {
     const offset = Math.floor((at * 4) / this.align) * this.align;
     const size = Math.max(4, at * 4 + rows * 4 - offset);
     this.bindable(size);
-    this.losses.push({ buf: this.lossBuf, at, rows, targeted }); // settle reads them from row `at` of the buffer
+    this.losses.push({ buf: this.lossBuf, at, rows, targeted, micro: this.cuts }); // settle reads them from row `at`
     return { buffer: this.lossBuf, offset, size, elem: (at * 4 - offset) / 4 };
+  }
+
+  /**
+   * Ends a micro-batch (DeferredKernels.endMicroBatch): the loss rows since the previous cut are its loss at the next
+   * settle, and an input is uploaded again when a kernel next reads it (a new epoch).
+   */
+  cut(): void {
+    this.cuts++;
+    this.epoch++;
   }
 
   /** Every weights mirror re-uploads before its next read (a WeakMap cannot be walked: they are listed). */
@@ -269,8 +300,10 @@ export class Arena {
    * array is then zeroed on the device and stays device-owned (kernels.ts). The host may go on recording kernels
    * before it resolves: the readback is in the command stream, so it sees the kernels before it and none after.
    */
-  async settle(readback: Float32Array[], opts: SettleOptions = {}): Promise<{ loss: number; rows: number }> {
+  async settle(readback: HostArray[], opts: SettleOptions = {}): Promise<Settled> {
     this.epoch++;
+    const cuts = this.cuts;
+    this.cuts = 0;
     const jobs: { m: Mirror; staging: GpuBuffer }[] = [];
     const seen = new Set<Mirror>();
     for (const a of readback) {
@@ -307,6 +340,7 @@ export class Arena {
     const profiled = this.rec.profiled();
     await Promise.all([...jobs.map((j) => j.staging.mapAsync(MAP_READ)), lossStaging?.mapAsync(MAP_READ), ...profiled]);
     if (this.rec.error) throw new Error(`webgpu: ${this.rec.error}`);
+    const t0 = performance.now();
     for (const { m, staging } of jobs) {
       new Uint8Array(m.host, m.start, m.end - m.start).set(
         new Uint8Array(staging.getMappedRange(), 0, m.end - m.start),
@@ -315,15 +349,32 @@ export class Arena {
       this.rec.release(staging);
       if (!opts.clear) m.onDevice = false;
     }
+    // the whole loss and each micro-batch's, each summed in row order from its first row
     let sum = 0,
       rows = 0;
+    const micros = Math.max(cuts, losses.length ? losses[losses.length - 1].micro + 1 : 0);
+    const part = Array.from({ length: micros }, () => ({ sum: 0, targeted: 0 }));
     if (lossStaging) {
       const v = new Float32Array(lossStaging.getMappedRange(), 0, lossRows);
-      for (let i = 0; i < lossRows; i++) sum += v[i];
+      let at = 0;
+      for (const l of losses) {
+        const p = part[l.micro];
+        for (let i = at; i < at + l.rows; i++) {
+          sum += v[i];
+          p.sum += v[i];
+        }
+        at += l.rows;
+        p.targeted += l.targeted;
+        rows += l.targeted;
+      }
       lossStaging.unmap();
       this.rec.release(lossStaging);
-      rows = losses.reduce((s, l) => s + l.targeted, 0);
     }
-    return { loss: rows > 0 ? sum / rows : 0, rows };
+    return {
+      loss: rows > 0 ? sum / rows : 0,
+      rows,
+      losses: part.map((p) => (p.targeted > 0 ? p.sum / p.targeted : 0)),
+      hostMs: performance.now() - t0,
+    };
   }
 }

@@ -1,15 +1,20 @@
 /**
  * The webgpu engine's device (engine.ts ties the engine together): Dawn's Node binding (the optional npm package
  * `webgpu`, which loads libvulkan.so.1 at run time), loaded here and nowhere else; the adapter, its facts for the
- * start line and the device opened with the limits and features the engine asks for (openWebgpuDevice: the one place a
- * device is opened); the child-process probe the main thread refuses `--backend webgpu` with (P1); and the advice
- * when no adapter opens. Each rank thread opens its own device, but requestAdapter() has no index and Dawn's
- * adapter= flag matches names, which identical GPUs share: every rank of a process gets the same (first) GPU.
- * Several GPUs take one MPI process per GPU, each seeing one (docs/webgpu.md).
+ * start line and the device opened with the limits, features and Dawn toggles the engine asks for (openWebgpuDevice:
+ * the one place a device is opened), on the GPU a rank was given (gpus.ts: the host's GPUs and how each is chosen);
+ * the child-process probe the main thread refuses `--backend webgpu` with (P1); and the advice when no adapter opens.
+ *
+ * Dawn's toggles (its create() flags, applied to each device): robustness off (`disable_robustness`: every shader
+ * checks its own bounds, shaders/framework.ts) and workgroup memory not zeroed (`disable_workgroup_init`: every
+ * shader writes workgroup memory before reading it, each says where); in profile mode timestamps unquantised
+ * (`timestamp_quantization` off). None of them changes a result's bits.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { spawnSync } from "node:child_process";
+import { isMainThread } from "node:worker_threads";
+import { type GpuListing, type GpuSelect, listHostGpus, withDeviceEnv } from "./gpus";
 
 // ------------------------------------------------------------------ the slice of the WebGPU API used here
 // (declared here, not taken from @webgpu/types, so the project type-checks without the optional package)
@@ -119,7 +124,7 @@ export function installDriverAdvice(): string {
 }
 
 /** Dawn's `create` from the package's prebuilt dawn.node (required directly: the package's index is an ES module). */
-function loadDawn(): { create: (flags: string[]) => Gpu } | WebgpuUnavailable {
+export function loadDawn(): { create: (flags: string[]) => Gpu } | WebgpuUnavailable {
   let dir: string;
   try {
     dir = path.dirname(require.resolve("webgpu/package.json"));
@@ -148,24 +153,59 @@ function loadDawn(): { create: (flags: string[]) => Gpu } | WebgpuUnavailable {
   }
 }
 
+/** Dawn's toggles on every device: its robustness and workgroup-memory zeroing off (the header says why). */
+const TOGGLES_ON = ["disable_robustness", "disable_workgroup_init"] as const;
+
+/** The create() flags of a device: the toggles, timestamps unquantised in profile mode, and the GPU's adapter= name. */
+export function dawnFlags(opts: { profile?: boolean; gpu?: GpuSelect | null }): string[] {
+  const flags = [`enable-dawn-features=${TOGGLES_ON.join(",")}`];
+  if (opts.profile) flags.push("disable-dawn-features=timestamp_quantization");
+  if (opts.gpu?.adapter) flags.push(`adapter=${opts.gpu.adapter}`);
+  return flags;
+}
+
+/** What openWebgpuDevice opens: the device, on which GPU, and with what. */
+export interface WebgpuOptions {
+  /** Profile mode: timestamps unquantised. */
+  profile?: boolean;
+  /**
+   * The GPU (gpus.ts): its device-select variables must be in the environment while the instance enumerates. On
+   * the main thread they are set here; a rank thread's are set by the main thread around its start (coordinator.ts).
+   */
+  gpu?: GpuSelect | null;
+}
+
 /**
- * This thread's adapter and its device, opened with the limits and features the engine asks for, and the adapter in
- * words; or why there is none. The one place a device is opened: the engine, the probe and the bench's peak probe.
+ * This thread's adapter and its device, opened with the limits, features and toggles the engine asks for, on the
+ * GPU it was given (else Dawn's first), and the adapter in words; or why there is none. The one place a device is
+ * opened: the engine, the probe and the bench's peak probe.
  */
-export async function openWebgpuDevice(): Promise<
-  { adapter: GpuAdapter; device: GpuDevice; name: string } | WebgpuUnavailable
-> {
+export async function openWebgpuDevice(
+  opts: WebgpuOptions = {},
+): Promise<{ adapter: GpuAdapter; device: GpuDevice; name: string } | WebgpuUnavailable> {
   const dawn = loadDawn();
   if ("reason" in dawn) return dawn;
-  const gpu = dawn.create([]);
+  const gpu = dawn.create(dawnFlags(opts));
   // The GPU object must stay reachable, or a later mapAsync crashes the process (SIGSEGV / futex error).
   const g = globalThis as { __tstrainWebgpu?: unknown[] };
   (g.__tstrainWebgpu ??= []).push(gpu);
-  const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" });
+  // the instance enumerates its devices at its first requestAdapter: the device-select layer reads its variables then
+  const restore = isMainThread && opts.gpu ? withDeviceEnv(opts.gpu.env) : () => {};
+  let adapter: GpuAdapter | null;
+  try {
+    adapter = await gpu.requestAdapter({ powerPreference: "high-performance" }).catch((e: unknown) => {
+      if (!opts.gpu?.adapter) throw e;
+      return null; // adapter= matched none
+    });
+  } finally {
+    restore();
+  }
   if (!adapter)
     return {
       reason:
-        "Dawn found no WebGPU adapter (no Vulkan driver with the features it needs: Mesa before 25's lavapipe lacks them)",
+        opts.gpu?.index !== undefined && opts.gpu.index >= 0
+          ? `${opts.gpu.label} gives Dawn no WebGPU adapter (its Vulkan driver lacks what Dawn needs, or it is gone)`
+          : "Dawn found no WebGPU adapter (no Vulkan driver with the features it needs: Mesa before 25's lavapipe lacks them)",
       fix: installDriverAdvice(),
     };
   const lim = adapter.limits;
@@ -204,15 +244,22 @@ export function adapterFacts(adapter: GpuAdapter, features: readonly string[]): 
 }
 
 /**
- * Whether a WebGPU adapter opens here, asked synchronously in a child process (the main thread refuses
- * `--backend webgpu` before any work, P1, and an adapter is only reachable through promises).
+ * Whether a WebGPU adapter opens here (on `gpu`, else Dawn's first), asked synchronously in a child process (the
+ * main thread refuses `--backend webgpu` before any work, P1, and an adapter is only reachable through promises).
  */
-export function probeWebgpuSync(): { name: string } | WebgpuUnavailable {
+export function probeWebgpuSync(gpu: GpuSelect | null = null): { name: string } | WebgpuUnavailable {
   const dawn = loadDawn();
   if ("reason" in dawn) return dawn;
-  const r = spawnSync(process.execPath, ["-e", `require(${JSON.stringify(__filename)}).printWebgpuProbe()`], {
+  const env: NodeJS.ProcessEnv = { ...process.env };
+  for (const [k, v] of Object.entries(gpu?.env ?? {})) {
+    if (v === null) delete env[k];
+    else env[k] = v;
+  }
+  const arg = JSON.stringify(gpu ? { ...gpu, env: {} } : null);
+  const r = spawnSync(process.execPath, ["-e", `require(${JSON.stringify(__filename)}).printWebgpuProbe(${arg})`], {
     encoding: "utf8",
     timeout: 60_000,
+    env,
   });
   const line = (r.stdout ?? "").split("\n").find((l) => l.startsWith("WEBGPU_PROBE "));
   if (!line)
@@ -223,12 +270,31 @@ export function probeWebgpuSync(): { name: string } | WebgpuUnavailable {
   return JSON.parse(line.slice("WEBGPU_PROBE ".length)) as { name: string } | WebgpuUnavailable;
 }
 
-/** The child's side of probeWebgpuSync: one line, `WEBGPU_PROBE {json}`. */
-export async function printWebgpuProbe(): Promise<void> {
-  const d = await openWebgpuDevice();
+/** The child's side of probeWebgpuSync: one line, `WEBGPU_PROBE {json}` (its environment holds the GPU's variables). */
+export async function printWebgpuProbe(gpu: GpuSelect | null = null): Promise<void> {
+  const d = await openWebgpuDevice({ gpu });
   if ("reason" in d) process.stdout.write(`WEBGPU_PROBE ${JSON.stringify(d)}\n`);
   else {
     process.stdout.write(`WEBGPU_PROBE ${JSON.stringify({ name: d.name })}\n`);
     d.device.destroy();
   }
+}
+
+/**
+ * The host's GPUs (gpus.ts listHostGpus): Dawn loaded in a child process whose device-select layer prints them;
+ * null fields and a reason where Dawn does not load.
+ */
+export function listWebgpuGpus(): GpuListing {
+  const dawn = loadDawn();
+  if ("reason" in dawn) return { gpus: null, why: dawn.reason };
+  return listHostGpus(`require(${JSON.stringify(__filename)}).enumerateOnce()`);
+}
+
+/** The listing child's side: an instance enumerates its devices (the layer, told to list them, prints and exits). */
+export async function enumerateOnce(): Promise<void> {
+  const dawn = loadDawn();
+  if ("reason" in dawn) return;
+  const gpu = dawn.create([]);
+  (globalThis as { __tstrainWebgpu?: unknown[] }).__tstrainWebgpu = [gpu];
+  await gpu.requestAdapter().catch(() => null);
 }

@@ -2,19 +2,23 @@
  * The webgpu engine (`--backend webgpu`): every kernel of the Kernels interface (model/kernels.ts), forward and
  * backward, as a WGSL compute shader on a WebGPU device; a deferred engine (DeferredKernels). This file ties its
  * rooms together and implements the kernels. The rooms, lowest first:
- *   device.ts        Dawn, the adapter and its facts, the device opened (the one place), the probe, the advice
+ *   gpus.ts          the host's GPUs, listed once in a stable order, and how a rank's is chosen (--gpus, A13)
+ *   device.ts        Dawn, the adapter and its facts, the device opened (the one place, Dawn's toggles), the probe,
+ *                    the advice
  *   recorder.ts      the command stream: pipelines (made in one place), uniform slab, bind groups, dispatch,
  *                    staging buffers, the device's errors, profile mode
  *   arena.ts         the host arrays' device mirrors: uploads, the loss rows, settle (the one readback)
  *   matmul-plan.ts   DeferredKernels.matmuls planned into dispatches: job groups, bindings, split-K
  *   shaders/         the WGSL: shaders/framework.ts (a shader from its bindings and settings, packParams), then one
- *                    file per family, shaders/matmul.ts, shaders/rows.ts, shaders/attention.ts, and every shader
- *                    by name in shaders/catalog.ts
+ *                    file per family, shaders/matmul.ts, shaders/rows.ts, shaders/attention.ts, shaders/fold.ts
+ *                    (the micro-batch fold, binary64 on u32 pairs), and every shader by name in shaders/catalog.ts
  *
  * Deferred. A kernel call only records its dispatch (and any upload, as a copy in the same command stream, so
- * the order holds); the whole forward+backward of a micro-batch is queued and submitted in batches, and the
- * rank awaits one settle() per micro-batch: the loss (each cross-entropy row's loss, written on the device and
- * summed in float64 in row order) and the gradient buffer, read back once. crossEntropy returns 0.
+ * the order holds); the whole forward+backward of a micro-batch is queued and submitted in batches, then its fold
+ * into the rank's float64 slot (fold: shaders/fold.ts, binary64 on u32 pairs, foldMicro's bits) and
+ * endMicroBatch(), and the rank awaits one settle() a step: the slot, read back once, and each micro-batch's loss
+ * (each cross-entropy row's loss, written on the device and summed in float64 in row order). crossEntropy returns 0.
+ * (With --webgpu-fold host, a settle per micro-batch reads the gradient back instead, for the host's foldMicro.)
  * rmsnormBackward defers its dw further: each call writes per-block partial column sums, and one rmsnormBackwardW
  * dispatch adds every pending call's sums into its dw, recorded before the next dispatch that binds a pending dw, a
  * second call on one dw, or settle (a micro-batch's 2L+1 norms: one dispatch where one binding spans their dws).
@@ -29,17 +33,23 @@
  */
 import type { DeferredKernels } from "../../kernels";
 import { type GpuBuffer, type GpuDevice, openWebgpuDevice, USAGE, type WebgpuUnavailable } from "./device";
-import { Arena, type HostArray } from "./arena";
+import type { GpuSelect } from "./gpus";
+import { Arena, type HostArray, type Mirror } from "./arena";
 import { type Bound, grid, MAX_GROUPS, type PipelineConstants, Recorder, type RecorderOptions } from "./recorder";
 import { MatmulPlan, type SplitK } from "./matmul-plan";
 import { WG } from "./shaders/framework";
 import { rmsnormRows } from "./shaders/rows";
 import { ATT_BQ, ATT_EMAX } from "./shaders/attention";
+import { foldChunk } from "./shaders/fold";
 import type { ParamsOf, ShaderName } from "./shaders/catalog";
 
-/** The engine's options: profile mode (every dispatch timed), and two for tests (a planted shader, split-K forced). */
+/**
+ * The engine's options: profile mode (every dispatch timed), and three for tests (a planted shader, split-K forced, a
+ * binding limit below the device's).
+ */
 export interface EngineOptions extends RecorderOptions {
   splitK?: SplitK;
+  maxBinding?: number;
 }
 
 /** Refuses a head size past what the fused attention's tiles in workgroup memory hold (shaders/attention.ts ATT_EMAX). */
@@ -70,6 +80,8 @@ class WebgpuEngine {
   private csr = new Int32Array(0);
   private csrAt = 0;
   private csrEpoch = -1;
+  /** A 256-byte range per fold binding, bound where the dispatch has no slot or gradient range left (never aliased). */
+  private spare: GpuBuffer | null = null;
 
   constructor(
     private readonly device: GpuDevice,
@@ -80,7 +92,7 @@ class WebgpuEngine {
     this.rec = new Recorder(device, opts, (shader, ops) => {
       if (shader !== "rmsnormBackwardW") this.flushFor(ops);
     });
-    this.arena = new Arena(device, this.rec);
+    this.arena = new Arena(device, this.rec, opts.maxBinding);
     this.mm = new MatmulPlan(device, this.arena, this.rec, opts.splitK ?? "auto");
   }
 
@@ -231,6 +243,45 @@ class WebgpuEngine {
       c[2 * U + 1 + next[u]++] = n;
     }
     return { csr: this.arena.bind(c, "r"), U };
+  }
+
+  // ---------------------------------------------------------------- the micro-batch fold (A10)
+
+  /**
+   * DeferredKernels.fold: slot[0..n) = g (first) or slot + g in binary64, and g = 0 (shaders/fold.ts), n = g.length.
+   * Each dispatch folds up to 4C elements (C: the slot elements one binding holds, 8C bytes): the gradient through
+   * two bindings, the slot through four, each binding the next 8C bytes of its buffer from the aligned offset at or
+   * below the dispatch's first element (so none overlaps another); a binding with nothing left takes a spare range.
+   */
+  private fold(slot: Float64Array, g: Float32Array, first: boolean): void {
+    const n = g.length;
+    if (slot.length < n) throw new RangeError(`fold: a float64 slot of ${slot.length} for a gradient of ${n}`);
+    if (n === 0) return;
+    const s = slot.length === n ? slot : slot.subarray(0, n);
+    const sm = this.arena.claim(s, first ? "w" : "rw"), // the first fold writes all of it: nothing goes up
+      gm = this.arena.claim(g, "rw");
+    const C = foldChunk(this.arena.maxBinding),
+      align = this.arena.align;
+    this.spare ??= this.device.createBuffer({ size: 256 * 6, usage: USAGE.STORAGE });
+    const spare = (binding: number): Bound => ({ buffer: this.spare!, offset: 256 * binding, size: 256, elem: 0 });
+    // `count` bindings of `span` bytes each from the aligned offset below byte `at` of `m`, covering `bytes` bytes
+    const bindings = (m: Mirror, at: number, bytes: number, count: number, spareAt: number): Bound[] =>
+      Array.from({ length: count }, (_, k) => {
+        const base = Math.floor(at / align) * align,
+          lo = base + 8 * C * k,
+          hi = Math.min(at + bytes, base + 8 * C * (k + 1));
+        return lo < hi ? this.arena.own(m.gpu, (hi - lo) / 4, lo) : spare(spareAt + k);
+      });
+    for (let a = 0; a < n; ) {
+      const gAt = g.byteOffset - gm.start + 4 * a,
+        sAt = s.byteOffset - sm.start + 8 * a;
+      const oG = (gAt % align) / 4,
+        oS = (sAt % align) / 8;
+      const count = Math.min(n - a, 4 * C - Math.max(oG, oS));
+      const ops = [...bindings(gm, gAt, 4 * count, 2, 0), ...bindings(sm, sAt, 8 * count, 4, 2)];
+      this.rec.dispatch("foldMicro", ops, { n: count, C, oG, oS, sets: first ? 1 : 0 }, grid(count));
+      a += count;
+    }
   }
 
   // ---------------------------------------------------------------- the Kernels
@@ -420,7 +471,13 @@ class WebgpuEngine {
         d("copy", [o, s], { n: src.length, oD: e(o), oS: e(s) }, grid(src.length));
       },
       fill: (x, value) => {
-        if (value === 0 && arena.clearWhole(x)) return; // a whole host array: cleared, never uploaded
+        if (value === 0) {
+          // cleared in the command stream (no dispatch), after any pending dw it overlaps
+          const m = arena.mirrorOf(x) as Mirror;
+          this.flushFor([{ buffer: m.gpu, offset: x.byteOffset - m.start, size: x.byteLength, elem: 0 }]);
+          arena.clear(x);
+          return;
+        }
         const o = arena.bind(x, "w");
         d("fill", [o], { n: x.length, oD: e(o), value }, grid(x.length));
       },
@@ -431,6 +488,13 @@ class WebgpuEngine {
       // the logits of one chunk in one binding (at most 1 GiB): fewer chunks, fewer dispatches
       headChunkTokens: (V) =>
         Math.max(Math.floor((1 << 24) / V), Math.floor(Math.min(arena.maxBinding, 1 << 30) / (4 * V))),
+      fold: (slot, g, first) => this.fold(slot, g, first),
+      endMicroBatch: () => {
+        this.flushNorms(); // the micro-batch's own, in its commands
+        arena.cut();
+        this.rec.submit();
+        return this.device.queue.onSubmittedWorkDone();
+      },
       settle: (readback, opts) => {
         this.flushNorms(); // before the readback, in the command stream
         return arena.settle(readback, opts);
@@ -479,13 +543,20 @@ class WebgpuEngine {
 }
 
 /**
- * This thread's webgpu engine: its own adapter and device, or why there is none (the caller refuses with the fix,
- * P1). Each rank thread calls it for itself.
+ * This thread's webgpu engine: its own adapter and device, on `gpu` (gpus.ts; else Dawn's first adapter), or why
+ * there is none (the caller refuses with the fix, P1). Each rank thread calls it for itself. `device` says which
+ * GPU it opened: the GPU's words and the adapter's own name.
  */
-export async function createWebgpuKernels(): Promise<{ kernels: DeferredKernels } | WebgpuUnavailable> {
-  const d = await openWebgpuDevice();
+export async function createWebgpuKernels(
+  gpu: GpuSelect | null = null,
+): Promise<{ kernels: DeferredKernels; device: string } | WebgpuUnavailable> {
+  const d = await openWebgpuDevice({ gpu });
   if ("reason" in d) return d;
-  return { kernels: new WebgpuEngine(d.device, d.name).kernels() };
+  const opened = d.adapter.info?.device || "unnamed";
+  return {
+    kernels: new WebgpuEngine(d.device, d.name).kernels(),
+    device: `${gpu?.label ?? "the adapter Dawn picks"} (opened: ${opened})`,
+  };
 }
 
 /**
@@ -495,7 +566,7 @@ export async function createWebgpuKernels(): Promise<{ kernels: DeferredKernels 
 export async function createProfiledWebgpuKernels(): Promise<
   { kernels: DeferredKernels; profile: () => Map<string, { calls: number; ms: number }> } | WebgpuUnavailable
 > {
-  const d = await openWebgpuDevice();
+  const d = await openWebgpuDevice({ profile: true });
   if ("reason" in d) return d;
   if (!d.device.features?.has("timestamp-query"))
     return { reason: `${d.name} offers no timestamp-query`, fix: "run the profile on an adapter that has it" };

@@ -1,15 +1,16 @@
 /**
  * The webgpu engine's command stream (engine.ts ties the engine together): one command encoder and its compute pass,
  * submitted every SUBMIT_EVERY dispatches (the device starts on them while the host records more) and before every
- * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts) and pipeline constants (a
- * shader's WGSL `override`s: attention's head size), made in pipeline(): the one
- * place a pipeline is created; each dispatch's settings written once into a uniform slab and its bind group cached
+ * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts), set of its read-only arrays
+ * bound read_write (where a dispatch's read-only array shares its buffer with a written one) and pipeline constants
+ * (a shader's WGSL `override`s: attention's head size), made in pipeline(): the one place a pipeline is created;
+ * each dispatch's settings written once into a uniform slab and its bind group cached
  * by pipeline, operand ranges and settings (a micro-batch repeats the same dispatches); the staging buffers a
  * readback maps; the device's errors; and profile mode, every dispatch in its own pass between two timestamps.
  */
 import type { GpuBinding, GpuBuffer, GpuDevice, GpuEncoder, GpuPass, GpuPipeline } from "./device";
 import { MAP_READ, USAGE } from "./device";
-import { packParams, WG } from "./shaders/framework";
+import { packParams, WG, withWritable } from "./shaders/framework";
 import { type ParamsOf, SHADERS, type ShaderName } from "./shaders/catalog";
 
 /** Dispatches recorded before the command stream is submitted (the device starts on them while the host records more). */
@@ -50,9 +51,9 @@ export interface RecorderOptions {
 }
 
 export class Recorder {
-  /** Pipelines by shader and pipeline constants (pipeline()), and each shader's module. */
+  /** Pipelines by shader, the `read` bindings made writable and pipeline constants (pipeline()); modules by code. */
   private readonly pipelines = new Map<string, GpuPipeline>();
-  private readonly modules = new Map<ShaderName, unknown>();
+  private readonly modules = new Map<string, unknown>();
   /** A test's replacement WGSL for some shaders (webgpuEngineOn's `shaders`); empty in every run. */
   private readonly code: Partial<Record<ShaderName, string>>;
   private enc: GpuEncoder | null = null;
@@ -199,17 +200,26 @@ export class Recorder {
   }
 
   /**
-   * The pipeline of shader `name` with its pipeline constants (WGSL `override`s, such as attention's head size):
-   * one per shader and constants, made once; one shader module per shader.
+   * The pipeline of `name` with its `read` bindings `writable` declared read_write (withWritable: a dispatch binds
+   * a read-only array read_write where its device buffer also backs a written array of the same dispatch) and its
+   * pipeline constants (WGSL `override`s, such as attention's head size): one per shader, writable set and
+   * constants, made once; one shader module per shader and writable set.
    */
-  private pipeline(name: ShaderName, constants: PipelineConstants | undefined): GpuPipeline {
-    const key = constants ? `${name}|${Object.entries(constants).join(",")}` : name;
+  private pipeline(
+    name: ShaderName,
+    writable: readonly number[],
+    constants: PipelineConstants | undefined,
+  ): GpuPipeline {
+    const moduleKey = `${name}|${writable.join(",")}`;
+    const key = constants ? `${moduleKey}|${Object.entries(constants).join(",")}` : moduleKey;
     let p = this.pipelines.get(key);
     if (!p) {
-      let module = this.modules.get(name);
+      let module = this.modules.get(moduleKey);
       if (!module) {
-        module = this.device.createShaderModule({ code: this.code[name] ?? SHADERS[name].code });
-        this.modules.set(name, module);
+        module = this.device.createShaderModule({
+          code: withWritable(this.code[name] ?? SHADERS[name].code, writable),
+        });
+        this.modules.set(moduleKey, module);
       }
       p = this.device.createComputePipeline({
         layout: "auto",
@@ -236,16 +246,24 @@ export class Recorder {
     if (this.disposed) throw new Error("webgpu: the engine was disposed");
     const shader = SHADERS[name];
     if (ops.length !== shader.bindings.length)
-      throw new Error(`webgpu: ${name} binds ${shader.bindings.join(", ")}; given ${ops.length} operands`);
+      throw new Error(
+        `webgpu: ${name} binds ${shader.bindings.map((b) => b.split(":")[0]).join(", ")}; given ${ops.length} operands`,
+      );
     const bytes = packParams(name, shader, params);
     this.before(name, ops);
     const [gx, gy, gz = 1] = grid;
     if (gx === 0 || gy === 0 || gz === 0) return;
     if (gx > MAX_GROUPS || gy > MAX_GROUPS || gz > MAX_GROUPS)
       throw new Error(`webgpu: ${name} needs a grid of ${gx} x ${gy} x ${gz} workgroups, over ${MAX_GROUPS}`);
-    const pipe = this.pipeline(name, constants);
+    // a read-only array whose device buffer a written array of this dispatch binds too is bound read_write
+    const writable: number[] = [];
+    ops.forEach((o, i) => {
+      if (shader.access[i] === "read" && ops.some((w, j) => shader.access[j] === "read_write" && w.buffer === o.buffer))
+        writable.push(i);
+    });
+    const pipe = this.pipeline(name, writable, constants);
     // the same pipeline, operand ranges and settings as an earlier dispatch: its bind group (and uniform) again
-    const key = `${name}|${constants ? Object.entries(constants).join(",") : ""}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
+    const key = `${name}|${writable.join(",")}|${constants ? Object.entries(constants).join(",") : ""}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
     let group = this.groups.get(key);
     if (group === undefined) {
       if (this.groups.size >= MAX_GROUPS_CACHED) {

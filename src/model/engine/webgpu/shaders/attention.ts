@@ -195,7 +195,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
  * [ceil(T / ATT_BQ), B * H]. Pipeline constant: E.
  */
 export const attentionForward = shader(
-  ["out", "lse", "q", "k", "v"],
+  ["out:read_write", "lse:read_write", "q:read", "k:read", "v:read"],
   { T: "u32", H: "u32", K: "u32", n4: "u32", oO: "u32", oL: "u32", oQ: "u32", oK: "u32", oV: "u32", scale: "f32" },
   flashForward(
     { b: "wg.y / p.H", P: "0u", QR: (t) => `(b * p.T + ${t}) * p.H + h`, KR: (u) => `(b * p.T + ${u}) * p.K + j` },
@@ -209,7 +209,7 @@ export const attentionForward = shader(
  * Pipeline constant: E.
  */
 export const attentionCachedForward = shader(
-  ["out", "q", "k", "v"],
+  ["out:read_write", "q:read", "k:read", "v:read"],
   { P: "u32", T: "u32", H: "u32", K: "u32", n4: "u32", oO: "u32", oQ: "u32", oK: "u32", oV: "u32", scale: "f32" },
   flashForward({ b: "0u", P: "p.P", QR: (t) => `(${t}) * p.H + h`, KR: (u) => `(${u}) * p.K + j` }, ""),
 );
@@ -228,7 +228,17 @@ export const attentionCachedForward = shader(
  * 1-D range of workgroups over [x, y]. Pipeline constant: E.
  */
 export const attentionBackward = shader(
-  ["dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse"],
+  [
+    "dq:read_write",
+    "dk:read_write",
+    "dv:read_write",
+    "dout:read",
+    "q:read",
+    "k:read",
+    "v:read",
+    "out:read",
+    "lse:read",
+  ],
   {
     B: "u32",
     T: "u32",

@@ -16,6 +16,7 @@ import {
   swigluForward,
 } from "./rows";
 import { attentionBackward, attentionCachedForward, attentionForward } from "./attention";
+import { foldMicro } from "./fold";
 
 /** Every shader by name; each has one entry point, `main`. */
 export const SHADERS = {
@@ -40,6 +41,7 @@ export const SHADERS = {
   crossEntropy,
   copy,
   fill,
+  foldMicro,
 } as const;
 
 export type ShaderName = keyof typeof SHADERS;

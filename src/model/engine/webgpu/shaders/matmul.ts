@@ -76,7 +76,11 @@ ${[...cases, last].join("\n")}
 }`;
 }
 
-const MM_BINDINGS = [...Array.from({ length: MM_BUFFERS }, (_, i) => `b${i}`), "part"];
+/**
+ * b0..b7 are read_write: each job's C is one of them, chosen by the uniform (st() writes any), so none is only read
+ * by the shader; `part` holds a split product's partial sums (written by gemm, read by matmul_reduce).
+ */
+const MM_BINDINGS = [...Array.from({ length: MM_BUFFERS }, (_, i) => `b${i}:read_write`), "part:read_write"];
 
 /** WGSL: the float operand i of binding b (one of b0..b7, chosen by a uniform index), read and written. */
 const mmAccess = `
@@ -138,6 +142,9 @@ fn put(jb: Job, tm: Term, t: u32, s: u32, m: u32, n: u32, acc: f32) {
   if (t == 0u && jb.ad == 1u) { b = jb.bD; o = jb.oD + e; }
   st(jb.bC, jb.oC + e, epi(tm.al, acc, tm.be, b, o));
 }
+// workgroup memory: each K step's loads write every element of As and Bs that the step reads (the 64 threads' loads
+// cover the BK x TILE tiles, a zero past the shape; each row's padding vec4 is neither written nor read), then a
+// barrier, then the reads; a barrier again before the next step's writes
 var<workgroup> As: array<vec4<f32>, ${BK * ROW}>;
 var<workgroup> Bs: array<vec4<f32>, ${BK * ROW}>;
 @compute @workgroup_size(${MT}, ${MT})

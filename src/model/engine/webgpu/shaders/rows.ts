@@ -5,7 +5,7 @@
 import { idx, row, shader, WG } from "./framework";
 
 export const embeddingForward = shader(
-  ["out", "ids:i32", "E"],
+  ["out:read_write", "ids:read:i32", "E:read"],
   { n: "u32", D: "u32", oO: "u32", oI: "u32", oE: "u32" },
   `
 ${idx}
@@ -25,7 +25,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
  * reference's exact operations (js.ts). No two threads write one element: no atomics.
  */
 export const embeddingBackward = shader(
-  ["dE", "csr:i32", "dout"],
+  ["dE:read_write", "csr:read:i32", "dout:read"],
   { n: "u32", U: "u32", D: "u32", oE: "u32", oC: "u32", oD: "u32" },
   `
 ${idx}
@@ -44,7 +44,11 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 }`,
 );
 
-/** A workgroup's fixed-order tree sum of red[0..WG) into red[0] (every thread calls it: it holds barriers). */
+/**
+ * A workgroup's fixed-order tree sum of red[0..WG) into red[0] (every thread calls it: it holds barriers). Workgroup
+ * memory: each of the WG threads writes its own red[l] before calling it, and the tree reads red[] only after a
+ * barrier, so no element is read before it is written (no zeroing needed).
+ */
 const treeSum = `
 var<workgroup> red: array<f32, ${WG}>;
 fn treeSum(l: u32) {
@@ -63,7 +67,7 @@ fn treeMax(l: u32) {
 }`;
 
 export const rmsnormForward = shader(
-  ["out", "rstd", "x", "w"],
+  ["out:read_write", "rstd:read_write", "x:read", "w:read"],
   { N: "u32", D: "u32", oO: "u32", oR: "u32", oX: "u32", oW: "u32", eps: "f32" },
   `
 ${row}
@@ -99,7 +103,7 @@ export function rmsnormRows(N: number): number {
  * over the block's rows in n order of dout[n,d] * (x[n,d] * rstd[n]). rmsnormBackwardW adds the partials to dw.
  */
 export const rmsnormBackward = shader(
-  ["dx", "part", "dout", "x", "w", "rstd"],
+  ["dx:read_write", "part:read_write", "dout:read", "x:read", "w:read", "rstd:read"],
   { N: "u32", D: "u32", R: "u32", oDX: "u32", oP: "u32", oDO: "u32", oX: "u32", oW: "u32", oR: "u32" },
   `
 ${row}
@@ -139,7 +143,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
  * sum to dw[d] (the reference adds its column sum to dw last, too).
  */
 export const rmsnormBackwardW = shader(
-  ["dw", "part", "sets:u32"],
+  ["dw:read_write", "part:read", "sets:read:u32"],
   { S: "u32", oT: "u32" },
   `
 @compute @workgroup_size(${WG})
@@ -161,7 +165,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
 
 /** One thread per rotated pair (b, t, head, i < E/2); sign -1 is the backward (the rotation by -angle). */
 export const rope = shader(
-  ["x", "cs", "sn"],
+  ["x:read_write", "cs:read", "sn:read"],
   { n: "u32", T: "u32", nh: "u32", h: "u32", oX: "u32", oC: "u32", oS: "u32", sign: "f32" },
   `
 ${idx}
@@ -187,7 +191,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
  * pairs, [nq, nq + nk) k's.
  */
 export const ropeQK = shader(
-  ["q", "k", "cs", "sn"],
+  ["q:read_write", "k:read_write", "cs:read", "sn:read"],
   {
     nq: "u32",
     nk: "u32",
@@ -230,7 +234,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 );
 
 export const swigluForward = shader(
-  ["out", "gate", "up"],
+  ["out:read_write", "gate:read", "up:read"],
   { n: "u32", oO: "u32", oG: "u32", oU: "u32" },
   `
 ${idx}
@@ -244,7 +248,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 );
 
 export const swigluBackward = shader(
-  ["dgate", "dup", "dout", "gate", "up"],
+  ["dgate:read_write", "dup:read_write", "dout:read", "gate:read", "up:read"],
   { n: "u32", oDG: "u32", oDU: "u32", oDO: "u32", oG: "u32", oU: "u32" },
   `
 ${idx}
@@ -265,7 +269,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
  * target -1) into loss[row], and with gs > 0 the row overwritten by (softmax - onehot) * gs (zeros for target -1).
  */
 export const crossEntropy = shader(
-  ["x", "tg:i32", "loss"],
+  ["x:read_write", "tg:read:i32", "loss:read_write"],
   { rows: "u32", V: "u32", oX: "u32", oT: "u32", oL: "u32", gs: "f32" },
   `
 ${row}
@@ -306,7 +310,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(num_workgroups) nw: vec3u, @b
 );
 
 export const copy = shader(
-  ["dst", "src"],
+  ["dst:read_write", "src:read"],
   { n: "u32", oD: "u32", oS: "u32" },
   `
 ${idx}
@@ -319,7 +323,7 @@ fn main(@builtin(global_invocation_id) g: vec3u, @builtin(num_workgroups) nw: ve
 );
 
 export const fill = shader(
-  ["dst"],
+  ["dst:read_write"],
   { n: "u32", oD: "u32", value: "f32" },
   `
 ${idx}

@@ -1,6 +1,9 @@
 /**
+ * The bench's figures that a run quotes at start (run.ts: bf16Warning), each with the bench file and command it
+ * came from; nothing is timed in the trainer. Update a figure and its file together when the bench measures again.
+ *
  * VDPBF16PS's rate over the fp32 FMA's on one core, per CPU, as the bench measured it: what a `--precision bf16` run
- * on the VDPBF16PS kernel is told to expect at start (run.ts: bf16Warning), with nothing timed in the trainer. A row
+ * on the VDPBF16PS kernel is told to expect at start. A row
  * comes from the bench's gemm case run on that CPU (`node dist/bench/bench.js --cases gemm`): its rows
  * fma-peak-avx512bf16 over fma-peak-avx512, both register-only loops of one core.
  */
@@ -44,3 +47,13 @@ export function cpuFamily(cpuinfo?: string): { vendor: string; family: number } 
 export function vdpbf16Rate(id = cpuFamily()): Vdpbf16Rate | null {
   return VDPBF16PS_RATES.find((r) => id !== null && r.vendor === id.vendor && r.family === id.family) ?? null;
 }
+
+/**
+ * P8: the bf16 emulation's speed against fp32 (tokens per second, bf16 / fp32), the one figure the start line quotes:
+ * the "world 2: bf16 / fp32 products tok/s" ratio's value_best_steps (0.341) in
+ * bench/results/bf16/emulated-avx2-demo-w2.json (`npm run bench -- --model demo --seq 64 --micro-batch 4 --worlds 2
+ * --cases actor --precisions fp32,bf16 --steps 16`, the AVX2 kernel played with TSTRAIN_TEST_ISAS=avx2,portable on a
+ * 2-core Zen 5). Provisional: measured on a loaded machine (its .md says how). Update it, and that file, when the
+ * bench measures the emulation again.
+ */
+export const BF16_EMULATION_SPEED = 0.34;
