@@ -19,7 +19,7 @@
  * ratio and its target), bench-run.ts (the run's rows, notes and failures; log and emit).
  *
  *   node dist/bench/bench.js [--model small|demo|frozen] [--seq N] [--micro-batch N] [--accum N]
- *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu|webgpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,gemm,attention,mpi]
+ *     [--steps N] [--warmup N] [--backend auto|native|wasm|cpu|webgpu] [--cases single,actor,framework-free,optim,upload,torch,frozen-step,gemm,attention,mpi,webgpu,webgpu-attention]
  *     [--worlds 1,2] [--upload-worlds 2,1] [--optim-sizes 1M,10M,50M,106M] [--sequential] [--no-grad-ckpt] [--out DIR]
  */
 import * as fs from "node:fs";

@@ -1,7 +1,7 @@
 /**
  * The bench's cases (bench/bench.ts runs them in turn): the step cases (single-thread, the actor runtime, the
  * framework-free loop, the upload stall, MPI, PyTorch's anchor) on one shape, and the cases that need no data shape
- * (optim, gemm, attention, webgpu, frozen-step). Each records its rows in the run (bench-run.ts); a failure is
+ * (optim, gemm, attention, webgpu, webgpu-attention, frozen-step). Each records its rows in the run (bench-run.ts); a failure is
  * noted and the other cases go on.
  */
 import { activationBudget, type IsaChoice } from "../src/config";
@@ -14,6 +14,7 @@ import { runFrameworkFree, runMpiCase, runTorch, torchVersion } from "./subproc"
 import { median, r } from "./stats";
 import { frozenStepBench } from "./model-frozen-step";
 import { webgpuBench } from "./webgpu";
+import { webgpuAttentionBench } from "./webgpu-attention";
 import { attentionBench } from "./attention";
 import { gemmShapesBench } from "./gemm-shapes";
 import { type BenchRun, emit, log } from "./bench-run";
@@ -250,6 +251,18 @@ export async function runOtherCases(run: BenchRun, o: Options): Promise<void> {
         log,
       });
       run.record(x as unknown as BenchRow);
+    });
+  }
+
+  // ---- 11: the webgpu engine's fused attention alone (with --webgpu-base, against an older revision's build)
+  if (o.cases.has("webgpu-attention")) {
+    await run.guard("webgpu-attention", async () => {
+      const rounds = Math.max(3, o.gemmRounds);
+      log(
+        `webgpu-attention: the fused attention at the frozen shape (9/3 heads of 64), T ${o.gemmSeqs.join(", ")}, forward then backward, ${rounds} rounds of 3 calls${o.webgpuBase ? `, taking turns with ${o.webgpuBase.rev}'s build` : ""}`,
+      );
+      for (const x of webgpuAttentionBench({ seqs: o.gemmSeqs, rounds, calls: 3, base: o.webgpuBase, log }))
+        run.record({ case: `webgpu-attention-T${x.seq}`, ...x } as unknown as BenchRow);
     });
   }
 

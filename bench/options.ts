@@ -26,10 +26,13 @@ export const ALL_CASES = [
   "attention",
   "mpi",
   "webgpu",
+  "webgpu-attention",
 ] as const;
 export type CaseName = (typeof ALL_CASES)[number];
 /** frozen-step (the MFU figure on the 106M model) takes minutes, so it runs only when asked. */
-const DEFAULT_CASES: CaseName[] = ALL_CASES.filter((c) => c !== "frozen-step" && c !== "mpi" && c !== "webgpu");
+const DEFAULT_CASES: CaseName[] = ALL_CASES.filter(
+  (c) => c !== "frozen-step" && c !== "mpi" && c !== "webgpu" && c !== "webgpu-attention",
+);
 
 export interface Options {
   model: ModelName;
@@ -68,7 +71,7 @@ export interface Options {
   gemmSeqs: number[];
   /** attention case: an older revision's own build beside this one (`--attention-base DIR`), loaded when parsed */
   attentionBase?: BaseAttention;
-  /** webgpu case: an older revision's build (`--webgpu-base DIR`) whose engine runs the same step */
+  /** webgpu and webgpu-attention cases: an older revision's build (`--webgpu-base DIR`) whose engine runs the same calls */
   webgpuBase?: { dir: string; rev: string };
 }
 
@@ -95,9 +98,9 @@ export function usage(): string {
     "  --torch-threads 1,2          the PyTorch anchor's thread counts (default 1 and all cores; autocast bf16 runs at all cores)",
     "  --seqs 256,1024             run the step cases (single, actor, framework-free, torch) at each seq in turn; with more than one, case names get @seq",
     "  --gemm-rounds N             gemm case: rounds over every shape and kernel, best of rounds reported (default 5)",
-    "  --gemm-seqs 256,1024        gemm and attention cases: the sequence lengths measured (default 256,1024)",
+    "  --gemm-seqs 256,1024        gemm, attention and webgpu-attention cases: the sequence lengths measured (default 256,1024)",
     "  --attention-base DIR        attention case: also time DIR's own build of an older revision (bench/native/build-base.sh 2babbe7 DIR)",
-    "  --webgpu-base DIR           webgpu case: also run DIR's build of an older revision (bench/native/build-base.sh REV DIR builds its TypeScript too)",
+    "  --webgpu-base DIR           webgpu and webgpu-attention cases: also run DIR's build of an older revision (bench/native/build-base.sh REV DIR builds its TypeScript too)",
     "  --ff-runs N                 framework-free subprocess runs, split before/after the interleaved cases (default 2)",
     "  --upload-nice               experiment: also run the upload case with the uploader thread reniced to 19 (Linux)",
     "  --wait-quiet S              before starting, wait up to S seconds for the spin probe to get >= 90% of the cores (default 0)",

@@ -70,7 +70,10 @@ export function markdown(o: {
   L.push("");
   const isGemm = (x: BenchRow) => String(x.case).startsWith("fma-peak-") || String(x.case).startsWith("gemm-");
   const isAttention = (x: BenchRow) => String(x.case).startsWith("attention-");
-  const steps = o.rows.filter((x) => !String(x.case).startsWith("optim-") && !isGemm(x) && !isAttention(x));
+  const isWebgpuAttention = (x: BenchRow) => String(x.case).startsWith("webgpu-attention-");
+  const steps = o.rows.filter(
+    (x) => !String(x.case).startsWith("optim-") && !isGemm(x) && !isAttention(x) && !isWebgpuAttention(x),
+  );
   if (steps.length) {
     L.push(`## Step cost (median of timed steps after warm-up)`, "");
     L.push(
@@ -143,6 +146,19 @@ export function markdown(o: {
         );
       L.push("");
     }
+  }
+  const wa = o.rows.filter(isWebgpuAttention);
+  if (wa.length) {
+    L.push(`## Attention on the webgpu engine (the webgpu-attention case, one sequence; best call of every round)`, "");
+    L.push(
+      `| case | heads | fwd / bwd ms | base | base fwd / bwd ms | fwd+bwd speedup | outputs vs base (rel) |`,
+      `|---|---|---|---|---|---|---|`,
+    );
+    for (const x of wa)
+      L.push(
+        `| ${x.case} | ${x.heads} | ${fmt(x.fwd_ms)} / ${fmt(x.bwd_ms)} | ${x.base_rev ?? "–"} | ${x.base_rev === undefined ? "–" : `${fmt(x.base_fwd_ms)} / ${fmt(x.base_bwd_ms)}`} | ${fmt(x.speedup_vs_base_fwd_bwd)} | ${fmt(x.base_max_rel_diff)} |`,
+      );
+    L.push("", `Adapter: ${wa[0].adapter}`, "");
   }
   if (o.ratios.length) {
     L.push(`## Ratios (computed within this run)`, "");

@@ -8,7 +8,9 @@
  *  - every kernel of the engine, run on a recording device, dispatches its shader with exactly its settings and
  *    one operand per storage array; matmuls binds each distinct buffer once and splits along K with a reduce;
  *  - the fused attention makes no buffer of B*H*T*T floats at the frozen model's shape (no scratch at all), runs
- *    its backward in one dispatch, and refuses a head size over 128 before any work;
+ *    its backward in one dispatch, and refuses a head size over 128 before any work; each dispatch gives exactly
+ *    the pipeline constants (WGSL overrides) its shader leaves open, and the attention shaders get one pipeline per
+ *    head size, E their constant;
  *  - the frozen model's micro-batch (seq 1024 x 4) records at most the dispatches its test names, counted on a
  *    device that runs nothing (bench/webgpu-count.ts).
  *  - rmsnormBackward's deferred weight gradients: one rmsnormBackwardW for all pending calls, recorded before a
@@ -99,6 +101,8 @@ interface Dispatch {
   shader: ShaderName;
   operands: number;
   uniform: ArrayBuffer;
+  /** its pipeline's constants (the shader's WGSL overrides), {} where none were given */
+  constants: Record<string, number>;
   /** Each storage operand's buffer range. */
   ranges: { buffer: unknown; offset: number; size: number }[];
 }
@@ -108,11 +112,13 @@ function recordingDevice(maxBinding = 1 << 30): {
   device: GpuDevice;
   dispatches: Dispatch[];
   created: number[];
+  pipelines: { shader: ShaderName; constants: Record<string, number> }[];
   /** The WGSL of each shader module made, in order. */
   codes: string[];
 } {
   const dispatches: Dispatch[] = [];
   const created: number[] = [];
+  const pipelines: { shader: ShaderName; constants: Record<string, number> }[] = [];
   // a dispatch may run a variant whose read-only arrays are bound read_write (withWritable): found as its shader
   const plain = (code: string) => code.replaceAll("var<storage, read>", "var<storage, read_write>");
   const byCode = new Map(NAMES.map((n) => [plain(SHADERS[n].code), n]));
@@ -122,11 +128,11 @@ function recordingDevice(maxBinding = 1 << 30): {
     return { size, raw, destroy() {}, getMappedRange: () => raw, unmap() {}, mapAsync: async () => {} };
   };
   type Buf = ReturnType<typeof buffer>;
-  let pipeline: { shader: ShaderName } | null = null;
+  let pipeline: { shader: ShaderName; constants: Record<string, number> } | null = null;
   let group: { entries: { resource: { buffer: Buf; offset?: number; size?: number } }[] } | null = null;
   const pass = {
     setPipeline(p: unknown) {
-      pipeline = p as { shader: ShaderName };
+      pipeline = p as typeof pipeline;
     },
     setBindGroup(_i: number, g: unknown) {
       group = g as typeof group;
@@ -141,7 +147,13 @@ function recordingDevice(maxBinding = 1 << 30): {
         offset: r.offset ?? 0,
         size: r.size ?? r.buffer.size,
       }));
-      dispatches.push({ shader: pipeline.shader, operands: entries.length - 1, uniform, ranges });
+      dispatches.push({
+        shader: pipeline.shader,
+        operands: entries.length - 1,
+        uniform,
+        constants: pipeline.constants,
+        ranges,
+      });
     },
     end() {},
   };
@@ -168,10 +180,14 @@ function recordingDevice(maxBinding = 1 << 30): {
       codes.push(d.code);
       return { shader: byCode.get(plain(d.code)) };
     },
-    createComputePipeline: (d) => ({
-      shader: (d.compute.module as { shader: ShaderName }).shader,
-      getBindGroupLayout: () => null,
-    }),
+    createComputePipeline: (d) => {
+      const made = {
+        shader: (d.compute.module as { shader: ShaderName }).shader,
+        constants: { ...d.compute.constants },
+      };
+      pipelines.push(made);
+      return { ...made, getBindGroupLayout: () => null };
+    },
     createBindGroup: (d) => d,
     createCommandEncoder: () => ({
       beginComputePass: () => pass,
@@ -182,7 +198,7 @@ function recordingDevice(maxBinding = 1 << 30): {
     }),
     destroy() {},
   };
-  return { device, dispatches, created, codes };
+  return { device, dispatches, created, pipelines, codes };
 }
 
 /** Each setting of a recorded dispatch by name, read back as its declared type. */
@@ -321,6 +337,18 @@ test("every kernel of the webgpu engine dispatches its shader with exactly its s
   const att = dispatches.find((d) => d.shader === "attentionForward");
   assert.ok(att);
   assert.equal(settingsOf(att).scale, Math.fround(1 / Math.sqrt(4)));
+  // pipeline constants: each dispatch gives exactly the overrides its shader leaves without a value; attention's
+  // head size is one (one pipeline per head size), and n4, the setting its rolled row loops run to, matches it
+  for (const d of dispatches) {
+    const needed = [...SHADERS[d.shader].code.matchAll(/^override (\w+): \w+;$/gm)].map((m) => m[1]);
+    assert.deepEqual(Object.keys(d.constants).sort(), needed.sort(), `${d.shader}: pipeline constants`);
+  }
+  for (const name of ["attentionForward", "attentionBackward", "attentionCachedForward"] as const) {
+    const a = dispatches.filter((d) => d.shader === name);
+    assert.equal(a.length, 1, name);
+    assert.deepEqual(a[0].constants, { E: 4 }, `${name}: the head size is a pipeline constant`);
+    assert.equal(settingsOf(a[0]).n4, 1, `${name}: n4 = ceil(E / 4)`);
+  }
 });
 
 test("a webgpu dispatch with a setting missing, misspelled or extra, or an operand short, throws naming it and records nothing", () => {
@@ -405,6 +433,43 @@ test("the fused attention allocates no buffer of B*H*T*T floats at the frozen mo
     /^Error: webgpu: attention takes a head size of at most 128 \(its tiles in workgroup memory are sized for it\); this model's is 129; use --backend native$/,
   );
   assert.equal(dispatches.length, before, "refused before any dispatch");
+});
+
+test("the fused attention runs one pipeline per head size, the head size its pipeline constant E, with n4 = ceil(E / 4)", () => {
+  const { device, dispatches, pipelines } = recordingDevice();
+  const k = webgpuEngineOn(device, "recording").kernels;
+  const f = (n: number) => new Float32Array(n);
+  const call = (E: number) => {
+    const [B, T, H, K] = [1, 5, 2, 1];
+    k.attentionForward(
+      f(B * T * H * E),
+      f(B * H * T),
+      f(B * T * H * E),
+      f(B * T * K * E),
+      f(B * T * K * E),
+      B,
+      T,
+      H,
+      K,
+      E,
+    );
+  };
+  for (const E of [64, 6, 64, 6, 128]) call(E);
+  assert.deepEqual(
+    pipelines.filter((p) => p.shader === "attentionForward").map((p) => p.constants),
+    [{ E: 64 }, { E: 6 }, { E: 128 }],
+    "a pipeline made per head size, once",
+  );
+  assert.deepEqual(
+    dispatches.map((d) => [d.constants.E, settingsOf(d).n4]),
+    [
+      [64, 16],
+      [6, 2],
+      [64, 16],
+      [6, 2],
+      [128, 32],
+    ],
+  );
 });
 
 test("the frozen model's micro-batch at seq 1024 x 4 records at most 450 dispatches with its fold on the device (894 before the matmuls lists, the column sums and the device-sized head chunks), the fold two of them", async () => {

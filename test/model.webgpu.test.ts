@@ -317,15 +317,18 @@ async function attentionErrors(
 
 const ATT_OUTPUTS = ["forward out", "forward lse", "dq", "dk", "dv", "cached out"];
 
-/** Partial blocks (of 16 query rows, 16 and 8 keys), T = 1, GQA groups of 1, 2 and 3, B = 2, E from 1 to 128. */
+/**
+ * Partial blocks (of 64 rows) and tiles (16 keys; 16 rows, 8 past E 64), T = 1, GQA groups of 1, 2 and 3, B = 2,
+ * E from 1 to 128 (each its own pipeline), off the vec4 (5, 1, 99) and on it.
+ */
 const ATT_SHAPES: AttShape[] = [
   { B: 2, T: 9, H: 6, K: 2, E: 8, P: 5 },
-  { B: 2, T: 37, H: 6, K: 2, E: 24, P: 3 },
+  { B: 2, T: 100, H: 6, K: 2, E: 24, P: 3 },
   { B: 1, T: 1, H: 3, K: 1, E: 5, P: 0 },
   { B: 2, T: 1, H: 2, K: 2, E: 1, P: 7 },
   { B: 2, T: 33, H: 9, K: 3, E: 64, P: 17 },
   { B: 1, T: 17, H: 2, K: 2, E: 128, P: 16 },
-  { B: 1, T: 24, H: 4, K: 1, E: 99, P: 1 },
+  { B: 1, T: 70, H: 4, K: 1, E: 99, P: 1 },
 ];
 
 test("on webgpu, the fused attention matches the JS reference on partial blocks, T=1, GQA groups of 3, B=2 and head sizes to 128, bit-identical run to run", async (t) => {
@@ -350,7 +353,10 @@ function plant(code: string, from: string, to: string): string {
   return code.split(from).join(to);
 }
 
-/** Each planted defect: the shader, its WGSL with the defect, and the outputs that must then be wrong. */
+/**
+ * Each planted defect: the shader, its WGSL with the defect, and the outputs that must then be wrong. The shape has
+ * two blocks of rows a head (T 77 over blocks of 64) and a head size off the vec4 (E 22: 5 vec4s and a half).
+ */
 const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wrong: number[] }[] = [
   {
     what: "forward without the causal mask",
@@ -363,7 +369,7 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     what: "forward skipping the last key tile",
     shader: "attentionForward",
     from: "u0 < nkeys;",
-    to: "u0 + 16u < nkeys;",
+    to: "u0 + BK < nkeys;",
     wrong: [0, 1],
   },
   {
@@ -381,6 +387,20 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     wrong: [0, 1],
   },
   {
+    what: "forward with the head size's vec4 count rounded down (its pipeline constant E)",
+    shader: "attentionForward",
+    from: "override E4: u32 = (E + 3u) / 4u;",
+    to: "override E4: u32 = E / 4u;",
+    wrong: [0, 1],
+  },
+  {
+    what: "forward reading its own row one vec4 short (the rolled row loop)",
+    shader: "attentionForward",
+    from: "for (var i = 0u; i < p.n4; i++) {\n    var w",
+    to: "for (var i = 1u; i < p.n4; i++) {\n    var w",
+    wrong: [0, 1],
+  },
+  {
     what: "cached forward without the causal mask",
     shader: "attentionCachedForward",
     from: "u0 + u <= last",
@@ -391,7 +411,14 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     what: "cached forward skipping the last key tile",
     shader: "attentionCachedForward",
     from: "u0 < nkeys;",
-    to: "u0 + 16u < nkeys;",
+    to: "u0 + BK < nkeys;",
+    wrong: [5],
+  },
+  {
+    what: "cached forward with the head size's vec4 count rounded down",
+    shader: "attentionCachedForward",
+    from: "override E4: u32 = (E + 3u) / 4u;",
+    to: "override E4: u32 = E / 4u;",
     wrong: [5],
   },
   {
@@ -412,17 +439,45 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     what: "backward dk, dv skipping the last query tile",
     shader: "attentionBackward",
     from: "t0 < p.T; t0 +=",
-    to: "t0 + 8u < p.T; t0 +=",
+    to: "t0 + BT < p.T; t0 +=",
     wrong: [3, 4],
+  },
+  {
+    what: "backward dk without D (its partials dout * out, summed per query row)",
+    shader: "attentionBackward",
+    from: "(dp - dt)",
+    to: "dp",
+    wrong: [3],
+  },
+  {
+    what: "backward dk with D of the tile's first row for every row",
+    shader: "attentionBackward",
+    from: "let w = Wd[t * E4 + i];",
+    to: "let w = Wd[i];",
+    wrong: [3],
+  },
+  {
+    what: "backward dk with D summed past the head size (the tiles' zeros past E)",
+    shader: "attentionBackward",
+    from: "let inE = e < E;",
+    to: "let inE = e < E + 1u;",
+    wrong: [3],
   },
   {
     what: "backward dq skipping the last key tile",
     shader: "attentionBackward",
     from: "u0 < nkeys;",
-    to: "u0 + 8u < nkeys;",
+    to: "u0 + BT < nkeys;",
     wrong: [2],
   },
-  { what: "backward dq without D", shader: "attentionBackward", from: "(totalD(o) - dd)", to: "totalD(o)", wrong: [2] },
+  { what: "backward dq without D", shader: "attentionBackward", from: "(dp - dd)", to: "dp", wrong: [2] },
+  {
+    what: "backward dq with D short of the row's last vec4",
+    shader: "attentionBackward",
+    from: "for (var i = 0u; i < E4; i++) { dd = dd + dot(gr[i], row[i]); }",
+    to: "for (var i = 1u; i < E4; i++) { dd = dd + dot(gr[i], row[i]); }",
+    wrong: [2],
+  },
   {
     what: "backward dq on the wrong GQA head",
     shader: "attentionBackward",
@@ -430,13 +485,22 @@ const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wro
     to: "let j = (h * p.K) / p.H + 1u - (h % 2u);",
     wrong: [2],
   },
+  {
+    what: "backward with the head size's vec4 count rounded down",
+    shader: "attentionBackward",
+    from: "override E4: u32 = (E + 3u) / 4u;",
+    to: "override E4: u32 = E / 4u;",
+    wrong: [2, 3, 4],
+  },
 ];
 
 test("on webgpu, each fused attention shader with a planted defect fails the comparison with the JS reference", async (t) => {
   const first = await useWebgpu(t); // skips (or fails under TSTRAIN_REQUIRE_WEBGPU=1) when no adapter opens
   if (!first) return;
+  const shape: AttShape = { B: 2, T: 77, H: 6, K: 2, E: 22, P: 3 };
+  const clean = await attentionErrors(first, shape, 900);
+  for (const [i, e] of clean.err.entries()) assert.ok(e < 1e-5, `without a defect: ${ATT_OUTPUTS[i]} rel err ${e}`);
   first.dispose();
-  const shape: AttShape = { B: 2, T: 37, H: 6, K: 2, E: 24, P: 3 };
   for (const d of DEFECTS) {
     const dev = await openWebgpuDevice();
     assert.ok(!("reason" in dev));

@@ -63,7 +63,10 @@ export interface GpuDevice {
   onuncapturederror: ((e: { error: { message: string } }) => void) | null;
   createBuffer(d: { size: number; usage: number; mappedAtCreation?: boolean }): GpuBuffer;
   createShaderModule(d: { code: string }): unknown;
-  createComputePipeline(d: { layout: "auto"; compute: { module: unknown; entryPoint: string } }): GpuPipeline;
+  createComputePipeline(d: {
+    layout: "auto";
+    compute: { module: unknown; entryPoint: string; constants?: Record<string, number> };
+  }): GpuPipeline;
   createBindGroup(d: { layout: unknown; entries: GpuBinding[] }): unknown;
   createQuerySet?(d: { type: "timestamp"; count: number }): unknown;
   createCommandEncoder(): GpuEncoder;

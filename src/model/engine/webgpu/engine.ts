@@ -35,7 +35,7 @@ import type { DeferredKernels } from "../../kernels";
 import { type GpuBuffer, type GpuDevice, openWebgpuDevice, USAGE, type WebgpuUnavailable } from "./device";
 import type { GpuSelect } from "./gpus";
 import { Arena, type HostArray, type Mirror } from "./arena";
-import { type Bound, grid, MAX_GROUPS, Recorder, type RecorderOptions } from "./recorder";
+import { type Bound, grid, MAX_GROUPS, type PipelineConstants, Recorder, type RecorderOptions } from "./recorder";
 import { MatmulPlan, type SplitK } from "./matmul-plan";
 import { WG } from "./shaders/framework";
 import { rmsnormRows } from "./shaders/rows";
@@ -289,8 +289,13 @@ class WebgpuEngine {
   kernels(): DeferredKernels {
     const arena = this.arena;
     const bindR = (a: HostArray) => arena.bind(a, "r");
-    const d = <N extends ShaderName>(name: N, ops: Bound[], params: ParamsOf<N>, g: [number, number]) =>
-      this.rec.dispatch(name, ops, params, g);
+    const d = <N extends ShaderName>(
+      name: N,
+      ops: Bound[],
+      params: ParamsOf<N>,
+      g: [number, number],
+      constants?: PipelineConstants,
+    ) => this.rec.dispatch(name, ops, params, g, constants);
     const e = (b: Bound) => b.elem;
     const k: DeferredKernels = {
       name: this.name,
@@ -371,8 +376,20 @@ class WebgpuEngine {
         d(
           "attentionForward",
           [o, l, qb, kb, vb],
-          { T, H, K, E, oO: e(o), oL: e(l), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
+          {
+            T,
+            H,
+            K,
+            n4: Math.ceil(E / 4),
+            oO: e(o),
+            oL: e(l),
+            oQ: e(qb),
+            oK: e(kb),
+            oV: e(vb),
+            scale: 1 / Math.sqrt(E),
+          },
           [Math.ceil(T / ATT_BQ), B * H],
+          { E },
         );
       },
       attentionBackward: (dq, dk, dv, dout, q, k, v, out, lse, B, T, H, K, E) => {
@@ -391,7 +408,7 @@ class WebgpuEngine {
           T,
           H,
           K,
-          E,
+          n4: Math.ceil(E / 4),
           oDQ: e(oq),
           oDK: e(ok),
           oDV: e(ov),
@@ -405,7 +422,7 @@ class WebgpuEngine {
         };
         // the key blocks of each kv head (dk, dv), then the query blocks of each head (dq): one workgroup each
         const blocks = Math.ceil(T / ATT_BQ) * B * (K + H);
-        d("attentionBackward", [oq, ok, ov, g, qb, kb, vb, ob, l], f, grid(blocks, 1));
+        d("attentionBackward", [oq, ok, ov, g, qb, kb, vb, ob, l], f, grid(blocks, 1), { E });
       },
       attentionCachedForward: (out, q, kCache, vCache, P, T, H, K, E) => {
         attentionFits(E);
@@ -416,8 +433,9 @@ class WebgpuEngine {
         d(
           "attentionCachedForward",
           [o, qb, kb, vb],
-          { P, T, H, K, E, oO: e(o), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
+          { P, T, H, K, n4: Math.ceil(E / 4), oO: e(o), oQ: e(qb), oK: e(kb), oV: e(vb), scale: 1 / Math.sqrt(E) },
           [Math.ceil(T / ATT_BQ), H],
+          { E },
         );
       },
       swigluForward: (out, gate, up, n) => {

@@ -1,10 +1,11 @@
 /**
  * The webgpu engine's command stream (engine.ts ties the engine together): one command encoder and its compute pass,
  * submitted every SUBMIT_EVERY dispatches (the device starts on them while the host records more) and before every
- * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts) and set of its read-only arrays
- * bound read_write (where a dispatch's read-only array shares its buffer with a written one), made in pipeline():
- * the one place a pipeline is created; each dispatch's settings written once into a uniform slab and its bind group
- * cached by pipeline, operand ranges and settings (a micro-batch repeats the same dispatches); the staging buffers a
+ * upload and readback (arena.ts); the pipelines, one per shader (shaders/catalog.ts), set of its read-only arrays
+ * bound read_write (where a dispatch's read-only array shares its buffer with a written one) and pipeline constants
+ * (a shader's WGSL `override`s: attention's head size), made in pipeline(): the one place a pipeline is created;
+ * each dispatch's settings written once into a uniform slab and its bind group cached
+ * by pipeline, operand ranges and settings (a micro-batch repeats the same dispatches); the staging buffers a
  * readback maps; the device's errors; and profile mode, every dispatch in its own pass between two timestamps.
  */
 import type { GpuBinding, GpuBuffer, GpuDevice, GpuEncoder, GpuPass, GpuPipeline } from "./device";
@@ -22,6 +23,9 @@ const MAX_GROUPS_CACHED = 1 << 14;
 const PROFILE_SPAN = 2048;
 /** WebGPU's guaranteed workgroups per grid dimension. */
 export const MAX_GROUPS = 65535;
+
+/** A pipeline's constants by name: the values of its shader's WGSL `override`s (one pipeline per set). */
+export type PipelineConstants = Readonly<Record<string, number>>;
 
 /** A bound operand: the device range of a view and the view's first element inside the binding. */
 export interface Bound {
@@ -47,8 +51,9 @@ export interface RecorderOptions {
 }
 
 export class Recorder {
-  /** Pipelines by shader and the `read` bindings made writable for a dispatch (pipeline()). */
+  /** Pipelines by shader, the `read` bindings made writable and pipeline constants (pipeline()); modules by code. */
   private readonly pipelines = new Map<string, GpuPipeline>();
+  private readonly modules = new Map<string, unknown>();
   /** A test's replacement WGSL for some shaders (webgpuEngineOn's `shaders`); empty in every run. */
   private readonly code: Partial<Record<ShaderName, string>>;
   private enc: GpuEncoder | null = null;
@@ -195,16 +200,31 @@ export class Recorder {
   }
 
   /**
-   * The pipeline of `name` with its `read` bindings `writable` declared read_write (withWritable): a dispatch binds
-   * a read-only array read_write where its device buffer also backs a written array of the same dispatch.
+   * The pipeline of `name` with its `read` bindings `writable` declared read_write (withWritable: a dispatch binds
+   * a read-only array read_write where its device buffer also backs a written array of the same dispatch) and its
+   * pipeline constants (WGSL `override`s, such as attention's head size): one per shader, writable set and
+   * constants, made once; one shader module per shader and writable set.
    */
-  private pipeline(name: ShaderName, writable: readonly number[]): GpuPipeline {
-    const key = `${name}|${writable.join(",")}`;
+  private pipeline(
+    name: ShaderName,
+    writable: readonly number[],
+    constants: PipelineConstants | undefined,
+  ): GpuPipeline {
+    const moduleKey = `${name}|${writable.join(",")}`;
+    const key = constants ? `${moduleKey}|${Object.entries(constants).join(",")}` : moduleKey;
     let p = this.pipelines.get(key);
     if (!p) {
-      const code = withWritable(this.code[name] ?? SHADERS[name].code, writable);
-      const module = this.device.createShaderModule({ code });
-      p = this.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" } });
+      let module = this.modules.get(moduleKey);
+      if (!module) {
+        module = this.device.createShaderModule({
+          code: withWritable(this.code[name] ?? SHADERS[name].code, writable),
+        });
+        this.modules.set(moduleKey, module);
+      }
+      p = this.device.createComputePipeline({
+        layout: "auto",
+        compute: { module, entryPoint: "main", ...(constants ? { constants: { ...constants } } : {}) },
+      });
       this.pipelines.set(key, p);
     }
     return p;
@@ -212,14 +232,16 @@ export class Recorder {
 
   /**
    * Records one dispatch of `name` over its operands (bindings 0.., one per storage array of the shader) and its
-   * settings by name (the uniform, bound last), on a grid of [x, y] workgroups. A missing or unknown setting,
-   * or a wrong operand count, throws (packParams).
+   * settings by name (the uniform, bound last), on a grid of [x, y] workgroups, with the pipeline made for
+   * `constants` (the shader's `override`s, if it has any). A missing or unknown setting, or a wrong operand count,
+   * throws (packParams).
    */
   dispatch<N extends ShaderName>(
     name: N,
     ops: Bound[],
     params: ParamsOf<N>,
     grid: [number, number] | [number, number, number],
+    constants?: PipelineConstants,
   ): void {
     if (this.disposed) throw new Error("webgpu: the engine was disposed");
     const shader = SHADERS[name];
@@ -239,9 +261,9 @@ export class Recorder {
       if (shader.access[i] === "read" && ops.some((w, j) => shader.access[j] === "read_write" && w.buffer === o.buffer))
         writable.push(i);
     });
-    const pipe = this.pipeline(name, writable);
+    const pipe = this.pipeline(name, writable, constants);
     // the same pipeline, operand ranges and settings as an earlier dispatch: its bind group (and uniform) again
-    const key = `${name}|${writable.join(",")}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
+    const key = `${name}|${writable.join(",")}|${constants ? Object.entries(constants).join(",") : ""}|${ops.map((b) => `${this.bufferId(b.buffer)}:${b.offset}:${b.size}`).join(",")}|${new Uint32Array(bytes).join(",")}`;
     let group = this.groups.get(key);
     if (group === undefined) {
       if (this.groups.size >= MAX_GROUPS_CACHED) {
