@@ -2,8 +2,8 @@
  * The single-thread loop, framework-free (G8, A5): the whole step in the calling thread, with no workers, no
  * shared memory and no messages: the same model, data path, micro-batch loop, optimizer, precision and step
  * decision (decideStep) as the actor runtime. It runs every rank's micro-batches one after another through the one
- * micro-batch loop the ranks run (actors/micro-batches.ts runMicroBatches: a deferred engine's gradient is folded
- * once it is read back), so one step does exactly the work of one step of the actor run (same windows, same
+ * micro-batch loop the ranks run (actors/micro-batches.ts runMicroBatches: a deferred engine folds on the device,
+ * or on the host once each gradient is read back), so one step does exactly the work of one step of the actor run (same windows, same
  * update), on every engine, and the bench can compare the two. It uses nothing else from the actors but that loop
  * (gradientArrays, runMicroBatches) and the StepResult type, so it sits beside run.ts, not in src/actors.
  *
@@ -22,8 +22,9 @@
  *      windows (data/sampler.ts TrainStream, over data/permutation.ts and data/token-store.ts), runs
  *      model/llama.ts lossAndGrads (forward + backward on the kernels of model/kernels.ts: model/engine/native.ts
  *      over native/tstrain.c and the built-in GEMM in native/, model/engine/tfjs.ts with model/engine/js.ts, or
- *      model/engine/webgpu/engine.ts, a deferred engine whose gradient comes back at settle) and adds each
- *      micro-batch's gradient into its float64 slot (optim/optim.ts foldMicro).
+ *      model/engine/webgpu/engine.ts, a deferred engine whose results come back at settle) and adds each
+ *      micro-batch's gradient into its float64 slot (optim/optim.ts foldMicro; on webgpu its fold shader, the same
+ *      bits).
  *   3. reduce: each rank sums the slots over its chunks of the parameters, averages and unscales them into
  *      the float32 gradient and takes each chunk's sum of squares (optim/optim.ts reduceChunks64).
  *   4. decide: actors/coordinator.ts step calls optim/optim.ts decideStep (finite? the clip coefficient, the
@@ -97,7 +98,7 @@ export class SingleThreadTrainer {
   readonly v: Float32Array;
   /** The averaged, unscaled gradient (after the reduce). */
   readonly grad: Float32Array;
-  /** One micro-batch's gradient (two on a deferred engine: gradientArrays), and their sum in float64 (A10, as the ranks do). */
+  /** One micro-batch's gradient (two on a deferred engine folding on the host: gradientArrays), and their sum in float64 (A10, as the ranks do). */
   private readonly grads: Float32Array[];
   private readonly sum: Float64Array;
   private readonly sq: Float64Array;
