@@ -34,7 +34,7 @@ export interface Mirror {
   /** A constant (constant()): uploaded whole once, then resident. */
   constant: boolean;
   dirty: boolean;
-  /** A host-owned input: the byte range uploaded since the last settle() call, which needs no second upload. */
+  /** A host-owned input: the byte range uploaded this epoch (since the last settle() or cut()): no second upload. */
   fresh: { epoch: number; lo: number; hi: number } | null;
 }
 
@@ -62,7 +62,7 @@ export class Arena {
     this.rec.forgetGroups(); // a cached bind group may name the freed buffer
   });
   private readonly weightList: Mirror[] = [];
-  /** settle() calls so far: an input uploaded in this epoch is still the host's (kernels.ts: settle). */
+  /** settle() and cut() calls so far: an input uploaded in this epoch is still the host's (kernels.ts: settle). */
   epoch = 0;
   private bounceBuf: Uint8Array | null = null;
   /** Bytes up and down so far (DeviceTraffic; its dispatches are the recorder's). */

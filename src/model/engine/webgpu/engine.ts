@@ -76,7 +76,7 @@ class WebgpuEngine {
   private tables: GpuBuffer | null = null;
   private tablesAt = 0;
   private readonly tableAt = new Map<string, number>();
-  /** embeddingBackward's occurrence lists (CSR), a host array bound as an input: a fresh range per call within a settle. */
+  /** embeddingBackward's occurrence lists (CSR), a host array bound as an input: a fresh range per call within an epoch. */
   private csr = new Int32Array(0);
   private csrAt = 0;
   private csrEpoch = -1;
@@ -202,7 +202,7 @@ class WebgpuEngine {
   /**
    * The occurrence lists of ids[0..N) (embeddingBackward's shader): U distinct tokens in order of first
    * occurrence, U+1 starts, then the rows of each token in n order; bound as an input, a new range of the host
-   * array per call between two settles (an input is uploaded once per settle).
+   * array per call within the arena's epoch (an input is uploaded once per settle or endMicroBatch: arena.ts cut).
    */
   private occurrences(ids: Int32Array, N: number): { csr: Bound; U: number } {
     const slot = new Map<number, number>();
