@@ -18,7 +18,7 @@
  * more and checks the guard past each range); its private and workgroup arrays are indexed within their sizes by
  * construction (attention's by the head size, at most ATT_EMAX: the engine refuses a larger one); and every shader
  * that has workgroup memory writes each element it reads before a barrier that precedes the read (the tree sums'
- * red[], the matmul's As/Bs tiles, attention's tiles and partial sums: each file says so at its declarations).
+ * red[] and the matmul's As/Bs tiles, said at their declarations; attention's tiles, said at tileIn, and its lse row).
  * float32 throughout. Deterministic by construction: no atomics, every sum runs in one fixed order (a thread's
  * own loop, or a workgroup's fixed tree), so the same inputs give the same bits on one device, run to run.
  * Elementwise kernels index a 1-D range over a 2-D grid (x * 256 per row of the grid; the host splits past 65535

@@ -106,9 +106,9 @@ fn epi(al: f32, acc: f32, be: f32, b: u32, i: u32) -> f32 {
 /**
  * The matrix product, cblas_sgemm's row-major contract: each job's C = (add, or beta C) + sum of its terms
  * alpha op(A) op(B), term after term, rounded as separate matmul calls round (kernels.ts: matmuls). A workgroup
- * computes one TILE x TILE output tile of one job's term over a range of K: 8 x 8 threads, each 8 x 8 outputs in
- * registers, A and B staged through padded shared tiles of BK rows. A job of one split (sp 1) finishes its tile
- * there, term after term; a split job (sp > 1) writes each term's partial sums over its K range into `part`, and
+ * computes one TILE x TILE output tile of one job over its split's range of K, term after term: 8 x 8 threads,
+ * each 8 x 8 outputs in registers, A and B staged through padded shared tiles of BK rows. A job of one split (sp 1)
+ * finishes its tile there; a split job (sp > 1) writes each term's partial sums over its K range into `part`, and
  * matmul_reduce adds them in split order. Every output sums its k in order within a split: deterministic.
  * `tr` fixes the transposes at compile time (matmul_nn ...), else each term's come from the uniform (matmuls).
  */
