@@ -2,7 +2,7 @@
  * The run config: every flag of the seed with the seed's default (the frozen recipe, G10), plus the
  * flags this stack adds. The flags, their defaults and their help are one table, src/config-flags.json
  * (`--help` prints it); a row's `help` says which rule it serves. Parsed and validated once, at the edge,
- * then frozen; the coordinator saves it in every checkpoint (run_config.json).
+ * then frozen; every checkpoint holds it (run_config.json, handed over by session/in-flight.ts).
  *
  * A seed flag with no meaning in this stack is either given its closest honest meaning or refused
  * with the reason: never silently ignored.
@@ -373,7 +373,7 @@ function refuseTorchOnlyFlags(values: Map<string, FlagValue>): void {
   if (values.get("torch-compile") === true) {
     throw new UserError(
       "G10",
-      "--torch-compile is torch.compile; tfjs has no graph compiler to turn on, so the flag has no meaning here: run ",
+      "--torch-compile is torch.compile; no engine here (native C, tfjs, webgpu) has a graph compiler to turn on, so the flag has no meaning here: run ",
       without("--torch-compile", "without it"),
     );
   }
