@@ -85,7 +85,7 @@ export function parseFlags<O>(argv: readonly string[], o: O, table: FlagTable<O>
 /**
  * One word of a shell command, quoted when the shell would read it otherwise (every `;`, `(` and space is), or when
  * it ends in `,` (a printed command may be followed by ", or"); a line break or other control character is written
- * as bash's $'\n', so that a command stays on one line.
+ * in bash's $'...' as a hex escape ($'\x0a'), so that a command stays on one line.
  */
 export function shellWord(a: string): string {
   if (/^[\w@%+=:,./-]+$/.test(a) && !a.endsWith(",")) return a;

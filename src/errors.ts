@@ -36,8 +36,9 @@ export function changesInWords(changes: readonly FlagChange[]): string {
 /**
  * A refusal the user can act on: bad input, a failed guard, a plan that cannot run.
  * The message names the value, the rule (its id in docs/RULES.md) and what to do instead. `main` prints it
- * without a stack trace and exits 2; anything else is a bug and keeps its stack. The rule closes the first line,
- * also of a message that goes on with more (a command's usage): the line that says what is wrong names its rule.
+ * without a stack trace and exits 2; anything else is a bug (exit 1, its stack printed under TSTRAIN_DEBUG). The
+ * rule closes the first line, also of a message that goes on with more (a command's usage): the line that says
+ * what is wrong names its rule.
  * Advice that changes the command line is a `fix`: the message is then the text before it, and each entry point
  * prints its ways as the whole commands that make them (withCommands).
  */
