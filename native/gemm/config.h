@@ -25,7 +25,7 @@
  *   KC: the A sliver and one B sliver, (mr + nr) x kc floats, in L1 with one way left for C's tile, a multiple of 32
  *       (bf16's chunk), at most A2_KC_MAX (BLIS's own KC for every AVX2 core; a larger one measured slower on a Zen 5,
  *       its panels narrower: A packed again per panel) and at least 64. 256 on Zen 2/3/4/5 and Intel's cores since
- *       Haswell; 128 on a 16 KiB L1.
+ *       Haswell; 160 on a 16 KiB 8-way L1, 128 on a 16 KiB 4-way one.
  *   NC: one panel holds all of N where kc x N is at most 3/4 of L2 (the A block beside it); else panels of at most
  *       half of L2 (the previous fixed cap, 1 MB, is twice a Zen 3's whole L2: its panels spilled to L3).
  *   MC: the A block in the quarter of L2 the panel leaves, a multiple of mr: 126 on a Zen 3's 512 KiB, 252 on 1 MiB.
