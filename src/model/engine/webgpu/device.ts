@@ -178,7 +178,7 @@ export interface WebgpuOptions {
 /**
  * This thread's adapter and its device, opened with the limits, features and toggles the engine asks for, on the
  * GPU it was given (else Dawn's first), and the adapter in words; or why there is none. The one place a device is
- * opened: the engine, the probe and the bench's peak probe.
+ * opened: the engine, the probe, and the bench's peak probe and bench/gpu-rank.ts's adapter check.
  */
 export async function openWebgpuDevice(
   opts: WebgpuOptions = {},
