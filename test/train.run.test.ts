@@ -284,7 +284,7 @@ test("in bf16 the scale is fixed at 1: an injected non-finite gradient is skippe
   // a CPU the bench's table lacks: no figure made up, the command that measures it
   assert.match(
     bf16Warning("bf16", "auto", dp, null) ?? "",
-    /^bf16 products on VDPBF16PS .*the bench has no figure for this CPU's rate \(it has: AMD Zen 4 \(family 25\)\).*`node dist\/bench\/bench\.js --cases gemm --gemm-seqs 256 --gemm-rounds 1` measures it/,
+    /^bf16 products on VDPBF16PS .*the bench has no figure for this CPU's rate \(it has: AMD Zen 4 \(family 25\), AMD Zen 5 \(family 26\)\).*`node dist\/bench\/bench\.js --cases gemm --gemm-seqs 256 --gemm-rounds 1` measures it/,
   );
   // the table: found by /proc/cpuinfo's vendor and family, the bench's 236.4 / 118.2 GFLOP/s on Zen 4
   const zen4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n";

@@ -26,6 +26,9 @@ export const VDPBF16PS_RATES: readonly Vdpbf16Rate[] = [
   // --torch-threads 2 --attention-base /tmp/base-2babbe7 --out bench/results`: fma-peak-avx512bf16 236.4 GFLOP/s,
   // fma-peak-avx512 118.2
   { cpu: "AMD Zen 4 (family 25)", vendor: "AuthenticAMD", family: 25, ratio: 236.4 / 118.2 },
+  // bench/results/avx2/latest.json (2026-12-07, a 2-core AMD EPYC, family 26 model 2: Zen 5), from the command in
+  // BF16_EMULATION_SPEED's note: fma-peak-avx512bf16 576.0 GFLOP/s, fma-peak-avx512 287.6
+  { cpu: "AMD Zen 5 (family 26)", vendor: "AuthenticAMD", family: 26, ratio: 576.0 / 287.6 },
 ];
 
 /** The CPU's vendor and family from /proc/cpuinfo's text (its first processor); null where it has neither. */
@@ -50,10 +53,11 @@ export function vdpbf16Rate(id = cpuFamily()): Vdpbf16Rate | null {
 
 /**
  * P8: the bf16 emulation's speed against fp32 (tokens per second, bf16 / fp32), the one figure the start line quotes:
- * the "world 2: bf16 / fp32 products tok/s" ratio's value_best_steps (0.341) in
- * bench/results/bf16/emulated-avx2-demo-w2.json (`npm run bench -- --model demo --seq 64 --micro-batch 4 --worlds 2
- * --cases actor --precisions fp32,bf16 --steps 16`, the AVX2 kernel played with TSTRAIN_TEST_ISAS=avx2,portable on a
- * 2-core Zen 5). Provisional: measured on a loaded machine (its .md says how). Update it, and that file, when the
- * bench measures the emulation again.
+ * the lower of the two "world 2 --isa avx2 / avx512: bf16 (emulated) / fp32 products tok/s" ratios (0.944 on the
+ * AVX2 emulation, 0.926 on the AVX-512 one) in bench/results/avx2/latest.json, from `node dist/bench/bench.js
+ * --model frozen --seq 1024 --micro-batch 4 --accum 1 --steps 5 --warmup 1 --worlds 2 --precisions fp32,bf16
+ * --isas avx2,avx512 --cases torch,actor,gemm --torch-threads 2 --sequential --gemm-seqs 1024 --gemm-rounds 3
+ * --out bench/results/avx2` on a 2-core AMD Zen 5 (family 26 model 2), each kernel forced by --isa, the runtimes
+ * 1.96-1.97 cores busy. Update it, and that file, when the bench measures the emulation again.
  */
-export const BF16_EMULATION_SPEED = 0.34;
+export const BF16_EMULATION_SPEED = 0.93;
