@@ -80,7 +80,9 @@ export function loadProbes(): Probes | null {
 
 /** The probes addon at `file`, or an Error naming what is wrong with it and the command that builds it. */
 export function probesAt(file: string): Probes {
-  const rel = path.relative(process.cwd(), file) || file;
+  // named from the working directory where it lies under it (build/Release/...), else by its absolute path
+  const under = path.relative(process.cwd(), file);
+  const rel = under && !under.startsWith("..") && !path.isAbsolute(under) ? under : file;
   const refuse = (why: string) => new Error(`the bench's native probes ${why}: ${NATIVE_BUILD_FIX}`);
   if (!fs.existsSync(file)) throw refuse(`are not built (no ${rel})`);
   let p: Probes;
