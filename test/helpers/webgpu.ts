@@ -80,3 +80,17 @@ export function twoLavapipes(dir: string, rename: boolean): { driverFiles: strin
   fs.writeFileSync(copyIcd, JSON.stringify({ ...doc, ICD: { ...doc.ICD, library_path: copy } }));
   return { driverFiles: `${icd}:${copyIcd}` };
 }
+
+/** n floats in [-1, 1) from `seed`, as a view 3 floats into its buffer (in a SharedArrayBuffer when `shared`): the
+ *  engine must honour a view's offset. */
+export function rand(n: number, seed: number, shared = false): Float32Array {
+  const a = shared
+    ? new Float32Array(new SharedArrayBuffer(4 * (n + 5))).subarray(3, 3 + n)
+    : new Float32Array(n + 5).subarray(3, 3 + n);
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    a[i] = (s / 2 ** 32) * 2 - 1;
+  }
+  return a;
+}
