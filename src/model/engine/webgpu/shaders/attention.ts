@@ -42,7 +42,6 @@ const headSize = `
 override E: u32;
 override E4: u32 = (E + 3u) / 4u;
 const EM4 = ${ATT_EMAX / 4}u;
-const BKM = ${ATT_BK}u;
 override BK: u32 = select(${ATT_BK}u, ${ATT_BK / 2}u, E > 64u);
 override BT: u32 = select(${ATT_BT}u, ${ATT_BT / 2}u, E > 64u);`;
 
@@ -118,9 +117,12 @@ function rowOut(dst: (e: string) => string, live: string): string {
  * The fused causal forward, shared by the training forward and the cached forward so that both run the same
  * operations. A workgroup owns ATT_BQ query rows of one (sequence, head), a thread each, holding q and the output
  * accumulator (read and written through `row`: rowIn, rowOut). Key tiles of BK rows, from key 0 to the
- * block's last visible key, go through workgroup memory (K, then V, in kv); each thread computes its row's
- * scores against the tile, then the online softmax keeps a running max m and sum l (both rescaled by
- * exp(m_old - m_new) when m grows); a key past the row's position (u > P + t) adds nothing (its weight is selected
+ * block's last visible key, go through workgroup memory (K, then V, in kv). Each thread walks a tile's keys 4 at a
+ * time, a vec4 of scores, in a loop the compiler leaves rolled (its bound is the tile's key count); the online
+ * softmax keeps a running max m and sum l, and each group of 4 rescales l and the accumulator by exp(m_old - m_new)
+ * once. Unrolling the tile's 32 keys instead (a score array in registers, one rescale a tile) made llvmpipe's
+ * compile of a forward 37 s at head size 24 and over a minute at 64; the group of 4 costs one multiply a vec4 of the
+ * row per 4 keys. A key past the row's position (u > P + t) adds nothing (its weight is selected
  * to 0). The output is acc / l; the row's log-sum-exp is m + log(l). `at` names: b (the sequence), P (the keys
  * before query row 0), QR(t) and KR(u), functions of a row's variable: q's row index and the cache's.
  */
@@ -164,23 +166,26 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) l: u3
       "BK",
     )}
     workgroupBarrier();
-    var sc: array<f32, BKM>;
-    var mx = m;
-    for (var u = 0u; u < BK; u++) {
-      var s = 0.0;
-      for (var i = 0u; i < E4; i++) { s = s + dot(qr[i], kv[u * E4 + i]); }
-      sc[u] = s * p.scale;
-      if (u0 + u <= last) { mx = max(mx, sc[u]); }
+    // the tile's live keys in groups of 4, a vec4 of scores (rows past n are zeros, read and masked)
+    for (var u = 0u; u < n; u += 4u) {
+      let k1 = u * E4;
+      var s = vec4f(0.0);
+      for (var i = 0u; i < E4; i++) {
+        let x = qr[i];
+        s = s + vec4f(dot(x, kv[k1 + i]), dot(x, kv[k1 + E4 + i]), dot(x, kv[k1 + 2u * E4 + i]), dot(x, kv[k1 + 3u * E4 + i]));
+      }
+      let sc = s * p.scale;
+      let on = vec4u(u0 + u) + vec4u(0u, 1u, 2u, 3u) <= vec4u(last);
+      let mx = max(max(max(m, select(m, sc.x, on.x)), max(select(m, sc.y, on.y), select(m, sc.z, on.z))), select(m, sc.w, on.w));
+      let alpha = exp(m - mx);
+      let pu = select(vec4f(0.0), exp(sc - vec4f(mx)), on);
+      lsum = (((lsum * alpha + pu.x) + pu.y) + pu.z) + pu.w;
+      for (var i = 0u; i < E4; i++) {
+        let w = k1 + ${V} + i;
+        acc[i] = (((acc[i] * alpha + pu.x * kv[w]) + pu.y * kv[w + E4]) + pu.z * kv[w + 2u * E4]) + pu.w * kv[w + 3u * E4];
+      }
+      m = mx;
     }
-    let alpha = exp(m - mx);
-    lsum = lsum * alpha;
-    for (var i = 0u; i < E4; i++) { acc[i] = acc[i] * alpha; }
-    for (var u = 0u; u < BK; u++) {
-      let pu = select(0.0, exp(sc[u] - mx), u0 + u <= last);
-      lsum = lsum + pu;
-      for (var i = 0u; i < E4; i++) { acc[i] = acc[i] + pu * kv[${V} + u * E4 + i]; }
-    }
-    m = mx;
     workgroupBarrier();
   }
   if (!live) { return; }
