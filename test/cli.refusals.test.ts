@@ -4,10 +4,19 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { tmpDir } from "./helpers/tmp";
 import { tinyRun } from "./helpers/run";
-import { advisedCommands, assertAdviceRuns, assertRefused, node, runAdvisedAsync, tinyModel } from "./helpers/cli";
+import {
+  advisedCommands,
+  assertAdviceRuns,
+  assertRefused,
+  node,
+  type Output,
+  runAdvisedAsync,
+  spawnOutput,
+  tinyModel,
+} from "./helpers/cli";
 import { startTestHub } from "./helpers/hub";
 import { writeSyntheticMix } from "./helpers/mix";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
@@ -261,22 +270,8 @@ test("--precision bf16 with a bf16 --isa this CPU lacks is refused before any wo
 const ROOT = path.join(__dirname, "..", "..");
 
 /** `bash -c script` in the repository root, without blocking this process (a test Hub may be serving in it). */
-function bash(
-  script: string,
-  env: NodeJS.ProcessEnv,
-): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const cp = spawn("bash", ["-c", script], { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    cp.stdout.on("data", (d: Buffer) => {
-      stdout += d;
-    });
-    cp.stderr.on("data", (d: Buffer) => {
-      stderr += d;
-    });
-    cp.on("close", (status) => resolve({ status, stdout, stderr }));
-  });
+function bash(script: string, env: NodeJS.ProcessEnv): Promise<Output> {
+  return spawnOutput("bash", ["-c", script], { cwd: ROOT, env });
 }
 
 /** A shell word for `a`. */

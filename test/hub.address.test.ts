@@ -7,7 +7,6 @@ import * as fs from "node:fs";
 import * as http from "node:http";
 import type * as net from "node:net";
 import * as path from "node:path";
-import { spawn } from "node:child_process";
 import { commit } from "@huggingface/hub";
 import { DEFAULT_HUB_URL, hubEndpoint, hubUrlProblem, isRepoPath, parseHfUrl } from "../src/hub/address";
 import { FLAGS } from "../src/config";
@@ -16,33 +15,15 @@ import { tinyRun } from "./helpers/run";
 import { writeSyntheticMix } from "./helpers/mix";
 import { tinyModel } from "./helpers/model-dir";
 import { tmpDir } from "./helpers/tmp";
+import { type Output, spawnOutput } from "./helpers/cli";
 import { writeTinyTokenizer } from "./fixtures/data-synth";
 import { corpusDocs, corpusJsonl } from "./fixtures/corpus-docs";
 
 const ROOT = path.join(__dirname, "..", "..");
 
 /** `node dist/<file> args` in the repository root, without blocking this process (the test Hub serves in it). */
-function run(
-  file: string,
-  args: string[],
-  env: NodeJS.ProcessEnv,
-): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const cp = spawn(process.execPath, [path.join("dist", file), ...args], {
-      cwd: ROOT,
-      env,
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    cp.stdout.on("data", (d: Buffer) => {
-      stdout += d;
-    });
-    cp.stderr.on("data", (d: Buffer) => {
-      stderr += d;
-    });
-    cp.on("close", (status) => resolve({ status, stdout, stderr }));
-  });
+function run(file: string, args: string[], env: NodeJS.ProcessEnv): Promise<Output> {
+  return spawnOutput(process.execPath, [path.join("dist", file), ...args], { cwd: ROOT, env });
 }
 
 /** The environment without a Hub address or token of the caller's. */

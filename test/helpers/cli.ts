@@ -25,12 +25,25 @@ export function runAdvised(cmd: string | string[], env: NodeJS.ProcessEnv = proc
 }
 
 /** The same, not blocking this process (a test Hub may be serving in it). */
-export function runAdvisedAsync(
-  cmd: string,
-  env: NodeJS.ProcessEnv = process.env,
-): Promise<{ status: number | null; stdout: string; stderr: string }> {
+export function runAdvisedAsync(cmd: string, env: NodeJS.ProcessEnv = process.env): Promise<Output> {
+  return spawnOutput("bash", ["-c", asBash(cmd)], { cwd: REPO_ROOT, env });
+}
+
+/** A child's exit status and what it printed. */
+export interface Output {
+  status: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** `file args` run to its end without blocking this process (a test Hub may be serving in it). */
+export function spawnOutput(
+  file: string,
+  args: string[],
+  opts: { cwd?: string; env?: NodeJS.ProcessEnv },
+): Promise<Output> {
   return new Promise((resolve) => {
-    const cp = spawn("bash", ["-c", asBash(cmd)], { cwd: REPO_ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+    const cp = spawn(file, args, { ...opts, stdio: ["ignore", "pipe", "pipe"] });
     let stdout = "";
     let stderr = "";
     cp.stdout.on("data", (d: Buffer) => {
