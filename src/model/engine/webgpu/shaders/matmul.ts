@@ -120,13 +120,6 @@ function gemm(tr: Transposes, jobs: number, terms: number) {
   const fma: string[] = [];
   for (let i = 0; i < TM; i++)
     for (let h = 0; h < 2; h++) fma.push(`${c(i, h)} = ${c(i, h)} + a${i >> 2}.${"xyzw"[i & 3]} * b${h};`);
-  const put: string[] = [];
-  for (let i = 0; i < TM; i++)
-    for (let h = 0; h < 2; h++)
-      for (let q = 0; q < 4; q++)
-        put.push(
-          `put(jb, tm, t, s, m0 + ${i < 4 ? "" : "32u + "}ty * 4u + ${i & 3}u, n0 + ${h ? "32u + " : ""}tx * 4u + ${q}u, ${c(i, h)}.${"xyzw"[q]});`,
-        );
   return shader(
     MM_BINDINGS,
     params,
@@ -199,7 +192,13 @@ ${fma.map((l) => `        ${l}`).join("\n")}
       }
       workgroupBarrier();
     }
-${put.map((l) => `    ${l}`).join("\n")}
+    // the 8 x 8 outputs in one rolled loop: one put site (64 inlined ones made llvmpipe's compile a minute long)
+    var cs = array<vec4<f32>, ${2 * TM}>(${Array.from({ length: 2 * TM }, (_, i) => `c${i}`).join(", ")});
+    for (var q = 0u; q < ${4 * 2 * TM}u; q++) {
+      let i = q / 8u; // c(i, h) = cs[2 i + h], component q % 4
+      let h = (q / 4u) % 2u;
+      put(jb, tm, t, s, m0 + (i / 4u) * 32u + ty * 4u + i % 4u, n0 + h * 32u + tx * 4u + q % 4u, cs[2u * i + h][q % 4u]);
+    }
   }
 }`,
   );
