@@ -118,83 +118,38 @@ function plant(code: string, from: string, to: string): string {
  * two blocks of rows a head (T 77 over blocks of 64) and a head size off the vec4 (E 22: 5 vec4s and a half).
  */
 const DEFECTS: { what: string; shader: ShaderName; from: string; to: string; wrong: number[] }[] = [
-  {
-    what: "forward without the causal mask",
-    shader: "attentionForward",
-    from: "<= vec4u(last)",
-    to: "<= vec4u(nkeys - 1u)",
-    wrong: [0, 1],
-  },
-  {
-    what: "forward skipping the last key tile",
-    shader: "attentionForward",
-    from: "u0 < nkeys;",
-    to: "u0 + BK < nkeys;",
-    wrong: [0, 1],
-  },
-  {
-    what: "forward on the wrong GQA head",
-    shader: "attentionForward",
-    from: "let j = (h * p.K) / p.H;",
-    to: "let j = (h * p.K) / p.H + 1u - (h % 2u);",
-    wrong: [0, 1],
-  },
-  {
-    what: "forward without the running-max rescale of the sum",
-    shader: "attentionForward",
-    from: "lsum * alpha + pu.x",
-    to: "lsum + pu.x",
-    wrong: [0, 1],
-  },
-  {
-    what: "forward without the running-max rescale of the output",
-    shader: "attentionForward",
-    from: "acc[i] * alpha + pu.x",
-    to: "acc[i] + pu.x",
-    wrong: [0],
-  },
-  {
-    what: "forward skipping a tile's last group of 4 keys",
-    shader: "attentionForward",
-    from: "u < n; u += 4u",
-    to: "u + 4u < n; u += 4u",
-    wrong: [0, 1],
-  },
-  {
-    what: "forward with the head size's vec4 count rounded down (its pipeline constant E)",
-    shader: "attentionForward",
-    from: "override E4: u32 = (E + 3u) / 4u;",
-    to: "override E4: u32 = E / 4u;",
-    wrong: [0, 1],
-  },
-  {
-    what: "forward reading its own row one vec4 short (the rolled row loop)",
-    shader: "attentionForward",
-    from: "for (var i = 0u; i < p.n4; i++) {\n    var w",
-    to: "for (var i = 1u; i < p.n4; i++) {\n    var w",
-    wrong: [0, 1],
-  },
-  {
-    what: "cached forward without the causal mask",
-    shader: "attentionCachedForward",
-    from: "<= vec4u(last)",
-    to: "<= vec4u(nkeys - 1u)",
-    wrong: [5],
-  },
-  {
-    what: "cached forward skipping the last key tile",
-    shader: "attentionCachedForward",
-    from: "u0 < nkeys;",
-    to: "u0 + BK < nkeys;",
-    wrong: [5],
-  },
-  {
-    what: "cached forward with the head size's vec4 count rounded down",
-    shader: "attentionCachedForward",
-    from: "override E4: u32 = (E + 3u) / 4u;",
-    to: "override E4: u32 = E / 4u;",
-    wrong: [5],
-  },
+  // the forward's code (flashForward) is both forwards': each of its defects is planted in each, the training
+  // forward's out and lse wrong (out alone where `outOnly`), the cached forward's out
+  ...[
+    { what: "without the causal mask", from: "<= vec4u(last)", to: "<= vec4u(nkeys - 1u)" },
+    { what: "skipping the last key tile", from: "u0 < nkeys;", to: "u0 + BK < nkeys;" },
+    {
+      what: "on the wrong GQA head",
+      from: "let j = (h * p.K) / p.H;",
+      to: "let j = (h * p.K) / p.H + 1u - (h % 2u);",
+    },
+    { what: "without the running-max rescale of the sum", from: "lsum * alpha + pu.x", to: "lsum + pu.x" },
+    {
+      what: "without the running-max rescale of the output",
+      from: "acc[i] * alpha + pu.x",
+      to: "acc[i] + pu.x",
+      outOnly: true,
+    },
+    { what: "skipping a tile's last group of 4 keys", from: "u < n; u += 4u", to: "u + 4u < n; u += 4u" },
+    {
+      what: "with the head size's vec4 count rounded down (its pipeline constant E)",
+      from: "override E4: u32 = (E + 3u) / 4u;",
+      to: "override E4: u32 = E / 4u;",
+    },
+    {
+      what: "reading its own row one vec4 short (the rolled row loop)",
+      from: "for (var i = 0u; i < p.n4; i++) {\n    var w",
+      to: "for (var i = 1u; i < p.n4; i++) {\n    var w",
+    },
+  ].flatMap(({ what, from, to, outOnly }) => [
+    { what: `forward ${what}`, shader: "attentionForward" as const, from, to, wrong: outOnly ? [0] : [0, 1] },
+    { what: `cached forward ${what}`, shader: "attentionCachedForward" as const, from, to, wrong: [5] },
+  ]),
   {
     what: "backward dk, dv without the causal mask",
     shader: "attentionBackward",
